@@ -1,0 +1,186 @@
+//! `ptload inspect`: the table and the JSON document.
+
+use std::io::{self, Write};
+
+use ptload_reader::{Checkpoint, Scalar, TensorView};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+/// Sizes in B, KiB, MiB, GiB.
+pub(crate) fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS.get(unit).copied().unwrap_or("TiB"))
+}
+
+fn display_name(name: &str) -> &str {
+    if name.is_empty() {
+        "(root)"
+    } else {
+        name
+    }
+}
+
+fn shape_text(shape: &[u64]) -> String {
+    let parts: Vec<String> = shape.iter().map(u64::to_string).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+pub(crate) fn sha256(view: &TensorView<'_>) -> Result<String, ptload_reader::Error> {
+    let mut h = Sha256::new();
+    view.visit_bytes(|chunk| h.update(chunk))?;
+    Ok(hex::encode(h.finalize()))
+}
+
+pub(crate) fn scalar_text(s: &Scalar) -> String {
+    match s {
+        Scalar::None => "None".into(),
+        Scalar::Bool(b) => if *b { "True" } else { "False" }.into(),
+        Scalar::Int(i) => i.to_string(),
+        Scalar::BigInt(b) => format!("<int of {} bytes>", b.len()),
+        Scalar::Float(f) => format!("{f:?}"),
+        Scalar::Str(s) => format!("{s:?}"),
+        Scalar::Bytes(b) => format!("<{} bytes>", b.len()),
+        Scalar::Device(d) => format!("device({d})"),
+        Scalar::Global(g) => g.clone(),
+        Scalar::Array { dtype, shape } => format!("numpy array {dtype} {}", shape_text(shape)),
+        Scalar::Object(class) => format!("<{class} object>"),
+        _ => "<value>".into(),
+    }
+}
+
+fn distinct_globals<'a>(paths: impl Iterator<Item = String> + 'a) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    paths.filter(|p| seen.insert(p.clone())).collect()
+}
+
+pub(crate) fn json(
+    out: &mut impl Write,
+    ckpt: &Checkpoint,
+    hash: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut tensors = Vec::with_capacity(ckpt.len());
+    for t in ckpt.tensors() {
+        let mut entry = json!({
+            "name": t.name(),
+            "dtype": t.dtype().name(),
+            "shape": t.shape(),
+            "stride": t.stride(),
+            "storage_offset": t.storage_offset(),
+            "storage": t.storage().map(|s| s.key.as_str()),
+            "location": t.location(),
+            "target": t.location(),
+            "nbytes": t.info().nbytes,
+        });
+        if hash {
+            let digest = if t.storage().is_some() {
+                Value::from(sha256(&t)?)
+            } else {
+                Value::Null
+            };
+            entry["sha256"] = digest;
+        }
+        tensors.push(entry);
+    }
+    let doc = json!({
+        "format": ckpt.format().name(),
+        "byteorder": ckpt.byte_order().name(),
+        "pickle_protocol": ckpt.pickle_protocol(),
+        "tensors": tensors,
+        "globals": distinct_globals(ckpt.globals().iter().map(|g| g.path())),
+        "suspicious": distinct_globals(ckpt.suspicious().map(|g| g.path())),
+    });
+    serde_json::to_writer(&mut *out, &doc)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+pub(crate) fn table(
+    out: &mut impl Write,
+    ckpt: &Checkpoint,
+    label: &str,
+    hash: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let rows: Vec<[String; 5]> = ckpt
+        .tensors()
+        .map(|t| {
+            [
+                display_name(t.name()).to_owned(),
+                t.dtype().name().to_owned(),
+                shape_text(t.shape()),
+                t.location().to_owned(),
+                human_size(t.info().nbytes),
+            ]
+        })
+        .collect();
+    let header = ["NAME", "DTYPE", "SHAPE", "LOCATION", "SIZE"];
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    writeln!(
+        out,
+        "{label}: {} checkpoint, {}-endian, pickle protocol {}",
+        ckpt.format().name(),
+        ckpt.byte_order().name(),
+        ckpt.pickle_protocol()
+    )?;
+    let line = |out: &mut dyn Write, cells: [&str; 5]| -> io::Result<()> {
+        let [a, b, c, d, e] = cells;
+        let [wa, wb, wc, wd, we] = widths;
+        writeln!(out, "{a:<wa$}  {b:<wb$}  {c:<wc$}  {d:<wd$}  {e:>we$}")
+    };
+    line(out, header)?;
+    for (row, t) in rows.iter().zip(ckpt.tensors()) {
+        line(out, [&row[0], &row[1], &row[2], &row[3], &row[4]])?;
+        if hash && t.storage().is_some() {
+            writeln!(out, "    sha256 {}", sha256(&t)?)?;
+        }
+    }
+    let total: u64 = ckpt.tensors().map(|t| t.info().nbytes).sum();
+    let stored: u64 = ckpt.storages().iter().map(|s| s.nbytes).sum();
+    writeln!(
+        out,
+        "{} tensors, {} storages, {} of tensor data ({} stored)",
+        ckpt.len(),
+        ckpt.storages().len(),
+        human_size(total),
+        human_size(stored)
+    )?;
+    let suspicious = distinct_globals(ckpt.suspicious().map(|g| g.path()));
+    if !suspicious.is_empty() {
+        writeln!(
+            out,
+            "globals outside torch's weights_only allowlist (kept inert): {}",
+            suspicious.join(", ")
+        )?;
+    }
+    for w in ckpt.warnings() {
+        writeln!(out, "warning: {w}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(human_size(0), "0 B");
+        assert_eq!(human_size(1023), "1023 B");
+        assert_eq!(human_size(1536), "1.5 KiB");
+        assert_eq!(human_size(500 << 20), "500.0 MiB");
+        assert_eq!(human_size(3 << 30), "3.0 GiB");
+    }
+}

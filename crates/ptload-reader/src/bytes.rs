@@ -1,0 +1,89 @@
+//! A bounds-checked little-endian reader over a byte slice that knows its offset.
+
+use crate::error::{Error, ErrorKind, Result};
+
+#[derive(Debug, Clone)]
+pub(crate) struct ByteReader<'a> {
+    data: &'a [u8],
+    pos: usize,
+    kind: ErrorKind,
+}
+
+impl<'a> ByteReader<'a> {
+    pub(crate) fn new(data: &'a [u8], kind: ErrorKind) -> Self {
+        ByteReader { data, pos: 0, kind }
+    }
+
+    pub(crate) fn at(data: &'a [u8], pos: usize, kind: ErrorKind) -> Self {
+        ByteReader { data, pos, kind }
+    }
+
+    pub(crate) fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub(crate) fn remaining(&self) -> usize {
+        self.data.len().saturating_sub(self.pos)
+    }
+
+    fn eof(&self, wanted: usize) -> Error {
+        Error::new(
+            self.kind,
+            format!(
+                "unexpected end of data: {wanted} bytes wanted, {} left",
+                self.remaining()
+            ),
+        )
+        .at(self.pos as u64)
+    }
+
+    pub(crate) fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.pos.checked_add(n).ok_or_else(|| self.eof(n))?;
+        let out = self.data.get(self.pos..end).ok_or_else(|| self.eof(n))?;
+        self.pos = end;
+        Ok(out)
+    }
+
+    pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let b = self.bytes(N)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(b);
+        Ok(out)
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    pub(crate) fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    pub(crate) fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    /// Bytes up to (not including) the next `\n`, consuming the newline.
+    pub(crate) fn line(&mut self) -> Result<&'a [u8]> {
+        let rest = self.data.get(self.pos..).unwrap_or_default();
+        match rest.iter().position(|&b| b == b'\n') {
+            Some(n) => {
+                let line = self.bytes(n)?;
+                self.pos += 1;
+                Ok(line)
+            }
+            None => Err(Error::new(self.kind, "unterminated line").at(self.pos as u64)),
+        }
+    }
+}
+
+/// `data[start..start + len]` with every bound checked, as a `u64` range.
+pub(crate) fn slice(data: &[u8], start: u64, len: u64) -> Option<&[u8]> {
+    let start = usize::try_from(start).ok()?;
+    let len = usize::try_from(len).ok()?;
+    data.get(start..start.checked_add(len)?)
+}

@@ -1,0 +1,676 @@
+//! The public facade: open a checkpoint, list its tensors and values.
+
+use std::borrow::Cow;
+use std::path::Path;
+
+use crate::bytes::slice;
+use crate::container::legacy;
+use crate::container::zip::{self, Archive, Method};
+use crate::container::{detect, Detected};
+use crate::error::{Error, ErrorKind, Result};
+use crate::limits::Limits;
+use crate::pickle::{Heap, StringEncoding, Value, Vm};
+use crate::source::Source;
+use crate::torch::dtype::DType;
+use crate::torch::interp::GlobalRef;
+use crate::torch::names::{Scalar, Walker};
+use crate::torch::policy::Policy;
+use crate::torch::{PendingStorage, QuantParams, Quantization, TensorMeta, TorchInterp, TorchObj};
+use crate::view::TensorView;
+
+/// The layout a checkpoint was written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Format {
+    /// The zip layout of `torch.save` (torch >= 1.6).
+    Zip,
+    /// The legacy stream of pickles (torch < 1.6, or
+    /// `_use_new_zipfile_serialization=False`).
+    Legacy,
+    /// A TorchScript archive (`torch.jit.save`): data only, code never run.
+    TorchScript,
+}
+
+impl Format {
+    /// `zip`, `legacy` or `torchscript`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Zip => "zip",
+            Format::Legacy => "legacy",
+            Format::TorchScript => "torchscript",
+        }
+    }
+}
+
+/// Byte order of the storages in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteOrder {
+    /// Little-endian (every file written on x86-64 or Arm).
+    Little,
+    /// Big-endian: bytes are swapped to host order on access.
+    Big,
+}
+
+impl ByteOrder {
+    /// `little` or `big`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ByteOrder::Little => "little",
+            ByteOrder::Big => "big",
+        }
+    }
+}
+
+/// Where a storage's bytes are.
+#[derive(Debug, Clone, Copy)]
+enum StorageData {
+    /// At this offset of the (memory-mapped) file.
+    File(u64),
+    /// In an owned buffer (an inflated zip entry).
+    Owned(usize),
+}
+
+/// One storage: a run of bytes that tensors view.
+#[derive(Debug, Clone)]
+pub struct StorageInfo {
+    /// The key from the persistent id (`"0"`, `"1"`, ...).
+    pub key: String,
+    /// The location tag saved with it (`cpu`, `cuda:0`, `mps`, ...).
+    pub location: String,
+    /// Element type of the saved storage type (`U8` for untyped storages).
+    pub dtype: DType,
+    /// Elements of `dtype`.
+    pub numel: u64,
+    /// Size in bytes.
+    pub nbytes: u64,
+    /// The zip record holding it (`archive/data/0`); `None` in legacy files.
+    pub record: Option<String>,
+    /// Offset of its bytes in the file, when they are stored there uncompressed.
+    pub file_offset: Option<u64>,
+    data: StorageData,
+}
+
+/// Metadata of one named tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    /// The flattened name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Sizes.
+    pub shape: Vec<u64>,
+    /// Strides, in elements.
+    pub stride: Vec<u64>,
+    /// Offset into the storage, in elements.
+    pub storage_offset: u64,
+    /// Index into [`Checkpoint::storages`]; `None` for meta tensors.
+    pub storage: Option<usize>,
+    /// Elements.
+    pub numel: u64,
+    /// Bytes of the elements in row-major order (`numel * dtype.size()`).
+    pub nbytes: u64,
+    /// `requires_grad` as saved.
+    pub requires_grad: bool,
+    /// The conjugate bit (the stored values are not conjugated).
+    pub conj: bool,
+    /// The negative bit (the stored values are not negated).
+    pub neg: bool,
+    /// Quantization parameters of a quantized tensor (its data is the
+    /// integer representation).
+    pub quantization: Option<Quantization>,
+}
+
+impl TensorInfo {
+    /// Whether the elements are laid out row-major without gaps.
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1u64;
+        for (&size, &stride) in self.shape.iter().zip(&self.stride).rev() {
+            if size != 1 && stride != expected {
+                return false;
+            }
+            expected = expected.saturating_mul(size);
+        }
+        true
+    }
+}
+
+/// Options for opening a checkpoint.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    limits: Limits,
+    policy: Policy,
+    encoding: StringEncoding,
+    allowed_globals: Vec<String>,
+}
+
+impl OpenOptions {
+    /// Default limits, the default policy, UTF-8 for Python 2 strings.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bounds on the work the file may cause.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// What to do with globals outside torch's safe allowlist.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How Python 2 strings decode (torch.load's `encoding`).
+    pub fn encoding(mut self, encoding: StringEncoding) -> Self {
+        self.encoding = encoding;
+        self
+    }
+
+    /// Allow `module.name` under [`Policy::Strict`] (torch's
+    /// `add_safe_globals`). Globals of `sys`, `os`, `posix` and `nt` stay
+    /// refused.
+    pub fn allow_global(mut self, path: impl Into<String>) -> Self {
+        self.allowed_globals.push(path.into());
+        self
+    }
+
+    /// Open the file at `path` (memory-mapped).
+    pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint> {
+        Checkpoint::load(Source::map(path.as_ref())?, self)
+    }
+
+    /// Read a checkpoint held in memory.
+    pub fn open_bytes(&self, bytes: Vec<u8>) -> Result<Checkpoint> {
+        Checkpoint::load(Source::owned(bytes), self)
+    }
+}
+
+/// A decoded checkpoint: tensor metadata and values, with tensor bytes left
+/// in the (memory-mapped) file until asked for.
+#[derive(Debug)]
+pub struct Checkpoint {
+    source: Source,
+    owned: Vec<Vec<u8>>,
+    format: Format,
+    byte_order: ByteOrder,
+    pickle_protocol: u8,
+    storages: Vec<StorageInfo>,
+    tensors: Vec<TensorInfo>,
+    values: Vec<(String, Scalar)>,
+    globals: Vec<GlobalRef>,
+    warnings: Vec<String>,
+}
+
+struct Decoded {
+    format: Format,
+    byte_order: ByteOrder,
+    protocol: u8,
+    roots: Vec<(Value, &'static str)>,
+    storages: Vec<(PendingStorage, Option<StorageData>)>,
+    owned: Vec<Vec<u8>>,
+}
+
+impl Checkpoint {
+    /// Open the checkpoint at `path` with default options.
+    pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
+        OpenOptions::new().open(path)
+    }
+
+    /// Read a checkpoint held in memory, with default options.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Checkpoint> {
+        OpenOptions::new().open_bytes(bytes)
+    }
+
+    fn load(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
+        let data = source.bytes();
+        let mut heap = Heap::new(&opts.limits);
+        let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);
+        let mut vm = Vm::new(&opts.limits, opts.encoding);
+        let decoded = match detect(data)? {
+            Detected::Zip => load_zip(data, opts, &mut heap, &mut interp, &mut vm)?,
+            Detected::Legacy => legacy::load(data, &mut heap, &mut interp, &mut vm)?.into(),
+        };
+        let mut walker = Walker::new(&heap, opts.limits.max_walk_steps);
+        for &(root, prefix) in &decoded.roots {
+            walker.walk(root, prefix)?;
+        }
+        let walked = walker.finish();
+        if walked.tensors.len() > opts.limits.max_tensors {
+            return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));
+        }
+        let storages: Vec<StorageInfo> = decoded
+            .storages
+            .into_iter()
+            .map(|(p, data)| {
+                let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
+                let data = data.ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Tensor,
+                        format!("storage {} has no data in the file", p.key),
+                    )
+                })?;
+                Ok(StorageInfo {
+                    file_offset: match data {
+                        StorageData::File(o) => Some(o),
+                        StorageData::Owned(_) => None,
+                    },
+                    key: p.key,
+                    location: p.location,
+                    dtype: p.dtype,
+                    numel: p.numel,
+                    nbytes,
+                    record: p.record,
+                    data,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let mut tensors = Vec::with_capacity(walked.tensors.len());
+        for (name, value) in walked.tensors {
+            let info = match heap.torch(value) {
+                Some(TorchObj::Tensor(meta)) => tensor_info(name, meta, &storages, &opts.limits)?,
+                Some(TorchObj::Storage(id)) => bare_storage(name, *id, &storages)?,
+                _ => continue,
+            };
+            tensors.push(info);
+        }
+        let format = decoded.format;
+        Ok(Checkpoint {
+            source,
+            owned: decoded.owned,
+            format,
+            byte_order: decoded.byte_order,
+            pickle_protocol: decoded.protocol,
+            storages,
+            tensors,
+            values: walked.values,
+            globals: interp.globals,
+            warnings: walked.warnings,
+        })
+    }
+
+    /// The layout of the file.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// Byte order of the stored tensor data.
+    pub fn byte_order(&self) -> ByteOrder {
+        self.byte_order
+    }
+
+    /// Protocol of the main pickle (its PROTO opcode; 0 or 1 when absent).
+    pub fn pickle_protocol(&self) -> u8 {
+        self.pickle_protocol
+    }
+
+    /// Whether the tensor bytes come from a memory map of the file.
+    pub fn is_mapped(&self) -> bool {
+        self.source.is_mapped()
+    }
+
+    /// The tensors, in the order of the flattening walk.
+    pub fn tensors(&self) -> impl ExactSizeIterator<Item = TensorView<'_>> + '_ {
+        self.tensors
+            .iter()
+            .map(move |info| TensorView { ckpt: self, info })
+    }
+
+    /// The tensor named `name`.
+    pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
+        self.tensors
+            .iter()
+            .find(|t| t.name == name)
+            .map(|info| TensorView { ckpt: self, info })
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Whether there are no tensors.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Every storage, each once, however many tensors view it.
+    pub fn storages(&self) -> &[StorageInfo] {
+        &self.storages
+    }
+
+    /// The bytes of storage `index`, in the file's byte order.
+    pub fn storage_bytes(&self, index: usize) -> Option<&[u8]> {
+        let s = self.storages.get(index)?;
+        match s.data {
+            StorageData::File(offset) => slice(self.source.bytes(), offset, s.nbytes),
+            StorageData::Owned(i) => self.owned.get(i).map(Vec::as_slice),
+        }
+    }
+
+    /// The plain non-tensor values (epoch, args.lr, ...), named by the
+    /// flattening convention.
+    pub fn values(&self) -> &[(String, Scalar)] {
+        &self.values
+    }
+
+    /// Every global the pickles reference, once per record, in order of
+    /// first appearance.
+    pub fn globals(&self) -> &[GlobalRef] {
+        &self.globals
+    }
+
+    /// The globals outside torch's `weights_only=True` allowlist.
+    pub fn suspicious(&self) -> impl Iterator<Item = &GlobalRef> {
+        self.globals.iter().filter(|g| !g.torch_allowed)
+    }
+
+    /// Things the reader saw but does not expose (e.g. tensors of a kind it
+    /// does not read), one line each.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+}
+
+fn tensor_err(name: &str, message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Tensor, message).for_tensor(name)
+}
+
+fn non_negative(name: &str, v: i64, what: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| tensor_err(name, format!("negative {what} {v}")))
+}
+
+/// Validate a rebuilt tensor against its storage, as torch's setStrided does.
+fn tensor_info(
+    name: String,
+    meta: &TensorMeta,
+    storages: &[StorageInfo],
+    limits: &Limits,
+) -> Result<TensorInfo> {
+    if meta.shape.len() != meta.stride.len() {
+        return Err(tensor_err(
+            &name,
+            format!(
+                "size has {} dimensions but stride has {}",
+                meta.shape.len(),
+                meta.stride.len()
+            ),
+        ));
+    }
+    let shape = meta
+        .shape
+        .iter()
+        .map(|&s| non_negative(&name, s, "size"))
+        .collect::<Result<Vec<_>>>()?;
+    let stride = meta
+        .stride
+        .iter()
+        .map(|&s| non_negative(&name, s, "stride"))
+        .collect::<Result<Vec<_>>>()?;
+    let storage_offset = non_negative(&name, meta.offset, "storage offset")?;
+    let overflow = || tensor_err(&name, "size arithmetic overflows");
+    let numel = shape
+        .iter()
+        .try_fold(1u64, |acc, &s| acc.checked_mul(s))
+        .ok_or_else(overflow)?;
+    let elem = meta.dtype.size() as u64;
+    let nbytes = numel.checked_mul(elem).ok_or_else(overflow)?;
+    if let Some(sid) = meta.storage {
+        let storage = storages
+            .get(sid)
+            .ok_or_else(|| tensor_err(&name, "storage index"))?;
+        if numel > 0 {
+            let mut last = storage_offset;
+            for (&size, &st) in shape.iter().zip(&stride) {
+                last = (size - 1)
+                    .checked_mul(st)
+                    .and_then(|x| x.checked_add(last))
+                    .ok_or_else(overflow)?;
+            }
+            let needed = last
+                .checked_add(1)
+                .and_then(|n| n.checked_mul(elem))
+                .ok_or_else(overflow)?;
+            if needed > storage.nbytes {
+                return Err(tensor_err(
+                    &name,
+                    format!(
+                        "extent ({needed} bytes from offset {storage_offset}) exceeds storage {} of {} bytes",
+                        storage.key, storage.nbytes
+                    ),
+                ));
+            }
+        }
+        if nbytes > storage.nbytes && nbytes > limits.max_expanded_view_bytes {
+            return Err(
+                Error::limit("max_expanded_view_bytes", limits.max_expanded_view_bytes)
+                    .for_tensor(&name),
+            );
+        }
+    }
+    let quantization = meta.quant.as_ref().map(|q| match q {
+        QuantParams::PerTensor {
+            scheme,
+            scale,
+            zero_point,
+        } => Quantization::PerTensor {
+            scheme: scheme.clone(),
+            scale: *scale,
+            zero_point: *zero_point,
+        },
+        QuantParams::PerChannel { scheme, axis, .. } => Quantization::PerChannel {
+            scheme: scheme.clone(),
+            axis: *axis,
+        },
+    });
+    Ok(TensorInfo {
+        name,
+        dtype: meta.dtype,
+        shape,
+        stride,
+        storage_offset,
+        storage: meta.storage,
+        numel,
+        nbytes,
+        requires_grad: meta.requires_grad,
+        conj: meta.conj,
+        neg: meta.neg,
+        quantization,
+    })
+}
+
+/// A storage pickled on its own (`torch.save(storage)`): a 1-D tensor over it.
+fn bare_storage(name: String, id: usize, storages: &[StorageInfo]) -> Result<TensorInfo> {
+    let s = storages
+        .get(id)
+        .ok_or_else(|| tensor_err(&name, "storage index"))?;
+    Ok(TensorInfo {
+        name,
+        dtype: s.dtype,
+        shape: vec![s.numel],
+        stride: vec![1],
+        storage_offset: 0,
+        storage: Some(id),
+        numel: s.numel,
+        nbytes: s.nbytes,
+        requires_grad: false,
+        conj: false,
+        neg: false,
+        quantization: None,
+    })
+}
+
+/// The entry ending in `data.pkl` directly under one folder (or at the root).
+fn find_data_pkl(archive: &Archive) -> Result<&zip::Entry> {
+    let mut candidates = archive.entries().iter().filter(|e| {
+        e.name == "data.pkl" || e.name.ends_with("/data.pkl") && e.name.matches('/').count() == 1
+    });
+    let first = candidates.next().ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotACheckpoint,
+            "zip archive without a data.pkl record: not a torch checkpoint",
+        )
+    })?;
+    if let Some(second) = candidates.next() {
+        return Err(Error::new(
+            ErrorKind::Zip,
+            format!(
+                "two pickles could be the checkpoint: {} and {}",
+                first.name, second.name
+            ),
+        ));
+    }
+    Ok(first)
+}
+
+/// The bytes of a small record (a pickle, `byteorder`), CRC-checked.
+fn record_bytes<'d>(
+    data: &'d [u8],
+    entry: &zip::Entry,
+    limit: u64,
+    budget: &mut u64,
+) -> Result<Cow<'d, [u8]>> {
+    if entry.size > limit {
+        return Err(Error::limit("max_pickle_bytes", limit).in_record(&entry.name));
+    }
+    match entry.method {
+        Method::Stored => {
+            let bytes = slice(data, entry.data_start, entry.size).ok_or_else(|| {
+                Error::new(ErrorKind::Zip, "record lies outside the file").in_record(&entry.name)
+            })?;
+            zip::check_crc(bytes, entry)?;
+            Ok(Cow::Borrowed(bytes))
+        }
+        Method::Deflated => zip::inflate(data, entry, budget).map(Cow::Owned),
+    }
+}
+
+fn load_zip(
+    data: &[u8],
+    opts: &OpenOptions,
+    heap: &mut Heap,
+    interp: &mut TorchInterp<'_>,
+    vm: &mut Vm<'_>,
+) -> Result<Decoded> {
+    let limits = &opts.limits;
+    let archive = Archive::parse(data, limits)?;
+    let pkl = find_data_pkl(&archive)?;
+    let prefix = pkl
+        .name
+        .strip_suffix("data.pkl")
+        .unwrap_or_default()
+        .to_owned();
+    let mut budget = limits.max_decompressed_bytes;
+    let byte_order = match archive.get(&format!("{prefix}byteorder")) {
+        None => ByteOrder::Little,
+        Some(entry) => {
+            let raw = record_bytes(data, entry, 64, &mut budget)?;
+            match std::str::from_utf8(&raw).map(str::trim) {
+                Ok("little") => ByteOrder::Little,
+                Ok("big") => ByteOrder::Big,
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::Zip,
+                        format!(
+                            "Unknown endianness type: {:?}",
+                            String::from_utf8_lossy(&raw)
+                        ),
+                    )
+                    .in_record(&entry.name))
+                }
+            }
+        }
+    };
+    let mut roots = Vec::new();
+    let constants = archive.get(&format!("{prefix}constants.pkl"));
+    let mut protocol = 0;
+    for (entry, dir, root_name) in [
+        (Some(pkl), "data/", ""),
+        (constants, "constants/", "constants"),
+    ] {
+        let Some(entry) = entry else { continue };
+        let bytes = record_bytes(data, entry, limits.max_pickle_bytes, &mut budget)?;
+        interp.record = entry.name.clone();
+        interp.storage_dir = Some(format!("{prefix}{dir}"));
+        let out = vm
+            .run(heap, interp, &bytes, 0)
+            .map_err(|e| e.in_record(&entry.name))?;
+        if root_name.is_empty() {
+            protocol = out.protocol;
+        }
+        // An empty constants table names nothing.
+        if !(root_name == "constants" && heap.tuple(out.value).is_some_and(<[Value]>::is_empty)) {
+            roots.push((out.value, root_name));
+        }
+    }
+    let mut owned = Vec::new();
+    let mut storages = Vec::with_capacity(interp.storages.len());
+    for p in interp.storages.drain(..) {
+        let record = p.record.clone().unwrap_or_default();
+        let entry = archive.get(&record).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Tensor,
+                format!("storage record is missing (storage key {:?})", p.key),
+            )
+            .in_record(&record)
+        })?;
+        let expected = p.numel.checked_mul(p.dtype.size() as u64).ok_or_else(|| {
+            Error::new(ErrorKind::Tensor, "storage size overflows").in_record(&record)
+        })?;
+        if entry.size != expected {
+            return Err(Error::new(
+                ErrorKind::Tensor,
+                format!(
+                    "record size ({} bytes) does not match expected size ({expected} bytes)",
+                    entry.size
+                ),
+            )
+            .in_record(&record));
+        }
+        let data = match entry.method {
+            Method::Stored => StorageData::File(entry.data_start),
+            Method::Deflated => {
+                owned.push(zip::inflate(data, entry, &mut budget)?);
+                StorageData::Owned(owned.len() - 1)
+            }
+        };
+        storages.push((p, Some(data)));
+    }
+    Ok(Decoded {
+        format: if constants.is_some() {
+            Format::TorchScript
+        } else {
+            Format::Zip
+        },
+        byte_order,
+        protocol,
+        roots,
+        storages,
+        owned,
+    })
+}
+
+/// What the legacy loader decoded: storages located by file offset.
+pub(crate) struct LegacyParts {
+    pub(crate) byte_order: ByteOrder,
+    pub(crate) protocol: u8,
+    pub(crate) root: Value,
+    pub(crate) storages: Vec<(PendingStorage, Option<u64>)>,
+}
+
+impl From<LegacyParts> for Decoded {
+    fn from(parts: LegacyParts) -> Decoded {
+        Decoded {
+            format: Format::Legacy,
+            byte_order: parts.byte_order,
+            protocol: parts.protocol,
+            roots: vec![(parts.root, "")],
+            storages: parts
+                .storages
+                .into_iter()
+                .map(|(p, offset)| (p, offset.map(StorageData::File)))
+                .collect(),
+            owned: Vec::new(),
+        }
+    }
+}

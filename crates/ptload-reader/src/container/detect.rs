@@ -1,0 +1,157 @@
+//! Format detection by content, never by file name.
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// What the first bytes of a file say it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Detected {
+    /// A zip archive (torch >= 1.6, TorchScript); the archive may start after
+    /// a prefix, found from the end-of-central-directory record.
+    Zip,
+    /// A stream of pickles starting with torch's legacy magic number.
+    Legacy,
+}
+
+/// The pickled magic number of the legacy layout, as torch writes it:
+/// PROTO 2, LONG1 of 10 bytes, 0x1950a86a20f9469cfc6c little-endian.
+/// (Protocol 4 and 5 put a FRAME between the two.)
+pub(crate) const LEGACY_MAGIC: [u8; 14] = [
+    0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19,
+];
+
+/// Whether a pickle stream starts with the legacy magic number, whatever its
+/// protocol: the LONG1 of the magic must come within the first opcodes.
+fn starts_with_legacy_magic(data: &[u8]) -> bool {
+    let long1 = LEGACY_MAGIC.get(2..).unwrap_or_default();
+    data.first() == Some(&0x80)
+        && data
+            .get(..data.len().min(32))
+            .is_some_and(|head| head.windows(long1.len()).any(|w| w == long1))
+}
+
+fn not_a_checkpoint(what: impl Into<String>) -> Error {
+    Error::new(ErrorKind::NotACheckpoint, what)
+}
+
+/// Classify `data`. Returns the layout to read, or an error that says what
+/// the bytes are when they are recognisably something else.
+pub(crate) fn detect(data: &[u8]) -> Result<Detected> {
+    if data.is_empty() {
+        return Err(not_a_checkpoint("empty file (0 bytes)"));
+    }
+    if data.starts_with(b"PK\x03\x04") || data.starts_with(b"PK\x05\x06") {
+        // A zip from its first byte: the directory must be at the end.
+        return if super::zip::find_eocd(data).is_some() {
+            Ok(Detected::Zip)
+        } else {
+            Err(not_a_checkpoint(format!(
+                "truncated zip archive: no end-of-central-directory record in {} bytes \
+                 (an interrupted download or copy?)",
+                data.len()
+            )))
+        };
+    }
+    if data.starts_with(b"version https://git-lfs.github.com/spec/") {
+        let size = std::str::from_utf8(data.get(..data.len().min(512)).unwrap_or_default())
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("size ")))
+            .map(|s| format!(" of a {}-byte file", s.trim()))
+            .unwrap_or_default();
+        return Err(not_a_checkpoint(format!(
+            "this is a Git LFS pointer{size}, not the checkpoint: the repository was cloned \
+             without LFS; run `git lfs pull` (or install git-lfs and clone again)"
+        )));
+    }
+    if looks_like_html(data) {
+        return Err(not_a_checkpoint(
+            "this is an HTML page, not a checkpoint: the download probably returned an error \
+             or login page",
+        ));
+    }
+    if looks_like_safetensors(data) {
+        return Err(not_a_checkpoint(
+            "this is a safetensors file, not a torch checkpoint: read it with the safetensors \
+             library (it needs no conversion)",
+        ));
+    }
+    if starts_with_legacy_magic(data) {
+        return Ok(Detected::Legacy);
+    }
+    if data.len() > 262 && data.get(257..262) == Some(b"ustar") {
+        return Err(Error::new(
+            ErrorKind::UnsupportedLayout,
+            "pre-1.0 tar checkpoint layout (members `storages`, `tensors`, `pickle`) is \
+             detected but not read: re-save it with torch >= 1.6",
+        ));
+    }
+    // A zip preceded by other bytes.
+    if super::zip::find_eocd(data).is_some() {
+        return Ok(Detected::Zip);
+    }
+    if data.first() == Some(&0x80) {
+        return Err(not_a_checkpoint(
+            "a Python pickle without torch's magic number: not a torch checkpoint \
+             (torch says: Invalid magic number; corrupt file?)",
+        ));
+    }
+    let head: Vec<String> = data.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    Err(not_a_checkpoint(format!(
+        "unknown format: {} bytes starting with {}",
+        data.len(),
+        head.join(" ")
+    )))
+}
+
+fn looks_like_html(data: &[u8]) -> bool {
+    let head = data.get(..data.len().min(1024)).unwrap_or_default();
+    let head = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
+    let start = head
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(head.len());
+    let rest = head.get(start..).unwrap_or_default();
+    let lower: Vec<u8> = rest.iter().take(15).map(u8::to_ascii_lowercase).collect();
+    lower.starts_with(b"<!doctype html")
+        || lower.starts_with(b"<html")
+        || lower.starts_with(b"<head")
+}
+
+fn looks_like_safetensors(data: &[u8]) -> bool {
+    let Some(len) = data.get(..8) else {
+        return false;
+    };
+    let mut b = [0u8; 8];
+    b.copy_from_slice(len);
+    let n = u64::from_le_bytes(b);
+    let total = u64::try_from(data.len()).unwrap_or(u64::MAX);
+    n >= 2 && n <= total.saturating_sub(8) && data.get(8) == Some(&b'{')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(data: &[u8]) -> String {
+        detect(data)
+            .map(|d| format!("{d:?}"))
+            .unwrap_or_else(|e| e.to_string())
+    }
+
+    #[test]
+    fn names_what_is_not_a_checkpoint() {
+        assert!(message(b"").contains("empty file"));
+        assert!(
+            message(b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 42\n")
+                .contains("Git LFS pointer of a 42-byte file")
+        );
+        assert!(message(b"\n  <!DOCTYPE html><html>").contains("HTML page"));
+        assert!(message(b"\x02\0\0\0\0\0\0\0{}").contains("safetensors"));
+        assert!(message(b"PK\x03\x04abc").contains("truncated zip"));
+        assert!(message(b"\x80\x02}q\x00.").contains("magic number"));
+        assert!(message(b"\x01\x02\x03").contains("unknown format: 3 bytes starting with 01 02 03"));
+        let mut tar = vec![0u8; 600];
+        tar[257..262].copy_from_slice(b"ustar");
+        assert!(message(&tar).contains("pre-1.0 tar"));
+        assert_eq!(message(&LEGACY_MAGIC), "Legacy");
+    }
+}

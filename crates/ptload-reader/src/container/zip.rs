@@ -1,0 +1,393 @@
+//! A zip reader for torch archives: one canonical view of the central
+//! directory, checked against the local headers, with stored entries as
+//! ranges of the file (zero-copy) and deflated ones inflated within a limit.
+//!
+//! The archive may begin after a prefix: every offset the directory records
+//! is shifted by where the directory really is.
+
+use std::collections::HashMap;
+use std::io::Read;
+
+use crate::bytes::{slice, ByteReader};
+use crate::error::{Error, ErrorKind, Result};
+use crate::limits::Limits;
+
+const EOCD_SIG: u32 = 0x0605_4b50;
+const ZIP64_LOCATOR_SIG: u32 = 0x0706_4b50;
+const ZIP64_EOCD_SIG: u32 = 0x0606_4b50;
+const CENTRAL_SIG: u32 = 0x0201_4b50;
+const LOCAL_SIG: u32 = 0x0403_4b50;
+const EOCD_LEN: usize = 22;
+const CENTRAL_LEN: usize = 46;
+const LOCAL_LEN: u64 = 30;
+
+/// How an entry's bytes are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Method {
+    Stored,
+    Deflated,
+}
+
+/// One entry of the archive, with its data located in the file.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub(crate) name: String,
+    pub(crate) method: Method,
+    /// Offset of the entry's (possibly compressed) data in the file.
+    pub(crate) data_start: u64,
+    pub(crate) compressed_size: u64,
+    pub(crate) size: u64,
+    /// 0 means "not computed".
+    pub(crate) crc32: u32,
+}
+
+/// The archive's directory.
+#[derive(Debug)]
+pub(crate) struct Archive {
+    entries: Vec<Entry>,
+    by_name: HashMap<String, usize>,
+}
+
+fn zip_err(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Zip, message)
+}
+
+/// Position of the end-of-central-directory record, searching back over the
+/// largest possible comment.
+pub(crate) fn find_eocd(data: &[u8]) -> Option<usize> {
+    let last = data.len().checked_sub(EOCD_LEN)?;
+    let first = last.saturating_sub(u16::MAX as usize);
+    (first..=last).rev().find(|&pos| {
+        let mut r = ByteReader::at(data, pos, ErrorKind::Zip);
+        if r.u32().ok() != Some(EOCD_SIG) {
+            return false;
+        }
+        let comment_len = ByteReader::at(data, pos + 20, ErrorKind::Zip)
+            .u16()
+            .map(usize::from)
+            .unwrap_or(usize::MAX);
+        pos.checked_add(EOCD_LEN)
+            .and_then(|end| end.checked_add(comment_len))
+            .is_some_and(|end| end <= data.len())
+    })
+}
+
+struct Directory {
+    count: u64,
+    cd_size: u64,
+    cd_offset: u64,
+    /// Where the directory really ends in the file.
+    cd_end_actual: u64,
+}
+
+fn read_directory_location(data: &[u8], eocd: usize) -> Result<Directory> {
+    let mut r = ByteReader::at(data, eocd + 4, ErrorKind::Zip);
+    let disk = r.u16()?;
+    let cd_disk = r.u16()?;
+    let count_disk = r.u16()?;
+    let count = r.u16()?;
+    let cd_size = r.u32()?;
+    let cd_offset = r.u32()?;
+    if disk != 0 && disk != 0xffff || cd_disk != 0 && cd_disk != 0xffff || count_disk != count {
+        return Err(zip_err("multi-disk archives are not supported").at(eocd as u64));
+    }
+    let needs_zip64 = count == 0xffff || cd_size == 0xffff_ffff || cd_offset == 0xffff_ffff;
+    // A ZIP64 locator sits right before the EOCD when the writer used ZIP64
+    // (torch always does).
+    let locator = eocd.checked_sub(20).and_then(|pos| {
+        let mut l = ByteReader::at(data, pos, ErrorKind::Zip);
+        (l.u32().ok()? == ZIP64_LOCATOR_SIG).then_some(pos)
+    });
+    let Some(locator) = locator else {
+        if needs_zip64 {
+            return Err(zip_err("ZIP64 values without a ZIP64 locator").at(eocd as u64));
+        }
+        return Ok(Directory {
+            count: count.into(),
+            cd_size: cd_size.into(),
+            cd_offset: cd_offset.into(),
+            cd_end_actual: eocd as u64,
+        });
+    };
+    let mut l = ByteReader::at(data, locator + 8, ErrorKind::Zip);
+    let recorded = l.u64()?;
+    // The ZIP64 EOCD normally ends where the locator starts; with a prefix,
+    // the recorded offset is shifted, so try the adjacent position first.
+    let candidates = [locator.checked_sub(56).map(|p| p as u64), Some(recorded)];
+    let z64 = candidates
+        .into_iter()
+        .flatten()
+        .find(|&pos| {
+            usize::try_from(pos).ok().is_some_and(|p| {
+                ByteReader::at(data, p, ErrorKind::Zip).u32().ok() == Some(ZIP64_EOCD_SIG)
+            })
+        })
+        .ok_or_else(|| {
+            zip_err("ZIP64 end-of-central-directory record not found").at(locator as u64)
+        })?;
+    let z64_pos = usize::try_from(z64).map_err(|_| zip_err("ZIP64 record offset out of range"))?;
+    let mut z = ByteReader::at(data, z64_pos + 24, ErrorKind::Zip);
+    let _count_disk = z.u64()?;
+    let count = z.u64()?;
+    let cd_size = z.u64()?;
+    let cd_offset = z.u64()?;
+    Ok(Directory {
+        count,
+        cd_size,
+        cd_offset,
+        cd_end_actual: z64,
+    })
+}
+
+/// Values from a ZIP64 extended-information extra field, for the fields the
+/// fixed header marks 0xffffffff.
+fn apply_zip64_extra(
+    extra: &[u8],
+    size: &mut u64,
+    csize: &mut u64,
+    offset: &mut u64,
+) -> Result<()> {
+    let mut r = ByteReader::new(extra, ErrorKind::Zip);
+    while r.remaining() >= 4 {
+        let id = r.u16()?;
+        let len = usize::from(r.u16()?);
+        let body = r.bytes(len)?;
+        if id != 0x0001 {
+            continue;
+        }
+        let mut b = ByteReader::new(body, ErrorKind::Zip);
+        for field in [size, csize, offset] {
+            if *field == 0xffff_ffff {
+                *field = b
+                    .u64()
+                    .map_err(|_| zip_err("ZIP64 extra field too short"))?;
+            }
+        }
+        return Ok(());
+    }
+    Ok(())
+}
+
+impl Archive {
+    pub(crate) fn parse(data: &[u8], limits: &Limits) -> Result<Archive> {
+        let eocd = find_eocd(data)
+            .ok_or_else(|| zip_err("no end-of-central-directory record (truncated archive?)"))?;
+        let dir = read_directory_location(data, eocd)?;
+        let recorded_end = dir
+            .cd_offset
+            .checked_add(dir.cd_size)
+            .ok_or_else(|| zip_err("central directory offset overflows"))?;
+        let prefix_len = dir.cd_end_actual.checked_sub(recorded_end).ok_or_else(|| {
+            zip_err(format!(
+                "central directory (offset {:#x}, {} bytes) lies outside the file",
+                dir.cd_offset, dir.cd_size
+            ))
+            .at(eocd as u64)
+        })?;
+        let cd_start = prefix_len + dir.cd_offset;
+        let cd = slice(data, cd_start, dir.cd_size)
+            .ok_or_else(|| zip_err("central directory lies outside the file").at(cd_start))?;
+        // Every central entry takes at least 46 bytes: a count that cannot fit
+        // is a lie, and is rejected before anything is allocated for it.
+        let count = usize::try_from(dir.count).unwrap_or(usize::MAX);
+        if count > cd.len() / CENTRAL_LEN {
+            return Err(zip_err(format!(
+                "entry count {} does not fit in a {}-byte central directory",
+                dir.count,
+                cd.len()
+            ))
+            .at(eocd as u64));
+        }
+        if count > limits.max_zip_entries {
+            return Err(Error::limit(
+                "max_zip_entries",
+                limits.max_zip_entries as u64,
+            ));
+        }
+        let mut entries = Vec::with_capacity(count);
+        let mut by_name = HashMap::with_capacity(count);
+        let mut locals = Vec::with_capacity(count);
+        let mut r = ByteReader::new(cd, ErrorKind::Zip);
+        for _ in 0..count {
+            let at = cd_start + r.pos() as u64;
+            let (entry, local) =
+                read_central(&mut r, data, prefix_len, cd_start).map_err(|e| e.at(at))?;
+            if by_name.insert(entry.name.clone(), entries.len()).is_some() {
+                return Err(zip_err(format!("duplicate entry name {:?}", entry.name)).at(at));
+            }
+            locals.push((local, entries.len()));
+            entries.push(entry);
+        }
+        // No two entries may share bytes: each entry's data must end before
+        // the next local header starts.
+        locals.sort_unstable();
+        for pair in locals.windows(2) {
+            if let [(_, a), (next_local, _)] = pair {
+                let a = entries.get(*a).ok_or_else(|| zip_err("entry index"))?;
+                if a.data_start.saturating_add(a.compressed_size) > *next_local {
+                    return Err(
+                        zip_err(format!("entry {:?} overlaps the next entry", a.name))
+                            .at(a.data_start),
+                    );
+                }
+            }
+        }
+        Ok(Archive { entries, by_name })
+    }
+
+    pub(crate) fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&Entry> {
+        self.by_name.get(name).and_then(|&i| self.entries.get(i))
+    }
+}
+
+fn read_central(
+    r: &mut ByteReader<'_>,
+    data: &[u8],
+    prefix_len: u64,
+    cd_start: u64,
+) -> Result<(Entry, u64)> {
+    if r.u32()? != CENTRAL_SIG {
+        return Err(zip_err("bad central directory entry signature"));
+    }
+    let _made_by = r.u16()?;
+    let _needed = r.u16()?;
+    let flags = r.u16()?;
+    let method = r.u16()?;
+    let _time = r.u32()?;
+    let crc32 = r.u32()?;
+    let mut csize = u64::from(r.u32()?);
+    let mut size = u64::from(r.u32()?);
+    let name_len = usize::from(r.u16()?);
+    let extra_len = usize::from(r.u16()?);
+    let comment_len = usize::from(r.u16()?);
+    let _disk = r.u16()?;
+    let _internal = r.u16()?;
+    let _external = r.u32()?;
+    let mut local = u64::from(r.u32()?);
+    let name_bytes = r.bytes(name_len)?;
+    let extra = r.bytes(extra_len)?;
+    r.bytes(comment_len)?;
+    let name = std::str::from_utf8(name_bytes)
+        .map_err(|_| zip_err("entry name is not UTF-8"))?
+        .to_owned();
+    if flags & 0x0041 != 0 {
+        return Err(zip_err(format!("entry {name:?} is encrypted")));
+    }
+    let method = match method {
+        0 => Method::Stored,
+        8 => Method::Deflated,
+        m => {
+            return Err(zip_err(format!(
+                "entry {name:?} uses unsupported compression method {m}"
+            )))
+        }
+    };
+    apply_zip64_extra(extra, &mut size, &mut csize, &mut local)?;
+    if method == Method::Stored && csize != size {
+        return Err(zip_err(format!(
+            "stored entry {name:?} has compressed size {csize} != size {size}"
+        )));
+    }
+    // The local header must agree with the central directory on the name:
+    // two readers must never see two different archives in the same bytes.
+    let local_abs = prefix_len
+        .checked_add(local)
+        .ok_or_else(|| zip_err("local header offset overflows"))?;
+    let header = slice(data, local_abs, LOCAL_LEN)
+        .ok_or_else(|| zip_err(format!("local header of {name:?} lies outside the file")))?;
+    let mut h = ByteReader::new(header, ErrorKind::Zip);
+    if h.u32()? != LOCAL_SIG {
+        return Err(zip_err(format!("bad local header signature for {name:?}")).at(local_abs));
+    }
+    let _needed = h.u16()?;
+    let local_flags = h.u16()?;
+    let _method = h.u16()?;
+    let _time = h.u32()?;
+    let _crc = h.u32()?;
+    let _csize = h.u32()?;
+    let _size = h.u32()?;
+    let local_name_len = u64::from(h.u16()?);
+    let local_extra_len = u64::from(h.u16()?);
+    if local_flags & 0x0041 != 0 {
+        return Err(zip_err(format!("entry {name:?} is encrypted (local header)")).at(local_abs));
+    }
+    let local_name = slice(data, local_abs + LOCAL_LEN, local_name_len)
+        .ok_or_else(|| zip_err(format!("local name of {name:?} lies outside the file")))?;
+    if local_name != name.as_bytes() {
+        return Err(zip_err(format!(
+            "local header name {:?} differs from central directory name {name:?}",
+            String::from_utf8_lossy(local_name)
+        ))
+        .at(local_abs));
+    }
+    let data_start = local_abs + LOCAL_LEN + local_name_len + local_extra_len;
+    let data_end = data_start
+        .checked_add(csize)
+        .ok_or_else(|| zip_err(format!("size of {name:?} overflows")))?;
+    if data_end > cd_start {
+        return Err(zip_err(format!(
+            "data of {name:?} ({csize} bytes at {data_start:#x}) runs past the central directory"
+        )));
+    }
+    Ok((
+        Entry {
+            name,
+            method,
+            data_start,
+            compressed_size: csize,
+            size,
+            crc32,
+        },
+        local_abs,
+    ))
+}
+
+/// Inflate a deflated entry, charging its size against `budget`.
+pub(crate) fn inflate(data: &[u8], entry: &Entry, budget: &mut u64) -> Result<Vec<u8>> {
+    let raw = slice(data, entry.data_start, entry.compressed_size)
+        .ok_or_else(|| zip_err("deflated data lies outside the file").at(entry.data_start))?;
+    if entry.size > *budget {
+        return Err(Error::limit("max_decompressed_bytes", *budget).in_record(&entry.name));
+    }
+    // Reserve only what the compressed bytes could plausibly produce; the
+    // declared size is not trusted for the allocation.
+    let reserve = entry
+        .size
+        .min(entry.compressed_size.saturating_mul(4).saturating_add(4096));
+    let mut out = Vec::with_capacity(usize::try_from(reserve).unwrap_or(0));
+    let mut decoder = flate2::read::DeflateDecoder::new(raw).take(entry.size.saturating_add(1));
+    decoder
+        .read_to_end(&mut out)
+        .map_err(|e| zip_err(format!("inflating failed: {e}")).in_record(&entry.name))?;
+    if out.len() as u64 != entry.size {
+        return Err(zip_err(format!(
+            "inflated to {} bytes, the directory says {}",
+            out.len(),
+            entry.size
+        ))
+        .in_record(&entry.name));
+    }
+    *budget -= entry.size;
+    check_crc(&out, entry)?;
+    Ok(out)
+}
+
+/// Check an entry's CRC-32 (a zero CRC means "not computed" and passes).
+pub(crate) fn check_crc(bytes: &[u8], entry: &Entry) -> Result<()> {
+    if entry.crc32 == 0 {
+        return Ok(());
+    }
+    let actual = crc32fast::hash(bytes);
+    if actual != entry.crc32 {
+        return Err(zip_err(format!(
+            "CRC-32 mismatch: computed {actual:08x}, recorded {:08x}",
+            entry.crc32
+        ))
+        .in_record(&entry.name));
+    }
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! The reader's one error type: what went wrong, in which layer, and where.
+
+use std::fmt;
+
+/// The layer and class of a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Reading the file failed (open, metadata, map).
+    Io,
+    /// The bytes are not a torch checkpoint; the message says what they look like.
+    NotACheckpoint,
+    /// A checkpoint layout that is recognised but not read (the pre-1.0 tar layout).
+    UnsupportedLayout,
+    /// The zip container is malformed or uses something the reader refuses.
+    Zip,
+    /// The legacy (pre-1.6) stream layout is malformed.
+    Legacy,
+    /// The pickle program is malformed.
+    Pickle,
+    /// A global that the strict policy does not allow.
+    UnsupportedGlobal,
+    /// A storage or tensor record is inconsistent with its data.
+    Tensor,
+    /// A configured [`Limits`](crate::Limits) value was exceeded.
+    LimitExceeded,
+    /// Something valid that this reader does not read.
+    Unsupported,
+}
+
+impl ErrorKind {
+    fn layer(self) -> &'static str {
+        match self {
+            ErrorKind::Io => "io",
+            ErrorKind::NotACheckpoint => "format",
+            ErrorKind::UnsupportedLayout => "format",
+            ErrorKind::Zip => "zip",
+            ErrorKind::Legacy => "legacy",
+            ErrorKind::Pickle => "pickle",
+            ErrorKind::UnsupportedGlobal => "policy",
+            ErrorKind::Tensor => "tensor",
+            ErrorKind::LimitExceeded => "limit",
+            ErrorKind::Unsupported => "unsupported",
+        }
+    }
+}
+
+/// An error from reading a checkpoint.
+///
+/// Its `Display` reads like `pickle: unknown opcode 0xff at offset 0x1a in
+/// model/data.pkl`: the layer, what went wrong, then where (byte offset inside
+/// the record, the record, the tensor) when known.
+pub struct Error {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: ErrorKind,
+    message: String,
+    offset: Option<u64>,
+    record: Option<String>,
+    tensor: Option<String>,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Error {
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            inner: Box::new(Inner {
+                kind,
+                message: message.into(),
+                offset: None,
+                record: None,
+                tensor: None,
+                source: None,
+            }),
+        }
+    }
+
+    pub(crate) fn io(message: impl Into<String>, source: std::io::Error) -> Self {
+        let mut e = Error::new(ErrorKind::Io, message);
+        e.inner.source = Some(Box::new(source));
+        e
+    }
+
+    pub(crate) fn limit(name: &str, value: u64) -> Self {
+        Error::new(
+            ErrorKind::LimitExceeded,
+            format!("Limits::{name} ({value}) exceeded"),
+        )
+    }
+
+    pub(crate) fn at(mut self, offset: u64) -> Self {
+        if self.inner.offset.is_none() {
+            self.inner.offset = Some(offset);
+        }
+        self
+    }
+
+    pub(crate) fn in_record(mut self, record: &str) -> Self {
+        if self.inner.record.is_none() {
+            self.inner.record = Some(record.to_owned());
+        }
+        self
+    }
+
+    pub(crate) fn for_tensor(mut self, tensor: &str) -> Self {
+        if self.inner.tensor.is_none() {
+            self.inner.tensor = Some(tensor.to_owned());
+        }
+        self
+    }
+
+    /// The class of failure.
+    pub fn kind(&self) -> ErrorKind {
+        self.inner.kind
+    }
+
+    /// What went wrong, without the location.
+    pub fn message(&self) -> &str {
+        &self.inner.message
+    }
+
+    /// Byte offset of the failure: inside the record when [`record`](Self::record)
+    /// is set, otherwise inside the file.
+    pub fn offset(&self) -> Option<u64> {
+        self.inner.offset
+    }
+
+    /// The archive record (e.g. `model/data.pkl`) or legacy section concerned.
+    pub fn record(&self) -> Option<&str> {
+        self.inner.record.as_deref()
+    }
+
+    /// The flattened name of the tensor concerned.
+    pub fn tensor(&self) -> Option<&str> {
+        self.inner.tensor.as_deref()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.inner.kind.layer(), self.inner.message)?;
+        if let Some(offset) = self.inner.offset {
+            write!(f, " at offset {offset:#x}")?;
+        }
+        if let Some(record) = &self.inner.record {
+            write!(f, " in {record}")?;
+        }
+        if let Some(tensor) = &self.inner.tensor {
+            write!(f, " (tensor '{tensor}')")?;
+        }
+        if let Some(source) = &self.inner.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Error")
+            .field("kind", &self.inner.kind)
+            .field("message", &self.inner.message)
+            .field("offset", &self.inner.offset)
+            .field("record", &self.inner.record)
+            .field("tensor", &self.inner.tensor)
+            .finish()
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner
+            .source
+            .as_ref()
+            .map(|s| s.as_ref() as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// The reader's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

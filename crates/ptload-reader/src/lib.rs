@@ -1,0 +1,53 @@
+//! Read PyTorch checkpoints without Python, without libtorch, and without
+//! executing the pickle.
+//!
+//! `ptload-reader` opens every layout `torch.save` and `torch.jit.save`
+//! write (zip, legacy, TorchScript), decodes the pickle with a VM that never
+//! imports or calls anything, and exposes tensors as zero-copy views into a
+//! memory-mapped file.
+//!
+//! ```
+//! use ptload_reader::Checkpoint;
+//!
+//! # fn main() -> Result<(), ptload_reader::Error> {
+//! let ckpt = Checkpoint::open("../../fixtures/files/basic.pt")?;
+//! for tensor in ckpt.tensors() {
+//!     let bytes = tensor.data()?; // borrowed from the map when contiguous
+//!     println!("{} {} {:?} {} bytes", tensor.name(), tensor.dtype(), tensor.shape(), bytes.len());
+//! }
+//! # assert!(!ckpt.is_empty());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Names follow one flattening convention: dict keys and sequence indices
+//! joined with `.` (`optimizer.state.0.exp_avg`); a pickled `nn.Module`
+//! yields its `state_dict()` names; other objects are named by attribute.
+//! See `docs/formats.md` in the repository.
+//!
+//! Hostile input gives an [`Error`], never a panic: every length is checked
+//! before use and every resource is bounded by [`Limits`].
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod bytes;
+mod checkpoint;
+mod container;
+mod error;
+mod limits;
+mod pickle;
+#[allow(unsafe_code)]
+mod source;
+mod torch;
+mod view;
+
+pub use checkpoint::{ByteOrder, Checkpoint, Format, OpenOptions, StorageInfo, TensorInfo};
+pub use error::{Error, ErrorKind, Result};
+pub use limits::Limits;
+pub use pickle::StringEncoding;
+pub use torch::dtype::DType;
+pub use torch::interp::GlobalRef;
+pub use torch::names::Scalar;
+pub use torch::policy::Policy;
+pub use torch::Quantization;
+pub use view::TensorView;

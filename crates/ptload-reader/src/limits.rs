@@ -1,0 +1,56 @@
+//! Explicit bounds on the work a checkpoint can make the reader do.
+
+/// Bounds on every resource a file can make the reader spend.
+///
+/// The defaults admit a real 100 GB checkpoint (hundreds of thousands of
+/// tensors, a pickle of tens of megabytes) and stop the known bombs. Each
+/// limit is named in the error that reports it, so a user knows which field
+/// to raise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// Largest pickle record (`data.pkl`, `constants.pkl`, a legacy section).
+    pub max_pickle_bytes: u64,
+    /// Opcodes executed across all pickles of one file.
+    pub max_opcodes: u64,
+    /// Items on the pickle stack, plus open MARKs.
+    pub max_stack_depth: usize,
+    /// Memo entries.
+    pub max_memo_entries: usize,
+    /// Elements of one list, tuple, dict or set.
+    pub max_container_len: usize,
+    /// Objects created by the pickle VM.
+    pub max_objects: usize,
+    /// Bytes of strings, bytes and big integers decoded from pickles.
+    pub max_decoded_bytes: u64,
+    /// Bytes produced by inflating deflated zip entries, all entries together.
+    pub max_decompressed_bytes: u64,
+    /// Entries in the zip central directory.
+    pub max_zip_entries: usize,
+    /// Tensors in one checkpoint (after flattening).
+    pub max_tensors: usize,
+    /// Steps of the walk that names tensors (charges shared references).
+    pub max_walk_steps: u64,
+    /// Row-major size of a view whose elements overlap (stride-0 expands):
+    /// such a view may be larger than its storage, but not beyond this.
+    pub max_expanded_view_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_pickle_bytes: 1 << 30,
+            max_opcodes: 200_000_000,
+            max_stack_depth: 1_000_000,
+            max_memo_entries: 20_000_000,
+            max_container_len: 20_000_000,
+            max_objects: 50_000_000,
+            max_decoded_bytes: 1 << 30,
+            max_decompressed_bytes: 64 << 30,
+            max_zip_entries: 4_000_000,
+            max_tensors: 4_000_000,
+            max_walk_steps: 100_000_000,
+            max_expanded_view_bytes: 1 << 30,
+        }
+    }
+}

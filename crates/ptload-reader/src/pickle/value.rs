@@ -1,0 +1,317 @@
+//! Values of the pickle VM.
+//!
+//! Every compound value lives in one arena (`Heap`) and is referred to by
+//! index. The memo and the stack hold `Value`s, which are `Copy`: a memo
+//! reference (BINGET, DUP) costs nothing and never deep-copies, cycles are
+//! just indices, and dropping the arena never recurses however deep the
+//! structure is.
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+use crate::limits::Limits;
+use crate::torch::TorchObj;
+
+pub(crate) type ObjId = u32;
+
+/// A pickle value: a scalar, or a reference into the heap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Obj(ObjId),
+}
+
+/// A compound value.
+#[derive(Debug)]
+pub(crate) enum Obj {
+    Str(Box<str>),
+    Bytes(Box<[u8]>),
+    /// An integer beyond i64: little-endian two's complement.
+    BigInt(Box<[u8]>),
+    Tuple(Vec<Value>),
+    List(Vec<Value>),
+    Dict(Dict),
+    Set(Vec<Value>),
+    /// An instance of a class the reader does not interpret: kept inert.
+    Object(Box<Object>),
+    /// Something the torch layer understands (globals, storages, tensors...).
+    Torch(TorchObj),
+}
+
+/// An inert instance: what was called, with what, and what was set on it.
+#[derive(Debug)]
+pub(crate) struct Object {
+    pub(crate) class: Value,
+    pub(crate) args: Value,
+    pub(crate) state: Option<Value>,
+    /// Items set by SETITEM(S) on a dict subclass.
+    pub(crate) items: Dict,
+    /// Items added by APPEND(S) on a list subclass.
+    pub(crate) list: Vec<Value>,
+}
+
+/// How a dict key is compared, as Python would: by value for scalars,
+/// strings and bytes, by identity for everything else.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    None,
+    Int(i64),
+    Float(u64),
+    Str(Box<str>),
+    Bytes(Box<[u8]>),
+    BigInt(Box<[u8]>),
+    Id(ObjId),
+}
+
+/// An insertion-ordered dict with Python's replace-on-equal-key semantics.
+#[derive(Debug, Default)]
+pub(crate) struct Dict {
+    entries: Vec<(Value, Value)>,
+    index: HashMap<Key, usize>,
+}
+
+impl Dict {
+    pub(crate) fn entries(&self) -> &[(Value, Value)] {
+        &self.entries
+    }
+
+    pub(crate) fn get_str(&self, heap: &Heap, key: &str) -> Option<Value> {
+        self.index
+            .get(&Key::Str(key.into()))
+            .and_then(|&i| self.entries.get(i))
+            .map(|&(_, v)| v)
+            .or_else(|| {
+                // Python 2 pickles may key by bytes.
+                self.entries
+                    .iter()
+                    .find(|(k, _)| heap.bytes(*k) == Some(key.as_bytes()))
+                    .map(|&(_, v)| v)
+            })
+    }
+}
+
+/// The arena of compound values, with the budgets that bound it.
+#[derive(Debug)]
+pub(crate) struct Heap {
+    objs: Vec<Obj>,
+    max_objects: usize,
+    max_container_len: usize,
+    decoded_bytes: u64,
+    max_decoded_bytes: u64,
+}
+
+impl Heap {
+    pub(crate) fn new(limits: &Limits) -> Heap {
+        Heap {
+            objs: Vec::new(),
+            max_objects: limits.max_objects,
+            max_container_len: limits.max_container_len,
+            decoded_bytes: 0,
+            max_decoded_bytes: limits.max_decoded_bytes,
+        }
+    }
+
+    pub(crate) fn alloc(&mut self, obj: Obj) -> Result<Value> {
+        if self.objs.len() >= self.max_objects {
+            return Err(Error::limit("max_objects", self.max_objects as u64));
+        }
+        let id = ObjId::try_from(self.objs.len())
+            .map_err(|_| Error::limit("max_objects", self.max_objects as u64))?;
+        self.objs.push(obj);
+        Ok(Value::Obj(id))
+    }
+
+    /// Charge `n` decoded bytes (strings, bytes, big integers).
+    pub(crate) fn charge_bytes(&mut self, n: usize) -> Result<()> {
+        self.decoded_bytes = self.decoded_bytes.saturating_add(n as u64);
+        if self.decoded_bytes > self.max_decoded_bytes {
+            return Err(Error::limit("max_decoded_bytes", self.max_decoded_bytes));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_len(&self, len: usize) -> Result<()> {
+        if len > self.max_container_len {
+            return Err(Error::limit(
+                "max_container_len",
+                self.max_container_len as u64,
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn get(&self, v: Value) -> Option<&Obj> {
+        match v {
+            Value::Obj(id) => self.objs.get(id as usize),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn get_mut(&mut self, v: Value) -> Option<&mut Obj> {
+        match v {
+            Value::Obj(id) => self.objs.get_mut(id as usize),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn str(&self, v: Value) -> Option<&str> {
+        match self.get(v) {
+            Some(Obj::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn bytes(&self, v: Value) -> Option<&[u8]> {
+        match self.get(v) {
+            Some(Obj::Bytes(b)) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// A string, or bytes that are valid UTF-8 (Python 2 `str` kept as bytes).
+    pub(crate) fn text(&self, v: Value) -> Option<&str> {
+        match self.get(v) {
+            Some(Obj::Str(s)) => Some(s),
+            Some(Obj::Bytes(b)) => std::str::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn tuple(&self, v: Value) -> Option<&[Value]> {
+        match self.get(v) {
+            Some(Obj::Tuple(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Elements of a tuple or list.
+    pub(crate) fn sequence(&self, v: Value) -> Option<&[Value]> {
+        match self.get(v) {
+            Some(Obj::Tuple(t)) | Some(Obj::List(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn dict(&self, v: Value) -> Option<&Dict> {
+        match self.get(v) {
+            Some(Obj::Dict(d)) => Some(d),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn torch(&self, v: Value) -> Option<&TorchObj> {
+        match self.get(v) {
+            Some(Obj::Torch(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    fn key(&self, v: Value) -> Key {
+        match v {
+            Value::None => Key::None,
+            Value::Bool(b) => Key::Int(i64::from(b)),
+            Value::Int(i) => Key::Int(i),
+            Value::Float(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Key::Int(f as i64),
+            Value::Float(f) => Key::Float(f.to_bits()),
+            Value::Obj(id) => match self.objs.get(id as usize) {
+                Some(Obj::Str(s)) => Key::Str(s.clone()),
+                Some(Obj::Bytes(b)) => Key::Bytes(b.clone()),
+                Some(Obj::BigInt(b)) => Key::BigInt(b.clone()),
+                _ => Key::Id(id),
+            },
+        }
+    }
+
+    /// `target[key] = value` for a dict, or for the items of an inert object.
+    pub(crate) fn set_item(
+        &mut self,
+        target: Value,
+        key: Value,
+        value: Value,
+    ) -> Result<(), &'static str> {
+        let k = self.key(key);
+        let max = self.max_container_len;
+        let dict = match self.get_mut(target) {
+            Some(Obj::Dict(d)) => d,
+            Some(Obj::Object(o)) => &mut o.items,
+            Some(other) => return Err(kind_name(other)),
+            None => return Err("scalar"),
+        };
+        if let Some(&i) = dict.index.get(&k) {
+            if let Some(slot) = dict.entries.get_mut(i) {
+                slot.1 = value;
+            }
+            return Ok(());
+        }
+        if dict.entries.len() >= max {
+            return Err("dict over Limits::max_container_len");
+        }
+        dict.index.insert(k, dict.entries.len());
+        dict.entries.push((key, value));
+        Ok(())
+    }
+
+    /// Append to a list, or to the list items of an inert object.
+    pub(crate) fn append(&mut self, target: Value, values: &[Value]) -> Result<(), &'static str> {
+        let max = self.max_container_len;
+        let list = match self.get_mut(target) {
+            Some(Obj::List(l)) => l,
+            Some(Obj::Object(o)) => &mut o.list,
+            Some(other) => return Err(kind_name(other)),
+            None => return Err("scalar"),
+        };
+        if list.len().saturating_add(values.len()) > max {
+            return Err("list over Limits::max_container_len");
+        }
+        list.extend_from_slice(values);
+        Ok(())
+    }
+
+    pub(crate) fn add_to_set(
+        &mut self,
+        target: Value,
+        values: &[Value],
+    ) -> Result<(), &'static str> {
+        let max = self.max_container_len;
+        match self.get_mut(target) {
+            Some(Obj::Set(s)) => {
+                if s.len().saturating_add(values.len()) > max {
+                    return Err("set over Limits::max_container_len");
+                }
+                s.extend_from_slice(values);
+                Ok(())
+            }
+            Some(other) => Err(kind_name(other)),
+            None => Err("scalar"),
+        }
+    }
+
+    pub(crate) fn new_dict_from(&mut self, pairs: &[Value]) -> Result<Value> {
+        let d = self.alloc(Obj::Dict(Dict::default()))?;
+        for pair in pairs.chunks(2) {
+            if let [k, v] = pair {
+                self.set_item(d, *k, *v).map_err(|_| {
+                    Error::limit("max_container_len", self.max_container_len as u64)
+                })?;
+            }
+        }
+        Ok(d)
+    }
+}
+
+pub(crate) fn kind_name(obj: &Obj) -> &'static str {
+    match obj {
+        Obj::Str(_) => "str",
+        Obj::Bytes(_) => "bytes",
+        Obj::BigInt(_) => "int",
+        Obj::Tuple(_) => "tuple",
+        Obj::List(_) => "list",
+        Obj::Dict(_) => "dict",
+        Obj::Set(_) => "set",
+        Obj::Object(_) => "object",
+        Obj::Torch(t) => t.kind_name(),
+    }
+}

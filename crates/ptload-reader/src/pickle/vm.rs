@@ -1,0 +1,887 @@
+//! The pickle virtual machine: protocols 0 to 5, executing no code.
+//!
+//! GLOBAL pushes a name; REDUCE, NEWOBJ, BUILD and persistent ids are handed
+//! to an [`Interpreter`], which gives them meaning or keeps them inert. Every
+//! length is checked against the bytes present before anything is allocated,
+//! and every resource is charged against [`Limits`].
+
+use std::collections::HashMap;
+
+use super::value::{Heap, Obj, Value};
+use crate::bytes::ByteReader;
+use crate::error::{Error, ErrorKind, Result};
+use crate::limits::Limits;
+
+/// How Python 2 `str` values (STRING, BINSTRING, SHORT_BINSTRING) decode,
+/// as torch.load's `encoding` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StringEncoding {
+    /// Decode as UTF-8; invalid UTF-8 is an error (torch's default).
+    #[default]
+    Utf8,
+    /// Decode as Latin-1 (every byte is a character).
+    Latin1,
+    /// Keep the raw bytes.
+    Bytes,
+}
+
+/// Gives meaning to the operations that would call code in Python.
+pub(crate) trait Interpreter {
+    /// GLOBAL / STACK_GLOBAL / INST: a reference to `module.name`.
+    fn global(&mut self, heap: &mut Heap, module: &str, name: &str, offset: u64) -> Result<Value>;
+    /// REDUCE: `callable(*args)`.
+    fn call(&mut self, heap: &mut Heap, callable: Value, args: Value) -> Result<Value>;
+    /// NEWOBJ / NEWOBJ_EX / INST / OBJ: `cls.__new__(cls, *args)`.
+    fn new_object(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value>;
+    /// BUILD: `obj.__setstate__(state)`.
+    fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()>;
+    /// PERSID / BINPERSID.
+    fn persistent_load(&mut self, heap: &mut Heap, pid: Value) -> Result<Value>;
+}
+
+/// The result of running one pickle.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct VmOutput {
+    pub(crate) value: Value,
+    /// Offset just past the STOP opcode.
+    pub(crate) end: usize,
+    /// The PROTO opcode's value; 0 or 1 (by the opcodes seen) when absent.
+    pub(crate) protocol: u8,
+}
+
+/// The memo: dense for the indices pickles normally use, sparse otherwise,
+/// so a huge index costs one entry, not a huge vector.
+#[derive(Default)]
+struct Memo {
+    dense: Vec<Option<Value>>,
+    sparse: HashMap<u64, Value>,
+    count: usize,
+}
+
+impl Memo {
+    fn put(&mut self, index: u64, value: Value, max: usize) -> Result<()> {
+        let dense_len = self.dense.len() as u64;
+        let is_new = if index < dense_len {
+            let slot = self
+                .dense
+                .get_mut(index as usize)
+                .ok_or_else(|| pickle_err("memo"))?;
+            let new = slot.is_none();
+            *slot = Some(value);
+            new
+        } else if index == dense_len && !self.sparse.contains_key(&index) {
+            self.dense.push(Some(value));
+            true
+        } else {
+            self.sparse.insert(index, value).is_none()
+        };
+        if is_new {
+            self.count += 1;
+            if self.count > max {
+                return Err(Error::limit("max_memo_entries", max as u64));
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, index: u64) -> Result<Value> {
+        let found = if index < self.dense.len() as u64 {
+            self.dense.get(index as usize).copied().flatten()
+        } else {
+            self.sparse.get(&index).copied()
+        };
+        found.ok_or_else(|| pickle_err(format!("memo key {index} is not defined")))
+    }
+}
+
+fn pickle_err(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Pickle, message)
+}
+
+/// The VM; opcode budgets are shared across every pickle of one file.
+pub(crate) struct Vm<'l> {
+    limits: &'l Limits,
+    encoding: StringEncoding,
+    opcodes: u64,
+}
+
+struct Machine<'a, 'h, I> {
+    r: ByteReader<'a>,
+    heap: &'h mut Heap,
+    interp: &'h mut I,
+    stack: Vec<Value>,
+    marks: Vec<usize>,
+    memo: Memo,
+    protocol: Option<u8>,
+    binary_seen: bool,
+    encoding: StringEncoding,
+    max_stack: usize,
+    max_memo: usize,
+}
+
+impl<'l> Vm<'l> {
+    pub(crate) fn new(limits: &'l Limits, encoding: StringEncoding) -> Self {
+        Vm {
+            limits,
+            encoding,
+            opcodes: 0,
+        }
+    }
+
+    /// Run the pickle starting at `start` in `data`, to its STOP.
+    pub(crate) fn run<I: Interpreter>(
+        &mut self,
+        heap: &mut Heap,
+        interp: &mut I,
+        data: &[u8],
+        start: usize,
+    ) -> Result<VmOutput> {
+        let mut m = Machine {
+            r: ByteReader::at(data, start, ErrorKind::Pickle),
+            heap,
+            interp,
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: Memo::default(),
+            protocol: None,
+            binary_seen: false,
+            encoding: self.encoding,
+            max_stack: self.limits.max_stack_depth,
+            max_memo: self.limits.max_memo_entries,
+        };
+        loop {
+            let offset = m.r.pos();
+            self.opcodes += 1;
+            if self.opcodes > self.limits.max_opcodes {
+                return Err(Error::limit("max_opcodes", self.limits.max_opcodes).at(offset as u64));
+            }
+            let op =
+                m.r.u8()
+                    .map_err(|_| pickle_err("pickle ended without STOP").at(offset as u64))?;
+            match m.step(op) {
+                Ok(Some(value)) => {
+                    let protocol = m.protocol.unwrap_or(u8::from(m.binary_seen));
+                    return Ok(VmOutput {
+                        value,
+                        end: m.r.pos(),
+                        protocol,
+                    });
+                }
+                Ok(None) => {}
+                Err(e) => return Err(e.at(offset as u64)),
+            }
+        }
+    }
+}
+
+impl<'a, I: Interpreter> Machine<'a, '_, I> {
+    fn push(&mut self, v: Value) -> Result<()> {
+        if self.stack.len() + self.marks.len() >= self.max_stack {
+            return Err(Error::limit("max_stack_depth", self.max_stack as u64));
+        }
+        self.stack.push(v);
+        Ok(())
+    }
+
+    fn alloc_push(&mut self, obj: Obj) -> Result<()> {
+        let v = self.heap.alloc(obj)?;
+        self.push(v)
+    }
+
+    fn base(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    fn pop(&mut self) -> Result<Value> {
+        if self.stack.len() <= self.base() {
+            return Err(pickle_err("stack underflow"));
+        }
+        self.stack
+            .pop()
+            .ok_or_else(|| pickle_err("stack underflow"))
+    }
+
+    fn top(&self) -> Result<Value> {
+        if self.stack.len() <= self.base() {
+            return Err(pickle_err("stack underflow"));
+        }
+        self.stack
+            .last()
+            .copied()
+            .ok_or_else(|| pickle_err("stack underflow"))
+    }
+
+    /// Pop everything above the innermost MARK, and the mark.
+    fn pop_mark(&mut self) -> Result<Vec<Value>> {
+        let base = self.marks.pop().ok_or_else(|| pickle_err("MARK missing"))?;
+        if base > self.stack.len() {
+            return Err(pickle_err("MARK beyond the stack"));
+        }
+        Ok(self.stack.split_off(base))
+    }
+
+    fn len_from(&self, n: u64) -> Result<usize> {
+        let n = usize::try_from(n).map_err(|_| pickle_err(format!("length {n} out of range")))?;
+        if n > self.r.remaining() {
+            return Err(pickle_err(format!(
+                "length {n} exceeds the {} bytes left",
+                self.r.remaining()
+            )));
+        }
+        Ok(n)
+    }
+
+    fn read_counted(&mut self, n: u64) -> Result<&'a [u8]> {
+        let n = self.len_from(n)?;
+        self.heap.charge_bytes(n)?;
+        self.r.bytes(n)
+    }
+
+    fn push_str(&mut self, bytes: &[u8]) -> Result<()> {
+        let s = std::str::from_utf8(bytes)
+            .map_err(|e| pickle_err(format!("invalid UTF-8 in string: {e}")))?;
+        self.alloc_push(Obj::Str(s.into()))
+    }
+
+    fn push_py2_str(&mut self, bytes: Vec<u8>) -> Result<()> {
+        match self.encoding {
+            StringEncoding::Utf8 => {
+                let s = String::from_utf8(bytes).map_err(|e| {
+                    pickle_err(format!(
+                        "Python 2 string is not UTF-8 ({e}); open with the Latin-1 or bytes encoding"
+                    ))
+                })?;
+                self.alloc_push(Obj::Str(s.into()))
+            }
+            StringEncoding::Latin1 => {
+                let s: String = bytes.iter().map(|&b| char::from(b)).collect();
+                self.alloc_push(Obj::Str(s.into()))
+            }
+            StringEncoding::Bytes => self.alloc_push(Obj::Bytes(bytes.into())),
+        }
+    }
+
+    fn push_long(&mut self, le: &[u8]) -> Result<()> {
+        match long_to_i64(le) {
+            Some(i) => self.push(Value::Int(i)),
+            None => self.alloc_push(Obj::BigInt(le.into())),
+        }
+    }
+
+    fn push_text_int(&mut self, text: &[u8]) -> Result<()> {
+        let text = text.strip_suffix(b"L").unwrap_or(text);
+        let s = std::str::from_utf8(text).map_err(|_| pickle_err("invalid integer text"))?;
+        if let Ok(i) = s.trim().parse::<i64>() {
+            return self.push(Value::Int(i));
+        }
+        let le =
+            decimal_to_le(s.trim()).ok_or_else(|| pickle_err(format!("invalid integer {s:?}")))?;
+        self.heap.charge_bytes(le.len())?;
+        self.push_long(&le)
+    }
+
+    fn memo_index_text(&mut self) -> Result<u64> {
+        let line = self.r.line()?;
+        std::str::from_utf8(line)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| pickle_err("invalid memo index"))
+    }
+
+    fn global_line(&mut self) -> Result<(String, String)> {
+        let module = self.r.line()?;
+        let name = self.r.line()?;
+        let module =
+            std::str::from_utf8(module).map_err(|_| pickle_err("GLOBAL module is not UTF-8"))?;
+        let name = std::str::from_utf8(name).map_err(|_| pickle_err("GLOBAL name is not UTF-8"))?;
+        Ok((module.to_owned(), name.to_owned()))
+    }
+
+    fn global(&mut self, module: &str, name: &str, offset: u64) -> Result<Value> {
+        // Python 3 reads Python 2 names through its import mapping.
+        let module = match (self.protocol.unwrap_or(0) < 3, module) {
+            (true, "__builtin__") => "builtins",
+            (true, "copy_reg") => "copyreg",
+            (_, m) => m,
+        };
+        self.interp.global(self.heap, module, name, offset)
+    }
+
+    fn step(&mut self, op: u8) -> Result<Option<Value>> {
+        if op >= 0x80
+            || matches!(
+                op,
+                b'J' | b'K'
+                    | b'M'
+                    | b'G'
+                    | b'T'
+                    | b'U'
+                    | b'X'
+                    | b'B'
+                    | b'C'
+                    | b'h'
+                    | b'j'
+                    | b'q'
+                    | b'r'
+                    | b'}'
+                    | b']'
+                    | b')'
+                    | b'Q'
+            )
+        {
+            self.binary_seen = true;
+        }
+        match op {
+            0x80 => {
+                let p = self.r.u8()?;
+                if p > 5 {
+                    return Err(pickle_err(format!("unsupported pickle protocol {p}")));
+                }
+                self.protocol.get_or_insert(p);
+            }
+            0x95 => {
+                let n = self.r.u64()?;
+                self.len_from(n)?;
+            }
+            b'.' => return self.pop().map(Some),
+            b'(' => {
+                if self.stack.len() + self.marks.len() >= self.max_stack {
+                    return Err(Error::limit("max_stack_depth", self.max_stack as u64));
+                }
+                self.marks.push(self.stack.len());
+            }
+            b'0' => {
+                if self.stack.len() > self.base() {
+                    self.stack.pop();
+                } else {
+                    self.pop_mark()?;
+                }
+            }
+            b'1' => {
+                self.pop_mark()?;
+            }
+            b'2' => {
+                let v = self.top()?;
+                self.push(v)?;
+            }
+            // Integers and floats.
+            b'I' => {
+                let line = self.r.line()?;
+                match line {
+                    b"01" => self.push(Value::Bool(true))?,
+                    b"00" => self.push(Value::Bool(false))?,
+                    _ => self.push_text_int(line)?,
+                }
+            }
+            b'J' => {
+                let v = i32::from_le_bytes(self.r.array()?);
+                self.push(Value::Int(v.into()))?;
+            }
+            b'K' => {
+                let v = self.r.u8()?;
+                self.push(Value::Int(v.into()))?;
+            }
+            b'M' => {
+                let v = self.r.u16()?;
+                self.push(Value::Int(v.into()))?;
+            }
+            b'L' => {
+                let line = self.r.line()?;
+                self.push_text_int(line)?;
+            }
+            0x8a => {
+                let n = self.r.u8()?;
+                let le = self.read_counted(n.into())?.to_vec();
+                self.push_long(&le)?;
+            }
+            0x8b => {
+                let n = i32::from_le_bytes(self.r.array()?);
+                let n = u64::try_from(n).map_err(|_| pickle_err("LONG4 with negative length"))?;
+                let le = self.read_counted(n)?.to_vec();
+                self.push_long(&le)?;
+            }
+            b'F' => {
+                let line = self.r.line()?;
+                let v = std::str::from_utf8(line)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<f64>().ok())
+                    .ok_or_else(|| pickle_err("invalid FLOAT text"))?;
+                self.push(Value::Float(v))?;
+            }
+            b'G' => {
+                let v = f64::from_be_bytes(self.r.array()?);
+                self.push(Value::Float(v))?;
+            }
+            b'N' => self.push(Value::None)?,
+            0x88 => self.push(Value::Bool(true))?,
+            0x89 => self.push(Value::Bool(false))?,
+            // Strings and bytes.
+            b'S' => {
+                let line = self.r.line()?;
+                let inner = match line {
+                    [q, inner @ .., e] if q == e && (*q == b'\'' || *q == b'"') => inner,
+                    _ => return Err(pickle_err("the STRING opcode argument must be quoted")),
+                };
+                let decoded = escape_decode(inner);
+                self.heap.charge_bytes(decoded.len())?;
+                self.push_py2_str(decoded)?;
+            }
+            b'T' => {
+                let n = i32::from_le_bytes(self.r.array()?);
+                let n =
+                    u64::try_from(n).map_err(|_| pickle_err("BINSTRING with negative length"))?;
+                let b = self.read_counted(n)?.to_vec();
+                self.push_py2_str(b)?;
+            }
+            b'U' => {
+                let n = self.r.u8()?;
+                let b = self.read_counted(n.into())?.to_vec();
+                self.push_py2_str(b)?;
+            }
+            b'V' => {
+                let line = self.r.line()?;
+                self.heap.charge_bytes(line.len())?;
+                let s = raw_unicode_escape_decode(line)?;
+                self.alloc_push(Obj::Str(s.into()))?;
+            }
+            b'X' => {
+                let n = self.r.u32()?;
+                let b = self.read_counted(n.into())?;
+                self.push_str(b)?;
+            }
+            0x8c => {
+                let n = self.r.u8()?;
+                let b = self.read_counted(n.into())?;
+                self.push_str(b)?;
+            }
+            0x8d => {
+                let n = self.r.u64()?;
+                let b = self.read_counted(n)?;
+                self.push_str(b)?;
+            }
+            b'B' => {
+                let n = self.r.u32()?;
+                let b = self.read_counted(n.into())?;
+                let obj = Obj::Bytes(b.into());
+                self.alloc_push(obj)?;
+            }
+            b'C' => {
+                let n = self.r.u8()?;
+                let b = self.read_counted(n.into())?;
+                let obj = Obj::Bytes(b.into());
+                self.alloc_push(obj)?;
+            }
+            0x8e | 0x96 => {
+                let n = self.r.u64()?;
+                let b = self.read_counted(n)?;
+                let obj = Obj::Bytes(b.into());
+                self.alloc_push(obj)?;
+            }
+            0x97 => {
+                return Err(pickle_err(
+                    "out-of-band buffers (NEXT_BUFFER) are not supported",
+                ))
+            }
+            0x98 => {
+                self.top()?;
+            }
+            // Containers.
+            b')' => self.alloc_push(Obj::Tuple(Vec::new()))?,
+            b't' => {
+                let items = self.pop_mark()?;
+                self.heap.check_len(items.len())?;
+                self.alloc_push(Obj::Tuple(items))?;
+            }
+            0x85..=0x87 => {
+                let n = usize::from(op - 0x84);
+                if self.stack.len() < self.base() + n {
+                    return Err(pickle_err("stack underflow"));
+                }
+                let items = self.stack.split_off(self.stack.len() - n);
+                self.alloc_push(Obj::Tuple(items))?;
+            }
+            b']' => self.alloc_push(Obj::List(Vec::new()))?,
+            b'l' => {
+                let items = self.pop_mark()?;
+                self.heap.check_len(items.len())?;
+                self.alloc_push(Obj::List(items))?;
+            }
+            b'}' => self.alloc_push(Obj::Dict(Default::default()))?,
+            b'd' => {
+                let items = self.pop_mark()?;
+                if items.len() % 2 != 0 {
+                    return Err(pickle_err("DICT with an odd number of items"));
+                }
+                let d = self.heap.new_dict_from(&items)?;
+                self.push(d)?;
+            }
+            0x8f => self.alloc_push(Obj::Set(Vec::new()))?,
+            0x91 => {
+                let items = self.pop_mark()?;
+                self.heap.check_len(items.len())?;
+                self.alloc_push(Obj::Set(items))?;
+            }
+            b'a' => {
+                let v = self.pop()?;
+                let list = self.top()?;
+                self.heap
+                    .append(list, &[v])
+                    .map_err(|k| pickle_err(format!("APPEND on a {k}")))?;
+            }
+            b'e' => {
+                let items = self.pop_mark()?;
+                let list = self.top()?;
+                self.heap
+                    .append(list, &items)
+                    .map_err(|k| pickle_err(format!("APPENDS on a {k}")))?;
+            }
+            b's' => {
+                let v = self.pop()?;
+                let k = self.pop()?;
+                let d = self.top()?;
+                self.heap
+                    .set_item(d, k, v)
+                    .map_err(|kind| pickle_err(format!("SETITEM on a {kind}")))?;
+            }
+            b'u' => {
+                let items = self.pop_mark()?;
+                if items.len() % 2 != 0 {
+                    return Err(pickle_err("SETITEMS with an odd number of items"));
+                }
+                let d = self.top()?;
+                for pair in items.chunks(2) {
+                    if let [k, v] = pair {
+                        self.heap
+                            .set_item(d, *k, *v)
+                            .map_err(|kind| pickle_err(format!("SETITEMS on a {kind}")))?;
+                    }
+                }
+            }
+            0x90 => {
+                let items = self.pop_mark()?;
+                let s = self.top()?;
+                self.heap
+                    .add_to_set(s, &items)
+                    .map_err(|k| pickle_err(format!("ADDITEMS on a {k}")))?;
+            }
+            // Memo.
+            b'p' => {
+                let i = self.memo_index_text()?;
+                let v = self.top()?;
+                self.memo.put(i, v, self.max_memo)?;
+            }
+            b'q' => {
+                let i = self.r.u8()?;
+                let v = self.top()?;
+                self.memo.put(i.into(), v, self.max_memo)?;
+            }
+            b'r' => {
+                let i = self.r.u32()?;
+                let v = self.top()?;
+                self.memo.put(i.into(), v, self.max_memo)?;
+            }
+            0x94 => {
+                let v = self.top()?;
+                let i = self.memo.count as u64;
+                self.memo.put(i, v, self.max_memo)?;
+            }
+            b'g' => {
+                let i = self.memo_index_text()?;
+                let v = self.memo.get(i)?;
+                self.push(v)?;
+            }
+            b'h' => {
+                let i = self.r.u8()?;
+                let v = self.memo.get(i.into())?;
+                self.push(v)?;
+            }
+            b'j' => {
+                let i = self.r.u32()?;
+                let v = self.memo.get(i.into())?;
+                self.push(v)?;
+            }
+            // Names and calls: nothing is ever imported or called.
+            b'c' => {
+                let offset = self.r.pos() as u64;
+                let (module, name) = self.global_line()?;
+                let g = self.global(&module, &name, offset)?;
+                self.push(g)?;
+            }
+            0x93 => {
+                let offset = self.r.pos() as u64;
+                let name = self.pop()?;
+                let module = self.pop()?;
+                let (Some(module), Some(name)) = (self.heap.str(module), self.heap.str(name))
+                else {
+                    return Err(pickle_err("STACK_GLOBAL requires str"));
+                };
+                let (module, name) = (module.to_owned(), name.to_owned());
+                let g = self.global(&module, &name, offset)?;
+                self.push(g)?;
+            }
+            b'R' => {
+                let args = self.pop()?;
+                let callable = self.pop()?;
+                let v = self.interp.call(self.heap, callable, args)?;
+                self.push(v)?;
+            }
+            0x81 => {
+                let args = self.pop()?;
+                let cls = self.pop()?;
+                let v = self.interp.new_object(self.heap, cls, args)?;
+                self.push(v)?;
+            }
+            0x92 => {
+                let _kwargs = self.pop()?;
+                let args = self.pop()?;
+                let cls = self.pop()?;
+                let v = self.interp.new_object(self.heap, cls, args)?;
+                self.push(v)?;
+            }
+            b'i' => {
+                let offset = self.r.pos() as u64;
+                let (module, name) = self.global_line()?;
+                let items = self.pop_mark()?;
+                let cls = self.global(&module, &name, offset)?;
+                let args = self.heap.alloc(Obj::Tuple(items))?;
+                let v = self.interp.new_object(self.heap, cls, args)?;
+                self.push(v)?;
+            }
+            b'o' => {
+                let mut items = self.pop_mark()?;
+                if items.is_empty() {
+                    return Err(pickle_err("OBJ without a class"));
+                }
+                let cls = items.remove(0);
+                let args = self.heap.alloc(Obj::Tuple(items))?;
+                let v = self.interp.new_object(self.heap, cls, args)?;
+                self.push(v)?;
+            }
+            b'b' => {
+                let state = self.pop()?;
+                let obj = self.top()?;
+                self.interp.build(self.heap, obj, state)?;
+            }
+            b'P' => {
+                let line = self.r.line()?;
+                let s = std::str::from_utf8(line).map_err(|_| pickle_err("PERSID is not text"))?;
+                let pid = self.heap.alloc(Obj::Str(s.into()))?;
+                let v = self.interp.persistent_load(self.heap, pid)?;
+                self.push(v)?;
+            }
+            b'Q' => {
+                let pid = self.pop()?;
+                let v = self.interp.persistent_load(self.heap, pid)?;
+                self.push(v)?;
+            }
+            0x82..=0x84 => {
+                return Err(pickle_err(
+                    "extension registry codes (EXT1/2/4) are not supported",
+                ))
+            }
+            other => return Err(pickle_err(format!("unknown opcode {other:#04x}"))),
+        }
+        Ok(None)
+    }
+}
+
+/// Sign-extend a little-endian two's complement integer, if it fits in i64.
+fn long_to_i64(le: &[u8]) -> Option<i64> {
+    if le.is_empty() {
+        return Some(0);
+    }
+    let negative = le.last().is_some_and(|b| b & 0x80 != 0);
+    let fill = if negative { 0xff } else { 0x00 };
+    if le.len() > 8 {
+        let (low, high) = le.split_at(8);
+        if high.iter().any(|&b| b != fill)
+            || (low.get(7).is_some_and(|b| b & 0x80 != 0) != negative)
+        {
+            return None;
+        }
+    }
+    let mut buf = [fill; 8];
+    for (dst, src) in buf.iter_mut().zip(le.iter()) {
+        *dst = *src;
+    }
+    Some(i64::from_le_bytes(buf))
+}
+
+/// A decimal integer as minimal little-endian two's complement.
+fn decimal_to_le(s: &str) -> Option<Vec<u8>> {
+    let (negative, digits) = match s.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut mag: Vec<u8> = vec![0];
+    for d in digits.bytes() {
+        let mut carry = u32::from(d - b'0');
+        for byte in mag.iter_mut() {
+            let v = u32::from(*byte) * 10 + carry;
+            *byte = (v & 0xff) as u8;
+            carry = v >> 8;
+        }
+        while carry > 0 {
+            mag.push((carry & 0xff) as u8);
+            carry >>= 8;
+        }
+    }
+    mag.push(0);
+    if negative {
+        let mut carry = 1u16;
+        for byte in mag.iter_mut() {
+            let v = u16::from(!*byte) + carry;
+            *byte = (v & 0xff) as u8;
+            carry = v >> 8;
+        }
+    }
+    Some(mag)
+}
+
+/// Python's `escape_decode` (the STRING opcode's repr form).
+fn escape_decode(input: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while let Some(&b) = input.get(i) {
+        i += 1;
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        let Some(&c) = input.get(i) else {
+            out.push(b'\\');
+            break;
+        };
+        i += 1;
+        match c {
+            b'\n' => {}
+            b'\\' | b'\'' | b'"' => out.push(c),
+            b'a' => out.push(0x07),
+            b'b' => out.push(0x08),
+            b'f' => out.push(0x0c),
+            b'n' => out.push(b'\n'),
+            b'r' => out.push(b'\r'),
+            b't' => out.push(b'\t'),
+            b'v' => out.push(0x0b),
+            b'x' => {
+                let hex = input
+                    .get(i..i + 2)
+                    .and_then(|h| std::str::from_utf8(h).ok());
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    None => out.extend_from_slice(b"\\x"),
+                }
+            }
+            b'0'..=b'7' => {
+                let mut v = u32::from(c - b'0');
+                for _ in 0..2 {
+                    match input.get(i) {
+                        Some(&d @ b'0'..=b'7') => {
+                            v = v * 8 + u32::from(d - b'0');
+                            i += 1;
+                        }
+                        _ => break,
+                    }
+                }
+                out.push((v & 0xff) as u8);
+            }
+            other => {
+                out.push(b'\\');
+                out.push(other);
+            }
+        }
+    }
+    out
+}
+
+/// Python's `raw_unicode_escape` decoding (the UNICODE opcode).
+fn raw_unicode_escape_decode(input: &[u8]) -> Result<String> {
+    let mut out = String::with_capacity(input.len());
+    let mut i = 0;
+    while let Some(&b) = input.get(i) {
+        if b != b'\\' {
+            out.push(char::from(b));
+            i += 1;
+            continue;
+        }
+        let run = input
+            .get(i..)
+            .unwrap_or_default()
+            .iter()
+            .take_while(|&&c| c == b'\\')
+            .count();
+        let after = input.get(i + run).copied();
+        let width = match after {
+            Some(b'u') => 4,
+            Some(b'U') => 8,
+            _ => 0,
+        };
+        if run % 2 == 1 && width > 0 {
+            out.extend(std::iter::repeat_n('\\', run - 1));
+            let start = i + run + 1;
+            let code = input
+                .get(start..start + width)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .and_then(char::from_u32)
+                .ok_or_else(|| pickle_err("invalid \\u escape in UNICODE"))?;
+            out.push(code);
+            i = start + width;
+        } else {
+            out.extend(std::iter::repeat_n('\\', run));
+            i += run;
+        }
+    }
+    Ok(out)
+}
+
+impl std::fmt::Debug for Vm<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vm")
+            .field("opcodes", &self.opcodes)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn longs() {
+        assert_eq!(long_to_i64(&[]), Some(0));
+        assert_eq!(long_to_i64(&[0xff]), Some(-1));
+        assert_eq!(long_to_i64(&[0x00, 0x80, 0xff]), Some(-32768));
+        assert_eq!(long_to_i64(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]), None);
+        assert_eq!(long_to_i64(&[1, 0, 0, 0, 0, 0, 0, 0, 0]), Some(1));
+        assert_eq!(decimal_to_le("255"), Some(vec![0xff, 0x00]));
+        assert_eq!(
+            long_to_i64(&decimal_to_le("-300").unwrap_or_default()),
+            Some(-300)
+        );
+        assert_eq!(
+            long_to_i64(&decimal_to_le("9223372036854775807").unwrap_or_default()),
+            Some(i64::MAX)
+        );
+        assert_eq!(
+            long_to_i64(&decimal_to_le("9223372036854775808").unwrap_or_default()),
+            None
+        );
+    }
+
+    #[test]
+    fn escapes() {
+        assert_eq!(escape_decode(br"a\nb\x41\101\\\'"), b"a\nbAA\\'".to_vec());
+        assert_eq!(
+            raw_unicode_escape_decode(br"caf\u00e9 \\u").ok().as_deref(),
+            Some("caf\u{e9} \\\\u")
+        );
+    }
+}

@@ -1,0 +1,73 @@
+//! Where the checkpoint's bytes live: a read-only memory map or an owned buffer.
+//!
+//! This is the only module of the reader with `unsafe` code.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// The whole file's bytes. Cloning is cheap (shared).
+#[derive(Clone)]
+pub(crate) struct Source {
+    inner: Arc<Inner>,
+}
+
+enum Inner {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Source {
+    pub(crate) fn map(path: &Path) -> Result<Source> {
+        let file = File::open(path)
+            .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io(format!("cannot stat {}", path.display()), e))?
+            .len();
+        if len == 0 {
+            // Mapping an empty file fails on some systems; nothing to map anyway.
+            return Ok(Source::owned(Vec::new()));
+        }
+        // SAFETY: the map is read-only and private to this process. Another
+        // process truncating or rewriting the file while it is mapped can make
+        // reads fault or observe changing bytes; like every mmap-based loader
+        // (safetensors, ripgrep) we accept that and document it: checkpoints
+        // must not be modified while a `Checkpoint` is alive. All parsing of
+        // the mapped bytes is bounds-checked, so changed contents give errors,
+        // not undefined reads outside the map.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .map_err(|e| Error::io(format!("cannot map {}", path.display()), e))?;
+        Ok(Source {
+            inner: Arc::new(Inner::Mapped(map)),
+        })
+    }
+
+    pub(crate) fn owned(bytes: Vec<u8>) -> Source {
+        Source {
+            inner: Arc::new(Inner::Owned(bytes)),
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match &*self.inner {
+            Inner::Mapped(m) => m,
+            Inner::Owned(v) => v,
+        }
+    }
+
+    pub(crate) fn is_mapped(&self) -> bool {
+        matches!(&*self.inner, Inner::Mapped(_))
+    }
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source")
+            .field("mapped", &self.is_mapped())
+            .field("len", &self.bytes().len())
+            .finish()
+    }
+}

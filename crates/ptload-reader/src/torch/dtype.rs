@@ -1,0 +1,217 @@
+//! Element types torch saves.
+
+use std::fmt;
+
+/// The element type of a tensor, named as in safetensors where it has a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DType {
+    /// float64
+    F64,
+    /// float32
+    F32,
+    /// float16
+    F16,
+    /// bfloat16
+    BF16,
+    /// float8_e4m3fn
+    F8E4M3,
+    /// float8_e5m2
+    F8E5M2,
+    /// float8_e4m3fnuz
+    F8E4M3Fnuz,
+    /// float8_e5m2fnuz
+    F8E5M2Fnuz,
+    /// float8_e8m0fnu
+    F8E8M0,
+    /// float4_e2m1fn_x2 (two 4-bit values per byte)
+    F4E2M1X2,
+    /// complex32 (two float16)
+    C32,
+    /// complex64 (two float32)
+    C64,
+    /// complex128 (two float64)
+    C128,
+    /// int8 (also qint8's integer representation)
+    I8,
+    /// int16
+    I16,
+    /// int32 (also qint32's)
+    I32,
+    /// int64
+    I64,
+    /// uint8 (also quint8's, and the packed quint4x2 / quint2x4)
+    U8,
+    /// uint16
+    U16,
+    /// uint32
+    U32,
+    /// uint64
+    U64,
+    /// bool, one byte per element
+    Bool,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F8E4M3
+            | DType::F8E5M2
+            | DType::F8E4M3Fnuz
+            | DType::F8E5M2Fnuz
+            | DType::F8E8M0
+            | DType::F4E2M1X2
+            | DType::I8
+            | DType::U8
+            | DType::Bool => 1,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::F32 | DType::I32 | DType::U32 | DType::C32 => 4,
+            DType::F64 | DType::I64 | DType::U64 | DType::C64 => 8,
+            DType::C128 => 16,
+        }
+    }
+
+    /// Bytes per byte-swapped unit: complex types swap per component.
+    pub(crate) fn swap_unit(self) -> usize {
+        match self {
+            DType::C32 | DType::C64 | DType::C128 => self.size() / 2,
+            _ => self.size(),
+        }
+    }
+
+    /// Whether elements are complex (two float components).
+    pub fn is_complex(self) -> bool {
+        matches!(self, DType::C32 | DType::C64 | DType::C128)
+    }
+
+    /// Whether elements are floating point (real or complex).
+    pub fn is_float(self) -> bool {
+        !matches!(
+            self,
+            DType::I8
+                | DType::I16
+                | DType::I32
+                | DType::I64
+                | DType::U8
+                | DType::U16
+                | DType::U32
+                | DType::U64
+                | DType::Bool
+        )
+    }
+
+    /// The name used in ptload's output (`F32`, `BF16`, `F8_E4M3`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F64 => "F64",
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::F8E4M3 => "F8_E4M3",
+            DType::F8E5M2 => "F8_E5M2",
+            DType::F8E4M3Fnuz => "F8_E4M3FNUZ",
+            DType::F8E5M2Fnuz => "F8_E5M2FNUZ",
+            DType::F8E8M0 => "F8_E8M0",
+            DType::F4E2M1X2 => "F4_E2M1_X2",
+            DType::C32 => "C32",
+            DType::C64 => "C64",
+            DType::C128 => "C128",
+            DType::I8 => "I8",
+            DType::I16 => "I16",
+            DType::I32 => "I32",
+            DType::I64 => "I64",
+            DType::U8 => "U8",
+            DType::U16 => "U16",
+            DType::U32 => "U32",
+            DType::U64 => "U64",
+            DType::Bool => "BOOL",
+        }
+    }
+
+    /// The dtype named `torch.<name>` (a dtype global), if torch saves it.
+    pub(crate) fn from_torch_name(name: &str) -> Option<DType> {
+        Some(match name {
+            "float64" | "double" => DType::F64,
+            "float32" | "float" => DType::F32,
+            "float16" | "half" => DType::F16,
+            "bfloat16" => DType::BF16,
+            "float8_e4m3fn" => DType::F8E4M3,
+            "float8_e5m2" => DType::F8E5M2,
+            "float8_e4m3fnuz" => DType::F8E4M3Fnuz,
+            "float8_e5m2fnuz" => DType::F8E5M2Fnuz,
+            "float8_e8m0fnu" => DType::F8E8M0,
+            "float4_e2m1fn_x2" => DType::F4E2M1X2,
+            "complex32" | "chalf" => DType::C32,
+            "complex64" | "cfloat" => DType::C64,
+            "complex128" | "cdouble" => DType::C128,
+            "int8" | "qint8" => DType::I8,
+            "int16" | "short" => DType::I16,
+            "int32" | "int" | "qint32" => DType::I32,
+            "int64" | "long" => DType::I64,
+            "uint8" | "quint8" | "quint4x2" | "quint2x4" | "bits8" => DType::U8,
+            "uint16" | "bits16" => DType::U16,
+            "uint32" => DType::U32,
+            "uint64" => DType::U64,
+            "bool" => DType::Bool,
+            _ => return None,
+        })
+    }
+
+    /// Whether `torch.<name>` is a dtype torch defines, known or not here.
+    pub(crate) fn is_torch_dtype_name(name: &str) -> bool {
+        DType::from_torch_name(name).is_some()
+            || matches!(
+                name,
+                "bits1x8"
+                    | "bits2x4"
+                    | "bits4x2"
+                    | "bits16"
+                    | "uint1"
+                    | "uint2"
+                    | "uint3"
+                    | "uint4"
+                    | "uint5"
+                    | "uint6"
+                    | "uint7"
+                    | "int1"
+                    | "int2"
+                    | "int3"
+                    | "int4"
+                    | "int5"
+                    | "int6"
+                    | "int7"
+                    | "cfloat"
+                    | "float8_e4m3fn"
+            )
+    }
+
+    /// The element type of a legacy typed storage class (`FloatStorage`...).
+    /// `UntypedStorage` is bytes.
+    pub(crate) fn from_storage_name(name: &str) -> Option<DType> {
+        Some(match name {
+            "DoubleStorage" => DType::F64,
+            "FloatStorage" => DType::F32,
+            "HalfStorage" => DType::F16,
+            "BFloat16Storage" => DType::BF16,
+            "ComplexDoubleStorage" => DType::C128,
+            "ComplexFloatStorage" => DType::C64,
+            "LongStorage" => DType::I64,
+            "IntStorage" => DType::I32,
+            "ShortStorage" => DType::I16,
+            "CharStorage" => DType::I8,
+            "ByteStorage" | "UntypedStorage" => DType::U8,
+            "BoolStorage" => DType::Bool,
+            "QInt8Storage" => DType::I8,
+            "QUInt8Storage" | "QUInt4x2Storage" | "QUInt2x4Storage" => DType::U8,
+            "QInt32Storage" => DType::I32,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

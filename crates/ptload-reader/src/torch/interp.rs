@@ -1,0 +1,795 @@
+//! The interpreter behind the pickle VM for torch files.
+
+use std::collections::{HashMap, HashSet};
+
+use super::dtype::DType;
+use super::policy::{always_blocked, torch_allows, Policy};
+use super::{Global, Known, Layout, NdArray, NumpyDtype, QuantParams, TensorMeta, TorchObj};
+use crate::error::{Error, ErrorKind, Result};
+use crate::pickle::{Heap, Interpreter, Obj, Object, Value};
+
+/// A storage named by a persistent id, before its bytes are located.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingStorage {
+    pub(crate) key: String,
+    /// The zip record holding its bytes (zip layouts only).
+    pub(crate) record: Option<String>,
+    pub(crate) dtype: DType,
+    pub(crate) numel: u64,
+    pub(crate) location: String,
+    /// Legacy storages that are views of another storage.
+    pub(crate) view: Option<StorageView>,
+}
+
+/// A legacy storage view: `numel` elements from `elem_offset` in `root`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StorageView {
+    pub(crate) root: usize,
+    pub(crate) elem_offset: u64,
+}
+
+/// A global as it appeared in a pickle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalRef {
+    /// The module part (`torch._utils`).
+    pub module: String,
+    /// The name part (`_rebuild_tensor_v2`).
+    pub name: String,
+    /// The record (or legacy section) where it first appears.
+    pub record: String,
+    /// Byte offset of its first appearance in that record.
+    pub offset: u64,
+    /// Whether torch's `weights_only=True` allowlist admits it.
+    pub torch_allowed: bool,
+}
+
+impl GlobalRef {
+    /// `module.name`.
+    pub fn path(&self) -> String {
+        format!("{}.{}", self.module, self.name)
+    }
+}
+
+pub(crate) struct TorchInterp<'p> {
+    pub(crate) storages: Vec<PendingStorage>,
+    by_key: HashMap<String, usize>,
+    pub(crate) globals: Vec<GlobalRef>,
+    seen: HashSet<(String, String, String)>,
+    policy: Policy,
+    allowed: &'p [String],
+    /// The pickle record being run, for errors and the global list.
+    pub(crate) record: String,
+    /// Zip: the folder of storage records for this pickle (`archive/data/`).
+    pub(crate) storage_dir: Option<String>,
+}
+
+fn err(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Pickle, message)
+}
+
+fn int(heap: &Heap, v: Value, what: &str) -> Result<i64> {
+    match v {
+        Value::Int(i) => Ok(i),
+        Value::Bool(b) => Ok(i64::from(b)),
+        _ => Err(err(format!(
+            "{what} must be an int, found {}",
+            describe(heap, v)
+        ))),
+    }
+}
+
+fn float(heap: &Heap, v: Value, what: &str) -> Result<f64> {
+    match v {
+        Value::Float(f) => Ok(f),
+        Value::Int(i) => Ok(i as f64),
+        _ => Err(err(format!(
+            "{what} must be a float, found {}",
+            describe(heap, v)
+        ))),
+    }
+}
+
+fn int_tuple(heap: &Heap, v: Value, what: &str) -> Result<Vec<i64>> {
+    let items = heap.sequence(v).ok_or_else(|| {
+        err(format!(
+            "{what} must be a tuple, found {}",
+            describe(heap, v)
+        ))
+    })?;
+    items.iter().map(|&i| int(heap, i, what)).collect()
+}
+
+fn truthy(v: Value) -> bool {
+    match v {
+        Value::Bool(b) => b,
+        Value::Int(i) => i != 0,
+        _ => false,
+    }
+}
+
+pub(crate) fn describe(heap: &Heap, v: Value) -> String {
+    match v {
+        Value::None => "None".into(),
+        Value::Bool(_) => "bool".into(),
+        Value::Int(_) => "int".into(),
+        Value::Float(_) => "float".into(),
+        Value::Obj(_) => match heap.get(v) {
+            Some(Obj::Torch(TorchObj::Global(g))) => format!("global {}.{}", g.module, g.name),
+            Some(o) => crate::pickle::kind_name_of(o).into(),
+            None => "?".into(),
+        },
+    }
+}
+
+fn known(heap: &Heap, v: Value) -> Option<(Known, &Global)> {
+    match heap.torch(v) {
+        Some(TorchObj::Global(g)) => Some((g.known, g)),
+        _ => None,
+    }
+}
+
+fn args_of(heap: &Heap, args: Value, func: &str) -> Result<Vec<Value>> {
+    heap.tuple(args).map(<[Value]>::to_vec).ok_or_else(|| {
+        err(format!(
+            "arguments of {func} must be a tuple, found {}",
+            describe(heap, args)
+        ))
+    })
+}
+
+fn arity(args: &[Value], func: &str, allowed: &[usize]) -> Result<()> {
+    if allowed.contains(&args.len()) {
+        Ok(())
+    } else {
+        Err(err(format!("{func} called with {} arguments", args.len())))
+    }
+}
+
+fn get(args: &[Value], i: usize) -> Value {
+    args.get(i).copied().unwrap_or(Value::None)
+}
+
+impl<'p> TorchInterp<'p> {
+    pub(crate) fn new(policy: Policy, allowed: &'p [String]) -> Self {
+        TorchInterp {
+            storages: Vec::new(),
+            by_key: HashMap::new(),
+            globals: Vec::new(),
+            seen: HashSet::new(),
+            policy,
+            allowed,
+            record: String::new(),
+            storage_dir: None,
+        }
+    }
+
+    pub(crate) fn storage_by_key(&self, key: &str) -> Option<usize> {
+        self.by_key.get(key).copied()
+    }
+
+    fn storage_of(&self, heap: &Heap, v: Value) -> Result<usize> {
+        match heap.torch(v) {
+            Some(TorchObj::Storage(id)) => Ok(*id),
+            _ => Err(err(format!(
+                "expected a storage, found {}",
+                describe(heap, v)
+            ))),
+        }
+    }
+
+    fn dtype_of(&self, heap: &Heap, v: Value) -> Result<DType> {
+        match known(heap, v) {
+            Some((Known::Dtype(d), _)) => Ok(d),
+            Some((_, g)) => Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("unsupported dtype torch.{}", g.name),
+            )),
+            None => Err(err(format!(
+                "expected a dtype, found {}",
+                describe(heap, v)
+            ))),
+        }
+    }
+
+    fn tensor(
+        &self,
+        heap: &mut Heap,
+        storage: Option<usize>,
+        dtype: DType,
+        offset: i64,
+        size: Value,
+        stride: Value,
+    ) -> Result<TensorMeta> {
+        Ok(TensorMeta {
+            storage,
+            dtype,
+            offset,
+            shape: int_tuple(heap, size, "tensor size")?,
+            stride: int_tuple(heap, stride, "tensor stride")?,
+            requires_grad: false,
+            conj: false,
+            neg: false,
+            quant: None,
+        })
+    }
+
+    fn storage_tensor(&self, heap: &mut Heap, args: &[Value]) -> Result<TensorMeta> {
+        let id = self.storage_of(heap, get(args, 0))?;
+        let dtype = self
+            .storages
+            .get(id)
+            .map(|s| s.dtype)
+            .ok_or_else(|| err("storage index"))?;
+        let offset = int(heap, get(args, 1), "storage offset")?;
+        self.tensor(heap, Some(id), dtype, offset, get(args, 2), get(args, 3))
+    }
+
+    fn apply_metadata(&self, heap: &Heap, t: &mut TensorMeta, metadata: Value) {
+        if let Some(d) = heap.dict(metadata) {
+            t.conj = d.get_str(heap, "conj").is_some_and(truthy);
+            t.neg = d.get_str(heap, "neg").is_some_and(truthy);
+        }
+    }
+
+    fn rebuild(
+        &mut self,
+        heap: &mut Heap,
+        which: Known,
+        func: &str,
+        args: &[Value],
+    ) -> Result<Value> {
+        let meta = match which {
+            Known::RebuildTensor => {
+                arity(args, func, &[4])?;
+                self.storage_tensor(heap, args)?
+            }
+            Known::RebuildTensorV2 => {
+                arity(args, func, &[6, 7])?;
+                let mut t = self.storage_tensor(heap, args)?;
+                t.requires_grad = truthy(get(args, 4));
+                self.apply_metadata(heap, &mut t, get(args, 6));
+                t
+            }
+            Known::RebuildTensorV3 => {
+                arity(args, func, &[7, 8])?;
+                let mut t = self.storage_tensor(heap, args)?;
+                t.dtype = self.dtype_of(heap, get(args, 6))?;
+                t.requires_grad = truthy(get(args, 4));
+                self.apply_metadata(heap, &mut t, get(args, 7));
+                t
+            }
+            Known::RebuildQTensor => {
+                arity(args, func, &[7])?;
+                let mut t = self.storage_tensor(heap, args)?;
+                t.requires_grad = truthy(get(args, 5));
+                t.quant = Some(self.quant_params(heap, get(args, 4))?);
+                t
+            }
+            Known::RebuildMetaNoStorage => {
+                arity(args, func, &[4])?;
+                let dtype = self.dtype_of(heap, get(args, 0))?;
+                let mut t = self.tensor(heap, None, dtype, 0, get(args, 1), get(args, 2))?;
+                t.requires_grad = truthy(get(args, 3));
+                t
+            }
+            Known::RebuildParameter | Known::RebuildParameterWithState => {
+                arity(
+                    args,
+                    func,
+                    if which == Known::RebuildParameter {
+                        &[3]
+                    } else {
+                        &[4]
+                    },
+                )?;
+                let data = get(args, 0);
+                return match heap.torch(data) {
+                    Some(TorchObj::Tensor(_) | TorchObj::Sparse { .. }) => Ok(data),
+                    _ => Err(err(format!(
+                        "{func}: data must be a tensor, found {}",
+                        describe(heap, data)
+                    ))),
+                };
+            }
+            Known::RebuildFromTypeV2 => {
+                arity(args, func, &[4])?;
+                // (func, type, args, state): the tensor is func(*args); the
+                // type and state only decorate it. func is interpreted like
+                // any callable: a foreign function stays inert.
+                let inner = get(args, 0);
+                let inner_args = get(args, 2);
+                return self.call(heap, inner, inner_args);
+            }
+            Known::RebuildSparse => {
+                arity(args, func, &[2])?;
+                return self.sparse(heap, get(args, 0), get(args, 1));
+            }
+            _ => return Err(err(format!("{func} is not a tensor rebuild function"))),
+        };
+        heap.alloc(Obj::Torch(TorchObj::Tensor(Box::new(meta))))
+    }
+
+    fn quant_params(&self, heap: &Heap, v: Value) -> Result<QuantParams> {
+        let items = heap
+            .tuple(v)
+            .ok_or_else(|| err("quantizer params must be a tuple"))?
+            .to_vec();
+        let scheme = match known(heap, get(&items, 0)) {
+            Some((Known::QScheme, g)) => g.name.to_string(),
+            _ => return Err(err("quantizer params must start with a torch qscheme")),
+        };
+        if scheme.starts_with("per_tensor") {
+            arity(&items, "per-tensor quantizer params", &[3])?;
+            Ok(QuantParams::PerTensor {
+                scheme,
+                scale: float(heap, get(&items, 1), "scale")?,
+                zero_point: int(heap, get(&items, 2), "zero point")?,
+            })
+        } else {
+            arity(&items, "per-channel quantizer params", &[4])?;
+            for i in [1, 2] {
+                if !matches!(heap.torch(get(&items, i)), Some(TorchObj::Tensor(_))) {
+                    return Err(err("per-channel scales and zero points must be tensors"));
+                }
+            }
+            Ok(QuantParams::PerChannel {
+                scheme,
+                scales: get(&items, 1),
+                zero_points: get(&items, 2),
+                axis: int(heap, get(&items, 3), "axis")?,
+            })
+        }
+    }
+
+    fn sparse(&mut self, heap: &mut Heap, layout: Value, data: Value) -> Result<Value> {
+        let layout = match heap.torch(layout) {
+            Some(TorchObj::Layout(l)) => *l,
+            Some(TorchObj::Global(g)) => Layout::from_name(&g.name)
+                .ok_or_else(|| err(format!("unknown layout torch.{}", g.name)))?,
+            _ => return Err(err("sparse tensor layout must be a torch.layout")),
+        };
+        let parts = heap
+            .tuple(data)
+            .ok_or_else(|| err("sparse tensor data must be a tuple"))?
+            .to_vec();
+        let names = layout.components();
+        if names.is_empty() || parts.len() < names.len() {
+            return Err(err(format!("sparse tensor data has {} items", parts.len())));
+        }
+        let components: Vec<Value> = parts.iter().take(names.len()).copied().collect();
+        for &c in &components {
+            if !matches!(heap.torch(c), Some(TorchObj::Tensor(_))) {
+                return Err(err("sparse tensor components must be tensors"));
+            }
+        }
+        heap.alloc(Obj::Torch(TorchObj::Sparse { layout, components }))
+    }
+
+    fn numpy_scalar(&self, heap: &mut Heap, args: &[Value]) -> Result<Value> {
+        let (descr, big) = match heap.torch(get(args, 0)) {
+            Some(TorchObj::NumpyDtype(d)) => (d.descr.clone(), d.big_endian),
+            _ => return self.inert(heap, Value::None, Value::None),
+        };
+        let Some(raw) = heap.bytes(get(args, 1)).map(<[u8]>::to_vec) else {
+            return self.inert(heap, Value::None, Value::None);
+        };
+        Ok(numpy_value(&descr, big, &raw).unwrap_or(Value::None))
+    }
+
+    fn inert(&self, heap: &mut Heap, class: Value, args: Value) -> Result<Value> {
+        heap.alloc(Obj::Object(Box::new(Object {
+            class,
+            args,
+            state: None,
+            items: Default::default(),
+            list: Vec::new(),
+        })))
+    }
+}
+
+/// A numpy scalar's value from its dtype and raw bytes.
+fn numpy_value(descr: &str, big_endian: bool, raw: &[u8]) -> Option<Value> {
+    let descr = descr.trim_start_matches(['<', '>', '=', '|']);
+    let mut b = raw.to_vec();
+    if big_endian {
+        b.reverse();
+    }
+    let kind = descr.chars().next()?;
+    let size: usize = descr.get(1..)?.parse().ok()?;
+    if b.len() != size {
+        return None;
+    }
+    let mut buf = [0u8; 8];
+    let fill = |buf: &mut [u8; 8], b: &[u8]| buf.iter_mut().zip(b).for_each(|(d, s)| *d = *s);
+    Some(match (kind, size) {
+        ('f', 8) => {
+            fill(&mut buf, &b);
+            Value::Float(f64::from_le_bytes(buf))
+        }
+        ('f', 4) => {
+            let mut four = [0u8; 4];
+            four.iter_mut().zip(&b).for_each(|(d, s)| *d = *s);
+            Value::Float(f32::from_le_bytes(four).into())
+        }
+        ('f', 2) => Value::Float(f16_to_f64(
+            u16::from(b.first().copied()?) | u16::from(b.get(1).copied()?) << 8,
+        )),
+        ('i', 1 | 2 | 4 | 8) => {
+            let negative = b.last().is_some_and(|x| x & 0x80 != 0);
+            buf = [if negative { 0xff } else { 0 }; 8];
+            fill(&mut buf, &b);
+            Value::Int(i64::from_le_bytes(buf))
+        }
+        ('u', 1 | 2 | 4 | 8) => {
+            fill(&mut buf, &b);
+            let u = u64::from_le_bytes(buf);
+            match i64::try_from(u) {
+                Ok(i) => Value::Int(i),
+                Err(_) => Value::Float(u as f64),
+            }
+        }
+        ('b', 1) => Value::Bool(b.first().copied()? != 0),
+        _ => return None,
+    })
+}
+
+fn f16_to_f64(bits: u16) -> f64 {
+    let sign = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((bits >> 10) & 0x1f);
+    let frac = f64::from(bits & 0x3ff);
+    match exp {
+        0 => sign * frac * 2f64.powi(-24),
+        0x1f if frac == 0.0 => sign * f64::INFINITY,
+        0x1f => f64::NAN,
+        e => sign * (1.0 + frac / 1024.0) * 2f64.powi(e - 15),
+    }
+}
+
+impl Interpreter for TorchInterp<'_> {
+    fn global(&mut self, heap: &mut Heap, module: &str, name: &str, offset: u64) -> Result<Value> {
+        let torch_allowed = torch_allows(module, name);
+        if self.policy == Policy::Strict && !torch_allowed {
+            let path = format!("{module}.{name}");
+            let user_allowed = !always_blocked(module) && self.allowed.contains(&path);
+            if !user_allowed {
+                return Err(Error::new(
+                    ErrorKind::UnsupportedGlobal,
+                    format!(
+                        "Unsupported global: GLOBAL {path} was not an allowed global by default. \
+                         Allow it with --allow-global {path} (OpenOptions::allow_global) only if \
+                         you trust this class/function"
+                    ),
+                ));
+            }
+        }
+        if self
+            .seen
+            .insert((module.to_owned(), name.to_owned(), self.record.clone()))
+        {
+            self.globals.push(GlobalRef {
+                module: module.to_owned(),
+                name: name.to_owned(),
+                record: self.record.clone(),
+                offset,
+                torch_allowed,
+            });
+        }
+        heap.alloc(Obj::Torch(TorchObj::Global(Global {
+            module: module.into(),
+            name: name.into(),
+            known: Known::of(module, name),
+        })))
+    }
+
+    fn call(&mut self, heap: &mut Heap, callable: Value, args: Value) -> Result<Value> {
+        let Some((which, g)) = known(heap, callable) else {
+            return self.inert(heap, callable, args);
+        };
+        let func = format!("{}.{}", g.module, g.name);
+        match which {
+            Known::RebuildTensor
+            | Known::RebuildTensorV2
+            | Known::RebuildTensorV3
+            | Known::RebuildQTensor
+            | Known::RebuildMetaNoStorage
+            | Known::RebuildParameter
+            | Known::RebuildParameterWithState
+            | Known::RebuildFromTypeV2
+            | Known::RebuildSparse => {
+                let a = args_of(heap, args, &func)?;
+                self.rebuild(heap, which, &func, &a)
+            }
+            Known::OrderedDict => {
+                let a = args_of(heap, args, &func)?;
+                let d = heap.alloc(Obj::Dict(Default::default()))?;
+                if let Some(pairs) = a
+                    .first()
+                    .and_then(|&p| heap.sequence(p))
+                    .map(<[Value]>::to_vec)
+                {
+                    for pair in pairs {
+                        if let Some([k, v]) = heap.sequence(pair).map(<[Value]>::to_vec).as_deref()
+                        {
+                            heap.set_item(d, *k, *v)
+                                .map_err(|k| err(format!("OrderedDict item on a {k}")))?;
+                        }
+                    }
+                }
+                Ok(d)
+            }
+            Known::Set | Known::FrozenSet => {
+                let a = args_of(heap, args, &func)?;
+                let items = a
+                    .first()
+                    .and_then(|&l| heap.sequence(l))
+                    .map(<[Value]>::to_vec)
+                    .unwrap_or_default();
+                heap.alloc(Obj::Set(items))
+            }
+            Known::Bytearray => {
+                let a = args_of(heap, args, &func)?;
+                let b = a
+                    .first()
+                    .and_then(|&b| heap.bytes(b))
+                    .map(<[u8]>::to_vec)
+                    .unwrap_or_default();
+                heap.alloc(Obj::Bytes(b.into()))
+            }
+            Known::CodecsEncode => {
+                let a = args_of(heap, args, &func)?;
+                arity(&a, &func, &[1, 2])?;
+                let s = heap
+                    .str(get(&a, 0))
+                    .ok_or_else(|| err("_codecs.encode needs a str"))?
+                    .to_owned();
+                let enc = heap.str(get(&a, 1)).unwrap_or("utf-8").to_ascii_lowercase();
+                let bytes: Vec<u8> = match enc.as_str() {
+                    "latin1" | "latin-1" | "iso-8859-1" | "iso8859-1" => s
+                        .chars()
+                        .map(|c| {
+                            u8::try_from(u32::from(c)).map_err(|_| err("character outside latin-1"))
+                        })
+                        .collect::<Result<_>>()?,
+                    "utf-8" | "utf8" => s.into_bytes(),
+                    other => {
+                        return Err(err(format!(
+                            "_codecs.encode with unsupported encoding {other:?}"
+                        )))
+                    }
+                };
+                heap.charge_bytes(bytes.len())?;
+                heap.alloc(Obj::Bytes(bytes.into()))
+            }
+            Known::Size => {
+                let a = args_of(heap, args, &func)?;
+                let items = a
+                    .first()
+                    .and_then(|&t| heap.sequence(t))
+                    .map(<[Value]>::to_vec)
+                    .unwrap_or_default();
+                heap.alloc(Obj::Tuple(items))
+            }
+            Known::Device => {
+                let a = args_of(heap, args, &func)?;
+                let kind = heap
+                    .text(get(&a, 0))
+                    .ok_or_else(|| err("torch.device needs a str"))?
+                    .to_owned();
+                let text = match get(&a, 1) {
+                    Value::Int(i) => format!("{kind}:{i}"),
+                    _ => kind,
+                };
+                heap.alloc(Obj::Torch(TorchObj::Device(text.into())))
+            }
+            Known::GetLayout => {
+                let a = args_of(heap, args, &func)?;
+                let name = heap
+                    .text(get(&a, 0))
+                    .ok_or_else(|| err("_get_layout needs a str"))?;
+                let layout = Layout::from_name(name)
+                    .ok_or_else(|| err(format!("unknown layout {name:?}")))?;
+                heap.alloc(Obj::Torch(TorchObj::Layout(layout)))
+            }
+            Known::NumpyDtype => {
+                let a = args_of(heap, args, &func)?;
+                let descr = heap.text(get(&a, 0)).unwrap_or("?").to_owned();
+                let big_endian = descr.starts_with('>');
+                heap.alloc(Obj::Torch(TorchObj::NumpyDtype(NumpyDtype {
+                    descr,
+                    big_endian,
+                })))
+            }
+            Known::NumpyScalar => {
+                let a = args_of(heap, args, &func)?;
+                self.numpy_scalar(heap, &a)
+            }
+            Known::NumpyReconstruct => heap.alloc(Obj::Torch(TorchObj::NdArray(NdArray {
+                dtype: "?".into(),
+                shape: Vec::new(),
+            }))),
+            Known::Reconstructor | Known::NewObj => {
+                let a = args_of(heap, args, &func)?;
+                let cls = get(&a, 0);
+                let rest = heap.alloc(Obj::Tuple(a.get(1..).unwrap_or_default().to_vec()))?;
+                self.new_object(heap, cls, rest)
+            }
+            _ => self.inert(heap, callable, args),
+        }
+    }
+
+    fn new_object(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value> {
+        match known(heap, cls).map(|(k, _)| k) {
+            Some(Known::OrderedDict) => heap.alloc(Obj::Dict(Default::default())),
+            Some(Known::Set | Known::FrozenSet) => heap.alloc(Obj::Set(Vec::new())),
+            _ => self.inert(heap, cls, args),
+        }
+    }
+
+    fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()> {
+        // Numpy objects take their real content from BUILD.
+        let numpy_state = heap.tuple(state).map(<[Value]>::to_vec).unwrap_or_default();
+        let numpy_dtype = match heap.torch(get(&numpy_state, 2)) {
+            Some(TorchObj::NumpyDtype(d)) => {
+                Some(d.descr.trim_start_matches(['<', '>', '=', '|']).to_owned())
+            }
+            _ => None,
+        };
+        let byteorder = heap.text(get(&numpy_state, 1)).map(str::to_owned);
+        let shape: Option<Vec<u64>> = heap.sequence(get(&numpy_state, 1)).map(|s| {
+            s.iter()
+                .filter_map(|v| match v {
+                    Value::Int(i) => u64::try_from(*i).ok(),
+                    _ => None,
+                })
+                .collect()
+        });
+        match heap.get_mut(obj) {
+            Some(Obj::Object(o)) => {
+                o.state = Some(state);
+                Ok(())
+            }
+            Some(Obj::Torch(TorchObj::NumpyDtype(d))) => {
+                if let Some(order) = byteorder {
+                    d.big_endian = order == ">";
+                }
+                Ok(())
+            }
+            Some(Obj::Torch(TorchObj::NdArray(a))) => {
+                a.shape = shape.unwrap_or_default();
+                a.dtype = numpy_dtype.unwrap_or_else(|| "?".into());
+                Ok(())
+            }
+            // Attributes set on tensors, dict subclasses, classes: no effect
+            // on the data; nothing is called.
+            Some(Obj::Torch(_) | Obj::Dict(_) | Obj::List(_) | Obj::Set(_)) => Ok(()),
+            Some(other) => Err(err(format!(
+                "BUILD on a {}",
+                crate::pickle::kind_name_of(other)
+            ))),
+            None => Err(err("BUILD on a scalar")),
+        }
+    }
+
+    fn persistent_load(&mut self, heap: &mut Heap, pid: Value) -> Result<Value> {
+        let items = heap
+            .tuple(pid)
+            .ok_or_else(|| {
+                err(format!(
+                    "persistent id must be a tuple, found {}",
+                    describe(heap, pid)
+                ))
+            })?
+            .to_vec();
+        let kind = heap.text(get(&items, 0)).unwrap_or_default();
+        if kind == "module" && self.storage_dir.is_none() {
+            // Legacy files record module source alongside the class: the class.
+            return Ok(get(&items, 1));
+        }
+        if kind != "storage" {
+            return Err(err(format!("unsupported persistent id kind {kind:?}")));
+        }
+        let legacy = self.storage_dir.is_none();
+        if !(items.len() == 5 || legacy && items.len() == 6) {
+            return Err(err(format!(
+                "storage persistent id has {} items",
+                items.len()
+            )));
+        }
+        let dtype = match known(heap, get(&items, 1)) {
+            Some((Known::StorageClass(d), _)) => d,
+            Some((_, g)) => {
+                return Err(err(format!("unknown storage type {}.{}", g.module, g.name)))
+            }
+            None => return Err(err("storage type must be a global")),
+        };
+        let key = match get(&items, 2) {
+            Value::Int(i) => i.to_string(),
+            v => heap
+                .text(v)
+                .ok_or_else(|| err("storage key must be a str"))?
+                .to_owned(),
+        };
+        let location = heap
+            .text(get(&items, 3))
+            .ok_or_else(|| err("storage location must be a str"))?
+            .to_owned();
+        let numel = u64::try_from(int(heap, get(&items, 4), "storage size")?)
+            .map_err(|_| err("storage size is negative"))?;
+        let record = self.storage_dir.as_ref().map(|dir| format!("{dir}{key}"));
+        let lookup = record.clone().unwrap_or_else(|| key.clone());
+        // The first reference to a key decides its type, as in torch.
+        let id = match self.by_key.get(&lookup) {
+            Some(&id) => id,
+            None => {
+                let id = self.storages.len();
+                self.storages.push(PendingStorage {
+                    key: key.clone(),
+                    record,
+                    dtype,
+                    numel,
+                    location: location.clone(),
+                    view: None,
+                });
+                self.by_key.insert(lookup, id);
+                id
+            }
+        };
+        let view = get(&items, 5);
+        let id = if let Some(meta) = heap.tuple(view).map(<[Value]>::to_vec) {
+            arity(&meta, "storage view metadata", &[3])?;
+            let view_key = heap
+                .text(get(&meta, 0))
+                .ok_or_else(|| err("view key must be a str"))?
+                .to_owned();
+            let elem_offset = u64::try_from(int(heap, get(&meta, 1), "view offset")?)
+                .map_err(|_| err("view offset is negative"))?;
+            let view_numel = u64::try_from(int(heap, get(&meta, 2), "view size")?)
+                .map_err(|_| err("view size is negative"))?;
+            match self.by_key.get(&view_key) {
+                Some(&v) => v,
+                None => {
+                    let v = self.storages.len();
+                    self.storages.push(PendingStorage {
+                        key: view_key.clone(),
+                        record: None,
+                        dtype,
+                        numel: view_numel,
+                        location,
+                        view: Some(StorageView {
+                            root: id,
+                            elem_offset,
+                        }),
+                    });
+                    self.by_key.insert(view_key, v);
+                    v
+                }
+            }
+        } else {
+            id
+        };
+        heap.alloc(Obj::Torch(TorchObj::Storage(id)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numpy_scalars() {
+        assert_eq!(
+            numpy_value("f8", false, &0.875f64.to_le_bytes()),
+            Some(Value::Float(0.875))
+        );
+        assert_eq!(
+            numpy_value("i4", true, &(-2i32).to_be_bytes()),
+            Some(Value::Int(-2))
+        );
+        assert_eq!(
+            numpy_value("f2", false, &[0x00, 0x3c]),
+            Some(Value::Float(1.0))
+        );
+        assert_eq!(numpy_value("b1", false, &[1]), Some(Value::Bool(true)));
+        assert_eq!(numpy_value("f8", false, &[0; 4]), None);
+    }
+}

@@ -1,0 +1,238 @@
+//! The torch layer: gives meaning to the globals torch pickles (rebuild
+//! functions, storages, dtypes, devices, containers) and keeps everything
+//! else as inert values. Nothing is ever imported or called.
+
+pub(crate) mod dtype;
+pub(crate) mod interp;
+pub(crate) mod names;
+pub(crate) mod policy;
+
+pub(crate) use interp::{PendingStorage, TorchInterp};
+
+use crate::pickle::Value;
+use dtype::DType;
+
+/// A global reference, with what the reader knows it to be.
+#[derive(Debug)]
+pub(crate) struct Global {
+    pub(crate) module: Box<str>,
+    pub(crate) name: Box<str>,
+    pub(crate) known: Known,
+}
+
+/// Globals whose meaning the reader reproduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Known {
+    RebuildTensor,
+    RebuildTensorV2,
+    RebuildTensorV3,
+    RebuildParameter,
+    RebuildParameterWithState,
+    RebuildFromTypeV2,
+    RebuildQTensor,
+    RebuildSparse,
+    RebuildMetaNoStorage,
+    /// A rebuild function whose tensors are not read (nested, wrapper
+    /// subclasses, device tensors): reported, never silently dropped.
+    RebuildUnsupported,
+    GetLayout,
+    OrderedDict,
+    Set,
+    FrozenSet,
+    Bytearray,
+    CodecsEncode,
+    Size,
+    Device,
+    TensorClass,
+    StorageClass(DType),
+    Dtype(DType),
+    QScheme,
+    NumpyScalar,
+    NumpyReconstruct,
+    NumpyDtype,
+    Reconstructor,
+    NewObj,
+    Other,
+}
+
+impl Known {
+    pub(crate) fn of(module: &str, name: &str) -> Known {
+        match (module, name) {
+            ("torch._utils", "_rebuild_tensor") => Known::RebuildTensor,
+            ("torch._utils", "_rebuild_tensor_v2") => Known::RebuildTensorV2,
+            ("torch._utils", "_rebuild_tensor_v3") => Known::RebuildTensorV3,
+            ("torch._utils", "_rebuild_parameter") => Known::RebuildParameter,
+            ("torch._utils", "_rebuild_parameter_with_state") => Known::RebuildParameterWithState,
+            ("torch._tensor", "_rebuild_from_type_v2") => Known::RebuildFromTypeV2,
+            ("torch._utils", "_rebuild_qtensor") => Known::RebuildQTensor,
+            ("torch._utils", "_rebuild_sparse_tensor") => Known::RebuildSparse,
+            ("torch._utils", "_rebuild_meta_tensor_no_storage") => Known::RebuildMetaNoStorage,
+            ("torch._utils", n) if n.starts_with("_rebuild_") => Known::RebuildUnsupported,
+            ("torch.serialization", "_get_layout") => Known::GetLayout,
+            ("collections", "OrderedDict" | "Counter" | "defaultdict") => Known::OrderedDict,
+            ("builtins", "dict") => Known::OrderedDict,
+            ("builtins", "set") => Known::Set,
+            ("builtins", "frozenset") => Known::FrozenSet,
+            ("builtins", "bytearray" | "bytes") => Known::Bytearray,
+            ("_codecs", "encode") => Known::CodecsEncode,
+            ("torch", "Size") => Known::Size,
+            ("torch", "device") => Known::Device,
+            ("torch", "Tensor") | ("torch.nn.parameter", "Parameter") => Known::TensorClass,
+            // torch maps any name containing "Storage" to a storage type.
+            (m, n) if (m == "torch" || m.starts_with("torch.")) && n.ends_with("Storage") => {
+                match DType::from_storage_name(n) {
+                    Some(d) => Known::StorageClass(d),
+                    None => Known::Other,
+                }
+            }
+            ("torch", n) if n.starts_with("per_") => Known::QScheme,
+            ("torch", n) => match DType::from_torch_name(n) {
+                Some(d) => Known::Dtype(d),
+                None if n.ends_with("Tensor") => Known::TensorClass,
+                None => Known::Other,
+            },
+            ("numpy.core.multiarray" | "numpy._core.multiarray", "scalar") => Known::NumpyScalar,
+            ("numpy.core.multiarray" | "numpy._core.multiarray", "_reconstruct") => {
+                Known::NumpyReconstruct
+            }
+            ("numpy", "dtype") => Known::NumpyDtype,
+            ("copyreg", "_reconstructor") => Known::Reconstructor,
+            ("copyreg", "__newobj__" | "__newobj_ex__") => Known::NewObj,
+            _ => Known::Other,
+        }
+    }
+}
+
+/// Quantization of a tensor's integer data.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Quantization {
+    /// One scale and zero point for the whole tensor.
+    PerTensor {
+        /// `per_tensor_affine` or `per_tensor_symmetric`.
+        scheme: String,
+        /// Scale.
+        scale: f64,
+        /// Zero point.
+        zero_point: i64,
+    },
+    /// A scale and zero point per slice along `axis`; they are the tensors
+    /// named `<name>.scales` and `<name>.zero_points`.
+    PerChannel {
+        /// `per_channel_affine`, `per_channel_symmetric` or
+        /// `per_channel_affine_float_qparams`.
+        scheme: String,
+        /// The channel axis.
+        axis: i64,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) enum QuantParams {
+    PerTensor {
+        scheme: String,
+        scale: f64,
+        zero_point: i64,
+    },
+    PerChannel {
+        scheme: String,
+        scales: Value,
+        zero_points: Value,
+        axis: i64,
+    },
+}
+
+/// A tensor as its rebuild call described it, before validation.
+#[derive(Debug)]
+pub(crate) struct TensorMeta {
+    /// None for meta tensors (shape only).
+    pub(crate) storage: Option<usize>,
+    pub(crate) dtype: DType,
+    pub(crate) offset: i64,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) stride: Vec<i64>,
+    pub(crate) requires_grad: bool,
+    pub(crate) conj: bool,
+    pub(crate) neg: bool,
+    pub(crate) quant: Option<QuantParams>,
+}
+
+/// Layout of a sparse tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    Strided,
+    Coo,
+    Csr,
+    Csc,
+    Bsr,
+    Bsc,
+}
+
+impl Layout {
+    fn from_name(name: &str) -> Option<Layout> {
+        Some(match name.strip_prefix("torch.").unwrap_or(name) {
+            "strided" => Layout::Strided,
+            "sparse_coo" => Layout::Coo,
+            "sparse_csr" => Layout::Csr,
+            "sparse_csc" => Layout::Csc,
+            "sparse_bsr" => Layout::Bsr,
+            "sparse_bsc" => Layout::Bsc,
+            _ => return None,
+        })
+    }
+
+    /// Names of the component tensors, in the order torch pickles them.
+    pub(crate) fn components(self) -> &'static [&'static str] {
+        match self {
+            Layout::Coo => &["indices", "values"],
+            Layout::Csr | Layout::Bsr => &["crow_indices", "col_indices", "values"],
+            Layout::Csc | Layout::Bsc => &["ccol_indices", "row_indices", "values"],
+            Layout::Strided => &[],
+        }
+    }
+}
+
+/// A numpy dtype as pickled (`numpy.dtype('f8')` + BUILD).
+#[derive(Debug)]
+pub(crate) struct NumpyDtype {
+    pub(crate) descr: String,
+    pub(crate) big_endian: bool,
+}
+
+/// A numpy array (not a tensor): kept as a value with its shape.
+#[derive(Debug)]
+pub(crate) struct NdArray {
+    pub(crate) dtype: String,
+    pub(crate) shape: Vec<u64>,
+}
+
+/// Values with torch meaning, stored in the pickle heap.
+#[derive(Debug)]
+pub(crate) enum TorchObj {
+    Global(Global),
+    Storage(usize),
+    Tensor(Box<TensorMeta>),
+    Sparse {
+        layout: Layout,
+        components: Vec<Value>,
+    },
+    Device(Box<str>),
+    Layout(Layout),
+    NumpyDtype(NumpyDtype),
+    NdArray(NdArray),
+}
+
+impl TorchObj {
+    pub(crate) fn kind_name(&self) -> &'static str {
+        match self {
+            TorchObj::Global(_) => "global",
+            TorchObj::Storage(_) => "storage",
+            TorchObj::Tensor(_) => "tensor",
+            TorchObj::Sparse { .. } => "sparse tensor",
+            TorchObj::Device(_) => "torch.device",
+            TorchObj::Layout(_) => "torch.layout",
+            TorchObj::NumpyDtype(_) => "numpy.dtype",
+            TorchObj::NdArray(_) => "numpy.ndarray",
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Zero-copy tensor views and row-major byte access.
+
+use std::borrow::Cow;
+
+use crate::checkpoint::{ByteOrder, Checkpoint, StorageInfo, TensorInfo};
+use crate::error::{Error, ErrorKind, Result};
+use crate::torch::dtype::DType;
+
+/// One tensor of a checkpoint: its metadata and access to its bytes, which
+/// borrow from the memory-mapped file when they can.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    pub(crate) ckpt: &'a Checkpoint,
+    pub(crate) info: &'a TensorInfo,
+}
+
+/// Row-major chunks are handed out in pieces of at most this many bytes
+/// when they must be gathered or swapped.
+const CHUNK: usize = 1 << 20;
+
+const HOST: ByteOrder = if cfg!(target_endian = "big") {
+    ByteOrder::Big
+} else {
+    ByteOrder::Little
+};
+
+impl<'a> TensorView<'a> {
+    /// The flattened name (`encoder.layers.0.weight`).
+    pub fn name(&self) -> &'a str {
+        &self.info.name
+    }
+
+    /// All metadata of the tensor.
+    pub fn info(&self) -> &'a TensorInfo {
+        self.info
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.info.dtype
+    }
+
+    /// Sizes of each dimension (empty for a 0-dim tensor).
+    pub fn shape(&self) -> &'a [u64] {
+        &self.info.shape
+    }
+
+    /// Strides in elements.
+    pub fn stride(&self) -> &'a [u64] {
+        &self.info.stride
+    }
+
+    /// Offset of the first element in its storage, in elements.
+    pub fn storage_offset(&self) -> u64 {
+        self.info.storage_offset
+    }
+
+    /// The storage this tensor views; `None` for meta tensors.
+    pub fn storage(&self) -> Option<&'a StorageInfo> {
+        self.info.storage.and_then(|i| self.ckpt.storages().get(i))
+    }
+
+    /// The location tag saved with the storage (`cpu`, `cuda:1`, ...);
+    /// `meta` for tensors saved without storage.
+    pub fn location(&self) -> &'a str {
+        self.storage().map_or("meta", |s| s.location.as_str())
+    }
+
+    /// Whether the elements are laid out row-major without gaps.
+    pub fn is_contiguous(&self) -> bool {
+        self.info.is_contiguous()
+    }
+
+    /// The bytes of the whole storage, in the file's byte order; `None` for
+    /// meta tensors.
+    pub fn storage_bytes(&self) -> Option<&'a [u8]> {
+        self.info.storage.and_then(|i| self.ckpt.storage_bytes(i))
+    }
+
+    fn needs_swap(&self) -> bool {
+        self.ckpt.byte_order() != HOST && self.info.dtype.swap_unit() > 1
+    }
+
+    /// The conjugate and negative bits change the values torch gives, not
+    /// the stored bytes; they are applied on access.
+    fn needs_transform(&self) -> bool {
+        (self.info.conj && self.info.dtype.is_complex()) || self.info.neg
+    }
+
+    /// Apply the conj / neg bits to host-order elements in place.
+    fn transform(&self, bytes: &mut [u8]) {
+        let dtype = self.info.dtype;
+        let elem = dtype.size();
+        let unit = dtype.swap_unit();
+        // Byte holding the sign bit of a component, in host order.
+        let sign = |component: usize| {
+            if cfg!(target_endian = "big") {
+                component
+            } else {
+                component + unit - 1
+            }
+        };
+        for e in bytes.chunks_exact_mut(elem) {
+            if dtype.is_float() {
+                let mut flip = |component: usize| {
+                    if let Some(b) = e.get_mut(sign(component)) {
+                        *b ^= 0x80;
+                    }
+                };
+                if self.info.neg {
+                    flip(0);
+                    if dtype.is_complex() {
+                        flip(unit);
+                    }
+                }
+                if self.info.conj && dtype.is_complex() {
+                    flip(unit);
+                }
+            } else if self.info.neg {
+                negate_int(e);
+            }
+        }
+    }
+
+    /// The tensor's elements in row-major order and host byte order: borrowed
+    /// from the file when contiguous and already in host order, gathered and
+    /// swapped into an owned buffer otherwise.
+    pub fn data(&self) -> Result<Cow<'a, [u8]>> {
+        let storage = self.require_storage()?;
+        if self.is_contiguous() && !self.needs_swap() && !self.needs_transform() {
+            let start = self.info.storage_offset * self.info.dtype.size() as u64;
+            return crate::bytes::slice(storage, start, self.info.nbytes)
+                .map(Cow::Borrowed)
+                .ok_or_else(|| self.extent_error());
+        }
+        let mut out = Vec::with_capacity(usize::try_from(self.info.nbytes).unwrap_or(0));
+        self.visit_bytes(|chunk| out.extend_from_slice(chunk))?;
+        Ok(Cow::Owned(out))
+    }
+
+    /// Hand the elements, row-major and in host byte order, to `f` in
+    /// chunks, without materializing the whole tensor.
+    pub fn visit_bytes(&self, mut f: impl FnMut(&[u8])) -> Result<()> {
+        let storage = self.require_storage()?;
+        let info = self.info;
+        let elem = info.dtype.size();
+        if info.numel == 0 {
+            return Ok(());
+        }
+        let swap = self.needs_swap().then(|| info.dtype.swap_unit());
+        let transform = self.needs_transform();
+        // The innermost dimensions that are contiguous form one run.
+        let mut run: u64 = 1;
+        let mut outer = info.shape.len();
+        for (&size, &stride) in info.shape.iter().zip(&info.stride).rev() {
+            if size != 1 && stride != run {
+                break;
+            }
+            run *= size;
+            outer -= 1;
+        }
+        let run_bytes = usize::try_from(run).map_err(|_| self.extent_error())? * elem;
+        let dims = info.shape.get(..outer).unwrap_or_default();
+        let strides = info.stride.get(..outer).unwrap_or_default();
+        let mut index = vec![0u64; outer];
+        let mut buf: Vec<u8> = Vec::with_capacity(run_bytes.clamp(elem, CHUNK));
+        loop {
+            let base =
+                info.storage_offset + index.iter().zip(strides).map(|(i, s)| i * s).sum::<u64>();
+            let start = usize::try_from(base).map_err(|_| self.extent_error())? * elem;
+            let bytes = storage
+                .get(start..start + run_bytes)
+                .ok_or_else(|| self.extent_error())?;
+            for piece in bytes.chunks(CHUNK) {
+                if buf.len() + piece.len() > CHUNK && !buf.is_empty() {
+                    f(&buf);
+                    buf.clear();
+                }
+                let at = buf.len();
+                buf.extend_from_slice(piece);
+                let fresh = buf.get_mut(at..).unwrap_or_default();
+                if let Some(unit) = swap {
+                    fresh.chunks_exact_mut(unit).for_each(<[u8]>::reverse);
+                }
+                if transform {
+                    self.transform(fresh);
+                }
+            }
+            // Advance the odometer over the outer dimensions.
+            let mut d = outer;
+            loop {
+                if d == 0 {
+                    if !buf.is_empty() {
+                        f(&buf);
+                    }
+                    return Ok(());
+                }
+                d -= 1;
+                let (Some(i), Some(&size)) = (index.get_mut(d), dims.get(d)) else {
+                    return Err(self.extent_error());
+                };
+                *i += 1;
+                if *i < size {
+                    break;
+                }
+                *i = 0;
+            }
+        }
+    }
+
+    fn require_storage(&self) -> Result<&'a [u8]> {
+        match self.info.storage {
+            None => Err(
+                Error::new(ErrorKind::Tensor, "meta tensor: it has a shape but no data")
+                    .for_tensor(&self.info.name),
+            ),
+            Some(i) => self
+                .ckpt
+                .storage_bytes(i)
+                .ok_or_else(|| self.extent_error()),
+        }
+    }
+
+    fn extent_error(&self) -> Error {
+        Error::new(ErrorKind::Tensor, "tensor extent outside its storage")
+            .for_tensor(&self.info.name)
+    }
+}
+
+/// Two's complement negation of one host-order integer element.
+fn negate_int(e: &mut [u8]) {
+    let le = cfg!(target_endian = "little");
+    if !le {
+        e.reverse();
+    }
+    let mut carry = 1u16;
+    for b in e.iter_mut() {
+        let v = u16::from(!*b) + carry;
+        *b = (v & 0xff) as u8;
+        carry = v >> 8;
+    }
+    if !le {
+        e.reverse();
+    }
+}

@@ -1,0 +1,236 @@
+//! The `ptload` binary on checkpoints written by torch: output, JSON
+//! schema, hashes and exit codes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value as Json;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+fn fixture(name: &str) -> String {
+    fixtures().join("files").join(name).display().to_string()
+}
+
+fn expected(name: &str) -> Json {
+    let text = std::fs::read_to_string(fixtures().join("expected").join(format!("{name}.json")))
+        .expect("expected json");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn ptload(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ptload"))
+        .args(args)
+        .output()
+        .expect("run ptload")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn inspect_json(name: &str, extra: &[&str]) -> Json {
+    let path = fixture(name);
+    let mut args = vec!["inspect", "--json", path.as_str()];
+    args.extend_from_slice(extra);
+    let out = ptload(&args);
+    assert_eq!(out.status.code(), Some(0), "{name}: {}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).expect("valid JSON on stdout")
+}
+
+#[test]
+fn inspect_json_has_exactly_the_documented_keys() {
+    let doc = inspect_json("basic.pt", &[]);
+    let keys: Vec<&str> = doc
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "format",
+            "byteorder",
+            "pickle_protocol",
+            "tensors",
+            "globals",
+            "suspicious"
+        ]
+    );
+    let tensor_keys: Vec<&str> = doc["tensors"][0]
+        .as_object()
+        .expect("tensor")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        tensor_keys,
+        [
+            "name",
+            "dtype",
+            "shape",
+            "stride",
+            "storage_offset",
+            "storage",
+            "location",
+            "target",
+            "nbytes"
+        ]
+    );
+    assert_eq!(doc["format"], "zip");
+    assert_eq!(doc["suspicious"], serde_json::json!([]));
+    assert!(doc["globals"]
+        .as_array()
+        .expect("globals")
+        .contains(&Json::from("torch._utils._rebuild_tensor_v2")));
+}
+
+#[test]
+fn inspect_json_matches_torch_for_every_readable_fixture() {
+    for entry in std::fs::read_dir(fixtures().join("expected")).expect("dir") {
+        let file_name = entry
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        let name = file_name.strip_suffix(".json").expect("json");
+        let want = expected(name);
+        if !want["error"].is_null() {
+            continue;
+        }
+        let doc = inspect_json(name, &["--hash"]);
+        assert_eq!(doc["format"], want["format"], "{name}");
+        assert_eq!(doc["byteorder"], want["byteorder"], "{name}");
+        assert_eq!(doc["pickle_protocol"], want["pickle_protocol"], "{name}");
+        let ours = doc["tensors"].as_array().expect("tensors");
+        let theirs = want["tensors"].as_array().expect("tensors");
+        assert_eq!(ours.len(), theirs.len(), "{name}: tensor count");
+        for (o, t) in ours.iter().zip(theirs) {
+            for key in [
+                "name",
+                "dtype",
+                "shape",
+                "stride",
+                "storage_offset",
+                "location",
+                "sha256",
+            ] {
+                assert_eq!(o[key], t[key], "{name}: {} {key}", t["name"]);
+            }
+            if !t["storage"].is_null() {
+                assert_eq!(o["storage"], t["storage"], "{name}: {} storage", t["name"]);
+            }
+            assert_eq!(o["target"], o["location"], "{name}: target before mapping");
+        }
+    }
+}
+
+#[test]
+fn files_that_are_not_checkpoints_exit_2_with_one_line() {
+    for (file, needle) in [
+        ("empty.pt", "empty file"),
+        ("lfs_pointer.pt", "git lfs pointer"),
+        ("download.html.pt", "html page"),
+        ("weights.safetensors.pt", "safetensors"),
+        ("truncated.pt", "truncated"),
+        ("pre1.0_tar.pt", "tar"),
+        ("random.bin", "unknown format"),
+    ] {
+        let out = ptload(&["inspect", &fixture(file)]);
+        assert_eq!(out.status.code(), Some(2), "{file}");
+        let err = stderr(&out);
+        assert!(err.starts_with("ptload: "), "{file}: {err}");
+        assert_eq!(err.lines().count(), 1, "{file}: one line: {err}");
+        assert!(err.to_lowercase().contains(needle), "{file}: {err}");
+        assert!(stdout(&out).is_empty(), "{file}: nothing on stdout");
+    }
+    let out = ptload(&["inspect", "/nonexistent/model.pt"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("cannot open"));
+}
+
+#[test]
+fn strict_refuses_what_torch_weights_only_refuses() {
+    let out = ptload(&["inspect", "--strict", &fixture("whole_module.pt")]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("Unsupported global: GLOBAL __main__."),
+        "{err}"
+    );
+
+    let out = ptload(&["inspect", "--strict", &fixture("basic.pt")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    // The default policy loads it and reports what torch would refuse.
+    let doc = inspect_json("training.ckpt", &[]);
+    let suspicious = doc["suspicious"].as_array().expect("suspicious");
+    assert!(
+        suspicious.contains(&Json::from("argparse.Namespace")),
+        "{suspicious:?}"
+    );
+    let out = ptload(&["inspect", "--strict", &fixture("training.ckpt")]);
+    assert_eq!(out.status.code(), Some(2));
+
+    // Allowing every reported global makes the strict load succeed.
+    let path = fixture("training.ckpt");
+    let mut args = vec!["inspect", "--strict", path.as_str()];
+    let allowed: Vec<String> = suspicious
+        .iter()
+        .map(|g| g.as_str().expect("str").to_owned())
+        .collect();
+    for g in &allowed {
+        args.push("--allow-global");
+        args.push(g);
+    }
+    let out = ptload(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+#[test]
+fn inspect_table_lists_every_tensor() {
+    let out = ptload(&["inspect", &fixture("multi_gpu.pt")]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    assert!(text.contains("NAME") && text.contains("LOCATION"));
+    let want = expected("multi_gpu.pt");
+    let tensors = want["tensors"].as_array().expect("tensors");
+    for t in tensors {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{} ", t["name"].as_str().expect("name"))))
+            .unwrap_or_else(|| panic!("no row for {}", t["name"]));
+        assert!(
+            line.contains(t["location"].as_str().expect("loc")),
+            "{line}"
+        );
+    }
+    assert!(
+        text.contains(&format!("{} tensors", tensors.len())),
+        "{text}"
+    );
+}
+
+#[test]
+fn demo_runs_on_the_embedded_checkpoint() {
+    let out = ptload(&["demo"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let want = expected("training.ckpt");
+    for t in want["tensors"].as_array().expect("tensors") {
+        assert!(
+            text.contains(t["name"].as_str().expect("name")),
+            "demo lacks {}",
+            t["name"]
+        );
+    }
+    assert!(text.contains("epoch = 7"), "{text}");
+    assert!(text.contains("argparse.Namespace"), "{text}");
+}

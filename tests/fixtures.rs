@@ -1,0 +1,205 @@
+//! The reader against checkpoints written by real torch, compared with the
+//! answers torch itself computed (fixtures/generate.py).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use ptload_reader::{Checkpoint, Scalar};
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+fn expected(file: &str) -> Json {
+    let path = root().join("expected").join(format!("{file}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn sha256_of(view: &ptload_reader::TensorView<'_>) -> String {
+    let mut h = Sha256::new();
+    view.visit_bytes(|chunk| h.update(chunk))
+        .expect("visit bytes");
+    hex::encode(h.finalize())
+}
+
+fn scalar_json(s: &Scalar) -> Option<Json> {
+    Some(match s {
+        Scalar::None => Json::Null,
+        Scalar::Bool(b) => Json::Bool(*b),
+        Scalar::Int(i) => Json::from(*i),
+        Scalar::Float(f) => Json::from(*f),
+        Scalar::Str(s) => Json::from(s.as_str()),
+        _ => return None,
+    })
+}
+
+fn check(file: &str) {
+    let want = expected(file);
+    let path = root().join("files").join(file);
+    let opened = Checkpoint::open(&path);
+    if let Some(err) = want["error"].as_str() {
+        let e = opened.expect_err("torch's answer says this file is not readable");
+        let message = e.to_string().to_lowercase();
+        assert!(
+            message.contains(err),
+            "{file}: error {message:?} lacks {err:?}"
+        );
+        return;
+    }
+    let ckpt = opened.unwrap_or_else(|e| panic!("{file}: {e}"));
+    assert_eq!(ckpt.format().name(), want["format"], "{file}: format");
+    assert_eq!(
+        ckpt.byte_order().name(),
+        want["byteorder"],
+        "{file}: byte order"
+    );
+    assert_eq!(
+        u64::from(ckpt.pickle_protocol()),
+        want["pickle_protocol"],
+        "{file}: pickle protocol"
+    );
+
+    let want_tensors = want["tensors"].as_array().expect("tensors");
+    let names: Vec<&str> = ckpt.tensors().map(|t| t.name()).collect();
+    let want_names: Vec<&str> = want_tensors
+        .iter()
+        .map(|t| t["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, want_names, "{file}: tensor names and order");
+
+    for (view, w) in ckpt.tensors().zip(want_tensors) {
+        let name = view.name();
+        assert_eq!(view.dtype().name(), w["dtype"], "{file}: {name}: dtype");
+        assert_eq!(
+            Json::from(view.shape().to_vec()),
+            w["shape"],
+            "{file}: {name}: shape"
+        );
+        assert_eq!(
+            Json::from(view.stride().to_vec()),
+            w["stride"],
+            "{file}: {name}: stride"
+        );
+        assert_eq!(
+            view.storage_offset(),
+            w["storage_offset"],
+            "{file}: {name}: storage offset"
+        );
+        assert_eq!(view.location(), w["location"], "{file}: {name}: location");
+        if !w["storage"].is_null() {
+            let key = view.storage().map(|s| s.key.as_str());
+            assert_eq!(key, w["storage"].as_str(), "{file}: {name}: storage key");
+        }
+        match w["sha256"].as_str() {
+            Some(digest) => {
+                assert_eq!(sha256_of(&view), digest, "{file}: {name}: bytes");
+                let data = view.data().expect("data");
+                assert_eq!(
+                    data.len() as u64,
+                    view.info().nbytes,
+                    "{file}: {name}: data length"
+                );
+            }
+            None => assert!(
+                view.data().is_err(),
+                "{file}: {name}: a meta tensor has no data"
+            ),
+        }
+        for flag in ["conj", "neg"] {
+            if let Some(b) = w[flag].as_bool() {
+                let got = if flag == "conj" {
+                    view.info().conj
+                } else {
+                    view.info().neg
+                };
+                assert_eq!(got, b, "{file}: {name}: {flag} bit");
+            }
+        }
+    }
+
+    // Plain values: exactly torch's, both ways.
+    let want_values = want["values"].as_object().expect("values");
+    let mut ours = serde_json::Map::new();
+    for (name, scalar) in ckpt.values() {
+        if let Some(j) = scalar_json(scalar) {
+            ours.insert(name.clone(), j);
+        }
+    }
+    let keys: BTreeSet<&String> = ours.keys().collect();
+    let want_keys: BTreeSet<&String> = want_values.keys().collect();
+    assert_eq!(keys, want_keys, "{file}: value names");
+    for (k, v) in want_values {
+        let got = &ours[k];
+        match (v.as_f64(), got.as_f64()) {
+            (Some(a), Some(b)) if v.is_f64() || got.is_f64() => {
+                assert_eq!(a, b, "{file}: value {k}")
+            }
+            _ => assert_eq!(got, v, "{file}: value {k}"),
+        }
+    }
+}
+
+macro_rules! fixtures {
+    ($($test:ident => $file:literal,)*) => {
+        $(#[test] fn $test() { check($file); })*
+        const COVERED: &[&str] = &[$($file),*];
+    };
+}
+
+fixtures! {
+    align4096 => "align4096.pt",
+    basic => "basic.pt",
+    bigendian => "bigendian.pt",
+    compiled => "compiled.pt",
+    conj_neg => "conj_neg.pt",
+    dataparallel => "dataparallel.pt",
+    deflated => "deflated.pt",
+    download_html => "download.html.pt",
+    dtypes => "dtypes.pt",
+    empty => "empty.pt",
+    legacy => "legacy.pt",
+    legacy_proto4 => "legacy_proto4.pt",
+    legacy_views => "legacy_views.pt",
+    lfs_pointer => "lfs_pointer.pt",
+    many_tensors => "many_tensors.pt",
+    meta => "meta.pt",
+    multi_gpu => "multi_gpu.pt",
+    parameter_state => "parameter_state.pt",
+    plain_model => "plain_model.pt",
+    pre1_0_tar => "pre1.0_tar.pt",
+    prefixed => "prefixed.pt",
+    proto1 => "proto1.pt",
+    proto3 => "proto3.pt",
+    proto4 => "proto4.pt",
+    proto5 => "proto5.pt",
+    quantized => "quantized.pt",
+    random => "random.bin",
+    sparse => "sparse.pt",
+    tensor_root => "tensor_root.pt",
+    torchscript => "torchscript.pt",
+    training => "training.ckpt",
+    truncated => "truncated.pt",
+    views => "views.pt",
+    weights_safetensors => "weights.safetensors.pt",
+    whole_module => "whole_module.pt",
+}
+
+#[test]
+fn every_generated_fixture_is_tested() {
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(root().join("expected")).expect("expected dir") {
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        let file = name.strip_suffix(".json").expect("json");
+        if !COVERED.contains(&file) {
+            missing.push(file.to_owned());
+        }
+    }
+    assert!(missing.is_empty(), "fixtures without a test: {missing:?}");
+}
