@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 
 use ptload_reader::{Checkpoint, Scalar, TensorView};
-use serde_json::{json, Value};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 /// Sizes in B, KiB, MiB, GiB.
@@ -62,42 +62,84 @@ fn distinct_globals<'a>(paths: impl Iterator<Item = String> + 'a) -> Vec<String>
     paths.filter(|p| seen.insert(p.clone())).collect()
 }
 
+/// One tensor of `inspect --json`, borrowing from the checkpoint.
+#[derive(Serialize)]
+struct TensorJson<'a> {
+    name: &'a str,
+    dtype: &'static str,
+    shape: &'a [u64],
+    stride: &'a [u64],
+    storage_offset: u64,
+    storage: Option<&'a str>,
+    location: &'a str,
+    target: &'a str,
+    nbytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sha256: Option<Option<String>>,
+}
+
+/// The document `inspect --json` prints.
+#[derive(Serialize)]
+struct InspectJson<'a> {
+    format: &'static str,
+    byteorder: &'static str,
+    pickle_protocol: u8,
+    tensors: Tensors<'a>,
+    globals: Vec<String>,
+    suspicious: Vec<String>,
+}
+
+/// The tensor list, serialized as it is produced (nothing per tensor is
+/// kept in memory); hashing errors surface through the serializer.
+struct Tensors<'a> {
+    ckpt: &'a Checkpoint,
+    hash: bool,
+}
+
+impl Serialize for Tensors<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeSeq};
+        let mut seq = serializer.serialize_seq(Some(self.ckpt.len()))?;
+        for t in self.ckpt.tensors() {
+            seq.serialize_element(&tensor_json(&t, self.hash).map_err(S::Error::custom)?)?;
+        }
+        seq.end()
+    }
+}
+
+fn tensor_json<'a>(t: &TensorView<'a>, hash: bool) -> Result<TensorJson<'a>, ptload_reader::Error> {
+    let sha256 = match (hash, t.storage().is_some()) {
+        (false, _) => None,
+        (true, false) => Some(None),
+        (true, true) => Some(Some(sha256(t)?)),
+    };
+    Ok(TensorJson {
+        name: t.name(),
+        dtype: t.dtype().name(),
+        shape: t.shape(),
+        stride: t.stride(),
+        storage_offset: t.storage_offset(),
+        storage: t.storage().map(|s| s.key.as_str()),
+        location: t.location(),
+        target: t.location(),
+        nbytes: t.info().nbytes,
+        sha256,
+    })
+}
+
 pub(crate) fn json(
     out: &mut impl Write,
     ckpt: &Checkpoint,
     hash: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let mut tensors = Vec::with_capacity(ckpt.len());
-    for t in ckpt.tensors() {
-        let mut entry = json!({
-            "name": t.name(),
-            "dtype": t.dtype().name(),
-            "shape": t.shape(),
-            "stride": t.stride(),
-            "storage_offset": t.storage_offset(),
-            "storage": t.storage().map(|s| s.key.as_str()),
-            "location": t.location(),
-            "target": t.location(),
-            "nbytes": t.info().nbytes,
-        });
-        if hash {
-            let digest = if t.storage().is_some() {
-                Value::from(sha256(&t)?)
-            } else {
-                Value::Null
-            };
-            entry["sha256"] = digest;
-        }
-        tensors.push(entry);
-    }
-    let doc = json!({
-        "format": ckpt.format().name(),
-        "byteorder": ckpt.byte_order().name(),
-        "pickle_protocol": ckpt.pickle_protocol(),
-        "tensors": tensors,
-        "globals": distinct_globals(ckpt.globals().iter().map(|g| g.path())),
-        "suspicious": distinct_globals(ckpt.suspicious().map(|g| g.path())),
-    });
+    let doc = InspectJson {
+        format: ckpt.format().name(),
+        byteorder: ckpt.byte_order().name(),
+        pickle_protocol: ckpt.pickle_protocol(),
+        tensors: Tensors { ckpt, hash },
+        globals: distinct_globals(ckpt.globals().iter().map(|g| g.path())),
+        suspicious: distinct_globals(ckpt.suspicious().map(|g| g.path())),
+    };
     serde_json::to_writer(&mut *out, &doc)?;
     writeln!(out)?;
     Ok(())

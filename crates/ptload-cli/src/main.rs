@@ -12,6 +12,11 @@ use ptload_reader::{Checkpoint, OpenOptions, Policy, StringEncoding};
 
 mod inspect;
 
+/// Opening a checkpoint makes many small allocations; mimalloc serves them
+/// faster than the system allocator and touches fewer fresh pages.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The checkpoint `ptload demo` runs on: a training checkpoint written by
 /// torch 2.15 (model and optimizer state, argparse args, a numpy scalar).
 const DEMO_CHECKPOINT: &[u8] = include_bytes!("../../../fixtures/files/training.ckpt");
@@ -101,6 +106,10 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 inspect::table(&mut out, &ckpt, &args.file.display().to_string(), args.hash)?;
             }
+            out.flush()?;
+            // The process ends right after: the OS reclaims the checkpoint's
+            // memory faster than freeing it piece by piece.
+            std::mem::forget(ckpt);
         }
         Command::Demo => demo(&mut out)?,
     }

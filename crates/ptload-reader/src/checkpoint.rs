@@ -268,7 +268,9 @@ impl Checkpoint {
         let mut tensors = Vec::with_capacity(walked.tensors.len());
         for (name, value) in walked.tensors {
             let info = match heap.torch(value) {
-                Some(TorchObj::Tensor(meta)) => tensor_info(name, meta, &storages, &opts.limits)?,
+                Some(TorchObj::Tensor(meta)) => {
+                    tensor_info(&heap, name, meta, &storages, &opts.limits)?
+                }
                 Some(TorchObj::Storage(id)) => bare_storage(name, *id, &storages)?,
                 _ => continue,
             };
@@ -382,31 +384,34 @@ fn non_negative(name: &str, v: i64, what: &str) -> Result<u64> {
 
 /// Validate a rebuilt tensor against its storage, as torch's setStrided does.
 fn tensor_info(
+    heap: &Heap,
     name: String,
     meta: &TensorMeta,
     storages: &[StorageInfo],
     limits: &Limits,
 ) -> Result<TensorInfo> {
-    if meta.shape.len() != meta.stride.len() {
+    let ints = |v: Value, what: &str| -> Result<Vec<u64>> {
+        heap.sequence(v)
+            .unwrap_or_default()
+            .iter()
+            .map(|&i| match i {
+                Value::Int(x) => non_negative(&name, x, what),
+                _ => Err(tensor_err(&name, format!("{what} is not an int"))),
+            })
+            .collect()
+    };
+    let shape = ints(meta.shape, "size")?;
+    let stride = ints(meta.stride, "stride")?;
+    if shape.len() != stride.len() {
         return Err(tensor_err(
             &name,
             format!(
                 "size has {} dimensions but stride has {}",
-                meta.shape.len(),
-                meta.stride.len()
+                shape.len(),
+                stride.len()
             ),
         ));
     }
-    let shape = meta
-        .shape
-        .iter()
-        .map(|&s| non_negative(&name, s, "size"))
-        .collect::<Result<Vec<_>>>()?;
-    let stride = meta
-        .stride
-        .iter()
-        .map(|&s| non_negative(&name, s, "stride"))
-        .collect::<Result<Vec<_>>>()?;
     let storage_offset = non_negative(&name, meta.offset, "storage offset")?;
     let overflow = || tensor_err(&name, "size arithmetic overflows");
     let numel = shape
@@ -501,7 +506,7 @@ fn bare_storage(name: String, id: usize, storages: &[StorageInfo]) -> Result<Ten
 }
 
 /// The entry ending in `data.pkl` directly under one folder (or at the root).
-fn find_data_pkl(archive: &Archive) -> Result<&zip::Entry> {
+fn find_data_pkl<'a, 'd>(archive: &'a Archive<'d>) -> Result<&'a zip::Entry<'d>> {
     let mut candidates = archive.entries().iter().filter(|e| {
         e.name == "data.pkl" || e.name.ends_with("/data.pkl") && e.name.matches('/').count() == 1
     });
@@ -526,17 +531,17 @@ fn find_data_pkl(archive: &Archive) -> Result<&zip::Entry> {
 /// The bytes of a small record (a pickle, `byteorder`), CRC-checked.
 fn record_bytes<'d>(
     data: &'d [u8],
-    entry: &zip::Entry,
+    entry: &zip::Entry<'_>,
     limit: u64,
     budget: &mut u64,
 ) -> Result<Cow<'d, [u8]>> {
     if entry.size > limit {
-        return Err(Error::limit("max_pickle_bytes", limit).in_record(&entry.name));
+        return Err(Error::limit("max_pickle_bytes", limit).in_record(entry.name));
     }
     match entry.method {
         Method::Stored => {
             let bytes = slice(data, entry.data_start, entry.size).ok_or_else(|| {
-                Error::new(ErrorKind::Zip, "record lies outside the file").in_record(&entry.name)
+                Error::new(ErrorKind::Zip, "record lies outside the file").in_record(entry.name)
             })?;
             zip::check_crc(bytes, entry)?;
             Ok(Cow::Borrowed(bytes))
@@ -576,7 +581,7 @@ fn load_zip(
                             String::from_utf8_lossy(&raw)
                         ),
                     )
-                    .in_record(&entry.name))
+                    .in_record(entry.name))
                 }
             }
         }
@@ -590,11 +595,10 @@ fn load_zip(
     ] {
         let Some(entry) = entry else { continue };
         let bytes = record_bytes(data, entry, limits.max_pickle_bytes, &mut budget)?;
-        interp.record = entry.name.clone();
-        interp.storage_dir = Some(format!("{prefix}{dir}"));
+        interp.enter(entry.name, Some(format!("{prefix}{dir}")));
         let out = vm
             .run(heap, interp, &bytes, 0)
-            .map_err(|e| e.in_record(&entry.name))?;
+            .map_err(|e| e.in_record(entry.name))?;
         if root_name.is_empty() {
             protocol = out.protocol;
         }
@@ -606,16 +610,16 @@ fn load_zip(
     let mut owned = Vec::new();
     let mut storages = Vec::with_capacity(interp.storages.len());
     for p in interp.storages.drain(..) {
-        let record = p.record.clone().unwrap_or_default();
-        let entry = archive.get(&record).ok_or_else(|| {
+        let record = p.record.as_deref().unwrap_or_default();
+        let entry = archive.get(record).ok_or_else(|| {
             Error::new(
                 ErrorKind::Tensor,
                 format!("storage record is missing (storage key {:?})", p.key),
             )
-            .in_record(&record)
+            .in_record(record)
         })?;
         let expected = p.numel.checked_mul(p.dtype.size() as u64).ok_or_else(|| {
-            Error::new(ErrorKind::Tensor, "storage size overflows").in_record(&record)
+            Error::new(ErrorKind::Tensor, "storage size overflows").in_record(record)
         })?;
         if entry.size != expected {
             return Err(Error::new(
@@ -625,7 +629,7 @@ fn load_zip(
                     entry.size
                 ),
             )
-            .in_record(&record));
+            .in_record(record));
         }
         let data = match entry.method {
             Method::Stored => StorageData::File(entry.data_start),

@@ -7,7 +7,7 @@ use crate::bytes::ByteReader;
 use crate::checkpoint::{ByteOrder, LegacyParts};
 use crate::container::detect::LEGACY_MAGIC;
 use crate::error::{Error, ErrorKind, Result};
-use crate::pickle::{Heap, Obj, Value, Vm};
+use crate::pickle::{Heap, Value, Vm};
 use crate::torch::TorchInterp;
 
 const PROTOCOL_VERSION: i64 = 1001;
@@ -23,14 +23,14 @@ pub(crate) fn load(
     vm: &mut Vm<'_>,
 ) -> Result<LegacyParts> {
     let mut run = |heap: &mut Heap, interp: &mut TorchInterp<'_>, start: usize, section: &str| {
-        interp.record = format!("legacy {section} pickle");
+        interp.enter(&format!("legacy {section} pickle"), None);
         vm.run(heap, interp, data, start)
             .map_err(|e| e.in_record(&interp.record))
     };
     let magic = run(heap, interp, 0, "magic number")?;
     // The LONG1 payload: the magic number's 10 little-endian bytes.
     let magic_bytes = LEGACY_MAGIC.get(4..).unwrap_or_default();
-    if !matches!(heap.get(magic.value), Some(Obj::BigInt(b)) if **b == *magic_bytes) {
+    if heap.bigint(magic.value) != Some(magic_bytes) {
         return Err(legacy_err("Invalid magic number; corrupt file?"));
     }
     let version = run(heap, interp, magic.end, "protocol version")?;

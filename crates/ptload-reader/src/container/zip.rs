@@ -5,7 +5,7 @@
 //! The archive may begin after a prefix: every offset the directory records
 //! is shifted by where the directory really is.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::io::Read;
 
 use crate::bytes::{slice, ByteReader};
@@ -30,8 +30,9 @@ pub(crate) enum Method {
 
 /// One entry of the archive, with its data located in the file.
 #[derive(Debug, Clone)]
-pub(crate) struct Entry {
-    pub(crate) name: String,
+pub(crate) struct Entry<'d> {
+    /// Borrowed from the central directory.
+    pub(crate) name: &'d str,
     pub(crate) method: Method,
     /// Offset of the entry's (possibly compressed) data in the file.
     pub(crate) data_start: u64,
@@ -41,11 +42,13 @@ pub(crate) struct Entry {
     pub(crate) crc32: u32,
 }
 
-/// The archive's directory.
+/// The archive's directory, borrowing names from the file.
 #[derive(Debug)]
-pub(crate) struct Archive {
-    entries: Vec<Entry>,
-    by_name: HashMap<String, usize>,
+pub(crate) struct Archive<'d> {
+    entries: Vec<Entry<'d>>,
+    /// Indices of `entries`, hashed by name.
+    by_name: hashbrown::HashTable<u32>,
+    hasher: hashbrown::DefaultHashBuilder,
 }
 
 fn zip_err(message: impl Into<String>) -> Error {
@@ -168,8 +171,8 @@ fn apply_zip64_extra(
     Ok(())
 }
 
-impl Archive {
-    pub(crate) fn parse(data: &[u8], limits: &Limits) -> Result<Archive> {
+impl<'d> Archive<'d> {
+    pub(crate) fn parse(data: &'d [u8], limits: &Limits) -> Result<Archive<'d>> {
         let eocd = find_eocd(data)
             .ok_or_else(|| zip_err("no end-of-central-directory record (truncated archive?)"))?;
         let dir = read_directory_location(data, eocd)?;
@@ -204,16 +207,28 @@ impl Archive {
                 limits.max_zip_entries as u64,
             ));
         }
-        let mut entries = Vec::with_capacity(count);
-        let mut by_name = HashMap::with_capacity(count);
+        let mut entries: Vec<Entry<'d>> = Vec::with_capacity(count);
+        let hasher = hashbrown::DefaultHashBuilder::default();
+        let mut by_name = hashbrown::HashTable::with_capacity(count);
         let mut locals = Vec::with_capacity(count);
         let mut r = ByteReader::new(cd, ErrorKind::Zip);
         for _ in 0..count {
             let at = cd_start + r.pos() as u64;
             let (entry, local) =
                 read_central(&mut r, data, prefix_len, cd_start).map_err(|e| e.at(at))?;
-            if by_name.insert(entry.name.clone(), entries.len()).is_some() {
-                return Err(zip_err(format!("duplicate entry name {:?}", entry.name)).at(at));
+            let hash = hasher.hash_one(entry.name);
+            let index = u32::try_from(entries.len()).map_err(|_| zip_err("too many entries"))?;
+            match by_name.entry(
+                hash,
+                |&i: &u32| name_of(&entries, i) == entry.name,
+                |&i: &u32| hasher.hash_one(name_of(&entries, i)),
+            ) {
+                hashbrown::hash_table::Entry::Occupied(_) => {
+                    return Err(zip_err(format!("duplicate entry name {:?}", entry.name)).at(at));
+                }
+                hashbrown::hash_table::Entry::Vacant(slot) => {
+                    slot.insert(index);
+                }
             }
             locals.push((local, entries.len()));
             entries.push(entry);
@@ -232,24 +247,36 @@ impl Archive {
                 }
             }
         }
-        Ok(Archive { entries, by_name })
+        Ok(Archive {
+            entries,
+            by_name,
+            hasher,
+        })
     }
 
-    pub(crate) fn entries(&self) -> &[Entry] {
+    pub(crate) fn entries(&self) -> &[Entry<'d>] {
         &self.entries
     }
 
-    pub(crate) fn get(&self, name: &str) -> Option<&Entry> {
-        self.by_name.get(name).and_then(|&i| self.entries.get(i))
+    pub(crate) fn get(&self, name: &str) -> Option<&Entry<'d>> {
+        let hash = self.hasher.hash_one(name);
+        let &i = self
+            .by_name
+            .find(hash, |&i| name_of(&self.entries, i) == name)?;
+        self.entries.get(i as usize)
     }
 }
 
-fn read_central(
-    r: &mut ByteReader<'_>,
-    data: &[u8],
+fn name_of<'d>(entries: &[Entry<'d>], i: u32) -> &'d str {
+    entries.get(i as usize).map_or("", |e| e.name)
+}
+
+fn read_central<'d>(
+    r: &mut ByteReader<'d>,
+    data: &'d [u8],
     prefix_len: u64,
     cd_start: u64,
-) -> Result<(Entry, u64)> {
+) -> Result<(Entry<'d>, u64)> {
     if r.u32()? != CENTRAL_SIG {
         return Err(zip_err("bad central directory entry signature"));
     }
@@ -271,9 +298,7 @@ fn read_central(
     let name_bytes = r.bytes(name_len)?;
     let extra = r.bytes(extra_len)?;
     r.bytes(comment_len)?;
-    let name = std::str::from_utf8(name_bytes)
-        .map_err(|_| zip_err("entry name is not UTF-8"))?
-        .to_owned();
+    let name = std::str::from_utf8(name_bytes).map_err(|_| zip_err("entry name is not UTF-8"))?;
     if flags & 0x0041 != 0 {
         return Err(zip_err(format!("entry {name:?} is encrypted")));
     }
@@ -347,11 +372,11 @@ fn read_central(
 }
 
 /// Inflate a deflated entry, charging its size against `budget`.
-pub(crate) fn inflate(data: &[u8], entry: &Entry, budget: &mut u64) -> Result<Vec<u8>> {
+pub(crate) fn inflate(data: &[u8], entry: &Entry<'_>, budget: &mut u64) -> Result<Vec<u8>> {
     let raw = slice(data, entry.data_start, entry.compressed_size)
         .ok_or_else(|| zip_err("deflated data lies outside the file").at(entry.data_start))?;
     if entry.size > *budget {
-        return Err(Error::limit("max_decompressed_bytes", *budget).in_record(&entry.name));
+        return Err(Error::limit("max_decompressed_bytes", *budget).in_record(entry.name));
     }
     // Reserve only what the compressed bytes could plausibly produce; the
     // declared size is not trusted for the allocation.
@@ -362,14 +387,14 @@ pub(crate) fn inflate(data: &[u8], entry: &Entry, budget: &mut u64) -> Result<Ve
     let mut decoder = flate2::read::DeflateDecoder::new(raw).take(entry.size.saturating_add(1));
     decoder
         .read_to_end(&mut out)
-        .map_err(|e| zip_err(format!("inflating failed: {e}")).in_record(&entry.name))?;
+        .map_err(|e| zip_err(format!("inflating failed: {e}")).in_record(entry.name))?;
     if out.len() as u64 != entry.size {
         return Err(zip_err(format!(
             "inflated to {} bytes, the directory says {}",
             out.len(),
             entry.size
         ))
-        .in_record(&entry.name));
+        .in_record(entry.name));
     }
     *budget -= entry.size;
     check_crc(&out, entry)?;
@@ -377,7 +402,7 @@ pub(crate) fn inflate(data: &[u8], entry: &Entry, budget: &mut u64) -> Result<Ve
 }
 
 /// Check an entry's CRC-32 (a zero CRC means "not computed" and passes).
-pub(crate) fn check_crc(bytes: &[u8], entry: &Entry) -> Result<()> {
+pub(crate) fn check_crc(bytes: &[u8], entry: &Entry<'_>) -> Result<()> {
     if entry.crc32 == 0 {
         return Ok(());
     }
@@ -387,7 +412,7 @@ pub(crate) fn check_crc(bytes: &[u8], entry: &Entry) -> Result<()> {
             "CRC-32 mismatch: computed {actual:08x}, recorded {:08x}",
             entry.crc32
         ))
-        .in_record(&entry.name));
+        .in_record(entry.name));
     }
     Ok(())
 }

@@ -4,9 +4,12 @@
 //! index. The memo and the stack hold `Value`s, which are `Copy`: a memo
 //! reference (BINGET, DUP) costs nothing and never deep-copies, cycles are
 //! just indices, and dropping the arena never recurses however deep the
-//! structure is.
+//! structure is. Strings, bytes and tuples (immutable in Python) live in
+//! append-only pools, so most values cost no allocation of their own.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
 
 use crate::error::{Error, Result};
 use crate::limits::Limits;
@@ -24,16 +27,29 @@ pub(crate) enum Value {
     Obj(ObjId),
 }
 
+/// A range of one of the heap's pools.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    start: u32,
+    len: u32,
+}
+
+impl Span {
+    fn range(self) -> std::ops::Range<usize> {
+        self.start as usize..self.start as usize + self.len as usize
+    }
+}
+
 /// A compound value.
 #[derive(Debug)]
 pub(crate) enum Obj {
-    Str(Box<str>),
-    Bytes(Box<[u8]>),
+    Str(Span),
+    Bytes(Span),
     /// An integer beyond i64: little-endian two's complement.
-    BigInt(Box<[u8]>),
-    Tuple(Vec<Value>),
+    BigInt(Span),
+    Tuple(Span),
     List(Vec<Value>),
-    Dict(Dict),
+    Dict(Box<Dict>),
     Set(Vec<Value>),
     /// An instance of a class the reader does not interpret: kept inert.
     Object(Box<Object>),
@@ -54,15 +70,16 @@ pub(crate) struct Object {
 }
 
 /// How a dict key is compared, as Python would: by value for scalars,
-/// strings and bytes, by identity for everything else.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Key {
+/// strings and bytes, by identity for everything else. Borrowed from the
+/// heap, so indexing a key allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Key<'h> {
     None,
     Int(i64),
     Float(u64),
-    Str(Box<str>),
-    Bytes(Box<[u8]>),
-    BigInt(Box<[u8]>),
+    Str(&'h str),
+    Bytes(&'h [u8]),
+    BigInt(&'h [u8]),
     Id(ObjId),
 }
 
@@ -70,7 +87,8 @@ enum Key {
 #[derive(Debug, Default)]
 pub(crate) struct Dict {
     entries: Vec<(Value, Value)>,
-    index: HashMap<Key, usize>,
+    /// Indices into `entries`, hashed by key content.
+    index: HashTable<u32>,
 }
 
 impl Dict {
@@ -79,9 +97,15 @@ impl Dict {
     }
 
     pub(crate) fn get_str(&self, heap: &Heap, key: &str) -> Option<Value> {
+        let wanted = Key::Str(key);
+        let hash = heap.hasher.hash_one(wanted);
         self.index
-            .get(&Key::Str(key.into()))
-            .and_then(|&i| self.entries.get(i))
+            .find(hash, |&i| {
+                self.entries
+                    .get(i as usize)
+                    .is_some_and(|&(k, _)| heap.key(k) == wanted)
+            })
+            .and_then(|&i| self.entries.get(i as usize))
             .map(|&(_, v)| v)
             .or_else(|| {
                 // Python 2 pickles may key by bytes.
@@ -101,6 +125,20 @@ pub(crate) struct Heap {
     max_container_len: usize,
     decoded_bytes: u64,
     max_decoded_bytes: u64,
+    hasher: hashbrown::DefaultHashBuilder,
+    /// Contents of every `Obj::Str`.
+    text: String,
+    /// Contents of every `Obj::Bytes` and `Obj::BigInt`.
+    blob: Vec<u8>,
+    /// Items of every `Obj::Tuple`.
+    pool: Vec<Value>,
+}
+
+fn span(start: usize, len: usize) -> Result<Span> {
+    match (u32::try_from(start), u32::try_from(len)) {
+        (Ok(start), Ok(len)) if start.checked_add(len).is_some() => Ok(Span { start, len }),
+        _ => Err(Error::limit("max_decoded_bytes", u64::from(u32::MAX))),
+    }
 }
 
 impl Heap {
@@ -111,7 +149,57 @@ impl Heap {
             max_container_len: limits.max_container_len,
             decoded_bytes: 0,
             max_decoded_bytes: limits.max_decoded_bytes,
+            hasher: Default::default(),
+            text: String::new(),
+            blob: Vec::new(),
+            pool: Vec::new(),
         }
+    }
+
+    /// Reserve room for what a pickle of `len` bytes can create at most
+    /// about, so the pools grow without repeated copies. Sized by bytes
+    /// that are present, never by a length the file claims.
+    pub(crate) fn reserve_for(&mut self, len: usize) {
+        self.objs.reserve(len / 12);
+        self.pool.reserve(len / 6);
+        self.text.reserve(len / 4);
+    }
+
+    pub(crate) fn alloc_str(&mut self, s: &str) -> Result<Value> {
+        let sp = span(self.text.len(), s.len())?;
+        self.text.push_str(s);
+        self.alloc(Obj::Str(sp))
+    }
+
+    pub(crate) fn alloc_bytes(&mut self, b: &[u8]) -> Result<Value> {
+        let sp = span(self.blob.len(), b.len())?;
+        self.blob.extend_from_slice(b);
+        self.alloc(Obj::Bytes(sp))
+    }
+
+    pub(crate) fn alloc_bigint(&mut self, le: &[u8]) -> Result<Value> {
+        let sp = span(self.blob.len(), le.len())?;
+        self.blob.extend_from_slice(le);
+        self.alloc(Obj::BigInt(sp))
+    }
+
+    pub(crate) fn alloc_tuple(&mut self, items: &[Value]) -> Result<Value> {
+        self.check_len(items.len())?;
+        let sp = span(self.pool.len(), items.len())?;
+        self.pool.extend_from_slice(items);
+        self.alloc(Obj::Tuple(sp))
+    }
+
+    fn span_str(&self, sp: Span) -> &str {
+        self.text.get(sp.range()).unwrap_or_default()
+    }
+
+    fn span_bytes(&self, sp: Span) -> &[u8] {
+        self.blob.get(sp.range()).unwrap_or_default()
+    }
+
+    fn span_values(&self, sp: Span) -> &[Value] {
+        self.pool.get(sp.range()).unwrap_or_default()
     }
 
     pub(crate) fn alloc(&mut self, obj: Obj) -> Result<Value> {
@@ -159,14 +247,21 @@ impl Heap {
 
     pub(crate) fn str(&self, v: Value) -> Option<&str> {
         match self.get(v) {
-            Some(Obj::Str(s)) => Some(s),
+            Some(Obj::Str(s)) => Some(self.span_str(*s)),
             _ => None,
         }
     }
 
     pub(crate) fn bytes(&self, v: Value) -> Option<&[u8]> {
         match self.get(v) {
-            Some(Obj::Bytes(b)) => Some(b),
+            Some(Obj::Bytes(b)) => Some(self.span_bytes(*b)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn bigint(&self, v: Value) -> Option<&[u8]> {
+        match self.get(v) {
+            Some(Obj::BigInt(b)) => Some(self.span_bytes(*b)),
             _ => None,
         }
     }
@@ -174,15 +269,15 @@ impl Heap {
     /// A string, or bytes that are valid UTF-8 (Python 2 `str` kept as bytes).
     pub(crate) fn text(&self, v: Value) -> Option<&str> {
         match self.get(v) {
-            Some(Obj::Str(s)) => Some(s),
-            Some(Obj::Bytes(b)) => std::str::from_utf8(b).ok(),
+            Some(Obj::Str(s)) => Some(self.span_str(*s)),
+            Some(Obj::Bytes(b)) => std::str::from_utf8(self.span_bytes(*b)).ok(),
             _ => None,
         }
     }
 
     pub(crate) fn tuple(&self, v: Value) -> Option<&[Value]> {
         match self.get(v) {
-            Some(Obj::Tuple(t)) => Some(t),
+            Some(Obj::Tuple(t)) => Some(self.span_values(*t)),
             _ => None,
         }
     }
@@ -190,8 +285,17 @@ impl Heap {
     /// Elements of a tuple or list.
     pub(crate) fn sequence(&self, v: Value) -> Option<&[Value]> {
         match self.get(v) {
-            Some(Obj::Tuple(t)) | Some(Obj::List(t)) => Some(t),
+            Some(Obj::Tuple(t)) => Some(self.span_values(*t)),
+            Some(Obj::List(l)) => Some(l),
             _ => None,
+        }
+    }
+
+    /// Elements of a tuple, list or set.
+    pub(crate) fn items(&self, v: Value) -> Option<&[Value]> {
+        match self.get(v) {
+            Some(Obj::Set(s)) => Some(s),
+            _ => self.sequence(v),
         }
     }
 
@@ -209,7 +313,7 @@ impl Heap {
         }
     }
 
-    fn key(&self, v: Value) -> Key {
+    fn key(&self, v: Value) -> Key<'_> {
         match v {
             Value::None => Key::None,
             Value::Bool(b) => Key::Int(i64::from(b)),
@@ -217,9 +321,9 @@ impl Heap {
             Value::Float(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Key::Int(f as i64),
             Value::Float(f) => Key::Float(f.to_bits()),
             Value::Obj(id) => match self.objs.get(id as usize) {
-                Some(Obj::Str(s)) => Key::Str(s.clone()),
-                Some(Obj::Bytes(b)) => Key::Bytes(b.clone()),
-                Some(Obj::BigInt(b)) => Key::BigInt(b.clone()),
+                Some(Obj::Str(s)) => Key::Str(self.span_str(*s)),
+                Some(Obj::Bytes(b)) => Key::Bytes(self.span_bytes(*b)),
+                Some(Obj::BigInt(b)) => Key::BigInt(self.span_bytes(*b)),
                 _ => Key::Id(id),
             },
         }
@@ -232,25 +336,52 @@ impl Heap {
         key: Value,
         value: Value,
     ) -> Result<(), &'static str> {
-        let k = self.key(key);
-        let max = self.max_container_len;
-        let dict = match self.get_mut(target) {
-            Some(Obj::Dict(d)) => d,
-            Some(Obj::Object(o)) => &mut o.items,
+        // The dict is taken out of the arena while its keys are compared
+        // with values that live in the arena.
+        let mut dict = match self.get_mut(target) {
+            Some(Obj::Dict(d)) => std::mem::take(&mut **d),
+            Some(Obj::Object(o)) => std::mem::take(&mut o.items),
             Some(other) => return Err(kind_name(other)),
             None => return Err("scalar"),
         };
-        if let Some(&i) = dict.index.get(&k) {
-            if let Some(slot) = dict.entries.get_mut(i) {
+        let result = self.insert(&mut dict, key, value);
+        match self.get_mut(target) {
+            Some(Obj::Dict(d)) => **d = dict,
+            Some(Obj::Object(o)) => o.items = dict,
+            _ => {}
+        }
+        result
+    }
+
+    fn insert(&self, dict: &mut Dict, key: Value, value: Value) -> Result<(), &'static str> {
+        let k = self.key(key);
+        let hash = self.hasher.hash_one(k);
+        let entries = &mut dict.entries;
+        let found = dict
+            .index
+            .find(hash, |&i| {
+                entries
+                    .get(i as usize)
+                    .is_some_and(|&(e, _)| self.key(e) == k)
+            })
+            .copied();
+        if let Some(i) = found {
+            if let Some(slot) = entries.get_mut(i as usize) {
                 slot.1 = value;
             }
             return Ok(());
         }
-        if dict.entries.len() >= max {
+        if entries.len() >= self.max_container_len {
             return Err("dict over Limits::max_container_len");
         }
-        dict.index.insert(k, dict.entries.len());
-        dict.entries.push((key, value));
+        let i = u32::try_from(entries.len()).map_err(|_| "dict too large")?;
+        entries.push((key, value));
+        let entries = &*entries;
+        dict.index.insert_unique(hash, i, |&j| {
+            entries
+                .get(j as usize)
+                .map_or(0, |&(e, _)| self.hasher.hash_one(self.key(e)))
+        });
         Ok(())
     }
 
@@ -290,7 +421,7 @@ impl Heap {
     }
 
     pub(crate) fn new_dict_from(&mut self, pairs: &[Value]) -> Result<Value> {
-        let d = self.alloc(Obj::Dict(Dict::default()))?;
+        let d = self.alloc(Obj::Dict(Box::default()))?;
         for pair in pairs.chunks(2) {
             if let [k, v] = pair {
                 self.set_item(d, *k, *v).map_err(|_| {

@@ -137,6 +137,7 @@ impl<'l> Vm<'l> {
         data: &[u8],
         start: usize,
     ) -> Result<VmOutput> {
+        heap.reserve_for(data.len().saturating_sub(start));
         let mut m = Machine {
             r: ByteReader::at(data, start, ErrorKind::Pickle),
             heap,
@@ -184,6 +185,11 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
         Ok(())
     }
 
+    fn push_new(&mut self, make: impl FnOnce(&mut Heap) -> Result<Value>) -> Result<()> {
+        let v = make(self.heap)?;
+        self.push(v)
+    }
+
     fn alloc_push(&mut self, obj: Obj) -> Result<()> {
         let v = self.heap.alloc(obj)?;
         self.push(v)
@@ -214,11 +220,26 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
 
     /// Pop everything above the innermost MARK, and the mark.
     fn pop_mark(&mut self) -> Result<Vec<Value>> {
+        let base = self.pop_mark_base()?;
+        Ok(self.stack.split_off(base))
+    }
+
+    /// Pop the innermost MARK; the items above it stay on the stack from
+    /// the returned index, for the caller to consume and truncate.
+    fn pop_mark_base(&mut self) -> Result<usize> {
         let base = self.marks.pop().ok_or_else(|| pickle_err("MARK missing"))?;
         if base > self.stack.len() {
             return Err(pickle_err("MARK beyond the stack"));
         }
-        Ok(self.stack.split_off(base))
+        Ok(base)
+    }
+
+    /// The stack from `from` on, as a tuple, removed from the stack.
+    fn tuple_from(&mut self, from: usize) -> Result<Value> {
+        let items = self.stack.get(from..).unwrap_or_default();
+        let t = self.heap.alloc_tuple(items)?;
+        self.stack.truncate(from);
+        Ok(t)
     }
 
     fn len_from(&self, n: u64) -> Result<usize> {
@@ -241,7 +262,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
     fn push_str(&mut self, bytes: &[u8]) -> Result<()> {
         let s = std::str::from_utf8(bytes)
             .map_err(|e| pickle_err(format!("invalid UTF-8 in string: {e}")))?;
-        self.alloc_push(Obj::Str(s.into()))
+        self.push_new(|h| h.alloc_str(s))
     }
 
     fn push_py2_str(&mut self, bytes: Vec<u8>) -> Result<()> {
@@ -252,20 +273,20 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                         "Python 2 string is not UTF-8 ({e}); open with the Latin-1 or bytes encoding"
                     ))
                 })?;
-                self.alloc_push(Obj::Str(s.into()))
+                self.push_new(|h| h.alloc_str(&s))
             }
             StringEncoding::Latin1 => {
                 let s: String = bytes.iter().map(|&b| char::from(b)).collect();
-                self.alloc_push(Obj::Str(s.into()))
+                self.push_new(|h| h.alloc_str(&s))
             }
-            StringEncoding::Bytes => self.alloc_push(Obj::Bytes(bytes.into())),
+            StringEncoding::Bytes => self.push_new(|h| h.alloc_bytes(&bytes)),
         }
     }
 
     fn push_long(&mut self, le: &[u8]) -> Result<()> {
         match long_to_i64(le) {
             Some(i) => self.push(Value::Int(i)),
-            None => self.alloc_push(Obj::BigInt(le.into())),
+            None => self.push_new(|h| h.alloc_bigint(le)),
         }
     }
 
@@ -443,7 +464,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 let line = self.r.line()?;
                 self.heap.charge_bytes(line.len())?;
                 let s = raw_unicode_escape_decode(line)?;
-                self.alloc_push(Obj::Str(s.into()))?;
+                self.push_new(|h| h.alloc_str(&s))?;
             }
             b'X' => {
                 let n = self.r.u32()?;
@@ -463,20 +484,17 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             b'B' => {
                 let n = self.r.u32()?;
                 let b = self.read_counted(n.into())?;
-                let obj = Obj::Bytes(b.into());
-                self.alloc_push(obj)?;
+                self.push_new(|h| h.alloc_bytes(b))?;
             }
             b'C' => {
                 let n = self.r.u8()?;
                 let b = self.read_counted(n.into())?;
-                let obj = Obj::Bytes(b.into());
-                self.alloc_push(obj)?;
+                self.push_new(|h| h.alloc_bytes(b))?;
             }
             0x8e | 0x96 => {
                 let n = self.r.u64()?;
                 let b = self.read_counted(n)?;
-                let obj = Obj::Bytes(b.into());
-                self.alloc_push(obj)?;
+                self.push_new(|h| h.alloc_bytes(b))?;
             }
             0x97 => {
                 return Err(pickle_err(
@@ -487,19 +505,19 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 self.top()?;
             }
             // Containers.
-            b')' => self.alloc_push(Obj::Tuple(Vec::new()))?,
+            b')' => self.push_new(|h| h.alloc_tuple(&[]))?,
             b't' => {
-                let items = self.pop_mark()?;
-                self.heap.check_len(items.len())?;
-                self.alloc_push(Obj::Tuple(items))?;
+                let base = self.pop_mark_base()?;
+                let v = self.tuple_from(base)?;
+                self.push(v)?;
             }
             0x85..=0x87 => {
                 let n = usize::from(op - 0x84);
                 if self.stack.len() < self.base() + n {
                     return Err(pickle_err("stack underflow"));
                 }
-                let items = self.stack.split_off(self.stack.len() - n);
-                self.alloc_push(Obj::Tuple(items))?;
+                let v = self.tuple_from(self.stack.len() - n)?;
+                self.push(v)?;
             }
             b']' => self.alloc_push(Obj::List(Vec::new()))?,
             b'l' => {
@@ -507,7 +525,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 self.heap.check_len(items.len())?;
                 self.alloc_push(Obj::List(items))?;
             }
-            b'}' => self.alloc_push(Obj::Dict(Default::default()))?,
+            b'}' => self.alloc_push(Obj::Dict(Box::default()))?,
             b'd' => {
                 let items = self.pop_mark()?;
                 if items.len() % 2 != 0 {
@@ -642,19 +660,20 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             b'i' => {
                 let offset = self.r.pos() as u64;
                 let (module, name) = self.global_line()?;
-                let items = self.pop_mark()?;
+                let base = self.pop_mark_base()?;
+                let args = self.tuple_from(base)?;
                 let cls = self.global(&module, &name, offset)?;
-                let args = self.heap.alloc(Obj::Tuple(items))?;
                 let v = self.interp.new_object(self.heap, cls, args)?;
                 self.push(v)?;
             }
             b'o' => {
-                let mut items = self.pop_mark()?;
-                if items.is_empty() {
-                    return Err(pickle_err("OBJ without a class"));
-                }
-                let cls = items.remove(0);
-                let args = self.heap.alloc(Obj::Tuple(items))?;
+                let base = self.pop_mark_base()?;
+                let cls = *self
+                    .stack
+                    .get(base)
+                    .ok_or_else(|| pickle_err("OBJ without a class"))?;
+                let args = self.tuple_from(base + 1)?;
+                self.stack.truncate(base);
                 let v = self.interp.new_object(self.heap, cls, args)?;
                 self.push(v)?;
             }
@@ -666,7 +685,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             b'P' => {
                 let line = self.r.line()?;
                 let s = std::str::from_utf8(line).map_err(|_| pickle_err("PERSID is not text"))?;
-                let pid = self.heap.alloc(Obj::Str(s.into()))?;
+                let pid = self.heap.alloc_str(s)?;
                 let v = self.interp.persistent_load(self.heap, pid)?;
                 self.push(v)?;
             }

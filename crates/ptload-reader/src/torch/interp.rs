@@ -1,6 +1,8 @@
 //! The interpreter behind the pickle VM for torch files.
 
-use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
+
+use hashbrown::HashSet;
 
 use super::dtype::DType;
 use super::policy::{always_blocked, torch_allows, Policy};
@@ -52,7 +54,11 @@ impl GlobalRef {
 
 pub(crate) struct TorchInterp<'p> {
     pub(crate) storages: Vec<PendingStorage>,
-    by_key: HashMap<String, usize>,
+    /// Storage ids by key, one table per storage folder (`data/`,
+    /// `constants/`; one for legacy files).
+    namespaces: Vec<(Option<String>, hashbrown::HashTable<usize>)>,
+    hasher: hashbrown::DefaultHashBuilder,
+    namespace: usize,
     pub(crate) globals: Vec<GlobalRef>,
     seen: HashSet<(String, String, String)>,
     policy: Policy,
@@ -89,14 +95,21 @@ fn float(heap: &Heap, v: Value, what: &str) -> Result<f64> {
     }
 }
 
-fn int_tuple(heap: &Heap, v: Value, what: &str) -> Result<Vec<i64>> {
+/// Check that `v` is a tuple (or list) of ints, and keep it as it is.
+fn int_tuple(heap: &Heap, v: Value, what: &str) -> Result<Value> {
     let items = heap.sequence(v).ok_or_else(|| {
         err(format!(
             "{what} must be a tuple, found {}",
             describe(heap, v)
         ))
     })?;
-    items.iter().map(|&i| int(heap, i, what)).collect()
+    if let Some(&bad) = items.iter().find(|i| !matches!(i, Value::Int(_))) {
+        return Err(err(format!(
+            "{what} must hold ints, found {}",
+            describe(heap, bad)
+        )));
+    }
+    Ok(v)
 }
 
 fn truthy(v: Value) -> bool {
@@ -153,7 +166,9 @@ impl<'p> TorchInterp<'p> {
     pub(crate) fn new(policy: Policy, allowed: &'p [String]) -> Self {
         TorchInterp {
             storages: Vec::new(),
-            by_key: HashMap::new(),
+            namespaces: vec![(None, hashbrown::HashTable::new())],
+            hasher: Default::default(),
+            namespace: 0,
             globals: Vec::new(),
             seen: HashSet::new(),
             policy,
@@ -164,7 +179,43 @@ impl<'p> TorchInterp<'p> {
     }
 
     pub(crate) fn storage_by_key(&self, key: &str) -> Option<usize> {
-        self.by_key.get(key).copied()
+        let hash = self.hasher.hash_one(key);
+        let table = &self.namespaces.get(self.namespace)?.1;
+        table
+            .find(hash, |&i| {
+                self.storages.get(i).is_some_and(|s| s.key == key)
+            })
+            .copied()
+    }
+
+    /// Run the next pickle as `record`, its storages under `storage_dir`
+    /// (zip) or in the stream after it (legacy: `None`).
+    pub(crate) fn enter(&mut self, record: &str, storage_dir: Option<String>) {
+        record.clone_into(&mut self.record);
+        self.namespace = match self.namespaces.iter().position(|(d, _)| *d == storage_dir) {
+            Some(i) => i,
+            None => {
+                self.namespaces
+                    .push((storage_dir.clone(), hashbrown::HashTable::new()));
+                self.namespaces.len() - 1
+            }
+        };
+        self.storage_dir = storage_dir;
+    }
+
+    fn new_storage(&mut self, storage: PendingStorage) -> usize {
+        let id = self.storages.len();
+        let hash = self.hasher.hash_one(storage.key.as_str());
+        self.storages.push(storage);
+        let (storages, hasher) = (&self.storages, &self.hasher);
+        if let Some((_, table)) = self.namespaces.get_mut(self.namespace) {
+            table.insert_unique(hash, id, |&i| {
+                storages
+                    .get(i)
+                    .map_or(0, |s| hasher.hash_one(s.key.as_str()))
+            });
+        }
+        id
     }
 
     fn storage_of(&self, heap: &Heap, v: Value) -> Result<usize> {
@@ -482,10 +533,10 @@ impl Interpreter for TorchInterp<'_> {
     }
 
     fn call(&mut self, heap: &mut Heap, callable: Value, args: Value) -> Result<Value> {
-        let Some((which, g)) = known(heap, callable) else {
+        let Some((which, _)) = known(heap, callable) else {
             return self.inert(heap, callable, args);
         };
-        let func = format!("{}.{}", g.module, g.name);
+        let func = which.name();
         match which {
             Known::RebuildTensor
             | Known::RebuildTensorV2
@@ -496,12 +547,12 @@ impl Interpreter for TorchInterp<'_> {
             | Known::RebuildParameterWithState
             | Known::RebuildFromTypeV2
             | Known::RebuildSparse => {
-                let a = args_of(heap, args, &func)?;
-                self.rebuild(heap, which, &func, &a)
+                let a = args_of(heap, args, func)?;
+                self.rebuild(heap, which, func, &a)
             }
             Known::OrderedDict => {
-                let a = args_of(heap, args, &func)?;
-                let d = heap.alloc(Obj::Dict(Default::default()))?;
+                let a = args_of(heap, args, func)?;
+                let d = heap.alloc(Obj::Dict(Box::default()))?;
                 if let Some(pairs) = a
                     .first()
                     .and_then(|&p| heap.sequence(p))
@@ -518,7 +569,7 @@ impl Interpreter for TorchInterp<'_> {
                 Ok(d)
             }
             Known::Set | Known::FrozenSet => {
-                let a = args_of(heap, args, &func)?;
+                let a = args_of(heap, args, func)?;
                 let items = a
                     .first()
                     .and_then(|&l| heap.sequence(l))
@@ -527,17 +578,17 @@ impl Interpreter for TorchInterp<'_> {
                 heap.alloc(Obj::Set(items))
             }
             Known::Bytearray => {
-                let a = args_of(heap, args, &func)?;
+                let a = args_of(heap, args, func)?;
                 let b = a
                     .first()
                     .and_then(|&b| heap.bytes(b))
                     .map(<[u8]>::to_vec)
                     .unwrap_or_default();
-                heap.alloc(Obj::Bytes(b.into()))
+                heap.alloc_bytes(&b)
             }
             Known::CodecsEncode => {
-                let a = args_of(heap, args, &func)?;
-                arity(&a, &func, &[1, 2])?;
+                let a = args_of(heap, args, func)?;
+                arity(&a, func, &[1, 2])?;
                 let s = heap
                     .str(get(&a, 0))
                     .ok_or_else(|| err("_codecs.encode needs a str"))?
@@ -558,19 +609,19 @@ impl Interpreter for TorchInterp<'_> {
                     }
                 };
                 heap.charge_bytes(bytes.len())?;
-                heap.alloc(Obj::Bytes(bytes.into()))
+                heap.alloc_bytes(&bytes)
             }
             Known::Size => {
-                let a = args_of(heap, args, &func)?;
+                let a = args_of(heap, args, func)?;
                 let items = a
                     .first()
                     .and_then(|&t| heap.sequence(t))
                     .map(<[Value]>::to_vec)
                     .unwrap_or_default();
-                heap.alloc(Obj::Tuple(items))
+                heap.alloc_tuple(&items)
             }
             Known::Device => {
-                let a = args_of(heap, args, &func)?;
+                let a = args_of(heap, args, func)?;
                 let kind = heap
                     .text(get(&a, 0))
                     .ok_or_else(|| err("torch.device needs a str"))?
@@ -582,7 +633,7 @@ impl Interpreter for TorchInterp<'_> {
                 heap.alloc(Obj::Torch(TorchObj::Device(text.into())))
             }
             Known::GetLayout => {
-                let a = args_of(heap, args, &func)?;
+                let a = args_of(heap, args, func)?;
                 let name = heap
                     .text(get(&a, 0))
                     .ok_or_else(|| err("_get_layout needs a str"))?;
@@ -591,7 +642,7 @@ impl Interpreter for TorchInterp<'_> {
                 heap.alloc(Obj::Torch(TorchObj::Layout(layout)))
             }
             Known::NumpyDtype => {
-                let a = args_of(heap, args, &func)?;
+                let a = args_of(heap, args, func)?;
                 let descr = heap.text(get(&a, 0)).unwrap_or("?").to_owned();
                 let big_endian = descr.starts_with('>');
                 heap.alloc(Obj::Torch(TorchObj::NumpyDtype(NumpyDtype {
@@ -600,7 +651,7 @@ impl Interpreter for TorchInterp<'_> {
                 })))
             }
             Known::NumpyScalar => {
-                let a = args_of(heap, args, &func)?;
+                let a = args_of(heap, args, func)?;
                 self.numpy_scalar(heap, &a)
             }
             Known::NumpyReconstruct => heap.alloc(Obj::Torch(TorchObj::NdArray(NdArray {
@@ -608,9 +659,9 @@ impl Interpreter for TorchInterp<'_> {
                 shape: Vec::new(),
             }))),
             Known::Reconstructor | Known::NewObj => {
-                let a = args_of(heap, args, &func)?;
+                let a = args_of(heap, args, func)?;
                 let cls = get(&a, 0);
-                let rest = heap.alloc(Obj::Tuple(a.get(1..).unwrap_or_default().to_vec()))?;
+                let rest = heap.alloc_tuple(a.get(1..).unwrap_or_default())?;
                 self.new_object(heap, cls, rest)
             }
             _ => self.inert(heap, callable, args),
@@ -619,7 +670,7 @@ impl Interpreter for TorchInterp<'_> {
 
     fn new_object(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value> {
         match known(heap, cls).map(|(k, _)| k) {
-            Some(Known::OrderedDict) => heap.alloc(Obj::Dict(Default::default())),
+            Some(Known::OrderedDict) => heap.alloc(Obj::Dict(Box::default())),
             Some(Known::Set | Known::FrozenSet) => heap.alloc(Obj::Set(Vec::new())),
             _ => self.inert(heap, cls, args),
         }
@@ -702,36 +753,34 @@ impl Interpreter for TorchInterp<'_> {
             }
             None => return Err(err("storage type must be a global")),
         };
-        let key = match get(&items, 2) {
-            Value::Int(i) => i.to_string(),
+        let int_key;
+        let key: &str = match get(&items, 2) {
+            Value::Int(i) => {
+                int_key = i.to_string();
+                &int_key
+            }
             v => heap
                 .text(v)
-                .ok_or_else(|| err("storage key must be a str"))?
-                .to_owned(),
+                .ok_or_else(|| err("storage key must be a str"))?,
         };
         let location = heap
             .text(get(&items, 3))
-            .ok_or_else(|| err("storage location must be a str"))?
-            .to_owned();
+            .ok_or_else(|| err("storage location must be a str"))?;
         let numel = u64::try_from(int(heap, get(&items, 4), "storage size")?)
             .map_err(|_| err("storage size is negative"))?;
-        let record = self.storage_dir.as_ref().map(|dir| format!("{dir}{key}"));
-        let lookup = record.clone().unwrap_or_else(|| key.clone());
         // The first reference to a key decides its type, as in torch.
-        let id = match self.by_key.get(&lookup) {
-            Some(&id) => id,
+        let id = match self.storage_by_key(key) {
+            Some(id) => id,
             None => {
-                let id = self.storages.len();
-                self.storages.push(PendingStorage {
-                    key: key.clone(),
-                    record,
+                let storage = PendingStorage {
+                    key: key.to_owned(),
+                    record: self.storage_dir.as_ref().map(|dir| format!("{dir}{key}")),
                     dtype,
                     numel,
-                    location: location.clone(),
+                    location: location.to_owned(),
                     view: None,
-                });
-                self.by_key.insert(lookup, id);
-                id
+                };
+                self.new_storage(storage)
             }
         };
         let view = get(&items, 5);
@@ -745,12 +794,16 @@ impl Interpreter for TorchInterp<'_> {
                 .map_err(|_| err("view offset is negative"))?;
             let view_numel = u64::try_from(int(heap, get(&meta, 2), "view size")?)
                 .map_err(|_| err("view size is negative"))?;
-            match self.by_key.get(&view_key) {
-                Some(&v) => v,
+            match self.storage_by_key(&view_key) {
+                Some(v) => v,
                 None => {
-                    let v = self.storages.len();
-                    self.storages.push(PendingStorage {
-                        key: view_key.clone(),
+                    let location = self
+                        .storages
+                        .get(id)
+                        .map(|s| s.location.clone())
+                        .unwrap_or_default();
+                    self.new_storage(PendingStorage {
+                        key: view_key,
                         record: None,
                         dtype,
                         numel: view_numel,
@@ -759,9 +812,7 @@ impl Interpreter for TorchInterp<'_> {
                             root: id,
                             elem_offset,
                         }),
-                    });
-                    self.by_key.insert(view_key, v);
-                    v
+                    })
                 }
             }
         } else {

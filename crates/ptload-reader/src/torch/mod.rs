@@ -56,6 +56,40 @@ pub(crate) enum Known {
 }
 
 impl Known {
+    /// The callable's name, for error messages.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Known::RebuildTensor => "torch._utils._rebuild_tensor",
+            Known::RebuildTensorV2 => "torch._utils._rebuild_tensor_v2",
+            Known::RebuildTensorV3 => "torch._utils._rebuild_tensor_v3",
+            Known::RebuildParameter => "torch._utils._rebuild_parameter",
+            Known::RebuildParameterWithState => "torch._utils._rebuild_parameter_with_state",
+            Known::RebuildFromTypeV2 => "torch._tensor._rebuild_from_type_v2",
+            Known::RebuildQTensor => "torch._utils._rebuild_qtensor",
+            Known::RebuildSparse => "torch._utils._rebuild_sparse_tensor",
+            Known::RebuildMetaNoStorage => "torch._utils._rebuild_meta_tensor_no_storage",
+            Known::RebuildUnsupported => "an unsupported torch._utils rebuild function",
+            Known::GetLayout => "torch.serialization._get_layout",
+            Known::OrderedDict => "collections.OrderedDict",
+            Known::Set => "builtins.set",
+            Known::FrozenSet => "builtins.frozenset",
+            Known::Bytearray => "builtins.bytearray",
+            Known::CodecsEncode => "_codecs.encode",
+            Known::Size => "torch.Size",
+            Known::Device => "torch.device",
+            Known::TensorClass => "a torch tensor class",
+            Known::StorageClass(_) => "a torch storage class",
+            Known::Dtype(_) => "a torch dtype",
+            Known::QScheme => "a torch qscheme",
+            Known::NumpyScalar => "numpy.core.multiarray.scalar",
+            Known::NumpyReconstruct => "numpy.core.multiarray._reconstruct",
+            Known::NumpyDtype => "numpy.dtype",
+            Known::Reconstructor => "copyreg._reconstructor",
+            Known::NewObj => "copyreg.__newobj__",
+            Known::Other => "a callable",
+        }
+    }
+
     pub(crate) fn of(module: &str, name: &str) -> Known {
         match (module, name) {
             ("torch._utils", "_rebuild_tensor") => Known::RebuildTensor,
@@ -149,8 +183,9 @@ pub(crate) struct TensorMeta {
     pub(crate) storage: Option<usize>,
     pub(crate) dtype: DType,
     pub(crate) offset: i64,
-    pub(crate) shape: Vec<i64>,
-    pub(crate) stride: Vec<i64>,
+    /// The size and stride tuples as pickled (checked to hold only ints).
+    pub(crate) shape: Value,
+    pub(crate) stride: Value,
     pub(crate) requires_grad: bool,
     pub(crate) conj: bool,
     pub(crate) neg: bool,

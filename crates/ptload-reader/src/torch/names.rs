@@ -8,7 +8,7 @@
 //! deep the graph), skips cycles, and charges every step against
 //! `Limits::max_walk_steps`, so shared references cannot explode it.
 
-use std::collections::HashSet;
+use hashbrown::HashSet;
 
 use super::{Known, QuantParams, TorchObj};
 use crate::error::{Error, Result};
@@ -82,9 +82,12 @@ fn key_text(heap: &Heap, key: Value) -> String {
         Value::Int(i) => i.to_string(),
         Value::Float(f) => format!("{f:?}"),
         Value::Obj(_) => match heap.get(key) {
-            Some(Obj::Str(s)) => s.to_string(),
-            Some(Obj::Bytes(b)) => String::from_utf8_lossy(b).into_owned(),
-            Some(Obj::Tuple(items)) => {
+            Some(Obj::Str(_)) => heap.str(key).unwrap_or_default().to_owned(),
+            Some(Obj::Bytes(_)) => {
+                String::from_utf8_lossy(heap.bytes(key).unwrap_or_default()).into_owned()
+            }
+            Some(Obj::Tuple(_)) => {
+                let items = heap.tuple(key).unwrap_or_default();
                 let parts: Vec<String> = items.iter().map(|&i| key_text(heap, i)).collect();
                 format!("({})", parts.join(", "))
             }
@@ -179,11 +182,20 @@ impl<'h> Walker<'h> {
             let mut children: Vec<(String, Value, bool)> = Vec::new();
             match heap.get(value) {
                 None => continue,
-                Some(Obj::Str(s)) => leaf(&mut self.out, Scalar::Str(s.to_string())),
-                Some(Obj::Bytes(b)) => leaf(&mut self.out, Scalar::Bytes(b.to_vec())),
-                Some(Obj::BigInt(b)) => leaf(&mut self.out, Scalar::BigInt(b.to_vec())),
-                Some(Obj::Tuple(items) | Obj::List(items) | Obj::Set(items)) => {
-                    for (i, &v) in items.iter().enumerate() {
+                Some(Obj::Str(_)) => leaf(
+                    &mut self.out,
+                    Scalar::Str(heap.str(value).unwrap_or_default().to_owned()),
+                ),
+                Some(Obj::Bytes(_)) => leaf(
+                    &mut self.out,
+                    Scalar::Bytes(heap.bytes(value).unwrap_or_default().to_vec()),
+                ),
+                Some(Obj::BigInt(_)) => leaf(
+                    &mut self.out,
+                    Scalar::BigInt(heap.bigint(value).unwrap_or_default().to_vec()),
+                ),
+                Some(Obj::Tuple(_) | Obj::List(_) | Obj::Set(_)) => {
+                    for (i, &v) in heap.items(value).unwrap_or_default().iter().enumerate() {
                         children.push((join(&name, &i.to_string()), v, in_module));
                     }
                 }
@@ -330,12 +342,8 @@ impl<'h> Walker<'h> {
         let heap = self.heap;
         let non_persistent: Vec<&str> = state
             .get_str(heap, "_non_persistent_buffers_set")
-            .and_then(|s| match heap.get(s) {
-                Some(Obj::Set(items) | Obj::List(items) | Obj::Tuple(items)) => {
-                    Some(items.iter().filter_map(|&i| heap.text(i)).collect())
-                }
-                _ => None,
-            })
+            .and_then(|s| heap.items(s))
+            .map(|items| items.iter().filter_map(|&i| heap.text(i)).collect())
             .unwrap_or_default();
         for (field, skip) in [("_parameters", false), ("_buffers", true)] {
             if let Some(d) = state.get_str(heap, field).and_then(|v| heap.dict(v)) {
