@@ -223,6 +223,13 @@ impl Checkpoint {
     }
 
     fn load(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
+        source.advise(true);
+        let checkpoint = Checkpoint::decode(source.clone(), opts);
+        source.advise(false);
+        checkpoint
+    }
+
+    fn decode(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
         let data = source.bytes();
         let mut heap = Heap::new(&opts.limits);
         let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);

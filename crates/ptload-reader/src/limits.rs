@@ -49,7 +49,7 @@ impl Default for Limits {
             max_decompressed_bytes: 64 << 30,
             max_zip_entries: 4_000_000,
             max_tensors: 4_000_000,
-            max_walk_steps: 100_000_000,
+            max_walk_steps: 20_000_000,
             max_expanded_view_bytes: 1 << 30,
         }
     }

@@ -58,6 +58,22 @@ impl Source {
         }
     }
 
+    /// Hint how the map is about to be read. Parsing touches one header per
+    /// record spread over the whole file: without the random hint the kernel
+    /// maps 64 KiB around each, and resident memory after open would grow
+    /// with the file's size rather than its number of records.
+    pub(crate) fn advise(&self, random: bool) {
+        if let Inner::Mapped(m) = &*self.inner {
+            let advice = if random {
+                memmap2::Advice::Random
+            } else {
+                memmap2::Advice::Normal
+            };
+            // Only a hint: failure changes speed, never results.
+            let _ = m.advise(advice);
+        }
+    }
+
     pub(crate) fn is_mapped(&self) -> bool {
         matches!(&*self.inner, Inner::Mapped(_))
     }

@@ -56,21 +56,23 @@ pub(crate) struct Walked {
     pub(crate) warnings: Vec<String>,
 }
 
+/// One step of a name: a dict key or attribute, an index, or a fixed word.
+#[derive(Debug, Clone, Copy)]
+enum Seg {
+    Key(Value),
+    Index(usize),
+    Word(&'static str),
+}
+
 enum Frame {
+    /// Visit `value` as the child `seg` of the node whose path has `depth` segments.
     Enter {
         value: Value,
-        name: String,
+        seg: Option<Seg>,
+        depth: usize,
         in_module: bool,
     },
     Leave(ObjId),
-}
-
-fn join(parent: &str, key: &str) -> String {
-    if parent.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{parent}.{key}")
-    }
 }
 
 /// A dict key as it appears in a name.
@@ -109,6 +111,10 @@ pub(crate) struct Walker<'h> {
     max_steps: u64,
     steps: u64,
     on_path: HashSet<ObjId>,
+    /// The current node's name, as segments; strings are only built for
+    /// what is emitted, so walking a node costs no allocation.
+    path: Vec<Seg>,
+    children: Vec<(Option<Seg>, Value, bool)>,
     out: Walked,
 }
 
@@ -119,6 +125,8 @@ impl<'h> Walker<'h> {
             max_steps,
             steps: 0,
             on_path: HashSet::new(),
+            path: Vec::new(),
+            children: Vec::new(),
             out: Walked::default(),
         }
     }
@@ -127,12 +135,37 @@ impl<'h> Walker<'h> {
         self.out
     }
 
+    /// The current path joined with `.`, plus `extra` when given.
+    fn name(&self, extra: Option<&str>) -> String {
+        let mut name = String::new();
+        let segs = self.path.iter().map(|seg| match *seg {
+            Seg::Key(k) => key_text(self.heap, k),
+            Seg::Index(i) => i.to_string(),
+            Seg::Word(w) => w.to_owned(),
+        });
+        for part in segs.chain(extra.map(str::to_owned)) {
+            if !name.is_empty() {
+                name.push('.');
+            }
+            name.push_str(&part);
+        }
+        name
+    }
+
+    fn value(&mut self, in_module: bool, scalar: Scalar) {
+        if !in_module {
+            let name = self.name(None);
+            self.out.values.push((name, scalar));
+        }
+    }
+
     /// Walk `root`, naming everything under `prefix`.
-    pub(crate) fn walk(&mut self, root: Value, prefix: &str) -> Result<()> {
+    pub(crate) fn walk(&mut self, root: Value, prefix: &'static str) -> Result<()> {
         let heap = self.heap;
         let mut stack = vec![Frame::Enter {
             value: root,
-            name: prefix.to_owned(),
+            seg: (!prefix.is_empty()).then_some(Seg::Word(prefix)),
+            depth: 0,
             in_module: false,
         }];
         while let Some(frame) = stack.pop() {
@@ -140,37 +173,37 @@ impl<'h> Walker<'h> {
             if self.steps > self.max_steps {
                 return Err(Error::limit("max_walk_steps", self.max_steps));
             }
-            let (value, name, in_module) = match frame {
+            let (value, in_module) = match frame {
                 Frame::Leave(id) => {
                     self.on_path.remove(&id);
                     continue;
                 }
                 Frame::Enter {
                     value,
-                    name,
+                    seg,
+                    depth,
                     in_module,
-                } => (value, name, in_module),
-            };
-            let leaf = |out: &mut Walked, scalar: Scalar| {
-                if !in_module {
-                    out.values.push((name.clone(), scalar));
+                } => {
+                    self.path.truncate(depth);
+                    self.path.extend(seg);
+                    (value, in_module)
                 }
             };
             let id = match value {
                 Value::None => {
-                    leaf(&mut self.out, Scalar::None);
+                    self.value(in_module, Scalar::None);
                     continue;
                 }
                 Value::Bool(b) => {
-                    leaf(&mut self.out, Scalar::Bool(b));
+                    self.value(in_module, Scalar::Bool(b));
                     continue;
                 }
                 Value::Int(i) => {
-                    leaf(&mut self.out, Scalar::Int(i));
+                    self.value(in_module, Scalar::Int(i));
                     continue;
                 }
                 Value::Float(f) => {
-                    leaf(&mut self.out, Scalar::Float(f));
+                    self.value(in_module, Scalar::Float(f));
                     continue;
                 }
                 Value::Obj(id) => id,
@@ -179,42 +212,41 @@ impl<'h> Walker<'h> {
                 continue;
             }
             // Children are pushed in reverse so they pop in order.
-            let mut children: Vec<(String, Value, bool)> = Vec::new();
+            self.children.clear();
             match heap.get(value) {
                 None => continue,
-                Some(Obj::Str(_)) => leaf(
-                    &mut self.out,
+                Some(Obj::Str(_)) => self.value(
+                    in_module,
                     Scalar::Str(heap.str(value).unwrap_or_default().to_owned()),
                 ),
-                Some(Obj::Bytes(_)) => leaf(
-                    &mut self.out,
+                Some(Obj::Bytes(_)) => self.value(
+                    in_module,
                     Scalar::Bytes(heap.bytes(value).unwrap_or_default().to_vec()),
                 ),
-                Some(Obj::BigInt(_)) => leaf(
-                    &mut self.out,
+                Some(Obj::BigInt(_)) => self.value(
+                    in_module,
                     Scalar::BigInt(heap.bigint(value).unwrap_or_default().to_vec()),
                 ),
                 Some(Obj::Tuple(_) | Obj::List(_) | Obj::Set(_)) => {
                     for (i, &v) in heap.items(value).unwrap_or_default().iter().enumerate() {
-                        children.push((join(&name, &i.to_string()), v, in_module));
+                        self.children.push((Some(Seg::Index(i)), v, in_module));
                     }
                 }
                 Some(Obj::Dict(d)) => {
                     for &(k, v) in d.entries() {
-                        children.push((join(&name, &key_text(heap, k)), v, in_module));
+                        self.children.push((Some(Seg::Key(k)), v, in_module));
                     }
                 }
                 Some(Obj::Object(o)) => {
-                    let class = global_path(heap, o.class).unwrap_or_else(|| "?".into());
                     let state = o.state.and_then(|s| heap.dict(s));
                     if let Some(state) = state.filter(|s| {
                         s.get_str(heap, "_parameters").is_some()
                             && s.get_str(heap, "_modules").is_some()
                     }) {
-                        self.module_children(state, &name, &mut children);
+                        self.module_children(state);
                     } else {
-                        let script_module = class.starts_with("__torch__.");
-                        let inside = in_module || script_module;
+                        let class = global_path(heap, o.class).unwrap_or_else(|| "?".into());
+                        let inside = in_module || class.starts_with("__torch__.");
                         if let Some(state) = o.state {
                             match heap.tuple(state) {
                                 // (state, slotstate) from __reduce_ex__.
@@ -222,74 +254,70 @@ impl<'h> Walker<'h> {
                                     if heap.dict(*a).is_some() || heap.dict(*b).is_some() =>
                                 {
                                     for part in [*a, *b] {
-                                        if let Some(d) = heap.dict(part) {
-                                            for &(k, v) in d.entries() {
-                                                children.push((
-                                                    join(&name, &key_text(heap, k)),
-                                                    v,
-                                                    inside,
-                                                ));
-                                            }
+                                        for &(k, v) in
+                                            heap.dict(part).map(|d| d.entries()).unwrap_or_default()
+                                        {
+                                            self.children.push((Some(Seg::Key(k)), v, inside));
                                         }
                                     }
                                 }
                                 _ => match heap.dict(state) {
                                     Some(d) => {
                                         for &(k, v) in d.entries() {
-                                            children.push((
-                                                join(&name, &key_text(heap, k)),
-                                                v,
-                                                inside,
-                                            ));
+                                            self.children.push((Some(Seg::Key(k)), v, inside));
                                         }
                                     }
-                                    None => children.push((name.clone(), state, inside)),
+                                    None => self.children.push((None, state, inside)),
                                 },
                             }
                         } else if let Some(args) = heap.tuple(o.args).filter(|a| !a.is_empty()) {
                             for (i, &v) in args.iter().enumerate() {
-                                children.push((join(&name, &i.to_string()), v, inside));
+                                self.children.push((Some(Seg::Index(i)), v, inside));
                             }
                         }
                         for &(k, v) in o.items.entries() {
-                            children.push((join(&name, &key_text(heap, k)), v, inside));
+                            self.children.push((Some(Seg::Key(k)), v, inside));
                         }
                         for (i, &v) in o.list.iter().enumerate() {
-                            children.push((join(&name, &i.to_string()), v, inside));
+                            self.children.push((Some(Seg::Index(i)), v, inside));
                         }
                         if class.starts_with("torch._utils._rebuild_") {
-                            self.out.warnings.push(format!(
-                                "'{name}': tensors rebuilt by {class} are not read; they are not listed"
-                            ));
-                        } else if children.is_empty() {
-                            leaf(&mut self.out, Scalar::Object(class));
+                            let name = self.name(None);
+                            self.out
+                                .warnings
+                                .push(format!("'{name}': tensors rebuilt by {class} are not read; they are not listed"));
+                            self.children.clear();
+                        } else if self.children.is_empty() {
+                            self.value(in_module, Scalar::Object(class));
                         }
                     }
                 }
                 Some(Obj::Torch(t)) => match t {
                     TorchObj::Tensor(meta) => {
+                        let name = self.name(None);
+                        self.out.tensors.push((name, value));
                         if let Some(QuantParams::PerChannel {
                             scales,
                             zero_points,
                             ..
                         }) = &meta.quant
                         {
-                            let (s, z) = (join(&name, "scales"), join(&name, "zero_points"));
-                            self.out.tensors.push((name, value));
+                            let (s, z) =
+                                (self.name(Some("scales")), self.name(Some("zero_points")));
                             self.out.tensors.push((s, *scales));
                             self.out.tensors.push((z, *zero_points));
-                        } else {
-                            self.out.tensors.push((name, value));
                         }
                         continue;
                     }
                     TorchObj::Storage(_) => {
+                        let name = self.name(None);
                         self.out.tensors.push((name, value));
                         continue;
                     }
                     TorchObj::Sparse { layout, components } => {
                         for (part, &v) in layout.components().iter().zip(components) {
-                            self.out.tensors.push((join(&name, part), v));
+                            let name = self.name(Some(part));
+                            self.out.tensors.push((name, v));
                         }
                         continue;
                     }
@@ -298,18 +326,18 @@ impl<'h> Walker<'h> {
                             Known::Dtype(d) => format!("torch.{}", d.name()),
                             _ => format!("{}.{}", g.module, g.name),
                         };
-                        leaf(&mut self.out, Scalar::Global(text));
+                        self.value(in_module, Scalar::Global(text));
                     }
-                    TorchObj::Device(d) => leaf(&mut self.out, Scalar::Device(d.to_string())),
+                    TorchObj::Device(d) => self.value(in_module, Scalar::Device(d.to_string())),
                     TorchObj::Layout(l) => {
-                        leaf(&mut self.out, Scalar::Global(format!("torch.{l:?}")))
+                        self.value(in_module, Scalar::Global(format!("torch.{l:?}")))
                     }
-                    TorchObj::NumpyDtype(d) => leaf(
-                        &mut self.out,
+                    TorchObj::NumpyDtype(d) => self.value(
+                        in_module,
                         Scalar::Global(format!("numpy.dtype({})", d.descr)),
                     ),
-                    TorchObj::NdArray(a) => leaf(
-                        &mut self.out,
+                    TorchObj::NdArray(a) => self.value(
+                        in_module,
                         Scalar::Array {
                             dtype: a.dtype.clone(),
                             shape: a.shape.clone(),
@@ -317,28 +345,28 @@ impl<'h> Walker<'h> {
                     ),
                 },
             }
-            if !children.is_empty() {
+            if !self.children.is_empty() {
                 self.on_path.insert(id);
                 stack.push(Frame::Leave(id));
-                stack.extend(children.into_iter().rev().map(|(name, value, in_module)| {
-                    Frame::Enter {
-                        value,
-                        name,
-                        in_module,
-                    }
-                }));
+                let depth = self.path.len();
+                stack.extend(
+                    self.children
+                        .drain(..)
+                        .rev()
+                        .map(|(seg, value, in_module)| Frame::Enter {
+                            value,
+                            seg,
+                            depth,
+                            in_module,
+                        }),
+                );
             }
         }
         Ok(())
     }
 
     /// `nn.Module.state_dict()` order: parameters, persistent buffers, children.
-    fn module_children(
-        &self,
-        state: &crate::pickle::Dict,
-        name: &str,
-        children: &mut Vec<(String, Value, bool)>,
-    ) {
+    fn module_children(&mut self, state: &crate::pickle::Dict) {
         let heap = self.heap;
         let non_persistent: Vec<&str> = state
             .get_str(heap, "_non_persistent_buffers_set")
@@ -348,18 +376,20 @@ impl<'h> Walker<'h> {
         for (field, skip) in [("_parameters", false), ("_buffers", true)] {
             if let Some(d) = state.get_str(heap, field).and_then(|v| heap.dict(v)) {
                 for &(k, v) in d.entries() {
-                    let key = key_text(heap, k);
-                    if v == Value::None || skip && non_persistent.contains(&key.as_str()) {
-                        continue;
+                    let dropped = skip
+                        && heap
+                            .text(k)
+                            .is_some_and(|key| non_persistent.contains(&key));
+                    if v != Value::None && !dropped {
+                        self.children.push((Some(Seg::Key(k)), v, true));
                     }
-                    children.push((join(name, &key), v, true));
                 }
             }
         }
         if let Some(d) = state.get_str(heap, "_modules").and_then(|v| heap.dict(v)) {
             for &(k, v) in d.entries() {
                 if v != Value::None {
-                    children.push((join(name, &key_text(heap, k)), v, true));
+                    self.children.push((Some(Seg::Key(k)), v, true));
                 }
             }
         }
