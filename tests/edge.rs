@@ -464,3 +464,57 @@ fn reference_bomb_under_default_limits() {
     assert!(e.to_string().contains("max_walk_steps"), "{e}");
     eprintln!("stopped after {:?}", start.elapsed());
 }
+
+/// Archives whose records are far apart (large tensors) have their local
+/// headers read with positioned reads instead of through the map: the
+/// same rules must hold on that path.
+#[test]
+fn sparse_archives_read_headers_with_pread() {
+    let values: Vec<f32> = (0..200_000).map(|i| i as f32).collect();
+    let data = storage(&values);
+    // One 800 KB storage: 400 KB per entry on average.
+    let pickle = P::default()
+        .proto(2)
+        .op(b"}(")
+        .unicode("w")
+        .global("torch._utils", "_rebuild_tensor_v2")
+        .op(b"((")
+        .unicode("storage")
+        .global("torch", "FloatStorage")
+        .unicode("0")
+        .unicode("cpu")
+        .op(b"J\x40\x0d\x03\x00tQK\x00J\x40\x0d\x03\x00\x85K\x01\x85\x89")
+        .global("collections", "OrderedDict")
+        .op(b")RtRu")
+        .stop();
+    let dir = std::env::temp_dir().join(format!("ptload-edge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+
+    let good = dir.join("sparse.pt");
+    std::fs::write(
+        &good,
+        zip(&[entry("m/data.pkl", &pickle), entry("m/data/0", &data)]),
+    )
+    .expect("write");
+    let ckpt = Checkpoint::open(&good).expect("open");
+    let t = ckpt.tensor("w").expect("w");
+    assert_eq!(t.shape(), [200_000]);
+    assert_eq!(&*t.data().expect("data"), data.as_slice());
+
+    let bad = dir.join("mismatch.pt");
+    let mismatch = zip(&[
+        entry("m/data.pkl", &pickle),
+        Entry {
+            local_name: "m/data/1",
+            ..entry("m/data/0", &data)
+        },
+    ]);
+    std::fs::write(&bad, mismatch).expect("write");
+    let e = Checkpoint::open(&bad).expect_err("names disagree");
+    assert!(
+        e.to_string()
+            .contains("differs from central directory name"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

@@ -235,7 +235,7 @@ impl Checkpoint {
         let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);
         let mut vm = Vm::new(&opts.limits, opts.encoding);
         let decoded = match detect(data)? {
-            Detected::Zip => load_zip(data, opts, &mut heap, &mut interp, &mut vm)?,
+            Detected::Zip => load_zip(data, source.file(), opts, &mut heap, &mut interp, &mut vm)?,
             Detected::Legacy => legacy::load(data, &mut heap, &mut interp, &mut vm)?.into(),
         };
         let mut walker = Walker::new(&heap, opts.limits.max_walk_steps);
@@ -559,13 +559,15 @@ fn record_bytes<'d>(
 
 fn load_zip(
     data: &[u8],
+    file: Option<&std::fs::File>,
     opts: &OpenOptions,
     heap: &mut Heap,
     interp: &mut TorchInterp<'_>,
     vm: &mut Vm<'_>,
 ) -> Result<Decoded> {
     let limits = &opts.limits;
-    let archive = Archive::parse(data, limits)?;
+    let headers = file.map_or(zip::Headers::Map, zip::Headers::File);
+    let archive = Archive::parse(data, headers, limits)?;
     let pkl = find_data_pkl(&archive)?;
     let prefix = pkl
         .name

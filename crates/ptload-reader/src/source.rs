@@ -15,7 +15,7 @@ pub(crate) struct Source {
 }
 
 enum Inner {
-    Mapped(memmap2::Mmap),
+    Mapped(memmap2::Mmap, File),
     Owned(Vec<u8>),
 }
 
@@ -41,7 +41,7 @@ impl Source {
         let map = unsafe { memmap2::Mmap::map(&file) }
             .map_err(|e| Error::io(format!("cannot map {}", path.display()), e))?;
         Ok(Source {
-            inner: Arc::new(Inner::Mapped(map)),
+            inner: Arc::new(Inner::Mapped(map, file)),
         })
     }
 
@@ -53,7 +53,7 @@ impl Source {
 
     pub(crate) fn bytes(&self) -> &[u8] {
         match &*self.inner {
-            Inner::Mapped(m) => m,
+            Inner::Mapped(m, _) => m,
             Inner::Owned(v) => v,
         }
     }
@@ -63,7 +63,7 @@ impl Source {
     /// maps 64 KiB around each, and resident memory after open would grow
     /// with the file's size rather than its number of records.
     pub(crate) fn advise(&self, random: bool) {
-        if let Inner::Mapped(m) = &*self.inner {
+        if let Inner::Mapped(m, _) = &*self.inner {
             let advice = if random {
                 memmap2::Advice::Random
             } else {
@@ -74,8 +74,16 @@ impl Source {
         }
     }
 
+    /// The open file behind a map, for positioned reads.
+    pub(crate) fn file(&self) -> Option<&File> {
+        match &*self.inner {
+            Inner::Mapped(_, f) => Some(f),
+            Inner::Owned(_) => None,
+        }
+    }
+
     pub(crate) fn is_mapped(&self) -> bool {
-        matches!(&*self.inner, Inner::Mapped(_))
+        matches!(&*self.inner, Inner::Mapped(..))
     }
 }
 

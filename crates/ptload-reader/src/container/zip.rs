@@ -42,6 +42,47 @@ pub(crate) struct Entry<'d> {
     pub(crate) crc32: u32,
 }
 
+/// How local headers are read. Each sits just before its record's data,
+/// scattered through the file: when records are far apart (large tensors),
+/// one positioned read per header is cheaper than faulting in a page of
+/// the map for each; when they are dense, the map is cheaper.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Headers<'a> {
+    Map,
+    File(&'a std::fs::File),
+}
+
+/// Average bytes per entry from which local headers are read with `pread`.
+const SPREAD_FOR_PREAD: u64 = 256 * 1024;
+
+impl Headers<'_> {
+    /// Read `buf.len()` bytes at `offset`, or as many as the file has.
+    fn read<'b>(&self, data: &'b [u8], offset: u64, buf: &'b mut [u8]) -> &'b [u8] {
+        match self {
+            #[cfg(unix)]
+            Headers::File(file) => {
+                use std::os::unix::fs::FileExt;
+                let mut filled = 0;
+                while filled < buf.len() {
+                    let Some(rest) = buf.get_mut(filled..) else {
+                        break;
+                    };
+                    match file.read_at(rest, offset + filled as u64) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => filled += n,
+                    }
+                }
+                buf.get(..filled).unwrap_or_default()
+            }
+            _ => {
+                let start = usize::try_from(offset).unwrap_or(usize::MAX);
+                let end = start.saturating_add(buf.len()).min(data.len());
+                data.get(start..end).unwrap_or_default()
+            }
+        }
+    }
+}
+
 /// The archive's directory, borrowing names from the file.
 #[derive(Debug)]
 pub(crate) struct Archive<'d> {
@@ -172,7 +213,11 @@ fn apply_zip64_extra(
 }
 
 impl<'d> Archive<'d> {
-    pub(crate) fn parse(data: &'d [u8], limits: &Limits) -> Result<Archive<'d>> {
+    pub(crate) fn parse(
+        data: &'d [u8],
+        headers: Headers<'_>,
+        limits: &Limits,
+    ) -> Result<Archive<'d>> {
         let eocd = find_eocd(data)
             .ok_or_else(|| zip_err("no end-of-central-directory record (truncated archive?)"))?;
         let dir = read_directory_location(data, eocd)?;
@@ -211,11 +256,19 @@ impl<'d> Archive<'d> {
         let hasher = hashbrown::DefaultHashBuilder::default();
         let mut by_name = hashbrown::HashTable::with_capacity(count);
         let mut locals = Vec::with_capacity(count);
+        let headers = match headers {
+            Headers::File(_) if (data.len() as u64) / (count.max(1) as u64) < SPREAD_FOR_PREAD => {
+                Headers::Map
+            }
+            h => h,
+        };
+        let mut scratch = Vec::new();
         let mut r = ByteReader::new(cd, ErrorKind::Zip);
         for _ in 0..count {
             let at = cd_start + r.pos() as u64;
             let (entry, local) =
-                read_central(&mut r, data, prefix_len, cd_start).map_err(|e| e.at(at))?;
+                read_central(&mut r, data, headers, &mut scratch, prefix_len, cd_start)
+                    .map_err(|e| e.at(at))?;
             let hash = hasher.hash_one(entry.name);
             let index = u32::try_from(entries.len()).map_err(|_| zip_err("too many entries"))?;
             match by_name.entry(
@@ -274,6 +327,8 @@ fn name_of<'d>(entries: &[Entry<'d>], i: u32) -> &'d str {
 fn read_central<'d>(
     r: &mut ByteReader<'d>,
     data: &'d [u8],
+    headers: Headers<'_>,
+    scratch: &mut Vec<u8>,
     prefix_len: u64,
     cd_start: u64,
 ) -> Result<(Entry<'d>, u64)> {
@@ -322,7 +377,12 @@ fn read_central<'d>(
     let local_abs = prefix_len
         .checked_add(local)
         .ok_or_else(|| zip_err("local header offset overflows"))?;
-    let header = slice(data, local_abs, LOCAL_LEN)
+    // The fixed header and, if it agrees, the name: one read.
+    scratch.clear();
+    scratch.resize(LOCAL_LEN as usize + name.len(), 0);
+    let read = headers.read(data, local_abs, scratch);
+    let header = read
+        .get(..LOCAL_LEN as usize)
         .ok_or_else(|| zip_err(format!("local header of {name:?} lies outside the file")))?;
     let mut h = ByteReader::new(header, ErrorKind::Zip);
     if h.u32()? != LOCAL_SIG {
@@ -340,7 +400,10 @@ fn read_central<'d>(
     if local_flags & 0x0041 != 0 {
         return Err(zip_err(format!("entry {name:?} is encrypted (local header)")).at(local_abs));
     }
-    let local_name = slice(data, local_abs + LOCAL_LEN, local_name_len)
+    let local_name = read
+        .get(LOCAL_LEN as usize..)
+        .and_then(|n| n.get(..usize::try_from(local_name_len).unwrap_or(usize::MAX)))
+        .or_else(|| slice(data, local_abs + LOCAL_LEN, local_name_len))
         .ok_or_else(|| zip_err(format!("local name of {name:?} lies outside the file")))?;
     if local_name != name.as_bytes() {
         return Err(zip_err(format!(
