@@ -141,13 +141,42 @@ fn known(heap: &Heap, v: Value) -> Option<(Known, &Global)> {
     }
 }
 
-fn args_of(heap: &Heap, args: Value, func: &str) -> Result<Vec<Value>> {
-    heap.tuple(args).map(<[Value]>::to_vec).ok_or_else(|| {
+/// Arguments copied out of the heap (so the heap can be mutated while
+/// they are used), inline: no call torch pickles takes more than 8.
+#[derive(Debug, Clone, Copy)]
+struct Args {
+    items: [Value; 8],
+    len: usize,
+}
+
+impl std::ops::Deref for Args {
+    type Target = [Value];
+    fn deref(&self) -> &[Value] {
+        self.items.get(..self.len).unwrap_or_default()
+    }
+}
+
+fn copy_args(items: &[Value], what: &str) -> Result<Args> {
+    let mut args = Args {
+        items: [Value::None; 8],
+        len: items.len(),
+    };
+    let slots = args
+        .items
+        .get_mut(..items.len())
+        .ok_or_else(|| err(format!("{what} with {} items", items.len())))?;
+    slots.copy_from_slice(items);
+    Ok(args)
+}
+
+fn args_of(heap: &Heap, args: Value, func: &str) -> Result<Args> {
+    let items = heap.tuple(args).ok_or_else(|| {
         err(format!(
             "arguments of {func} must be a tuple, found {}",
             describe(heap, args)
         ))
-    })
+    })?;
+    copy_args(items, func)
 }
 
 fn arity(args: &[Value], func: &str, allowed: &[usize]) -> Result<()> {
@@ -722,15 +751,13 @@ impl Interpreter for TorchInterp<'_> {
     }
 
     fn persistent_load(&mut self, heap: &mut Heap, pid: Value) -> Result<Value> {
-        let items = heap
-            .tuple(pid)
-            .ok_or_else(|| {
-                err(format!(
-                    "persistent id must be a tuple, found {}",
-                    describe(heap, pid)
-                ))
-            })?
-            .to_vec();
+        let items = heap.tuple(pid).ok_or_else(|| {
+            err(format!(
+                "persistent id must be a tuple, found {}",
+                describe(heap, pid)
+            ))
+        })?;
+        let items = copy_args(items, "persistent id")?;
         let kind = heap.text(get(&items, 0)).unwrap_or_default();
         if kind == "module" && self.storage_dir.is_none() {
             // Legacy files record module source alongside the class: the class.
