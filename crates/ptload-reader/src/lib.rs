@@ -33,18 +33,27 @@
 mod bytes;
 mod checkpoint;
 mod container;
+mod convert;
 mod error;
 mod limits;
+mod mapping;
 mod pickle;
 #[allow(unsafe_code)]
 mod source;
+mod statedict;
 mod torch;
 mod view;
 
 pub use checkpoint::{ByteOrder, Checkpoint, Format, OpenOptions, StorageInfo, TensorInfo};
+pub use convert::{can_convert, convert};
 pub use error::{Error, ErrorKind, Result};
 pub use limits::Limits;
+pub use mapping::{
+    glob, Balanced, Budget, ByName, BySize, Device, First, Keep, Location, Mapper, Placement, Plan,
+    StorageRequest, Table, To,
+};
 pub use pickle::StringEncoding;
+pub use statedict::{auto_key, KeySelect, Selected, StateDictOptions, Strip, MODEL_KEYS};
 pub use torch::dtype::DType;
 pub use torch::interp::GlobalRef;
 pub use torch::names::Scalar;
