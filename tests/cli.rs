@@ -234,3 +234,116 @@ fn demo_runs_on_the_embedded_checkpoint() {
     assert!(text.contains("epoch = 7"), "{text}");
     assert!(text.contains("argparse.Namespace"), "{text}");
 }
+
+fn targets(doc: &Json) -> Vec<(String, String, String)> {
+    doc["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().expect("name").to_owned(),
+                t["location"].as_str().expect("location").to_owned(),
+                t["target"].as_str().expect("target").to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn map_location_table_and_place_rules_set_targets() {
+    let doc = inspect_json(
+        "multi_gpu.pt",
+        &[
+            "--map-location",
+            "cuda:1=cuda:0,cuda:3=cpu",
+            "--place",
+            "*embed*=meta",
+        ],
+    );
+    let got: Vec<(String, String)> = targets(&doc)
+        .into_iter()
+        .map(|(_, loc, target)| (loc, target))
+        .collect();
+    let want = [
+        ("cuda:0", "cuda:0"),
+        ("cuda:0", "cuda:0"),
+        ("cuda:1", "cuda:0"),
+        ("cuda:2", "cuda:2"),
+        ("cuda:2", "cuda:2"),
+        ("cuda:3", "cpu"),
+        ("cpu", "meta"),
+    ];
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn map_location_auto_follows_the_machine() {
+    let expected = if ptload_device::device_count() > 0 {
+        "cuda:0"
+    } else {
+        "cpu"
+    };
+    let doc = inspect_json("multi_gpu.pt", &["--map-location", "auto"]);
+    assert!(targets(&doc).iter().all(|(_, _, t)| t == expected), "{doc}");
+}
+
+#[test]
+fn malformed_specs_show_the_grammar() {
+    let path = fixture("multi_gpu.pt");
+    for (flag, value, needle) in [
+        (
+            "--map-location",
+            "gpu",
+            "expected cpu, cuda, cuda:N, meta, auto, or FROM=TO[,FROM=TO...]",
+        ),
+        (
+            "--map-location",
+            "cuda:1=mps",
+            "expected cpu, cuda, cuda:N, meta, auto, or FROM=TO[,FROM=TO...]",
+        ),
+        ("--place", "encoder.*", "expected PATTERN=DEVICE"),
+        (
+            "--budget",
+            "lots",
+            "expected a fraction of each GPU's memory",
+        ),
+        ("--balance", "0", "at least 1"),
+        ("--rename", "nothing", "expected FROM=TO"),
+    ] {
+        let out = ptload(&["inspect", &path, flag, value]);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let err = stderr(&out);
+        assert!(err.contains(needle), "{flag} {value}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+#[test]
+fn key_selection_and_prefix_stripping() {
+    let plain: Vec<String> = targets(&inspect_json("plain_model.pt", &[]))
+        .into_iter()
+        .map(|(name, _, _)| name)
+        .collect();
+    for (file, args) in [
+        ("training.ckpt", vec!["--key", "auto"]),
+        ("training.ckpt", vec!["--key", "model_state_dict"]),
+        ("dataparallel.pt", vec!["--strip-prefix", "auto"]),
+        ("compiled.pt", vec!["--strip-prefix", "_orig_mod."]),
+    ] {
+        let names: Vec<String> = targets(&inspect_json(file, &args))
+            .into_iter()
+            .map(|(n, _, _)| n)
+            .collect();
+        assert_eq!(names, plain, "{file} {args:?}");
+    }
+    // inspect shows everything, as saved, unless asked.
+    let all = targets(&inspect_json("training.ckpt", &[]));
+    assert!(all
+        .iter()
+        .any(|(n, _, _)| n.starts_with("optimizer_state_dict.")));
+}

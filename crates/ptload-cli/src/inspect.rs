@@ -2,8 +2,51 @@
 
 use std::io::{self, Write};
 
-use ptload_reader::{Checkpoint, Scalar, TensorView};
+use ptload_reader::{Checkpoint, Plan, Scalar, TensorView};
 use serde::Serialize;
+
+use crate::args::{CliResult, GpuInfo, MapArgs, StateDictArgs};
+
+/// One tensor as a command shows it: its (possibly renamed) name, the
+/// tensor, and where the plan puts it.
+pub(crate) struct Row<'a> {
+    pub(crate) name: String,
+    pub(crate) view: TensorView<'a>,
+    pub(crate) target: String,
+}
+
+/// The selected tensors with their names and targets. Without mapping
+/// options the target is the saved location, as saved.
+pub(crate) fn rows<'a>(
+    ckpt: &'a Checkpoint,
+    map: &MapArgs,
+    state: &StateDictArgs,
+    gpus: &dyn GpuInfo,
+) -> CliResult<Vec<Row<'a>>> {
+    let plan = if map.is_set() {
+        let mut mapper = map.mapper(ckpt, gpus)?;
+        Some(Plan::new(ckpt, mapper.as_mut())?)
+    } else {
+        None
+    };
+    let selected = state.options(true)?.select(ckpt)?;
+    let mut rows = Vec::with_capacity(selected.len());
+    for s in selected {
+        let Some(view) = ckpt.tensor_at(s.index) else {
+            continue;
+        };
+        let target = match &plan {
+            Some(p) => p.tensor_target(view.info()).to_string(),
+            None => view.location().to_owned(),
+        };
+        rows.push(Row {
+            name: s.name,
+            view,
+            target,
+        });
+    }
+    Ok(rows)
+}
 use sha2::{Digest, Sha256};
 
 /// Sizes in B, KiB, MiB, GiB.
@@ -80,48 +123,49 @@ struct TensorJson<'a> {
 
 /// The document `inspect --json` prints.
 #[derive(Serialize)]
-struct InspectJson<'a> {
+struct InspectJson<'r, 'a> {
     format: &'static str,
     byteorder: &'static str,
     pickle_protocol: u8,
-    tensors: Tensors<'a>,
+    tensors: Tensors<'r, 'a>,
     globals: Vec<String>,
     suspicious: Vec<String>,
 }
 
 /// The tensor list, serialized as it is produced (nothing per tensor is
 /// kept in memory); hashing errors surface through the serializer.
-struct Tensors<'a> {
-    ckpt: &'a Checkpoint,
+struct Tensors<'r, 'a> {
+    rows: &'r [Row<'a>],
     hash: bool,
 }
 
-impl Serialize for Tensors<'_> {
+impl Serialize for Tensors<'_, '_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{Error, SerializeSeq};
-        let mut seq = serializer.serialize_seq(Some(self.ckpt.len()))?;
-        for t in self.ckpt.tensors() {
-            seq.serialize_element(&tensor_json(&t, self.hash).map_err(S::Error::custom)?)?;
+        let mut seq = serializer.serialize_seq(Some(self.rows.len()))?;
+        for row in self.rows {
+            seq.serialize_element(&tensor_json(row, self.hash).map_err(S::Error::custom)?)?;
         }
         seq.end()
     }
 }
 
-fn tensor_json<'a>(t: &TensorView<'a>, hash: bool) -> Result<TensorJson<'a>, ptload_reader::Error> {
+fn tensor_json<'r>(row: &'r Row<'_>, hash: bool) -> Result<TensorJson<'r>, ptload_reader::Error> {
+    let t = &row.view;
     let sha256 = match (hash, t.storage().is_some()) {
         (false, _) => None,
         (true, false) => Some(None),
         (true, true) => Some(Some(sha256(t)?)),
     };
     Ok(TensorJson {
-        name: t.name(),
+        name: &row.name,
         dtype: t.dtype().name(),
         shape: t.shape(),
         stride: t.stride(),
         storage_offset: t.storage_offset(),
         storage: t.storage().map(|s| s.key.as_str()),
         location: t.location(),
-        target: t.location(),
+        target: &row.target,
         nbytes: t.info().nbytes,
         sha256,
     })
@@ -130,13 +174,14 @@ fn tensor_json<'a>(t: &TensorView<'a>, hash: bool) -> Result<TensorJson<'a>, ptl
 pub(crate) fn json(
     out: &mut impl Write,
     ckpt: &Checkpoint,
+    rows: &[Row<'_>],
     hash: bool,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> CliResult<()> {
     let doc = InspectJson {
         format: ckpt.format().name(),
         byteorder: ckpt.byte_order().name(),
         pickle_protocol: ckpt.pickle_protocol(),
-        tensors: Tensors { ckpt, hash },
+        tensors: Tensors { rows, hash },
         globals: distinct_globals(ckpt.globals().iter().map(|g| g.path())),
         suspicious: distinct_globals(ckpt.suspicious().map(|g| g.path())),
     };
@@ -148,24 +193,36 @@ pub(crate) fn json(
 pub(crate) fn table(
     out: &mut impl Write,
     ckpt: &Checkpoint,
+    rows: &[Row<'_>],
     label: &str,
     hash: bool,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let rows: Vec<[String; 5]> = ckpt
-        .tensors()
-        .map(|t| {
-            [
-                display_name(t.name()).to_owned(),
+) -> CliResult<()> {
+    // A TARGET column only when a mapping moves something.
+    let mapped = rows.iter().any(|r| r.target != r.view.location());
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let t = &r.view;
+            let mut row = vec![
+                display_name(&r.name).to_owned(),
                 t.dtype().name().to_owned(),
                 shape_text(t.shape()),
                 t.location().to_owned(),
-                human_size(t.info().nbytes),
-            ]
+            ];
+            if mapped {
+                row.push(r.target.clone());
+            }
+            row.push(human_size(t.info().nbytes));
+            row
         })
         .collect();
-    let header = ["NAME", "DTYPE", "SHAPE", "LOCATION", "SIZE"];
-    let mut widths = header.map(str::len);
-    for row in &rows {
+    let mut header = vec!["NAME", "DTYPE", "SHAPE", "LOCATION"];
+    if mapped {
+        header.push("TARGET");
+    }
+    header.push("SIZE");
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &cells {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
@@ -177,25 +234,40 @@ pub(crate) fn table(
         ckpt.byte_order().name(),
         ckpt.pickle_protocol()
     )?;
-    let line = |out: &mut dyn Write, cells: [&str; 5]| -> io::Result<()> {
-        let [a, b, c, d, e] = cells;
-        let [wa, wb, wc, wd, we] = widths;
-        writeln!(out, "{a:<wa$}  {b:<wb$}  {c:<wc$}  {d:<wd$}  {e:>we$}")
+    let line = |out: &mut dyn Write, cells: &[&str]| -> io::Result<()> {
+        let last = cells.len().saturating_sub(1);
+        let mut text = String::new();
+        for (i, (cell, &w)) in cells.iter().zip(&widths).enumerate() {
+            if i == last {
+                text.push_str(&format!("{cell:>w$}"));
+            } else {
+                text.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        writeln!(out, "{text}")
     };
-    line(out, header)?;
-    for (row, t) in rows.iter().zip(ckpt.tensors()) {
-        line(out, [&row[0], &row[1], &row[2], &row[3], &row[4]])?;
-        if hash && t.storage().is_some() {
-            writeln!(out, "    sha256 {}", sha256(&t)?)?;
+    line(out, &header)?;
+    for (row, r) in cells.iter().zip(rows) {
+        let refs: Vec<&str> = row.iter().map(String::as_str).collect();
+        line(out, &refs)?;
+        if hash && r.view.storage().is_some() {
+            writeln!(out, "    sha256 {}", sha256(&r.view)?)?;
         }
     }
-    let total: u64 = ckpt.tensors().map(|t| t.info().nbytes).sum();
-    let stored: u64 = ckpt.storages().iter().map(|s| s.nbytes).sum();
+    let total: u64 = rows.iter().map(|r| r.view.info().nbytes).sum();
+    let mut storages: Vec<usize> = rows.iter().filter_map(|r| r.view.info().storage).collect();
+    storages.sort_unstable();
+    storages.dedup();
+    let stored: u64 = storages
+        .iter()
+        .filter_map(|&i| ckpt.storages().get(i))
+        .map(|s| s.nbytes)
+        .sum();
     writeln!(
         out,
         "{} tensors, {} storages, {} of tensor data ({} stored)",
-        ckpt.len(),
-        ckpt.storages().len(),
+        rows.len(),
+        storages.len(),
         human_size(total),
         human_size(stored)
     )?;

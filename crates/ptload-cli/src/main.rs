@@ -7,10 +7,13 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use ptload_reader::{Checkpoint, OpenOptions, Policy, StringEncoding};
+use clap::{Args, Parser, Subcommand};
+use ptload_reader::Checkpoint;
 
+mod args;
 mod inspect;
+
+use args::{CliResult, GpuInfo, MapArgs, OpenArgs, StateDictArgs};
 
 /// Opening a checkpoint makes many small allocations; mimalloc serves them
 /// faster than the system allocator and touches fewer fresh pages.
@@ -35,7 +38,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// List the tensors of a checkpoint: name, dtype, shape, location, size.
-    Inspect(InspectArgs),
+    Inspect(Box<InspectArgs>),
     /// Inspect the embedded demo checkpoint.
     Demo,
 }
@@ -52,63 +55,51 @@ struct InspectArgs {
     hash: bool,
     #[command(flatten)]
     open: OpenArgs,
+    #[command(flatten)]
+    map: MapArgs,
+    #[command(flatten)]
+    state: StateDictArgs,
 }
 
-/// Options shared by every command that opens a checkpoint.
-#[derive(Args)]
-struct OpenArgs {
-    /// Refuse globals outside torch's weights_only allowlist, as torch.load(weights_only=True).
-    #[arg(long)]
-    strict: bool,
-    /// Allow a global under --strict (module.name), like torch.serialization.add_safe_globals.
-    #[arg(long = "allow-global", value_name = "MODULE.NAME")]
-    allow_global: Vec<String>,
-    /// How Python 2 strings in old checkpoints decode (torch.load's `encoding`).
-    #[arg(long, value_enum, default_value = "utf8")]
-    encoding: Encoding,
-}
+/// The machine's GPUs, asked only when a mapping needs them.
+struct MachineGpus;
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Encoding {
-    Utf8,
-    Latin1,
-    Bytes,
-}
+impl GpuInfo for MachineGpus {
+    fn count(&self) -> usize {
+        ptload_device::device_count()
+    }
 
-impl OpenArgs {
-    fn options(&self) -> OpenOptions {
-        let mut opts = OpenOptions::new()
-            .policy(if self.strict {
-                Policy::Strict
-            } else {
-                Policy::Default
-            })
-            .encoding(match self.encoding {
-                Encoding::Utf8 => StringEncoding::Utf8,
-                Encoding::Latin1 => StringEncoding::Latin1,
-                Encoding::Bytes => StringEncoding::Bytes,
-            });
-        for g in &self.allow_global {
-            opts = opts.allow_global(g.clone());
-        }
-        opts
+    fn totals(&self) -> Vec<(u32, u64)> {
+        ptload_device::probe()
+            .devices()
+            .iter()
+            .map(|g| (g.ordinal, g.total))
+            .collect()
     }
 }
 
-fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+fn run(cli: Cli) -> CliResult<()> {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     match cli.command {
-        Command::Inspect(args) => {
-            let ckpt = args.open.options().open(&args.file)?;
-            if args.json {
-                inspect::json(&mut out, &ckpt, args.hash)?;
+        Command::Inspect(a) => {
+            let ckpt = a.open.options().open(&a.file)?;
+            let rows = inspect::rows(&ckpt, &a.map, &a.state, &MachineGpus)?;
+            if a.json {
+                inspect::json(&mut out, &ckpt, &rows, a.hash)?;
             } else {
-                inspect::table(&mut out, &ckpt, &args.file.display().to_string(), args.hash)?;
+                inspect::table(
+                    &mut out,
+                    &ckpt,
+                    &rows,
+                    &a.file.display().to_string(),
+                    a.hash,
+                )?;
             }
             out.flush()?;
             // The process ends right after: the OS reclaims the checkpoint's
             // memory faster than freeing it piece by piece.
+            std::mem::forget(rows);
             std::mem::forget(ckpt);
         }
         Command::Demo => demo(&mut out)?,
@@ -117,7 +108,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn demo(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
+fn demo(out: &mut impl Write) -> CliResult<()> {
     writeln!(
         out,
         "ptload demo: a training checkpoint written by torch 2.15 ({} bytes, embedded in the binary),\n\
@@ -125,7 +116,13 @@ fn demo(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
         DEMO_CHECKPOINT.len()
     )?;
     let ckpt = Checkpoint::from_bytes(DEMO_CHECKPOINT.to_vec())?;
-    inspect::table(out, &ckpt, "training.ckpt (embedded)", false)?;
+    let rows = inspect::rows(
+        &ckpt,
+        &MapArgs::default(),
+        &StateDictArgs::default(),
+        &MachineGpus,
+    )?;
+    inspect::table(out, &ckpt, &rows, "training.ckpt (embedded)", false)?;
     writeln!(out, "\nValues (non-tensor leaves):")?;
     for (name, value) in ckpt.values() {
         writeln!(out, "  {name} = {}", inspect::scalar_text(value))?;

@@ -333,6 +333,13 @@ impl Checkpoint {
             .map(|info| TensorView { ckpt: self, info })
     }
 
+    /// The tensor at `index` in [`tensors`](Self::tensors) order.
+    pub fn tensor_at(&self, index: usize) -> Option<TensorView<'_>> {
+        self.tensors
+            .get(index)
+            .map(|info| TensorView { ckpt: self, info })
+    }
+
     /// Number of tensors.
     pub fn len(&self) -> usize {
         self.tensors.len()

@@ -1,0 +1,363 @@
+//! Options shared by every command that opens a checkpoint: policy,
+//! mapping, state-dict selection. Each group builds the library value it
+//! stands for; malformed specs are errors that show the grammar.
+
+use clap::{Args, ValueEnum};
+use ptload_reader::{
+    Balanced, Budget, ByName, Checkpoint, Device, First, Keep, KeySelect, Location, Mapper,
+    OpenOptions, Policy, StateDictOptions, StringEncoding, Strip, Table, To,
+};
+
+pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Policy and decoding options.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct OpenArgs {
+    /// Refuse globals outside torch's weights_only allowlist, as torch.load(weights_only=True).
+    #[arg(long)]
+    pub(crate) strict: bool,
+    /// Allow a global under --strict (module.name), like torch.serialization.add_safe_globals.
+    #[arg(long = "allow-global", value_name = "MODULE.NAME")]
+    pub(crate) allow_global: Vec<String>,
+    /// How Python 2 strings in old checkpoints decode (torch.load's `encoding`).
+    #[arg(long, value_enum, default_value = "utf8")]
+    pub(crate) encoding: Encoding,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum Encoding {
+    Utf8,
+    Latin1,
+    Bytes,
+}
+
+impl OpenArgs {
+    pub(crate) fn options(&self) -> OpenOptions {
+        let mut opts = OpenOptions::new()
+            .policy(if self.strict {
+                Policy::Strict
+            } else {
+                Policy::Default
+            })
+            .encoding(match self.encoding {
+                Encoding::Utf8 => StringEncoding::Utf8,
+                Encoding::Latin1 => StringEncoding::Latin1,
+                Encoding::Bytes => StringEncoding::Bytes,
+            });
+        for g in &self.allow_global {
+            opts = opts.allow_global(g.clone());
+        }
+        opts
+    }
+}
+
+/// Where storages go.
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct MapArgs {
+    /// cpu | cuda (= cuda:0) | cuda:N | meta | auto (cuda:0 if a GPU is usable, else cpu) |
+    /// FROM=TO[,FROM=TO...] (saved location -> device, others stay: cuda:1=cuda:0,cuda:3=cpu)
+    #[arg(long = "map-location", value_name = "SPEC", conflicts_with_all = ["budget", "balance"])]
+    pub(crate) map_location: Option<String>,
+    /// Place storages by tensor name first: PATTERN=DEVICE[,...] (globs: encoder.*=cuda:0,*embed*=cpu).
+    #[arg(long, value_name = "PATTERN=DEVICE[,...]")]
+    pub(crate) place: Vec<String>,
+    /// Fill each GPU up to this much, in order, then the host: a fraction of each
+    /// GPU's memory (0.9) or bytes per GPU (20GiB, 512MB, 1000000).
+    #[arg(long, value_name = "FRACTION_OR_BYTES", conflicts_with = "balance")]
+    pub(crate) budget: Option<String>,
+    /// Spread storages over cuda:0..cuda:N-1 by bytes, keeping consecutive layers together.
+    #[arg(long, value_name = "N")]
+    pub(crate) balance: Option<u32>,
+}
+
+const MAP_GRAMMAR: &str = "expected cpu, cuda, cuda:N, meta, auto, or FROM=TO[,FROM=TO...] \
+                           (e.g. cuda:1=cuda:0,cuda:3=cpu)";
+
+fn device(text: &str, flag: &str) -> CliResult<Device> {
+    text.parse::<Device>().map_err(|_| {
+        format!("invalid {flag} device {text:?}: expected cpu, cuda, cuda:N or meta").into()
+    })
+}
+
+/// `--map-location SPEC` as a mapper; `auto` asks how many GPUs there are.
+pub(crate) fn map_location(spec: &str, gpus: impl FnOnce() -> usize) -> CliResult<Box<dyn Mapper>> {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return Err(format!("invalid --map-location {spec:?}: {MAP_GRAMMAR}").into());
+    }
+    if spec == "auto" {
+        return Ok(Box::new(To(if gpus() > 0 {
+            Device::Cuda(0)
+        } else {
+            Device::Host
+        })));
+    }
+    if !spec.contains('=') {
+        return match spec.parse::<Device>() {
+            Ok(d) => Ok(Box::new(To(d))),
+            Err(_) => Err(format!("invalid --map-location {spec:?}: {MAP_GRAMMAR}").into()),
+        };
+    }
+    let mut table = Vec::new();
+    for pair in spec.split(',') {
+        let (from, to) = pair
+            .split_once('=')
+            .filter(|(f, t)| !f.trim().is_empty() && !t.trim().is_empty())
+            .ok_or_else(|| format!("invalid --map-location entry {pair:?}: {MAP_GRAMMAR}"))?;
+        let to = to.trim().parse::<Device>().map_err(|_| {
+            format!("invalid --map-location target {to:?} in {pair:?}: {MAP_GRAMMAR}")
+        })?;
+        table.push((Location::parse(from.trim()), to));
+    }
+    Ok(Box::new(Table(table)))
+}
+
+/// `20GiB`, `512MB`, `1000000`, `1.5GB` as bytes.
+pub(crate) fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().ok()?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1048576.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1073741824.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1099511627776.0,
+        _ => return None,
+    };
+    let bytes = value * scale;
+    (0.0..1.8e19).contains(&bytes).then_some(bytes as u64)
+}
+
+/// What `--budget` asks for per GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum BudgetSpec {
+    Fraction(f64),
+    Bytes(u64),
+}
+
+pub(crate) fn parse_budget(text: &str) -> CliResult<BudgetSpec> {
+    let t = text.trim();
+    if let Ok(f) = t.parse::<f64>() {
+        if t.contains('.') || f <= 1.0 {
+            return if (0.0..=1.0).contains(&f) && f > 0.0 {
+                Ok(BudgetSpec::Fraction(f))
+            } else {
+                Err(format!("invalid --budget {t:?}: a fraction must be in (0, 1]").into())
+            };
+        }
+    }
+    parse_bytes(t).map(BudgetSpec::Bytes).ok_or_else(|| {
+        format!("invalid --budget {t:?}: expected a fraction of each GPU's memory (0.9) or bytes (20GiB, 512MB, 1000000)")
+            .into()
+    })
+}
+
+/// What the mapping needs to know about the machine's GPUs.
+pub(crate) trait GpuInfo {
+    /// Number of usable CUDA devices.
+    fn count(&self) -> usize;
+    /// `(ordinal, total bytes)` of each.
+    fn totals(&self) -> Vec<(u32, u64)>;
+}
+
+impl MapArgs {
+    pub(crate) fn is_set(&self) -> bool {
+        self.map_location.is_some()
+            || !self.place.is_empty()
+            || self.budget.is_some()
+            || self.balance.is_some()
+    }
+
+    /// The mapper these options describe: `--place` rules first, then the
+    /// map location, budget or balance; the saved location otherwise.
+    pub(crate) fn mapper(
+        &self,
+        ckpt: &Checkpoint,
+        gpus: &dyn GpuInfo,
+    ) -> CliResult<Box<dyn Mapper>> {
+        let mut chain: Vec<Box<dyn Mapper>> = Vec::new();
+        let mut rules = Vec::new();
+        for list in &self.place {
+            for rule in list.split(',').filter(|r| !r.trim().is_empty()) {
+                let (pattern, target) = rule
+                    .rsplit_once('=')
+                    .filter(|(p, _)| !p.trim().is_empty())
+                    .ok_or_else(|| format!("invalid --place rule {rule:?}: expected PATTERN=DEVICE (encoder.*=cuda:0)"))?;
+                rules.push((pattern.trim().to_owned(), device(target, "--place")?));
+            }
+        }
+        if !rules.is_empty() {
+            chain.push(Box::new(ByName(rules)));
+        }
+        if let Some(spec) = &self.map_location {
+            chain.push(map_location(spec, || gpus.count())?);
+        }
+        if let Some(b) = &self.budget {
+            let spec = parse_budget(b)?;
+            let devices = gpus
+                .totals()
+                .into_iter()
+                .map(|(i, total)| {
+                    let bytes = match spec {
+                        BudgetSpec::Fraction(f) => (total as f64 * f) as u64,
+                        BudgetSpec::Bytes(b) => b,
+                    };
+                    (Device::Cuda(i), bytes)
+                })
+                .collect();
+            chain.push(Box::new(Budget::new(devices)));
+        }
+        if let Some(n) = self.balance {
+            if n == 0 {
+                return Err("invalid --balance 0: expected a number of GPUs, at least 1".into());
+            }
+            chain.push(Box::new(Balanced::new(
+                ckpt,
+                (0..n).map(Device::Cuda).collect(),
+            )));
+        }
+        Ok(match chain.len() {
+            0 => Box::new(Keep),
+            1 => chain.pop().unwrap_or_else(|| Box::new(Keep)),
+            _ => Box::new(First(chain)),
+        })
+    }
+}
+
+/// Which tensors, under which names.
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct StateDictArgs {
+    /// The sub-tree that is the state dict: a dotted path (state_dict, model.ema), `auto`
+    /// (the model of a training checkpoint: state_dict, model_state_dict, model, module, net, ema...)
+    /// or `all`.
+    #[arg(long, value_name = "PATH|auto|all")]
+    pub(crate) key: Option<String>,
+    /// Remove a prefix from every name: `auto` (module. and _orig_mod., when every name has
+    /// them), `none`, or a literal prefix.
+    #[arg(long = "strip-prefix", value_name = "auto|none|PREFIX")]
+    pub(crate) strip_prefix: Option<String>,
+    /// Add a prefix to every name (after stripping).
+    #[arg(long = "add-prefix", value_name = "PREFIX")]
+    pub(crate) add_prefix: Option<String>,
+    /// Rename by glob: FROM=TO, each `*` of TO taking what a `*` of FROM matched
+    /// (encoder.*=enc.*). Repeatable; the first match wins.
+    #[arg(long, value_name = "FROM=TO")]
+    pub(crate) rename: Vec<String>,
+}
+
+impl StateDictArgs {
+    /// The options, with `inspect`'s defaults (everything, as saved) or
+    /// `load`/`convert`'s (the model, wrappers stripped).
+    pub(crate) fn options(&self, whole_by_default: bool) -> CliResult<StateDictOptions> {
+        let key = match self.key.as_deref() {
+            None if whole_by_default => KeySelect::All,
+            None | Some("auto") => KeySelect::Auto,
+            Some("all") => KeySelect::All,
+            Some(path) => KeySelect::Path(path.to_owned()),
+        };
+        let strip = match self.strip_prefix.as_deref() {
+            None if whole_by_default => Strip::None,
+            None | Some("auto") => Strip::Auto,
+            Some("none") => Strip::None,
+            Some(prefix) => Strip::Prefix(prefix.to_owned()),
+        };
+        let renames = self
+            .rename
+            .iter()
+            .map(|r| {
+                r.split_once('=')
+                    .filter(|(f, _)| !f.is_empty())
+                    .map(|(f, t)| (f.to_owned(), t.to_owned()))
+                    .ok_or_else(|| {
+                        format!("invalid --rename {r:?}: expected FROM=TO (encoder.*=enc.*)")
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(StateDictOptions {
+            key,
+            strip,
+            add_prefix: self.add_prefix.clone(),
+            renames,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoGpu;
+    impl GpuInfo for NoGpu {
+        fn count(&self) -> usize {
+            0
+        }
+        fn totals(&self) -> Vec<(u32, u64)> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn map_location_grammar() {
+        for ok in [
+            "cpu",
+            "cuda",
+            "cuda:3",
+            "meta",
+            "auto",
+            "cuda:1=cuda:0",
+            "cuda:1=cuda:0,cuda:3=cpu",
+            "npu:0=cpu",
+        ] {
+            assert!(map_location(ok, || 0).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "gpu",
+            "cuda:x",
+            "cuda:1=",
+            "=cpu",
+            "cuda:1=mps",
+            "cuda:1=cuda:0,,",
+            "a=b=c",
+        ] {
+            let e = map_location(bad, || 0)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                e.contains("expected cpu, cuda, cuda:N, meta, auto, or FROM=TO"),
+                "{bad}: {e}"
+            );
+        }
+        let _ = NoGpu.count();
+    }
+
+    #[test]
+    fn budgets_and_bytes() {
+        assert_eq!(parse_budget("0.9").ok(), Some(BudgetSpec::Fraction(0.9)));
+        assert_eq!(parse_budget("1").ok(), Some(BudgetSpec::Fraction(1.0)));
+        assert_eq!(
+            parse_budget("20GiB").ok(),
+            Some(BudgetSpec::Bytes(20 << 30))
+        );
+        assert_eq!(
+            parse_budget("512MB").ok(),
+            Some(BudgetSpec::Bytes(512_000_000))
+        );
+        assert_eq!(
+            parse_budget("1000000").ok(),
+            Some(BudgetSpec::Bytes(1_000_000))
+        );
+        assert!(parse_budget("1.5").is_err());
+        assert!(parse_budget("-3").is_err());
+        assert!(parse_budget("lots").is_err());
+    }
+}
