@@ -155,6 +155,7 @@ fixtures! {
     bigendian => "bigendian.pt",
     compiled => "compiled.pt",
     conj_neg => "conj_neg.pt",
+    conversions => "conversions.pt",
     dataparallel => "dataparallel.pt",
     deflated => "deflated.pt",
     download_html => "download.html.pt",

@@ -1,7 +1,38 @@
-//! Copy checkpoint storages to CUDA devices, with host fallback.
+//! Load the storages of a PyTorch checkpoint onto CUDA devices, in
+//! parallel, through cudarc, falling back to host memory (and saying why,
+//! per tensor) when a device is missing or full.
+//!
+//! The CUDA driver is loaded dynamically: the same binary builds without a
+//! CUDA toolkit and runs on machines with and without a driver. With no
+//! driver, no device, or an ordinal past the device count, storages go to
+//! the host (or, in strict mode, the load fails before copying anything).
+//!
+//! ```
+//! use ptload_device::{load, probe, LoadOptions};
+//! use ptload_reader::{Checkpoint, Plan, StateDictOptions, To, Device};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ckpt = Checkpoint::open("../../fixtures/files/multi_gpu.pt")?;
+//! let selection = StateDictOptions::default().select(&ckpt)?;
+//! // Saved on cuda:0..cuda:3: put it all on cuda:0, with host fallback.
+//! let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0)))?;
+//! let loaded = load(&ckpt, &selection, &plan, &probe(), &LoadOptions::default())?;
+//! for t in &loaded.tensors {
+//!     println!("{} -> {} {}", t.name, t.device, t.fallback.as_deref().unwrap_or(""));
+//! }
+//! # Ok(())
+//! # }
+//! ```
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[allow(unsafe_code)]
+mod cuda;
+mod load;
 mod probe;
 
+pub use cuda::{Arena, Staging};
+pub use load::{
+    load, CudaStorage, DeviceReport, LoadError, LoadOptions, Loaded, LoadedTensor, Placed,
+};
 pub use probe::{device_count, probe, Gpu, Gpus};

@@ -19,19 +19,28 @@ pub fn can_convert(from: DType, to: DType) -> bool {
     supported(from) && supported(to)
 }
 
-/// float8_e4m3fn to f32 (exact).
-fn e4m3_to_f32(b: u8) -> f32 {
-    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
-    let exp = i32::from((b >> 3) & 0x0f);
-    let mant = f32::from(b & 0x07);
-    if exp == 0x0f && b & 0x07 == 0x07 {
-        return f32::NAN;
+/// float8_e4m3fn to f32 bits, exactly as torch computes them (its NaN,
+/// 0x7f, becomes 0x7ff00000).
+fn e4m3_to_f32_bits(b: u8) -> u32 {
+    let w = u32::from(b) << 24;
+    let sign = w & 0x8000_0000;
+    let nonsign = w & 0x7fff_ffff;
+    if nonsign == 0 {
+        return sign;
     }
-    if exp == 0 {
-        sign * mant * 2f32.powi(-9)
+    let clz = nonsign.leading_zeros();
+    let renorm = clz.saturating_sub(4);
+    let inf_nan = if nonsign.wrapping_add(0x0100_0000) & 0x8000_0000 != 0 {
+        0x7f80_0000
     } else {
-        sign * (1.0 + mant / 8.0) * 2f32.powi(exp - 7)
-    }
+        0
+    };
+    let value = ((nonsign << renorm) >> 4).wrapping_add((0x78 - renorm) << 23);
+    sign | value | inf_nan
+}
+
+fn e4m3_to_f32(b: u8) -> f32 {
+    f32::from_bits(e4m3_to_f32_bits(b))
 }
 
 /// float8_e5m2 to f32 (exact: it is the top byte of a float16).
@@ -39,15 +48,19 @@ fn e5m2_to_f32(b: u8) -> f32 {
     half::f16::from_bits(u16::from(b) << 8).to_f32()
 }
 
-/// f32 to float8_e4m3fn, rounding to nearest even; values at or beyond
-/// 480 in magnitude (and NaN) become NaN, as in torch (no infinity in this type).
+/// f32 to float8_e4m3fn, rounding to nearest even. The type has no
+/// infinity: finite values beyond 448 and infinities saturate to +-448, as
+/// torch does; NaN stays NaN (0x7f, with its sign).
 fn f32_to_e4m3(x: f32) -> u8 {
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
     let abs = bits & 0x7fff_ffff;
-    // 480.0: the first magnitude that rounds past the largest finite, 448.
-    if abs >= 0x43f0_0000 {
+    if abs > 0x7f80_0000 {
         return sign | 0x7f;
+    }
+    // 464 (the tie between 448 and the NaN pattern) and beyond: saturate.
+    if abs >= 0x43e8_0000 {
+        return sign | 0x7e;
     }
     // Below 2^-6 the result is subnormal (steps of 2^-9): adding 2^14, whose
     // ulp is 2^-9, makes the hardware round at that step; the low bits of
@@ -83,33 +96,7 @@ fn f32_to_e5m2(x: f32) -> u8 {
     sign | (rounded >> 21) as u8
 }
 
-fn read(d: DType, e: &[u8]) -> f64 {
-    let mut b = [0u8; 8];
-    b.iter_mut().zip(e).for_each(|(o, i)| *o = *i);
-    match d {
-        DType::F64 => f64::from_le_bytes(b),
-        DType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
-        DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-        DType::F8E4M3 => f64::from(e4m3_to_f32(b[0])),
-        _ => f64::from(e5m2_to_f32(b[0])),
-    }
-}
-
-fn write(d: DType, v: f64, out: &mut Vec<u8>) {
-    // Narrow types go through f32, as torch does from float64.
-    let f = v as f32;
-    match d {
-        DType::F64 => out.extend_from_slice(&v.to_le_bytes()),
-        DType::F32 => out.extend_from_slice(&f.to_le_bytes()),
-        DType::F16 => out.extend_from_slice(&half::f16::from_f32(f).to_le_bytes()),
-        DType::BF16 => out.extend_from_slice(&bf16_from_f32(f).to_le_bytes()),
-        DType::F8E4M3 => out.push(f32_to_e4m3(f)),
-        _ => out.push(f32_to_e5m2(f)),
-    }
-}
-
-/// bfloat16 with torch's rounding: nearest even, NaN as 0x7fc0.
+/// bfloat16 with torch's rounding: nearest even; NaN as 0x7fc0.
 fn bf16_from_f32(f: f32) -> u16 {
     if f.is_nan() {
         return 0x7fc0;
@@ -119,12 +106,71 @@ fn bf16_from_f32(f: f32) -> u16 {
     (bits.wrapping_add(rounding) >> 16) as u16
 }
 
-/// Convert little-endian elements of `from` to little-endian elements of `to`.
+/// One element, decoded: float64 sources keep their precision; every other
+/// source is exactly an f32.
+#[derive(Clone, Copy)]
+enum Elem {
+    F64(f64),
+    F32(f32),
+}
+
+fn read(d: DType, e: &[u8]) -> Elem {
+    let mut b = [0u8; 8];
+    b.iter_mut().zip(e).for_each(|(o, i)| *o = *i);
+    let [b0, b1, b2, b3, ..] = b;
+    match d {
+        DType::F64 => Elem::F64(f64::from_le_bytes(b)),
+        DType::F32 => Elem::F32(f32::from_le_bytes([b0, b1, b2, b3])),
+        DType::F16 => Elem::F32(half::f16::from_le_bytes([b0, b1]).to_f32()),
+        // bfloat16 is the top half of an f32: a plain shift, NaNs untouched.
+        DType::BF16 => Elem::F32(f32::from_bits(
+            u32::from(u16::from_le_bytes([b0, b1])) << 16,
+        )),
+        DType::F8E4M3 => Elem::F32(e4m3_to_f32(b0)),
+        _ => Elem::F32(e5m2_to_f32(b0)),
+    }
+}
+
+fn write(from: DType, to: DType, v: Elem, out: &mut Vec<u8>) {
+    // Narrow targets go through f32, as torch does from float64.
+    let f = match v {
+        Elem::F64(x) => x as f32,
+        Elem::F32(x) => x,
+    };
+    match to {
+        DType::F64 => out.extend_from_slice(
+            &match v {
+                Elem::F64(x) => x,
+                Elem::F32(x) => f64::from(x),
+            }
+            .to_le_bytes(),
+        ),
+        DType::F32 => out.extend_from_slice(&f.to_le_bytes()),
+        DType::F16 => {
+            // torch keeps an f32 NaN's payload in float16, and gives the
+            // canonical NaN from every other type.
+            let h = if f.is_nan() && from != DType::F32 {
+                half::f16::from_bits(0x7e00 | if f.is_sign_negative() { 0x8000 } else { 0 })
+            } else {
+                half::f16::from_f32(f)
+            };
+            out.extend_from_slice(&h.to_le_bytes());
+        }
+        DType::BF16 => out.extend_from_slice(&bf16_from_f32(f).to_le_bytes()),
+        DType::F8E4M3 => out.push(f32_to_e4m3(f)),
+        _ => out.push(f32_to_e5m2(f)),
+    }
+}
+
+/// Convert little-endian elements of `from` to little-endian elements of
+/// `to`, bit for bit as torch's `.to(dtype)` (its scalar CPU kernels).
 pub fn convert(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>> {
     if !can_convert(from, to) {
         return Err(Error::new(
             ErrorKind::Unsupported,
-            format!("conversion from {from} to {to} is not supported (floating types F64 F32 F16 BF16 F8_E4M3 F8_E5M2 only)"),
+            format!(
+                "conversion from {from} to {to} is not supported (floating types F64 F32 F16 BF16 F8_E4M3 F8_E5M2 only)"
+            ),
         ));
     }
     let n = bytes.len() / from.size();
@@ -134,7 +180,7 @@ pub fn convert(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>> {
         return Ok(out);
     }
     for e in bytes.chunks_exact(from.size()) {
-        write(to, read(from, e), &mut out);
+        write(from, to, read(from, e), &mut out);
     }
     Ok(out)
 }
@@ -151,8 +197,9 @@ mod tests {
             (-2.0, 0xc0),
             (448.0, 0x7e),
             (464.0, 0x7e),
-            (470.0, 0x7f),
-            (480.0, 0x7f),
+            (470.0, 0x7e),
+            (480.0, 0x7e),
+            (f32::INFINITY, 0x7e),
             (0.001953125, 0x01),
         ] {
             assert_eq!(f32_to_e4m3(x), b, "e4m3 {x}");

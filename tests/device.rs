@@ -1,0 +1,320 @@
+//! Executing plans: host fallback and strict mode on every machine, and
+//! (where a CUDA device exists) the bytes on the device.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+use ptload_device::{load, probe, LoadOptions, Placed};
+use ptload_reader::{Checkpoint, DType, Device, Keep, Plan, StateDictOptions, To};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/files")
+        .join(name)
+}
+
+fn open(name: &str) -> Checkpoint {
+    Checkpoint::open(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn everything(ckpt: &Checkpoint) -> Vec<ptload_reader::Selected> {
+    StateDictOptions {
+        key: ptload_reader::KeySelect::All,
+        strip: ptload_reader::Strip::None,
+        ..Default::default()
+    }
+    .select(ckpt)
+    .expect("select")
+}
+
+/// The row-major bytes of a loaded host tensor, read from its storage.
+fn host_tensor_bytes(
+    loaded: &ptload_device::Loaded<'_>,
+    t: &ptload_device::LoadedTensor,
+) -> Vec<u8> {
+    let Some(Placed::Host(storage)) = t.storage.and_then(|i| loaded.storages.get(i)) else {
+        panic!("{} is not on the host", t.name);
+    };
+    let elem = t.dtype.size() as u64;
+    let mut out = Vec::new();
+    let numel: u64 = t.shape.iter().product();
+    for flat in 0..numel {
+        let mut rest = flat;
+        let mut offset = t.storage_offset;
+        for (size, stride) in t.shape.iter().zip(&t.stride).rev() {
+            offset += (rest % size) * stride;
+            rest /= size;
+        }
+        let at = (offset * elem) as usize;
+        out.extend_from_slice(&storage[at..at + elem as usize]);
+    }
+    out
+}
+
+#[test]
+fn missing_gpus_fall_back_to_the_host_per_tensor() {
+    let gpus = probe();
+    if !gpus.devices().is_empty() {
+        eprintln!("skipped: this machine has a CUDA device; see the GPU tests");
+        return;
+    }
+    let ckpt = open("multi_gpu.pt");
+    let plan = Plan::new(&ckpt, &mut Keep).expect("plan");
+    let loaded = load(
+        &ckpt,
+        &everything(&ckpt),
+        &plan,
+        &gpus,
+        &LoadOptions::default(),
+    )
+    .expect("load");
+    for (t, view) in loaded.tensors.iter().zip(ckpt.tensors()) {
+        assert_eq!(t.target.to_string(), view.location(), "{}", t.name);
+        assert_eq!(t.device, Device::Host, "{}", t.name);
+        if view.location() == "cpu" {
+            assert_eq!(t.fallback, None, "{}", t.name);
+        } else {
+            let why = t.fallback.as_deref().unwrap_or_default();
+            assert!(why.contains("CUDA"), "{}: {why}", t.name);
+        }
+        assert_eq!(
+            host_tensor_bytes(&loaded, t),
+            &*view.data().expect("data"),
+            "{}",
+            t.name
+        );
+    }
+    let host = loaded
+        .devices
+        .iter()
+        .find(|d| d.device == Device::Host)
+        .expect("host report");
+    assert_eq!(host.tensors, 7);
+    assert_eq!(
+        host.bytes,
+        ckpt.storages().iter().map(|s| s.nbytes).sum::<u64>()
+    );
+}
+
+#[test]
+fn strict_fails_before_copying_with_torchs_words() {
+    let gpus = probe();
+    let ckpt = open("multi_gpu.pt");
+    let ordinal = gpus.devices().len() as u32 + 3;
+    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(ordinal))).expect("plan");
+    let opts = LoadOptions {
+        strict: true,
+        ..Default::default()
+    };
+    let e = load(&ckpt, &everything(&ckpt), &plan, &gpus, &opts).expect_err("no such device");
+    let text = e.to_string();
+    if gpus.devices().is_empty() {
+        assert!(
+            text.starts_with(
+                "Attempting to deserialize object on a CUDA device but no CUDA device is usable"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("--map-location cpu"), "{text}");
+    } else {
+        assert!(
+            text.starts_with(&format!(
+                "Attempting to deserialize object on CUDA device {ordinal}"
+            )),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn host_storages_are_borrowed_from_the_map_and_copied_once() {
+    let ckpt = open("views.pt");
+    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let loaded = load(
+        &ckpt,
+        &everything(&ckpt),
+        &plan,
+        &probe(),
+        &LoadOptions::default(),
+    )
+    .expect("load");
+    assert_eq!(
+        loaded.storages.len(),
+        ckpt.storages().len(),
+        "each storage once"
+    );
+    assert_eq!(loaded.tensors.len(), 10);
+    for (i, p) in loaded.storages.iter().enumerate() {
+        match p {
+            Placed::Host(Cow::Borrowed(b)) => {
+                assert_eq!(b.as_ptr(), ckpt.storage_bytes(i).expect("bytes").as_ptr())
+            }
+            other => panic!("storage {i} is not borrowed: {other:?}"),
+        }
+    }
+    let tied: Vec<_> = loaded
+        .tensors
+        .iter()
+        .filter(|t| t.name.ends_with("embed.weight") || t.name == "lm_head.weight")
+        .collect();
+    assert_eq!(tied.len(), 2);
+    assert_eq!(tied[0].storage, tied[1].storage);
+    for (t, view) in loaded.tensors.iter().zip(ckpt.tensors()) {
+        assert_eq!(
+            host_tensor_bytes(&loaded, t),
+            &*view.data().expect("data"),
+            "{}",
+            t.name
+        );
+    }
+}
+
+#[test]
+fn big_endian_storages_are_swapped_into_owned_buffers() {
+    let ckpt = open("bigendian.pt");
+    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let loaded = load(
+        &ckpt,
+        &everything(&ckpt),
+        &plan,
+        &probe(),
+        &LoadOptions::default(),
+    )
+    .expect("load");
+    for (t, view) in loaded.tensors.iter().zip(ckpt.tensors()) {
+        assert_eq!(
+            host_tensor_bytes(&loaded, t),
+            &*view.data().expect("data"),
+            "{}",
+            t.name
+        );
+        if t.dtype.size() > 1 {
+            assert!(
+                matches!(
+                    loaded.storages[t.storage.expect("storage")],
+                    Placed::Host(Cow::Owned(_))
+                ),
+                "{}",
+                t.name
+            );
+        }
+    }
+}
+
+#[test]
+fn meta_reads_nothing() {
+    let ckpt = open("multi_gpu.pt");
+    let plan = Plan::new(&ckpt, &mut To(Device::Meta)).expect("plan");
+    let loaded = load(
+        &ckpt,
+        &everything(&ckpt),
+        &plan,
+        &probe(),
+        &LoadOptions::default(),
+    )
+    .expect("load");
+    assert!(loaded
+        .tensors
+        .iter()
+        .all(|t| t.device == Device::Meta && t.storage.is_none()));
+    assert!(loaded.storages.is_empty());
+}
+
+#[test]
+fn dtype_conversion_is_explicit_and_per_tensor() {
+    let ckpt = open("training.ckpt");
+    let selection = StateDictOptions::default().select(&ckpt).expect("select");
+    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let opts = LoadOptions {
+        dtype: Some(DType::BF16),
+        ..Default::default()
+    };
+    let loaded = load(&ckpt, &selection, &plan, &probe(), &opts).expect("load");
+    assert_eq!(loaded.tensors.len(), selection.len());
+    for (t, s) in loaded.tensors.iter().zip(&selection) {
+        let view = ckpt.tensor_at(s.index).expect("tensor");
+        assert_eq!(t.dtype, DType::BF16);
+        assert_eq!(t.converted_from, Some(DType::F32));
+        let want = ptload_reader::convert(&view.data().expect("data"), DType::F32, DType::BF16)
+            .expect("convert");
+        assert_eq!(host_tensor_bytes(&loaded, t), want, "{}", t.name);
+    }
+}
+
+/// With a CUDA device: every fixture's bytes read back from the device
+/// equal the file's, an ordinal past the count falls back, and a budget
+/// smaller than the model spills to the host.
+#[test]
+fn gpu_round_trip() {
+    let gpus = probe();
+    if gpus.devices().is_empty() {
+        eprintln!("skipped: no CUDA device ({})", gpus.why_none());
+        return;
+    }
+    for name in [
+        "basic.pt",
+        "views.pt",
+        "dtypes.pt",
+        "multi_gpu.pt",
+        "bigendian.pt",
+        "deflated.pt",
+        "legacy.pt",
+    ] {
+        let ckpt = open(name);
+        let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+        let loaded = load(
+            &ckpt,
+            &everything(&ckpt),
+            &plan,
+            &gpus,
+            &LoadOptions::default(),
+        )
+        .expect("load");
+        for (t, view) in loaded.tensors.iter().zip(ckpt.tensors()) {
+            let Some(Placed::Cuda(c)) = t.storage.and_then(|i| loaded.storages.get(i)) else {
+                assert!(
+                    view.storage().is_none()
+                        || view.info().nbytes == 0
+                        || t.device != Device::Cuda(0),
+                    "{name}: {}",
+                    t.name
+                );
+                continue;
+            };
+            let back = c.read_back().expect("read back");
+            let storage = view.storage_bytes().expect("storage");
+            if ckpt.byte_order() == ptload_reader::ByteOrder::Little {
+                assert_eq!(back, storage, "{name}: {}", t.name);
+            } else {
+                assert_eq!(back.len(), storage.len(), "{name}: {}", t.name);
+            }
+        }
+    }
+    let ckpt = open("multi_gpu.pt");
+    let beyond = gpus.devices().len() as u32;
+    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(beyond))).expect("plan");
+    let loaded = load(
+        &ckpt,
+        &everything(&ckpt),
+        &plan,
+        &gpus,
+        &LoadOptions::default(),
+    )
+    .expect("load");
+    assert!(loaded
+        .tensors
+        .iter()
+        .all(|t| t.device == Device::Host && t.fallback.is_some()));
+    let mut budget = ptload_reader::Budget::new(vec![(Device::Cuda(0), 70_000)]);
+    let plan = Plan::new(&ckpt, &mut budget).expect("plan");
+    let loaded = load(
+        &ckpt,
+        &everything(&ckpt),
+        &plan,
+        &gpus,
+        &LoadOptions::default(),
+    )
+    .expect("load");
+    assert!(loaded.tensors.iter().any(|t| t.device == Device::Cuda(0)));
+    assert!(loaded.tensors.iter().any(|t| t.device == Device::Host));
+}
