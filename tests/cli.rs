@@ -233,6 +233,8 @@ fn demo_runs_on_the_embedded_checkpoint() {
     }
     assert!(text.contains("epoch = 7"), "{text}");
     assert!(text.contains("argparse.Namespace"), "{text}");
+    assert!(text.contains("--map-location auto"), "{text}");
+    assert!(text.contains("loaded 9 tensors"), "{text}");
 }
 
 fn targets(doc: &Json) -> Vec<(String, String, String)> {
@@ -346,4 +348,94 @@ fn key_selection_and_prefix_stripping() {
     assert!(all
         .iter()
         .any(|(n, _, _)| n.starts_with("optimizer_state_dict.")));
+}
+
+#[test]
+fn load_json_reports_every_tensor_and_its_fallback() {
+    let path = fixture("multi_gpu.pt");
+    let out = ptload(&["load", "--json", &path]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    let keys: Vec<&str> = doc
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keys, ["tensors", "devices", "seconds"]);
+    let tensors = doc["tensors"].as_array().expect("tensors");
+    let want = expected("multi_gpu.pt");
+    assert_eq!(
+        tensors.len(),
+        want["tensors"].as_array().expect("tensors").len()
+    );
+    let gpus = ptload_device::device_count();
+    for (t, w) in tensors
+        .iter()
+        .zip(want["tensors"].as_array().expect("tensors"))
+    {
+        let tk: Vec<&str> = t
+            .as_object()
+            .expect("tensor")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(tk, ["name", "target", "device", "fallback"]);
+        assert_eq!(t["name"], w["name"]);
+        assert_eq!(
+            t["target"], w["location"],
+            "no mapping: torch's None keeps the saved location"
+        );
+        let ordinal = w["location"]
+            .as_str()
+            .and_then(|l| l.strip_prefix("cuda:"))
+            .and_then(|n| n.parse::<usize>().ok());
+        match ordinal {
+            Some(n) if n >= gpus => {
+                assert_eq!(t["device"], "cpu");
+                assert!(t["fallback"].is_string(), "{t}");
+            }
+            _ => assert!(t["fallback"].is_null(), "{t}"),
+        }
+    }
+    assert!(doc["seconds"].as_f64().is_some());
+}
+
+#[test]
+fn load_strict_fails_like_torch_without_the_device() {
+    if ptload_device::device_count() >= 4 {
+        eprintln!("skipped: this machine has the 4 GPUs the checkpoint names");
+        return;
+    }
+    let out = ptload(&["load", "--strict", &fixture("multi_gpu.pt")]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("ptload: Attempting to deserialize object on"),
+        "{err}"
+    );
+    assert!(stdout(&out).is_empty());
+    let mapped = ptload(&[
+        "load",
+        "--strict",
+        "--map-location",
+        "cpu",
+        &fixture("multi_gpu.pt"),
+    ]);
+    assert_eq!(mapped.status.code(), Some(0), "{}", stderr(&mapped));
+}
+
+#[test]
+fn load_converts_only_when_asked() {
+    let path = fixture("training.ckpt");
+    let out = ptload(&["load", "--map-location", "cpu", "--dtype", "bf16", &path]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("9 floating tensors converted to BF16"),
+        "{}",
+        stdout(&out)
+    );
+    let bad = ptload(&["load", "--dtype", "int3", &path]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("expected F64, F32, F16, BF16, F8_E4M3 or F8_E5M2"));
 }

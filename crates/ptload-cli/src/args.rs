@@ -4,7 +4,7 @@
 
 use clap::{Args, ValueEnum};
 use ptload_reader::{
-    Balanced, Budget, ByName, Checkpoint, Device, First, Keep, KeySelect, Location, Mapper,
+    Balanced, Budget, ByName, Checkpoint, DType, Device, First, Keep, KeySelect, Location, Mapper,
     OpenOptions, Policy, StateDictOptions, StringEncoding, Strip, Table, To,
 };
 
@@ -288,6 +288,25 @@ impl StateDictArgs {
             renames,
         })
     }
+}
+
+/// `--dtype` names, as in ptload's output.
+pub(crate) fn parse_dtype(text: &str) -> CliResult<DType> {
+    let dtypes = [
+        DType::F64,
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F8E4M3,
+        DType::F8E5M2,
+    ];
+    dtypes
+        .into_iter()
+        .find(|d| d.name().eq_ignore_ascii_case(text.trim()))
+        .ok_or_else(|| {
+            format!("invalid --dtype {text:?}: expected F64, F32, F16, BF16, F8_E4M3 or F8_E5M2")
+                .into()
+        })
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use ptload_reader::Checkpoint;
 
 mod args;
 mod inspect;
+mod loadcmd;
 
 use args::{CliResult, GpuInfo, MapArgs, OpenArgs, StateDictArgs};
 
@@ -39,8 +40,28 @@ struct Cli {
 enum Command {
     /// List the tensors of a checkpoint: name, dtype, shape, location, size.
     Inspect(Box<InspectArgs>),
-    /// Inspect the embedded demo checkpoint.
+    /// Load the storages where the mapping says: CUDA devices, with host fallback per tensor.
+    Load(Box<LoadArgs>),
+    /// Inspect and load the embedded demo checkpoint (--map-location auto).
     Demo,
+}
+
+#[derive(Args)]
+struct LoadArgs {
+    /// The checkpoint.
+    file: PathBuf,
+    /// Print JSON: {"tensors": [{"name", "target", "device", "fallback"}], "devices": [...], "seconds"}.
+    #[arg(long)]
+    json: bool,
+    /// Convert floating tensors on load: F64, F32, F16, BF16, F8_E4M3, F8_E5M2.
+    #[arg(long, value_name = "DTYPE")]
+    dtype: Option<String>,
+    #[command(flatten)]
+    open: OpenArgs,
+    #[command(flatten)]
+    map: MapArgs,
+    #[command(flatten)]
+    state: StateDictArgs,
 }
 
 #[derive(Args)]
@@ -102,6 +123,22 @@ fn run(cli: Cli) -> CliResult<()> {
             std::mem::forget(rows);
             std::mem::forget(ckpt);
         }
+        Command::Load(a) => {
+            let ckpt = a.open.options().open(&a.file)?;
+            let gpus = ptload_device::probe();
+            let request = loadcmd::Request {
+                map: &a.map,
+                state: &a.state,
+                strict: a.open.strict,
+                dtype: a.dtype.as_deref(),
+            };
+            let loaded = loadcmd::run(&ckpt, &gpus, &request)?;
+            if a.json {
+                loadcmd::json(&mut out, &loaded)?;
+            } else {
+                loadcmd::summary(&mut out, &loaded, &gpus)?;
+            }
+        }
         Command::Demo => demo(&mut out)?,
     }
     out.flush()?;
@@ -126,6 +163,28 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
     writeln!(out, "\nValues (non-tensor leaves):")?;
     for (name, value) in ckpt.values() {
         writeln!(out, "  {name} = {}", inspect::scalar_text(value))?;
+    }
+    writeln!(
+        out,
+        "\nLoading the model (--key auto picks model_state_dict) with --map-location auto:"
+    )?;
+    let gpus = ptload_device::probe();
+    let map = MapArgs {
+        map_location: Some("auto".into()),
+        ..Default::default()
+    };
+    let state = StateDictArgs::default();
+    let request = loadcmd::Request {
+        map: &map,
+        state: &state,
+        strict: false,
+        dtype: None,
+    };
+    let loaded = loadcmd::run(&ckpt, &gpus, &request)?;
+    loadcmd::summary(out, &loaded, &gpus)?;
+    match gpus.devices().first() {
+        Some(g) => writeln!(out, "GPU: the tensors above went to cuda:0 ({}, {} total).", g.name, inspect::human_size(g.total))?,
+        None => writeln!(out, "Without a GPU, auto places everything on the host; on a CUDA machine the same command uploads to cuda:0.")?,
     }
     writeln!(
         out,

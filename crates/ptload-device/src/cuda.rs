@@ -124,6 +124,7 @@ pub(crate) fn upload(
     arena: &Arena,
     uploads: &[Upload<'_>],
     staging: &Staging,
+    progress: Option<&(dyn Fn(u64) + Send + Sync)>,
 ) -> Result<(), UploadError> {
     let buffer = staging.buffer_bytes.max(4096);
     let chunks: Vec<Chunk> = uploads
@@ -145,10 +146,20 @@ pub(crate) fn upload(
     let failed = AtomicBool::new(false);
     let error: Mutex<Option<String>> = Mutex::new(None);
     let workers = staging.streams_per_device.clamp(1, chunks.len());
+    let shared = Shared {
+        gpu,
+        base,
+        uploads,
+        chunks: &chunks,
+        next: &next,
+        failed: &failed,
+        buffer,
+        progress,
+    };
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| {
-                if let Err(e) = worker(gpu, base, uploads, &chunks, &next, &failed, buffer) {
+                if let Err(e) = worker(&shared) {
                     failed.store(true, Ordering::Relaxed);
                     if let Ok(mut slot) = error.lock() {
                         slot.get_or_insert(e);
@@ -163,15 +174,33 @@ pub(crate) fn upload(
     }
 }
 
-fn worker(
-    gpu: &Gpu,
+/// What every worker of one device's upload shares.
+struct Shared<'s, 'a> {
+    gpu: &'s Gpu,
+    /// Device address of the arena.
     base: u64,
-    uploads: &[Upload<'_>],
-    chunks: &[Chunk],
-    next: &AtomicUsize,
-    failed: &AtomicBool,
+    uploads: &'s [Upload<'a>],
+    chunks: &'s [Chunk],
+    /// Next chunk to take.
+    next: &'s AtomicUsize,
+    /// Set by a failing worker so the others stop.
+    failed: &'s AtomicBool,
+    /// Bytes per pinned buffer.
     buffer: usize,
-) -> Result<(), String> {
+    progress: Option<&'s (dyn Fn(u64) + Send + Sync)>,
+}
+
+fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
+    let Shared {
+        gpu,
+        base,
+        uploads,
+        chunks,
+        next,
+        failed,
+        buffer,
+        progress,
+    } = *shared;
     let ctx = gpu.context();
     ctx.bind_to_thread().map_err(|e| e.to_string())?;
     let stream = ctx.new_stream().map_err(|e| e.to_string())?;
@@ -225,6 +254,9 @@ fn worker(
             .map_err(|e| e.to_string())?;
         event.record(&stream).map_err(|e| e.to_string())?;
         recorded[slot] = true;
+        if let Some(p) = progress {
+            p(chunk.len as u64);
+        }
     }
     stream.synchronize().map_err(|e| e.to_string())
 }

@@ -10,8 +10,11 @@ use ptload_reader::{ByteOrder, Checkpoint, DType, Device, Plan, Selected};
 use crate::cuda::{self, Arena, Staging, Upload, UploadError};
 use crate::probe::Gpus;
 
+/// Called with the number of bytes just placed, from any thread.
+pub type Progress = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
+
 /// How to load.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct LoadOptions {
     /// Fail before copying anything when a planned GPU is missing, with
     /// torch's message, instead of falling back to the host.
@@ -21,6 +24,19 @@ pub struct LoadOptions {
     /// Convert floating tensors to this dtype (F64 F32 F16 BF16 F8_E4M3
     /// F8_E5M2); others are loaded as they are. Explicit, never implied.
     pub dtype: Option<DType>,
+    /// Told how many bytes each step placed (for progress bars).
+    pub progress: Option<Progress>,
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("strict", &self.strict)
+            .field("staging", &self.staging)
+            .field("dtype", &self.dtype)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
 }
 
 /// Why a load failed.
@@ -363,7 +379,14 @@ pub fn load<'c>(
                 })
             })
             .collect();
-        cuda::upload(gpu, &arena, &uploads, &opts.staging).map_err(|e| match e {
+        cuda::upload(
+            gpu,
+            &arena,
+            &uploads,
+            &opts.staging,
+            opts.progress.as_deref(),
+        )
+        .map_err(|e| match e {
             UploadError::OutOfMemory(message) | UploadError::Driver(message) => {
                 LoadError::Cuda { ordinal, message }
             }
@@ -396,6 +419,9 @@ pub fn load<'c>(
             (None, _) => {
                 source.device = Device::Host;
                 let bytes = source.bytes.take().unwrap_or_default();
+                if let Some(p) = &opts.progress {
+                    p(bytes.len() as u64);
+                }
                 Placed::Host(match source.swap {
                     Some(unit) => {
                         let mut owned = bytes.into_owned();

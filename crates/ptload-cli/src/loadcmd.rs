@@ -1,0 +1,200 @@
+//! `ptload load`: place every storage where the mapping says.
+
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use ptload_device::{load, Gpus, LoadOptions, Loaded};
+use ptload_reader::{Checkpoint, Device, Plan};
+use serde::Serialize;
+
+use crate::args::{parse_dtype, CliResult, GpuInfo, MapArgs, StateDictArgs};
+use crate::inspect::human_size;
+
+/// GPU facts from one probe.
+pub(crate) struct Probed<'g>(pub(crate) &'g Gpus);
+
+impl GpuInfo for Probed<'_> {
+    fn count(&self) -> usize {
+        self.0.devices().len()
+    }
+
+    fn totals(&self) -> Vec<(u32, u64)> {
+        self.0
+            .devices()
+            .iter()
+            .map(|g| (g.ordinal, g.total))
+            .collect()
+    }
+}
+
+/// Progress bars only for work worth watching, and only on a terminal.
+const PROGRESS_FROM_BYTES: u64 = 256 << 20;
+
+pub(crate) struct Request<'a> {
+    pub(crate) map: &'a MapArgs,
+    pub(crate) state: &'a StateDictArgs,
+    pub(crate) strict: bool,
+    pub(crate) dtype: Option<&'a str>,
+}
+
+/// Plan and load `ckpt`.
+pub(crate) fn run<'c>(
+    ckpt: &'c Checkpoint,
+    gpus: &Gpus,
+    req: &Request<'_>,
+) -> CliResult<Loaded<'c>> {
+    let mut mapper = req.map.mapper(ckpt, &Probed(gpus))?;
+    let plan = Plan::new(ckpt, mapper.as_mut())?;
+    let selection = req.state.options(false)?.select(ckpt)?;
+    let mut opts = LoadOptions {
+        strict: req.strict,
+        ..Default::default()
+    };
+    if let Some(d) = req.dtype {
+        opts.dtype = Some(parse_dtype(d)?);
+    }
+    let total: u64 = ckpt.storages().iter().map(|s| s.nbytes).sum();
+    let bar = (std::io::stderr().is_terminal() && total >= PROGRESS_FROM_BYTES).then(|| {
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    if let Some(bar) = &bar {
+        let bar = bar.clone();
+        opts.progress = Some(Arc::new(move |n| bar.inc(n)));
+    }
+    let loaded = load(ckpt, &selection, &plan, gpus, &opts)?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(loaded)
+}
+
+#[derive(Serialize)]
+struct TensorOut<'a> {
+    name: &'a str,
+    target: String,
+    device: String,
+    fallback: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct DeviceOut {
+    device: String,
+    tensors: usize,
+    bytes: u64,
+    seconds: f64,
+}
+
+#[derive(Serialize)]
+struct LoadOut<'a> {
+    tensors: Vec<TensorOut<'a>>,
+    devices: Vec<DeviceOut>,
+    seconds: f64,
+}
+
+pub(crate) fn json(out: &mut impl Write, loaded: &Loaded<'_>) -> CliResult<()> {
+    let doc = LoadOut {
+        tensors: loaded
+            .tensors
+            .iter()
+            .map(|t| TensorOut {
+                name: &t.name,
+                target: t.target.to_string(),
+                device: t.device.to_string(),
+                fallback: t.fallback.as_deref(),
+            })
+            .collect(),
+        devices: loaded
+            .devices
+            .iter()
+            .map(|d| DeviceOut {
+                device: d.device.to_string(),
+                tensors: d.tensors,
+                bytes: d.bytes,
+                seconds: d.seconds,
+            })
+            .collect(),
+        seconds: loaded.seconds,
+    };
+    serde_json::to_writer(&mut *out, &doc)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded<'_>, gpus: &Gpus) -> CliResult<()> {
+    let bytes: u64 = loaded.devices.iter().map(|d| d.bytes).sum();
+    writeln!(
+        out,
+        "loaded {} tensors ({}) in {:.3} s",
+        loaded.tensors.len(),
+        human_size(bytes),
+        loaded.seconds
+    )?;
+    for d in &loaded.devices {
+        let rate = match d.device {
+            Device::Cuda(_) if d.seconds > 0.0 => {
+                format!("  {:.2} GB/s", d.bytes as f64 / d.seconds / 1e9)
+            }
+            Device::Host => "  (mapped, no copy unless swapped or converted)".to_owned(),
+            _ => String::new(),
+        };
+        writeln!(
+            out,
+            "  {:<8} {:>6} tensors  {:>10}{rate}",
+            d.device.to_string(),
+            d.tensors,
+            human_size(d.bytes)
+        )?;
+    }
+    let fallbacks: Vec<_> = loaded
+        .tensors
+        .iter()
+        .filter(|t| t.fallback.is_some())
+        .collect();
+    if !fallbacks.is_empty() {
+        writeln!(out, "{} tensors fell back to the host:", fallbacks.len())?;
+        for t in fallbacks {
+            writeln!(
+                out,
+                "  {}: {} -> {} ({})",
+                t.name,
+                t.target,
+                t.device,
+                t.fallback.as_deref().unwrap_or("")
+            )?;
+        }
+    }
+    let converted = loaded
+        .tensors
+        .iter()
+        .filter(|t| t.converted_from.is_some())
+        .count();
+    if converted > 0 {
+        writeln!(
+            out,
+            "{converted} floating tensors converted to {}",
+            loaded
+                .tensors
+                .iter()
+                .find_map(|t| t.converted_from.map(|_| t.dtype))
+                .map(|d| d.name())
+                .unwrap_or("?")
+        )?;
+    }
+    if gpus.devices().is_empty()
+        && loaded
+            .devices
+            .iter()
+            .all(|d| d.device == Device::Host || d.device == Device::Meta)
+    {
+        writeln!(out, "GPU: {}", gpus.why_none())?;
+    }
+    Ok(())
+}
