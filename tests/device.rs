@@ -318,3 +318,21 @@ fn gpu_round_trip() {
     assert!(loaded.tensors.iter().any(|t| t.device == Device::Cuda(0)));
     assert!(loaded.tensors.iter().any(|t| t.device == Device::Host));
 }
+
+#[test]
+fn tied_weights_share_one_converted_storage() {
+    let ckpt = open("views.pt");
+    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let opts = LoadOptions {
+        dtype: Some(DType::F16),
+        ..Default::default()
+    };
+    let loaded = load(&ckpt, &everything(&ckpt), &plan, &probe(), &opts).expect("load");
+    let find = |n: &str| loaded.tensors.iter().find(|t| t.name == n).expect("tensor");
+    assert_eq!(find("embed.weight").storage, find("lm_head.weight").storage);
+    assert_ne!(
+        find("base").storage,
+        find("transposed").storage,
+        "different views convert separately"
+    );
+}

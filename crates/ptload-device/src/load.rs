@@ -224,6 +224,9 @@ pub fn load<'c>(
     let mut sources: Vec<Source<'c>> = Vec::new();
     let mut index_of: Vec<Option<usize>> = vec![None; ckpt.storages().len()];
     let mut tensors = Vec::with_capacity(selection.len());
+    // Identical views of one storage (tied weights) share one converted copy.
+    type View = (usize, u64, Vec<u64>, Vec<u64>);
+    let mut converted: Vec<(View, usize)> = Vec::new();
     for s in selection {
         let Some(view) = ckpt.tensor_at(s.index) else {
             continue;
@@ -263,19 +266,33 @@ pub fn load<'c>(
         } else if let Some(to) = convert {
             // Conversion happens on the host, from the row-major elements,
             // into a storage of its own; it is never fused into a copy.
-            let data = view.data()?;
-            let bytes = ptload_reader::convert(&data, info.dtype, to)?;
+            let key: View = (
+                info.storage.unwrap_or(usize::MAX),
+                info.storage_offset,
+                info.shape.clone(),
+                info.stride.clone(),
+            );
+            let existing = converted.iter().find(|(v, _)| *v == key).map(|&(_, k)| k);
+            let k = match existing {
+                Some(k) => k,
+                None => {
+                    let data = view.data()?;
+                    let bytes = ptload_reader::convert(&data, info.dtype, to)?;
+                    sources.push(Source {
+                        bytes: Some(Cow::Owned(bytes)),
+                        swap: None,
+                        device,
+                        fallback,
+                    });
+                    converted.push((key, sources.len() - 1));
+                    sources.len() - 1
+                }
+            };
             loaded.converted_from = Some(info.dtype);
             loaded.dtype = to;
             loaded.stride = contiguous_strides(&info.shape);
             loaded.storage_offset = 0;
-            loaded.storage = Some(sources.len());
-            sources.push(Source {
-                bytes: Some(Cow::Owned(bytes)),
-                swap: None,
-                device,
-                fallback,
-            });
+            loaded.storage = Some(k);
         } else if let Some(si) = info.storage {
             let existing = index_of.get(si).copied().flatten();
             loaded.storage = Some(match existing {
