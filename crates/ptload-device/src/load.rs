@@ -320,6 +320,7 @@ pub fn load<'c>(
     // CUDA storages: one arena per device, in source order (file order).
     let mut placed: Vec<Option<Placed<'c>>> = (0..sources.len()).map(|_| None).collect();
     let mut seconds_per_device: Vec<(u32, f64)> = Vec::new();
+    let mut prepared = Vec::new();
     let mut ordinals: Vec<u32> = sources
         .iter()
         .filter_map(|s| match s.device {
@@ -333,7 +334,6 @@ pub fn load<'c>(
         let Some(gpu) = gpus.get(ordinal) else {
             continue;
         };
-        let device_start = Instant::now();
         let members: Vec<usize> = (0..sources.len())
             .filter(|&k| {
                 sources
@@ -384,30 +384,56 @@ pub fn load<'c>(
             }
             Err(UploadError::Driver(message)) => return Err(LoadError::Cuda { ordinal, message }),
         };
-        let uploads: Vec<Upload<'_>> = members
+        prepared.push((ordinal, gpu, arena, members, offsets));
+    }
+    // Feed every device at once: one thread per device, each driving its
+    // own streams.
+    let sources_ref = &sources;
+    let results: Vec<(u32, Result<(), UploadError>, f64)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prepared
             .iter()
-            .zip(&offsets)
-            .filter_map(|(&k, &arena_offset)| {
-                let s = sources.get(k)?;
-                Some(Upload {
-                    bytes: s.bytes.as_deref()?,
-                    swap: s.swap,
-                    arena_offset,
+            .map(|(ordinal, gpu, arena, members, offsets)| {
+                let uploads: Vec<Upload<'_>> = members
+                    .iter()
+                    .zip(offsets)
+                    .filter_map(|(&k, &arena_offset)| {
+                        let s = sources_ref.get(k)?;
+                        Some(Upload {
+                            bytes: s.bytes.as_deref()?,
+                            swap: s.swap,
+                            arena_offset,
+                        })
+                    })
+                    .collect();
+                let staging = &opts.staging;
+                let progress = opts.progress.as_deref();
+                scope.spawn(move || {
+                    let started = Instant::now();
+                    let result = cuda::upload(gpu, arena, &uploads, staging, progress);
+                    (*ordinal, result, started.elapsed().as_secs_f64())
                 })
             })
             .collect();
-        cuda::upload(
-            gpu,
-            &arena,
-            &uploads,
-            &opts.staging,
-            opts.progress.as_deref(),
-        )
-        .map_err(|e| match e {
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or((
+                    u32::MAX,
+                    Err(UploadError::Driver("upload thread panicked".into())),
+                    0.0,
+                ))
+            })
+            .collect()
+    });
+    for (ordinal, result, seconds) in results {
+        result.map_err(|e| match e {
             UploadError::OutOfMemory(message) | UploadError::Driver(message) => {
                 LoadError::Cuda { ordinal, message }
             }
         })?;
+        seconds_per_device.push((ordinal, seconds));
+    }
+    for (ordinal, _, arena, members, offsets) in prepared {
         let arena = Arc::new(arena);
         for (&k, &offset) in members.iter().zip(&offsets) {
             let len = sources
@@ -423,7 +449,6 @@ pub fn load<'c>(
                 }));
             }
         }
-        seconds_per_device.push((ordinal, device_start.elapsed().as_secs_f64()));
     }
 
     // Everything else: the host (swapped into an owned copy if needed), or meta.
