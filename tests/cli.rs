@@ -439,3 +439,217 @@ fn load_converts_only_when_asked() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(stderr(&bad).contains("expected F64, F32, F16, BF16, F8_E4M3 or F8_E5M2"));
 }
+
+/// A checkpoint whose pickle calls os.system('echo pwned') next to a plain
+/// value: the classic payload. Written as torch would lay it out.
+fn payload_checkpoint(dir: &Path) -> String {
+    use std::io::Write as _;
+    let pickle: &[u8] =
+        b"\x80\x02}q\x00(X\x04\x00\x00\x00evilq\x01cos\nsystem\nq\x02X\n\x00\x00\x00echo pwnedq\x03\x85q\x04RX\x05\x00\x00\x00epochK\x07u.";
+    let path = dir.join("payload.pt");
+    let file = std::fs::File::create(&path).expect("create");
+    let mut zip = zip::ZipWriter::new(file);
+    let stored =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    zip.start_file("payload/data.pkl", stored).expect("entry");
+    zip.write_all(pickle).expect("write");
+    zip.start_file("payload/byteorder", stored).expect("entry");
+    zip.write_all(b"little").expect("write");
+    zip.finish().expect("finish");
+    path.display().to_string()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ptload-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+#[test]
+fn scan_flags_payloads_and_passes_clean_checkpoints() {
+    let dir = temp_dir("scan");
+    let payload = payload_checkpoint(&dir);
+    let out = ptload(&["scan", "--json", &payload, &fixture("basic.pt")]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    let files = doc["files"].as_array().expect("files");
+    assert_eq!(files[0]["verdict"], "flagged");
+    let evil = files[0]["globals"]
+        .as_array()
+        .expect("globals")
+        .iter()
+        .find(|g| g["global"] == "os.system")
+        .expect("os.system");
+    assert_eq!(evil["class"], "dangerous: process");
+    assert_eq!(evil["use"], "called");
+    assert_eq!(evil["record"], "payload/data.pkl");
+    assert_eq!(evil["offset"], 17, "the GLOBAL opcode's position");
+    assert_eq!(files[1]["verdict"], "clean");
+
+    for clean in [
+        "basic.pt",
+        "training.ckpt",
+        "whole_module.pt",
+        "torchscript.pt",
+        "legacy.pt",
+    ] {
+        let out = ptload(&["scan", &fixture(clean)]);
+        assert_eq!(out.status.code(), Some(0), "{clean}: {}", stdout(&out));
+    }
+    let unreadable = ptload(&["scan", &fixture("basic.pt"), &fixture("lfs_pointer.pt")]);
+    assert_eq!(unreadable.status.code(), Some(2));
+
+    // --strict refuses it as torch would; the default loads the plain
+    // values and reports the dangerous name; nothing ever runs.
+    let strict = ptload(&["inspect", "--strict", &payload]);
+    assert_eq!(strict.status.code(), Some(2));
+    assert!(stderr(&strict).contains("Unsupported global: GLOBAL os.system"));
+    let doc = inspect_json_path(&payload);
+    assert_eq!(doc["suspicious"], serde_json::json!(["os.system"]));
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+fn inspect_json_path(path: &str) -> Json {
+    let out = ptload(&["inspect", "--json", path]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).expect("json")
+}
+
+#[test]
+fn convert_writes_what_safetensors_reads_with_torchs_bytes() {
+    let dir = temp_dir("convert");
+    for (name, extra) in [
+        ("views.pt", vec![]),
+        ("bigendian.pt", vec!["--skip-unsupported"]),
+        ("dtypes.pt", vec!["--skip-unsupported"]),
+        ("legacy.pt", vec![]),
+        ("deflated.pt", vec![]),
+        ("quantized.pt", vec![]),
+    ] {
+        let out_path = dir.join(format!("{name}.safetensors"));
+        let mut args = vec!["convert", "--key", "all"];
+        let (input, output) = (fixture(name), out_path.display().to_string());
+        args.push(&input);
+        args.push(&output);
+        args.extend(extra.iter().copied());
+        let out = ptload(&args);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", stderr(&out));
+        let bytes = std::fs::read(&out_path).expect("read");
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors reads it");
+        let want = expected(name);
+        let mut written = 0;
+        for t in want["tensors"].as_array().expect("tensors") {
+            let tname = t["name"].as_str().expect("name");
+            let Ok(view) = st.tensor(tname) else {
+                assert!(
+                    matches!(t["dtype"].as_str(), Some("C32" | "C128")),
+                    "{name}: {tname} missing"
+                );
+                continue;
+            };
+            written += 1;
+            assert_eq!(
+                format!("{:?}", view.dtype()),
+                t["dtype"].as_str().expect("dtype"),
+                "{name}: {tname}"
+            );
+            assert_eq!(
+                Json::from(view.shape().to_vec()),
+                t["shape"],
+                "{name}: {tname}"
+            );
+            let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(view.data()));
+            assert_eq!(
+                digest,
+                t["sha256"].as_str().expect("sha"),
+                "{name}: {tname}"
+            );
+        }
+        assert_eq!(st.len(), written, "{name}");
+    }
+    // Unsupported dtypes are refused by name unless skipped; nothing is left behind.
+    let refused = dir.join("refused.safetensors");
+    let out = ptload(&[
+        "convert",
+        &fixture("dtypes.pt"),
+        &refused.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("c128 (safetensors has no C128 dtype)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!refused.exists());
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn convert_puts_plain_values_in_the_metadata() {
+    let dir = temp_dir("meta");
+    let path = dir.join("t.safetensors");
+    let out = ptload(&[
+        "convert",
+        &fixture("training.ckpt"),
+        &path.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let bytes = std::fs::read(&path).expect("read");
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("header");
+    let meta = meta.metadata().clone().expect("__metadata__");
+    assert_eq!(meta["epoch"], "7");
+    assert_eq!(meta["args.name"], "\"run1\"");
+    assert_eq!(meta["best_acc"], "0.875");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("read");
+    let plain: Vec<String> = targets(&inspect_json("plain_model.pt", &[]))
+        .into_iter()
+        .map(|(n, _, _)| n)
+        .collect();
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
+    names.sort();
+    let mut want = plain.clone();
+    want.sort();
+    assert_eq!(
+        names, want,
+        "the model of the training checkpoint, by default"
+    );
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn diff_reports_equal_and_different_pairs() {
+    let same = ptload(&[
+        "diff",
+        "--strip-prefix",
+        "auto",
+        &fixture("plain_model.pt"),
+        &fixture("dataparallel.pt"),
+    ]);
+    assert_eq!(same.status.code(), Some(0), "{}", stdout(&same));
+    let out = ptload(&[
+        "diff",
+        "--json",
+        "--key",
+        "auto",
+        &fixture("plain_model.pt"),
+        &fixture("training.ckpt"),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(doc["different"].as_array().expect("different").len(), 9);
+    let d = &doc["different"][0];
+    assert_eq!(d["what"], "bytes differ");
+    // One Adam step with lr 1e-3 moves every weight by about 1e-3.
+    let max = d["max_abs_diff"].as_f64().expect("max");
+    assert!((0.0009..0.0011).contains(&max), "{max}");
+    let names = ptload(&[
+        "diff",
+        "--json",
+        &fixture("basic.pt"),
+        &fixture("plain_model.pt"),
+    ]);
+    assert_eq!(names.status.code(), Some(1));
+    let doc: Json = serde_json::from_str(&stdout(&names)).expect("json");
+    assert!(!doc["only_in_a"].as_array().expect("a").is_empty());
+    assert!(!doc["only_in_b"].as_array().expect("b").is_empty());
+}

@@ -13,6 +13,7 @@ use ptload_reader::Checkpoint;
 mod args;
 mod inspect;
 mod loadcmd;
+mod tools;
 
 use args::{CliResult, GpuInfo, MapArgs, OpenArgs, StateDictArgs};
 
@@ -42,8 +43,63 @@ enum Command {
     Inspect(Box<InspectArgs>),
     /// Load the storages where the mapping says: CUDA devices, with host fallback per tensor.
     Load(Box<LoadArgs>),
+    /// Write the state dict as a safetensors file, streamed from the file.
+    Convert(Box<ConvertArgs>),
+    /// List every global the pickles reference, classified; exit 1 if any is dangerous or an unknown callable.
+    Scan(ScanArgs),
+    /// Compare two checkpoints tensor by tensor; exit 1 if they differ.
+    Diff(Box<DiffArgs>),
     /// Inspect and load the embedded demo checkpoint (--map-location auto).
     Demo,
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    /// The checkpoint.
+    input: PathBuf,
+    /// The safetensors file to write.
+    output: PathBuf,
+    /// Convert floating tensors: F64, F32, F16, BF16, F8_E4M3, F8_E5M2.
+    #[arg(long, value_name = "DTYPE")]
+    dtype: Option<String>,
+    /// Leave out tensors safetensors cannot hold (complex128, ...), with a warning each.
+    #[arg(long = "skip-unsupported")]
+    skip_unsupported: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    open: OpenArgs,
+    #[command(flatten)]
+    state: StateDictArgs,
+}
+
+#[derive(Args)]
+struct ScanArgs {
+    /// Checkpoints to scan.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// How Python 2 strings decode.
+    #[arg(long, value_enum, default_value = "utf8")]
+    encoding: args::Encoding,
+}
+
+#[derive(Args)]
+struct DiffArgs {
+    /// First checkpoint.
+    a: PathBuf,
+    /// Second checkpoint.
+    b: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    open: OpenArgs,
+    #[command(flatten)]
+    state: StateDictArgs,
 }
 
 #[derive(Args)]
@@ -99,7 +155,7 @@ impl GpuInfo for MachineGpus {
     }
 }
 
-fn run(cli: Cli) -> CliResult<()> {
+fn run(cli: Cli) -> CliResult<u8> {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     match cli.command {
@@ -139,10 +195,40 @@ fn run(cli: Cli) -> CliResult<()> {
                 loadcmd::summary(&mut out, &loaded, &gpus)?;
             }
         }
+        Command::Convert(a) => {
+            let ckpt = a.open.options().open(&a.input)?;
+            let state = a.state.options(false)?;
+            tools::convert(
+                &mut out,
+                &ckpt,
+                &state,
+                &a.output,
+                a.dtype.as_deref(),
+                a.skip_unsupported,
+                a.json,
+            )?;
+        }
+        Command::Scan(a) => {
+            let open = OpenArgs {
+                strict: false,
+                allow_global: Vec::new(),
+                encoding: a.encoding,
+            };
+            let verdict = tools::scan(&mut out, &a.files, &open.options(), a.json)?;
+            out.flush()?;
+            return Ok(verdict);
+        }
+        Command::Diff(a) => {
+            let opts = a.open.options();
+            let (ca, cb) = (opts.open(&a.a)?, opts.open(&a.b)?);
+            let verdict = tools::diff(&mut out, &ca, &cb, &a.state.options(true)?, a.json)?;
+            out.flush()?;
+            return Ok(verdict);
+        }
         Command::Demo => demo(&mut out)?,
     }
     out.flush()?;
-    Ok(())
+    Ok(0)
 }
 
 fn demo(out: &mut impl Write) -> CliResult<()> {
@@ -197,7 +283,7 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             if let Some(io) = e.downcast_ref::<io::Error>() {
                 if io.kind() == io::ErrorKind::BrokenPipe {

@@ -35,9 +35,11 @@ mod checkpoint;
 mod container;
 mod convert;
 mod error;
+mod export;
 mod limits;
 mod mapping;
 mod pickle;
+mod scan;
 #[allow(unsafe_code)]
 mod source;
 mod statedict;
@@ -47,12 +49,14 @@ mod view;
 pub use checkpoint::{ByteOrder, Checkpoint, Format, OpenOptions, StorageInfo, TensorInfo};
 pub use convert::{can_convert, convert};
 pub use error::{Error, ErrorKind, Result};
+pub use export::{safetensors_dtype, write_safetensors, SafetensorsOptions, Written};
 pub use limits::Limits;
 pub use mapping::{
     glob, Balanced, Budget, ByName, BySize, Device, First, Keep, Location, Mapper, Placement, Plan,
     StorageRequest, Table, To,
 };
 pub use pickle::StringEncoding;
+pub use scan::{classify, Danger, GlobalClass};
 pub use statedict::{auto_key, KeySelect, Selected, StateDictOptions, Strip, MODEL_KEYS};
 pub use torch::dtype::DType;
 pub use torch::interp::GlobalRef;

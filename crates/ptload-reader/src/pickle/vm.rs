@@ -621,13 +621,15 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             }
             // Names and calls: nothing is ever imported or called.
             b'c' => {
-                let offset = self.r.pos() as u64;
+                // The opcode's own position, as pickletools shows it.
+                let offset = (self.r.pos() as u64).saturating_sub(1);
                 let (module, name) = self.global_line()?;
                 let g = self.global(&module, &name, offset)?;
                 self.push(g)?;
             }
             0x93 => {
-                let offset = self.r.pos() as u64;
+                // The opcode's own position, as pickletools shows it.
+                let offset = (self.r.pos() as u64).saturating_sub(1);
                 let name = self.pop()?;
                 let module = self.pop()?;
                 let (Some(module), Some(name)) = (self.heap.str(module), self.heap.str(name))
@@ -658,7 +660,8 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 self.push(v)?;
             }
             b'i' => {
-                let offset = self.r.pos() as u64;
+                // The opcode's own position, as pickletools shows it.
+                let offset = (self.r.pos() as u64).saturating_sub(1);
                 let (module, name) = self.global_line()?;
                 let base = self.pop_mark_base()?;
                 let args = self.tuple_from(base)?;

@@ -2,8 +2,6 @@
 
 use std::hash::BuildHasher;
 
-use hashbrown::HashSet;
-
 use super::dtype::DType;
 use super::policy::{always_blocked, torch_allows, Policy};
 use super::{Global, Known, Layout, NdArray, NumpyDtype, QuantParams, TensorMeta, TorchObj};
@@ -43,6 +41,10 @@ pub struct GlobalRef {
     pub offset: u64,
     /// Whether torch's `weights_only=True` allowlist admits it.
     pub torch_allowed: bool,
+    /// Whether a REDUCE called it (it is used as a function).
+    pub called: bool,
+    /// Whether NEWOBJ, INST or OBJ instantiated it (it is used as a class).
+    pub instantiated: bool,
 }
 
 impl GlobalRef {
@@ -60,7 +62,7 @@ pub(crate) struct TorchInterp<'p> {
     hasher: hashbrown::DefaultHashBuilder,
     namespace: usize,
     pub(crate) globals: Vec<GlobalRef>,
-    seen: HashSet<(String, String, String)>,
+    seen: hashbrown::HashMap<(String, String, String), usize>,
     policy: Policy,
     allowed: &'p [String],
     /// The pickle record being run, for errors and the global list.
@@ -199,7 +201,7 @@ impl<'p> TorchInterp<'p> {
             hasher: Default::default(),
             namespace: 0,
             globals: Vec::new(),
-            seen: HashSet::new(),
+            seen: hashbrown::HashMap::new(),
             policy,
             allowed,
             record: String::new(),
@@ -542,29 +544,35 @@ impl Interpreter for TorchInterp<'_> {
                 ));
             }
         }
-        if self
-            .seen
-            .insert((module.to_owned(), name.to_owned(), self.record.clone()))
-        {
+        let key = (module.to_owned(), name.to_owned(), self.record.clone());
+        let next = self.globals.len();
+        let seen = *self.seen.entry(key).or_insert(next);
+        if seen == next {
             self.globals.push(GlobalRef {
                 module: module.to_owned(),
                 name: name.to_owned(),
                 record: self.record.clone(),
                 offset,
                 torch_allowed,
+                called: false,
+                instantiated: false,
             });
         }
         heap.alloc(Obj::Torch(TorchObj::Global(Global {
             module: module.into(),
             name: name.into(),
             known: Known::of(module, name),
+            seen,
         })))
     }
 
     fn call(&mut self, heap: &mut Heap, callable: Value, args: Value) -> Result<Value> {
-        let Some((which, _)) = known(heap, callable) else {
+        let Some((which, g)) = known(heap, callable) else {
             return self.inert(heap, callable, args);
         };
+        if let Some(r) = self.globals.get_mut(g.seen) {
+            r.called = true;
+        }
         let func = which.name();
         match which {
             Known::RebuildTensor
@@ -698,6 +706,11 @@ impl Interpreter for TorchInterp<'_> {
     }
 
     fn new_object(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value> {
+        if let Some((_, g)) = known(heap, cls) {
+            if let Some(r) = self.globals.get_mut(g.seen) {
+                r.instantiated = true;
+            }
+        }
         match known(heap, cls).map(|(k, _)| k) {
             Some(Known::OrderedDict) => heap.alloc(Obj::Dict(Box::default())),
             Some(Known::Set | Known::FrozenSet) => heap.alloc(Obj::Set(Vec::new())),

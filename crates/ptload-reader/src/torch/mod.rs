@@ -18,6 +18,8 @@ pub(crate) struct Global {
     pub(crate) module: Box<str>,
     pub(crate) name: Box<str>,
     pub(crate) known: Known,
+    /// Index of its entry in the list of globals seen.
+    pub(crate) seen: usize,
 }
 
 /// Globals whose meaning the reader reproduces.

@@ -1,0 +1,365 @@
+//! `convert`, `scan` and `diff`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use ptload_reader::{
+    classify, Checkpoint, DType, GlobalClass, OpenOptions, SafetensorsOptions, Selected,
+    StateDictOptions,
+};
+use serde::Serialize;
+
+use crate::args::{parse_dtype, CliResult};
+use crate::inspect::human_size;
+
+/// Exit code of a command that judges: 0 nothing found, 1 findings, 2 error.
+pub(crate) type Verdict = u8;
+
+// ---- convert ----------------------------------------------------------
+
+pub(crate) fn convert(
+    out: &mut impl Write,
+    ckpt: &Checkpoint,
+    state: &StateDictOptions,
+    output: &Path,
+    dtype: Option<&str>,
+    skip_unsupported: bool,
+    json: bool,
+) -> CliResult<()> {
+    let selection = state.select(ckpt)?;
+    let opts = SafetensorsOptions {
+        dtype: dtype.map(parse_dtype).transpose()?,
+        skip_unsupported,
+    };
+    // Write beside the target and rename: a failed conversion leaves no
+    // half-written file under the requested name.
+    let tmp = output.with_file_name(format!(
+        ".{}.ptload-partial",
+        output
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("output")
+    ));
+    let result = (|| -> CliResult<ptload_reader::Written> {
+        let file = std::fs::File::create(&tmp)
+            .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+        let written = ptload_reader::write_safetensors(ckpt, &selection, &opts, &mut w)?;
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp, output)
+            .map_err(|e| format!("cannot write {}: {e}", output.display()))?;
+        Ok(written)
+    })();
+    let written = match result {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    for s in &written.skipped {
+        eprintln!("ptload: warning: skipped {s}");
+    }
+    if json {
+        #[derive(Serialize)]
+        struct ConvertOut<'a> {
+            output: String,
+            tensors: usize,
+            bytes: u64,
+            metadata: usize,
+            skipped: &'a [String],
+        }
+        serde_json::to_writer(
+            &mut *out,
+            &ConvertOut {
+                output: output.display().to_string(),
+                tensors: written.tensors,
+                bytes: written.bytes,
+                metadata: written.metadata,
+                skipped: &written.skipped,
+            },
+        )?;
+        writeln!(out)?;
+    } else {
+        writeln!(
+            out,
+            "wrote {}: {} tensors, {} of data, {} metadata values{}",
+            output.display(),
+            written.tensors,
+            human_size(written.bytes),
+            written.metadata,
+            if written.skipped.is_empty() {
+                String::new()
+            } else {
+                format!(", {} skipped", written.skipped.len())
+            }
+        )?;
+    }
+    Ok(())
+}
+
+// ---- scan -------------------------------------------------------------
+
+#[derive(Serialize)]
+struct GlobalOut {
+    global: String,
+    record: String,
+    offset: u64,
+    #[serde(rename = "use")]
+    usage: &'static str,
+    class: String,
+}
+
+#[derive(Serialize)]
+struct FileScan {
+    file: String,
+    format: Option<&'static str>,
+    verdict: &'static str,
+    globals: Vec<GlobalOut>,
+    error: Option<String>,
+}
+
+/// Scan one file: its globals, each classified, and whether it is flagged.
+fn scan_file(path: &Path, opts: &OpenOptions) -> FileScan {
+    let file = path.display().to_string();
+    let ckpt = match opts.open(path) {
+        Ok(c) => c,
+        Err(e) => {
+            return FileScan {
+                file,
+                format: None,
+                verdict: "error",
+                globals: Vec::new(),
+                error: Some(e.to_string()),
+            };
+        }
+    };
+    let mut flagged = false;
+    let globals = ckpt
+        .globals()
+        .iter()
+        .map(|g| {
+            let class = classify(&g.module, &g.name);
+            let usage = match (g.called, g.instantiated) {
+                (true, _) => "called",
+                (false, true) => "instantiated",
+                _ => "referenced",
+            };
+            flagged |= matches!(class, GlobalClass::Dangerous(_))
+                || (class == GlobalClass::Unknown && g.called);
+            GlobalOut {
+                global: g.path(),
+                record: g.record.clone(),
+                offset: g.offset,
+                usage,
+                class: class.label(),
+            }
+        })
+        .collect();
+    FileScan {
+        file,
+        format: Some(ckpt.format().name()),
+        verdict: if flagged { "flagged" } else { "clean" },
+        globals,
+        error: None,
+    }
+}
+
+pub(crate) fn scan(
+    out: &mut impl Write,
+    files: &[PathBuf],
+    opts: &OpenOptions,
+    json: bool,
+) -> CliResult<Verdict> {
+    let scans: Vec<FileScan> = files.iter().map(|f| scan_file(f, opts)).collect();
+    let verdict = scans
+        .iter()
+        .map(|s| match s.verdict {
+            "error" => 2,
+            "flagged" => 1,
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0);
+    if json {
+        #[derive(Serialize)]
+        struct ScanOut<'a> {
+            files: &'a [FileScan],
+        }
+        serde_json::to_writer(&mut *out, &ScanOut { files: &scans })?;
+        writeln!(out)?;
+        return Ok(verdict);
+    }
+    for s in &scans {
+        match &s.error {
+            Some(e) => writeln!(out, "{}: cannot be read: {e}", s.file)?,
+            None => {
+                writeln!(
+                    out,
+                    "{}: {} ({} globals)",
+                    s.file,
+                    s.verdict.to_uppercase(),
+                    s.globals.len()
+                )?;
+                let width = s.globals.iter().map(|g| g.global.len()).max().unwrap_or(0);
+                for g in &s.globals {
+                    writeln!(
+                        out,
+                        "  {:<width$}  {:<12}  {:<32}  {} +{:#x}",
+                        g.global, g.usage, g.class, g.record, g.offset
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(verdict)
+}
+
+// ---- diff -------------------------------------------------------------
+
+#[derive(Serialize, Default)]
+struct DiffOut {
+    only_in_a: Vec<String>,
+    only_in_b: Vec<String>,
+    different: Vec<Difference>,
+    equal: usize,
+}
+
+#[derive(Serialize)]
+struct Difference {
+    name: String,
+    what: String,
+    max_abs_diff: Option<f64>,
+}
+
+fn as_f64(bytes: &[u8], dtype: DType) -> Option<Vec<f64>> {
+    let wide = ptload_reader::convert(bytes, dtype, DType::F64).ok()?;
+    Some(
+        wide.chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect(),
+    )
+}
+
+fn compare(
+    a: &Checkpoint,
+    sa: &Selected,
+    b: &Checkpoint,
+    sb: &Selected,
+) -> CliResult<Option<Difference>> {
+    let (ta, tb) = match (a.tensor_at(sa.index), b.tensor_at(sb.index)) {
+        (Some(x), Some(y)) => (x, y),
+        _ => return Ok(None),
+    };
+    let name = sa.name.clone();
+    if ta.dtype() != tb.dtype() {
+        return Ok(Some(Difference {
+            name,
+            what: format!("dtype {} vs {}", ta.dtype(), tb.dtype()),
+            max_abs_diff: None,
+        }));
+    }
+    if ta.shape() != tb.shape() {
+        return Ok(Some(Difference {
+            name,
+            what: format!("shape {:?} vs {:?}", ta.shape(), tb.shape()),
+            max_abs_diff: None,
+        }));
+    }
+    let (da, db) = match (ta.data(), tb.data()) {
+        (Ok(x), Ok(y)) => (x, y),
+        // Meta tensors: equal when dtype and shape are.
+        (Err(_), Err(_)) => return Ok(None),
+        _ => {
+            return Ok(Some(Difference {
+                name,
+                what: "one side has no data (meta)".into(),
+                max_abs_diff: None,
+            }))
+        }
+    };
+    if da == db {
+        return Ok(None);
+    }
+    // NaN anywhere makes the largest difference NaN.
+    let max = match (as_f64(&da, ta.dtype()), as_f64(&db, tb.dtype())) {
+        (Some(x), Some(y)) => Some(x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(
+            0.0f64,
+            |m, d| {
+                if m.is_nan() || d.is_nan() {
+                    f64::NAN
+                } else {
+                    m.max(d)
+                }
+            },
+        )),
+        _ => None,
+    };
+    Ok(Some(Difference {
+        name,
+        what: "bytes differ".into(),
+        max_abs_diff: max,
+    }))
+}
+
+pub(crate) fn diff(
+    out: &mut impl Write,
+    a: &Checkpoint,
+    b: &Checkpoint,
+    state: &StateDictOptions,
+    json: bool,
+) -> CliResult<Verdict> {
+    let sel_a = state.select(a)?;
+    let sel_b = state.select(b)?;
+    let mut result = DiffOut::default();
+    let index_b: std::collections::HashMap<&str, &Selected> =
+        sel_b.iter().map(|s| (s.name.as_str(), s)).collect();
+    let names_a: std::collections::HashSet<&str> = sel_a.iter().map(|s| s.name.as_str()).collect();
+    for sa in &sel_a {
+        match index_b.get(sa.name.as_str()) {
+            None => result.only_in_a.push(sa.name.clone()),
+            Some(sb) => match compare(a, sa, b, sb)? {
+                Some(d) => result.different.push(d),
+                None => result.equal += 1,
+            },
+        }
+    }
+    result.only_in_b = sel_b
+        .iter()
+        .filter(|s| !names_a.contains(s.name.as_str()))
+        .map(|s| s.name.clone())
+        .collect();
+    let same =
+        result.only_in_a.is_empty() && result.only_in_b.is_empty() && result.different.is_empty();
+    if json {
+        serde_json::to_writer(&mut *out, &result)?;
+        writeln!(out)?;
+    } else {
+        for n in &result.only_in_a {
+            writeln!(out, "only in A: {n}")?;
+        }
+        for n in &result.only_in_b {
+            writeln!(out, "only in B: {n}")?;
+        }
+        for d in &result.different {
+            match d.max_abs_diff {
+                Some(m) => writeln!(
+                    out,
+                    "different: {}: {} (max abs diff {m:e})",
+                    d.name, d.what
+                )?,
+                None => writeln!(out, "different: {}: {}", d.name, d.what)?,
+            }
+        }
+        writeln!(
+            out,
+            "{}: {} equal, {} different, {} only in A, {} only in B",
+            if same { "equal" } else { "different" },
+            result.equal,
+            result.different.len(),
+            result.only_in_a.len(),
+            result.only_in_b.len()
+        )?;
+    }
+    Ok(if same { 0 } else { 1 })
+}
