@@ -60,3 +60,41 @@ fn every_pair_matches_torch() {
         failures.join("\n")
     );
 }
+
+/// The streaming writer (any `Write`) and the file writer (kernel copies
+/// from the source file) produce the same bytes.
+#[test]
+fn both_safetensors_writers_agree() {
+    use ptload_reader::{
+        write_safetensors, write_safetensors_file, KeySelect, SafetensorsOptions, StateDictOptions,
+        Strip,
+    };
+    let dir = std::env::temp_dir().join(format!("ptload-writers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    for name in [
+        "views.pt",
+        "training.ckpt",
+        "bigendian.pt",
+        "multi_gpu.pt",
+        "conversions.pt",
+    ] {
+        let ckpt = Checkpoint::open(fixtures().join("files").join(name)).expect("open");
+        let sel = StateDictOptions {
+            key: KeySelect::All,
+            strip: Strip::None,
+            ..Default::default()
+        }
+        .select(&ckpt)
+        .expect("select");
+        let opts = SafetensorsOptions {
+            dtype: None,
+            skip_unsupported: true,
+        };
+        let mut streamed = Vec::new();
+        write_safetensors(&ckpt, &sel, &opts, &mut streamed).expect("stream");
+        let path = dir.join(format!("{name}.safetensors"));
+        write_safetensors_file(&ckpt, &sel, &opts, &path).expect("file");
+        assert_eq!(std::fs::read(&path).expect("read"), streamed, "{name}");
+    }
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

@@ -41,11 +41,8 @@ pub(crate) fn convert(
             .unwrap_or("output")
     ));
     let result = (|| -> CliResult<ptload_reader::Written> {
-        let file = std::fs::File::create(&tmp)
-            .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
-        let written = ptload_reader::write_safetensors(ckpt, &selection, &opts, &mut w)?;
-        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        let written = ptload_reader::write_safetensors_file(ckpt, &selection, &opts, &tmp)?;
+        // Like cp, no fsync: the rename makes the file appear whole.
         std::fs::rename(&tmp, output)
             .map_err(|e| format!("cannot write {}: {e}", output.display()))?;
         Ok(written)

@@ -313,6 +313,11 @@ impl Checkpoint {
         self.pickle_protocol
     }
 
+    /// The path the checkpoint was mapped from, to open more handles.
+    pub(crate) fn source_path(&self) -> Option<&Path> {
+        self.source.path()
+    }
+
     /// Whether the tensor bytes come from a memory map of the file.
     pub fn is_mapped(&self) -> bool {
         self.source.is_mapped()

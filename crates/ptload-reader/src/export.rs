@@ -71,6 +71,8 @@ fn plain_json(v: &Scalar) -> Option<String> {
     })
 }
 
+const PAGE: u64 = 4096;
+
 struct Planned {
     index: usize,
     name: String,
@@ -79,16 +81,12 @@ struct Planned {
     nbytes: u64,
 }
 
-/// Write the `selection` of `ckpt` to `out` in the safetensors format:
-/// contiguous, little-endian, one entry per tensor (a storage shared by
-/// several tensors is written once per tensor), plain values in
-/// `__metadata__` as JSON text under their flattened names.
-pub fn write_safetensors(
+/// The header and the tensors to write, checked before anything is written.
+fn plan(
     ckpt: &Checkpoint,
     selection: &[Selected],
     opts: &SafetensorsOptions,
-    out: &mut impl Write,
-) -> Result<Written> {
+) -> Result<(String, Vec<Planned>, Written)> {
     let mut written = Written::default();
     let mut planned = Vec::with_capacity(selection.len());
     let mut refused = Vec::new();
@@ -179,6 +177,21 @@ pub fn write_safetensors(
     while (header.len() + 8) % 8 != 0 {
         header.push(' ');
     }
+    written.metadata = metadata.len();
+    Ok((header, planned, written))
+}
+
+/// Write the `selection` of `ckpt` to `out` in the safetensors format:
+/// contiguous, little-endian, one entry per tensor (a storage shared by
+/// several tensors is written once per tensor), plain values in
+/// `__metadata__` as JSON text under their flattened names.
+pub fn write_safetensors(
+    ckpt: &Checkpoint,
+    selection: &[Selected],
+    opts: &SafetensorsOptions,
+    out: &mut impl Write,
+) -> Result<Written> {
+    let (header, planned, mut written) = plan(ckpt, selection, opts)?;
     let io = |e: std::io::Error| Error::io("cannot write the safetensors file", e);
     out.write_all(&(header.len() as u64).to_le_bytes())
         .map_err(io)?;
@@ -187,26 +200,90 @@ pub fn write_safetensors(
         let view = ckpt
             .tensor_at(p.index)
             .ok_or_else(|| Error::new(ErrorKind::Tensor, "tensor index"))?;
-        if p.convert {
-            let data = view.data()?;
-            let bytes = crate::convert(&data, view.dtype(), p.dtype)?;
-            out.write_all(&bytes).map_err(io)?;
-        } else {
-            let mut failure = None;
-            view.visit_bytes(|chunk| {
-                if failure.is_none() {
-                    if let Err(e) = out.write_all(chunk) {
-                        failure = Some(e);
-                    }
-                }
-            })?;
-            if let Some(e) = failure {
-                return Err(io(e));
-            }
-        }
+        write_tensor_bytes(&view, p, out)?;
         written.tensors += 1;
         written.bytes += p.nbytes;
     }
-    written.metadata = metadata.len();
     Ok(written)
+}
+
+/// Write a safetensors file at `path`. Tensors that lie unchanged in a
+/// mapped source file are copied by the kernel where the OS can
+/// (`copy_file_range` on Linux, through `std::io::copy`), with a handle of
+/// this call's own; the others are gathered from the map. Same format as
+/// [`write_safetensors`].
+pub fn write_safetensors_file(
+    ckpt: &Checkpoint,
+    selection: &[Selected],
+    opts: &SafetensorsOptions,
+    path: &std::path::Path,
+) -> Result<Written> {
+    use std::io::{Read, Seek, SeekFrom};
+    let (header, planned, mut written) = plan(ckpt, selection, opts)?;
+    let io = |e: std::io::Error| Error::io(format!("cannot write {}", path.display()), e);
+    let out = std::fs::File::create(path).map_err(io)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, out);
+    out.write_all(&(header.len() as u64).to_le_bytes())
+        .map_err(io)?;
+    out.write_all(header.as_bytes()).map_err(io)?;
+    // A handle of our own: its file position is ours to move.
+    let mut source = match ckpt.source_path() {
+        Some(p) => Some(std::fs::File::open(p).map_err(io)?),
+        None => None,
+    };
+    let mut position = 8 + header.len() as u64;
+    for p in &planned {
+        let view = ckpt
+            .tensor_at(p.index)
+            .ok_or_else(|| Error::new(ErrorKind::Tensor, "tensor index"))?;
+        let range = view.file_range().filter(|_| !p.convert);
+        match (source.as_mut(), range) {
+            (Some(src), Some((offset, len))) => {
+                // The kernel copies fastest into whole pages of the output,
+                // so the head up to the next page boundary comes from the map.
+                let head = ((PAGE - position % PAGE) % PAGE).min(len);
+                let data = view.data()?;
+                out.write_all(data.get(..head as usize).unwrap_or_default())
+                    .map_err(io)?;
+                src.seek(SeekFrom::Start(offset + head)).map_err(io)?;
+                let copied = std::io::copy(&mut src.take(len - head), &mut out).map_err(io)?;
+                if copied != len - head {
+                    return Err(Error::new(
+                        ErrorKind::Tensor,
+                        format!("file ended {} bytes early", len - head - copied),
+                    )
+                    .for_tensor(view.name()));
+                }
+            }
+            _ => write_tensor_bytes(&view, p, &mut out)?,
+        }
+        position += p.nbytes;
+        written.tensors += 1;
+        written.bytes += p.nbytes;
+    }
+    out.flush().map_err(io)?;
+    Ok(written)
+}
+
+/// Stream one tensor's output bytes (converted if planned so) to `out`.
+fn write_tensor_bytes(
+    view: &crate::TensorView<'_>,
+    p: &Planned,
+    out: &mut impl Write,
+) -> Result<()> {
+    let io = |e: std::io::Error| Error::io("cannot write the safetensors file", e);
+    if p.convert {
+        let data = view.data()?;
+        let bytes = crate::convert(&data, view.dtype(), p.dtype)?;
+        return out.write_all(&bytes).map_err(io);
+    }
+    let mut failure = None;
+    view.visit_bytes(|chunk| {
+        if failure.is_none() {
+            if let Err(e) = out.write_all(chunk) {
+                failure = Some(e);
+            }
+        }
+    })?;
+    failure.map_or(Ok(()), |e| Err(io(e)))
 }

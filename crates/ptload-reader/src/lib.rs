@@ -49,7 +49,9 @@ mod view;
 pub use checkpoint::{ByteOrder, Checkpoint, Format, OpenOptions, StorageInfo, TensorInfo};
 pub use convert::{can_convert, convert};
 pub use error::{Error, ErrorKind, Result};
-pub use export::{safetensors_dtype, write_safetensors, SafetensorsOptions, Written};
+pub use export::{
+    safetensors_dtype, write_safetensors, write_safetensors_file, SafetensorsOptions, Written,
+};
 pub use limits::Limits;
 pub use mapping::{
     glob, Balanced, Budget, ByName, BySize, Device, First, Keep, Location, Mapper, Placement, Plan,

@@ -15,7 +15,7 @@ pub(crate) struct Source {
 }
 
 enum Inner {
-    Mapped(memmap2::Mmap, File),
+    Mapped(memmap2::Mmap, File, std::path::PathBuf),
     Owned(Vec<u8>),
 }
 
@@ -41,7 +41,7 @@ impl Source {
         let map = unsafe { memmap2::Mmap::map(&file) }
             .map_err(|e| Error::io(format!("cannot map {}", path.display()), e))?;
         Ok(Source {
-            inner: Arc::new(Inner::Mapped(map, file)),
+            inner: Arc::new(Inner::Mapped(map, file, path.to_path_buf())),
         })
     }
 
@@ -53,7 +53,7 @@ impl Source {
 
     pub(crate) fn bytes(&self) -> &[u8] {
         match &*self.inner {
-            Inner::Mapped(m, _) => m,
+            Inner::Mapped(m, ..) => m,
             Inner::Owned(v) => v,
         }
     }
@@ -63,7 +63,7 @@ impl Source {
     /// maps 64 KiB around each, and resident memory after open would grow
     /// with the file's size rather than its number of records.
     pub(crate) fn advise(&self, random: bool) {
-        if let Inner::Mapped(m, _) = &*self.inner {
+        if let Inner::Mapped(m, ..) = &*self.inner {
             let advice = if random {
                 memmap2::Advice::Random
             } else {
@@ -77,7 +77,15 @@ impl Source {
     /// The open file behind a map, for positioned reads.
     pub(crate) fn file(&self) -> Option<&File> {
         match &*self.inner {
-            Inner::Mapped(_, f) => Some(f),
+            Inner::Mapped(_, f, _) => Some(f),
+            Inner::Owned(_) => None,
+        }
+    }
+
+    /// The path the map was opened from.
+    pub(crate) fn path(&self) -> Option<&Path> {
+        match &*self.inner {
+            Inner::Mapped(_, _, p) => Some(p),
             Inner::Owned(_) => None,
         }
     }

@@ -77,6 +77,21 @@ impl<'a> TensorView<'a> {
         self.info.storage.and_then(|i| self.ckpt.storage_bytes(i))
     }
 
+    /// Where the row-major bytes lie unchanged in the file, if they do: a
+    /// contiguous tensor in host order with no conj/neg bit, stored
+    /// uncompressed. `(file offset, length)`.
+    pub(crate) fn file_range(&self) -> Option<(u64, u64)> {
+        if !self.is_contiguous() || self.needs_swap() || self.needs_transform() {
+            return None;
+        }
+        let start = self.storage()?.file_offset?;
+        let at = self
+            .info
+            .storage_offset
+            .checked_mul(self.info.dtype.size() as u64)?;
+        Some((start.checked_add(at)?, self.info.nbytes))
+    }
+
     fn needs_swap(&self) -> bool {
         self.ckpt.byte_order() != HOST && self.info.dtype.swap_unit() > 1
     }
@@ -171,20 +186,15 @@ impl<'a> TensorView<'a> {
             let bytes = storage
                 .get(start..start + run_bytes)
                 .ok_or_else(|| self.extent_error())?;
-            for piece in bytes.chunks(CHUNK) {
-                if buf.len() + piece.len() > CHUNK && !buf.is_empty() {
+            if swap.is_none() && !transform && run_bytes >= CHUNK {
+                // Long runs that need no change go straight from the map.
+                if !buf.is_empty() {
                     f(&buf);
                     buf.clear();
                 }
-                let at = buf.len();
-                buf.extend_from_slice(piece);
-                let fresh = buf.get_mut(at..).unwrap_or_default();
-                if let Some(unit) = swap {
-                    fresh.chunks_exact_mut(unit).for_each(<[u8]>::reverse);
-                }
-                if transform {
-                    self.transform(fresh);
-                }
+                f(bytes);
+            } else {
+                self.stage(bytes, &mut buf, swap, transform, &mut f);
             }
             // Advance the odometer over the outer dimensions.
             let mut d = outer;
@@ -204,6 +214,33 @@ impl<'a> TensorView<'a> {
                     break;
                 }
                 *i = 0;
+            }
+        }
+    }
+
+    /// Append `bytes` to `buf` (swapped and transformed as asked), handing
+    /// `buf` to `f` whenever it would grow past [`CHUNK`].
+    fn stage(
+        &self,
+        bytes: &[u8],
+        buf: &mut Vec<u8>,
+        swap: Option<usize>,
+        transform: bool,
+        f: &mut impl FnMut(&[u8]),
+    ) {
+        for piece in bytes.chunks(CHUNK) {
+            if buf.len() + piece.len() > CHUNK && !buf.is_empty() {
+                f(buf);
+                buf.clear();
+            }
+            let at = buf.len();
+            buf.extend_from_slice(piece);
+            let fresh = buf.get_mut(at..).unwrap_or_default();
+            if let Some(unit) = swap {
+                fresh.chunks_exact_mut(unit).for_each(<[u8]>::reverse);
+            }
+            if transform {
+                self.transform(fresh);
             }
         }
     }
