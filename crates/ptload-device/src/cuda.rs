@@ -228,7 +228,7 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
         let (Some(buf), Some(event)) = (pinned.get_mut(slot), events.get(slot)) else {
             break;
         };
-        if recorded[slot] {
+        if recorded.get(slot).copied().unwrap_or(false) {
             // The previous copy out of this buffer must be done before refilling it.
             event.synchronize().map_err(|e| e.to_string())?;
         }
@@ -253,7 +253,9 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
         unsafe { result::memcpy_htod_async(base + offset, &*dst, stream.cu_stream()) }
             .map_err(|e| e.to_string())?;
         event.record(&stream).map_err(|e| e.to_string())?;
-        recorded[slot] = true;
+        if let Some(r) = recorded.get_mut(slot) {
+            *r = true;
+        }
         if let Some(p) = progress {
             p(chunk.len as u64);
         }

@@ -25,6 +25,16 @@
 //! ```
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+// No unwrap/expect/panic and no unchecked indexing in library code.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 
 #[allow(unsafe_code)]
 mod cuda;

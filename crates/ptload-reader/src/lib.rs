@@ -29,6 +29,17 @@
 //! before use and every resource is bounded by [`Limits`].
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+// Hostile input must give errors, never panics: no unwrap/expect/panic and
+// no unchecked indexing in library code (tests may use them).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 
 mod bytes;
 mod checkpoint;

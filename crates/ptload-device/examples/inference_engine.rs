@@ -1,0 +1,88 @@
+//! How an inference engine embeds ptload: open a checkpoint, take its state
+//! dict with wrapper prefixes (`module.`, `_orig_mod.`) stripped, plan every
+//! storage onto `cuda:0`, load with per-tensor host fallback, and hand each
+//! tensor's address (device pointer or host bytes) to the engine.
+//!
+//! ```text
+//! cargo run -p ptload-device --example inference_engine [-- CHECKPOINT]
+//! ```
+//!
+//! Without an argument it loads `fixtures/files/dataparallel.pt`. On a
+//! machine without a usable GPU every tensor lands on the host, and the
+//! reason is printed next to it.
+
+use std::path::PathBuf;
+
+use ptload_device::{load, probe, LoadOptions, Placed};
+use ptload_reader::{Checkpoint, Device, Plan, StateDictOptions, To};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::args_os().nth(1).map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files/dataparallel.pt"),
+        PathBuf::from,
+    );
+    let ckpt = Checkpoint::open(&path)?;
+
+    // The default options pick the model of a training checkpoint
+    // (`--key auto`) and strip `module.` / `_orig_mod.` (`--strip-prefix auto`).
+    let selection = StateDictOptions::default().select(&ckpt)?;
+    // Everything to cuda:0, whatever location it was saved with.
+    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0)))?;
+
+    let gpus = probe();
+    match gpus.devices() {
+        [] => println!("GPUs: none ({})", gpus.why_none()),
+        devices => {
+            for g in devices {
+                println!(
+                    "GPU cuda:{}: {}, {} MiB free",
+                    g.ordinal,
+                    g.name,
+                    g.free >> 20
+                );
+            }
+        }
+    }
+
+    // strict: false (the default) falls back to the host per tensor
+    // instead of failing when cuda:0 is missing or full.
+    let loaded = load(&ckpt, &selection, &plan, &gpus, &LoadOptions::default())?;
+    println!(
+        "{}: {} tensors in {:.3} ms\n",
+        path.display(),
+        loaded.tensors.len(),
+        loaded.seconds * 1e3
+    );
+
+    for t in &loaded.tensors {
+        let placed = t.storage.and_then(|k| loaded.storages.get(k));
+        // Tensors are views: the engine needs the storage address plus the
+        // element offset, shape and strides.
+        let place = match placed {
+            Some(Placed::Cuda(c)) => format!("cuda:{} ptr {:#x}", c.ordinal, c.device_ptr()),
+            Some(Placed::Host(bytes)) => format!("host, {} bytes", bytes.len()),
+            Some(Placed::Meta) | None => "meta, no data".to_owned(),
+        };
+        println!(
+            "{:<20} {:<4} {:<10} offset {:<3} {place}",
+            t.name,
+            t.dtype.name(),
+            format!("{:?}", t.shape),
+            t.storage_offset
+        );
+        if let Some(why) = &t.fallback {
+            println!("{:<20} wanted {}, on {}: {why}", "", t.target, t.device);
+        }
+    }
+
+    println!();
+    for d in &loaded.devices {
+        println!(
+            "{:<7} {:>3} tensors {:>8} bytes",
+            d.device.to_string(),
+            d.tensors,
+            d.bytes
+        );
+    }
+    Ok(())
+}
