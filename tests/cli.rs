@@ -653,3 +653,72 @@ fn diff_reports_equal_and_different_pairs() {
     assert!(!doc["only_in_a"].as_array().expect("a").is_empty());
     assert!(!doc["only_in_b"].as_array().expect("b").is_empty());
 }
+
+/// Whole outputs against golden files in tests/golden/. Set
+/// PTLOAD_UPDATE_GOLDEN=1 to rewrite them after a deliberate change, then
+/// review the diff. Commands run from the repository root with relative
+/// paths, so no machine-specific path appears.
+#[test]
+fn outputs_match_golden_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let update = std::env::var_os("PTLOAD_UPDATE_GOLDEN").is_some();
+    let cases: &[(&str, &[&str])] = &[
+        ("inspect_basic.txt", &["inspect", "fixtures/files/basic.pt"]),
+        (
+            "inspect_views.json",
+            &["inspect", "--json", "--hash", "fixtures/files/views.pt"],
+        ),
+        (
+            "inspect_multi_gpu_mapped.txt",
+            &[
+                "inspect",
+                "fixtures/files/multi_gpu.pt",
+                "--map-location",
+                "cuda:1=cuda:0,cuda:3=cpu",
+            ],
+        ),
+        (
+            "scan_training.txt",
+            &["scan", "fixtures/files/training.ckpt"],
+        ),
+        (
+            "scan_whole_module.json",
+            &["scan", "--json", "fixtures/files/whole_module.pt"],
+        ),
+        (
+            "diff_plain_training.txt",
+            &[
+                "diff",
+                "--key",
+                "auto",
+                "fixtures/files/plain_model.pt",
+                "fixtures/files/training.ckpt",
+            ],
+        ),
+    ];
+    let mut stale = Vec::new();
+    for (golden, args) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_ptload"))
+            .args(*args)
+            .current_dir(&root)
+            .output()
+            .expect("run");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let path = root.join("tests/golden").join(golden);
+        if update {
+            std::fs::write(&path, &text).expect("write golden");
+            continue;
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("{}: {e} (run with PTLOAD_UPDATE_GOLDEN=1)", path.display())
+        });
+        if text != want {
+            stale.push(format!("{golden}:\n--- want\n{want}\n--- got\n{text}"));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "outputs differ from tests/golden:\n{}",
+        stale.join("\n")
+    );
+}
