@@ -13,7 +13,9 @@ pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 /// Policy and decoding options.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct OpenArgs {
-    /// Refuse globals outside torch's weights_only allowlist, as torch.load(weights_only=True).
+    /// Behave like torch: refuse globals outside torch's weights_only allowlist (as
+    /// torch.load(weights_only=True)); `load` also fails, before copying, when a planned
+    /// GPU is missing instead of falling back to the host.
     #[arg(long)]
     pub(crate) strict: bool,
     /// Allow a global under --strict (module.name), like torch.serialization.add_safe_globals.

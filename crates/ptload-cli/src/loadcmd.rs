@@ -142,7 +142,7 @@ pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded<'_>, gpus: &Gpus) ->
             Device::Cuda(_) if d.seconds > 0.0 => {
                 format!("  {:.2} GB/s", d.bytes as f64 / d.seconds / 1e9)
             }
-            Device::Host => "  (mapped, no copy unless swapped or converted)".to_owned(),
+            Device::Host => "  (host memory)".to_owned(),
             _ => String::new(),
         };
         writeln!(

@@ -1,7 +1,8 @@
 //! `ptload`: inspect PyTorch checkpoints without Python.
 //!
-//! Exit codes: 0 success, 2 error (one line on stderr). A closed pipe on
-//! stdout ends quietly.
+//! Exit codes: 0 success (or nothing found), 1 findings or differences
+//! (scan, diff), 2 error (one line on stderr). A closed pipe on stdout ends
+//! quietly.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -281,7 +282,28 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print as usual; usage errors are one line.
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.to_string();
+            let message: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+                .collect();
+            eprintln!(
+                "ptload: {} (see ptload --help)",
+                message.join(" ").trim_start_matches("error: ")
+            );
+            return ExitCode::from(2);
+        }
+    };
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

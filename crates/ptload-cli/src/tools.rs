@@ -189,7 +189,7 @@ pub(crate) fn scan(
     }
     for s in &scans {
         match &s.error {
-            Some(e) => writeln!(out, "{}: cannot be read: {e}", s.file)?,
+            Some(e) => eprintln!("ptload: {}: cannot be read: {e}", s.file),
             None => {
                 writeln!(
                     out,

@@ -11,16 +11,20 @@
 //! machine without a usable GPU every tensor lands on the host, and the
 //! reason is printed next to it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ptload_device::{load, probe, LoadOptions, Placed};
 use ptload_reader::{Checkpoint, Device, Plan, StateDictOptions, To};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args_os().nth(1).map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files/dataparallel.pt"),
-        PathBuf::from,
-    );
+    let path = match std::env::args_os().nth(1) {
+        Some(arg) => PathBuf::from(arg),
+        // The repository root is two levels above this crate.
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .canonicalize()?
+            .join("fixtures/files/dataparallel.pt"),
+    };
     let ckpt = Checkpoint::open(&path)?;
 
     // The default options pick the model of a training checkpoint

@@ -54,10 +54,10 @@ pub enum GlobalClass {
 }
 
 impl GlobalClass {
-    /// `tensor`, `data`, `unknown`, or `dangerous: <what>`.
+    /// `allowed` (torch's allowlist), `data`, `unknown`, or `dangerous: <what>`.
     pub fn label(self) -> String {
         match self {
-            GlobalClass::Tensor => "tensor".into(),
+            GlobalClass::Tensor => "allowed".into(),
             GlobalClass::Data => "data".into(),
             GlobalClass::Unknown => "unknown".into(),
             GlobalClass::Dangerous(d) => format!("dangerous: {}", d.name()),

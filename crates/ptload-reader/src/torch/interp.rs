@@ -534,13 +534,17 @@ impl Interpreter for TorchInterp<'_> {
             let path = format!("{module}.{name}");
             let user_allowed = !always_blocked(module) && self.allowed.contains(&path);
             if !user_allowed {
+                let advice = if always_blocked(module) {
+                    format!("globals of `{module}` are never allowed")
+                } else {
+                    format!(
+                        "Allow it with --allow-global {path} (OpenOptions::allow_global) only if \
+                         you trust this class/function"
+                    )
+                };
                 return Err(Error::new(
                     ErrorKind::UnsupportedGlobal,
-                    format!(
-                        "Unsupported global: GLOBAL {path} was not an allowed global by default. \
-                         Allow it with --allow-global {path} (OpenOptions::allow_global) only if \
-                         you trust this class/function"
-                    ),
+                    format!("Unsupported global: GLOBAL {path} was not an allowed global by default. {advice}"),
                 ));
             }
         }
