@@ -9,13 +9,17 @@
 //!
 //! ```
 //! use ptload_device::{load, probe, LoadOptions};
-//! use ptload_reader::{Checkpoint, Plan, StateDictOptions, To, Device};
+//! use ptload_reader::{Checkpoint, Device, Plan, StateDictOptions, StorageRequest};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let ckpt = Checkpoint::open("../../fixtures/files/multi_gpu.pt")?;
 //! let selection = StateDictOptions::default().select(&ckpt)?;
-//! // Saved on cuda:0..cuda:3: put it all on cuda:0, with host fallback.
-//! let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0)))?;
+//! // Saved on cuda:0..cuda:3. Embeddings stay on the host; everything
+//! // else goes to cuda:0 (or falls back to the host, saying why).
+//! let mut mapper = |s: &StorageRequest<'_>| {
+//!     Some(if s.tensors.iter().any(|n| n.contains("embed")) { Device::Host } else { Device::Cuda(0) })
+//! };
+//! let plan = Plan::new(&ckpt, &mut mapper)?;
 //! let loaded = load(&ckpt, &selection, &plan, &probe(), &LoadOptions::default())?;
 //! for t in &loaded.tensors {
 //!     println!("{} -> {} {}", t.name, t.device, t.fallback.as_deref().unwrap_or(""));
