@@ -174,14 +174,6 @@ struct Source<'c> {
     fallback: Option<String>,
 }
 
-fn host_order() -> ByteOrder {
-    if cfg!(target_endian = "big") {
-        ByteOrder::Big
-    } else {
-        ByteOrder::Little
-    }
-}
-
 fn strict_message(gpus: &Gpus, ordinal: u32) -> String {
     match gpus {
         Gpus::Devices(d) if !d.is_empty() => format!(
@@ -220,7 +212,7 @@ pub fn load<'c>(
             }
         }
     }
-    let swap_file = ckpt.byte_order() != host_order();
+    let swap_file = ckpt.byte_order() != ByteOrder::HOST;
     let mut sources: Vec<Source<'c>> = Vec::new();
     let mut index_of: Vec<Option<usize>> = vec![None; ckpt.storages().len()];
     let mut tensors = Vec::with_capacity(selection.len());
@@ -299,7 +291,7 @@ pub fn load<'c>(
                 Some(k) => k,
                 None => {
                     let bytes = ckpt.storage_bytes(si).map(Cow::Borrowed);
-                    let unit = info.dtype.size() / if info.dtype.is_complex() { 2 } else { 1 };
+                    let unit = info.dtype.swap_unit();
                     let swap = (swap_file && unit > 1).then_some(unit);
                     sources.push(Source {
                         bytes,

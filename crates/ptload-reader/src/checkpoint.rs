@@ -52,6 +52,13 @@ pub enum ByteOrder {
 }
 
 impl ByteOrder {
+    /// The byte order of the machine running this code.
+    pub const HOST: ByteOrder = if cfg!(target_endian = "big") {
+        ByteOrder::Big
+    } else {
+        ByteOrder::Little
+    };
+
     /// `little` or `big`.
     pub fn name(self) -> &'static str {
         match self {

@@ -18,12 +18,6 @@ pub struct TensorView<'a> {
 /// when they must be gathered or swapped.
 const CHUNK: usize = 1 << 20;
 
-const HOST: ByteOrder = if cfg!(target_endian = "big") {
-    ByteOrder::Big
-} else {
-    ByteOrder::Little
-};
-
 impl<'a> TensorView<'a> {
     /// The flattened name (`encoder.layers.0.weight`).
     pub fn name(&self) -> &'a str {
@@ -93,7 +87,7 @@ impl<'a> TensorView<'a> {
     }
 
     fn needs_swap(&self) -> bool {
-        self.ckpt.byte_order() != HOST && self.info.dtype.swap_unit() > 1
+        self.ckpt.byte_order() != ByteOrder::HOST && self.info.dtype.swap_unit() > 1
     }
 
     /// The conjugate and negative bits change the values torch gives, not

@@ -73,7 +73,7 @@ impl DType {
     }
 
     /// Bytes per byte-swapped unit: complex types swap per component.
-    pub(crate) fn swap_unit(self) -> usize {
+    pub fn swap_unit(self) -> usize {
         match self {
             DType::C32 | DType::C64 | DType::C128 => self.size() / 2,
             _ => self.size(),
