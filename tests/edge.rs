@@ -373,11 +373,11 @@ fn reference_bombs_hit_the_walk_budget() {
         p = p.op(b"q\x00]h\x00h\x00\x86a");
     }
     let pickle = p.stop();
-    // A budget below the default keeps this test fast in debug builds; the
-    // default (20 million steps) stops the same bomb too, in about a second
-    // in release builds.
+    // With shared visits unbounded, the step budget alone must stop it (a
+    // budget below the default keeps this fast in debug builds).
     let mut limits = Limits::default();
     limits.max_walk_steps = 1_000_000;
+    limits.max_shared_visits = u64::MAX;
     let e = OpenOptions::new()
         .limits(limits)
         .open_bytes(checkpoint(&pickle))
@@ -409,6 +409,10 @@ fn every_limit_is_named_in_its_error() {
         (
             Box::new(|l: &mut Limits| l.max_zip_entries = 1),
             "max_zip_entries",
+        ),
+        (
+            Box::new(|l: &mut Limits| l.max_name_bytes = 0),
+            "max_name_bytes",
         ),
     ];
     for (set, name) in cases {
@@ -450,19 +454,17 @@ fn strict_blocks_os_even_when_allowed() {
     );
 }
 
-/// The same bomb under the default limits (run by hand with
-/// `cargo test --release -- --ignored` to time it).
+/// The same bomb under the default limits: the shared-visit count stops
+/// it long before the step budget would.
 #[test]
-#[ignore = "slow in debug builds; run with --release"]
 fn reference_bomb_under_default_limits() {
     let mut p = P::default().proto(2).op(b"]");
     for _ in 0..40 {
         p = p.op(b"q\x00]h\x00h\x00\x86a");
     }
-    let start = std::time::Instant::now();
     let e = open(checkpoint(&p.stop())).expect_err("bomb");
-    assert!(e.to_string().contains("max_walk_steps"), "{e}");
-    eprintln!("stopped after {:?}", start.elapsed());
+    assert_eq!(e.kind(), ErrorKind::LimitExceeded);
+    assert!(e.to_string().contains("max_shared_visits"), "{e}");
 }
 
 /// Archives whose records are far apart (large tensors) have their local

@@ -4,8 +4,8 @@
 
 use clap::{Args, ValueEnum};
 use ptload_reader::{
-    Balanced, Budget, ByName, Checkpoint, DType, Device, First, Keep, KeySelect, Location, Mapper,
-    OpenOptions, Policy, StateDictOptions, StringEncoding, Strip, Table, To,
+    Balanced, Budget, ByName, Checkpoint, DType, Device, First, Keep, KeySelect, MapLocation,
+    Mapper, OpenOptions, Policy, StateDictOptions, StringEncoding, Strip,
 };
 
 pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -72,9 +72,6 @@ pub(crate) struct MapArgs {
     pub(crate) balance: Option<u32>,
 }
 
-const MAP_GRAMMAR: &str = "expected cpu, cuda, cuda:N, meta, auto, or FROM=TO[,FROM=TO...] \
-                           (e.g. cuda:1=cuda:0,cuda:3=cpu)";
-
 fn device(text: &str, flag: &str) -> CliResult<Device> {
     text.parse::<Device>().map_err(|_| {
         format!("invalid {flag} device {text:?}: expected cpu, cuda, cuda:N or meta").into()
@@ -83,35 +80,9 @@ fn device(text: &str, flag: &str) -> CliResult<Device> {
 
 /// `--map-location SPEC` as a mapper; `auto` asks how many GPUs there are.
 pub(crate) fn map_location(spec: &str, gpus: impl FnOnce() -> usize) -> CliResult<Box<dyn Mapper>> {
-    let spec = spec.trim();
-    if spec.is_empty() {
-        return Err(format!("invalid --map-location {spec:?}: {MAP_GRAMMAR}").into());
-    }
-    if spec == "auto" {
-        return Ok(Box::new(To(if gpus() > 0 {
-            Device::Cuda(0)
-        } else {
-            Device::Host
-        })));
-    }
-    if !spec.contains('=') {
-        return match spec.parse::<Device>() {
-            Ok(d) => Ok(Box::new(To(d))),
-            Err(_) => Err(format!("invalid --map-location {spec:?}: {MAP_GRAMMAR}").into()),
-        };
-    }
-    let mut table = Vec::new();
-    for pair in spec.split(',') {
-        let (from, to) = pair
-            .split_once('=')
-            .filter(|(f, t)| !f.trim().is_empty() && !t.trim().is_empty())
-            .ok_or_else(|| format!("invalid --map-location entry {pair:?}: {MAP_GRAMMAR}"))?;
-        let to = to.trim().parse::<Device>().map_err(|_| {
-            format!("invalid --map-location target {to:?} in {pair:?}: {MAP_GRAMMAR}")
-        })?;
-        table.push((Location::parse(from.trim()), to));
-    }
-    Ok(Box::new(Table(table)))
+    spec.parse::<MapLocation>()
+        .map(|m| m.mapper(gpus))
+        .map_err(|e| format!("invalid --map-location {}", e.message()).into())
 }
 
 /// `20GiB`, `512MB`, `1000000`, `1.5GB` as bytes.

@@ -245,7 +245,7 @@ impl Checkpoint {
             Detected::Zip => load_zip(data, source.file(), opts, &mut heap, &mut interp, &mut vm)?,
             Detected::Legacy => legacy::load(data, &mut heap, &mut interp, &mut vm)?.into(),
         };
-        let mut walker = Walker::new(&heap, opts.limits.max_walk_steps);
+        let mut walker = Walker::new(&heap, &opts.limits);
         for &(root, prefix) in &decoded.roots {
             walker.walk(root, prefix)?;
         }
@@ -555,7 +555,7 @@ fn find_data_pkl<'a, 'd>(archive: &'a Archive<'d>) -> Result<&'a zip::Entry<'d>>
 }
 
 /// The bytes of a small record (a pickle, `byteorder`), CRC-checked.
-fn record_bytes<'d>(
+pub(crate) fn record_bytes<'d>(
     data: &'d [u8],
     entry: &zip::Entry<'_>,
     limit: u64,

@@ -26,6 +26,8 @@ pub enum ErrorKind {
     LimitExceeded,
     /// Something valid that this reader does not read.
     Unsupported,
+    /// A spec given by the caller (a map location) does not parse.
+    InvalidSpec,
 }
 
 impl ErrorKind {
@@ -41,6 +43,7 @@ impl ErrorKind {
             ErrorKind::Tensor => "tensor",
             ErrorKind::LimitExceeded => "limit",
             ErrorKind::Unsupported => "unsupported",
+            ErrorKind::InvalidSpec => "spec",
         }
     }
 }

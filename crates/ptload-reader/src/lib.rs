@@ -47,6 +47,9 @@ mod container;
 mod convert;
 mod error;
 mod export;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod limits;
 mod mapping;
 mod pickle;
@@ -65,8 +68,8 @@ pub use export::{
 };
 pub use limits::Limits;
 pub use mapping::{
-    glob, Balanced, Budget, ByName, BySize, Device, First, Keep, Location, Mapper, Placement, Plan,
-    StorageRequest, Table, To,
+    glob, Balanced, Budget, ByName, BySize, Device, First, Keep, Location, MapLocation, Mapper,
+    Placement, Plan, StorageRequest, Table, To, MAP_LOCATION_GRAMMAR,
 };
 pub use pickle::StringEncoding;
 pub use scan::{classify, Danger, GlobalClass};

@@ -24,6 +24,8 @@ pub struct Limits {
     /// Bytes of strings, bytes and big integers decoded from pickles.
     pub max_decoded_bytes: u64,
     /// Bytes produced by inflating deflated zip entries, all entries together.
+    /// torch writes records uncompressed; deflate appears only in repacked
+    /// archives, and this bounds what a deflate bomb can make us hold.
     pub max_decompressed_bytes: u64,
     /// Entries in the zip central directory.
     pub max_zip_entries: usize,
@@ -31,6 +33,12 @@ pub struct Limits {
     pub max_tensors: usize,
     /// Steps of the walk that names tensors (charges shared references).
     pub max_walk_steps: u64,
+    /// Times the naming walk enters a container it has already entered by
+    /// another path (tied weights do this a few times; reference bombs,
+    /// exponentially).
+    pub max_shared_visits: u64,
+    /// Bytes of all tensor and value names built by the walk.
+    pub max_name_bytes: u64,
     /// Row-major size of a view whose elements overlap (stride-0 expands):
     /// such a view may be larger than its storage, but not beyond this.
     pub max_expanded_view_bytes: u64,
@@ -46,10 +54,12 @@ impl Default for Limits {
             max_container_len: 20_000_000,
             max_objects: 50_000_000,
             max_decoded_bytes: 1 << 30,
-            max_decompressed_bytes: 64 << 30,
+            max_decompressed_bytes: 4 << 30,
             max_zip_entries: 4_000_000,
             max_tensors: 4_000_000,
             max_walk_steps: 20_000_000,
+            max_shared_visits: 100_000,
+            max_name_bytes: 256 << 20,
             max_expanded_view_bytes: 1 << 30,
         }
     }

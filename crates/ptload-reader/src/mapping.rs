@@ -146,6 +146,89 @@ impl FromStr for Device {
     }
 }
 
+/// What a map-location spec accepts, for messages.
+pub const MAP_LOCATION_GRAMMAR: &str =
+    "expected cpu, cuda, cuda:N, meta, auto, or FROM=TO[,FROM=TO...] \
+                                         (e.g. cuda:1=cuda:0,cuda:3=cpu)";
+
+/// A `map_location` written as text: torch's string and dict forms, plus
+/// `auto` (the first GPU when there is one, else the host).
+///
+/// ```
+/// use ptload_reader::{Device, Location, MapLocation};
+///
+/// let spec: MapLocation = "cuda:1=cuda:0,cuda:3=cpu".parse()?;
+/// assert_eq!(
+///     spec,
+///     MapLocation::Table(vec![
+///         (Location::Cuda(Some(1)), Device::Cuda(0)),
+///         (Location::Cuda(Some(3)), Device::Host),
+///     ])
+/// );
+/// assert!("gpu".parse::<MapLocation>().is_err());
+/// # Ok::<(), ptload_reader::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MapLocation {
+    /// `auto`.
+    Auto,
+    /// `cpu`, `cuda`, `cuda:N`, `meta`: everything to one device.
+    To(Device),
+    /// `FROM=TO,...`: saved locations to devices; others stay (torch's dict).
+    Table(Vec<(Location, Device)>),
+}
+
+impl MapLocation {
+    /// The mapper for this spec; `auto` asks `gpu_count` how many GPUs exist.
+    pub fn mapper(&self, gpu_count: impl FnOnce() -> usize) -> Box<dyn Mapper> {
+        match self {
+            MapLocation::Auto => Box::new(To(if gpu_count() > 0 {
+                Device::Cuda(0)
+            } else {
+                Device::Host
+            })),
+            MapLocation::To(d) => Box::new(To(*d)),
+            MapLocation::Table(t) => Box::new(Table(t.clone())),
+        }
+    }
+}
+
+impl FromStr for MapLocation {
+    type Err = Error;
+
+    fn from_str(spec: &str) -> Result<MapLocation> {
+        let invalid = |what: String| {
+            Error::new(
+                ErrorKind::InvalidSpec,
+                format!("{what}: {MAP_LOCATION_GRAMMAR}"),
+            )
+        };
+        let spec = spec.trim();
+        if spec == "auto" {
+            return Ok(MapLocation::Auto);
+        }
+        if spec.is_empty() || !spec.contains('=') {
+            return spec
+                .parse::<Device>()
+                .map(MapLocation::To)
+                .map_err(|_| invalid(format!("{spec:?}")));
+        }
+        let mut table = Vec::new();
+        for pair in spec.split(',') {
+            let (from, to) = pair
+                .split_once('=')
+                .filter(|(f, t)| !f.trim().is_empty() && !t.trim().is_empty())
+                .ok_or_else(|| invalid(format!("entry {pair:?}")))?;
+            let to = to
+                .trim()
+                .parse::<Device>()
+                .map_err(|_| invalid(format!("target {to:?} in {pair:?}")))?;
+            table.push((Location::parse(from.trim()), to));
+        }
+        Ok(MapLocation::Table(table))
+    }
+}
+
 /// Everything known about one storage when it is placed.
 #[derive(Debug, Clone, Copy)]
 pub struct StorageRequest<'a> {

@@ -136,8 +136,16 @@ impl<'a> TensorView<'a> {
     /// swapped into an owned buffer otherwise.
     pub fn data(&self) -> Result<Cow<'a, [u8]>> {
         let storage = self.require_storage()?;
+        if self.info.nbytes == 0 {
+            // An empty view's offset may lie past its storage, as in torch.
+            return Ok(Cow::Borrowed(&[]));
+        }
         if self.is_contiguous() && !self.needs_swap() && !self.needs_transform() {
-            let start = self.info.storage_offset * self.info.dtype.size() as u64;
+            let start = self
+                .info
+                .storage_offset
+                .checked_mul(self.info.dtype.size() as u64)
+                .ok_or_else(|| self.extent_error())?;
             return crate::bytes::slice(storage, start, self.info.nbytes)
                 .map(Cow::Borrowed)
                 .ok_or_else(|| self.extent_error());

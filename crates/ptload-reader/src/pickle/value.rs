@@ -50,7 +50,9 @@ pub(crate) enum Obj {
     Tuple(Span),
     List(Vec<Value>),
     Dict(Box<Dict>),
-    Set(Vec<Value>),
+    /// A set or frozenset: its members are the keys of a dict (values
+    /// `None`), so equal members collapse as in Python.
+    Set(Box<Dict>),
     /// An instance of a class the reader does not interpret: kept inert.
     Object(Box<Object>),
     /// Something the torch layer understands (globals, storages, tensors...).
@@ -292,10 +294,10 @@ impl Heap {
     }
 
     /// Elements of a tuple, list or set.
-    pub(crate) fn items(&self, v: Value) -> Option<&[Value]> {
+    pub(crate) fn members(&self, v: Value) -> Option<Vec<Value>> {
         match self.get(v) {
-            Some(Obj::Set(s)) => Some(s),
-            _ => self.sequence(v),
+            Some(Obj::Set(s)) => Some(s.entries().iter().map(|&(k, _)| k).collect()),
+            _ => self.sequence(v).map(<[Value]>::to_vec),
         }
     }
 
@@ -406,18 +408,25 @@ impl Heap {
         target: Value,
         values: &[Value],
     ) -> Result<(), &'static str> {
-        let max = self.max_container_len;
-        match self.get_mut(target) {
-            Some(Obj::Set(s)) => {
-                if s.len().saturating_add(values.len()) > max {
-                    return Err("set over Limits::max_container_len");
-                }
-                s.extend_from_slice(values);
-                Ok(())
-            }
-            Some(other) => Err(kind_name(other)),
-            None => Err("scalar"),
+        let mut set = match self.get_mut(target) {
+            Some(Obj::Set(s)) => std::mem::take(&mut **s),
+            Some(other) => return Err(kind_name(other)),
+            None => return Err("scalar"),
+        };
+        let result = values
+            .iter()
+            .try_for_each(|&v| self.insert(&mut set, v, Value::None));
+        if let Some(Obj::Set(s)) = self.get_mut(target) {
+            **s = set;
         }
+        result
+    }
+
+    pub(crate) fn new_set_from(&mut self, members: &[Value]) -> Result<Value> {
+        let s = self.alloc(Obj::Set(Box::default()))?;
+        self.add_to_set(s, members)
+            .map_err(|_| Error::limit("max_container_len", self.max_container_len as u64))?;
+        Ok(s)
     }
 
     pub(crate) fn new_dict_from(&mut self, pairs: &[Value]) -> Result<Value> {

@@ -375,6 +375,8 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             b'0' => {
                 if self.stack.len() > self.base() {
                     self.stack.pop();
+                } else if self.marks.is_empty() {
+                    return Err(pickle_err("POP on an empty stack"));
                 } else {
                     self.pop_mark()?;
                 }
@@ -534,11 +536,12 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 let d = self.heap.new_dict_from(&items)?;
                 self.push(d)?;
             }
-            0x8f => self.alloc_push(Obj::Set(Vec::new()))?,
+            0x8f => self.alloc_push(Obj::Set(Box::default()))?,
             0x91 => {
                 let items = self.pop_mark()?;
                 self.heap.check_len(items.len())?;
-                self.alloc_push(Obj::Set(items))?;
+                let s = self.heap.new_set_from(&items)?;
+                self.push(s)?;
             }
             b'a' => {
                 let v = self.pop()?;

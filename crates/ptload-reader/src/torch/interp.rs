@@ -591,41 +591,57 @@ impl Interpreter for TorchInterp<'_> {
                 let a = args_of(heap, args, func)?;
                 self.rebuild(heap, which, func, &a)
             }
+            // The constructors of plain values build them only from the
+            // arguments Python would accept; anything else stays an inert
+            // call, so nothing in its arguments is dropped or invented.
             Known::OrderedDict => {
                 let a = args_of(heap, args, func)?;
+                let pairs = match &a[..] {
+                    [] => Some(Vec::new()),
+                    [p] => heap.sequence(*p).and_then(|items| {
+                        items
+                            .iter()
+                            .map(|&pair| match heap.sequence(pair) {
+                                Some(&[k, v]) => Some((k, v)),
+                                _ => None,
+                            })
+                            .collect::<Option<Vec<_>>>()
+                    }),
+                    _ => None,
+                };
+                let Some(pairs) = pairs else {
+                    return self.inert(heap, callable, args);
+                };
                 let d = heap.alloc(Obj::Dict(Box::default()))?;
-                if let Some(pairs) = a
-                    .first()
-                    .and_then(|&p| heap.sequence(p))
-                    .map(<[Value]>::to_vec)
-                {
-                    for pair in pairs {
-                        if let Some([k, v]) = heap.sequence(pair).map(<[Value]>::to_vec).as_deref()
-                        {
-                            heap.set_item(d, *k, *v)
-                                .map_err(|k| err(format!("OrderedDict item on a {k}")))?;
-                        }
-                    }
+                for (k, v) in pairs {
+                    heap.set_item(d, k, v)
+                        .map_err(|k| err(format!("OrderedDict item on a {k}")))?;
                 }
                 Ok(d)
             }
             Known::Set | Known::FrozenSet => {
                 let a = args_of(heap, args, func)?;
-                let items = a
-                    .first()
-                    .and_then(|&l| heap.sequence(l))
-                    .map(<[Value]>::to_vec)
-                    .unwrap_or_default();
-                heap.alloc(Obj::Set(items))
+                let members = match &a[..] {
+                    [] => Some(Vec::new()),
+                    [l] => heap.members(*l),
+                    _ => None,
+                };
+                match members {
+                    Some(m) => heap.new_set_from(&m),
+                    None => self.inert(heap, callable, args),
+                }
             }
             Known::Bytearray => {
                 let a = args_of(heap, args, func)?;
-                let b = a
-                    .first()
-                    .and_then(|&b| heap.bytes(b))
-                    .map(<[u8]>::to_vec)
-                    .unwrap_or_default();
-                heap.alloc_bytes(&b)
+                let bytes = match &a[..] {
+                    [] => Some(Vec::new()),
+                    [b] => heap.bytes(*b).map(<[u8]>::to_vec),
+                    _ => None,
+                };
+                match bytes {
+                    Some(b) => heap.alloc_bytes(&b),
+                    None => self.inert(heap, callable, args),
+                }
             }
             Known::CodecsEncode => {
                 let a = args_of(heap, args, func)?;
@@ -717,7 +733,7 @@ impl Interpreter for TorchInterp<'_> {
         }
         match known(heap, cls).map(|(k, _)| k) {
             Some(Known::OrderedDict) => heap.alloc(Obj::Dict(Box::default())),
-            Some(Known::Set | Known::FrozenSet) => heap.alloc(Obj::Set(Vec::new())),
+            Some(Known::Set | Known::FrozenSet) => heap.alloc(Obj::Set(Box::default())),
             _ => self.inert(heap, cls, args),
         }
     }

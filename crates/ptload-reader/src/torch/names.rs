@@ -12,6 +12,7 @@ use hashbrown::HashSet;
 
 use super::{Known, QuantParams, TorchObj};
 use crate::error::{Error, Result};
+use crate::limits::Limits;
 use crate::pickle::{Heap, Obj, ObjId, Value};
 
 /// A non-tensor value of the checkpoint, named by the flattening convention.
@@ -110,6 +111,16 @@ pub(crate) struct Walker<'h> {
     heap: &'h Heap,
     max_steps: u64,
     steps: u64,
+    /// Bytes of names built; a name is as long as its path, so shared
+    /// references under long keys could otherwise make them explode.
+    name_bytes: u64,
+    max_name_bytes: u64,
+    /// Containers expanded more than once (reached by another path).
+    expanded: HashSet<ObjId>,
+    shared_visits: u64,
+    max_shared_visits: u64,
+    /// The first limit exceeded while building a name.
+    exceeded: Option<Error>,
     on_path: HashSet<ObjId>,
     /// The current node's name, as segments; strings are only built for
     /// what is emitted, so walking a node costs no allocation.
@@ -119,11 +130,17 @@ pub(crate) struct Walker<'h> {
 }
 
 impl<'h> Walker<'h> {
-    pub(crate) fn new(heap: &'h Heap, max_steps: u64) -> Self {
+    pub(crate) fn new(heap: &'h Heap, limits: &Limits) -> Self {
         Walker {
             heap,
-            max_steps,
+            max_steps: limits.max_walk_steps,
             steps: 0,
+            name_bytes: 0,
+            max_name_bytes: limits.max_name_bytes,
+            expanded: HashSet::new(),
+            shared_visits: 0,
+            max_shared_visits: limits.max_shared_visits,
+            exceeded: None,
             on_path: HashSet::new(),
             path: Vec::new(),
             children: Vec::new(),
@@ -135,8 +152,9 @@ impl<'h> Walker<'h> {
         self.out
     }
 
-    /// The current path joined with `.`, plus `extra` when given.
-    fn name(&self, extra: Option<&str>) -> String {
+    /// The current path joined with `.`, plus `extra` when given, charged
+    /// against `max_name_bytes`.
+    fn name(&mut self, extra: Option<&str>) -> String {
         let mut name = String::new();
         let segs = self.path.iter().map(|seg| match *seg {
             Seg::Key(k) => key_text(self.heap, k),
@@ -148,6 +166,10 @@ impl<'h> Walker<'h> {
                 name.push('.');
             }
             name.push_str(&part);
+        }
+        self.name_bytes = self.name_bytes.saturating_add(name.len() as u64);
+        if self.name_bytes > self.max_name_bytes && self.exceeded.is_none() {
+            self.exceeded = Some(Error::limit("max_name_bytes", self.max_name_bytes));
         }
         name
     }
@@ -172,6 +194,9 @@ impl<'h> Walker<'h> {
             self.steps += 1;
             if self.steps > self.max_steps {
                 return Err(Error::limit("max_walk_steps", self.max_steps));
+            }
+            if let Some(e) = self.exceeded.take() {
+                return Err(e);
             }
             let (value, in_module) = match frame {
                 Frame::Leave(id) => {
@@ -228,7 +253,12 @@ impl<'h> Walker<'h> {
                     Scalar::BigInt(heap.bigint(value).unwrap_or_default().to_vec()),
                 ),
                 Some(Obj::Tuple(_) | Obj::List(_) | Obj::Set(_)) => {
-                    for (i, &v) in heap.items(value).unwrap_or_default().iter().enumerate() {
+                    for (i, v) in heap
+                        .members(value)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .enumerate()
+                    {
                         self.children.push((Some(Seg::Index(i)), v, in_module));
                     }
                 }
@@ -346,6 +376,15 @@ impl<'h> Walker<'h> {
                 },
             }
             if !self.children.is_empty() {
+                // Reached again by another path (tied weights, a module
+                // registered twice): legitimate, but rare; a reference bomb
+                // is nothing else.
+                if !self.expanded.insert(id) {
+                    self.shared_visits += 1;
+                    if self.shared_visits > self.max_shared_visits {
+                        return Err(Error::limit("max_shared_visits", self.max_shared_visits));
+                    }
+                }
                 self.on_path.insert(id);
                 stack.push(Frame::Leave(id));
                 let depth = self.path.len();
@@ -370,7 +409,7 @@ impl<'h> Walker<'h> {
         let heap = self.heap;
         let non_persistent: Vec<&str> = state
             .get_str(heap, "_non_persistent_buffers_set")
-            .and_then(|s| heap.items(s))
+            .and_then(|s| heap.members(s))
             .map(|items| items.iter().filter_map(|&i| heap.text(i)).collect())
             .unwrap_or_default();
         for (field, skip) in [("_parameters", false), ("_buffers", true)] {
