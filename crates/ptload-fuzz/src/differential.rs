@@ -1,0 +1,195 @@
+//! Differential decoding: our pickle VM against serde-pickle, an
+//! independent implementation, on plain-data pickles.
+
+use ptload_reader::fuzzing::{run_pickle, Plain};
+use ptload_reader::{ErrorKind, StringEncoding};
+use serde_pickle::{DeOptions, HashableValue, Value};
+
+use crate::limits;
+
+/// Decode `data` with both VMs. `Ok` when they agree: both give the same
+/// value, both refuse, or the input is outside what the comparison covers
+/// (objects and globals, which serde-pickle cannot represent; inputs that
+/// hit our limits, which serde-pickle does not have; values too large to
+/// expand as a tree). `Err` says how they differ.
+pub fn serde_pickle_agrees(data: &[u8]) -> Result<(), String> {
+    // Like Python's pickle.loads, we stop at STOP; serde-pickle refuses
+    // trailing bytes, so it is given only what we read.
+    let mut end = data.len();
+    let ours = match run_pickle(data, &limits(), StringEncoding::Bytes) {
+        Ok((Some(v), stop)) => {
+            end = stop;
+            Ok(v)
+        }
+        Ok((None, _)) => return Ok(()),
+        Err(e) if e.kind() == ErrorKind::LimitExceeded => return Ok(()),
+        Err(e) => Err(e),
+    };
+    let theirs = serde_pickle::value_from_slice(data.get(..end).unwrap_or(data), DeOptions::new());
+    match (ours, theirs) {
+        (Ok(a), Ok(b)) => {
+            let b = from_serde(&b);
+            let (ca, cb) = (canonical(&a), canonical(&b));
+            if ca == cb {
+                Ok(())
+            } else {
+                Err(format!("values differ:\n ours:  {ca}\n serde: {cb}"))
+            }
+        }
+        (Err(_), Err(_)) => Ok(()),
+        // serde-pickle resolves fewer globals than Python (`bytes()` for b""
+        // at protocols 0-2, for one): outside the comparison.
+        (Ok(_), Err(serde_pickle::Error::Syntax(serde_pickle::ErrorCode::UnresolvedGlobal))) => {
+            Ok(())
+        }
+        (Ok(a), Err(e)) => Err(format!(
+            "we decoded {} where serde-pickle refused: {e}",
+            canonical(&a)
+        )),
+        (Err(e), Ok(_)) if stricter_than_serde(data, &e) => Ok(()),
+        (Err(e), Ok(b)) => Err(format!(
+            "we refused ({e}) what serde-pickle decoded: {}",
+            canonical(&from_serde(&b))
+        )),
+    }
+}
+
+/// Checks Python's unpickler makes and serde-pickle does not, where our
+/// refusal is the right answer.
+fn stricter_than_serde(data: &[u8], e: &ptload_reader::Error) -> bool {
+    let opcode = e
+        .offset()
+        .and_then(|o| usize::try_from(o).ok())
+        .and_then(|o| data.get(o));
+    // FRAME (0x95) promising more bytes than are left: "pickle data was
+    // truncated" in Python; serde-pickle ignores frame lengths.
+    // _codecs.encode(text, name) with an encoding Python does not know is
+    // a LookupError; serde-pickle returns the text's bytes whatever the name.
+    opcode == Some(&0x95)
+        || e.message()
+            .contains("_codecs.encode with unsupported encoding")
+}
+
+fn from_serde(v: &Value) -> Plain {
+    match v {
+        Value::None => Plain::None,
+        Value::Bool(b) => Plain::Bool(*b),
+        Value::I64(i) => Plain::Int(*i),
+        Value::Int(i) => Plain::BigInt(i.to_signed_bytes_le()),
+        Value::F64(f) => Plain::Float(*f),
+        Value::Bytes(b) => Plain::Bytes(b.clone()),
+        Value::String(s) => Plain::Str(s.clone()),
+        Value::List(l) => Plain::List(l.iter().map(from_serde).collect()),
+        Value::Tuple(t) => Plain::Tuple(t.iter().map(from_serde).collect()),
+        Value::Set(s) | Value::FrozenSet(s) => Plain::Set(s.iter().map(from_hashable).collect()),
+        Value::Dict(d) => Plain::Dict(
+            d.iter()
+                .map(|(k, v)| (from_hashable(k), from_serde(v)))
+                .collect(),
+        ),
+    }
+}
+
+fn from_hashable(v: &HashableValue) -> Plain {
+    match v {
+        HashableValue::None => Plain::None,
+        HashableValue::Bool(b) => Plain::Bool(*b),
+        HashableValue::I64(i) => Plain::Int(*i),
+        HashableValue::Int(i) => Plain::BigInt(i.to_signed_bytes_le()),
+        HashableValue::F64(f) => Plain::Float(*f),
+        HashableValue::Bytes(b) => Plain::Bytes(b.clone()),
+        HashableValue::String(s) => Plain::Str(s.clone()),
+        HashableValue::Tuple(t) => Plain::Tuple(t.iter().map(from_hashable).collect()),
+        HashableValue::FrozenSet(s) => Plain::Set(s.iter().map(from_hashable).collect()),
+    }
+}
+
+/// A text form in which equal Python values print the same: dict items
+/// and set members sorted, floats by their bits, ints by value whatever
+/// their width.
+pub fn canonical(v: &Plain) -> String {
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    out
+}
+
+fn write_canonical(v: &Plain, out: &mut String) {
+    use std::fmt::Write;
+    match v {
+        Plain::None => out.push_str("None"),
+        Plain::Bool(b) => out.push_str(if *b { "True" } else { "False" }),
+        Plain::Int(i) => {
+            let _ = write!(out, "{i}");
+        }
+        Plain::BigInt(le) => match small(le) {
+            Some(i) => {
+                let _ = write!(out, "{i}");
+            }
+            None => {
+                // Minimal form: drop sign-extension bytes the encoder kept.
+                let mut le = le.as_slice();
+                while let [rest @ .., a, b] = le {
+                    if (*b == 0 && a & 0x80 == 0) || (*b == 0xff && a & 0x80 != 0) {
+                        le = le.get(..rest.len() + 1).unwrap_or(le);
+                    } else {
+                        break;
+                    }
+                }
+                let _ = write!(out, "long{le:02x?}");
+            }
+        },
+        Plain::Float(f) => {
+            let _ = write!(out, "float({:#x})", f.to_bits());
+        }
+        Plain::Str(s) => {
+            let _ = write!(out, "{s:?}");
+        }
+        Plain::Bytes(b) => {
+            let _ = write!(out, "b{b:02x?}");
+        }
+        Plain::List(items) | Plain::Tuple(items) => {
+            let (open, close) = if matches!(v, Plain::List(_)) {
+                ('[', ']')
+            } else {
+                ('(', ')')
+            };
+            out.push(open);
+            for i in items {
+                write_canonical(i, out);
+                out.push(',');
+            }
+            out.push(close);
+        }
+        Plain::Set(items) => {
+            let mut members: Vec<String> = items.iter().map(canonical).collect();
+            members.sort();
+            let _ = write!(out, "{{{}}}", members.join(","));
+        }
+        Plain::Dict(entries) => {
+            let mut items: Vec<String> = entries
+                .iter()
+                .map(|(k, v)| format!("{}:{}", canonical(k), canonical(v)))
+                .collect();
+            items.sort();
+            let _ = write!(out, "{{{}}}", items.join(","));
+        }
+    }
+}
+
+/// A little-endian two's complement integer that fits in i64.
+fn small(le: &[u8]) -> Option<i64> {
+    let negative = le.last().is_some_and(|b| b & 0x80 != 0);
+    let fill = if negative { 0xff } else { 0 };
+    if le.len() > 8 {
+        let high_ok = le.get(8..)?.iter().all(|&b| b == fill);
+        let sign_ok = le.get(7).is_some_and(|b| (b & 0x80 != 0) == negative);
+        if !(high_ok && sign_ok) {
+            return None;
+        }
+    }
+    let mut buf = [fill; 8];
+    for (d, s) in buf.iter_mut().zip(le) {
+        *d = *s;
+    }
+    Some(i64::from_le_bytes(buf))
+}

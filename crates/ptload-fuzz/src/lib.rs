@@ -1,0 +1,225 @@
+//! The fuzz targets of ptload, as plain functions.
+//!
+//! `fuzz/` (cargo-fuzz, libFuzzer) calls each of them with generated input;
+//! `cargo test` replays them on a fixed set of seeds (the fixtures, the
+//! hostile corpus, every regression file) so a finding, once fixed, stays
+//! fixed. A target returns normally for every input: an `Err` from the
+//! reader is a correct answer. It panics only when an invariant the reader
+//! promises is broken, which is what the fuzzer reports.
+
+use arbitrary::{Arbitrary, Unstructured};
+use ptload_reader::fuzzing::{read_container, run_pickle, Plain};
+use ptload_reader::{
+    classify, Checkpoint, Device, ErrorKind, GlobalClass, Keep, Limits, MapLocation, OpenOptions,
+    Plan, Policy, SafetensorsOptions, Selected, StringEncoding, To,
+};
+
+pub mod craft;
+mod differential;
+mod structured;
+
+pub use differential::{canonical, serde_pickle_agrees};
+pub use structured::{structured, Model};
+
+/// Limits for fuzzing: the defaults scaled down so one input stays within a
+/// 2 GiB RSS limit and a few seconds, while every limit can still be hit.
+pub fn limits() -> Limits {
+    let mut l = Limits::default();
+    l.max_pickle_bytes = 16 << 20;
+    l.max_opcodes = 2_000_000;
+    l.max_stack_depth = 100_000;
+    l.max_memo_entries = 1_000_000;
+    l.max_container_len = 1_000_000;
+    l.max_objects = 2_000_000;
+    l.max_decoded_bytes = 64 << 20;
+    l.max_decompressed_bytes = 256 << 20;
+    l.max_zip_entries = 100_000;
+    l.max_tensors = 100_000;
+    l.max_walk_steps = 2_000_000;
+    l.max_shared_visits = 10_000;
+    l.max_name_bytes = 64 << 20;
+    l.max_expanded_view_bytes = 64 << 20;
+    l
+}
+
+/// Every error must say what went wrong.
+fn check_error(e: &ptload_reader::Error) {
+    assert!(!e.message().is_empty(), "error without a message: {e:?}");
+    assert!(!e.to_string().is_empty());
+}
+
+/// The pickle VM with the torch interpreter, on one pickle program.
+pub fn pickle_vm(data: &[u8]) {
+    let limits = limits();
+    for encoding in [StringEncoding::Utf8, StringEncoding::Bytes] {
+        if let Err(e) = run_pickle(data, &limits, encoding) {
+            check_error(&e);
+        }
+    }
+}
+
+/// The container layer: layout detection, zip directory and records
+/// (inflated and CRC-checked), the legacy stream.
+pub fn container(data: &[u8]) {
+    if let Err(e) = read_container(data, &limits()) {
+        check_error(&e);
+    }
+}
+
+/// A whole checkpoint: open it under both policies, read every tensor,
+/// place it with a mapper, classify its globals, and export it.
+pub fn checkpoint(data: &[u8]) {
+    let limits = limits();
+    let default = OpenOptions::new()
+        .limits(limits.clone())
+        .open_bytes(data.to_vec());
+    let strict = OpenOptions::new()
+        .limits(limits)
+        .policy(Policy::Strict)
+        .open_bytes(data.to_vec());
+    // Strict only ever refuses more: what it opens, the default opens the same.
+    match (&default, &strict) {
+        (Ok(d), Ok(s)) => {
+            let names =
+                |c: &Checkpoint| c.tensors().map(|t| t.name().to_owned()).collect::<Vec<_>>();
+            assert_eq!(names(d), names(s), "policies disagree on tensors");
+        }
+        (Err(e), Ok(_)) => panic!("strict opened what the default policy refused: {e}"),
+        (Ok(_), Err(e)) => assert!(
+            e.kind() == ErrorKind::UnsupportedGlobal,
+            "strict failed with a non-policy error the default did not see: {e}"
+        ),
+        (Err(_), Err(_)) => {}
+    }
+    if let Err(e) = &strict {
+        check_error(e);
+    }
+    match default {
+        Ok(ckpt) => exercise(&ckpt),
+        Err(e) => check_error(&e),
+    }
+}
+
+/// Everything a user can do with an open checkpoint, with the invariants
+/// each promises.
+pub fn exercise(ckpt: &Checkpoint) {
+    let mut selection = Vec::new();
+    for (index, t) in ckpt.tensors().enumerate() {
+        let expected = t.info().nbytes;
+        match t.data() {
+            Ok(bytes) => {
+                assert_eq!(
+                    bytes.len() as u64,
+                    expected,
+                    "tensor {} data length",
+                    t.name()
+                );
+                let mut seen = Vec::new();
+                t.visit_bytes(|chunk| seen.extend_from_slice(chunk))
+                    .unwrap_or_else(|e| {
+                        panic!("data() read {} but visit_bytes failed: {e}", t.name())
+                    });
+                assert!(
+                    seen == *bytes,
+                    "tensor {}: visit_bytes and data() differ",
+                    t.name()
+                );
+            }
+            Err(e) => check_error(&e),
+        }
+        selection.push(Selected {
+            index,
+            name: t.name().to_owned(),
+        });
+    }
+    for g in ckpt.globals() {
+        let _: GlobalClass = classify(&g.module, &g.name);
+    }
+    let plan = Plan::new(ckpt, &mut To(Device::Host))
+        .unwrap_or_else(|e| panic!("placing everything on the host failed: {e}"));
+    assert_eq!(plan.placements().len(), ckpt.storages().len());
+    if let Err(e) = Plan::new(ckpt, &mut Keep) {
+        check_error(&e);
+    }
+    let mut out = Vec::new();
+    let opts = SafetensorsOptions {
+        skip_unsupported: true,
+        ..Default::default()
+    };
+    // Names need not be unique across a whole checkpoint's walk only when
+    // the file is odd; the writer must then refuse, never write a bad file.
+    match ptload_reader::write_safetensors(ckpt, &selection, &opts, &mut out) {
+        Ok(written) => {
+            let st = safetensors::SafeTensors::deserialize(&out)
+                .unwrap_or_else(|e| panic!("wrote a safetensors file its library rejects: {e}"));
+            assert_eq!(st.len(), written.tensors);
+            for (name, view) in st.tensors() {
+                let t = ckpt
+                    .tensor(&name)
+                    .unwrap_or_else(|| panic!("wrote unknown tensor {name}"));
+                if let Ok(bytes) = t.data() {
+                    assert!(
+                        view.data() == &*bytes,
+                        "tensor {name}: exported bytes differ"
+                    );
+                }
+            }
+        }
+        Err(e) => check_error(&e),
+    }
+}
+
+/// The map-location spec parser and the glob matcher, on any text.
+pub fn map_location(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    match text.parse::<MapLocation>() {
+        Ok(spec) => {
+            // What parses prints back to something that parses the same.
+            if let MapLocation::Table(table) = &spec {
+                let again: String = table
+                    .iter()
+                    .map(|(from, to)| format!("{from}={to}"))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let reparsed: MapLocation = again
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{again:?} (from {text:?}) does not parse: {e}"));
+                assert_eq!(reparsed, spec, "round trip of {text:?}");
+            }
+            let _ = spec.mapper(|| 2);
+        }
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::InvalidSpec);
+            check_error(&e);
+        }
+    }
+    if let Some((pattern, name)) = text.split_once('\n') {
+        let _ = ptload_reader::glob(pattern, name);
+    }
+}
+
+/// Our VM against serde-pickle on plain-data pickles: where both decode,
+/// they decode the same value. See [`serde_pickle_agrees`].
+pub fn differential(data: &[u8]) {
+    if let Err(why) = serde_pickle_agrees(data) {
+        panic!("{why}");
+    }
+}
+
+/// Generate a valid checkpoint from the input, check that it reads back
+/// exactly, then mutate it and check the reader holds.
+pub fn structured_bytes(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    if let Ok(model) = Model::arbitrary(&mut u) {
+        structured(&model);
+    }
+}
+
+/// What [`Plain`] each target sees, for the differential target's tests.
+pub fn plain(data: &[u8]) -> Option<Plain> {
+    run_pickle(data, &limits(), StringEncoding::Bytes)
+        .ok()
+        .and_then(|(plain, _)| plain)
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Run fuzz targets for a while each: fuzz/run.sh SECONDS [TARGET...]
+# Needs a nightly toolchain and cargo-fuzz. Each target starts from its
+# seeds (the fixtures, the hostile corpus, fuzz/seeds/TARGET) and keeps
+# what it learns in fuzz/corpus/TARGET (not committed). A crash stops the
+# script with libFuzzer's report; the input is saved under
+# fuzz/artifacts/TARGET: fix the bug, then copy the input to
+# fuzz/regressions/TARGET so cargo test replays it.
+set -euo pipefail
+cd "$(dirname "$0")"
+seconds=${1:?usage: fuzz/run.sh SECONDS [TARGET...]}
+shift
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(pickle_vm container checkpoint map_location differential structured)
+cargo +nightly fuzz build -O >/dev/null
+for t in "${targets[@]}"; do
+  seeds=()
+  case $t in
+    checkpoint|container) seeds=(../fixtures/files ../tests/hostile) ;;
+    pickle_vm) seeds=(seeds/pickle_vm seeds/differential) ;;
+    differential|map_location) seeds=(seeds/$t) ;;
+  esac
+  [ -d "regressions/$t" ] && seeds+=("regressions/$t")
+  mkdir -p "corpus/$t"
+  max_len=()
+  [ "$t" = differential ] && max_len=(-max_len=4096)
+  echo "== $t: ${seconds}s"
+  log=$(mktemp)
+  rc=0
+  cargo +nightly fuzz run -O "$t" "corpus/$t" "${seeds[@]}" -- \
+    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 "${max_len[@]}" \
+    -print_final_stats=1 >"$log" 2>&1 || rc=$?
+  grep -E "^(stat::|SUMMARY|Done|INFO: seed corpus)|panicked|ERROR|Test unit|crash-|timeout-|oom-" "$log" || true
+  if [ $rc -ne 0 ]; then
+    grep -A3 panicked "$log" || tail -30 "$log"
+    rm -f "$log"
+    exit 1
+  fi
+  rm -f "$log"
+done
