@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Run fuzz targets for a while each: fuzz/run.sh SECONDS [TARGET...]
+# FUZZ_SEED=N fixes libFuzzer's random seed (CI's smoke run does).
 # Needs a nightly toolchain and cargo-fuzz. Each target starts from its
 # seeds (the fixtures, the hostile corpus, fuzz/seeds/TARGET) and keeps
 # what it learns in fuzz/corpus/TARGET (not committed). A crash stops the
@@ -22,13 +23,14 @@ for t in "${targets[@]}"; do
   esac
   [ -d "regressions/$t" ] && seeds+=("regressions/$t")
   mkdir -p "corpus/$t"
-  max_len=()
-  [ "$t" = differential ] && max_len=(-max_len=4096)
+  extra=()
+  [ "$t" = differential ] && extra+=(-max_len=4096)
+  [ -n "${FUZZ_SEED:-}" ] && extra+=(-seed="$FUZZ_SEED")
   echo "== $t: ${seconds}s"
   log=$(mktemp)
   rc=0
   cargo +nightly fuzz run -O "$t" "corpus/$t" "${seeds[@]}" -- \
-    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 "${max_len[@]}" \
+    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 "${extra[@]}" \
     -print_final_stats=1 >"$log" 2>&1 || rc=$?
   grep -E "^(stat::|SUMMARY|Done|INFO: seed corpus)|panicked|ERROR|Test unit|crash-|timeout-|oom-" "$log" || true
   if [ $rc -ne 0 ]; then

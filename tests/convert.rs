@@ -87,8 +87,8 @@ fn both_safetensors_writers_agree() {
         .select(&ckpt)
         .expect("select");
         let opts = SafetensorsOptions {
-            dtype: None,
             skip_unsupported: true,
+            ..Default::default()
         };
         let mut streamed = Vec::new();
         write_safetensors(&ckpt, &sel, &opts, &mut streamed).expect("stream");

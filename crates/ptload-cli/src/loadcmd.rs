@@ -55,16 +55,7 @@ pub(crate) fn run<'c>(
         opts.dtype = Some(parse_dtype(d)?);
     }
     let total: u64 = ckpt.storages().iter().map(|s| s.nbytes).sum();
-    let bar = (std::io::stderr().is_terminal() && total >= PROGRESS_FROM_BYTES).then(|| {
-        let bar = ProgressBar::new(total);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar
-    });
+    let bar = progress_bar(total);
     if let Some(bar) = &bar {
         let bar = bar.clone();
         opts.progress = Some(Arc::new(move |n| bar.inc(n)));
@@ -74,6 +65,21 @@ pub(crate) fn run<'c>(
         bar.finish_and_clear();
     }
     Ok(loaded)
+}
+
+/// A byte progress bar on stderr for work of `total` bytes, when stderr is
+/// a terminal and the work is long enough to watch.
+pub(crate) fn progress_bar(total: u64) -> Option<ProgressBar> {
+    (std::io::stderr().is_terminal() && total >= PROGRESS_FROM_BYTES).then(|| {
+        let bar = ProgressBar::new(total);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    })
 }
 
 #[derive(Serialize)]

@@ -27,9 +27,18 @@ pub(crate) fn convert(
     json: bool,
 ) -> CliResult<()> {
     let selection = state.select(ckpt)?;
+    let total: u64 = selection
+        .iter()
+        .filter_map(|s| ckpt.tensor_at(s.index))
+        .map(|t| t.info().nbytes)
+        .sum();
+    let bar = crate::loadcmd::progress_bar(total);
     let opts = SafetensorsOptions {
         dtype: dtype.map(parse_dtype).transpose()?,
         skip_unsupported,
+        progress: bar.clone().map(|bar| {
+            std::sync::Arc::new(move |n| bar.inc(n)) as std::sync::Arc<dyn Fn(u64) + Send + Sync>
+        }),
     };
     // Write beside the target and rename: a failed conversion leaves no
     // half-written file under the requested name.
@@ -47,6 +56,9 @@ pub(crate) fn convert(
             .map_err(|e| format!("cannot write {}: {e}", output.display()))?;
         Ok(written)
     })();
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     let written = match result {
         Ok(w) => w,
         Err(e) => {

@@ -221,5 +221,5 @@ pub fn structured_bytes(data: &[u8]) {
 pub fn plain(data: &[u8]) -> Option<Plain> {
     run_pickle(data, &limits(), StringEncoding::Bytes)
         .ok()
-        .and_then(|(plain, _)| plain)
+        .and_then(|run| run.plain)
 }

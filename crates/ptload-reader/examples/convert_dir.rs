@@ -39,8 +39,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // (`module.`, `_orig_mod.`), as `ptload convert` does by default.
     let state = StateDictOptions::default();
     let opts = SafetensorsOptions {
-        dtype: None,
         skip_unsupported: true,
+        ..Default::default()
     };
     let (mut converted, mut skipped_files, mut total_bytes) = (0usize, 0usize, 0u64);
     for path in &files {

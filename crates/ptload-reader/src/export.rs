@@ -10,13 +10,25 @@ use crate::torch::dtype::DType;
 use crate::torch::names::Scalar;
 
 /// Options for [`write_safetensors`].
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct SafetensorsOptions {
     /// Convert floating tensors to this dtype.
     pub dtype: Option<DType>,
     /// Skip tensors safetensors cannot hold (complex32/128, packed float4,
     /// meta tensors) instead of failing; each is reported.
     pub skip_unsupported: bool,
+    /// Told the bytes of each tensor written (for progress bars).
+    pub progress: Option<std::sync::Arc<dyn Fn(u64) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for SafetensorsOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafetensorsOptions")
+            .field("dtype", &self.dtype)
+            .field("skip_unsupported", &self.skip_unsupported)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
 }
 
 /// What [`write_safetensors`] wrote.
@@ -203,6 +215,9 @@ pub fn write_safetensors(
         write_tensor_bytes(&view, p, out)?;
         written.tensors += 1;
         written.bytes += p.nbytes;
+        if let Some(progress) = &opts.progress {
+            progress(p.nbytes);
+        }
     }
     Ok(written)
 }
@@ -260,6 +275,9 @@ pub fn write_safetensors_file(
         position += p.nbytes;
         written.tensors += 1;
         written.bytes += p.nbytes;
+        if let Some(progress) = &opts.progress {
+            progress(p.nbytes);
+        }
     }
     out.flush().map_err(io)?;
     Ok(written)

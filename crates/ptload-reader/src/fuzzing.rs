@@ -42,15 +42,21 @@ pub enum Plain {
 const MAX_DEPTH: usize = 64;
 const MAX_NODES: usize = 100_000;
 
+/// What one pickle gave.
+#[derive(Debug, Clone)]
+pub struct PickleRun {
+    /// The value, when it is plain data (not objects, globals or cycles)
+    /// and small enough to expand as a tree.
+    pub plain: Option<Plain>,
+    /// Offset just past STOP: bytes after it are not read.
+    pub end: usize,
+    /// PUTs that replaced an already defined memo entry.
+    pub memo_overwrites: usize,
+}
+
 /// Run one pickle through the VM with the torch interpreter (default policy),
-/// as a checkpoint's `data.pkl` would be. `Ok(None)` when the result is not
-/// plain data (objects, globals, cycles) or too large to expand as a tree.
-/// Also returns the offset just past STOP: bytes after it are not read.
-pub fn run_pickle(
-    data: &[u8],
-    limits: &Limits,
-    encoding: StringEncoding,
-) -> Result<(Option<Plain>, usize)> {
+/// as a checkpoint's `data.pkl` would be.
+pub fn run_pickle(data: &[u8], limits: &Limits, encoding: StringEncoding) -> Result<PickleRun> {
     let mut heap = Heap::new(limits);
     let allowed = Vec::new();
     let mut interp = TorchInterp::new(Policy::Default, &allowed);
@@ -58,7 +64,11 @@ pub fn run_pickle(
     let mut vm = Vm::new(limits, encoding);
     let out = vm.run(&mut heap, &mut interp, data, 0)?;
     let mut nodes = 0;
-    Ok((to_plain(&heap, out.value, 0, &mut nodes), out.end))
+    Ok(PickleRun {
+        plain: to_plain(&heap, out.value, 0, &mut nodes),
+        end: out.end,
+        memo_overwrites: out.memo_overwrites,
+    })
 }
 
 fn to_plain(heap: &Heap, v: Value, depth: usize, nodes: &mut usize) -> Option<Plain> {

@@ -48,6 +48,10 @@ pub(crate) struct VmOutput {
     pub(crate) end: usize,
     /// The PROTO opcode's value; 0 or 1 (by the opcodes seen) when absent.
     pub(crate) protocol: u8,
+    /// PUTs that replaced a defined memo entry (legal, and rare; some other
+    /// unpicklers get them wrong, which differential tests must know).
+    #[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
+    pub(crate) memo_overwrites: usize,
 }
 
 /// The memo: dense for the indices pickles normally use, sparse otherwise,
@@ -57,6 +61,7 @@ struct Memo {
     dense: Vec<Option<Value>>,
     sparse: HashMap<u64, Value>,
     count: usize,
+    overwrites: usize,
 }
 
 impl Memo {
@@ -76,6 +81,9 @@ impl Memo {
         } else {
             self.sparse.insert(index, value).is_none()
         };
+        if !is_new {
+            self.overwrites += 1;
+        }
         if is_new {
             self.count += 1;
             if self.count > max {
@@ -167,6 +175,7 @@ impl<'l> Vm<'l> {
                         value,
                         end: m.r.pos(),
                         protocol,
+                        memo_overwrites: m.memo.overwrites,
                     });
                 }
                 Ok(None) => {}

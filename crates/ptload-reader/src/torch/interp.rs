@@ -136,6 +136,16 @@ pub(crate) fn describe(heap: &Heap, v: Value) -> String {
     }
 }
 
+/// Whether `v` could be called (REDUCE) or instantiated (NEWOBJ) in Python:
+/// a global, or an instance of a class we keep inert (it may define
+/// `__call__`). Plain values never are; Python raises TypeError.
+fn could_be_callable(heap: &Heap, v: Value) -> bool {
+    matches!(
+        heap.get(v),
+        Some(Obj::Torch(TorchObj::Global(_)) | Obj::Object(_))
+    )
+}
+
 fn known(heap: &Heap, v: Value) -> Option<(Known, &Global)> {
     match heap.torch(v) {
         Some(TorchObj::Global(g)) => Some((g.known, g)),
@@ -571,6 +581,12 @@ impl Interpreter for TorchInterp<'_> {
     }
 
     fn call(&mut self, heap: &mut Heap, callable: Value, args: Value) -> Result<Value> {
+        if !could_be_callable(heap, callable) {
+            return Err(err(format!(
+                "REDUCE calls a {}, which is not callable",
+                describe(heap, callable)
+            )));
+        }
         let Some((which, g)) = known(heap, callable) else {
             return self.inert(heap, callable, args);
         };
@@ -726,6 +742,12 @@ impl Interpreter for TorchInterp<'_> {
     }
 
     fn new_object(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value> {
+        if !could_be_callable(heap, cls) {
+            return Err(err(format!(
+                "cannot instantiate a {}: not a class",
+                describe(heap, cls)
+            )));
+        }
         if let Some((_, g)) = known(heap, cls) {
             if let Some(r) = self.globals.get_mut(g.seen) {
                 r.instantiated = true;
