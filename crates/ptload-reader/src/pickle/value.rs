@@ -356,6 +356,12 @@ impl Heap {
     }
 
     fn insert(&self, dict: &mut Dict, key: Value, value: Value) -> Result<(), &'static str> {
+        // Python refuses mutable keys (TypeError: unhashable type).
+        match self.get(key) {
+            Some(Obj::List(_)) => return Err("dict or set with an unhashable list key"),
+            Some(Obj::Dict(_)) => return Err("dict or set with an unhashable dict key"),
+            _ => {}
+        }
         let k = self.key(key);
         let hash = self.hasher.hash_one(k);
         let entries = &mut dict.entries;
@@ -425,17 +431,25 @@ impl Heap {
     pub(crate) fn new_set_from(&mut self, members: &[Value]) -> Result<Value> {
         let s = self.alloc(Obj::Set(Box::default()))?;
         self.add_to_set(s, members)
-            .map_err(|_| Error::limit("max_container_len", self.max_container_len as u64))?;
+            .map_err(|m| self.container_error(m))?;
         Ok(s)
+    }
+
+    /// The error for a failed dict or set insertion.
+    fn container_error(&self, message: &'static str) -> Error {
+        if message.contains("max_container_len") {
+            Error::limit("max_container_len", self.max_container_len as u64)
+        } else {
+            Error::new(crate::error::ErrorKind::Pickle, message)
+        }
     }
 
     pub(crate) fn new_dict_from(&mut self, pairs: &[Value]) -> Result<Value> {
         let d = self.alloc(Obj::Dict(Box::default()))?;
         for pair in pairs.chunks(2) {
             if let [k, v] = pair {
-                self.set_item(d, *k, *v).map_err(|_| {
-                    Error::limit("max_container_len", self.max_container_len as u64)
-                })?;
+                self.set_item(d, *k, *v)
+                    .map_err(|m| self.container_error(m))?;
             }
         }
         Ok(d)
