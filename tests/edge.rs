@@ -338,6 +338,7 @@ fn huge_memo_index_costs_one_entry() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "100,000 levels are too slow under Miri")]
 fn deep_nesting_builds_and_drops_without_recursion() {
     // 100,000 nested lists: [[[...]]].
     let depth = 100_000;
@@ -366,6 +367,7 @@ fn cycles_are_walked_once() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "a million walk steps are too slow under Miri")]
 fn reference_bombs_hit_the_walk_budget() {
     // Each level is a list holding the previous level twice: 2^40 paths.
     let mut p = P::default().proto(2).op(b"]");
@@ -457,6 +459,7 @@ fn strict_blocks_os_even_when_allowed() {
 /// The same bomb under the default limits: the shared-visit count stops
 /// it long before the step budget would.
 #[test]
+#[cfg_attr(miri, ignore = "100,000 shared visits are too slow under Miri")]
 fn reference_bomb_under_default_limits() {
     let mut p = P::default().proto(2).op(b"]");
     for _ in 0..40 {
@@ -471,6 +474,7 @@ fn reference_bomb_under_default_limits() {
 /// headers read with positioned reads instead of through the map: the
 /// same rules must hold on that path.
 #[test]
+#[cfg_attr(miri, ignore = "maps a file: Miri cannot run mmap")]
 fn sparse_archives_read_headers_with_pread() {
     let values: Vec<f32> = (0..200_000).map(|i| i as f32).collect();
     let data = storage(&values);

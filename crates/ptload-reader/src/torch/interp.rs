@@ -666,7 +666,13 @@ impl Interpreter for TorchInterp<'_> {
                     .str(get(&a, 0))
                     .ok_or_else(|| err("_codecs.encode needs a str"))?
                     .to_owned();
-                let enc = heap.str(get(&a, 1)).unwrap_or("utf-8").to_ascii_lowercase();
+                let enc = match a.get(1) {
+                    None => "utf-8".to_owned(),
+                    Some(&e) => heap
+                        .str(e)
+                        .ok_or_else(|| err("_codecs.encode: the encoding must be a str"))?
+                        .to_ascii_lowercase(),
+                };
                 let bytes: Vec<u8> = match enc.as_str() {
                     "latin1" | "latin-1" | "iso-8859-1" | "iso8859-1" => s
                         .chars()
