@@ -52,6 +52,8 @@ pub struct PickleRun {
     pub end: usize,
     /// PUTs that replaced an already defined memo entry.
     pub memo_overwrites: usize,
+    /// Every global the pickle names, as `module.name`.
+    pub globals: Vec<String>,
 }
 
 /// Run one pickle through the VM with the torch interpreter (default policy),
@@ -68,6 +70,7 @@ pub fn run_pickle(data: &[u8], limits: &Limits, encoding: StringEncoding) -> Res
         plain: to_plain(&heap, out.value, 0, &mut nodes),
         end: out.end,
         memo_overwrites: out.memo_overwrites,
+        globals: interp.globals.iter().map(|g| g.path()).collect(),
     })
 }
 

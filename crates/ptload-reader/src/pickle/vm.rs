@@ -513,7 +513,11 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 ))
             }
             0x98 => {
-                self.top()?;
+                // READONLY_BUFFER: only bytes-like objects are buffers.
+                let top = self.top()?;
+                if self.heap.bytes(top).is_none() {
+                    return Err(pickle_err("READONLY_BUFFER on a value that is not bytes"));
+                }
             }
             // Containers.
             b')' => self.push_new(|h| h.alloc_tuple(&[]))?,

@@ -661,7 +661,11 @@ impl Interpreter for TorchInterp<'_> {
             }
             Known::CodecsEncode => {
                 let a = args_of(heap, args, func)?;
-                arity(&a, func, &[1, 2])?;
+                // encode(obj, encoding='utf-8', errors='strict')
+                arity(&a, func, &[1, 2, 3])?;
+                if a.get(2).is_some_and(|&e| heap.str(e) != Some("strict")) {
+                    return Err(err("_codecs.encode: only errors='strict' is read"));
+                }
                 let s = heap
                     .str(get(&a, 0))
                     .ok_or_else(|| err("_codecs.encode needs a str"))?
