@@ -256,7 +256,7 @@ pub fn write_safetensors_file(
             (Some(src), Some((offset, len))) => {
                 // The kernel copies fastest into whole pages of the output,
                 // so the head up to the next page boundary comes from the map.
-                let head = ((PAGE - offset % PAGE) % PAGE).min(len);
+                let head = ((PAGE - position % PAGE) % PAGE).min(len);
                 let data = view.data()?;
                 out.write_all(data.get(..head as usize).unwrap_or_default())
                     .map_err(io)?;
