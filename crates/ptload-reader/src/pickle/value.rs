@@ -72,9 +72,10 @@ pub(crate) struct Object {
 }
 
 /// How a dict key is compared, as Python would: by value for scalars,
-/// strings and bytes, by identity for everything else. Borrowed from the
-/// heap, so indexing a key allocates nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// strings, bytes and tuples of those, by identity for everything else.
+/// Borrowed from the heap, so indexing a key allocates nothing (but for
+/// tuple keys, which are rare).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Key<'h> {
     None,
     Int(i64),
@@ -82,8 +83,15 @@ enum Key<'h> {
     Str(&'h str),
     Bytes(&'h [u8]),
     BigInt(&'h [u8]),
+    /// A tuple's members, encoded so that equal tuples encode the same.
+    Tuple(Vec<u8>),
     Id(ObjId),
 }
+
+/// Tuple keys with more members than this (counting nested tuples' members)
+/// compare by identity, so a huge tuple used as a key many times cannot
+/// make every lookup expensive.
+const MAX_TUPLE_KEY_ITEMS: usize = 64;
 
 /// An insertion-ordered dict with Python's replace-on-equal-key semantics.
 #[derive(Debug, Default)]
@@ -100,7 +108,7 @@ impl Dict {
 
     pub(crate) fn get_str(&self, heap: &Heap, key: &str) -> Option<Value> {
         let wanted = Key::Str(key);
-        let hash = heap.hasher.hash_one(wanted);
+        let hash = heap.hasher.hash_one(&wanted);
         self.index
             .find(hash, |&i| {
                 self.entries
@@ -315,6 +323,49 @@ impl Heap {
         }
     }
 
+    /// Append a by-value encoding of the key `v`; false when it holds
+    /// something compared by identity or is nested too deep.
+    fn encode_key(&self, v: Value, budget: &mut usize, out: &mut Vec<u8>) -> bool {
+        if *budget == 0 {
+            return false;
+        }
+        *budget -= 1;
+        let mut bytes = |tag: u8, b: &[u8]| {
+            out.push(tag);
+            out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+            out.extend_from_slice(b);
+        };
+        if let Some(items) = self.tuple(v) {
+            bytes(b'T', &(items.len() as u64).to_le_bytes());
+            return items.iter().all(|&i| self.encode_key(i, budget, out));
+        }
+        if let Some(Obj::Set(members)) = self.get(v) {
+            // A frozenset: equal by members, in any order.
+            let mut encoded = Vec::new();
+            for &(m, _) in members.entries() {
+                let mut e = Vec::new();
+                if !self.encode_key(m, budget, &mut e) {
+                    return false;
+                }
+                encoded.push(e);
+            }
+            encoded.sort_unstable();
+            bytes(b'Z', &(encoded.len() as u64).to_le_bytes());
+            encoded.iter().for_each(|e| out.extend_from_slice(e));
+            return true;
+        }
+        match self.key(v) {
+            Key::None => out.push(b'N'),
+            Key::Int(i) => bytes(b'I', &i.to_le_bytes()),
+            Key::Float(f) => bytes(b'F', &f.to_le_bytes()),
+            Key::Str(s) => bytes(b'S', s.as_bytes()),
+            Key::Bytes(b) => bytes(b'B', b),
+            Key::BigInt(b) => bytes(b'L', b),
+            Key::Tuple(_) | Key::Id(_) => return false,
+        }
+        true
+    }
+
     fn key(&self, v: Value) -> Key<'_> {
         match v {
             Value::None => Key::None,
@@ -326,6 +377,14 @@ impl Heap {
                 Some(Obj::Str(s)) => Key::Str(self.span_str(*s)),
                 Some(Obj::Bytes(b)) => Key::Bytes(self.span_bytes(*b)),
                 Some(Obj::BigInt(b)) => Key::BigInt(self.span_bytes(*b)),
+                Some(Obj::Tuple(_) | Obj::Set(_)) => {
+                    let mut enc = Vec::new();
+                    if self.encode_key(v, &mut { MAX_TUPLE_KEY_ITEMS }, &mut enc) {
+                        Key::Tuple(enc)
+                    } else {
+                        Key::Id(id)
+                    }
+                }
                 _ => Key::Id(id),
             },
         }
@@ -363,7 +422,7 @@ impl Heap {
             _ => {}
         }
         let k = self.key(key);
-        let hash = self.hasher.hash_one(k);
+        let hash = self.hasher.hash_one(&k);
         let entries = &mut dict.entries;
         let found = dict
             .index

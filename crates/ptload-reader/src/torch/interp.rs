@@ -804,9 +804,24 @@ impl Interpreter for TorchInterp<'_> {
                 a.dtype = numpy_dtype.unwrap_or_else(|| "?".into());
                 Ok(())
             }
-            // Attributes set on tensors, dict subclasses, classes: no effect
-            // on the data; nothing is called.
-            Some(Obj::Torch(_) | Obj::Dict(_) | Obj::List(_) | Obj::Set(_)) => Ok(()),
+            // Attributes set on tensors and classes: no effect on the data;
+            // nothing is called.
+            Some(Obj::Torch(_)) => Ok(()),
+            // An OrderedDict's instance attributes (torch's `_metadata`):
+            // Python takes only a dict, or (dict, slot dict), as such state.
+            Some(Obj::Dict(_)) => {
+                let is_state = |v: Value| v == Value::None || heap.dict(v).is_some();
+                let ok = is_state(state) && state != Value::None
+                    || matches!(heap.tuple(state), Some(&[a, b]) if is_state(a) && is_state(b));
+                if ok {
+                    Ok(())
+                } else {
+                    Err(err(format!(
+                        "BUILD on a dict with a {} state: state is not a dictionary",
+                        describe(heap, state)
+                    )))
+                }
+            }
             Some(other) => Err(err(format!(
                 "BUILD on a {}",
                 crate::pickle::kind_name_of(other)
