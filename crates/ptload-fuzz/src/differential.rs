@@ -57,7 +57,9 @@ pub fn serde_pickle_agrees(data: &[u8]) -> Result<(), String> {
             let (ca, cb) = (canonical(&a), canonical(&b));
             // serde-pickle drops a CR before the LF that ends a protocol 0
             // text argument; Python keeps it.
-            if ca == cb || data.windows(2).any(|w| w == b"\r\n") {
+            // serde-pickle keeps True and 1 (and 1.0) as distinct keys;
+            // Python and we merge them.
+            if ca == cb || data.windows(2).any(|w| w == b"\r\n") || merges_keys(&b) {
                 Ok(())
             } else {
                 Err(format!("values differ:\n ours:  {ca}\n serde: {cb}"))
@@ -154,6 +156,9 @@ fn stricter_than_serde(data: &[u8], e: &ptload_reader::Error) -> bool {
             // REDUCE / NEWOBJ on a plain value: TypeError in Python.
             "not callable",
             "not a class",
+            // BUILD on a value with no instance dict, or with a state that
+            // is not one: AttributeError / "state is not a dictionary".
+            "BUILD on a",
             // Protocol 0 INT / LONG text in Python's other integer forms
             // (0x.., 1_000, C octal): Python reads them, we and
             // serde-pickle read decimal only. torch never writes protocol 0.
@@ -266,6 +271,31 @@ fn write_canonical(v: &Plain, out: &mut String) {
             items.sort();
             let _ = write!(out, "{{{}}}", items.join(","));
         }
+    }
+}
+
+/// Whether some dict or set in `v` holds keys Python would merge
+/// (`True`, `1`, `1.0`).
+fn merges_keys(v: &Plain) -> bool {
+    let collide = |keys: Vec<String>| {
+        let n = keys.len();
+        let mut keys = keys;
+        keys.sort();
+        keys.dedup();
+        keys.len() != n
+    };
+    match v {
+        Plain::Dict(entries) => {
+            collide(entries.iter().map(|(k, _)| canonical_key(k)).collect())
+                || entries
+                    .iter()
+                    .any(|(k, v)| merges_keys(k) || merges_keys(v))
+        }
+        Plain::Set(items) => {
+            collide(items.iter().map(canonical_key).collect()) || items.iter().any(merges_keys)
+        }
+        Plain::List(items) | Plain::Tuple(items) => items.iter().any(merges_keys),
+        _ => false,
     }
 }
 
