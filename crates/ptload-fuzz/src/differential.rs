@@ -95,6 +95,9 @@ pub fn serde_pickle_agrees(data: &[u8]) -> Result<(), String> {
                 | serde_pickle::Error::Syntax(serde_pickle::ErrorCode::Unsupported(_)),
             ),
         ) => Ok(()),
+        // A list shared under several tuples: serde-pickle reports
+        // "recursive structure" where there is no cycle.
+        (Ok(_), Err(e)) if e.to_string().contains("recursive structure") => Ok(()),
         // SETITEMS / APPENDS with nothing to add: Python never looks at
         // the target; serde-pickle requires a dict or list.
         (Ok(_), Err(e)) if e.to_string().contains("invalid stack top, expected") => Ok(()),
