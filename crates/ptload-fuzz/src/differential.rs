@@ -165,6 +165,8 @@ fn stricter_than_serde(data: &[u8], e: &ptload_reader::Error) -> bool {
             // BUILD on a value with no instance dict, or with a state that
             // is not one: AttributeError / "state is not a dictionary".
             "BUILD on a",
+            // OBJ with an empty MARK: "unexpected MARK found" in Python.
+            "without a class",
             // Protocol 0 INT / LONG text in Python's other integer forms
             // (0x.., 1_000, C octal): Python reads them, we and
             // serde-pickle read decimal only. torch never writes protocol 0.
