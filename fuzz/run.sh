@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run fuzz targets for a while each: fuzz/run.sh SECONDS [TARGET...]
-# FUZZ_SEED=N fixes libFuzzer's random seed (CI's smoke run does).
+# FUZZ_SEED=N fixes libFuzzer's random seed and FUZZ_RUNS=N stops each
+# target after N inputs (still within SECONDS): with both, and a fresh
+# corpus, a run is repeatable (CI's smoke run uses them).
 # Needs a nightly toolchain and cargo-fuzz. Each target starts from its
 # seeds (the fixtures, the hostile corpus, fuzz/seeds/TARGET) and keeps
 # what it learns in fuzz/corpus/TARGET (not committed). A crash stops the
@@ -22,14 +24,16 @@ for t in "${targets[@]}"; do
     differential|map_location) seeds=(seeds/$t) ;;
   esac
   [ -d "regressions/$t" ] && seeds+=("regressions/$t")
-  mkdir -p "corpus/$t"
   extra=()
   [ "$t" = differential ] && extra+=(-max_len=4096)
   [ -n "${FUZZ_SEED:-}" ] && extra+=(-seed="$FUZZ_SEED")
+  [ -n "${FUZZ_RUNS:-}" ] && extra+=(-runs="$FUZZ_RUNS")
+  [ -n "${FUZZ_CORPUS:-}" ] && corpus="$FUZZ_CORPUS/$t" || corpus="corpus/$t"
   echo "== $t: ${seconds}s"
   log=$(mktemp)
   rc=0
-  cargo +nightly fuzz run -O "$t" "corpus/$t" "${seeds[@]}" -- \
+  mkdir -p "$corpus"
+  cargo +nightly fuzz run -O "$t" "$corpus" "${seeds[@]}" -- \
     -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 "${extra[@]}" \
     -print_final_stats=1 >"$log" 2>&1 || rc=$?
   grep -E "^(stat::|SUMMARY|Done|INFO: seed corpus)|panicked|ERROR|Test unit|crash-|timeout-|oom-" "$log" || true
