@@ -36,9 +36,9 @@ pub(crate) fn convert(
     let opts = SafetensorsOptions {
         dtype: dtype.map(parse_dtype).transpose()?,
         skip_unsupported,
-        progress: bar.clone().map(|bar| {
-            std::sync::Arc::new(move |n| bar.inc(n)) as std::sync::Arc<dyn Fn(u64) + Send + Sync>
-        }),
+        progress: bar
+            .clone()
+            .map(|bar| std::sync::Arc::new(move |n| bar.inc(n)) as ptload_reader::Progress),
     };
     // Write beside the target and rename: a failed conversion leaves no
     // half-written file under the requested name.

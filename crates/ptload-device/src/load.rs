@@ -10,8 +10,7 @@ use ptload_reader::{ByteOrder, Checkpoint, DType, Device, Plan, Selected};
 use crate::cuda::{self, Arena, Staging, Upload, UploadError};
 use crate::probe::Gpus;
 
-/// Called with the number of bytes just placed, from any thread.
-pub type Progress = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
+pub use ptload_reader::Progress;
 
 /// How to load.
 #[derive(Clone, Default)]

@@ -84,6 +84,19 @@ fn tensor_call(f: impl FnOnce(&mut Pickle)) -> Vec<u8> {
     archive(p.stop())
 }
 
+/// `_rebuild_tensor_v2((storage pid of data/0: 4 floats on cpu), ` : the
+/// opening of a hand-written rebuild call, whose other arguments the
+/// caller writes (the corpus bends exactly those).
+fn rebuild_head(p: &mut Pickle) {
+    p.global("torch._utils", "_rebuild_tensor_v2").op(b"((");
+    p.str("storage")
+        .global("torch", "FloatStorage")
+        .str("0")
+        .str("cpu")
+        .int(4)
+        .op(b"tQ");
+}
+
 fn deflate(data: &[u8]) -> Vec<u8> {
     let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
     e.write_all(data).unwrap();
@@ -347,13 +360,7 @@ fn main() {
     cases.push((
         "w_rebuild_shape_is_text.pt",
         tensor_call(|p| {
-            p.global("torch._utils", "_rebuild_tensor_v2").op(b"((");
-            p.str("storage")
-                .global("torch", "FloatStorage")
-                .str("0")
-                .str("cpu")
-                .int(4)
-                .op(b"tQ");
+            rebuild_head(p);
             p.int(0).str("four").int_tuple(&[1]).bool(false);
             p.global("collections", "OrderedDict").op(b")RtR");
         }),
@@ -419,13 +426,7 @@ fn main() {
     cases.push((
         "t_negative_stride.pt",
         tensor_call(|p| {
-            p.global("torch._utils", "_rebuild_tensor_v2").op(b"((");
-            p.str("storage")
-                .global("torch", "FloatStorage")
-                .str("0")
-                .str("cpu")
-                .int(4)
-                .op(b"tQ");
+            rebuild_head(p);
             p.int(3)
                 .int_tuple(&[4])
                 .op(b"(")
@@ -438,13 +439,7 @@ fn main() {
     cases.push((
         "t_negative_size.pt",
         tensor_call(|p| {
-            p.global("torch._utils", "_rebuild_tensor_v2").op(b"((");
-            p.str("storage")
-                .global("torch", "FloatStorage")
-                .str("0")
-                .str("cpu")
-                .int(4)
-                .op(b"tQ");
+            rebuild_head(p);
             p.int(0)
                 .op(b"(")
                 .int(-4)
@@ -601,13 +596,7 @@ fn main() {
     cases.push((
         "x_payload_in_backward_hooks.pt",
         tensor_call(|p| {
-            p.global("torch._utils", "_rebuild_tensor_v2").op(b"((");
-            p.str("storage")
-                .global("torch", "FloatStorage")
-                .str("0")
-                .str("cpu")
-                .int(4)
-                .op(b"tQ");
+            rebuild_head(p);
             p.int(0).int_tuple(&[4]).int_tuple(&[1]).bool(false);
             p.global("collections", "OrderedDict").op(b")R");
             p.op(b"q\x09")

@@ -9,6 +9,10 @@ use crate::statedict::Selected;
 use crate::torch::dtype::DType;
 use crate::torch::names::Scalar;
 
+/// Told how many bytes each step of long work wrote or placed (for
+/// progress bars).
+pub type Progress = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
+
 /// Options for [`write_safetensors`].
 #[derive(Clone, Default)]
 pub struct SafetensorsOptions {
@@ -18,7 +22,7 @@ pub struct SafetensorsOptions {
     /// meta tensors) instead of failing; each is reported.
     pub skip_unsupported: bool,
     /// Told the bytes of each tensor written (for progress bars).
-    pub progress: Option<std::sync::Arc<dyn Fn(u64) + Send + Sync>>,
+    pub progress: Option<Progress>,
 }
 
 impl std::fmt::Debug for SafetensorsOptions {

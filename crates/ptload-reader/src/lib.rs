@@ -64,7 +64,8 @@ pub use checkpoint::{ByteOrder, Checkpoint, Format, OpenOptions, StorageInfo, Te
 pub use convert::{can_convert, convert};
 pub use error::{Error, ErrorKind, Result};
 pub use export::{
-    safetensors_dtype, write_safetensors, write_safetensors_file, SafetensorsOptions, Written,
+    safetensors_dtype, write_safetensors, write_safetensors_file, Progress, SafetensorsOptions,
+    Written,
 };
 pub use limits::Limits;
 pub use mapping::{
