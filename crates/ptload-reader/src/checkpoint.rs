@@ -1,7 +1,10 @@
 //! The public facade: open a checkpoint, list its tensors and values.
 
 use std::borrow::Cow;
+use std::hash::BuildHasher;
 use std::path::Path;
+
+use hashbrown::HashTable;
 
 use crate::bytes::slice;
 use crate::container::legacy;
@@ -13,7 +16,7 @@ use crate::pickle::{Heap, StringEncoding, Value, Vm};
 use crate::source::Source;
 use crate::torch::dtype::DType;
 use crate::torch::interp::GlobalRef;
-use crate::torch::names::{Scalar, Walker};
+use crate::torch::names::{walk_all, Scalar};
 use crate::torch::policy::Policy;
 use crate::torch::{PendingStorage, QuantParams, Quantization, TensorMeta, TorchInterp, TorchObj};
 use crate::view::TensorView;
@@ -207,6 +210,10 @@ pub struct Checkpoint {
     values: Vec<(String, Scalar)>,
     globals: Vec<GlobalRef>,
     warnings: Vec<String>,
+    /// Indices into `tensors`, hashed by name with `hasher`.
+    by_name: HashTable<u32>,
+    hasher: hashbrown::DefaultHashBuilder,
+    work: u64,
 }
 
 struct Decoded {
@@ -245,11 +252,7 @@ impl Checkpoint {
             Detected::Zip => load_zip(data, source.file(), opts, &mut heap, &mut interp, &mut vm)?,
             Detected::Legacy => legacy::load(data, &mut heap, &mut interp, &mut vm)?.into(),
         };
-        let mut walker = Walker::new(&heap, &opts.limits);
-        for &(root, prefix) in &decoded.roots {
-            walker.walk(root, prefix)?;
-        }
-        let walked = walker.finish();
+        let walked = walk_all(&heap, &decoded.roots, &opts.limits)?;
         if walked.tensors.len() > opts.limits.max_tensors {
             return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));
         }
@@ -281,12 +284,21 @@ impl Checkpoint {
             .collect::<Result<_>>()?;
         let mut tensors = Vec::with_capacity(walked.tensors.len());
         for (name, value) in walked.tensors {
+            // Indices must stay those of `by_name`: nothing is skipped.
             let info = match heap.torch(value) {
                 Some(TorchObj::Tensor(meta)) => {
                     tensor_info(&heap, name, meta, &storages, &opts.limits)?
                 }
                 Some(TorchObj::Storage(id)) => bare_storage(name, *id, &storages)?,
-                _ => continue,
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::Tensor,
+                        format!(
+                            "'{name}' is a tensor component but holds a {}",
+                            crate::torch::interp::describe(&heap, value)
+                        ),
+                    ))
+                }
             };
             tensors.push(info);
         }
@@ -302,6 +314,9 @@ impl Checkpoint {
             values: walked.values,
             globals: interp.globals,
             warnings: walked.warnings,
+            by_name: walked.by_name,
+            hasher: walked.hasher,
+            work: heap.work().saturating_add(walked.steps),
         })
     }
 
@@ -337,12 +352,25 @@ impl Checkpoint {
             .map(move |info| TensorView { ckpt: self, info })
     }
 
-    /// The tensor named `name`.
+    /// The tensor named `name` (names are unique; a file where two
+    /// tensors flatten to one name does not open).
     pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
-        self.tensors
-            .iter()
-            .find(|t| t.name == name)
-            .map(|info| TensorView { ckpt: self, info })
+        let hash = self.hasher.hash_one(name);
+        self.by_name
+            .find(hash, |&i| {
+                self.tensors
+                    .get(i as usize)
+                    .is_some_and(|t| t.name == name)
+            })
+            .and_then(|&i| self.tensor_at(i as usize))
+    }
+
+    /// The work opening took, in the units of
+    /// [`Limits::max_work_per_byte`] (opcodes plus bytes and items hashed
+    /// or copied) plus the steps of the naming walk. Deterministic for a
+    /// file and its options: services can log it, tests can bound it.
+    pub fn work(&self) -> u64 {
+        self.work
     }
 
     /// The tensor at `index` in [`tensors`](Self::tensors) order.

@@ -28,6 +28,8 @@ pub enum ErrorKind {
     Unsupported,
     /// A spec given by the caller (a map location) does not parse.
     InvalidSpec,
+    /// Two tensors flatten to the same name (`{"a.b": t0, "a": {"b": t1}}`).
+    DuplicateName,
 }
 
 impl ErrorKind {
@@ -44,6 +46,7 @@ impl ErrorKind {
             ErrorKind::LimitExceeded => "limit",
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::InvalidSpec => "spec",
+            ErrorKind::DuplicateName => "names",
         }
     }
 }

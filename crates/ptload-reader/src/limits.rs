@@ -13,6 +13,13 @@ pub struct Limits {
     pub max_pickle_bytes: u64,
     /// Opcodes executed across all pickles of one file.
     pub max_opcodes: u64,
+    /// Work per pickle byte: every opcode costs one unit, plus one per byte
+    /// or item it hashes, compares or copies (a memo reference lets a few
+    /// bytes name a long string or list again and again). The allowance is
+    /// this many units for each byte of the pickles run (64 KiB at least),
+    /// so reading costs time linear in the file whatever it holds. Real
+    /// checkpoints use a few units per byte.
+    pub max_work_per_byte: u64,
     /// Items on the pickle stack, plus open MARKs.
     pub max_stack_depth: usize,
     /// Memo entries.
@@ -49,6 +56,7 @@ impl Default for Limits {
         Limits {
             max_pickle_bytes: 1 << 30,
             max_opcodes: 200_000_000,
+            max_work_per_byte: 64,
             max_stack_depth: 1_000_000,
             max_memo_entries: 20_000_000,
             max_container_len: 20_000_000,

@@ -7,6 +7,7 @@
 //! structure is. Strings, bytes and tuples (immutable in Python) live in
 //! append-only pools, so most values cost no allocation of their own.
 
+use std::cell::Cell;
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
@@ -107,7 +108,13 @@ impl Dict {
     }
 
     pub(crate) fn get_str(&self, heap: &Heap, key: &str) -> Option<Value> {
-        let wanted = Key::Str(key);
+        // Python 2 pickles may key by bytes: looked up by hash too, so a
+        // missing key costs one probe however large the dict.
+        self.find(heap, Key::Str(key))
+            .or_else(|| self.find(heap, Key::Bytes(key.as_bytes())))
+    }
+
+    fn find(&self, heap: &Heap, wanted: Key<'_>) -> Option<Value> {
         let hash = heap.hasher.hash_one(&wanted);
         self.index
             .find(hash, |&i| {
@@ -117,13 +124,6 @@ impl Dict {
             })
             .and_then(|&i| self.entries.get(i as usize))
             .map(|&(_, v)| v)
-            .or_else(|| {
-                // Python 2 pickles may key by bytes.
-                self.entries
-                    .iter()
-                    .find(|(k, _)| heap.bytes(*k) == Some(key.as_bytes()))
-                    .map(|&(_, v)| v)
-            })
     }
 }
 
@@ -142,7 +142,18 @@ pub(crate) struct Heap {
     blob: Vec<u8>,
     /// Items of every `Obj::Tuple`.
     pool: Vec<Value>,
+    /// Work done so far: one unit per opcode, plus one per byte or item
+    /// an operation touches (hashing a key, copying a referenced value).
+    /// A cell, so lookups through `&self` charge it too.
+    work: Cell<u64>,
+    /// Work allowed so far: `max_work_per_byte` for each pickle byte run.
+    work_allowed: u64,
+    work_per_byte: u64,
 }
+
+/// Pickles shorter than this are allowed the work of one this long, so
+/// tiny files are not held to a tiny budget.
+const MIN_WORK_BYTES: u64 = 64 << 10;
 
 fn span(start: usize, len: usize) -> Result<Span> {
     match (u32::try_from(start), u32::try_from(len)) {
@@ -163,7 +174,40 @@ impl Heap {
             text: String::new(),
             blob: Vec::new(),
             pool: Vec::new(),
+            work: Cell::new(0),
+            work_allowed: 0,
+            work_per_byte: limits.max_work_per_byte,
         }
+    }
+
+    /// Allow the work of running a pickle of `len` bytes.
+    pub(crate) fn allow_work_for(&mut self, len: usize) {
+        let len = (len as u64).max(MIN_WORK_BYTES);
+        self.work_allowed = self
+            .work_allowed
+            .saturating_add(len.saturating_mul(self.work_per_byte));
+    }
+
+    /// Work done so far (see [`Limits::max_work_per_byte`]).
+    pub(crate) fn work(&self) -> u64 {
+        self.work.get()
+    }
+
+    /// Charge `n` units of work; an error once past the allowance.
+    pub(crate) fn charge_work(&self, n: u64) -> Result<()> {
+        self.work.set(self.work.get().saturating_add(n));
+        self.check_work()
+    }
+
+    fn add_work(&self, n: usize) {
+        self.work.set(self.work.get().saturating_add(n as u64));
+    }
+
+    pub(crate) fn check_work(&self) -> Result<()> {
+        if self.work.get() > self.work_allowed {
+            return Err(Error::limit("max_work_per_byte", self.work_per_byte));
+        }
+        Ok(())
     }
 
     /// Reserve room for what a pickle of `len` bytes can create at most
@@ -176,18 +220,21 @@ impl Heap {
     }
 
     pub(crate) fn alloc_str(&mut self, s: &str) -> Result<Value> {
+        self.charge_bytes(s.len())?;
         let sp = span(self.text.len(), s.len())?;
         self.text.push_str(s);
         self.alloc(Obj::Str(sp))
     }
 
     pub(crate) fn alloc_bytes(&mut self, b: &[u8]) -> Result<Value> {
+        self.charge_bytes(b.len())?;
         let sp = span(self.blob.len(), b.len())?;
         self.blob.extend_from_slice(b);
         self.alloc(Obj::Bytes(sp))
     }
 
     pub(crate) fn alloc_bigint(&mut self, le: &[u8]) -> Result<Value> {
+        self.charge_bytes(le.len())?;
         let sp = span(self.blob.len(), le.len())?;
         self.blob.extend_from_slice(le);
         self.alloc(Obj::BigInt(sp))
@@ -195,6 +242,7 @@ impl Heap {
 
     pub(crate) fn alloc_tuple(&mut self, items: &[Value]) -> Result<Value> {
         self.check_len(items.len())?;
+        self.charge_work(items.len() as u64)?;
         let sp = span(self.pool.len(), items.len())?;
         self.pool.extend_from_slice(items);
         self.alloc(Obj::Tuple(sp))
@@ -222,8 +270,10 @@ impl Heap {
         Ok(Value::Obj(id))
     }
 
-    /// Charge `n` decoded bytes (strings, bytes, big integers).
+    /// Charge `n` decoded bytes (strings, bytes, big integers, and text
+    /// the torch layer copies out of them), as memory and as work.
     pub(crate) fn charge_bytes(&mut self, n: usize) -> Result<()> {
+        self.charge_work(n as u64)?;
         self.decoded_bytes = self.decoded_bytes.saturating_add(n as u64);
         if self.decoded_bytes > self.max_decoded_bytes {
             return Err(Error::limit("max_decoded_bytes", self.max_decoded_bytes));
@@ -303,10 +353,12 @@ impl Heap {
 
     /// Elements of a tuple, list or set.
     pub(crate) fn members(&self, v: Value) -> Option<Vec<Value>> {
-        match self.get(v) {
+        let members = match self.get(v) {
             Some(Obj::Set(s)) => Some(s.entries().iter().map(|&(k, _)| k).collect()),
             _ => self.sequence(v).map(<[Value]>::to_vec),
-        }
+        };
+        self.add_work(members.as_ref().map_or(0, Vec::len));
+        members
     }
 
     pub(crate) fn dict(&self, v: Value) -> Option<&Dict> {
@@ -373,13 +425,26 @@ impl Heap {
             Value::Int(i) => Key::Int(i),
             Value::Float(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Key::Int(f as i64),
             Value::Float(f) => Key::Float(f.to_bits()),
+            // Hashing or comparing a key reads all of it: charged, since a
+            // memo reference lets a few bytes of pickle name a long key.
             Value::Obj(id) => match self.objs.get(id as usize) {
-                Some(Obj::Str(s)) => Key::Str(self.span_str(*s)),
-                Some(Obj::Bytes(b)) => Key::Bytes(self.span_bytes(*b)),
-                Some(Obj::BigInt(b)) => Key::BigInt(self.span_bytes(*b)),
+                Some(Obj::Str(s)) => {
+                    self.add_work(s.len as usize);
+                    Key::Str(self.span_str(*s))
+                }
+                Some(Obj::Bytes(b)) => {
+                    self.add_work(b.len as usize);
+                    Key::Bytes(self.span_bytes(*b))
+                }
+                Some(Obj::BigInt(b)) => {
+                    self.add_work(b.len as usize);
+                    Key::BigInt(self.span_bytes(*b))
+                }
                 Some(Obj::Tuple(_) | Obj::Set(_)) => {
                     let mut enc = Vec::new();
-                    if self.encode_key(v, &mut { MAX_TUPLE_KEY_ITEMS }, &mut enc) {
+                    let by_value = self.encode_key(v, &mut { MAX_TUPLE_KEY_ITEMS }, &mut enc);
+                    self.add_work(enc.len());
+                    if by_value {
                         Key::Tuple(enc)
                     } else {
                         Key::Id(id)
@@ -432,6 +497,9 @@ impl Heap {
                     .is_some_and(|&(e, _)| self.key(e) == k)
             })
             .copied();
+        if self.check_work().is_err() {
+            return Err("work over Limits::max_work_per_byte");
+        }
         if let Some(i) = found {
             if let Some(slot) = entries.get_mut(i as usize) {
                 slot.1 = value;
@@ -490,16 +558,24 @@ impl Heap {
     pub(crate) fn new_set_from(&mut self, members: &[Value]) -> Result<Value> {
         let s = self.alloc(Obj::Set(Box::default()))?;
         self.add_to_set(s, members)
-            .map_err(|m| self.container_error(m))?;
+            .map_err(|m| self.container_error("", m))?;
         Ok(s)
     }
 
-    /// The error for a failed dict or set insertion.
-    fn container_error(&self, message: &'static str) -> Error {
+    /// The error for a failed container operation `op` (SETITEM, ...):
+    /// a named limit, or what the operation was applied to.
+    pub(crate) fn container_error(&self, op: &str, message: &'static str) -> Error {
         if message.contains("max_container_len") {
             Error::limit("max_container_len", self.max_container_len as u64)
-        } else {
+        } else if message.contains("max_work_per_byte") {
+            Error::limit("max_work_per_byte", self.work_per_byte)
+        } else if op.is_empty() {
             Error::new(crate::error::ErrorKind::Pickle, message)
+        } else {
+            Error::new(
+                crate::error::ErrorKind::Pickle,
+                format!("{op} on a {message}"),
+            )
         }
     }
 
@@ -508,7 +584,7 @@ impl Heap {
         for pair in pairs.chunks(2) {
             if let [k, v] = pair {
                 self.set_item(d, *k, *v)
-                    .map_err(|m| self.container_error(m))?;
+                    .map_err(|m| self.container_error("", m))?;
             }
         }
         Ok(d)

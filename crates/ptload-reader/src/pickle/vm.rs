@@ -146,6 +146,7 @@ impl<'l> Vm<'l> {
         start: usize,
     ) -> Result<VmOutput> {
         heap.reserve_for(data.len().saturating_sub(start));
+        heap.allow_work_for(data.len().saturating_sub(start));
         let mut m = Machine {
             r: ByteReader::at(data, start, ErrorKind::Pickle),
             heap,
@@ -165,6 +166,7 @@ impl<'l> Vm<'l> {
             if self.opcodes > self.limits.max_opcodes {
                 return Err(Error::limit("max_opcodes", self.limits.max_opcodes).at(offset as u64));
             }
+            m.heap.charge_work(1).map_err(|e| e.at(offset as u64))?;
             let op =
                 m.r.u8()
                     .map_err(|_| pickle_err("pickle ended without STOP").at(offset as u64))?;
@@ -262,9 +264,10 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
         Ok(n)
     }
 
+    /// The next `n` bytes, checked against what is left (the heap charges
+    /// them when they become a value).
     fn read_counted(&mut self, n: u64) -> Result<&'a [u8]> {
         let n = self.len_from(n)?;
-        self.heap.charge_bytes(n)?;
         self.r.bytes(n)
     }
 
@@ -305,9 +308,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
         if let Ok(i) = s.trim().parse::<i64>() {
             return self.push(Value::Int(i));
         }
-        let le =
-            decimal_to_le(s.trim()).ok_or_else(|| pickle_err(format!("invalid integer {s:?}")))?;
-        self.heap.charge_bytes(le.len())?;
+        let le = decimal_to_le(s.trim())?;
         self.push_long(&le)
     }
 
@@ -456,7 +457,6 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                     _ => return Err(pickle_err("the STRING opcode argument must be quoted")),
                 };
                 let decoded = escape_decode(inner);
-                self.heap.charge_bytes(decoded.len())?;
                 self.push_py2_str(decoded)?;
             }
             b'T' => {
@@ -473,7 +473,6 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             }
             b'V' => {
                 let line = self.r.line()?;
-                self.heap.charge_bytes(line.len())?;
                 let s = raw_unicode_escape_decode(line)?;
                 self.push_new(|h| h.alloc_str(&s))?;
             }
@@ -561,14 +560,14 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 let list = self.top()?;
                 self.heap
                     .append(list, &[v])
-                    .map_err(|k| pickle_err(format!("APPEND on a {k}")))?;
+                    .map_err(|m| self.heap.container_error("APPEND", m))?;
             }
             b'e' => {
                 let items = self.pop_mark()?;
                 let list = self.top()?;
                 self.heap
                     .append(list, &items)
-                    .map_err(|k| pickle_err(format!("APPENDS on a {k}")))?;
+                    .map_err(|m| self.heap.container_error("APPENDS", m))?;
             }
             b's' => {
                 let v = self.pop()?;
@@ -576,7 +575,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 let d = self.top()?;
                 self.heap
                     .set_item(d, k, v)
-                    .map_err(|kind| pickle_err(format!("SETITEM on a {kind}")))?;
+                    .map_err(|m| self.heap.container_error("SETITEM", m))?;
             }
             b'u' => {
                 let items = self.pop_mark()?;
@@ -588,7 +587,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                     if let [k, v] = pair {
                         self.heap
                             .set_item(d, *k, *v)
-                            .map_err(|kind| pickle_err(format!("SETITEMS on a {kind}")))?;
+                            .map_err(|m| self.heap.container_error("SETITEMS", m))?;
                     }
                 }
             }
@@ -597,7 +596,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 let s = self.top()?;
                 self.heap
                     .add_to_set(s, &items)
-                    .map_err(|k| pickle_err(format!("ADDITEMS on a {k}")))?;
+                    .map_err(|m| self.heap.container_error("ADDITEMS", m))?;
             }
             // Memo.
             b'p' => {
@@ -653,6 +652,9 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                     return Err(pickle_err("STACK_GLOBAL requires str"));
                 };
                 let (module, name) = (module.to_owned(), name.to_owned());
+                // Memo references can name the same long strings again and
+                // again; the copies are charged.
+                self.heap.charge_bytes(module.len() + name.len())?;
                 let g = self.global(&module, &name, offset)?;
                 self.push(g)?;
             }
@@ -746,28 +748,56 @@ fn long_to_i64(le: &[u8]) -> Option<i64> {
     Some(i64::from_le_bytes(buf))
 }
 
-/// A decimal integer as minimal little-endian two's complement.
-fn decimal_to_le(s: &str) -> Option<Vec<u8>> {
+/// CPython refuses to convert integer text longer than this
+/// (`sys.int_max_str_digits`), so unpickling such a pickle fails there too.
+const MAX_INT_DIGITS: usize = 4300;
+
+/// A decimal integer as minimal little-endian two's complement, in
+/// 64-bit limbs fed 19 digits at a time: linear in the limbs per chunk,
+/// and CPython's digit limit keeps the whole conversion small.
+fn decimal_to_le(s: &str) -> Result<Vec<u8>> {
     let (negative, digits) = match s.strip_prefix('-') {
         Some(d) => (true, d),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
     };
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+        let shown: String = s.chars().take(40).collect();
+        return Err(pickle_err(format!("invalid integer text {shown:?}")));
     }
-    let mut mag: Vec<u8> = vec![0];
-    for d in digits.bytes() {
-        let mut carry = u32::from(d - b'0');
-        for byte in mag.iter_mut() {
-            let v = u32::from(*byte) * 10 + carry;
-            *byte = (v & 0xff) as u8;
-            carry = v >> 8;
+    if digits.len() > MAX_INT_DIGITS {
+        return Err(pickle_err(format!(
+            "integer text has {} digits, over Python's limit of {MAX_INT_DIGITS} \
+             (sys.int_max_str_digits); Python refuses it too",
+            digits.len()
+        )));
+    }
+    let mut limbs: Vec<u64> = Vec::with_capacity(digits.len() / 19 + 1);
+    for chunk in digits.as_bytes().chunks(19) {
+        let mut value = 0u64;
+        let mut scale = 1u64;
+        for &d in chunk {
+            value = value * 10 + u64::from(d - b'0');
+            scale *= 10;
         }
-        while carry > 0 {
-            mag.push((carry & 0xff) as u8);
-            carry >>= 8;
+        // limbs = limbs * scale + value
+        let mut carry = u128::from(value);
+        for limb in limbs.iter_mut() {
+            let v = u128::from(*limb) * u128::from(scale) + carry;
+            *limb = v as u64;
+            carry = v >> 64;
+        }
+        if carry > 0 {
+            limbs.push(carry as u64);
         }
     }
+    let mut mag: Vec<u8> = limbs.iter().flat_map(|l| l.to_le_bytes()).collect();
+    while mag.len() > 1 && mag.last() == Some(&0) {
+        mag.pop();
+    }
+    if mag.is_empty() {
+        mag.push(0);
+    }
+    // Room for the sign bit.
     mag.push(0);
     if negative {
         let mut carry = 1u16;
@@ -777,7 +807,7 @@ fn decimal_to_le(s: &str) -> Option<Vec<u8>> {
             carry = v >> 8;
         }
     }
-    Some(mag)
+    Ok(mag)
 }
 
 /// Python's `escape_decode` (the STRING opcode's repr form).
@@ -899,7 +929,8 @@ mod tests {
         assert_eq!(long_to_i64(&[0x00, 0x80, 0xff]), Some(-32768));
         assert_eq!(long_to_i64(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]), None);
         assert_eq!(long_to_i64(&[1, 0, 0, 0, 0, 0, 0, 0, 0]), Some(1));
-        assert_eq!(decimal_to_le("255"), Some(vec![0xff, 0x00]));
+        assert_eq!(decimal_to_le("255").ok(), Some(vec![0xff, 0x00]));
+        assert_eq!(decimal_to_le("0").ok(), Some(vec![0x00, 0x00]));
         assert_eq!(
             long_to_i64(&decimal_to_le("-300").unwrap_or_default()),
             Some(-300)
@@ -909,9 +940,23 @@ mod tests {
             Some(i64::MAX)
         );
         assert_eq!(
+            long_to_i64(&decimal_to_le("-9223372036854775808").unwrap_or_default()),
+            Some(i64::MIN)
+        );
+        assert_eq!(
             long_to_i64(&decimal_to_le("9223372036854775808").unwrap_or_default()),
             None
         );
+        // 2**128 + 1, across the 19-digit chunks.
+        let mut expected = vec![1u8];
+        expected.extend([0u8; 15]);
+        expected.extend([1u8, 0]);
+        assert_eq!(
+            decimal_to_le("340282366920938463463374607431768211457").ok(),
+            Some(expected)
+        );
+        assert!(decimal_to_le(&"9".repeat(4300)).is_ok());
+        assert!(decimal_to_le(&"9".repeat(4301)).is_err());
     }
 
     #[test]

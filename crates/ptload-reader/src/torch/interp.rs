@@ -105,6 +105,7 @@ fn int_tuple(heap: &Heap, v: Value, what: &str) -> Result<Value> {
             describe(heap, v)
         ))
     })?;
+    heap.charge_work(items.len() as u64)?;
     if let Some(&bad) = items.iter().find(|i| !matches!(i, Value::Int(_))) {
         return Err(err(format!(
             "{what} must hold ints, found {}",
@@ -406,6 +407,7 @@ impl<'p> TorchInterp<'p> {
             .tuple(v)
             .ok_or_else(|| err("quantizer params must be a tuple"))?
             .to_vec();
+        heap.charge_work(items.len() as u64)?;
         let scheme = match known(heap, get(&items, 0)) {
             Some((Known::QScheme, g)) => g.name.to_string(),
             _ => return Err(err("quantizer params must start with a torch qscheme")),
@@ -444,6 +446,7 @@ impl<'p> TorchInterp<'p> {
             .tuple(data)
             .ok_or_else(|| err("sparse tensor data must be a tuple"))?
             .to_vec();
+        heap.charge_work(parts.len() as u64)?;
         let names = layout.components();
         if names.is_empty() || parts.len() < names.len() {
             return Err(err(format!("sparse tensor data has {} items", parts.len())));
@@ -465,6 +468,7 @@ impl<'p> TorchInterp<'p> {
         let Some(raw) = heap.bytes(get(args, 1)).map(<[u8]>::to_vec) else {
             return self.inert(heap, Value::None, Value::None);
         };
+        heap.charge_bytes(raw.len() + descr.len())?;
         Ok(numpy_value(&descr, big, &raw).unwrap_or(Value::None))
     }
 
@@ -612,6 +616,11 @@ impl Interpreter for TorchInterp<'_> {
             // call, so nothing in its arguments is dropped or invented.
             Known::OrderedDict => {
                 let a = args_of(heap, args, func)?;
+                heap.charge_work(
+                    a.first()
+                        .and_then(|&p| heap.sequence(p))
+                        .map_or(0, |items| items.len() as u64),
+                )?;
                 let pairs = match &a[..] {
                     [] => Some(Vec::new()),
                     [p] => heap.sequence(*p).and_then(|items| {
@@ -631,7 +640,7 @@ impl Interpreter for TorchInterp<'_> {
                 let d = heap.alloc(Obj::Dict(Box::default()))?;
                 for (k, v) in pairs {
                     heap.set_item(d, k, v)
-                        .map_err(|k| err(format!("OrderedDict item on a {k}")))?;
+                        .map_err(|m| heap.container_error("OrderedDict item", m))?;
                 }
                 Ok(d)
             }
@@ -666,6 +675,9 @@ impl Interpreter for TorchInterp<'_> {
                 if a.get(2).is_some_and(|&e| heap.str(e) != Some("strict")) {
                     return Err(err("_codecs.encode: only errors='strict' is read"));
                 }
+                let text_len = heap.str(get(&a, 0)).map_or(0, str::len);
+                let enc_len = a.get(1).and_then(|&e| heap.str(e)).map_or(0, str::len);
+                heap.charge_work((text_len + enc_len) as u64)?;
                 let s = heap
                     .str(get(&a, 0))
                     .ok_or_else(|| err("_codecs.encode needs a str"))?
@@ -691,7 +703,6 @@ impl Interpreter for TorchInterp<'_> {
                         )))
                     }
                 };
-                heap.charge_bytes(bytes.len())?;
                 heap.alloc_bytes(&bytes)
             }
             Known::Size => {
@@ -709,6 +720,7 @@ impl Interpreter for TorchInterp<'_> {
                     .text(get(&a, 0))
                     .ok_or_else(|| err("torch.device needs a str"))?
                     .to_owned();
+                heap.charge_bytes(kind.len())?;
                 let text = match get(&a, 1) {
                     Value::Int(i) => format!("{kind}:{i}"),
                     _ => kind,
@@ -727,6 +739,7 @@ impl Interpreter for TorchInterp<'_> {
             Known::NumpyDtype => {
                 let a = args_of(heap, args, func)?;
                 let descr = heap.text(get(&a, 0)).unwrap_or("?").to_owned();
+                heap.charge_bytes(descr.len())?;
                 let big_endian = descr.starts_with('>');
                 heap.alloc(Obj::Torch(TorchObj::NumpyDtype(NumpyDtype {
                     descr,
@@ -773,6 +786,7 @@ impl Interpreter for TorchInterp<'_> {
     fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()> {
         // Numpy objects take their real content from BUILD.
         let numpy_state = heap.tuple(state).map(<[Value]>::to_vec).unwrap_or_default();
+        heap.charge_work(numpy_state.len() as u64)?;
         let numpy_dtype = match heap.torch(get(&numpy_state, 2)) {
             Some(TorchObj::NumpyDtype(d)) => {
                 Some(d.descr.trim_start_matches(['<', '>', '=', '|']).to_owned())
@@ -780,6 +794,7 @@ impl Interpreter for TorchInterp<'_> {
             _ => None,
         };
         let byteorder = heap.text(get(&numpy_state, 1)).map(str::to_owned);
+        heap.charge_work(heap.sequence(get(&numpy_state, 1)).map_or(0, |s| s.len() as u64))?;
         let shape: Option<Vec<u64>> = heap.sequence(get(&numpy_state, 1)).map(|s| {
             s.iter()
                 .filter_map(|v| match v {
@@ -873,6 +888,8 @@ impl Interpreter for TorchInterp<'_> {
         let location = heap
             .text(get(&items, 3))
             .ok_or_else(|| err("storage location must be a str"))?;
+        // Looking the key up hashes it; memo references can repeat long ones.
+        heap.charge_work((key.len() + location.len()) as u64)?;
         let numel = u64::try_from(int(heap, get(&items, 4), "storage size")?)
             .map_err(|_| err("storage size is negative"))?;
         // The first reference to a key decides its type, as in torch.
@@ -892,6 +909,7 @@ impl Interpreter for TorchInterp<'_> {
         };
         let view = get(&items, 5);
         let id = if let Some(meta) = heap.tuple(view).map(<[Value]>::to_vec) {
+            heap.charge_work(meta.len() as u64)?;
             arity(&meta, "storage view metadata", &[3])?;
             let view_key = heap
                 .text(get(&meta, 0))

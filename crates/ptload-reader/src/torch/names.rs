@@ -8,10 +8,12 @@
 //! deep the graph), skips cycles, and charges every step against
 //! `Limits::max_walk_steps`, so shared references cannot explode it.
 
-use hashbrown::HashSet;
+use std::hash::BuildHasher;
+
+use hashbrown::{HashSet, HashTable};
 
 use super::{Known, QuantParams, TorchObj};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::pickle::{Heap, Obj, ObjId, Value};
 
@@ -50,11 +52,58 @@ pub enum Scalar {
 }
 
 /// What the walk found.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Walked {
     pub(crate) tensors: Vec<(String, Value)>,
     pub(crate) values: Vec<(String, Scalar)>,
     pub(crate) warnings: Vec<String>,
+    /// Indices into `tensors`, hashed by name with `hasher`.
+    pub(crate) by_name: HashTable<u32>,
+    pub(crate) hasher: hashbrown::DefaultHashBuilder,
+    /// Steps the walk took.
+    pub(crate) steps: u64,
+}
+
+/// Name everything under `roots`. A name collision is an error that names
+/// both paths (found by walking again up to the first of the two).
+pub(crate) fn walk_all(
+    heap: &Heap,
+    roots: &[(Value, &'static str)],
+    limits: &Limits,
+) -> Result<Walked> {
+    let mut walker = Walker::new(heap, limits);
+    for &(root, prefix) in roots {
+        if let Err(e) = walker.walk(root, prefix) {
+            let Some(dup) = walker.duplicate.take() else {
+                return Err(e);
+            };
+            let mut again = Walker::new(heap, limits);
+            again.capture = Some(dup.first);
+            for &(root, prefix) in roots {
+                if again.walk(root, prefix).is_err() || again.captured.is_some() {
+                    break;
+                }
+            }
+            let first = again.captured.unwrap_or_else(|| "an earlier path".into());
+            return Err(Error::new(
+                ErrorKind::DuplicateName,
+                format!(
+                    "two tensors flatten to the name '{}': {first} and {}; \
+                     the reader refuses the file rather than pick one",
+                    dup.name, dup.path
+                ),
+            ));
+        }
+    }
+    Ok(walker.finish())
+}
+
+/// A name collision: the tensor at `first` and the one at `path` share `name`.
+#[derive(Debug)]
+struct Duplicate {
+    first: usize,
+    name: String,
+    path: String,
 }
 
 /// One step of a name: a dict key or attribute, an index, or a fixed word.
@@ -76,28 +125,86 @@ enum Frame {
     Leave(ObjId),
 }
 
-/// A dict key as it appears in a name.
-fn key_text(heap: &Heap, key: Value) -> String {
-    match key {
-        Value::None => "None".into(),
-        Value::Bool(true) => "True".into(),
-        Value::Bool(false) => "False".into(),
-        Value::Int(i) => i.to_string(),
-        Value::Float(f) => format!("{f:?}"),
-        Value::Obj(_) => match heap.get(key) {
-            Some(Obj::Str(_)) => heap.str(key).unwrap_or_default().to_owned(),
-            Some(Obj::Bytes(_)) => {
-                String::from_utf8_lossy(heap.bytes(key).unwrap_or_default()).into_owned()
-            }
-            Some(Obj::Tuple(_)) => {
-                let items = heap.tuple(key).unwrap_or_default();
-                let parts: Vec<String> = items.iter().map(|&i| key_text(heap, i)).collect();
-                format!("({})", parts.join(", "))
-            }
-            Some(other) => format!("<{}>", crate::pickle::kind_name_of(other)),
-            None => "?".into(),
-        },
+/// Append dict key `key` as it appears in a name to `out`: tuples as
+/// `(a, b)`, nested to any depth without recursion. Fails once `out` would
+/// grow past `budget` bytes (a tuple key can nest 100,000 deep, or repeat
+/// one long member through memo references).
+fn key_text(heap: &Heap, key: Value, budget: usize, out: &mut String) -> Result<(), ()> {
+    enum Tok {
+        Val(Value),
+        Text(&'static str),
     }
+    let mut todo = vec![Tok::Val(key)];
+    while let Some(tok) = todo.pop() {
+        let text: std::borrow::Cow<'_, str> = match tok {
+            Tok::Text(t) => t.into(),
+            Tok::Val(v) => match v {
+                Value::None => "None".into(),
+                Value::Bool(true) => "True".into(),
+                Value::Bool(false) => "False".into(),
+                Value::Int(i) => i.to_string().into(),
+                Value::Float(f) => format!("{f:?}").into(),
+                Value::Obj(_) => match heap.get(v) {
+                    Some(Obj::Str(_)) => heap.str(v).unwrap_or_default().into(),
+                    Some(Obj::Bytes(_)) => {
+                        String::from_utf8_lossy(heap.bytes(v).unwrap_or_default())
+                    }
+                    Some(Obj::Tuple(_)) => {
+                        let items = heap.tuple(v).unwrap_or_default();
+                        // Pushed in reverse: "(", a, ", ", b, ")".
+                        todo.push(Tok::Text(")"));
+                        for (i, &item) in items.iter().enumerate().rev() {
+                            todo.push(Tok::Val(item));
+                            if i > 0 {
+                                todo.push(Tok::Text(", "));
+                            }
+                        }
+                        "(".into()
+                    }
+                    Some(other) => format!("<{}>", crate::pickle::kind_name_of(other)).into(),
+                    None => "?".into(),
+                },
+            },
+        };
+        if out.len().saturating_add(text.len()) > budget {
+            return Err(());
+        }
+        out.push_str(&text);
+    }
+    Ok(())
+}
+
+/// A path as Python subscripts (`['a']['b'][0]`), for errors.
+fn python_path(heap: &Heap, path: &[Seg], extra: Option<&str>) -> String {
+    const MAX: usize = 400;
+    let mut out = String::new();
+    for seg in path {
+        match *seg {
+            Seg::Key(k) => {
+                let mut text = String::new();
+                let complete = key_text(heap, k, MAX, &mut text).is_ok();
+                let quote = if heap.text(k).is_some() { "'" } else { "" };
+                out.push('[');
+                out.push_str(quote);
+                out.push_str(&text);
+                if !complete {
+                    out.push_str("...");
+                }
+                out.push_str(quote);
+                out.push(']');
+            }
+            Seg::Index(i) => out.push_str(&format!("[{i}]")),
+            Seg::Word(w) => out.push_str(&format!("<{w}>")),
+        }
+        if out.len() > MAX {
+            out.push_str("...");
+            break;
+        }
+    }
+    if let Some(extra) = extra {
+        out.push_str(&format!(" ({extra})"));
+    }
+    out
 }
 
 fn global_path(heap: &Heap, v: Value) -> Option<String> {
@@ -119,9 +226,16 @@ pub(crate) struct Walker<'h> {
     expanded: HashSet<ObjId>,
     shared_visits: u64,
     max_shared_visits: u64,
-    /// The first limit exceeded while building a name.
-    exceeded: Option<Error>,
     on_path: HashSet<ObjId>,
+    /// Indices into `out.tensors`, hashed by name: names must be unique.
+    by_name: HashTable<u32>,
+    hasher: hashbrown::DefaultHashBuilder,
+    /// When set, the Python path of the tensor emitted at this index is
+    /// kept in `captured` (to explain a name collision).
+    capture: Option<usize>,
+    captured: Option<String>,
+    /// Set when the walk stopped at a name collision.
+    duplicate: Option<Duplicate>,
     /// The current node's name, as segments; strings are only built for
     /// what is emitted, so walking a node costs no allocation.
     path: Vec<Seg>,
@@ -140,45 +254,88 @@ impl<'h> Walker<'h> {
             expanded: HashSet::new(),
             shared_visits: 0,
             max_shared_visits: limits.max_shared_visits,
-            exceeded: None,
             on_path: HashSet::new(),
+            by_name: HashTable::new(),
+            hasher: Default::default(),
+            capture: None,
+            captured: None,
+            duplicate: None,
             path: Vec::new(),
             children: Vec::new(),
             out: Walked::default(),
         }
     }
 
-    pub(crate) fn finish(self) -> Walked {
+    pub(crate) fn finish(mut self) -> Walked {
+        self.out.by_name = self.by_name;
+        self.out.hasher = self.hasher;
+        self.out.steps = self.steps;
         self.out
     }
 
     /// The current path joined with `.`, plus `extra` when given, charged
     /// against `max_name_bytes`.
-    fn name(&mut self, extra: Option<&str>) -> String {
+    fn name(&mut self, extra: Option<&'static str>) -> Result<String> {
         let mut name = String::new();
-        let segs = self.path.iter().map(|seg| match *seg {
-            Seg::Key(k) => key_text(self.heap, k),
-            Seg::Index(i) => i.to_string(),
-            Seg::Word(w) => w.to_owned(),
-        });
-        for part in segs.chain(extra.map(str::to_owned)) {
+        let budget = usize::try_from(self.max_name_bytes.saturating_sub(self.name_bytes))
+            .unwrap_or(usize::MAX);
+        let over = || Error::limit("max_name_bytes", self.max_name_bytes);
+        let extra = extra.map(Seg::Word);
+        for seg in self.path.iter().chain(extra.as_ref()) {
             if !name.is_empty() {
                 name.push('.');
             }
-            name.push_str(&part);
+            match *seg {
+                Seg::Key(k) => key_text(self.heap, k, budget, &mut name).map_err(|()| over())?,
+                Seg::Index(i) => name.push_str(&i.to_string()),
+                Seg::Word(w) => name.push_str(w),
+            }
+            if name.len() > budget {
+                return Err(over());
+            }
         }
         self.name_bytes = self.name_bytes.saturating_add(name.len() as u64);
-        if self.name_bytes > self.max_name_bytes && self.exceeded.is_none() {
-            self.exceeded = Some(Error::limit("max_name_bytes", self.max_name_bytes));
-        }
-        name
+        Ok(name)
     }
 
-    fn value(&mut self, in_module: bool, scalar: Scalar) {
+    fn value(&mut self, in_module: bool, scalar: Scalar) -> Result<()> {
         if !in_module {
-            let name = self.name(None);
+            let name = self.name(None)?;
             self.out.values.push((name, scalar));
         }
+        Ok(())
+    }
+
+    /// Name the tensor `value` by the current path (plus `extra`); two
+    /// tensors may not share a name.
+    fn tensor(&mut self, extra: Option<&'static str>, value: Value) -> Result<()> {
+        let name = self.name(extra)?;
+        let index = self.out.tensors.len();
+        if self.capture == Some(index) {
+            self.captured = Some(python_path(self.heap, &self.path, extra));
+            // The walk that captures stops here: nothing after matters.
+            return Err(Error::new(ErrorKind::DuplicateName, name));
+        }
+        let hash = self.hasher.hash_one(name.as_str());
+        let tensors = &self.out.tensors;
+        let same = |&i: &u32| tensors.get(i as usize).is_some_and(|(n, _)| *n == name);
+        if let Some(&first) = self.by_name.find(hash, same) {
+            let path = python_path(self.heap, &self.path, extra);
+            let message = format!("two tensors flatten to the name '{name}'; the second is at {path}");
+            self.duplicate = Some(Duplicate {
+                first: first as usize,
+                name,
+                path,
+            });
+            return Err(Error::new(ErrorKind::DuplicateName, message));
+        }
+        let i = u32::try_from(index).map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+        let hasher = &self.hasher;
+        self.by_name.insert_unique(hash, i, |&j| {
+            tensors.get(j as usize).map_or(0, |(n, _)| hasher.hash_one(n.as_str()))
+        });
+        self.out.tensors.push((name, value));
+        Ok(())
     }
 
     /// Walk `root`, naming everything under `prefix`.
@@ -194,9 +351,6 @@ impl<'h> Walker<'h> {
             self.steps += 1;
             if self.steps > self.max_steps {
                 return Err(Error::limit("max_walk_steps", self.max_steps));
-            }
-            if let Some(e) = self.exceeded.take() {
-                return Err(e);
             }
             let (value, in_module) = match frame {
                 Frame::Leave(id) => {
@@ -216,19 +370,19 @@ impl<'h> Walker<'h> {
             };
             let id = match value {
                 Value::None => {
-                    self.value(in_module, Scalar::None);
+                    self.value(in_module, Scalar::None)?;
                     continue;
                 }
                 Value::Bool(b) => {
-                    self.value(in_module, Scalar::Bool(b));
+                    self.value(in_module, Scalar::Bool(b))?;
                     continue;
                 }
                 Value::Int(i) => {
-                    self.value(in_module, Scalar::Int(i));
+                    self.value(in_module, Scalar::Int(i))?;
                     continue;
                 }
                 Value::Float(f) => {
-                    self.value(in_module, Scalar::Float(f));
+                    self.value(in_module, Scalar::Float(f))?;
                     continue;
                 }
                 Value::Obj(id) => id,
@@ -243,15 +397,15 @@ impl<'h> Walker<'h> {
                 Some(Obj::Str(_)) => self.value(
                     in_module,
                     Scalar::Str(heap.str(value).unwrap_or_default().to_owned()),
-                ),
+                )?,
                 Some(Obj::Bytes(_)) => self.value(
                     in_module,
                     Scalar::Bytes(heap.bytes(value).unwrap_or_default().to_vec()),
-                ),
+                )?,
                 Some(Obj::BigInt(_)) => self.value(
                     in_module,
                     Scalar::BigInt(heap.bigint(value).unwrap_or_default().to_vec()),
-                ),
+                )?,
                 Some(Obj::Tuple(_) | Obj::List(_) | Obj::Set(_)) => {
                     for (i, v) in heap
                         .members(value)
@@ -312,42 +466,38 @@ impl<'h> Walker<'h> {
                             self.children.push((Some(Seg::Index(i)), v, inside));
                         }
                         if class.starts_with("torch._utils._rebuild_") {
-                            let name = self.name(None);
+                            let name = self.name(None)?;
                             self.out
                                 .warnings
                                 .push(format!("'{name}': tensors rebuilt by {class} are not read; they are not listed"));
                             self.children.clear();
                         } else if self.children.is_empty() {
-                            self.value(in_module, Scalar::Object(class));
+                            self.value(in_module, Scalar::Object(class))?;
                         }
                     }
                 }
                 Some(Obj::Torch(t)) => match t {
                     TorchObj::Tensor(meta) => {
-                        let name = self.name(None);
-                        self.out.tensors.push((name, value));
+                        self.tensor(None, value)?;
                         if let Some(QuantParams::PerChannel {
                             scales,
                             zero_points,
                             ..
                         }) = &meta.quant
                         {
-                            let (s, z) =
-                                (self.name(Some("scales")), self.name(Some("zero_points")));
-                            self.out.tensors.push((s, *scales));
-                            self.out.tensors.push((z, *zero_points));
+                            let (scales, zero_points) = (*scales, *zero_points);
+                            self.tensor(Some("scales"), scales)?;
+                            self.tensor(Some("zero_points"), zero_points)?;
                         }
                         continue;
                     }
                     TorchObj::Storage(_) => {
-                        let name = self.name(None);
-                        self.out.tensors.push((name, value));
+                        self.tensor(None, value)?;
                         continue;
                     }
                     TorchObj::Sparse { layout, components } => {
                         for (part, &v) in layout.components().iter().zip(components) {
-                            let name = self.name(Some(part));
-                            self.out.tensors.push((name, v));
+                            self.tensor(Some(part), v)?;
                         }
                         continue;
                     }
@@ -356,23 +506,23 @@ impl<'h> Walker<'h> {
                             Known::Dtype(d) => format!("torch.{}", d.name()),
                             _ => format!("{}.{}", g.module, g.name),
                         };
-                        self.value(in_module, Scalar::Global(text));
+                        self.value(in_module, Scalar::Global(text))?;
                     }
-                    TorchObj::Device(d) => self.value(in_module, Scalar::Device(d.to_string())),
+                    TorchObj::Device(d) => self.value(in_module, Scalar::Device(d.to_string()))?,
                     TorchObj::Layout(l) => {
-                        self.value(in_module, Scalar::Global(format!("torch.{l:?}")))
+                        self.value(in_module, Scalar::Global(format!("torch.{l:?}")))?
                     }
                     TorchObj::NumpyDtype(d) => self.value(
                         in_module,
                         Scalar::Global(format!("numpy.dtype({})", d.descr)),
-                    ),
+                    )?,
                     TorchObj::NdArray(a) => self.value(
                         in_module,
                         Scalar::Array {
                             dtype: a.dtype.clone(),
                             shape: a.shape.clone(),
                         },
-                    ),
+                    )?,
                 },
             }
             if !self.children.is_empty() {
