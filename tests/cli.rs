@@ -486,16 +486,20 @@ fn scan_flags_payloads_and_passes_clean_checkpoints() {
     assert_eq!(evil["offset"], 17, "the GLOBAL opcode's position");
     assert_eq!(files[1]["verdict"], "clean");
 
-    for clean in [
-        "basic.pt",
-        "training.ckpt",
-        "whole_module.pt",
-        "torchscript.pt",
-        "legacy.pt",
-    ] {
+    for clean in ["basic.pt", "training.ckpt", "torchscript.pt", "legacy.pt"] {
         let out = ptload(&["scan", &fixture(clean)]);
         assert_eq!(out.status.code(), Some(0), "{clean}: {}", stdout(&out));
     }
+    // A whole pickled model instantiates classes outside torch's allowlist:
+    // torch.load(weights_only=False) would run their construction, so the
+    // gate flags it (weights_only=True refuses it).
+    let whole = ptload(&["scan", &fixture("whole_module.pt")]);
+    assert_eq!(whole.status.code(), Some(1), "{}", stdout(&whole));
+    assert!(
+        stdout(&whole).contains("__main__.WholeNet"),
+        "{}",
+        stdout(&whole)
+    );
     let unreadable = ptload(&["scan", &fixture("basic.pt"), &fixture("lfs_pointer.pt")]);
     assert_eq!(unreadable.status.code(), Some(2));
 

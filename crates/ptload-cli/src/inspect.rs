@@ -239,9 +239,10 @@ pub(crate) fn table(
         let mut text = String::new();
         for (i, (cell, &w)) in cells.iter().zip(&widths).enumerate() {
             if i == last {
-                text.push_str(&format!("{cell:>w$}"));
+                pad(&mut text, cell, w, true);
             } else {
-                text.push_str(&format!("{cell:<w$}  "));
+                pad(&mut text, cell, w, false);
+                text.push_str("  ");
             }
         }
         writeln!(out, "{text}")
@@ -296,5 +297,19 @@ mod tests {
         assert_eq!(human_size(1536), "1.5 KiB");
         assert_eq!(human_size(500 << 20), "500.0 MiB");
         assert_eq!(human_size(3 << 30), "3.0 GiB");
+    }
+}
+
+/// Append `cell` padded with spaces to `width` characters, on the left when
+/// `right` aligns it right. Written out because `format!`'s width panics
+/// beyond 65,535, and a name from a file can be longer.
+pub(crate) fn pad(out: &mut String, cell: &str, width: usize, right: bool) {
+    let fill = width.saturating_sub(cell.chars().count());
+    if right {
+        out.extend(std::iter::repeat_n(' ', fill));
+        out.push_str(cell);
+    } else {
+        out.push_str(cell);
+        out.extend(std::iter::repeat_n(' ', fill));
     }
 }

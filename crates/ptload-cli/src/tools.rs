@@ -154,8 +154,12 @@ fn scan_file(path: &Path, opts: &OpenOptions) -> FileScan {
                 (false, true) => "instantiated",
                 _ => "referenced",
             };
+            // Instantiating a class runs its construction as surely as a
+            // call does. TorchScript's `__torch__` types are built by the
+            // TorchScript loader from the archive, not by Python's import.
+            let instantiated = g.instantiated && !g.module.starts_with("__torch__");
             flagged |= matches!(class, GlobalClass::Dangerous(_))
-                || (class == GlobalClass::Unknown && g.called);
+                || (class == GlobalClass::Unknown && (g.called || instantiated));
             GlobalOut {
                 global: g.path(),
                 record: g.record.clone(),
@@ -210,13 +214,15 @@ pub(crate) fn scan(
                     s.verdict.to_uppercase(),
                     s.globals.len()
                 )?;
-                let width = s.globals.iter().map(|g| g.global.len()).max().unwrap_or(0);
+                let width = s.globals.iter().map(|g| g.global.chars().count()).max();
                 for g in &s.globals {
-                    writeln!(
-                        out,
-                        "  {:<width$}  {:<12}  {:<32}  {} +{:#x}",
-                        g.global, g.usage, g.class, g.record, g.offset
-                    )?;
+                    let mut line = String::from("  ");
+                    crate::inspect::pad(&mut line, &g.global, width.unwrap_or(0), false);
+                    line.push_str("  ");
+                    crate::inspect::pad(&mut line, g.usage, 12, false);
+                    line.push_str("  ");
+                    crate::inspect::pad(&mut line, &g.class.to_string(), 32, false);
+                    writeln!(out, "{line}  {} +{:#x}", g.record, g.offset)?;
                 }
             }
         }

@@ -314,6 +314,70 @@ fn main() {
         "p_deep_marks.pt",
         deflated_pickle(&deflate(&ops), ops.len() as u32, crc32fast::hash(&ops)),
     ));
+    // Deep values in every place a name or a call can reach them, each
+    // 100,000 levels (a recursive walk overflows any thread's stack):
+    // a dict key (its text becomes the tensor's name), the arguments of an
+    // unknown class's call, and the BUILD state of an inert object.
+    let mut p = Pickle::proto(2);
+    p.op(b"}(").op(b")").op(&[0x85].repeat(depth));
+    p.tensor(&record("0", 4, 0, &[4], &[1])).op(b"u");
+    cases.push(("p_deep_tuple_key.pt", archive(p.stop())));
+    let deep_list = |p: &mut Pickle| {
+        p.op(&b"]".repeat(depth)).op(&b"a".repeat(depth - 1));
+    };
+    cases.push((
+        "p_deep_call_args.pt",
+        payload(|p| {
+            p.global("__main__", "Thing");
+            deep_list(p);
+            p.op(&[0x85]).op(b"R");
+        }),
+    ));
+    cases.push((
+        "p_deep_build_state.pt",
+        payload(|p| {
+            p.global("__main__", "Thing").op(b")").op(&[0x81]);
+            deep_list(p);
+            p.op(b"b");
+        }),
+    ));
+    // Work that grows faster than the file: a million-digit integer in
+    // text (quadratic to convert; CPython refuses over 4,300 digits), and
+    // memo references that make a few bytes hash or copy a megabyte again
+    // and again (as a dict key, as STACK_GLOBAL's names, through
+    // bytearray()).
+    let mut ops = vec![b'I'];
+    ops.extend(std::iter::repeat_n(b'7', 1_000_000));
+    ops.extend_from_slice(b"\n.");
+    cases.push((
+        "p_int_million_digits.pt",
+        deflated_pickle(&deflate(&ops), ops.len() as u32, crc32fast::hash(&ops)),
+    ));
+    let long = "k".repeat(1 << 20);
+    let repeated = |setup: &mut Pickle, step: &[u8]| {
+        setup.op(&step.repeat(100_000)).op(b"N");
+        let ops = setup.stop();
+        deflated_pickle(&deflate(&ops), ops.len() as u32, crc32fast::hash(&ops))
+    };
+    let mut p = Pickle::proto(2);
+    p.op(b"}").str(&long).op(b"q\x000");
+    cases.push(("p_work_long_key.pt", repeated(&mut p, b"h\x00Ns")));
+    let mut p = Pickle::proto(4);
+    p.str(&long).op(b"q\x00").str(&long).op(b"q\x01");
+    cases.push((
+        "p_work_stack_global.pt",
+        repeated(&mut p, &[b'h', 0, b'h', 1, 0x93, b'0']),
+    ));
+    let mut p = Pickle::proto(2);
+    p.global("__builtin__", "bytearray").op(b"q\x00");
+    p.op(b"B")
+        .op(&(1u32 << 20).to_le_bytes())
+        .op(&vec![7u8; 1 << 20])
+        .op(b"q\x01");
+    cases.push((
+        "p_work_bytearray.pt",
+        repeated(&mut p, &[b'h', 0, b'h', 1, 0x85, b'R', b'0']),
+    ));
     // A list that contains itself, next to a tensor.
     let mut p = with_tensor();
     p.str("loop").op(b"]q\x01h\x01a").op(b"u");
@@ -407,6 +471,18 @@ fn main() {
     ));
 
     // ---- tensor metadata lies
+    // Two tensors whose flattened names are both `a.b`.
+    let mut p = with_tensor();
+    p.op(b"u")
+        .op(b"}(")
+        .str("a.b")
+        .tensor(&record("0", 4, 0, &[4], &[1]));
+    p.str("a")
+        .op(b"}(")
+        .str("b")
+        .tensor(&record("0", 4, 0, &[4], &[1]));
+    p.op(b"uu");
+    cases.push(("t_dotted_name_collision.pt", archive(p.stop())));
     let lie = |numel: u64, offset: u64, shape: &[u64], stride: &[u64]| {
         tensor_call(|p| {
             p.tensor(&record("0", numel, offset, shape, stride));

@@ -358,9 +358,7 @@ impl Checkpoint {
         let hash = self.hasher.hash_one(name);
         self.by_name
             .find(hash, |&i| {
-                self.tensors
-                    .get(i as usize)
-                    .is_some_and(|t| t.name == name)
+                self.tensors.get(i as usize).is_some_and(|t| t.name == name)
             })
             .and_then(|&i| self.tensor_at(i as usize))
     }

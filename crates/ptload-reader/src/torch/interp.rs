@@ -794,7 +794,10 @@ impl Interpreter for TorchInterp<'_> {
             _ => None,
         };
         let byteorder = heap.text(get(&numpy_state, 1)).map(str::to_owned);
-        heap.charge_work(heap.sequence(get(&numpy_state, 1)).map_or(0, |s| s.len() as u64))?;
+        heap.charge_work(
+            heap.sequence(get(&numpy_state, 1))
+                .map_or(0, |s| s.len() as u64),
+        )?;
         let shape: Option<Vec<u64>> = heap.sequence(get(&numpy_state, 1)).map(|s| {
             s.iter()
                 .filter_map(|v| match v {

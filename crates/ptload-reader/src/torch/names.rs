@@ -321,7 +321,8 @@ impl<'h> Walker<'h> {
         let same = |&i: &u32| tensors.get(i as usize).is_some_and(|(n, _)| *n == name);
         if let Some(&first) = self.by_name.find(hash, same) {
             let path = python_path(self.heap, &self.path, extra);
-            let message = format!("two tensors flatten to the name '{name}'; the second is at {path}");
+            let message =
+                format!("two tensors flatten to the name '{name}'; the second is at {path}");
             self.duplicate = Some(Duplicate {
                 first: first as usize,
                 name,
@@ -329,10 +330,13 @@ impl<'h> Walker<'h> {
             });
             return Err(Error::new(ErrorKind::DuplicateName, message));
         }
-        let i = u32::try_from(index).map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+        let i =
+            u32::try_from(index).map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
         let hasher = &self.hasher;
         self.by_name.insert_unique(hash, i, |&j| {
-            tensors.get(j as usize).map_or(0, |(n, _)| hasher.hash_one(n.as_str()))
+            tensors
+                .get(j as usize)
+                .map_or(0, |(n, _)| hasher.hash_one(n.as_str()))
         });
         self.out.tensors.push((name, value));
         Ok(())
