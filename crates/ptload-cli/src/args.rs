@@ -24,6 +24,10 @@ pub(crate) struct OpenArgs {
     /// How Python 2 strings in old checkpoints decode (torch.load's `encoding`).
     #[arg(long, value_enum, default_value = "utf8")]
     pub(crate) encoding: Encoding,
+    /// Read the file into memory instead of mapping it, for files another process may
+    /// truncate or rewrite meanwhile (a mapped file that shrinks ends the process).
+    #[arg(long = "no-mmap")]
+    pub(crate) no_mmap: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -45,7 +49,8 @@ impl OpenArgs {
                 Encoding::Utf8 => StringEncoding::Utf8,
                 Encoding::Latin1 => StringEncoding::Latin1,
                 Encoding::Bytes => StringEncoding::Bytes,
-            });
+            })
+            .in_memory(self.no_mmap);
         for g in &self.allow_global {
             opts = opts.allow_global(g.clone());
         }

@@ -286,20 +286,6 @@ pub(crate) fn table(
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(human_size(0), "0 B");
-        assert_eq!(human_size(1023), "1023 B");
-        assert_eq!(human_size(1536), "1.5 KiB");
-        assert_eq!(human_size(500 << 20), "500.0 MiB");
-        assert_eq!(human_size(3 << 30), "3.0 GiB");
-    }
-}
-
 /// Append `cell` padded with spaces to `width` characters, on the left when
 /// `right` aligns it right. Written out because `format!`'s width panics
 /// beyond 65,535, and a name from a file can be longer.
@@ -311,5 +297,19 @@ pub(crate) fn pad(out: &mut String, cell: &str, width: usize, right: bool) {
     } else {
         out.push_str(cell);
         out.extend(std::iter::repeat_n(' ', fill));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(human_size(0), "0 B");
+        assert_eq!(human_size(1023), "1023 B");
+        assert_eq!(human_size(1536), "1.5 KiB");
+        assert_eq!(human_size(500 << 20), "500.0 MiB");
+        assert_eq!(human_size(3 << 30), "3.0 GiB");
     }
 }

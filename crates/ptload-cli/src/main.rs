@@ -58,8 +58,12 @@ enum Command {
 struct ConvertArgs {
     /// The checkpoint.
     input: PathBuf,
-    /// The safetensors file to write.
+    /// The safetensors file to write (through a symbolic link to its target), or `-`
+    /// for standard output. Never the input; an existing file only with --force.
     output: PathBuf,
+    /// Replace an existing output file.
+    #[arg(long)]
+    force: bool,
     /// Convert floating tensors: F64, F32, F16, BF16, F8_E4M3, F8_E5M2.
     #[arg(long, value_name = "DTYPE")]
     dtype: Option<String>,
@@ -86,6 +90,9 @@ struct ScanArgs {
     /// How Python 2 strings decode.
     #[arg(long, value_enum, default_value = "utf8")]
     encoding: args::Encoding,
+    /// Read each file into memory instead of mapping it.
+    #[arg(long = "no-mmap")]
+    no_mmap: bool,
 }
 
 #[derive(Args)]
@@ -199,21 +206,26 @@ fn run(cli: Cli) -> CliResult<u8> {
         Command::Convert(a) => {
             let ckpt = a.open.options().open(&a.input)?;
             let state = a.state.options(false)?;
-            tools::convert(
-                &mut out,
-                &ckpt,
-                &state,
-                &a.output,
-                a.dtype.as_deref(),
-                a.skip_unsupported,
-                a.json,
-            )?;
+            let request = tools::ConvertRequest {
+                output: &a.output,
+                force: a.force,
+                dtype: a.dtype.as_deref(),
+                skip_unsupported: a.skip_unsupported,
+                json: a.json,
+            };
+            // Standard output carries the data: the report goes to stderr.
+            if a.output.as_os_str() == "-" {
+                drop(out);
+                return tools::convert(&mut io::stderr(), &ckpt, &state, &request).map(|()| 0);
+            }
+            tools::convert(&mut out, &ckpt, &state, &request)?;
         }
         Command::Scan(a) => {
             let open = OpenArgs {
                 strict: false,
                 allow_global: Vec::new(),
                 encoding: a.encoding,
+                no_mmap: a.no_mmap,
             };
             let verdict = tools::scan(&mut out, &a.files, &open.options(), a.json)?;
             out.flush()?;
@@ -313,6 +325,9 @@ fn main() -> ExitCode {
                 }
             }
             eprintln!("ptload: {e}");
+            if tools::cancelled(&*e) {
+                return ExitCode::from(130);
+            }
             ExitCode::from(2)
         }
     }

@@ -1,10 +1,12 @@
 //! `convert`, `scan` and `diff`.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use ptload_reader::{
-    classify, Checkpoint, DType, GlobalClass, OpenOptions, SafetensorsOptions, Selected,
+    classify, Checkpoint, DType, ErrorKind, GlobalClass, OpenOptions, SafetensorsOptions, Selected,
     StateDictOptions,
 };
 use serde::Serialize;
@@ -17,15 +19,54 @@ pub(crate) type Verdict = u8;
 
 // ---- convert ----------------------------------------------------------
 
+/// What `convert` writes, and how.
+pub(crate) struct ConvertRequest<'a> {
+    pub(crate) output: &'a Path,
+    pub(crate) force: bool,
+    pub(crate) dtype: Option<&'a str>,
+    pub(crate) skip_unsupported: bool,
+    pub(crate) json: bool,
+}
+
+/// Set by Ctrl-C (SIGINT) or SIGTERM: the write stops, removes its partial
+/// file and the process exits 130. A second signal exits at once.
+fn cancel_flag() -> Arc<AtomicBool> {
+    static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+    FLAG.get_or_init(|| {
+        let flag = Arc::new(AtomicBool::new(false));
+        let seen = flag.clone();
+        // Without a handler, a signal ends the process before the partial
+        // file can be removed; a failure to install one is not fatal.
+        let _ = ctrlc::set_handler(move || {
+            if seen.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+        });
+        flag
+    })
+    .clone()
+}
+
+/// Whether `e` reports a cancelled write.
+pub(crate) fn cancelled(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<ptload_reader::Error>()
+        .is_some_and(|e| e.kind() == ErrorKind::Cancelled)
+}
+
 pub(crate) fn convert(
     out: &mut impl Write,
     ckpt: &Checkpoint,
     state: &StateDictOptions,
-    output: &Path,
-    dtype: Option<&str>,
-    skip_unsupported: bool,
-    json: bool,
+    request: &ConvertRequest<'_>,
 ) -> CliResult<()> {
+    let output = request.output;
+    let to_stdout = output.as_os_str() == "-";
+    if to_stdout && std::io::stdout().is_terminal() {
+        return Err(
+            "refusing to write a binary safetensors file to a terminal; redirect standard output"
+                .into(),
+        );
+    }
     let selection = state.select(ckpt)?;
     let total: u64 = selection
         .iter()
@@ -34,42 +75,36 @@ pub(crate) fn convert(
         .sum();
     let bar = crate::loadcmd::progress_bar(total);
     let opts = SafetensorsOptions {
-        dtype: dtype.map(parse_dtype).transpose()?,
-        skip_unsupported,
+        dtype: request.dtype.map(parse_dtype).transpose()?,
+        skip_unsupported: request.skip_unsupported,
         progress: bar
             .clone()
             .map(|bar| std::sync::Arc::new(move |n| bar.inc(n)) as ptload_reader::Progress),
+        overwrite: request.force,
+        cancel: Some(cancel_flag()),
     };
-    // Write beside the target and rename: a failed conversion leaves no
-    // half-written file under the requested name.
-    let tmp = output.with_file_name(format!(
-        ".{}.ptload-partial",
-        output
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("output")
-    ));
-    let result = (|| -> CliResult<ptload_reader::Written> {
-        let written = ptload_reader::write_safetensors_file(ckpt, &selection, &opts, &tmp)?;
-        // Like cp, no fsync: the rename makes the file appear whole.
-        std::fs::rename(&tmp, output)
-            .map_err(|e| format!("cannot write {}: {e}", output.display()))?;
-        Ok(written)
-    })();
+    let result = if to_stdout {
+        let mut stdout = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+        let written = ptload_reader::write_safetensors(ckpt, &selection, &opts, &mut stdout);
+        stdout.flush()?;
+        written
+    } else {
+        ptload_reader::write_safetensors_file(ckpt, &selection, &opts, output)
+    };
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
     let written = match result {
         Ok(w) => w,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
+        Err(e) if e.kind() == ErrorKind::OutputExists => {
+            return Err(format!("{e} (pass --force to replace it)").into())
         }
+        Err(e) => return Err(e.into()),
     };
     for s in &written.skipped {
         eprintln!("ptload: warning: skipped {s}");
     }
-    if json {
+    if request.json {
         #[derive(Serialize)]
         struct ConvertOut<'a> {
             output: String,

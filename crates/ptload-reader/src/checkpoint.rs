@@ -151,6 +151,7 @@ pub struct OpenOptions {
     policy: Policy,
     encoding: StringEncoding,
     allowed_globals: Vec<String>,
+    in_memory: bool,
 }
 
 impl OpenOptions {
@@ -185,14 +186,34 @@ impl OpenOptions {
         self
     }
 
-    /// Open the file at `path` (memory-mapped).
+    /// Read the whole file into memory at open instead of mapping it.
+    ///
+    /// A mapped file must not change while its `Checkpoint` is alive: if
+    /// another process truncates it, reading the lost pages kills this
+    /// process with SIGBUS, and if it rewrites it, tensors show the new
+    /// bytes. Services that read files they do not control (uploads, shared
+    /// volumes) should open in memory: it costs one read of the file and
+    /// its size in memory, and nothing done to the file afterwards reaches
+    /// the checkpoint.
+    pub fn in_memory(mut self, yes: bool) -> Self {
+        self.in_memory = yes;
+        self
+    }
+
+    /// Open the file at `path`: memory-mapped, or read into memory with
+    /// [`in_memory`](Self::in_memory).
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint> {
-        Checkpoint::load(Source::map(path.as_ref())?, self)
+        let source = if self.in_memory {
+            Source::read(path.as_ref())?
+        } else {
+            Source::map(path.as_ref())?
+        };
+        Checkpoint::load(source, self)
     }
 
     /// Read a checkpoint held in memory.
     pub fn open_bytes(&self, bytes: Vec<u8>) -> Result<Checkpoint> {
-        Checkpoint::load(Source::owned(bytes), self)
+        Checkpoint::load(Source::owned(bytes, None), self)
     }
 }
 
@@ -335,9 +356,8 @@ impl Checkpoint {
         self.pickle_protocol
     }
 
-    /// The path the checkpoint was mapped from, to open more handles.
-    pub(crate) fn source_path(&self) -> Option<&Path> {
-        self.source.path()
+    pub(crate) fn source(&self) -> &Source {
+        &self.source
     }
 
     /// Whether the tensor bytes come from a memory map of the file.

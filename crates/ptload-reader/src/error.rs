@@ -30,6 +30,13 @@ pub enum ErrorKind {
     InvalidSpec,
     /// Two tensors flatten to the same name (`{"a.b": t0, "a": {"b": t1}}`).
     DuplicateName,
+    /// An output file exists and overwriting was not asked for.
+    OutputExists,
+    /// An output path that is never written: the input itself, or not a
+    /// regular file.
+    OutputRefused,
+    /// The caller cancelled the operation.
+    Cancelled,
 }
 
 impl ErrorKind {
@@ -47,6 +54,8 @@ impl ErrorKind {
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::InvalidSpec => "spec",
             ErrorKind::DuplicateName => "names",
+            ErrorKind::OutputExists | ErrorKind::OutputRefused => "output",
+            ErrorKind::Cancelled => "cancelled",
         }
     }
 }

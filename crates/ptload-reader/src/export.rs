@@ -23,6 +23,23 @@ pub struct SafetensorsOptions {
     pub skip_unsupported: bool,
     /// Told the bytes of each tensor written (for progress bars).
     pub progress: Option<Progress>,
+    /// [`write_safetensors_file`] replaces an existing regular file only
+    /// when this is set (never the checkpoint being read).
+    pub overwrite: bool,
+    /// Set from another thread (a Ctrl-C handler) to stop the write: it
+    /// ends with [`ErrorKind::Cancelled`] and leaves no partial file.
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl SafetensorsOptions {
+    fn check_cancel(&self) -> Result<()> {
+        match &self.cancel {
+            Some(flag) if flag.load(std::sync::atomic::Ordering::Relaxed) => {
+                Err(Error::new(ErrorKind::Cancelled, "the write was cancelled"))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 impl std::fmt::Debug for SafetensorsOptions {
@@ -31,6 +48,8 @@ impl std::fmt::Debug for SafetensorsOptions {
             .field("dtype", &self.dtype)
             .field("skip_unsupported", &self.skip_unsupported)
             .field("progress", &self.progress.is_some())
+            .field("overwrite", &self.overwrite)
+            .field("cancel", &self.cancel)
             .finish()
     }
 }
@@ -213,6 +232,7 @@ pub fn write_safetensors(
         .map_err(io)?;
     out.write_all(header.as_bytes()).map_err(io)?;
     for p in &planned {
+        opts.check_cancel()?;
         let view = ckpt
             .tensor_at(p.index)
             .ok_or_else(|| Error::new(ErrorKind::Tensor, "tensor index"))?;
@@ -226,32 +246,58 @@ pub fn write_safetensors(
     Ok(written)
 }
 
-/// Write a safetensors file at `path`. Tensors that lie unchanged in a
-/// mapped source file are copied by the kernel where the OS can
-/// (`copy_file_range` on Linux, through `std::io::copy`), with a handle of
-/// this call's own; the others are gathered from the map. Same format as
-/// [`write_safetensors`].
+/// Write a safetensors file at `path`, safely:
+///
+/// - a symbolic link at `path` is followed, and its target is written;
+/// - the checkpoint's own file is never written, by any path or link;
+/// - anything but a regular file (a directory, a device, a pipe) is
+///   refused: stream to it with [`write_safetensors`] instead;
+/// - an existing file is replaced only with
+///   [`SafetensorsOptions::overwrite`];
+/// - the data goes to a new hidden file beside the target, which is renamed
+///   into place when complete and removed on any error or cancellation, so
+///   the target is never seen half-written.
+///
+/// Tensors that lie unchanged in a mapped file are copied by the kernel
+/// (`copy_file_range` on Linux, through `std::io::copy`) from the file the
+/// checkpoint holds open, never from whatever its path names now; the
+/// others stream from the map. Same format as [`write_safetensors`].
 pub fn write_safetensors_file(
     ckpt: &Checkpoint,
     selection: &[Selected],
     opts: &SafetensorsOptions,
     path: &std::path::Path,
 ) -> Result<Written> {
+    let target = output::target(path)?;
+    output::check(&target, ckpt.source().identity(), opts.overwrite)?;
+    let (tmp, file) = output::create_beside(&target)?;
+    let written = write_to_file(ckpt, selection, opts, file, &target);
+    let done = written.and_then(|w| output::finish(&tmp, &target, opts.overwrite).map(|()| w));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
+}
+
+fn write_to_file(
+    ckpt: &Checkpoint,
+    selection: &[Selected],
+    opts: &SafetensorsOptions,
+    file: std::fs::File,
+    path: &std::path::Path,
+) -> Result<Written> {
     use std::io::{Read, Seek, SeekFrom};
     let (header, planned, mut written) = plan(ckpt, selection, opts)?;
     let io = |e: std::io::Error| Error::io(format!("cannot write {}", path.display()), e);
-    let out = std::fs::File::create(path).map_err(io)?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, out);
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     out.write_all(&(header.len() as u64).to_le_bytes())
         .map_err(io)?;
     out.write_all(header.as_bytes()).map_err(io)?;
-    // A handle of our own: its file position is ours to move.
-    let mut source = match ckpt.source_path() {
-        Some(p) => Some(std::fs::File::open(p).map_err(io)?),
-        None => None,
-    };
+    // A handle of our own on the file we mapped: its position is ours.
+    let mut source = ckpt.source().private_handle();
     let mut position = 8 + header.len() as u64;
     for p in &planned {
+        opts.check_cancel()?;
         let view = ckpt
             .tensor_at(p.index)
             .ok_or_else(|| Error::new(ErrorKind::Tensor, "tensor index"))?;
@@ -265,13 +311,21 @@ pub fn write_safetensors_file(
                 out.write_all(data.get(..head as usize).unwrap_or_default())
                     .map_err(io)?;
                 src.seek(SeekFrom::Start(offset + head)).map_err(io)?;
-                let copied = std::io::copy(&mut src.take(len - head), &mut out).map_err(io)?;
-                if copied != len - head {
-                    return Err(Error::new(
-                        ErrorKind::Tensor,
-                        format!("file ended {} bytes early", len - head - copied),
-                    )
-                    .for_tensor(view.name()));
+                // In chunks, so a cancellation is seen within one.
+                let mut left = len - head;
+                while left > 0 {
+                    opts.check_cancel()?;
+                    let chunk = left.min(COPY_CHUNK);
+                    let copied =
+                        std::io::copy(&mut Read::take(&mut *src, chunk), &mut out).map_err(io)?;
+                    if copied != chunk {
+                        return Err(Error::new(
+                            ErrorKind::Tensor,
+                            format!("file ended {} bytes early", left - copied),
+                        )
+                        .for_tensor(view.name()));
+                    }
+                    left -= chunk;
                 }
             }
             _ => write_tensor_bytes(&view, p, &mut out)?,
@@ -285,6 +339,124 @@ pub fn write_safetensors_file(
     }
     out.flush().map_err(io)?;
     Ok(written)
+}
+
+/// Bytes per kernel copy between checks for cancellation.
+const COPY_CHUNK: u64 = 64 << 20;
+
+/// Where [`write_safetensors_file`] may write, and how it writes there.
+mod output {
+    use std::fs::{File, OpenOptions};
+    use std::path::{Path, PathBuf};
+
+    use crate::error::{Error, ErrorKind, Result};
+    use crate::source::FileId;
+
+    /// Symbolic links followed before giving up (the kernel's own limit).
+    const MAX_LINKS: usize = 40;
+
+    /// `path` with every symbolic link at its end followed.
+    pub(super) fn target(path: &Path) -> Result<PathBuf> {
+        let mut path = path.to_path_buf();
+        for _ in 0..MAX_LINKS {
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    let link = std::fs::read_link(&path).map_err(|e| {
+                        Error::io(format!("cannot read link {}", path.display()), e)
+                    })?;
+                    path = match path.parent() {
+                        Some(dir) if link.is_relative() => dir.join(link),
+                        _ => link,
+                    };
+                }
+                _ => return Ok(path),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::OutputRefused,
+            format!("{}: more than {MAX_LINKS} symbolic links", path.display()),
+        ))
+    }
+
+    /// Refuse the input, anything but a regular file, and an existing file
+    /// unless `overwrite`.
+    pub(super) fn check(target: &Path, input: Option<FileId>, overwrite: bool) -> Result<()> {
+        let Ok(meta) = std::fs::metadata(target) else {
+            return Ok(());
+        };
+        let shown = target.display();
+        if input.is_some() && FileId::of(&meta) == input {
+            return Err(Error::new(
+                ErrorKind::OutputRefused,
+                format!("{shown} is the checkpoint being read; write somewhere else"),
+            ));
+        }
+        if !meta.is_file() {
+            return Err(Error::new(
+                ErrorKind::OutputRefused,
+                format!("{shown} is not a regular file (a directory, device or pipe)"),
+            ));
+        }
+        if !overwrite {
+            return Err(Error::new(
+                ErrorKind::OutputExists,
+                format!("{shown} exists; it is replaced only when overwriting is asked for"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A new file beside `target`, created exclusively (never through a
+    /// link someone placed under the temporary name).
+    pub(super) fn create_beside(target: &Path) -> Result<(PathBuf, File)> {
+        let dir = match target.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "output".into());
+        let mut last = None;
+        for attempt in 0..100u32 {
+            let tmp = dir.join(format!(
+                ".{name}.{}-{attempt}.ptload-partial",
+                std::process::id()
+            ));
+            match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+                Ok(f) => return Ok((tmp, f)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(Error::io(format!("cannot create {}", tmp.display()), e)),
+            }
+        }
+        let e = last.unwrap_or_else(|| std::io::Error::other("no free name"));
+        Err(Error::io(
+            format!("cannot create a temporary file in {}", dir.display()),
+            e,
+        ))
+    }
+
+    /// Put the complete file in place: a rename when replacing is allowed;
+    /// otherwise a hard link, which fails rather than replace a file that
+    /// appeared meanwhile.
+    pub(super) fn finish(tmp: &Path, target: &Path, overwrite: bool) -> Result<()> {
+        let failed = |e| Error::io(format!("cannot write {}", target.display()), e);
+        if overwrite {
+            return std::fs::rename(tmp, target).map_err(failed);
+        }
+        match std::fs::hard_link(tmp, target) {
+            Ok(()) => std::fs::remove_file(tmp).map_err(failed),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(Error::new(
+                ErrorKind::OutputExists,
+                format!(
+                    "{} appeared while writing; it was left as it is",
+                    target.display()
+                ),
+            )),
+            // File systems without hard links: the check at the start stands.
+            Err(_) => std::fs::rename(tmp, target).map_err(failed),
+        }
+    }
 }
 
 /// Stream one tensor's output bytes (converted if planned so) to `out`.

@@ -55,7 +55,7 @@ mod mapping;
 mod pickle;
 mod scan;
 #[allow(unsafe_code)]
-mod source;
+pub(crate) mod source;
 mod statedict;
 mod torch;
 mod view;

@@ -15,46 +15,89 @@ pub(crate) struct Source {
 }
 
 enum Inner {
-    Mapped(memmap2::Mmap, File, std::path::PathBuf),
-    Owned(Vec<u8>),
+    Mapped(memmap2::Mmap, File),
+    /// Bytes held in memory; `identity` is the file they were read from.
+    Owned(Vec<u8>, Option<FileId>),
+}
+
+/// Which file this is, whatever path reaches it (device and inode on
+/// Unix): what "the output is the input" compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileId {
+    #[cfg(unix)]
+    pub(crate) fn of(meta: &std::fs::Metadata) -> Option<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        Some(FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    #[cfg(not(unix))]
+    pub(crate) fn of(_meta: &std::fs::Metadata) -> Option<FileId> {
+        None
+    }
 }
 
 impl Source {
     pub(crate) fn map(path: &Path) -> Result<Source> {
         let file = File::open(path)
             .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
-        let len = file
+        let meta = file
             .metadata()
-            .map_err(|e| Error::io(format!("cannot stat {}", path.display()), e))?
-            .len();
-        if len == 0 {
+            .map_err(|e| Error::io(format!("cannot stat {}", path.display()), e))?;
+        if meta.len() == 0 {
             // Mapping an empty file fails on some systems; nothing to map anyway.
-            return Ok(Source::owned(Vec::new()));
+            return Ok(Source::owned(Vec::new(), FileId::of(&meta)));
         }
         // SAFETY: the map is read-only and private to this process. Another
-        // process truncating or rewriting the file while it is mapped can make
-        // reads fault or observe changing bytes; like every mmap-based loader
-        // (safetensors, ripgrep) we accept that and document it: checkpoints
-        // must not be modified while a `Checkpoint` is alive. All parsing of
-        // the mapped bytes is bounds-checked, so changed contents give errors,
-        // not undefined reads outside the map.
+        // process truncating the file while it is mapped makes reads of the
+        // lost pages raise SIGBUS, and rewriting it changes the bytes we
+        // see; like every mmap-based loader (safetensors, ripgrep) we
+        // document that checkpoints must not change while a `Checkpoint` is
+        // alive, and offer `Source::read` (OpenOptions::in_memory) for
+        // callers that cannot promise it. All parsing of the mapped bytes is
+        // bounds-checked, so changed contents give errors, never reads
+        // outside the map.
         let map = unsafe { memmap2::Mmap::map(&file) }
             .map_err(|e| Error::io(format!("cannot map {}", path.display()), e))?;
         Ok(Source {
-            inner: Arc::new(Inner::Mapped(map, file, path.to_path_buf())),
+            inner: Arc::new(Inner::Mapped(map, file)),
         })
     }
 
-    pub(crate) fn owned(bytes: Vec<u8>) -> Source {
+    /// Read the whole file into memory: later changes to the file cannot
+    /// reach the bytes we hold.
+    pub(crate) fn read(path: &Path) -> Result<Source> {
+        use std::io::Read;
+        let mut file = File::open(path)
+            .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io(format!("cannot stat {}", path.display()), e))?;
+        // Sized by what the file says, but read to its real end: a file that
+        // shrinks or grows meanwhile gives what was there.
+        let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+        file.read_to_end(&mut bytes)
+            .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
+        Ok(Source::owned(bytes, FileId::of(&meta)))
+    }
+
+    pub(crate) fn owned(bytes: Vec<u8>, identity: Option<FileId>) -> Source {
         Source {
-            inner: Arc::new(Inner::Owned(bytes)),
+            inner: Arc::new(Inner::Owned(bytes, identity)),
         }
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
         match &*self.inner {
             Inner::Mapped(m, ..) => m,
-            Inner::Owned(v) => v,
+            Inner::Owned(v, _) => v,
         }
     }
 
@@ -77,22 +120,48 @@ impl Source {
     /// The open file behind a map, for positioned reads.
     pub(crate) fn file(&self) -> Option<&File> {
         match &*self.inner {
-            Inner::Mapped(_, f, _) => Some(f),
-            Inner::Owned(_) => None,
+            Inner::Mapped(_, f) => Some(f),
+            Inner::Owned(..) => None,
         }
     }
 
-    /// The path the map was opened from.
-    pub(crate) fn path(&self) -> Option<&Path> {
+    /// The file the bytes came from, if they came from one.
+    pub(crate) fn identity(&self) -> Option<FileId> {
         match &*self.inner {
-            Inner::Mapped(_, _, p) => Some(p),
-            Inner::Owned(_) => None,
+            Inner::Mapped(_, f) => f.metadata().ok().as_ref().and_then(FileId::of),
+            Inner::Owned(_, id) => *id,
         }
+    }
+
+    /// A handle of our own on the mapped file, with its own file position,
+    /// for kernel copies: the same file we mapped (never reopened by path,
+    /// which may name another file by now), or `None`.
+    pub(crate) fn private_handle(&self) -> Option<File> {
+        let file = self.file()?;
+        let reopened = reopen(file)?;
+        let same = match (file.metadata(), reopened.metadata()) {
+            (Ok(a), Ok(b)) => FileId::of(&a).is_some() && FileId::of(&a) == FileId::of(&b),
+            _ => false,
+        };
+        same.then_some(reopened)
     }
 
     pub(crate) fn is_mapped(&self) -> bool {
         matches!(&*self.inner, Inner::Mapped(..))
     }
+}
+
+/// A new open file description for `file` (Linux: through `/proc/self/fd`,
+/// which reaches the open file even when its path now names another).
+#[cfg(target_os = "linux")]
+fn reopen(file: &File) -> Option<File> {
+    use std::os::fd::AsRawFd;
+    File::open(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn reopen(_file: &File) -> Option<File> {
+    None
 }
 
 impl std::fmt::Debug for Source {
