@@ -330,6 +330,10 @@ const CASES: &[(&str, Expect)] = &[
         },
     ),
     (
+        "torch_dotted_name_collision.pt",
+        Fails(DuplicateName, "['a.b'] and ['a']['b']"),
+    ),
+    (
         "torch_payload_in_list.pt",
         Opens {
             tensors: 2,
