@@ -131,6 +131,14 @@ const CASES: &[(&str, Expect)] = &[
         "p_work_bytearray.pt",
         Fails(LimitExceeded, "max_work_per_byte"),
     ),
+    (
+        "p_work_tuple_key.pt",
+        Fails(LimitExceeded, "max_work_per_byte"),
+    ),
+    (
+        "p_work_value_copies.pt",
+        Fails(LimitExceeded, "max_name_bytes"),
+    ),
     ("p_dict_cycle.pt", clean(1)),
     ("p_dup_bomb.pt", Fails(LimitExceeded, "max_shared_visits")),
     ("p_empty_pickle.pt", Fails(Pickle, "without STOP")),

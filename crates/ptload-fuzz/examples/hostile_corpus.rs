@@ -368,6 +368,24 @@ fn main() {
         "p_work_stack_global.pt",
         repeated(&mut p, &[b'h', 0, b'h', 1, 0x93, b'0']),
     ));
+    // Found by the structured fuzzer: one long string reached by 100,000
+    // paths (each a value the walk copies out), and a tuple of long strings
+    // used as a dict key again and again (each lookup encoded the tuple).
+    let mut p = Pickle::proto(2);
+    p.op(b"]").str(&long).op(b"q\x000(");
+    p.op(&b"h\x00".repeat(100_000)).op(b"e");
+    let ops = p.stop();
+    cases.push((
+        "p_work_value_copies.pt",
+        deflated_pickle(&deflate(&ops), ops.len() as u32, crc32fast::hash(&ops)),
+    ));
+    let mut p = Pickle::proto(2);
+    p.op(b"}")
+        .str(&long)
+        .op(b"q\x000(")
+        .op(&b"h\x00".repeat(64))
+        .op(b"tq\x010");
+    cases.push(("p_work_tuple_key.pt", repeated(&mut p, b"h\x01Ns")));
     let mut p = Pickle::proto(2);
     p.global("__builtin__", "bytearray").op(b"q\x00");
     p.op(b"B")

@@ -5,7 +5,7 @@ use arbitrary::Arbitrary;
 
 use crate::craft::{legacy, zip, Pickle, TensorRecord, ZipEntry};
 use crate::{check_error, exercise, limits};
-use ptload_reader::{DType, OpenOptions};
+use ptload_reader::{DType, ErrorKind, OpenOptions};
 
 /// The element types the generator writes, with torch's storage class.
 const DTYPES: [(DType, &str); 8] = [
@@ -32,8 +32,55 @@ pub struct Model {
     pub legacy: bool,
     /// Mark the zip's data big-endian (a `byteorder` record).
     pub big_endian: bool,
+    /// Deep or large values placed beside the tensors.
+    pub extras: Vec<Extra>,
     /// Damage applied to the file after writing it.
     pub mutations: Vec<Mutation>,
+}
+
+/// A value that costs the reader in proportion to its depth or to how
+/// often it is referenced, placed where a name or a call reaches it. The
+/// tensors must read the same with it there, or a limit must stop it.
+#[derive(Debug, Arbitrary)]
+pub struct Extra {
+    /// What to build.
+    pub shape: ExtraShape,
+    /// Where to put it.
+    pub place: Place,
+}
+
+/// Deep values nest `depth` levels; long ones are `len * 64` bytes,
+/// referenced again `refs` times through the memo.
+#[derive(Debug, Arbitrary)]
+pub enum ExtraShape {
+    /// `[[[...]]]`
+    DeepList(u16),
+    /// `((((),),),)`
+    DeepTuple(u16),
+    /// `{0: {0: {...}}}`
+    DeepDict(u16),
+    /// `frozenset({frozenset({...})})`
+    DeepFrozenset(u16),
+    /// One long string, referenced again and again in a tuple.
+    LongString { len: u16, refs: u16 },
+    /// A protocol-0 integer of `digits` digits.
+    IntText { digits: u16 },
+}
+
+/// Where an [`Extra`] goes.
+#[derive(Debug, Arbitrary)]
+pub enum Place {
+    /// The value of a key of the root dict.
+    Value,
+    /// A key of the root dict (its text becomes a value's name).
+    Key,
+    /// The arguments of a call to a class the reader keeps inert.
+    CallArgs,
+    /// The BUILD state of an inert object.
+    BuildState,
+    /// The size argument of a tensor's rebuild call: never a valid size,
+    /// so the open must fail.
+    TensorSize,
 }
 
 /// One tensor: a view into a storage.
@@ -189,6 +236,9 @@ pub fn structured(model: &Model) {
             emit(&mut pickle, i, spec, format!("t{i}"));
         }
     }
+    for (i, extra) in model.extras.iter().take(4).enumerate() {
+        place_extra(&mut pickle, i, extra);
+    }
     for g in 0..3u8 {
         let members: Vec<usize> = (0..model.tensors.len())
             .filter(|&i| groups[i] == Some(g))
@@ -253,7 +303,13 @@ pub fn structured(model: &Model) {
     };
 
     let opened = OpenOptions::new().limits(limits()).open_bytes(file.clone());
-    let all_fit = expected.iter().all(|e| e.bytes.is_some());
+    // Extras Python itself refuses: a size that is no size, integer text
+    // over CPython's 4,300 digits.
+    let invalid_extra = model.extras.iter().take(4).any(|e| {
+        matches!(e.place, Place::TensorSize)
+            || matches!(e.shape, ExtraShape::IntText { digits } if digits > 4300)
+    });
+    let all_fit = expected.iter().all(|e| e.bytes.is_some()) && !invalid_extra;
     match opened {
         Ok(ckpt) => {
             assert!(
@@ -277,8 +333,9 @@ pub fn structured(model: &Model) {
             exercise(&ckpt);
         }
         Err(err) => {
+            // Deep and large extras may stop at a limit; nothing else may.
             assert!(
-                !all_fit,
+                !all_fit || err.kind() == ErrorKind::LimitExceeded,
                 "a valid generated checkpoint failed to open: {err}"
             );
             check_error(&err);
@@ -316,4 +373,96 @@ pub fn structured(model: &Model) {
         }
     }
     crate::checkpoint(&damaged);
+}
+
+/// Write `extra` `i` as one more item of the root dict (after its MARK).
+fn place_extra(p: &mut Pickle, i: usize, extra: &Extra) {
+    let value = |p: &mut Pickle| write_shape(p, &extra.shape);
+    // Lists and dicts cannot be keys (Python: unhashable type).
+    let hashable = !matches!(
+        extra.shape,
+        ExtraShape::DeepList(_) | ExtraShape::DeepDict(_)
+    );
+    match extra.place {
+        Place::Value | Place::Key if !hashable => {
+            p.str(&format!("x{i}"));
+            value(p);
+        }
+        Place::Value => {
+            p.str(&format!("x{i}"));
+            value(p);
+        }
+        Place::Key => {
+            value(p);
+            p.op(b"N");
+        }
+        Place::CallArgs => {
+            p.str(&format!("x{i}")).global("fuzz.inert", "Thing");
+            value(p);
+            p.op(&[0x85]).op(b"R");
+        }
+        Place::BuildState => {
+            p.str(&format!("x{i}"))
+                .global("fuzz.inert", "Thing")
+                .op(b")")
+                .op(&[0x81]);
+            value(p);
+            p.op(b"b");
+        }
+        Place::TensorSize => {
+            // _rebuild_tensor_v2(storage, 0, <extra>, (1,), False, OrderedDict())
+            p.str(&format!("x{i}"))
+                .global("torch._utils", "_rebuild_tensor_v2")
+                .op(b"(");
+            p.op(b"(")
+                .str("storage")
+                .global("torch", "FloatStorage")
+                .str(&format!("extra{i}"))
+                .str("cpu")
+                .int(0)
+                .op(b"tQ");
+            p.int(0);
+            value(p);
+            p.int_tuple(&[1])
+                .bool(false)
+                .global("collections", "OrderedDict")
+                .op(b")R")
+                .op(b"tR");
+        }
+    }
+}
+
+/// Push the value `shape` describes.
+fn write_shape(p: &mut Pickle, shape: &ExtraShape) {
+    match *shape {
+        ExtraShape::DeepList(depth) => {
+            let depth = usize::from(depth).max(1);
+            p.op(&b"]".repeat(depth)).op(&b"a".repeat(depth - 1));
+        }
+        ExtraShape::DeepTuple(depth) => {
+            p.op(b")").op(&[0x85].repeat(usize::from(depth)));
+        }
+        ExtraShape::DeepDict(depth) => {
+            let depth = usize::from(depth).max(1);
+            p.op(&b"}K\x00".repeat(depth - 1))
+                .op(b"}")
+                .op(&b"s".repeat(depth - 1));
+        }
+        ExtraShape::DeepFrozenset(depth) => {
+            // depth + 1 MARKs, then FROZENSET as often: each takes the
+            // set built before it as its one member.
+            let n = usize::from(depth) + 1;
+            p.op(&b"(".repeat(n)).op(&[0x91].repeat(n));
+        }
+        ExtraShape::LongString { len, refs } => {
+            p.str(&"s".repeat(usize::from(len) * 64))
+                .op(b"q\x00")
+                .op(b"0");
+            p.op(b"(").op(&b"h\x00".repeat(usize::from(refs))).op(b"t");
+        }
+        ExtraShape::IntText { digits } => {
+            let digits = usize::from(digits).max(1);
+            p.op(b"I").op(&b"9".repeat(digits)).op(b"\n");
+        }
+    }
 }

@@ -94,6 +94,10 @@ enum Key<'h> {
 /// make every lookup expensive.
 const MAX_TUPLE_KEY_ITEMS: usize = 64;
 
+/// Tuple keys whose members hold more bytes than this compare by identity
+/// too: comparing by value would copy them on every lookup.
+const MAX_TUPLE_KEY_BYTES: usize = 64 << 10;
+
 /// An insertion-ordered dict with Python's replace-on-equal-key semantics.
 #[derive(Debug, Default)]
 pub(crate) struct Dict {
@@ -378,17 +382,17 @@ impl Heap {
     /// Append a by-value encoding of the key `v`; false when it holds
     /// something compared by identity or is nested too deep.
     fn encode_key(&self, v: Value, budget: &mut usize, out: &mut Vec<u8>) -> bool {
-        if *budget == 0 {
+        if *budget == 0 || out.len() > MAX_TUPLE_KEY_BYTES {
             return false;
         }
         *budget -= 1;
-        let mut bytes = |tag: u8, b: &[u8]| {
+        fn bytes(out: &mut Vec<u8>, tag: u8, b: &[u8]) {
             out.push(tag);
             out.extend_from_slice(&(b.len() as u64).to_le_bytes());
             out.extend_from_slice(b);
-        };
+        }
         if let Some(items) = self.tuple(v) {
-            bytes(b'T', &(items.len() as u64).to_le_bytes());
+            bytes(out, b'T', &(items.len() as u64).to_le_bytes());
             return items.iter().all(|&i| self.encode_key(i, budget, out));
         }
         if let Some(Obj::Set(members)) = self.get(v) {
@@ -399,22 +403,29 @@ impl Heap {
                 if !self.encode_key(m, budget, &mut e) {
                     return false;
                 }
+                if e.len() > MAX_TUPLE_KEY_BYTES {
+                    return false;
+                }
                 encoded.push(e);
             }
             encoded.sort_unstable();
-            bytes(b'Z', &(encoded.len() as u64).to_le_bytes());
+            bytes(out, b'Z', &(encoded.len() as u64).to_le_bytes());
             encoded.iter().for_each(|e| out.extend_from_slice(e));
             return true;
         }
-        match self.key(v) {
-            Key::None => out.push(b'N'),
-            Key::Int(i) => bytes(b'I', &i.to_le_bytes()),
-            Key::Float(f) => bytes(b'F', &f.to_le_bytes()),
-            Key::Str(s) => bytes(b'S', s.as_bytes()),
-            Key::Bytes(b) => bytes(b'B', b),
-            Key::BigInt(b) => bytes(b'L', b),
+        let (tag, content): (u8, std::borrow::Cow<'_, [u8]>) = match self.key(v) {
+            Key::None => (b'N', (&[][..]).into()),
+            Key::Int(i) => (b'I', i.to_le_bytes().to_vec().into()),
+            Key::Float(f) => (b'F', f.to_le_bytes().to_vec().into()),
+            Key::Str(s) => (b'S', s.as_bytes().into()),
+            Key::Bytes(b) => (b'B', b.into()),
+            Key::BigInt(b) => (b'L', b.into()),
             Key::Tuple(_) | Key::Id(_) => return false,
+        };
+        if out.len().saturating_add(content.len()) > MAX_TUPLE_KEY_BYTES {
+            return false;
         }
+        bytes(out, tag, &content);
         true
     }
 
@@ -442,7 +453,8 @@ impl Heap {
                 }
                 Some(Obj::Tuple(_) | Obj::Set(_)) => {
                     let mut enc = Vec::new();
-                    let by_value = self.encode_key(v, &mut { MAX_TUPLE_KEY_ITEMS }, &mut enc);
+                    let by_value = self.encode_key(v, &mut { MAX_TUPLE_KEY_ITEMS }, &mut enc)
+                        && enc.len() <= MAX_TUPLE_KEY_BYTES;
                     self.add_work(enc.len());
                     if by_value {
                         Key::Tuple(enc)

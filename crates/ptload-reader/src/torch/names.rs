@@ -298,9 +298,24 @@ impl<'h> Walker<'h> {
         Ok(name)
     }
 
-    fn value(&mut self, in_module: bool, scalar: Scalar) -> Result<()> {
+    /// Emit the value `make` builds, unless inside a module (whose state
+    /// dict holds tensors only): built only when kept.
+    fn value(&mut self, in_module: bool, make: impl FnOnce() -> Scalar) -> Result<()> {
         if !in_module {
+            let scalar = make();
             let name = self.name(None)?;
+            // A value is copied out once per path that reaches it: charged
+            // with the names, or one long string referenced many times would
+            // be copied without bound.
+            let copied = match &scalar {
+                Scalar::Str(s) => s.len(),
+                Scalar::Bytes(b) | Scalar::BigInt(b) => b.len(),
+                _ => 0,
+            };
+            self.name_bytes = self.name_bytes.saturating_add(copied as u64);
+            if self.name_bytes > self.max_name_bytes {
+                return Err(Error::limit("max_name_bytes", self.max_name_bytes));
+            }
             self.out.values.push((name, scalar));
         }
         Ok(())
@@ -374,19 +389,19 @@ impl<'h> Walker<'h> {
             };
             let id = match value {
                 Value::None => {
-                    self.value(in_module, Scalar::None)?;
+                    self.value(in_module, || Scalar::None)?;
                     continue;
                 }
                 Value::Bool(b) => {
-                    self.value(in_module, Scalar::Bool(b))?;
+                    self.value(in_module, || Scalar::Bool(b))?;
                     continue;
                 }
                 Value::Int(i) => {
-                    self.value(in_module, Scalar::Int(i))?;
+                    self.value(in_module, || Scalar::Int(i))?;
                     continue;
                 }
                 Value::Float(f) => {
-                    self.value(in_module, Scalar::Float(f))?;
+                    self.value(in_module, || Scalar::Float(f))?;
                     continue;
                 }
                 Value::Obj(id) => id,
@@ -398,18 +413,15 @@ impl<'h> Walker<'h> {
             self.children.clear();
             match heap.get(value) {
                 None => continue,
-                Some(Obj::Str(_)) => self.value(
-                    in_module,
-                    Scalar::Str(heap.str(value).unwrap_or_default().to_owned()),
-                )?,
-                Some(Obj::Bytes(_)) => self.value(
-                    in_module,
-                    Scalar::Bytes(heap.bytes(value).unwrap_or_default().to_vec()),
-                )?,
-                Some(Obj::BigInt(_)) => self.value(
-                    in_module,
-                    Scalar::BigInt(heap.bigint(value).unwrap_or_default().to_vec()),
-                )?,
+                Some(Obj::Str(_)) => self.value(in_module, || {
+                    Scalar::Str(heap.str(value).unwrap_or_default().to_owned())
+                })?,
+                Some(Obj::Bytes(_)) => self.value(in_module, || {
+                    Scalar::Bytes(heap.bytes(value).unwrap_or_default().to_vec())
+                })?,
+                Some(Obj::BigInt(_)) => self.value(in_module, || {
+                    Scalar::BigInt(heap.bigint(value).unwrap_or_default().to_vec())
+                })?,
                 Some(Obj::Tuple(_) | Obj::List(_) | Obj::Set(_)) => {
                     for (i, v) in heap
                         .members(value)
@@ -476,7 +488,7 @@ impl<'h> Walker<'h> {
                                 .push(format!("'{name}': tensors rebuilt by {class} are not read; they are not listed"));
                             self.children.clear();
                         } else if self.children.is_empty() {
-                            self.value(in_module, Scalar::Object(class))?;
+                            self.value(in_module, || Scalar::Object(class))?;
                         }
                     }
                 }
@@ -510,23 +522,21 @@ impl<'h> Walker<'h> {
                             Known::Dtype(d) => format!("torch.{}", d.name()),
                             _ => format!("{}.{}", g.module, g.name),
                         };
-                        self.value(in_module, Scalar::Global(text))?;
+                        self.value(in_module, || Scalar::Global(text))?;
                     }
-                    TorchObj::Device(d) => self.value(in_module, Scalar::Device(d.to_string()))?,
+                    TorchObj::Device(d) => {
+                        self.value(in_module, || Scalar::Device(d.to_string()))?
+                    }
                     TorchObj::Layout(l) => {
-                        self.value(in_module, Scalar::Global(format!("torch.{l:?}")))?
+                        self.value(in_module, || Scalar::Global(format!("torch.{l:?}")))?
                     }
-                    TorchObj::NumpyDtype(d) => self.value(
-                        in_module,
-                        Scalar::Global(format!("numpy.dtype({})", d.descr)),
-                    )?,
-                    TorchObj::NdArray(a) => self.value(
-                        in_module,
-                        Scalar::Array {
-                            dtype: a.dtype.clone(),
-                            shape: a.shape.clone(),
-                        },
-                    )?,
+                    TorchObj::NumpyDtype(d) => self.value(in_module, || {
+                        Scalar::Global(format!("numpy.dtype({})", d.descr))
+                    })?,
+                    TorchObj::NdArray(a) => self.value(in_module, || Scalar::Array {
+                        dtype: a.dtype.clone(),
+                        shape: a.shape.clone(),
+                    })?,
                 },
             }
             if !self.children.is_empty() {
