@@ -16,6 +16,14 @@ shift
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(pickle_vm container checkpoint map_location differential structured)
 cargo +nightly fuzz build -O >/dev/null
+bin_dir=target/$(rustc +nightly -vV | sed -n "s/^host: //p")/release
+# Each target runs on a small stack (the binary is started directly, so the
+# limit applies to the fuzzed code, not to cargo): any recursion over input
+# data overflows it long before 100,000 levels. libFuzzer's -timeout stops
+# any input that takes over FUZZ_TIMEOUT seconds, so superlinear work shows
+# up as a finding, not as a slow run.
+stack_kb=${FUZZ_STACK_KB:-1024}
+timeout_s=${FUZZ_TIMEOUT:-10}
 for t in "${targets[@]}"; do
   seeds=()
   case $t in
@@ -32,10 +40,10 @@ for t in "${targets[@]}"; do
   echo "== $t: ${seconds}s"
   log=$(mktemp)
   rc=0
-  mkdir -p "$corpus"
-  cargo +nightly fuzz run -O "$t" "$corpus" "${seeds[@]}" -- \
-    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 "${extra[@]}" \
-    -print_final_stats=1 >"$log" 2>&1 || rc=$?
+  mkdir -p "$corpus" "artifacts/$t"
+  (ulimit -s "$stack_kb" && exec "$bin_dir/$t" "$corpus" "${seeds[@]}" \
+    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout="$timeout_s" "${extra[@]}" \
+    -artifact_prefix="artifacts/$t/" -print_final_stats=1) >"$log" 2>&1 || rc=$?
   grep -E "^(stat::|SUMMARY|Done|INFO: seed corpus)|panicked|ERROR|Test unit|crash-|timeout-|oom-" "$log" || true
   if [ $rc -ne 0 ]; then
     grep -A3 panicked "$log" || tail -30 "$log"

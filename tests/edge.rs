@@ -552,3 +552,88 @@ fn unknown_location_fails_only_when_restored() {
         Some(Device::Cuda(1))
     );
 }
+
+#[test]
+#[cfg_attr(miri, ignore = "file system")]
+fn in_memory_checkpoints_survive_changes_to_the_file() {
+    // A mapped file must not change while it is open; one read into memory
+    // keeps what was read, whatever happens to the file afterwards.
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files/basic.pt");
+    let dir = std::env::temp_dir().join(format!("ptload-edge-memory-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("basic.pt");
+    std::fs::copy(&fixture, &path).unwrap();
+    let expected: Vec<(String, Vec<u8>)> = Checkpoint::open(&fixture)
+        .unwrap()
+        .tensors()
+        .map(|t| (t.name().to_owned(), t.data().unwrap().into_owned()))
+        .collect();
+    let ckpt = OpenOptions::new().in_memory(true).open(&path).unwrap();
+    assert!(!ckpt.is_mapped());
+    // Truncated, then rewritten with other bytes.
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    std::fs::write(&path, vec![0xa5u8; 4096]).unwrap();
+    let read: Vec<(String, Vec<u8>)> = ckpt
+        .tensors()
+        .map(|t| (t.name().to_owned(), t.data().unwrap().into_owned()))
+        .collect();
+    assert_eq!(read, expected);
+    assert!(!expected.is_empty());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn names_are_unique_and_looked_up_by_hash() {
+    // {"a.b": t, "a": {"b": t}}: both flatten to "a.b".
+    let pickle = P::default()
+        .proto(2)
+        .op(b"}(")
+        .tensor_item("a.b", "cpu", 2, 2)
+        .unicode("a")
+        .op(b"}(")
+        .tensor_item("b", "cpu", 2, 2)
+        .op(b"uu")
+        .stop();
+    let e = open(checkpoint(&pickle)).expect_err("collision");
+    assert_eq!(e.kind(), ErrorKind::DuplicateName);
+    assert!(e.to_string().contains("['a.b'] and ['a']['b']"), "{e}");
+    // Distinct names: every one is found by name, and only those.
+    let pickle = P::default()
+        .proto(2)
+        .op(b"}(")
+        .tensor_item("a.b", "cpu", 2, 2)
+        .unicode("a")
+        .op(b"}(")
+        .tensor_item("c", "cpu", 2, 2)
+        .op(b"uu")
+        .stop();
+    let ckpt = open(checkpoint(&pickle)).expect("distinct");
+    for t in ckpt.tensors() {
+        assert_eq!(ckpt.tensor(t.name()).map(|v| v.name()), Some(t.name()));
+    }
+    assert!(ckpt.tensor("a").is_none());
+    assert!(ckpt.tensor("a.c").is_some());
+}
+
+#[test]
+fn integer_text_follows_pythons_digit_limit() {
+    // CPython refuses to convert integer text over 4,300 digits; so does
+    // the reader, in time linear in the text.
+    for (digits, ok) in [(4300usize, true), (4301, false), (1_000_000, false)] {
+        let mut b = P::default().proto(2).op(b"}(").unicode("n").0;
+        b.push(b'I');
+        b.extend(std::iter::repeat_n(b'9', digits));
+        b.extend_from_slice(b"\nu.");
+        let result = open(checkpoint(&b));
+        assert_eq!(result.is_ok(), ok, "{digits} digits");
+        if let Err(e) = result {
+            assert!(e.to_string().contains("4300"), "{e}");
+        }
+    }
+}

@@ -291,3 +291,14 @@ fn a_replaced_input_is_not_read_by_path() {
         assert_eq!(view.data(), &*t.data().expect("data"), "{}", t.name());
     }
 }
+
+#[test]
+fn no_mmap_reads_the_same() {
+    for name in ["basic.pt", "legacy.pt", "bigendian.pt"] {
+        let path = fixture(name);
+        let mapped = ptload(&["inspect", "--json", "--hash", s(&path)]);
+        let read = ptload(&["inspect", "--json", "--hash", "--no-mmap", s(&path)]);
+        assert_eq!(mapped.status.code(), Some(0), "{name}: {}", stderr(&mapped));
+        assert_eq!(mapped.stdout, read.stdout, "{name}");
+    }
+}
