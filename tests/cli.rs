@@ -473,7 +473,7 @@ fn scan_flags_payloads_and_passes_clean_checkpoints() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
     let files = doc["files"].as_array().expect("files");
-    assert_eq!(files[0]["verdict"], "flagged");
+    assert_eq!(files[0]["verdict"], "dangerous");
     let evil = files[0]["globals"]
         .as_array()
         .expect("globals")
@@ -482,7 +482,9 @@ fn scan_flags_payloads_and_passes_clean_checkpoints() {
         .expect("os.system");
     assert_eq!(evil["class"], "dangerous: process");
     assert_eq!(evil["use"], "called");
-    assert_eq!(evil["record"], "payload/data.pkl");
+    assert_eq!(evil["pickle"], "payload/data.pkl");
+    assert_eq!(evil["reachable"], true);
+    assert_eq!(evil["finding"], true);
     assert_eq!(evil["offset"], 17, "the GLOBAL opcode's position");
     assert_eq!(files[1]["verdict"], "clean");
 
@@ -502,6 +504,10 @@ fn scan_flags_payloads_and_passes_clean_checkpoints() {
     );
     let unreadable = ptload(&["scan", &fixture("basic.pt"), &fixture("lfs_pointer.pt")]);
     assert_eq!(unreadable.status.code(), Some(2));
+    // A finding wins over an unreadable file: a gate must not read the
+    // error as "nothing found".
+    let both = ptload(&["scan", &payload, &fixture("lfs_pointer.pt")]);
+    assert_eq!(both.status.code(), Some(1));
 
     // --strict refuses it as torch would; the default loads the plain
     // values and reports the dangerous name; nothing ever runs.

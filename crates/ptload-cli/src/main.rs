@@ -87,9 +87,6 @@ struct ScanArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// How Python 2 strings decode.
-    #[arg(long, value_enum, default_value = "utf8")]
-    encoding: args::Encoding,
     /// Read each file into memory instead of mapping it.
     #[arg(long = "no-mmap")]
     no_mmap: bool,
@@ -221,13 +218,7 @@ fn run(cli: Cli) -> CliResult<u8> {
             tools::convert(&mut out, &ckpt, &state, &request)?;
         }
         Command::Scan(a) => {
-            let open = OpenArgs {
-                strict: false,
-                allow_global: Vec::new(),
-                encoding: a.encoding,
-                no_mmap: a.no_mmap,
-            };
-            let verdict = tools::scan(&mut out, &a.files, &open.options(), a.json)?;
+            let verdict = tools::scan(&mut out, &a.files, a.no_mmap, a.json)?;
             out.flush()?;
             return Ok(verdict);
         }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use ptload_reader::{
-    classify, Checkpoint, DType, ErrorKind, GlobalClass, OpenOptions, SafetensorsOptions, Selected,
+    scan, Checkpoint, DType, ErrorKind, Limits, OpenOptions, SafetensorsOptions, Selected,
     StateDictOptions,
 };
 use serde::Serialize;
@@ -147,88 +147,122 @@ pub(crate) fn convert(
 #[derive(Serialize)]
 struct GlobalOut {
     global: String,
-    record: String,
-    offset: u64,
     #[serde(rename = "use")]
     usage: &'static str,
     class: String,
+    /// The pickle it is in (a zip entry, a stream pickle, a nested pickle).
+    pickle: String,
+    /// Whether torch.load would unpickle that pickle.
+    reachable: bool,
+    offset: u64,
+    finding: bool,
+}
+
+#[derive(Serialize)]
+struct PickleOut {
+    pickle: String,
+    reachable: bool,
+    complete: bool,
+    error: Option<String>,
 }
 
 #[derive(Serialize)]
 struct FileScan {
     file: String,
-    format: Option<&'static str>,
+    layout: Option<&'static str>,
     verdict: &'static str,
     globals: Vec<GlobalOut>,
+    pickles: Vec<PickleOut>,
+    notes: Vec<String>,
     error: Option<String>,
 }
 
-/// Scan one file: its globals, each classified, and whether it is flagged.
-fn scan_file(path: &Path, opts: &OpenOptions) -> FileScan {
+/// Scan one file as torch.load would read it.
+fn scan_file(path: &Path, in_memory: bool) -> FileScan {
     let file = path.display().to_string();
-    let ckpt = match opts.open(path) {
-        Ok(c) => c,
+    let report = match scan::scan_file(path, &Limits::default(), in_memory) {
+        Ok(r) => r,
         Err(e) => {
             return FileScan {
                 file,
-                format: None,
-                verdict: "error",
+                layout: None,
+                verdict: "unreadable",
                 globals: Vec::new(),
+                pickles: Vec::new(),
+                notes: Vec::new(),
                 error: Some(e.to_string()),
             };
         }
     };
-    let mut flagged = false;
-    let globals = ckpt
-        .globals()
-        .iter()
-        .map(|g| {
-            let class = classify(&g.module, &g.name);
-            let usage = match (g.called, g.instantiated) {
-                (true, _) => "called",
-                (false, true) => "instantiated",
-                _ => "referenced",
-            };
-            // Instantiating a class runs its construction as surely as a
-            // call does. TorchScript's `__torch__` types are built by the
-            // TorchScript loader from the archive, not by Python's import.
-            let instantiated = g.instantiated && !g.module.starts_with("__torch__");
-            flagged |= matches!(class, GlobalClass::Dangerous(_))
-                || (class == GlobalClass::Unknown && (g.called || instantiated));
-            GlobalOut {
+    let verdict = report.verdict();
+    // An unreadable file: say what it is, as opening it would.
+    let error = (verdict == scan::Verdict::Unreadable).then(|| {
+        OpenOptions::new()
+            .in_memory(in_memory)
+            .open(path)
+            .err()
+            .map(|e| e.to_string())
+            .or_else(|| report.pickles.iter().find_map(|p| p.error.clone()))
+            .unwrap_or_else(|| "no pickle torch could read".into())
+    });
+    let mut globals = Vec::new();
+    for p in &report.pickles {
+        for g in &p.globals {
+            globals.push(GlobalOut {
                 global: g.path(),
-                record: g.record.clone(),
+                usage: g.usage.name(),
+                class: g.class.label(),
+                pickle: p.source.to_string(),
+                reachable: p.reachable,
                 offset: g.offset,
-                usage,
-                class: class.label(),
-            }
-        })
-        .collect();
+                finding: g.is_finding(),
+            });
+        }
+    }
     FileScan {
         file,
-        format: Some(ckpt.format().name()),
-        verdict: if flagged { "flagged" } else { "clean" },
+        layout: Some(report.layout),
+        verdict: verdict.name(),
         globals,
-        error: None,
+        pickles: report
+            .pickles
+            .iter()
+            .map(|p| PickleOut {
+                pickle: p.source.to_string(),
+                reachable: p.reachable,
+                complete: p.complete,
+                error: p.error.clone(),
+            })
+            .collect(),
+        notes: report.notes,
+        error,
+    }
+}
+
+/// Exit code of `scan`: 1 if any file has a finding (even next to an
+/// unreadable one: a gate must not read "error" as "not flagged"), else 2
+/// if any file is unreadable, else 0.
+fn scan_exit(scans: &[FileScan]) -> Verdict {
+    if scans
+        .iter()
+        .any(|s| matches!(s.verdict, "dangerous" | "unknown callable"))
+    {
+        1
+    } else if scans.iter().any(|s| s.verdict == "unreadable") {
+        2
+    } else {
+        0
     }
 }
 
 pub(crate) fn scan(
     out: &mut impl Write,
     files: &[PathBuf],
-    opts: &OpenOptions,
+    in_memory: bool,
     json: bool,
 ) -> CliResult<Verdict> {
-    let scans: Vec<FileScan> = files.iter().map(|f| scan_file(f, opts)).collect();
-    let verdict = scans
-        .iter()
-        .map(|s| match s.verdict {
-            "error" => 2,
-            "flagged" => 1,
-            _ => 0,
-        })
-        .max()
-        .unwrap_or(0);
+    let scans: Vec<FileScan> = files.iter().map(|f| scan_file(f, in_memory)).collect();
+    let verdict = scan_exit(&scans);
     if json {
         #[derive(Serialize)]
         struct ScanOut<'a> {
@@ -239,27 +273,43 @@ pub(crate) fn scan(
         return Ok(verdict);
     }
     for s in &scans {
-        match &s.error {
-            Some(e) => eprintln!("ptload: {}: cannot be read: {e}", s.file),
-            None => {
-                writeln!(
-                    out,
-                    "{}: {} ({} globals)",
-                    s.file,
-                    s.verdict.to_uppercase(),
-                    s.globals.len()
-                )?;
-                let width = s.globals.iter().map(|g| g.global.chars().count()).max();
-                for g in &s.globals {
-                    let mut line = String::from("  ");
-                    crate::inspect::pad(&mut line, &g.global, width.unwrap_or(0), false);
-                    line.push_str("  ");
-                    crate::inspect::pad(&mut line, g.usage, 12, false);
-                    line.push_str("  ");
-                    crate::inspect::pad(&mut line, &g.class.to_string(), 32, false);
-                    writeln!(out, "{line}  {} +{:#x}", g.record, g.offset)?;
-                }
+        if let Some(e) = &s.error {
+            eprintln!("ptload: {}: cannot be read: {e}", s.file);
+            continue;
+        }
+        let reachable = s.pickles.iter().filter(|p| p.reachable).count();
+        let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+        writeln!(
+            out,
+            "{}: {} ({}, {} in {}, {reachable} read by torch.load)",
+            s.file,
+            s.verdict.to_uppercase(),
+            s.layout.unwrap_or("?"),
+            plural(s.globals.len(), "global"),
+            plural(s.pickles.len(), "pickle"),
+        )?;
+        let width = s.globals.iter().map(|g| g.global.chars().count()).max();
+        for g in &s.globals {
+            let mut line = String::from(if g.finding { "! " } else { "  " });
+            crate::inspect::pad(&mut line, &g.global, width.unwrap_or(0), false);
+            line.push_str("  ");
+            crate::inspect::pad(&mut line, g.usage, 12, false);
+            line.push_str("  ");
+            crate::inspect::pad(&mut line, &g.class, 32, false);
+            let unreached = if g.reachable {
+                ""
+            } else {
+                " (not read by torch.load)"
+            };
+            writeln!(out, "{line}  {} +{:#x}{unreached}", g.pickle, g.offset)?;
+        }
+        for p in &s.pickles {
+            if let Some(e) = &p.error {
+                writeln!(out, "  {}: stopped: {e}", p.pickle)?;
             }
+        }
+        for n in &s.notes {
+            writeln!(out, "  note: {n}")?;
         }
     }
     Ok(verdict)

@@ -53,7 +53,7 @@ pub mod fuzzing;
 mod limits;
 mod mapping;
 mod pickle;
-mod scan;
+pub mod scan;
 #[allow(unsafe_code)]
 pub(crate) mod source;
 mod statedict;

@@ -212,11 +212,32 @@ fn apply_zip64_extra(
     Ok(())
 }
 
+/// How strictly the directory is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rules {
+    /// One canonical view: duplicates, local/central name disagreement,
+    /// encryption and overlapping entries are errors.
+    Canonical,
+    /// What torch's own zip reader tolerates (duplicates, name mismatches,
+    /// overlaps; encrypted entries are kept but cannot be read): the
+    /// scanner's view, which must see every record torch could unpickle.
+    Tolerant,
+}
+
 impl<'d> Archive<'d> {
     pub(crate) fn parse(
         data: &'d [u8],
         headers: Headers<'_>,
         limits: &Limits,
+    ) -> Result<Archive<'d>> {
+        Archive::parse_with(data, headers, limits, Rules::Canonical)
+    }
+
+    pub(crate) fn parse_with(
+        data: &'d [u8],
+        headers: Headers<'_>,
+        limits: &Limits,
+        rules: Rules,
     ) -> Result<Archive<'d>> {
         let eocd = find_eocd(data)
             .ok_or_else(|| zip_err("no end-of-central-directory record (truncated archive?)"))?;
@@ -266,9 +287,16 @@ impl<'d> Archive<'d> {
         let mut r = ByteReader::new(cd, ErrorKind::Zip);
         for _ in 0..count {
             let at = cd_start + r.pos() as u64;
-            let (entry, local) =
-                read_central(&mut r, data, headers, &mut scratch, prefix_len, cd_start)
-                    .map_err(|e| e.at(at))?;
+            let (entry, local) = read_central(
+                &mut r,
+                data,
+                headers,
+                &mut scratch,
+                prefix_len,
+                cd_start,
+                rules,
+            )
+            .map_err(|e| e.at(at))?;
             let hash = hasher.hash_one(entry.name);
             let index = u32::try_from(entries.len()).map_err(|_| zip_err("too many entries"))?;
             match by_name.entry(
@@ -276,8 +304,14 @@ impl<'d> Archive<'d> {
                 |&i: &u32| name_of(&entries, i) == entry.name,
                 |&i: &u32| hasher.hash_one(name_of(&entries, i)),
             ) {
-                hashbrown::hash_table::Entry::Occupied(_) => {
-                    return Err(zip_err(format!("duplicate entry name {:?}", entry.name)).at(at));
+                hashbrown::hash_table::Entry::Occupied(mut slot) => {
+                    if rules == Rules::Canonical {
+                        return Err(
+                            zip_err(format!("duplicate entry name {:?}", entry.name)).at(at)
+                        );
+                    }
+                    // Lookups find the last of duplicates.
+                    *slot.get_mut() = index;
                 }
                 hashbrown::hash_table::Entry::Vacant(slot) => {
                     slot.insert(index);
@@ -288,6 +322,9 @@ impl<'d> Archive<'d> {
         }
         // No two entries may share bytes: each entry's data must end before
         // the next local header starts.
+        if rules == Rules::Tolerant {
+            locals.clear();
+        }
         locals.sort_unstable();
         for pair in locals.windows(2) {
             if let [(_, a), (next_local, _)] = pair {
@@ -331,7 +368,9 @@ fn read_central<'d>(
     scratch: &mut Vec<u8>,
     prefix_len: u64,
     cd_start: u64,
+    rules: Rules,
 ) -> Result<(Entry<'d>, u64)> {
+    let canonical = rules == Rules::Canonical;
     if r.u32()? != CENTRAL_SIG {
         return Err(zip_err("bad central directory entry signature"));
     }
@@ -354,7 +393,7 @@ fn read_central<'d>(
     let extra = r.bytes(extra_len)?;
     r.bytes(comment_len)?;
     let name = std::str::from_utf8(name_bytes).map_err(|_| zip_err("entry name is not UTF-8"))?;
-    if flags & 0x0041 != 0 {
+    if flags & 0x0041 != 0 && canonical {
         return Err(zip_err(format!("entry {name:?} is encrypted")));
     }
     let method = match method {
@@ -367,7 +406,7 @@ fn read_central<'d>(
         }
     };
     apply_zip64_extra(extra, &mut size, &mut csize, &mut local)?;
-    if method == Method::Stored && csize != size {
+    if method == Method::Stored && csize != size && canonical {
         return Err(zip_err(format!(
             "stored entry {name:?} has compressed size {csize} != size {size}"
         )));
@@ -397,7 +436,7 @@ fn read_central<'d>(
     let _size = h.u32()?;
     let local_name_len = u64::from(h.u16()?);
     let local_extra_len = u64::from(h.u16()?);
-    if local_flags & 0x0041 != 0 {
+    if local_flags & 0x0041 != 0 && canonical {
         return Err(zip_err(format!("entry {name:?} is encrypted (local header)")).at(local_abs));
     }
     let local_name = read
@@ -405,7 +444,7 @@ fn read_central<'d>(
         .and_then(|n| n.get(..usize::try_from(local_name_len).unwrap_or(usize::MAX)))
         .or_else(|| slice(data, local_abs + LOCAL_LEN, local_name_len))
         .ok_or_else(|| zip_err(format!("local name of {name:?} lies outside the file")))?;
-    if local_name != name.as_bytes() {
+    if local_name != name.as_bytes() && canonical {
         return Err(zip_err(format!(
             "local header name {:?} differs from central directory name {name:?}",
             String::from_utf8_lossy(local_name)
@@ -416,7 +455,7 @@ fn read_central<'d>(
     let data_end = data_start
         .checked_add(csize)
         .ok_or_else(|| zip_err(format!("size of {name:?} overflows")))?;
-    if data_end > cd_start {
+    if data_end > cd_start && canonical {
         return Err(zip_err(format!(
             "data of {name:?} ({csize} bytes at {data_start:#x}) runs past the central directory"
         )));

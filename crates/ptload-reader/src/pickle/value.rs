@@ -323,6 +323,14 @@ impl Heap {
         }
     }
 
+    /// Every bytes value, in order of creation.
+    pub(crate) fn byte_strings(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.objs.iter().filter_map(|o| match o {
+            Obj::Bytes(b) => Some(self.span_bytes(*b)),
+            _ => None,
+        })
+    }
+
     pub(crate) fn bigint(&self, v: Value) -> Option<&[u8]> {
         match self.get(v) {
             Some(Obj::BigInt(b)) => Some(self.span_bytes(*b)),

@@ -39,7 +39,47 @@ const QSCHEMES: &[&str] = &[
     "per_channel_affine_float_qparams",
 ];
 
-/// Whether torch's `weights_only=True` unpickler allows `module.name` by default.
+/// torch's typed storage classes (`torch._storage_classes`), in `torch` and
+/// (all but `UntypedStorage`) in `torch.cuda`.
+const STORAGE_CLASSES: &[&str] = &[
+    "DoubleStorage",
+    "FloatStorage",
+    "HalfStorage",
+    "BFloat16Storage",
+    "ComplexDoubleStorage",
+    "ComplexFloatStorage",
+    "LongStorage",
+    "IntStorage",
+    "ShortStorage",
+    "CharStorage",
+    "ByteStorage",
+    "BoolStorage",
+    "QUInt8Storage",
+    "QInt8Storage",
+    "QInt32Storage",
+    "QUInt4x2Storage",
+    "QUInt2x4Storage",
+];
+
+/// torch's legacy tensor types (`torch._tensor_classes`), in `torch`,
+/// `torch.cuda`, `torch.sparse` and `torch.cuda.sparse`.
+const TENSOR_CLASSES: &[&str] = &[
+    "DoubleTensor",
+    "FloatTensor",
+    "HalfTensor",
+    "BFloat16Tensor",
+    "LongTensor",
+    "IntTensor",
+    "ShortTensor",
+    "CharTensor",
+    "ByteTensor",
+    "BoolTensor",
+];
+
+/// Whether torch's `weights_only=True` unpickler allows `module.name` by
+/// default. Exact names only: nothing is matched by pattern, so an
+/// attribute path (`TypedStorage.__init__.__builtins__.get`) is never
+/// allowed because its start is.
 pub(crate) fn torch_allows(module: &str, name: &str) -> bool {
     match module {
         "collections" => matches!(name, "OrderedDict" | "Counter"),
@@ -50,14 +90,14 @@ pub(crate) fn torch_allows(module: &str, name: &str) -> bool {
         "torch._utils" => REBUILD_FUNCTIONS.contains(&name),
         "torch._tensor" => name == "_rebuild_from_type_v2",
         "torch" => {
-            matches!(name, "Size" | "Tensor" | "device")
+            matches!(name, "Size" | "Tensor" | "device" | "UntypedStorage")
                 || DType::is_torch_dtype_name(name)
                 || QSCHEMES.contains(&name)
-                || name.ends_with("Tensor")
-                || name.ends_with("Storage")
+                || TENSOR_CLASSES.contains(&name)
+                || STORAGE_CLASSES.contains(&name)
         }
-        "torch.cuda" => name.ends_with("Storage") || name.ends_with("Tensor"),
-        m if m.starts_with("torch.") => name.contains("Storage"),
+        "torch.cuda" => TENSOR_CLASSES.contains(&name) || STORAGE_CLASSES.contains(&name),
+        "torch.sparse" | "torch.cuda.sparse" => TENSOR_CLASSES.contains(&name),
         _ => false,
     }
 }
@@ -81,6 +121,13 @@ mod tests {
         assert!(!torch_allows("builtins", "eval"));
         assert!(!torch_allows("__main__", "Net"));
         assert!(!torch_allows("numpy.core.multiarray", "scalar"));
+        assert!(torch_allows("torch.cuda", "HalfStorage"));
+        assert!(!torch_allows(
+            "torch.storage",
+            "TypedStorage.__init__.__builtins__.get"
+        ));
+        assert!(!torch_allows("torch", "FloatStorage.__init__"));
+        assert!(!torch_allows("torch.evil", "FooStorage"));
         assert!(always_blocked("os"));
         assert!(always_blocked("os.path"));
         assert!(!always_blocked("osx"));

@@ -1,10 +1,34 @@
-//! Judging the globals a checkpoint references: what each one is, and
-//! whether a load that trusted the file could run code through it.
+//! Scanning: which pickles `torch.load` would run in a file, every global
+//! they name and how each is used, and what each global is.
 //!
-//! Globals are matched exactly by module and name (never resolved or
-//! imported); a module's submodules share its class.
+//! [`scan_bytes`] reads a file the way torch decides to read it (zip only
+//! when it starts with `PK\x03\x04`, otherwise the pickle stream from its
+//! first byte), without opening it as a checkpoint: a file that is broken,
+//! or not a checkpoint at all, still has its pickles scanned, and the
+//! globals seen before a break are reported (fail closed).
+//!
+//! ```
+//! use ptload_reader::{scan, Limits};
+//!
+//! let bytes = std::fs::read("../../tests/hostile/x_os_system.pt").unwrap();
+//! let report = scan::scan_bytes(&bytes, &Limits::default());
+//! assert_eq!(report.verdict(), scan::Verdict::Dangerous);
+//! let g = report.pickles.iter().flat_map(|p| &p.globals).find(|g| g.is_finding()).unwrap();
+//! assert_eq!(g.path(), "os.system");
+//! ```
+//!
+//! Globals are classified by exact module and name (never resolved or
+//! imported): torch's `weights_only` allowlist and known plain data by
+//! exact pairs; attribute paths and dunders outside them are gadgets; the
+//! dangerous modules include their submodules.
 
 use crate::torch::policy::torch_allows;
+
+mod reach;
+
+pub use reach::{
+    scan_bytes, scan_file, GlobalUse, PickleSource, ScanReport, ScannedPickle, Usage, Verdict,
+};
 
 /// What a dangerous global can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -134,6 +158,9 @@ fn dangerous(module: &str, name: &str) -> Option<Danger> {
     {
         return Some(CodeExecution);
     }
+    if module == "torch.jit._pickle" && TORCHSCRIPT_HELPERS.contains(&name) {
+        return None;
+    }
     if module.starts_with("numpy.testing")
         || (module == "torch.jit" || module.starts_with("torch.jit.") || under(module, "torch.hub"))
     {
@@ -192,30 +219,110 @@ fn dangerous(module: &str, name: &str) -> Option<Danger> {
     None
 }
 
+/// numpy's dtype classes (`numpy.dtypes`, numpy >= 1.25).
+const NUMPY_DTYPE_CLASSES: &[&str] = &[
+    "BoolDType",
+    "Int8DType",
+    "UInt8DType",
+    "Int16DType",
+    "UInt16DType",
+    "Int32DType",
+    "UInt32DType",
+    "Int64DType",
+    "UInt64DType",
+    "ByteDType",
+    "UByteDType",
+    "ShortDType",
+    "UShortDType",
+    "IntDType",
+    "UIntDType",
+    "LongDType",
+    "ULongDType",
+    "LongLongDType",
+    "ULongLongDType",
+    "Float16DType",
+    "Float32DType",
+    "Float64DType",
+    "LongDoubleDType",
+    "Complex64DType",
+    "Complex128DType",
+    "CLongDoubleDType",
+    "BytesDType",
+    "StrDType",
+    "VoidDType",
+    "ObjectDType",
+    "DateTime64DType",
+    "TimeDelta64DType",
+    "StringDType",
+];
+
+/// The helpers torch writes into every TorchScript archive's pickles:
+/// they rebuild lists and restore type tags, nothing else.
+const TORCHSCRIPT_HELPERS: &[&str] = &[
+    "build_tensorlist",
+    "build_intlist",
+    "build_doublelist",
+    "build_boollist",
+    "build_tensor_from_id",
+    "restore_type_tag",
+];
+
+/// Builtins that only compute on the values given to them (a callable
+/// passed to one is a global of its own, judged by itself).
+const PURE_BUILTINS: &[&str] = &[
+    "dict",
+    "list",
+    "tuple",
+    "set",
+    "frozenset",
+    "bytearray",
+    "bytes",
+    "str",
+    "int",
+    "float",
+    "complex",
+    "bool",
+    "slice",
+    "range",
+    "object",
+    "len",
+    "abs",
+    "min",
+    "max",
+    "sum",
+    "round",
+    "divmod",
+    "pow",
+    "sorted",
+    "reversed",
+    "enumerate",
+    "zip",
+    "map",
+    "filter",
+    "iter",
+    "next",
+    "any",
+    "all",
+    "repr",
+    "format",
+    "ord",
+    "chr",
+    "hash",
+    "isinstance",
+    "issubclass",
+    "type",
+    "NotImplemented",
+    "Ellipsis",
+];
+
 fn known_data(module: &str, name: &str) -> bool {
     match module {
-        "builtins" | "__builtin__" => matches!(
-            name,
-            "dict"
-                | "list"
-                | "tuple"
-                | "set"
-                | "frozenset"
-                | "bytearray"
-                | "bytes"
-                | "str"
-                | "int"
-                | "float"
-                | "complex"
-                | "bool"
-                | "slice"
-                | "range"
-                | "object"
-        ),
+        "builtins" | "__builtin__" => PURE_BUILTINS.contains(&name),
         "numpy" => matches!(name, "dtype" | "ndarray"),
         "numpy.core.multiarray" | "numpy._core.multiarray" => {
             matches!(name, "scalar" | "_reconstruct")
         }
+        "numpy.dtypes" => NUMPY_DTYPE_CLASSES.contains(&name),
         "argparse" => name == "Namespace",
         "collections" => matches!(
             name,
@@ -229,12 +336,25 @@ fn known_data(module: &str, name: &str) -> bool {
         "decimal" => name == "Decimal",
         "fractions" => name == "Fraction",
         "uuid" => name == "UUID",
-        "pathlib" => name.ends_with("Path"),
-        _ => module.starts_with("numpy.dtypes"),
+        "pathlib" => matches!(
+            name,
+            "Path" | "PurePath" | "PosixPath" | "WindowsPath" | "PurePosixPath" | "PureWindowsPath"
+        ),
+        "torch.jit._pickle" => TORCHSCRIPT_HELPERS.contains(&name),
+        _ => false,
     }
 }
 
-/// Classify `module.name`.
+/// A name that reaches through attributes (`a.b.c`, which protocol 4's
+/// STACK_GLOBAL resolves one attribute at a time) or a dunder
+/// (`__builtins__`, `__globals__`): from any start, these reach anything.
+fn attribute_path(name: &str) -> bool {
+    name.contains('.') || (name.starts_with("__") && name.ends_with("__"))
+}
+
+/// Classify `module.name`. The allowed and data classes are exact
+/// `module.name` pairs; any attribute path or dunder name outside them is
+/// a gadget, whatever module it starts from.
 pub fn classify(module: &str, name: &str) -> GlobalClass {
     if let Some(d) = dangerous(module, name) {
         GlobalClass::Dangerous(d)
@@ -242,6 +362,12 @@ pub fn classify(module: &str, name: &str) -> GlobalClass {
         GlobalClass::Tensor
     } else if known_data(module, name) {
         GlobalClass::Data
+    } else if attribute_path(name)
+        || module.split('.').any(|m| {
+            m.starts_with("__") && m != "__main__" && m != "__builtin__" && m != "__torch__"
+        })
+    {
+        GlobalClass::Dangerous(Danger::Gadget)
     } else {
         GlobalClass::Unknown
     }
@@ -311,6 +437,32 @@ mod tests {
         );
         assert_eq!(
             classify("torch.hub", "load"),
+            GlobalClass::Dangerous(Danger::CodeExecution)
+        );
+        // Exact names: attribute paths from allowed starts are gadgets.
+        for (m, n) in [
+            ("torch.storage", "TypedStorage.__init__.__builtins__.get"),
+            ("numpy.dtypes", "_add_dtype_helper.__builtins__.get"),
+            ("torch", "FloatStorage.__init__"),
+            ("collections", "OrderedDict.__init__.__globals__"),
+            ("builtins", "__loader__"),
+        ] {
+            assert_eq!(
+                classify(m, n),
+                GlobalClass::Dangerous(Danger::Gadget),
+                "{m}.{n}"
+            );
+        }
+        assert_eq!(classify("pathlib", "EvilPath"), GlobalClass::Unknown);
+        assert_eq!(classify("numpy.dtypes", "Float64DType"), GlobalClass::Data);
+        assert_eq!(classify("numpy.dtypes.evil", "X"), GlobalClass::Unknown);
+        assert_eq!(classify("builtins", "len"), GlobalClass::Data);
+        assert_eq!(
+            classify("torch.jit._pickle", "build_tensorlist"),
+            GlobalClass::Data
+        );
+        assert_eq!(
+            classify("torch.jit", "load"),
             GlobalClass::Dangerous(Danger::CodeExecution)
         );
     }

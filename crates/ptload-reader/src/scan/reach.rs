@@ -1,0 +1,684 @@
+//! Which pickles `torch.load` would run in a file, and what each one would
+//! import and call: the scanner's view.
+//!
+//! torch decides the layout by the first four bytes alone: `PK\x03\x04`
+//! is a zip, and anything else goes to the legacy path, which unpickles
+//! the first pickle of the stream (with the full unpickler) before it
+//! checks the magic number. So a pickle followed by a real checkpoint zip
+//! runs its pickle; a bare pickle at any protocol runs. In a zip, torch
+//! reads `<prefix>/data.pkl` (the last of duplicate names, whatever its
+//! CRC), and TorchScript archives also `constants.pkl`. Everything else
+//! that holds a pickle (other `.pkl` entries, a zip behind a pickle,
+//! pickles stored as bytes inside a pickle) is reported too, as not
+//! reachable by `torch.load`.
+//!
+//! Each pickle runs in the VM with a recording interpreter that gives
+//! meaning to nothing: it notes every global, and how it is used (called,
+//! instantiated, or only referenced). A pickle that breaks keeps what it
+//! recorded before the break: the scan fails closed.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use super::{classify, GlobalClass};
+use crate::container::zip::{self, Archive, Headers, Method, Rules};
+use crate::error::Result;
+use crate::limits::Limits;
+use crate::pickle::{Heap, Interpreter, Obj, ObjId, Object, StringEncoding, Value, Vm};
+
+/// How a global is used by the pickle that names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Usage {
+    /// Named only (imported by `find_class`, never called).
+    Referenced,
+    /// Instantiated: OBJ, INST, NEWOBJ(_EX), `copyreg._reconstructor`'s
+    /// class, `copyreg.__newobj__`, the type of `_rebuild_from_type_v2`.
+    Instantiated,
+    /// Called: REDUCE, `copyreg._reconstructor`'s base (its `__init__`),
+    /// the function of `_rebuild_from_type_v2`, calling an instance (its
+    /// class's `__call__`), BUILD on an instance (its `__setstate__`).
+    Called,
+}
+
+impl Usage {
+    /// `referenced`, `instantiated` or `called`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Usage::Referenced => "referenced",
+            Usage::Instantiated => "instantiated",
+            Usage::Called => "called",
+        }
+    }
+}
+
+/// One global a pickle names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GlobalUse {
+    /// Module, as the pickle names it (Python 2 names mapped as Python 3
+    /// maps them).
+    pub module: String,
+    /// Name: protocol 4 may name an attribute path (`a.b.c`).
+    pub name: String,
+    /// Offset of its first GLOBAL / STACK_GLOBAL / INST opcode in the pickle.
+    pub offset: u64,
+    /// The strongest use seen.
+    pub usage: Usage,
+    /// What it is.
+    pub class: GlobalClass,
+}
+
+impl GlobalUse {
+    /// `module.name`.
+    pub fn path(&self) -> String {
+        format!("{}.{}", self.module, self.name)
+    }
+
+    /// Whether this use makes a file dangerous or untrusted: a dangerous
+    /// global in any use, or an unknown one that is called or instantiated.
+    /// TorchScript's own types (`__torch__.*`) are built by the TorchScript
+    /// loader from the archive, not imported.
+    pub fn is_finding(&self) -> bool {
+        match self.class {
+            GlobalClass::Dangerous(_) => true,
+            GlobalClass::Unknown => {
+                self.usage != Usage::Referenced && !self.module.starts_with("__torch__")
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Where a pickle lies in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PickleSource {
+    /// A zip entry.
+    Entry(String),
+    /// The `index`th pickle of a stream (the legacy layout, or a bare
+    /// pickle), starting at `offset`.
+    Stream {
+        /// 0 for the first pickle.
+        index: usize,
+        /// Byte offset in the file.
+        offset: u64,
+    },
+    /// A member of a pre-1.0 tar checkpoint.
+    TarMember(String),
+    /// Bytes inside another pickle, at the offset of the bytes value.
+    Nested {
+        /// The pickle holding it.
+        parent: String,
+        /// Which bytes value of the parent, in order of creation.
+        index: usize,
+    },
+}
+
+impl std::fmt::Display for PickleSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PickleSource::Entry(name) => write!(f, "{name}"),
+            PickleSource::Stream { index, offset } => {
+                write!(f, "stream pickle {index} at offset {offset:#x}")
+            }
+            PickleSource::TarMember(name) => write!(f, "tar member {name}"),
+            PickleSource::Nested { parent, index } => {
+                write!(f, "bytes value {index} inside {parent}")
+            }
+        }
+    }
+}
+
+/// One pickle of the file and what it names.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ScannedPickle {
+    /// Where it is.
+    pub source: PickleSource,
+    /// Whether `torch.load(weights_only=False)` would unpickle it.
+    pub reachable: bool,
+    /// Every global it names, once each, in order of first appearance.
+    pub globals: Vec<GlobalUse>,
+    /// Whether it ran to its STOP.
+    pub complete: bool,
+    /// Why it did not, when it did not (the globals before the error are
+    /// still listed).
+    pub error: Option<String>,
+}
+
+/// The scanner's judgement of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// A dangerous global, anywhere in the file.
+    Dangerous,
+    /// An unknown global that is called or instantiated.
+    UnknownCallable,
+    /// Nothing that would run code.
+    Clean,
+    /// No pickle could be read at all (not a checkpoint, or too broken for
+    /// torch to unpickle anything either).
+    Unreadable,
+}
+
+impl Verdict {
+    /// `dangerous`, `unknown callable`, `clean`, `unreadable`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Dangerous => "dangerous",
+            Verdict::UnknownCallable => "unknown callable",
+            Verdict::Clean => "clean",
+            Verdict::Unreadable => "unreadable",
+        }
+    }
+}
+
+/// What a scan found in one file.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ScanReport {
+    /// How torch would read the file: `zip`, `legacy`, `tar`.
+    pub layout: &'static str,
+    /// Every pickle found, reachable ones first.
+    pub pickles: Vec<ScannedPickle>,
+    /// Problems with the container itself (a zip directory torch could not
+    /// read either, ...).
+    pub notes: Vec<String>,
+}
+
+impl ScanReport {
+    /// The verdict: dangerous and unknown-callable findings count wherever
+    /// they are (a broken file included); unreadable only when no pickle
+    /// could be read and nothing was found.
+    pub fn verdict(&self) -> Verdict {
+        let findings = self
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .filter(|g| g.is_finding());
+        let mut verdict = None;
+        for g in findings {
+            if matches!(g.class, GlobalClass::Dangerous(_)) {
+                return Verdict::Dangerous;
+            }
+            verdict = Some(Verdict::UnknownCallable);
+        }
+        if let Some(v) = verdict {
+            return v;
+        }
+        if self.pickles.iter().any(|p| p.complete) {
+            Verdict::Clean
+        } else {
+            Verdict::Unreadable
+        }
+    }
+}
+
+/// Scan the bytes of a file as `torch.load` would read them.
+pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
+    let mut scan = Scanner {
+        limits,
+        vm: Vm::new(limits, StringEncoding::Bytes),
+        report: ScanReport::default(),
+        nested: Vec::new(),
+    };
+    if data.starts_with(b"PK\x03\x04") {
+        scan.report.layout = "zip";
+        scan.zip(data, true);
+    } else if data.len() > 262 && data.get(257..262) == Some(b"ustar") {
+        scan.report.layout = "tar";
+        scan.tar(data);
+    } else {
+        scan.report.layout = "legacy";
+        scan.stream(data);
+        // A zip behind the stream: torch never reads it, other tools may.
+        if zip::find_eocd(data).is_some() {
+            scan.zip(data, false);
+        }
+    }
+    scan.nested_pickles();
+    scan.report
+}
+
+/// Scan the file at `path`: mapped, or read into memory with `in_memory`
+/// (see [`OpenOptions::in_memory`](crate::OpenOptions::in_memory)). Only
+/// opening the file can fail; everything after is in the report.
+pub fn scan_file(path: &std::path::Path, limits: &Limits, in_memory: bool) -> Result<ScanReport> {
+    let source = if in_memory {
+        crate::source::Source::read(path)?
+    } else {
+        crate::source::Source::map(path)?
+    };
+    Ok(scan_bytes(source.bytes(), limits))
+}
+
+/// torch's legacy magic number, 0x1950a86a20f9469cfc6c, as the VM's
+/// little-endian two's complement.
+const MAGIC: [u8; 10] = [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];
+
+/// At most this many pickles are scanned in one file (zip entries, nested
+/// bytes); the rest are reported as not scanned.
+const MAX_PICKLES: usize = 4096;
+
+/// Pickles inside pickles are followed this deep.
+const MAX_NESTING: usize = 3;
+
+struct Scanner<'l> {
+    limits: &'l Limits,
+    vm: Vm<'l>,
+    report: ScanReport,
+    /// Bytes values that look like pickles: (parent, index, depth, bytes).
+    nested: Vec<(String, usize, usize, Vec<u8>)>,
+}
+
+impl Scanner<'_> {
+    /// Run one pickle of `data` from `start`; record it; return its end and
+    /// whether its value is the legacy magic number.
+    fn run(
+        &mut self,
+        data: &[u8],
+        start: usize,
+        source: PickleSource,
+        reachable: bool,
+        depth: usize,
+    ) -> Option<(usize, bool)> {
+        if self.report.pickles.len() >= MAX_PICKLES {
+            if self.report.pickles.len() == MAX_PICKLES {
+                self.report.notes.push(format!(
+                    "more than {MAX_PICKLES} pickles: the rest were not scanned"
+                ));
+            }
+            return None;
+        }
+        let mut heap = Heap::new(self.limits);
+        let mut recorder = Recorder::default();
+        let outcome = self.vm.run(&mut heap, &mut recorder, data, start);
+        let parent = source.to_string();
+        let result = match &outcome {
+            Ok(out) => Some((out.end, heap.bigint(out.value) == Some(&MAGIC[..]))),
+            Err(_) => None,
+        };
+        if depth < MAX_NESTING {
+            for (index, bytes) in heap.byte_strings().enumerate() {
+                if looks_like_pickle(bytes) {
+                    self.nested
+                        .push((parent.clone(), index, depth + 1, bytes.to_vec()));
+                }
+            }
+        }
+        self.report.pickles.push(ScannedPickle {
+            source,
+            reachable,
+            globals: recorder.globals,
+            complete: outcome.is_ok(),
+            error: outcome.err().map(|e| e.to_string()),
+        });
+        result
+    }
+
+    /// The legacy path: the magic number's pickle first; the rest only when
+    /// it is the magic number (torch stops there otherwise).
+    fn stream(&mut self, data: &[u8]) {
+        let mut offset = 0;
+        // magic, protocol, sys_info, the object, the storage keys.
+        for index in 0..5 {
+            let source = PickleSource::Stream {
+                index,
+                offset: offset as u64,
+            };
+            match self.run(data, offset, source, true, 0) {
+                Some((end, magic)) => {
+                    if index == 0 && !magic {
+                        break;
+                    }
+                    offset = end;
+                }
+                None => break,
+            }
+            if offset >= data.len() {
+                break;
+            }
+        }
+    }
+
+    /// A zip: with `reachable`, the `data.pkl` torch would read (and
+    /// `constants.pkl` of a TorchScript archive); every other `.pkl` entry
+    /// as not reachable.
+    fn zip(&mut self, data: &[u8], reachable: bool) {
+        let archive = match Archive::parse_with(data, Headers::Map, self.limits, Rules::Tolerant) {
+            Ok(a) => a,
+            Err(e) => {
+                self.report.notes.push(format!(
+                    "zip directory unreadable ({e}); torch cannot read it either"
+                ));
+                self.local_headers(data);
+                return;
+            }
+        };
+        // torch's reader takes the folder of the first entry as the archive
+        // name, and looks records up under it.
+        let prefix = archive
+            .entries()
+            .first()
+            .and_then(|e| e.name.split_once('/'))
+            .map(|(p, _)| p.to_owned());
+        let reached: Vec<String> = match &prefix {
+            Some(p) if reachable => ["data.pkl", "constants.pkl"]
+                .iter()
+                .map(|r| format!("{p}/{r}"))
+                .filter(|n| archive.get(n).is_some())
+                .collect(),
+            _ => Vec::new(),
+        };
+        if reachable && reached.is_empty() {
+            self.report
+                .notes
+                .push("no data.pkl where torch looks for it".into());
+        }
+        let mut budget = self.limits.max_decompressed_bytes;
+        // The reached records, each the last of its duplicates (what
+        // `get` finds); then every other `.pkl` entry.
+        let mut order: Vec<(&zip::Entry<'_>, bool)> = reached
+            .iter()
+            .filter_map(|n| archive.get(n))
+            .map(|e| (e, true))
+            .collect();
+        for e in archive.entries() {
+            let is_reached = order
+                .iter()
+                .any(|(r, _)| std::ptr::eq(*r, e) || r.data_start == e.data_start);
+            if e.name.ends_with(".pkl") && !is_reached {
+                order.push((e, false));
+            }
+        }
+        for (entry, reach) in order {
+            let bytes = match record(data, entry, self.limits, &mut budget) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.report
+                        .notes
+                        .push(format!("{}: cannot be read ({e})", entry.name));
+                    continue;
+                }
+            };
+            let source = PickleSource::Entry(entry.name.to_owned());
+            self.run(&bytes, 0, source, reach, 0);
+        }
+    }
+
+    /// A zip whose directory torch cannot read: every local header that
+    /// names a `.pkl` entry, scanned as not reachable (fail closed).
+    fn local_headers(&mut self, data: &[u8]) {
+        let mut at = 0;
+        while let Some(found) = find(data.get(at..).unwrap_or_default(), b"PK\x03\x04") {
+            let header = at + found;
+            at = header + 4;
+            let Some(fixed) = data.get(header..header + 30) else {
+                break;
+            };
+            let le16 = |i: usize| {
+                fixed
+                    .get(i..i + 2)
+                    .and_then(|b| <[u8; 2]>::try_from(b).ok())
+                    .map_or(0, |b| usize::from(u16::from_le_bytes(b)))
+            };
+            let (method, name_len, extra_len) = (le16(8), le16(26), le16(28));
+            let name_start = header + 30;
+            let Some(name) = data.get(name_start..name_start + name_len) else {
+                break;
+            };
+            if method != 0 || !name.ends_with(b".pkl") {
+                continue;
+            }
+            let start = name_start + name_len + extra_len;
+            if start < data.len() {
+                let source = PickleSource::Entry(String::from_utf8_lossy(name).into_owned());
+                self.run(data, start, source, false, 0);
+            }
+        }
+    }
+
+    /// The pre-1.0 tar layout: torch unpickles `sys_info`, the first
+    /// records of `storages` and `tensors`, and `pickle`.
+    fn tar(&mut self, data: &[u8]) {
+        let mut at = 0usize;
+        while let Some(header) = data.get(at..at + 512) {
+            if header.iter().all(|&b| b == 0) {
+                break;
+            }
+            let name = header
+                .get(..100)
+                .map(|n| n.split(|&b| b == 0).next().unwrap_or_default())
+                .unwrap_or_default();
+            let size = header
+                .get(124..136)
+                .and_then(|s| std::str::from_utf8(s).ok())
+                .and_then(|s| {
+                    u64::from_str_radix(s.trim_matches(|c: char| c == '\0' || c == ' '), 8).ok()
+                });
+            let Some(size) = size.and_then(|s| usize::try_from(s).ok()) else {
+                self.report.notes.push("tar header with a bad size".into());
+                break;
+            };
+            let start = at + 512;
+            let Some(member) = data.get(start..start.saturating_add(size)) else {
+                self.report
+                    .notes
+                    .push("tar member runs past the end".into());
+                break;
+            };
+            let name = String::from_utf8_lossy(name).into_owned();
+            if matches!(
+                name.as_str(),
+                "sys_info" | "pickle" | "storages" | "tensors"
+            ) {
+                self.run(member, 0, PickleSource::TarMember(name), true, 0);
+            }
+            at = start + size.div_ceil(512) * 512;
+        }
+    }
+
+    /// Pickles found as bytes values, breadth first, to a bounded depth.
+    fn nested_pickles(&mut self) {
+        let mut next = 0;
+        while next < self.nested.len() && self.report.pickles.len() < MAX_PICKLES {
+            let Some(slot) = self.nested.get_mut(next) else {
+                break;
+            };
+            let (parent, index, depth, bytes) = std::mem::take(slot);
+            next += 1;
+            let source = PickleSource::Nested { parent, index };
+            self.run(&bytes, 0, source, false, depth);
+        }
+    }
+}
+
+/// The bytes of a zip record, inflated if need be; the CRC is not checked
+/// (torch does not check it either).
+fn record<'d>(
+    data: &'d [u8],
+    entry: &zip::Entry<'_>,
+    limits: &Limits,
+    budget: &mut u64,
+) -> Result<Cow<'d, [u8]>> {
+    if entry.size > limits.max_pickle_bytes {
+        return Err(crate::error::Error::limit(
+            "max_pickle_bytes",
+            limits.max_pickle_bytes,
+        ));
+    }
+    match entry.method {
+        Method::Stored => crate::bytes::slice(data, entry.data_start, entry.compressed_size)
+            .map(Cow::Borrowed)
+            .ok_or_else(|| {
+                crate::error::Error::new(
+                    crate::error::ErrorKind::Zip,
+                    "record lies outside the file",
+                )
+            }),
+        Method::Deflated => zip::inflate(data, entry, budget).map(Cow::Owned),
+    }
+}
+
+/// A pickle starts with PROTO 2 to 5 (protocols 0 and 1 have no header to
+/// tell them from other bytes).
+fn looks_like_pickle(bytes: &[u8]) -> bool {
+    matches!(bytes, [0x80, 2..=5, ..]) && bytes.len() > 3
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// What a value of the scanned pickle came from.
+#[derive(Debug, Clone, Copy)]
+enum Origin {
+    /// The global at this index.
+    Global(usize),
+    /// An instance of (or a value returned by) the global at this index.
+    Made(usize),
+}
+
+/// The recording interpreter: every value it creates is inert.
+#[derive(Default)]
+struct Recorder {
+    globals: Vec<GlobalUse>,
+    by_path: HashMap<(String, String), usize>,
+    origins: HashMap<ObjId, Origin>,
+}
+
+impl Recorder {
+    fn inert(&mut self, heap: &mut Heap, origin: Option<Origin>) -> Result<Value> {
+        let v = heap.alloc(Obj::Object(Box::new(Object {
+            class: Value::None,
+            args: Value::None,
+            state: None,
+            items: Default::default(),
+            list: Vec::new(),
+        })))?;
+        if let (Value::Obj(id), Some(o)) = (v, origin) {
+            self.origins.insert(id, o);
+        }
+        Ok(v)
+    }
+
+    fn origin(&self, v: Value) -> Option<Origin> {
+        match v {
+            Value::Obj(id) => self.origins.get(&id).copied(),
+            _ => None,
+        }
+    }
+
+    fn global_index(&self, v: Value) -> Option<usize> {
+        match self.origin(v) {
+            Some(Origin::Global(i)) => Some(i),
+            _ => None,
+        }
+    }
+
+    fn mark(&mut self, global: Option<usize>, usage: Usage) {
+        if let Some(g) = global.and_then(|i| self.globals.get_mut(i)) {
+            g.usage = g.usage.max(usage);
+        }
+    }
+
+    fn path_of(&self, v: Value) -> Option<(&str, &str)> {
+        let g = self.globals.get(self.global_index(v)?)?;
+        Some((g.module.as_str(), g.name.as_str()))
+    }
+}
+
+impl Interpreter for Recorder {
+    fn global(&mut self, heap: &mut Heap, module: &str, name: &str, offset: u64) -> Result<Value> {
+        heap.charge_bytes(module.len() + name.len())?;
+        let key = (module.to_owned(), name.to_owned());
+        let index = match self.by_path.get(&key) {
+            Some(&i) => i,
+            None => {
+                let i = self.globals.len();
+                self.globals.push(GlobalUse {
+                    module: key.0.clone(),
+                    name: key.1.clone(),
+                    offset,
+                    usage: Usage::Referenced,
+                    class: classify(module, name),
+                });
+                self.by_path.insert(key, i);
+                i
+            }
+        };
+        self.inert(heap, Some(Origin::Global(index)))
+    }
+
+    fn call(&mut self, heap: &mut Heap, callable: Value, args: Value) -> Result<Value> {
+        let items = heap.tuple(args).map(<[Value]>::to_vec).unwrap_or_default();
+        heap.charge_work(items.len() as u64)?;
+        let arg = |i: usize| items.get(i).copied().unwrap_or(Value::None);
+        match self.origin(callable) {
+            Some(Origin::Global(g)) => {
+                self.mark(Some(g), Usage::Called);
+                // Calls that call or instantiate what they are given.
+                match self.path_of(callable) {
+                    Some(("torch._tensor", "_rebuild_from_type_v2")) => {
+                        let (func, new_type) = (arg(0), arg(1));
+                        self.mark(self.global_index(func), Usage::Called);
+                        self.mark(self.global_index(new_type), Usage::Instantiated);
+                    }
+                    Some(("copyreg" | "copy_reg", "_reconstructor")) => {
+                        let (cls, base) = (arg(0), arg(1));
+                        self.mark(self.global_index(cls), Usage::Instantiated);
+                        let plain_object = self.path_of(base) == Some(("builtins", "object"));
+                        if !plain_object {
+                            self.mark(self.global_index(base), Usage::Called);
+                        }
+                    }
+                    Some(("copyreg" | "copy_reg", "__newobj__" | "__newobj_ex__")) => {
+                        self.mark(self.global_index(arg(0)), Usage::Instantiated);
+                    }
+                    Some(("torch._utils", "_rebuild_wrapper_subclass")) => {
+                        self.mark(self.global_index(arg(0)), Usage::Instantiated);
+                    }
+                    _ => {}
+                }
+                self.inert(heap, Some(Origin::Made(g)))
+            }
+            // Calling an instance runs its class's `__call__`.
+            Some(Origin::Made(g)) => {
+                self.mark(Some(g), Usage::Called);
+                self.inert(heap, Some(Origin::Made(g)))
+            }
+            None => self.inert(heap, None),
+        }
+    }
+
+    fn new_object(&mut self, heap: &mut Heap, cls: Value, _args: Value) -> Result<Value> {
+        let g = match self.origin(cls) {
+            Some(Origin::Global(g)) => {
+                self.mark(Some(g), Usage::Instantiated);
+                Some(Origin::Made(g))
+            }
+            // `instance.__new__`: whatever made the instance runs again.
+            Some(Origin::Made(g)) => {
+                self.mark(Some(g), Usage::Called);
+                Some(Origin::Made(g))
+            }
+            None => None,
+        };
+        self.inert(heap, g)
+    }
+
+    fn build(&mut self, _heap: &mut Heap, obj: Value, _state: Value) -> Result<()> {
+        // BUILD calls the instance's `__setstate__` when its class has one.
+        if let Some(Origin::Made(g)) = self.origin(obj) {
+            self.mark(Some(g), Usage::Called);
+        }
+        Ok(())
+    }
+
+    fn persistent_load(&mut self, heap: &mut Heap, _pid: Value) -> Result<Value> {
+        // torch's persistent_load builds storages from the id; nothing in
+        // it is called (the storage type is only named).
+        self.inert(heap, None)
+    }
+}
