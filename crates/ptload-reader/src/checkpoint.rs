@@ -269,8 +269,14 @@ impl Checkpoint {
         let mut heap = Heap::new(&opts.limits);
         let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);
         let mut vm = Vm::new(&opts.limits, opts.encoding);
+        let mut leading = Vec::new();
         let decoded = match detect(data)? {
-            Detected::Zip => load_zip(data, source.file(), opts, &mut heap, &mut interp, &mut vm)?,
+            Detected::Zip => {
+                if !data.starts_with(b"PK\x03\x04") {
+                    leading = leading_globals(data, opts)?;
+                }
+                load_zip(data, source.file(), opts, &mut heap, &mut interp, &mut vm)?
+            }
             Detected::Legacy => legacy::load(data, &mut heap, &mut interp, &mut vm)?.into(),
         };
         let walked = walk_all(&heap, &decoded.roots, &opts.limits)?;
@@ -333,7 +339,7 @@ impl Checkpoint {
             storages,
             tensors,
             values: walked.values,
-            globals: interp.globals,
+            globals: leading.into_iter().chain(interp.globals).collect(),
             warnings: walked.warnings,
             by_name: walked.by_name,
             hasher: walked.hasher,
@@ -598,6 +604,55 @@ fn find_data_pkl<'a, 'd>(archive: &'a Archive<'d>) -> Result<&'a zip::Entry<'d>>
         ));
     }
     Ok(first)
+}
+
+/// A zip behind other bytes: torch.load reads such a file as a pickle
+/// stream from its first byte. The globals of the pickles it would run
+/// there are listed first (under the record `(bytes before the zip)`), and
+/// under the strict policy they must be allowed too: a code-running pickle
+/// followed by a real checkpoint is refused, as torch refuses it.
+fn leading_globals(data: &[u8], opts: &OpenOptions) -> Result<Vec<GlobalRef>> {
+    let report = crate::scan::scan_bytes(data, &opts.limits);
+    let stream = report
+        .pickles
+        .iter()
+        .filter(|p| p.reachable && matches!(p.source, crate::scan::PickleSource::Stream { .. }));
+    let globals: Vec<GlobalRef> = stream
+        .flat_map(|p| &p.globals)
+        .map(|g| GlobalRef {
+            module: g.module.clone(),
+            name: g.name.clone(),
+            record: "(bytes before the zip)".into(),
+            offset: g.offset,
+            torch_allowed: crate::torch::policy::torch_allows(&g.module, &g.name),
+            called: g.usage == crate::scan::Usage::Called,
+            instantiated: g.usage == crate::scan::Usage::Instantiated,
+        })
+        .collect();
+    if opts.policy != Policy::Strict {
+        return Ok(globals);
+    }
+    let refused: Vec<String> = globals
+        .iter()
+        .filter(|g| {
+            !g.torch_allowed
+                && (crate::torch::policy::always_blocked(&g.module)
+                    || !opts.allowed_globals.contains(&g.path()))
+        })
+        .map(GlobalRef::path)
+        .collect();
+    match refused.first() {
+        None => Ok(globals),
+        Some(first) => Err(Error::new(
+            ErrorKind::UnsupportedGlobal,
+            format!(
+                "Unsupported global: GLOBAL {first} was not an allowed global by default; the \
+                 file does not start with a zip header, so torch.load unpickles the bytes before \
+                 the archive, which name {}",
+                refused.join(", ")
+            ),
+        )),
+    }
 }
 
 /// The bytes of a small record (a pickle, `byteorder`), CRC-checked.

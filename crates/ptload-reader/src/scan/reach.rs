@@ -307,6 +307,11 @@ impl Scanner<'_> {
                 }
             }
         }
+        // Bytes torch never unpickles that do not parse as a pickle and
+        // name nothing (tensor data after a legacy stream) are not pickles.
+        if !reachable && outcome.is_err() && recorder.globals.is_empty() {
+            return result;
+        }
         self.report.pickles.push(ScannedPickle {
             source,
             reachable,
@@ -317,28 +322,30 @@ impl Scanner<'_> {
         result
     }
 
-    /// The legacy path: the magic number's pickle first; the rest only when
-    /// it is the magic number (torch stops there otherwise).
+    /// The legacy path: torch unpickles the first pickle, and the next four
+    /// (protocol, sys_info, the object, the storage keys) only when the
+    /// first is the magic number. Pickles after those, or after a first one
+    /// that is not the magic number, are scanned too, as not reached.
     fn stream(&mut self, data: &[u8]) {
         let mut offset = 0;
-        // magic, protocol, sys_info, the object, the storage keys.
-        for index in 0..5 {
+        let mut reached = 1;
+        for index in 0.. {
             let source = PickleSource::Stream {
                 index,
                 offset: offset as u64,
             };
-            match self.run(data, offset, source, true, 0) {
-                Some((end, magic)) => {
-                    if index == 0 && !magic {
-                        break;
-                    }
-                    offset = end;
-                }
-                None => break,
+            let Some((end, magic)) = self.run(data, offset, source, index < reached, 0) else {
+                break;
+            };
+            if index == 0 && magic {
+                reached = 5;
             }
-            if offset >= data.len() {
+            // A pickle of tensor data follows the storage keys in legacy
+            // files: only what parses as a pickle from here is scanned.
+            if end <= offset || end >= data.len() {
                 break;
             }
+            offset = end;
         }
     }
 

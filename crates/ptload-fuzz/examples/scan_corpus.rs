@@ -1,0 +1,366 @@
+//! Writes `tests/scan/`: files built to get a payload past a scanner, one
+//! per trick, each with the verdict `ptload scan` must give stated in
+//! `tests/scan.rs`. The payload is always `os.system("true")` or a
+//! harmless stand-in class: nothing here would do damage if run, and
+//! nothing ever runs it.
+//!
+//! `cargo run -p ptload-fuzz --example scan_corpus` (rewrites the files).
+
+use ptload_fuzz::craft::{legacy, zip, Pickle, TensorRecord, ZipEntry};
+
+fn storage4() -> Vec<u8> {
+    [1.0f32, 2.0, 3.0, 4.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect()
+}
+
+fn tensor() -> TensorRecord<'static> {
+    TensorRecord {
+        storage_class: "FloatStorage",
+        key: "0",
+        location: "cpu",
+        storage_numel: 4,
+        offset: 0,
+        shape: &[4],
+        stride: &[1],
+        requires_grad: false,
+    }
+}
+
+/// `{'w': tensor, <extra key>: <written by f>}` at protocol 2.
+fn checkpoint_pickle(f: impl FnOnce(&mut Pickle)) -> Vec<u8> {
+    let mut p = Pickle::proto(2);
+    p.op(b"}(").str("w").tensor(&tensor()).str("x");
+    f(&mut p);
+    p.op(b"u");
+    p.stop()
+}
+
+fn clean_pickle() -> Vec<u8> {
+    checkpoint_pickle(|p| {
+        p.int(7);
+    })
+}
+
+/// `os.system("true")` called, at protocol 2 (GLOBAL, REDUCE).
+fn payload(p: &mut Pickle) {
+    p.global("os", "system").str("true").op(&[0x85]).op(b"R");
+}
+
+fn payload_pickle() -> Vec<u8> {
+    checkpoint_pickle(payload)
+}
+
+/// A zip of `entries` plus the `version` record torch's reader requires.
+fn archive(mut entries: Vec<ZipEntry>) -> Vec<u8> {
+    entries.push(ZipEntry::new("archive/version", b"3\n".to_vec()));
+    zip(&entries)
+}
+
+fn standard(pickle: Vec<u8>) -> Vec<u8> {
+    archive(vec![
+        ZipEntry::new("archive/data.pkl", pickle),
+        ZipEntry::new("archive/data/0", storage4()),
+    ])
+}
+
+/// A bare pickle calling `os.system("true")` at `protocol`, written the way
+/// Python's pickler writes it at that protocol.
+fn bare(protocol: u8) -> Vec<u8> {
+    match protocol {
+        0 => b"cos\nsystem\n(S'true'\ntR.".to_vec(),
+        1 => b"cos\nsystem\n(U\x04truetR.".to_vec(),
+        2 | 3 => {
+            let mut p = Pickle::proto(protocol);
+            payload(&mut p);
+            p.stop()
+        }
+        _ => {
+            // STACK_GLOBAL with MEMOIZE, inside a FRAME.
+            let body: &[u8] =
+                b"\x8c\x02os\x94\x8c\x06system\x94\x93\x94\x8c\x04true\x94\x85\x94R\x94.";
+            let mut out = vec![0x80, protocol, 0x95];
+            out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+            out.extend_from_slice(body);
+            out
+        }
+    }
+}
+
+/// A protocol-4 STACK_GLOBAL of `module` `name`, called with `("os",)`.
+fn stack_global_call(module: &str, name: &str) -> Vec<u8> {
+    checkpoint_pickle(|p| {
+        p.op(&[0x8c, module.len() as u8])
+            .op(module.as_bytes())
+            .op(&[0x8c, name.len() as u8])
+            .op(name.as_bytes())
+            .op(&[0x93])
+            .str("os")
+            .op(&[0x85])
+            .op(b"R");
+    })
+}
+
+fn tar(members: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, data) in members {
+        let mut header = [0u8; 512];
+        header[..name.len()].copy_from_slice(name.as_bytes());
+        header[100..107].copy_from_slice(b"0000644");
+        header[108..115].copy_from_slice(b"0000000");
+        header[116..123].copy_from_slice(b"0000000");
+        let size = format!("{:011o}", data.len());
+        header[124..135].copy_from_slice(size.as_bytes());
+        header[136..147].copy_from_slice(b"00000000000");
+        header[156] = b'0';
+        header[257..263].copy_from_slice(b"ustar\0");
+        header[263..265].copy_from_slice(b"00");
+        header[148..156].copy_from_slice(b"        ");
+        let sum: u32 = header.iter().map(|&b| u32::from(b)).sum();
+        header[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}
+
+fn main() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/scan");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut add = |name: &str, bytes: Vec<u8>| files.push((name.to_owned(), bytes));
+
+    // ---- parsing as torch does
+    // A code-running pickle, then a real checkpoint zip: torch sees no PK at
+    // offset 0 and unpickles the pickle.
+    let mut polyglot = bare(2);
+    polyglot.extend(standard(clean_pickle()));
+    add("polyglot_pickle_then_zip.pt", polyglot);
+    for protocol in 0..=5 {
+        add(&format!("bare_protocol_{protocol}.pkl"), bare(protocol));
+    }
+    add("bare_clean.pkl", clean_pickle());
+    // The legacy layout: payload in the protocol-version pickle and in
+    // sys_info, both read after the magic number.
+    let magic: &[u8] = &[
+        0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, b'.',
+    ];
+    let mut stacked = magic.to_vec();
+    stacked.extend(bare(2));
+    stacked.extend(clean_pickle());
+    add("stacked_magic_then_payload.pt", stacked);
+    let mut not_magic = clean_pickle();
+    not_magic.extend(bare(2));
+    add("stacked_clean_then_payload.pkl", not_magic);
+    let mut in_legacy = legacy(&payload_pickle(), &[("0", 4, &storage4())], true);
+    in_legacy.truncate(in_legacy.len() - 3);
+    add("legacy_payload_truncated.pt", in_legacy);
+    let mut broken = bare(2);
+    broken.pop();
+    broken.extend_from_slice(b"\xff\xff");
+    add("payload_then_broken_stream.pkl", broken);
+
+    // ---- zip tricks torch tolerates
+    let mut bad_crc = ZipEntry::new("archive/data.pkl", payload_pickle());
+    bad_crc.crc = Some(0xdead_beef);
+    add(
+        "zip_bad_crc.pt",
+        archive(vec![bad_crc, ZipEntry::new("archive/data/0", storage4())]),
+    );
+    let mut renamed = ZipEntry::new("archive/data.pkl", payload_pickle());
+    renamed.local_name = "archive/other.bin".into();
+    add(
+        "zip_local_name_mismatch.pt",
+        archive(vec![renamed, ZipEntry::new("archive/data/0", storage4())]),
+    );
+    add(
+        "zip_duplicate_last_is_payload.pt",
+        archive(vec![
+            ZipEntry::new("archive/data.pkl", clean_pickle()),
+            ZipEntry::new("archive/data/0", storage4()),
+            ZipEntry::new("archive/data.pkl", payload_pickle()),
+        ]),
+    );
+    add(
+        "zip_duplicate_first_is_payload.pt",
+        archive(vec![
+            ZipEntry::new("archive/data.pkl", payload_pickle()),
+            ZipEntry::new("archive/data/0", storage4()),
+            ZipEntry::new("archive/data.pkl", clean_pickle()),
+        ]),
+    );
+    add(
+        "zip_other_pkl_entry.pt",
+        archive(vec![
+            ZipEntry::new("archive/data.pkl", clean_pickle()),
+            ZipEntry::new("archive/data/0", storage4()),
+            ZipEntry::new("archive/extra/hooks.pkl", bare(2)),
+        ]),
+    );
+    add(
+        "zip_torchscript_constants.pt",
+        archive(vec![
+            ZipEntry::new("archive/data.pkl", clean_pickle()),
+            ZipEntry::new("archive/constants.pkl", bare(2)),
+            ZipEntry::new("archive/data/0", storage4()),
+        ]),
+    );
+    let mut encrypted = ZipEntry::new("archive/data.pkl", payload_pickle());
+    encrypted.flags = 1;
+    add(
+        "zip_encrypted_flag.pt",
+        archive(vec![encrypted, ZipEntry::new("archive/data/0", storage4())]),
+    );
+
+    // ---- names that start where allowed names start
+    add(
+        "dotted_torch_storage.pt",
+        standard(stack_global_call(
+            "torch.storage",
+            "TypedStorage.__init__.__builtins__.get",
+        )),
+    );
+    add(
+        "dotted_numpy_dtypes.pt",
+        standard(stack_global_call(
+            "numpy.dtypes",
+            "_add_dtype_helper.__builtins__.get",
+        )),
+    );
+
+    // ---- calls that do not look like calls
+    add(
+        "obj_file_handler.pt",
+        standard(checkpoint_pickle(|p| {
+            p.op(b"(")
+                .global("logging", "FileHandler")
+                .str("/tmp/ptload-scan-test.log")
+                .op(b"o");
+        })),
+    );
+    add(
+        "inst_file_handler.pt",
+        standard(checkpoint_pickle(|p| {
+            p.op(b"(")
+                .str("/tmp/ptload-scan-test.log")
+                .op(b"ilogging\nFileHandler\n");
+        })),
+    );
+    add(
+        "newobj_file_handler.pt",
+        standard(checkpoint_pickle(|p| {
+            p.global("logging", "FileHandler")
+                .str("/tmp/ptload-scan-test.log")
+                .op(&[0x85, 0x81]);
+        })),
+    );
+    add(
+        "newobj_ex_file_handler.pt",
+        standard(checkpoint_pickle(|p| {
+            p.global("logging", "FileHandler")
+                .str("/tmp/ptload-scan-test.log")
+                .op(&[0x85])
+                .op(b"}")
+                .op(&[0x92]);
+        })),
+    );
+    add(
+        "reconstructor_runs_base_init.pt",
+        standard(checkpoint_pickle(|p| {
+            p.global("copyreg", "_reconstructor")
+                .op(b"(")
+                .global("argparse", "Namespace")
+                .global("mylib.hooks", "Installer")
+                .str("state")
+                .op(b"tR");
+        })),
+    );
+    add(
+        "rebuild_from_type_calls_func.pt",
+        standard(checkpoint_pickle(|p| {
+            p.global("torch._tensor", "_rebuild_from_type_v2")
+                .op(b"(")
+                .global("mylib.hooks", "make_tensor")
+                .global("torch", "Tensor")
+                .op(b")}tR");
+        })),
+    );
+    add(
+        "build_setstate_of_unknown_class.pt",
+        standard(checkpoint_pickle(|p| {
+            p.global("mylib.state", "Restorer")
+                .op(b")")
+                .op(&[0x81])
+                .op(b"}b");
+        })),
+    );
+
+    // ---- pickles inside pickles
+    add(
+        "nested_pickle_in_bytes.pt",
+        standard(checkpoint_pickle(|p| {
+            let inner = bare(2);
+            p.op(b"B")
+                .op(&(inner.len() as u32).to_le_bytes())
+                .op(&inner);
+        })),
+    );
+
+    // ---- harmless things other scanners flag
+    add(
+        "builtins_len.pt",
+        standard(checkpoint_pickle(|p| {
+            p.global("builtins", "len").str("abc").op(&[0x85]).op(b"R");
+        })),
+    );
+    add(
+        "torchscript_helpers.pt",
+        archive(vec![
+            ZipEntry::new(
+                "archive/data.pkl",
+                checkpoint_pickle(|p| {
+                    p.global("torch.jit._pickle", "build_intlist")
+                        .op(b"(")
+                        .int(1)
+                        .int(2)
+                        .op(b"l")
+                        .op(&[0x85])
+                        .op(b"R");
+                }),
+            ),
+            ZipEntry::new("archive/constants.pkl", {
+                let mut p = Pickle::proto(2);
+                p.op(b")");
+                p.stop()
+            }),
+            ZipEntry::new("archive/data/0", storage4()),
+        ]),
+    );
+
+    // ---- the pre-1.0 tar layout torch still reads
+    add(
+        "tar_payload_in_pickle_member.pt",
+        tar(&[
+            ("sys_info", {
+                let mut p = Pickle::proto(2);
+                p.op(b"}");
+                p.stop()
+            }),
+            ("pickle", bare(2)),
+        ]),
+    );
+
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "pt" || e == "pkl") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    for (name, bytes) in &files {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    println!("wrote {} files to {}", files.len(), dir.display());
+}

@@ -1,0 +1,263 @@
+//! The scanner against files built to slip a payload past scanners
+//! (`tests/scan/`, written by `crates/ptload-fuzz/examples/scan_corpus.rs`),
+//! and against torch itself: for every file of `tests/scan/` and
+//! `tests/hostile/`, `tests/scan/torch_reach.json` lists the globals
+//! torch.load would resolve, found by `fixtures/generate.py --only scan`
+//! with torch's own zip-or-stream decision and an unpickler whose
+//! `find_class` records names and returns a stand-in. The scanner must
+//! report every one of them, in a pickle it marks as read by torch.load.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use ptload_reader::scan::{scan_file, Verdict};
+use ptload_reader::Limits;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+use Verdict::{Clean, Dangerous, UnknownCallable};
+
+/// The finding that must make a verdict: the global, and whether
+/// torch.load reaches the pickle it is in.
+type Finding = Option<(&'static str, bool)>;
+
+/// Each file, its verdict, and the finding that makes it.
+const CASES: &[(&str, Verdict, Finding)] = &[
+    // Parsing as torch does: no PK at offset 0 means the stream is
+    // unpickled from byte 0, at any protocol.
+    (
+        "polyglot_pickle_then_zip.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    ("bare_protocol_0.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_protocol_1.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_protocol_2.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_protocol_3.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_protocol_4.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_protocol_5.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_clean.pkl", Clean, None),
+    (
+        "stacked_magic_then_payload.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    // torch stops at a first pickle that is not the magic number; the
+    // payload behind it is still reported.
+    (
+        "stacked_clean_then_payload.pkl",
+        Dangerous,
+        Some(("os.system", false)),
+    ),
+    (
+        "legacy_payload_truncated.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "payload_then_broken_stream.pkl",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "tar_payload_in_pickle_member.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    // Zip tricks torch tolerates.
+    ("zip_bad_crc.pt", Dangerous, Some(("os.system", true))),
+    (
+        "zip_local_name_mismatch.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "zip_duplicate_last_is_payload.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "zip_duplicate_first_is_payload.pt",
+        Dangerous,
+        Some(("os.system", false)),
+    ),
+    (
+        "zip_other_pkl_entry.pt",
+        Dangerous,
+        Some(("os.system", false)),
+    ),
+    (
+        "zip_torchscript_constants.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "zip_encrypted_flag.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    // Attribute paths from allowed starts.
+    (
+        "dotted_torch_storage.pt",
+        Dangerous,
+        Some(("torch.storage.TypedStorage.__init__.__builtins__.get", true)),
+    ),
+    (
+        "dotted_numpy_dtypes.pt",
+        Dangerous,
+        Some(("numpy.dtypes._add_dtype_helper.__builtins__.get", true)),
+    ),
+    // Calls that do not look like calls.
+    (
+        "obj_file_handler.pt",
+        UnknownCallable,
+        Some(("logging.FileHandler", true)),
+    ),
+    (
+        "inst_file_handler.pt",
+        UnknownCallable,
+        Some(("logging.FileHandler", true)),
+    ),
+    (
+        "newobj_file_handler.pt",
+        UnknownCallable,
+        Some(("logging.FileHandler", true)),
+    ),
+    (
+        "newobj_ex_file_handler.pt",
+        UnknownCallable,
+        Some(("logging.FileHandler", true)),
+    ),
+    (
+        "reconstructor_runs_base_init.pt",
+        UnknownCallable,
+        Some(("mylib.hooks.Installer", true)),
+    ),
+    (
+        "rebuild_from_type_calls_func.pt",
+        UnknownCallable,
+        Some(("mylib.hooks.make_tensor", true)),
+    ),
+    (
+        "build_setstate_of_unknown_class.pt",
+        UnknownCallable,
+        Some(("mylib.state.Restorer", true)),
+    ),
+    // A pickle stored as bytes inside the checkpoint.
+    (
+        "nested_pickle_in_bytes.pt",
+        Dangerous,
+        Some(("os.system", false)),
+    ),
+    // Harmless: no false alarm.
+    ("builtins_len.pt", Clean, None),
+    ("torchscript_helpers.pt", Clean, None),
+];
+
+#[test]
+fn every_file_has_a_verdict() {
+    let files: BTreeSet<String> = std::fs::read_dir(root().join("tests/scan"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".json"))
+        .collect();
+    let named: BTreeSet<String> = CASES.iter().map(|c| c.0.to_owned()).collect();
+    assert_eq!(files, named, "tests/scan and CASES disagree");
+}
+
+#[test]
+fn verdicts() {
+    for (name, verdict, finding) in CASES {
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(report.verdict(), *verdict, "{name}: {report:#?}");
+        let findings: Vec<(String, bool)> = report
+            .pickles
+            .iter()
+            .flat_map(|p| p.globals.iter().map(move |g| (g, p.reachable)))
+            .filter(|(g, _)| g.is_finding())
+            .map(|(g, reachable)| (g.path(), reachable))
+            .collect();
+        match finding {
+            Some((path, reachable)) => assert!(
+                findings.contains(&((*path).to_owned(), *reachable)),
+                "{name}: {path} (reachable: {reachable}) not in {findings:?}"
+            ),
+            None => assert!(findings.is_empty(), "{name}: {findings:?}"),
+        }
+    }
+}
+
+/// Python 2 names as Python 3 reads them.
+fn python3_name(path: &str) -> String {
+    for (old, new) in [("__builtin__.", "builtins."), ("copy_reg.", "copyreg.")] {
+        if let Some(rest) = path.strip_prefix(old) {
+            return format!("{new}{rest}");
+        }
+    }
+    path.to_owned()
+}
+
+#[test]
+fn reports_every_global_torch_would_resolve() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_reach.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = doc.as_object().unwrap();
+    assert!(files.len() > 100, "{} files", files.len());
+    for (file, facts) in files {
+        let report = scan_file(&root().join(file), &Limits::default(), false)
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(report.layout, facts["layout"], "{file}: layout");
+        let reached: BTreeSet<String> = report
+            .pickles
+            .iter()
+            .filter(|p| p.reachable)
+            .flat_map(|p| p.globals.iter().map(|g| python3_name(&g.path())))
+            .collect();
+        for name in facts["globals"].as_array().unwrap() {
+            let name = python3_name(name.as_str().unwrap());
+            assert!(
+                reached.contains(&name),
+                "{file}: torch resolves {name}; the scanner reports {reached:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pickle_before_the_zip_is_judged_as_torch_reads_it() {
+    use ptload_reader::{Checkpoint, ErrorKind, OpenOptions, Policy};
+    let path = root().join("tests/scan/polyglot_pickle_then_zip.pt");
+    // weights_only=True refuses it: torch unpickles the leading pickle.
+    let e = OpenOptions::new()
+        .policy(Policy::Strict)
+        .open(&path)
+        .expect_err("strict");
+    assert_eq!(e.kind(), ErrorKind::UnsupportedGlobal);
+    assert!(e.to_string().contains("os.system"), "{e}");
+    // os is never allowed, even by name.
+    let e = OpenOptions::new()
+        .policy(Policy::Strict)
+        .allow_global("os.system")
+        .open(&path)
+        .expect_err("strict, allowed by name");
+    assert_eq!(e.kind(), ErrorKind::UnsupportedGlobal);
+    // The default policy reads the archive and names the leading global.
+    let ckpt = Checkpoint::open(&path).expect("default");
+    assert_eq!(ckpt.len(), 1);
+    let suspicious: Vec<String> = ckpt.suspicious().map(|g| g.path()).collect();
+    assert_eq!(suspicious, ["os.system"]);
+    // A prefix that is no pickle (torch cannot read the file either) leaves
+    // the archive readable under both policies.
+    let prefixed = root().join("fixtures/files/prefixed.pt");
+    assert!(OpenOptions::new()
+        .policy(Policy::Strict)
+        .open(&prefixed)
+        .is_ok());
+}
