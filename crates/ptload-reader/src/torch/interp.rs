@@ -693,7 +693,7 @@ impl Interpreter for TorchInterp<'_> {
                     "latin1" | "latin-1" | "iso-8859-1" | "iso8859-1" => s
                         .chars()
                         .map(|c| {
-                            u8::try_from(u32::from(c)).map_err(|_| err("character outside latin-1"))
+                            u8::try_from(u32::from(c)).map_err(|_| err("_codecs.encode: a character outside latin-1 (UnicodeEncodeError in Python)"))
                         })
                         .collect::<Result<_>>()?,
                     "utf-8" | "utf8" => s.into_bytes(),
