@@ -49,8 +49,8 @@ pub struct Extra {
     pub place: Place,
 }
 
-/// Deep values nest `depth` levels; long ones are `len * 64` bytes,
-/// referenced again `refs` times through the memo.
+/// Deep values nest `depth` levels; long ones are `len % 4096 * 16`
+/// bytes, referenced again `refs % 4096` times through the memo.
 #[derive(Debug, Arbitrary)]
 pub enum ExtraShape {
     /// `[[[...]]]`
@@ -455,10 +455,14 @@ fn write_shape(p: &mut Pickle, shape: &ExtraShape) {
             p.op(&b"(".repeat(n)).op(&[0x91].repeat(n));
         }
         ExtraShape::LongString { len, refs } => {
-            p.str(&"s".repeat(usize::from(len) * 64))
+            // Up to 64 KiB referenced up to 4,095 times: enough to show
+            // superlinear work, small enough to keep the fuzzer fast.
+            p.str(&"s".repeat(usize::from(len % 4096) * 16))
                 .op(b"q\x00")
                 .op(b"0");
-            p.op(b"(").op(&b"h\x00".repeat(usize::from(refs))).op(b"t");
+            p.op(b"(")
+                .op(&b"h\x00".repeat(usize::from(refs % 4096)))
+                .op(b"t");
         }
         ExtraShape::IntText { digits } => {
             let digits = usize::from(digits).max(1);
