@@ -162,6 +162,8 @@ fixtures! {
     dtypes => "dtypes.pt",
     empty => "empty.pt",
     legacy => "legacy.pt",
+    legacy_proto0 => "legacy_proto0.pt",
+    legacy_proto1 => "legacy_proto1.pt",
     legacy_proto4 => "legacy_proto4.pt",
     legacy_views => "legacy_views.pt",
     lfs_pointer => "lfs_pointer.pt",

@@ -19,14 +19,19 @@ pub(crate) const LEGACY_MAGIC: [u8; 14] = [
     0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19,
 ];
 
+/// The magic number as protocols 0 and 1 write it: a text LONG.
+const LEGACY_MAGIC_TEXT: &[u8] = b"L119547037146038801333356L\n";
+
 /// Whether a pickle stream starts with the legacy magic number, whatever its
-/// protocol: the LONG1 of the magic must come within the first opcodes.
+/// protocol: the LONG1 of the magic within the first opcodes (protocols
+/// 2 to 5), or its text form first (protocols 0 and 1).
 fn starts_with_legacy_magic(data: &[u8]) -> bool {
     let long1 = LEGACY_MAGIC.get(2..).unwrap_or_default();
-    data.first() == Some(&0x80)
-        && data
-            .get(..data.len().min(32))
-            .is_some_and(|head| head.windows(long1.len()).any(|w| w == long1))
+    data.starts_with(LEGACY_MAGIC_TEXT)
+        || data.first() == Some(&0x80)
+            && data
+                .get(..data.len().min(32))
+                .is_some_and(|head| head.windows(long1.len()).any(|w| w == long1))
 }
 
 fn not_a_checkpoint(what: impl Into<String>) -> Error {

@@ -807,6 +807,14 @@ fn decimal_to_le(s: &str) -> Result<Vec<u8>> {
             carry = v >> 8;
         }
     }
+    // Minimal, as LONG1 writes it: no byte that only repeats the sign.
+    while let [.., below, top] = mag[..] {
+        let redundant = (top == 0 && below & 0x80 == 0) || (top == 0xff && below & 0x80 != 0);
+        if !redundant {
+            break;
+        }
+        mag.pop();
+    }
     Ok(mag)
 }
 
@@ -930,7 +938,17 @@ mod tests {
         assert_eq!(long_to_i64(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]), None);
         assert_eq!(long_to_i64(&[1, 0, 0, 0, 0, 0, 0, 0, 0]), Some(1));
         assert_eq!(decimal_to_le("255").ok(), Some(vec![0xff, 0x00]));
-        assert_eq!(decimal_to_le("0").ok(), Some(vec![0x00, 0x00]));
+        assert_eq!(decimal_to_le("0").ok(), Some(vec![0x00]));
+        assert_eq!(decimal_to_le("-1").ok(), Some(vec![0xff]));
+        assert_eq!(decimal_to_le("-128").ok(), Some(vec![0x80]));
+        assert_eq!(decimal_to_le("-129").ok(), Some(vec![0x7f, 0xff]));
+        // torch's legacy magic number, as protocols 0 and 1 write it.
+        assert_eq!(
+            decimal_to_le("119547037146038801333356").ok(),
+            Some(vec![
+                0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19
+            ])
+        );
         assert_eq!(
             long_to_i64(&decimal_to_le("-300").unwrap_or_default()),
             Some(-300)
@@ -950,7 +968,7 @@ mod tests {
         // 2**128 + 1, across the 19-digit chunks.
         let mut expected = vec![1u8];
         expected.extend([0u8; 15]);
-        expected.extend([1u8, 0]);
+        expected.push(1);
         assert_eq!(
             decimal_to_le("340282366920938463463374607431768211457").ok(),
             Some(expected)
