@@ -637,3 +637,63 @@ fn integer_text_follows_pythons_digit_limit() {
         }
     }
 }
+
+/// `_rebuild_tensor_v2` of storage "0" (2 floats) whose persistent id ends
+/// with `sixth` (raw opcodes), as TorchScript archives of torch 1.3/1.4
+/// write it.
+fn six_item_tensor(p: P, sixth: &[u8]) -> P {
+    p.global("torch._utils", "_rebuild_tensor_v2")
+        .op(b"((")
+        .unicode("storage")
+        .global("torch", "FloatStorage")
+        .unicode("0")
+        .unicode("cpu")
+        .int(2)
+        .op(sixth)
+        .op(b"tQ")
+        .int(0)
+        .int(2)
+        .op(&[0x85])
+        .int(1)
+        .op(&[0x85, 0x89])
+        .global("collections", "OrderedDict")
+        .op(b")Rt")
+        .op(b"R")
+}
+
+#[test]
+fn torchscript_v1_storage_ids_have_a_sixth_item() {
+    // A TorchScript archive (constants.pkl, version 1) whose module holds
+    // one tensor attribute; its storage id is ('storage', FloatStorage,
+    // '0', 'cpu', 2, None).
+    let build = |sixth: &[u8]| {
+        let pickle = six_item_tensor(
+            P::default()
+                .proto(2)
+                .global("__torch__", "M")
+                .op(b")")
+                .op(&[0x81])
+                .op(b"}(")
+                .unicode("weight"),
+            sixth,
+        )
+        .op(b"ub")
+        .stop();
+        let data = storage(&[1.5, -2.0]);
+        let constants = P::default().proto(2).op(b")").stop();
+        zip(&[
+            entry("m/data.pkl", &pickle),
+            entry("m/constants.pkl", &constants),
+            entry("m/version", b"1\n"),
+            entry("m/data/0", &data),
+        ])
+    };
+    let ckpt = open(build(b"N")).expect("six items, the last None");
+    let names: Vec<&str> = ckpt.tensors().map(|t| t.name()).collect();
+    assert_eq!(names, ["weight"]);
+    let w = ckpt.tensor("weight").unwrap();
+    assert_eq!(&*w.data().unwrap(), storage(&[1.5, -2.0]).as_slice());
+    // In a zip, only None may follow: view metadata is a legacy feature.
+    let e = open(build(b"K\x05")).expect_err("sixth item not None");
+    assert!(e.to_string().contains("6 items"), "{e}");
+}

@@ -864,8 +864,12 @@ impl Interpreter for TorchInterp<'_> {
         if kind != "storage" {
             return Err(err(format!("unsupported persistent id kind {kind:?}")));
         }
+        // Legacy files add view metadata as a sixth item; TorchScript
+        // archives of torch 1.3/1.4 add a sixth `None`, which torch's
+        // reader ignores.
         let legacy = self.storage_dir.is_none();
-        if !(items.len() == 5 || legacy && items.len() == 6) {
+        let sixth_ok = legacy || get(&items, 5) == Value::None;
+        if !(items.len() == 5 || items.len() == 6 && sixth_ok) {
             return Err(err(format!(
                 "storage persistent id has {} items",
                 items.len()
