@@ -101,6 +101,10 @@ pub fn serde_pickle_agrees(data: &[u8]) -> Result<(), String> {
         // SETITEMS / APPENDS with nothing to add: Python never looks at
         // the target; serde-pickle requires a dict or list.
         (Ok(_), Err(e)) if e.to_string().contains("invalid stack top, expected") => Ok(()),
+        // bytearray() of something it cannot take (a nested tuple): a
+        // TypeError in Python; we keep such a call inert by design (see the
+        // reader's plain constructors), so the values differ from there on.
+        (Ok(_), Err(e)) if e.to_string().contains("bytearray() arg") => Ok(()),
         // We keep set and frozenset as one kind, so a set inside a set is
         // accepted; Python and serde-pickle refuse a (mutable) set there.
         (Ok(_), Err(e)) if e.to_string().contains("not hashable") => Ok(()),
