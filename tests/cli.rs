@@ -732,3 +732,56 @@ fn outputs_match_golden_files() {
         stale.join("\n")
     );
 }
+
+#[test]
+fn quantized_tensors_keep_their_scales() {
+    // inspect --json and convert carry what torch.load gives for each
+    // quantized tensor: its kind, scheme, scale and zero point (or axis,
+    // with the per-channel scales as tensors of their own).
+    let want = expected("quantized.pt");
+    let doc = inspect_json("quantized.pt", &[]);
+    for (got, w) in doc["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .zip(want["tensors"].as_array().expect("tensors"))
+    {
+        let Some(q) = w.get("quantization") else {
+            assert!(got.get("quantization").is_none(), "{got}");
+            continue;
+        };
+        let q = q.as_object().expect("object");
+        for (key, value) in q {
+            assert_eq!(&got["quantization"][key], value, "{}: {key}", w["name"]);
+        }
+    }
+    let dir = temp_dir("quantized");
+    let path = dir.join("q.safetensors");
+    let out = ptload(&[
+        "convert",
+        &fixture("quantized.pt"),
+        &path.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let bytes = std::fs::read(&path).expect("read");
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("header");
+    let meta = meta.metadata().clone().expect("__metadata__");
+    let per_tensor: Json = serde_json::from_str(&meta["per_tensor_qint8.quantization"]).unwrap();
+    assert_eq!(
+        per_tensor,
+        serde_json::json!({"kind": "qint8", "scheme": "per_tensor_affine", "scale": 0.1, "zero_point": -3})
+    );
+    let per_channel: Json = serde_json::from_str(&meta["per_channel_qint8.quantization"]).unwrap();
+    assert_eq!(per_channel["axis"], 0);
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("read");
+    let scales = st
+        .tensor(per_channel["scales"].as_str().unwrap())
+        .expect("scales");
+    let scales: Vec<f64> = scales
+        .data()
+        .chunks(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(scales, [0.02, 0.05, 0.1]);
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use ptload_reader::{Checkpoint, Scalar};
+use ptload_reader::{Checkpoint, Quantization, Scalar};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
@@ -89,6 +89,25 @@ fn check(file: &str) {
             "{file}: {name}: storage offset"
         );
         assert_eq!(view.location(), w["location"], "{file}: {name}: location");
+        let quantization = view.info().quantization.as_ref().map(|q| match q {
+            Quantization::PerTensor {
+                kind,
+                scheme,
+                scale,
+                zero_point,
+            } => serde_json::json!({
+                "kind": kind, "scheme": scheme, "scale": scale, "zero_point": zero_point
+            }),
+            Quantization::PerChannel { kind, scheme, axis } => {
+                serde_json::json!({"kind": kind, "scheme": scheme, "axis": axis})
+            }
+            other => panic!("{file}: {name}: {other:?}"),
+        });
+        assert_eq!(
+            quantization.unwrap_or(Json::Null),
+            w["quantization"],
+            "{file}: {name}: quantization"
+        );
         if !w["storage"].is_null() {
             let key = view.storage().map(|s| s.key.as_str());
             assert_eq!(key, w["storage"].as_str(), "{file}: {name}: storage key");

@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use ptload_reader::{Checkpoint, Plan, Scalar, TensorView};
+use ptload_reader::{Checkpoint, Plan, Quantization, Scalar, TensorView};
 use serde::Serialize;
 
 use crate::args::{CliResult, GpuInfo, MapArgs, StateDictArgs};
@@ -118,7 +118,55 @@ struct TensorJson<'a> {
     target: &'a str,
     nbytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    quantization: Option<QuantJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     sha256: Option<Option<String>>,
+}
+
+/// What makes a quantized tensor's integers meaningful.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum QuantJson {
+    PerTensor {
+        kind: &'static str,
+        scheme: String,
+        scale: f64,
+        zero_point: i64,
+    },
+    PerChannel {
+        kind: &'static str,
+        scheme: String,
+        axis: i64,
+        /// The tensors holding them.
+        scales: String,
+        zero_points: String,
+    },
+}
+
+impl QuantJson {
+    fn of(name: &str, q: &Quantization) -> Option<QuantJson> {
+        Some(match q {
+            Quantization::PerTensor {
+                kind,
+                scheme,
+                scale,
+                zero_point,
+            } => QuantJson::PerTensor {
+                kind,
+                scheme: scheme.clone(),
+                scale: *scale,
+                zero_point: *zero_point,
+            },
+            Quantization::PerChannel { kind, scheme, axis } => QuantJson::PerChannel {
+                kind,
+                scheme: scheme.clone(),
+                axis: *axis,
+                scales: format!("{name}.scales"),
+                zero_points: format!("{name}.zero_points"),
+            },
+            _ => return None,
+        })
+    }
 }
 
 /// The document `inspect --json` prints.
@@ -167,6 +215,11 @@ fn tensor_json<'r>(row: &'r Row<'_>, hash: bool) -> Result<TensorJson<'r>, ptloa
         location: t.location(),
         target: &row.target,
         nbytes: t.info().nbytes,
+        quantization: t
+            .info()
+            .quantization
+            .as_ref()
+            .and_then(|q| QuantJson::of(&row.name, q)),
         sha256,
     })
 }

@@ -98,6 +98,8 @@ pub struct StorageInfo {
     /// Offset of its bytes in the file, when they are stored there uncompressed.
     pub file_offset: Option<u64>,
     data: StorageData,
+    /// The quantized element type its class names, if any.
+    quantized: Option<&'static str>,
 }
 
 /// Metadata of one named tensor.
@@ -306,6 +308,7 @@ impl Checkpoint {
                     nbytes,
                     record: p.record,
                     data,
+                    quantized: p.quantized,
                 })
             })
             .collect::<Result<_>>()?;
@@ -531,17 +534,30 @@ fn tensor_info(
             );
         }
     }
+    // The storage class names the quantized type; its integer dtype is the
+    // fallback (a file that names a plain storage class).
+    let kind = meta
+        .storage
+        .and_then(|s| storages.get(s))
+        .and_then(|s| s.quantized)
+        .unwrap_or(match meta.dtype {
+            DType::I8 => "qint8",
+            DType::I32 => "qint32",
+            _ => "quint8",
+        });
     let quantization = meta.quant.as_ref().map(|q| match q {
         QuantParams::PerTensor {
             scheme,
             scale,
             zero_point,
         } => Quantization::PerTensor {
+            kind,
             scheme: scheme.clone(),
             scale: *scale,
             zero_point: *zero_point,
         },
         QuantParams::PerChannel { scheme, axis, .. } => Quantization::PerChannel {
+            kind,
             scheme: scheme.clone(),
             axis: *axis,
         },

@@ -106,6 +106,48 @@ fn plain_json(v: &Scalar) -> Option<String> {
     })
 }
 
+/// A tensor's quantization as JSON text: `{"kind", "scheme", "scale",
+/// "zero_point"}`, or for per-channel schemes `{"kind", "scheme", "axis",
+/// "scales", "zero_points"}` naming the tensors that hold them.
+fn quantization_json(name: &str, q: &crate::torch::Quantization) -> String {
+    use crate::torch::Quantization;
+    let mut out = String::from("{\"kind\":");
+    let number = |f: f64| {
+        if f.is_finite() {
+            format!("{f:?}")
+        } else {
+            "null".into()
+        }
+    };
+    match q {
+        Quantization::PerTensor {
+            kind,
+            scheme,
+            scale,
+            zero_point,
+        } => {
+            json_string(kind, &mut out);
+            out.push_str(",\"scheme\":");
+            json_string(scheme, &mut out);
+            out.push_str(&format!(
+                ",\"scale\":{},\"zero_point\":{zero_point}}}",
+                number(*scale)
+            ));
+        }
+        Quantization::PerChannel { kind, scheme, axis } => {
+            json_string(kind, &mut out);
+            out.push_str(",\"scheme\":");
+            json_string(scheme, &mut out);
+            out.push_str(&format!(",\"axis\":{axis},\"scales\":"));
+            json_string(&format!("{name}.scales"), &mut out);
+            out.push_str(",\"zero_points\":");
+            json_string(&format!("{name}.zero_points"), &mut out);
+            out.push('}');
+        }
+    }
+    out
+}
+
 const PAGE: u64 = 4096;
 
 struct Planned {
@@ -171,11 +213,24 @@ fn plan(
         ));
     }
     let mut header = String::from("{");
-    let metadata: Vec<(String, String)> = ckpt
+    let mut metadata: Vec<(String, String)> = ckpt
         .values()
         .iter()
         .filter_map(|(name, v)| plain_json(v).map(|j| (name.clone(), j)))
         .collect();
+    // A quantized tensor's integers mean nothing without their scale and
+    // zero point: they go to the metadata as `<name>.quantization`.
+    for p in &planned {
+        let quantization = ckpt
+            .tensor_at(p.index)
+            .and_then(|v| v.info().quantization.clone());
+        if let Some(q) = quantization {
+            metadata.push((
+                format!("{}.quantization", p.name),
+                quantization_json(&p.name, &q),
+            ));
+        }
+    }
     if !metadata.is_empty() {
         header.push_str("\"__metadata__\":{");
         for (i, (name, json)) in metadata.iter().enumerate() {

@@ -19,6 +19,21 @@ pub(crate) struct PendingStorage {
     pub(crate) location: String,
     /// Legacy storages that are views of another storage.
     pub(crate) view: Option<StorageView>,
+    /// The quantized element type its class names (`qint8` for
+    /// `QInt8Storage`...), which its integer dtype alone does not tell.
+    pub(crate) quantized: Option<&'static str>,
+}
+
+/// The quantized element type a storage class stands for.
+fn quantized_kind(class: &str) -> Option<&'static str> {
+    Some(match class {
+        "QInt8Storage" => "qint8",
+        "QUInt8Storage" => "quint8",
+        "QInt32Storage" => "qint32",
+        "QUInt4x2Storage" => "quint4x2",
+        "QUInt2x4Storage" => "quint2x4",
+        _ => return None,
+    })
 }
 
 /// A legacy storage view: `numel` elements from `elem_offset` in `root`.
@@ -875,6 +890,7 @@ impl Interpreter for TorchInterp<'_> {
                 items.len()
             )));
         }
+        let quantized = known(heap, get(&items, 1)).and_then(|(_, g)| quantized_kind(&g.name));
         let dtype = match known(heap, get(&items, 1)) {
             Some((Known::StorageClass(d), _)) => d,
             Some((_, g)) => {
@@ -910,6 +926,7 @@ impl Interpreter for TorchInterp<'_> {
                     numel,
                     location: location.to_owned(),
                     view: None,
+                    quantized,
                 };
                 self.new_storage(storage)
             }
@@ -944,6 +961,7 @@ impl Interpreter for TorchInterp<'_> {
                             root: id,
                             elem_offset,
                         }),
+                        quantized,
                     })
                 }
             }

@@ -145,6 +145,10 @@ impl Known {
 pub enum Quantization {
     /// One scale and zero point for the whole tensor.
     PerTensor {
+        /// The quantized element type: `qint8`, `quint8`, `qint32`,
+        /// `quint4x2` or `quint2x4` (the integer data's dtype is I8, U8 or
+        /// I32; 4- and 2-bit kinds pack several values per byte).
+        kind: &'static str,
         /// `per_tensor_affine` or `per_tensor_symmetric`.
         scheme: String,
         /// Scale.
@@ -155,6 +159,8 @@ pub enum Quantization {
     /// A scale and zero point per slice along `axis`; they are the tensors
     /// named `<name>.scales` and `<name>.zero_points`.
     PerChannel {
+        /// The quantized element type, as for `PerTensor`.
+        kind: &'static str,
         /// `per_channel_affine`, `per_channel_symmetric` or
         /// `per_channel_affine_float_qparams`.
         scheme: String,
