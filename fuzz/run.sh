@@ -14,7 +14,7 @@ cd "$(dirname "$0")"
 seconds=${1:?usage: fuzz/run.sh SECONDS [TARGET...]}
 shift
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(pickle_vm container checkpoint map_location differential structured)
+[ ${#targets[@]} -gt 0 ] || targets=(pickle_vm container checkpoint map_location differential structured output_paths)
 cargo +nightly fuzz build -O >/dev/null
 bin_dir=target/$(rustc +nightly -vV | sed -n "s/^host: //p")/release
 # Each target runs on a small stack (the binary is started directly, so the

@@ -27,6 +27,23 @@ fn files(dir: &str) -> Vec<PathBuf> {
     out
 }
 
+/// `count` inputs of up to `max_len` bytes from a fixed xorshift stream.
+fn generated(seed: u64, count: usize, max_len: u64) -> Vec<Vec<u8>> {
+    let mut state = seed;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (0..count)
+        .map(|_| {
+            let len = next() % max_len;
+            (0..len).map(|_| next() as u8).collect()
+        })
+        .collect()
+}
+
 fn replay(target: fn(&[u8]), dirs: &[&str]) -> usize {
     let mut n = 0;
     for dir in dirs {
@@ -109,16 +126,7 @@ fn structured_target_regressions() {
 /// to read back exactly, then damaged.
 #[test]
 fn structured_target_generated() {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    for _ in 0..300 {
-        let len = (next() % 400) as usize;
-        let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+    for data in generated(0x9e37_79b9_7f4a_7c15, 300, 400) {
         ptload_fuzz::structured_bytes(&data);
     }
 }
@@ -133,4 +141,18 @@ fn differential_detects_a_difference() {
         ptload_fuzz::plain(good).map(|p| ptload_fuzz::canonical(&p)),
         Some("[1,\"a\",]".to_owned())
     );
+}
+
+/// Output paths: regression files, then scenes from a fixed pseudo-random
+/// stream (directory trees of files, links, hard links, directories and
+/// sockets under the names the output may take).
+#[test]
+fn output_paths_target() {
+    replay(
+        ptload_fuzz::output_paths_bytes,
+        &["fuzz/regressions/output_paths"],
+    );
+    for data in generated(0x2545_f491_4f6c_dd1d, 400, 64) {
+        ptload_fuzz::output_paths_bytes(&data);
+    }
 }

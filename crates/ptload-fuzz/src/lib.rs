@@ -16,9 +16,11 @@ use ptload_reader::{
 
 pub mod craft;
 mod differential;
+mod output_paths;
 mod structured;
 
 pub use differential::{canonical, serde_pickle_agrees};
+pub use output_paths::{output_paths, output_paths_bytes, Scene};
 pub use structured::{structured, Model};
 
 /// Limits for fuzzing: the defaults scaled down so one input stays within a
