@@ -95,12 +95,22 @@ fn check(file: &str) {
                 scheme,
                 scale,
                 zero_point,
-            } => serde_json::json!({
-                "kind": kind, "scheme": scheme, "scale": scale, "zero_point": zero_point
-            }),
-            Quantization::PerChannel { kind, scheme, axis } => {
-                serde_json::json!({"kind": kind, "scheme": scheme, "axis": axis})
-            }
+                values_shape,
+            } => with_values_shape(
+                serde_json::json!({
+                    "kind": kind, "scheme": scheme, "scale": scale, "zero_point": zero_point
+                }),
+                values_shape,
+            ),
+            Quantization::PerChannel {
+                kind,
+                scheme,
+                axis,
+                values_shape,
+            } => with_values_shape(
+                serde_json::json!({"kind": kind, "scheme": scheme, "axis": axis}),
+                values_shape,
+            ),
             other => panic!("{file}: {name}: {other:?}"),
         });
         assert_eq!(
@@ -224,4 +234,12 @@ fn every_generated_fixture_is_tested() {
         }
     }
     assert!(missing.is_empty(), "fixtures without a test: {missing:?}");
+}
+
+/// torch's answer for a packed kind carries the shape of its values.
+fn with_values_shape(mut doc: Json, values_shape: &Option<Vec<u64>>) -> Json {
+    if let (Some(shape), Some(map)) = (values_shape, doc.as_object_mut()) {
+        map.insert("values_shape".into(), Json::from(shape.clone()));
+    }
+    doc
 }

@@ -132,6 +132,9 @@ enum QuantJson {
         scheme: String,
         scale: f64,
         zero_point: i64,
+        /// Packed kinds: the shape of the values (the tensor is their bytes).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        values_shape: Option<Vec<u64>>,
     },
     PerChannel {
         kind: &'static str,
@@ -140,6 +143,8 @@ enum QuantJson {
         /// The tensors holding them.
         scales: String,
         zero_points: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        values_shape: Option<Vec<u64>>,
     },
 }
 
@@ -151,18 +156,26 @@ impl QuantJson {
                 scheme,
                 scale,
                 zero_point,
+                values_shape,
             } => QuantJson::PerTensor {
                 kind,
                 scheme: scheme.clone(),
                 scale: *scale,
                 zero_point: *zero_point,
+                values_shape: values_shape.clone(),
             },
-            Quantization::PerChannel { kind, scheme, axis } => QuantJson::PerChannel {
+            Quantization::PerChannel {
+                kind,
+                scheme,
+                axis,
+                values_shape,
+            } => QuantJson::PerChannel {
                 kind,
                 scheme: scheme.clone(),
                 axis: *axis,
                 scales: format!("{name}.scales"),
                 zero_points: format!("{name}.zero_points"),
+                values_shape: values_shape.clone(),
             },
             _ => return None,
         })

@@ -481,8 +481,8 @@ fn tensor_info(
             })
             .collect()
     };
-    let shape = ints(meta.shape, "size")?;
-    let stride = ints(meta.stride, "stride")?;
+    let mut shape = ints(meta.shape, "size")?;
+    let mut stride = ints(meta.stride, "stride")?;
     if shape.len() != stride.len() {
         return Err(tensor_err(
             &name,
@@ -495,10 +495,55 @@ fn tensor_info(
     }
     let storage_offset = non_negative(&name, meta.offset, "storage offset")?;
     let overflow = || tensor_err(&name, "size arithmetic overflows");
-    let numel = shape
+    let mut numel = shape
         .iter()
         .try_fold(1u64, |acc, &s| acc.checked_mul(s))
         .ok_or_else(overflow)?;
+    // The storage class names the quantized type; its integer dtype is the
+    // fallback (a file that names a plain storage class).
+    let kind = meta
+        .storage
+        .and_then(|s| storages.get(s))
+        .and_then(|s| s.quantized)
+        .unwrap_or(match meta.dtype {
+            DType::I8 => "qint8",
+            DType::I32 => "qint32",
+            _ => "quint8",
+        });
+    // Packed kinds count values in the size and stride, and bytes in the
+    // storage: the tensor becomes its packed bytes (torch's int_repr()),
+    // which needs the values contiguous and at the storage's start.
+    let per_byte = match kind {
+        "quint4x2" if meta.quant.is_some() => 2,
+        "quint2x4" if meta.quant.is_some() => 4,
+        _ => 1,
+    };
+    let values_shape = (per_byte > 1).then(|| shape.clone());
+    if per_byte > 1 {
+        let mut expected = 1u64;
+        for (&size, &st) in shape.iter().zip(&stride).rev() {
+            if size > 1 && st != expected {
+                return Err(tensor_err(
+                    &name,
+                    format!("a {kind} tensor whose values are not contiguous (torch packs them)"),
+                ));
+            }
+            expected = expected.saturating_mul(size);
+        }
+        if storage_offset != 0 {
+            // torch counts the offset in values but applies it to bytes,
+            // reading past its data: there is no right answer to give.
+            return Err(tensor_err(
+                &name,
+                format!(
+                    "a view into a {kind} tensor (offset {storage_offset}): torch itself misreads these"
+                ),
+            ));
+        }
+        numel = numel.div_ceil(per_byte);
+        shape = vec![numel];
+        stride = vec![1];
+    }
     let elem = meta.dtype.size() as u64;
     let nbytes = numel.checked_mul(elem).ok_or_else(overflow)?;
     if let Some(sid) = meta.storage {
@@ -534,17 +579,6 @@ fn tensor_info(
             );
         }
     }
-    // The storage class names the quantized type; its integer dtype is the
-    // fallback (a file that names a plain storage class).
-    let kind = meta
-        .storage
-        .and_then(|s| storages.get(s))
-        .and_then(|s| s.quantized)
-        .unwrap_or(match meta.dtype {
-            DType::I8 => "qint8",
-            DType::I32 => "qint32",
-            _ => "quint8",
-        });
     let quantization = meta.quant.as_ref().map(|q| match q {
         QuantParams::PerTensor {
             scheme,
@@ -555,12 +589,31 @@ fn tensor_info(
             scheme: scheme.clone(),
             scale: *scale,
             zero_point: *zero_point,
+            values_shape: values_shape.clone(),
         },
-        QuantParams::PerChannel { scheme, axis, .. } => Quantization::PerChannel {
-            kind,
-            scheme: scheme.clone(),
-            axis: *axis,
-        },
+        QuantParams::PerChannel {
+            scheme,
+            axis,
+            zero_points,
+            ..
+        } => {
+            // torch pickles per_channel_affine_float_qparams as
+            // per_channel_affine; floating zero points tell them apart.
+            let float_zero_points = matches!(
+                heap.torch(*zero_points),
+                Some(TorchObj::Tensor(z)) if z.dtype.is_float()
+            );
+            Quantization::PerChannel {
+                kind,
+                scheme: if float_zero_points && scheme == "per_channel_affine" {
+                    "per_channel_affine_float_qparams".into()
+                } else {
+                    scheme.clone()
+                },
+                axis: *axis,
+                values_shape: values_shape.clone(),
+            }
+        }
     });
     Ok(TensorInfo {
         name,

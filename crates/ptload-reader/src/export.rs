@@ -106,9 +106,18 @@ fn plain_json(v: &Scalar) -> Option<String> {
     })
 }
 
+/// `,"values_shape":[..]` for packed kinds.
+fn push_values_shape(shape: Option<&[u64]>, out: &mut String) {
+    if let Some(shape) = shape {
+        let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+        out.push_str(&format!(",\"values_shape\":[{}]", dims.join(",")));
+    }
+}
+
 /// A tensor's quantization as JSON text: `{"kind", "scheme", "scale",
 /// "zero_point"}`, or for per-channel schemes `{"kind", "scheme", "axis",
-/// "scales", "zero_points"}` naming the tensors that hold them.
+/// "scales", "zero_points"}` naming the tensors that hold them; packed
+/// kinds add `"values_shape"`.
 fn quantization_json(name: &str, q: &crate::torch::Quantization) -> String {
     use crate::torch::Quantization;
     let mut out = String::from("{\"kind\":");
@@ -125,16 +134,23 @@ fn quantization_json(name: &str, q: &crate::torch::Quantization) -> String {
             scheme,
             scale,
             zero_point,
+            values_shape,
         } => {
             json_string(kind, &mut out);
             out.push_str(",\"scheme\":");
             json_string(scheme, &mut out);
             out.push_str(&format!(
-                ",\"scale\":{},\"zero_point\":{zero_point}}}",
+                ",\"scale\":{},\"zero_point\":{zero_point}",
                 number(*scale)
             ));
+            push_values_shape(values_shape.as_deref(), &mut out);
         }
-        Quantization::PerChannel { kind, scheme, axis } => {
+        Quantization::PerChannel {
+            kind,
+            scheme,
+            axis,
+            values_shape,
+        } => {
             json_string(kind, &mut out);
             out.push_str(",\"scheme\":");
             json_string(scheme, &mut out);
@@ -142,9 +158,10 @@ fn quantization_json(name: &str, q: &crate::torch::Quantization) -> String {
             json_string(&format!("{name}.scales"), &mut out);
             out.push_str(",\"zero_points\":");
             json_string(&format!("{name}.zero_points"), &mut out);
-            out.push('}');
+            push_values_shape(values_shape.as_deref(), &mut out);
         }
     }
+    out.push('}');
     out
 }
 

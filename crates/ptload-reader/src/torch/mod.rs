@@ -155,6 +155,11 @@ pub enum Quantization {
         scale: f64,
         /// Zero point.
         zero_point: i64,
+        /// For the packed kinds (`quint4x2`: two 4-bit values a byte, low
+        /// nibble first; `quint2x4`: four 2-bit values, low bits first): the
+        /// shape of the values. The tensor itself is then their packed
+        /// bytes, U8 and 1-D, as torch's `int_repr()` gives them.
+        values_shape: Option<Vec<u64>>,
     },
     /// A scale and zero point per slice along `axis`; they are the tensors
     /// named `<name>.scales` and `<name>.zero_points`.
@@ -166,6 +171,8 @@ pub enum Quantization {
         scheme: String,
         /// The channel axis.
         axis: i64,
+        /// The shape of the values for packed kinds, as for `PerTensor`.
+        values_shape: Option<Vec<u64>>,
     },
 }
 
