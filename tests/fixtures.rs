@@ -208,6 +208,8 @@ fixtures! {
     proto4 => "proto4.pt",
     proto5 => "proto5.pt",
     quantized => "quantized.pt",
+    quantized_dynamic_traced => "quantized_dynamic_traced.pt",
+    quantized_script => "quantized_script.pt",
     random => "random.bin",
     sparse => "sparse.pt",
     tensor_root => "tensor_root.pt",

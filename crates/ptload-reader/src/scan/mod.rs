@@ -352,6 +352,14 @@ fn attribute_path(name: &str) -> bool {
     name.contains('.') || (name.starts_with("__") && name.ends_with("__"))
 }
 
+/// `___torch_mangle_<n>`: TorchScript's name for the n-th redefinition of
+/// a class in one archive (every traced module has them).
+fn torch_mangle(segment: &str) -> bool {
+    segment
+        .strip_prefix("___torch_mangle_")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Classify `module.name`. The allowed and data classes are exact
 /// `module.name` pairs; any attribute path or dunder name outside them is
 /// a gadget, whatever module it starts from.
@@ -364,7 +372,11 @@ pub fn classify(module: &str, name: &str) -> GlobalClass {
         GlobalClass::Data
     } else if attribute_path(name)
         || module.split('.').any(|m| {
-            m.starts_with("__") && m != "__main__" && m != "__builtin__" && m != "__torch__"
+            m.starts_with("__")
+                && m != "__main__"
+                && m != "__builtin__"
+                && m != "__torch__"
+                && !(module.starts_with("__torch__.") && torch_mangle(m))
         })
     {
         GlobalClass::Dangerous(Danger::Gadget)
@@ -451,6 +463,26 @@ mod tests {
                 classify(m, n),
                 GlobalClass::Dangerous(Danger::Gadget),
                 "{m}.{n}"
+            );
+        }
+        // TorchScript's mangled class names are its own, not dunder paths;
+        // the same segment outside `__torch__` is still a gadget.
+        assert_eq!(
+            classify(
+                "__torch__.torch.ao.nn.quantized.modules.linear.___torch_mangle_12",
+                "LinearPackedParams"
+            ),
+            GlobalClass::Unknown
+        );
+        for m in [
+            "collections.___torch_mangle_1",
+            "__torch__.___torch_mangle_",
+            "__torch__.___torch_mangle_1x",
+        ] {
+            assert_eq!(
+                classify(m, "X"),
+                GlobalClass::Dangerous(Danger::Gadget),
+                "{m}"
             );
         }
         assert_eq!(classify("pathlib", "EvilPath"), GlobalClass::Unknown);

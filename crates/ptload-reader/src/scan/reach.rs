@@ -157,8 +157,9 @@ pub enum Verdict {
     UnknownCallable,
     /// Nothing that would run code.
     Clean,
-    /// No pickle could be read at all (not a checkpoint, or too broken for
-    /// torch to unpickle anything either).
+    /// No pickle torch.load would unpickle could be read (not a
+    /// checkpoint, or too broken for torch to unpickle anything either);
+    /// pickles it would not reach may still be listed.
     Unreadable,
 }
 
@@ -207,7 +208,7 @@ impl ScanReport {
         if let Some(v) = verdict {
             return v;
         }
-        if self.pickles.iter().any(|p| p.complete) {
+        if self.pickles.iter().any(|p| p.complete && p.reachable) {
             Verdict::Clean
         } else {
             Verdict::Unreadable

@@ -207,6 +207,30 @@ fn python_path(heap: &Heap, path: &[Seg], extra: Option<&str>) -> String {
     out
 }
 
+/// A TorchScript class of torch's quantized convolutions (plain, transposed
+/// or fused with ReLU/add), whatever mangling the archive added:
+/// `__torch__.torch.ao.nn.quantized.modules.conv.___torch_mangle_1.Conv2d`.
+fn quantized_conv(class: &str) -> bool {
+    let Some(path) = class.strip_prefix("__torch__.torch.") else {
+        return false;
+    };
+    let mut parts = path
+        .split('.')
+        .filter(|p| !p.starts_with("___torch_mangle_"));
+    let name = parts.next_back().unwrap_or_default();
+    let module: Vec<&str> = parts.collect();
+    let module = module.join(".");
+    let known_module = [
+        "ao.nn.quantized.modules.conv",
+        "nn.quantized.modules.conv",
+        "ao.nn.intrinsic.quantized.modules.conv_relu",
+        "nn.intrinsic.quantized.modules.conv_relu",
+        "ao.nn.intrinsic.quantized.modules.conv_add",
+    ]
+    .contains(&module.as_str());
+    known_module && name.starts_with("Conv")
+}
+
 fn global_path(heap: &Heap, v: Value) -> Option<String> {
     match heap.torch(v) {
         Some(TorchObj::Global(g)) => Some(format!("{}.{}", g.module, g.name)),
@@ -458,6 +482,15 @@ impl<'h> Walker<'h> {
                                             heap.dict(part).map(|d| d.entries()).unwrap_or_default()
                                         {
                                             self.children.push((Some(Seg::Key(k)), v, inside));
+                                        }
+                                    }
+                                }
+                                // A quantized convolution's __getstate__: its weight
+                                // and bias by the names its eager state_dict() uses.
+                                Some(items) if items.len() == 15 && quantized_conv(&class) => {
+                                    for (i, word) in [(10, "weight"), (11, "bias")] {
+                                        if let Some(&v) = items.get(i) {
+                                            self.children.push((Some(Seg::Word(word)), v, inside));
                                         }
                                     }
                                 }
