@@ -209,6 +209,7 @@ fixtures! {
     proto5 => "proto5.pt",
     quantized => "quantized.pt",
     quantized_dynamic_traced => "quantized_dynamic_traced.pt",
+    quantized_frozen => "quantized_frozen.pt",
     quantized_script => "quantized_script.pt",
     random => "random.bin",
     sparse => "sparse.pt",

@@ -342,7 +342,7 @@ pub(crate) fn table(
     if !suspicious.is_empty() {
         writeln!(
             out,
-            "globals outside torch's weights_only allowlist (kept inert): {}",
+            "globals outside torch's weights_only allowlist (read, never run): {}",
             suspicious.join(", ")
         )?;
     }

@@ -720,6 +720,16 @@ impl Interpreter for TorchInterp<'_> {
                 };
                 heap.alloc_bytes(&bytes)
             }
+            Known::TorchScriptWrapper => {
+                let a = args_of(heap, args, func)?;
+                let g = known(heap, callable).map(|(_, g)| g.name.clone());
+                let tag = g.as_deref() == Some("restore_type_tag");
+                match (&a[..], tag) {
+                    ([list], false) if heap.sequence(*list).is_some() => Ok(*list),
+                    ([value, ty], true) if heap.str(*ty).is_some() => Ok(*value),
+                    _ => self.inert(heap, callable, args),
+                }
+            }
             Known::Size => {
                 let a = args_of(heap, args, func)?;
                 let items = a

@@ -54,6 +54,10 @@ pub(crate) enum Known {
     NumpyDtype,
     Reconstructor,
     NewObj,
+    /// `torch.jit._pickle.build_{tensor,int,double,bool}list(list)` and
+    /// `restore_type_tag(value, type)`: TorchScript's wrappers, whose value
+    /// is their first argument.
+    TorchScriptWrapper,
     Other,
 }
 
@@ -88,6 +92,7 @@ impl Known {
             Known::NumpyDtype => "numpy.dtype",
             Known::Reconstructor => "copyreg._reconstructor",
             Known::NewObj => "copyreg.__newobj__",
+            Known::TorchScriptWrapper => "a torch.jit._pickle helper",
             Known::Other => "a callable",
         }
     }
@@ -105,6 +110,11 @@ impl Known {
             ("torch._utils", "_rebuild_meta_tensor_no_storage") => Known::RebuildMetaNoStorage,
             ("torch._utils", n) if n.starts_with("_rebuild_") => Known::RebuildUnsupported,
             ("torch.serialization", "_get_layout") => Known::GetLayout,
+            (
+                "torch.jit._pickle",
+                "build_tensorlist" | "build_intlist" | "build_doublelist" | "build_boollist"
+                | "restore_type_tag",
+            ) => Known::TorchScriptWrapper,
             ("collections", "OrderedDict" | "Counter" | "defaultdict") => Known::OrderedDict,
             ("builtins", "dict") => Known::OrderedDict,
             ("builtins", "set") => Known::Set,
