@@ -62,6 +62,7 @@ struct Memo {
     sparse: HashMap<u64, Value>,
     count: usize,
     overwrites: usize,
+    reuses: usize,
 }
 
 impl Memo {
@@ -93,7 +94,8 @@ impl Memo {
         Ok(())
     }
 
-    fn get(&self, index: u64) -> Result<Value> {
+    fn get(&mut self, index: u64) -> Result<Value> {
+        self.reuses += 1;
         let found = if index < self.dense.len() as u64 {
             self.dense.get(index as usize).copied().flatten()
         } else {
@@ -112,6 +114,11 @@ pub(crate) struct Vm<'l> {
     limits: &'l Limits,
     encoding: StringEncoding,
     opcodes: u64,
+    /// Values the last run used again (DUP and memo GETs), whether it
+    /// ended or failed: unpicklers that copy instead of sharing grow
+    /// exponentially with these.
+    #[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
+    pub(crate) reuses: usize,
 }
 
 struct Machine<'a, 'h, I> {
@@ -134,6 +141,7 @@ impl<'l> Vm<'l> {
             limits,
             encoding,
             opcodes: 0,
+            reuses: 0,
         }
     }
 
@@ -160,20 +168,22 @@ impl<'l> Vm<'l> {
             max_stack: self.limits.max_stack_depth,
             max_memo: self.limits.max_memo_entries,
         };
-        loop {
+        let out = loop {
             let offset = m.r.pos();
             self.opcodes += 1;
             if self.opcodes > self.limits.max_opcodes {
-                return Err(Error::limit("max_opcodes", self.limits.max_opcodes).at(offset as u64));
+                break Err(Error::limit("max_opcodes", self.limits.max_opcodes).at(offset as u64));
             }
-            m.heap.charge_work(1).map_err(|e| e.at(offset as u64))?;
-            let op =
-                m.r.u8()
-                    .map_err(|_| pickle_err("pickle ended without STOP").at(offset as u64))?;
+            if let Err(e) = m.heap.charge_work(1) {
+                break Err(e.at(offset as u64));
+            }
+            let Ok(op) = m.r.u8() else {
+                break Err(pickle_err("pickle ended without STOP").at(offset as u64));
+            };
             match m.step(op) {
                 Ok(Some(value)) => {
                     let protocol = m.protocol.unwrap_or(u8::from(m.binary_seen));
-                    return Ok(VmOutput {
+                    break Ok(VmOutput {
                         value,
                         end: m.r.pos(),
                         protocol,
@@ -181,9 +191,11 @@ impl<'l> Vm<'l> {
                     });
                 }
                 Ok(None) => {}
-                Err(e) => return Err(e.at(offset as u64)),
+                Err(e) => break Err(e.at(offset as u64)),
             }
-        }
+        };
+        self.reuses = m.memo.reuses;
+        out
     }
 }
 
@@ -396,6 +408,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             }
             b'2' => {
                 let v = self.top()?;
+                self.memo.reuses += 1;
                 self.push(v)?;
             }
             // Integers and floats.
