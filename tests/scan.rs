@@ -152,6 +152,17 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Some(("os.system", false)),
     ),
     // Harmless: no false alarm.
+    // Changing what a later lookup finds: BUILD on a module, and a
+    // STACK_GLOBAL of names computed while unpickling.
+    ("build_on_module.pkl", Dangerous, Some(("torch._utils", true))),
+    (
+        "stack_global_of_computed_names.pkl",
+        Dangerous,
+        Some((
+            "<computed from torch._utils._rebuild_tensor>.<computed from torch._utils._rebuild_tensor>",
+            true,
+        )),
+    ),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
 ];

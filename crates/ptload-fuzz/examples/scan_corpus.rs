@@ -340,6 +340,32 @@ fn main() {
         ]),
     );
 
+    // ---- changing what a later lookup finds
+    // BUILD on a module sets its attributes: a rebuild function looked up
+    // there afterwards can be anything.
+    add("build_on_module.pkl", {
+        let mut p = Pickle::proto(4);
+        p.str("torch")
+            .str("_utils")
+            .op(&[0x93])
+            .op(b"}")
+            .str("_rebuild_tensor")
+            .str("builtins")
+            .op(b"sb0");
+        p.op(b"N");
+        p.stop()
+    });
+    // STACK_GLOBAL of values computed while unpickling (the results of
+    // other globals, strings by then after such a BUILD).
+    add("stack_global_of_computed_names.pkl", {
+        let mut p = Pickle::proto(4);
+        for _ in 0..2 {
+            p.str("torch._utils").str("_rebuild_tensor").op(&[0x93]);
+        }
+        p.op(&[0x93]).str("true").op(&[0x85]).op(b"R");
+        p.stop()
+    });
+
     // ---- the pre-1.0 tar layout torch still reads
     add(
         "tar_payload_in_pickle_member.pt",

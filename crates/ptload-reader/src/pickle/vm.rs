@@ -30,6 +30,18 @@ pub enum StringEncoding {
 pub(crate) trait Interpreter {
     /// GLOBAL / STACK_GLOBAL / INST: a reference to `module.name`.
     fn global(&mut self, heap: &mut Heap, module: &str, name: &str, offset: u64) -> Result<Value>;
+    /// STACK_GLOBAL whose module or name is not a string in the pickle
+    /// (a value computed while unpickling, which may be a string by then).
+    /// Python refuses operands that are not strings when it gets there.
+    fn dynamic_global(
+        &mut self,
+        _heap: &mut Heap,
+        _module: Value,
+        _name: Value,
+        _offset: u64,
+    ) -> Result<Value> {
+        Err(pickle_err("STACK_GLOBAL requires str"))
+    }
     /// REDUCE: `callable(*args)`.
     fn call(&mut self, heap: &mut Heap, callable: Value, args: Value) -> Result<Value>;
     /// NEWOBJ / NEWOBJ_EX / INST / OBJ: `cls.__new__(cls, *args)`.
@@ -662,7 +674,11 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 let module = self.pop()?;
                 let (Some(module), Some(name)) = (self.heap.str(module), self.heap.str(name))
                 else {
-                    return Err(pickle_err("STACK_GLOBAL requires str"));
+                    let g = self
+                        .interp
+                        .dynamic_global(self.heap, module, name, offset)?;
+                    self.push(g)?;
+                    return Ok(None);
                 };
                 let (module, name) = (module.to_owned(), name.to_owned());
                 // Memo references can name the same long strings again and

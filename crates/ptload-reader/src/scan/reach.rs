@@ -20,9 +20,9 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::{classify, GlobalClass};
+use super::{classify, Danger, GlobalClass};
 use crate::container::zip::{self, Archive, Headers, Method, Rules};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::pickle::{Heap, Interpreter, Obj, ObjId, Object, StringEncoding, Value, Vm};
 
@@ -677,11 +677,56 @@ impl Interpreter for Recorder {
     }
 
     fn build(&mut self, _heap: &mut Heap, obj: Value, _state: Value) -> Result<()> {
-        // BUILD calls the instance's `__setstate__` when its class has one.
-        if let Some(Origin::Made(g)) = self.origin(obj) {
-            self.mark(Some(g), Usage::Called);
+        match self.origin(obj) {
+            // BUILD calls the instance's `__setstate__` when its class has one.
+            Some(Origin::Made(g)) => self.mark(Some(g), Usage::Called),
+            // BUILD on a module, class or function itself sets its
+            // attributes: whatever is looked up there later (a rebuild
+            // function, a method) can be replaced. Dangerous whatever it is.
+            Some(Origin::Global(g)) => {
+                if let Some(g) = self.globals.get_mut(g) {
+                    g.class = GlobalClass::Dangerous(Danger::Gadget);
+                }
+            }
+            None => {}
         }
         Ok(())
+    }
+
+    fn dynamic_global(
+        &mut self,
+        heap: &mut Heap,
+        module: Value,
+        name: Value,
+        offset: u64,
+    ) -> Result<Value> {
+        // A global named by values computed while unpickling (the result
+        // of another global, which BUILD may have turned into a string):
+        // nothing here can say what it will resolve to.
+        let computed = |r: &Recorder, v: Value| match r.origin(v) {
+            Some(Origin::Global(i) | Origin::Made(i)) => r
+                .globals
+                .get(i)
+                .map(|g| format!("<computed from {}.{}>", g.module, g.name)),
+            None => None,
+        };
+        let (Some(m), Some(n)) = (
+            heap.str(module)
+                .map(str::to_owned)
+                .or_else(|| computed(self, module)),
+            heap.str(name)
+                .map(str::to_owned)
+                .or_else(|| computed(self, name)),
+        ) else {
+            return Err(Error::new(ErrorKind::Pickle, "STACK_GLOBAL requires str"));
+        };
+        let v = self.global(heap, &m, &n, offset)?;
+        if let Some(i) = self.global_index(v) {
+            if let Some(g) = self.globals.get_mut(i) {
+                g.class = GlobalClass::Dangerous(Danger::Gadget);
+            }
+        }
+        Ok(v)
     }
 
     fn persistent_load(&mut self, heap: &mut Heap, _pid: Value) -> Result<Value> {
