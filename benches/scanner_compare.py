@@ -112,8 +112,16 @@ def run(cmd, timeout=300):
 
 
 def judge_ptload(path, binary):
-    rc, _ = run([binary, "scan", "--json", path])
+    rc, out = run([binary, "scan", "--json", path])
     return {0: "clean", 1: "flagged"}.get(rc, "error")
+
+
+def ptload_verdict(path, binary):
+    rc, out = run([binary, "scan", "--json", path])
+    try:
+        return json.loads(out[: out.rindex("}") + 1])["files"][0]["verdict"]
+    except (ValueError, KeyError, IndexError):
+        return "error"
 
 
 def judge_picklescan(path, tools):
@@ -178,6 +186,7 @@ def main():
             "torch_resolves_outside_allowlist": outside,
             "reached": reached,
             "ptload": judge_ptload(path, args.ptload),
+            "ptload_verdict": ptload_verdict(path, args.ptload),
             "picklescan": judge_picklescan(path, args.tools),
             "fickling": fickling.get(path, "error"),
             "modelscan": judge_modelscan(path, args.tools),
@@ -213,7 +222,7 @@ def main():
             print("ptload misses", r["file"], r["torch_resolves_outside_allowlist"])
     for r in harmless:
         if r["ptload"] == "flagged":
-            print("ptload false alarm", r["file"])
+            print("ptload false alarm", r["file"], r["ptload_verdict"])
 
 
 if __name__ == "__main__":

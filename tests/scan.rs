@@ -163,6 +163,11 @@ const CASES: &[(&str, Verdict, Finding)] = &[
             true,
         )),
     ),
+    (
+        "stack_global_of_protocol_0_strings.pkl",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
 ];

@@ -366,6 +366,13 @@ fn main() {
         p.stop()
     });
 
+    // Protocol-0 strings naming a STACK_GLOBAL (a protocol-4 opcode in a
+    // pickle with no PROTO): Python and torch.load take them as str.
+    add(
+        "stack_global_of_protocol_0_strings.pkl",
+        b"S'os'\nS'system'\n\x93S'true'\n\x85R.".to_vec(),
+    );
+
     // ---- the pre-1.0 tar layout torch still reads
     add(
         "tar_payload_in_pickle_member.pt",

@@ -710,13 +710,21 @@ impl Interpreter for Recorder {
                 .map(|g| format!("<computed from {}.{}>", g.module, g.name)),
             None => None,
         };
+        // The scanner keeps protocol-0/1 strings as bytes; torch.load
+        // decodes them as UTF-8, so such operands are plain names.
+        let text = |v: Value| {
+            heap.str(v).map(str::to_owned).or_else(|| {
+                heap.bytes(v)
+                    .and_then(|b| std::str::from_utf8(b).ok())
+                    .map(str::to_owned)
+            })
+        };
+        if let (Some(m), Some(n)) = (text(module), text(name)) {
+            return self.global(heap, &m, &n, offset);
+        }
         let (Some(m), Some(n)) = (
-            heap.str(module)
-                .map(str::to_owned)
-                .or_else(|| computed(self, module)),
-            heap.str(name)
-                .map(str::to_owned)
-                .or_else(|| computed(self, name)),
+            text(module).or_else(|| computed(self, module)),
+            text(name).or_else(|| computed(self, name)),
         ) else {
             return Err(Error::new(ErrorKind::Pickle, "STACK_GLOBAL requires str"));
         };
