@@ -74,18 +74,6 @@ pub fn run_pickle(data: &[u8], limits: &Limits, encoding: StringEncoding) -> Res
     })
 }
 
-/// DUPs and memo GETs one run of the pickle executes, whether it ends or
-/// fails (see [`run_pickle`] for the run).
-pub fn pickle_reuses(data: &[u8], limits: &Limits) -> usize {
-    let mut heap = Heap::new(limits);
-    let allowed = Vec::new();
-    let mut interp = TorchInterp::new(Policy::Default, &allowed);
-    interp.enter("data.pkl", Some("data/".to_owned()));
-    let mut vm = Vm::new(limits, StringEncoding::Bytes);
-    let _ = vm.run(&mut heap, &mut interp, data, 0);
-    vm.reuses
-}
-
 fn to_plain(heap: &Heap, v: Value, depth: usize, nodes: &mut usize) -> Option<Plain> {
     *nodes += 1;
     if depth > MAX_DEPTH || *nodes > MAX_NODES {

@@ -74,7 +74,6 @@ struct Memo {
     sparse: HashMap<u64, Value>,
     count: usize,
     overwrites: usize,
-    reuses: usize,
 }
 
 impl Memo {
@@ -106,8 +105,7 @@ impl Memo {
         Ok(())
     }
 
-    fn get(&mut self, index: u64) -> Result<Value> {
-        self.reuses += 1;
+    fn get(&self, index: u64) -> Result<Value> {
         let found = if index < self.dense.len() as u64 {
             self.dense.get(index as usize).copied().flatten()
         } else {
@@ -126,11 +124,6 @@ pub(crate) struct Vm<'l> {
     limits: &'l Limits,
     encoding: StringEncoding,
     opcodes: u64,
-    /// Values the last run used again (DUP and memo GETs), whether it
-    /// ended or failed: unpicklers that copy instead of sharing grow
-    /// exponentially with these.
-    #[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
-    pub(crate) reuses: usize,
 }
 
 struct Machine<'a, 'h, I> {
@@ -153,7 +146,6 @@ impl<'l> Vm<'l> {
             limits,
             encoding,
             opcodes: 0,
-            reuses: 0,
         }
     }
 
@@ -180,22 +172,20 @@ impl<'l> Vm<'l> {
             max_stack: self.limits.max_stack_depth,
             max_memo: self.limits.max_memo_entries,
         };
-        let out = loop {
+        loop {
             let offset = m.r.pos();
             self.opcodes += 1;
             if self.opcodes > self.limits.max_opcodes {
-                break Err(Error::limit("max_opcodes", self.limits.max_opcodes).at(offset as u64));
+                return Err(Error::limit("max_opcodes", self.limits.max_opcodes).at(offset as u64));
             }
-            if let Err(e) = m.heap.charge_work(1) {
-                break Err(e.at(offset as u64));
-            }
-            let Ok(op) = m.r.u8() else {
-                break Err(pickle_err("pickle ended without STOP").at(offset as u64));
-            };
+            m.heap.charge_work(1).map_err(|e| e.at(offset as u64))?;
+            let op =
+                m.r.u8()
+                    .map_err(|_| pickle_err("pickle ended without STOP").at(offset as u64))?;
             match m.step(op) {
                 Ok(Some(value)) => {
                     let protocol = m.protocol.unwrap_or(u8::from(m.binary_seen));
-                    break Ok(VmOutput {
+                    return Ok(VmOutput {
                         value,
                         end: m.r.pos(),
                         protocol,
@@ -203,11 +193,9 @@ impl<'l> Vm<'l> {
                     });
                 }
                 Ok(None) => {}
-                Err(e) => break Err(e.at(offset as u64)),
+                Err(e) => return Err(e.at(offset as u64)),
             }
-        };
-        self.reuses = m.memo.reuses;
-        out
+        }
     }
 }
 
@@ -420,7 +408,6 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             }
             b'2' => {
                 let v = self.top()?;
-                self.memo.reuses += 1;
                 self.push(v)?;
             }
             // Integers and floats.
