@@ -69,7 +69,7 @@ enum Node {
     Other,
 }
 
-/// Everything under `root`, without following links (at most 3 levels).
+/// Everything under `root`, without following links (at most 4 levels).
 fn snapshot(root: &Path) -> BTreeMap<PathBuf, Node> {
     let mut out = BTreeMap::new();
     let mut todo = vec![(PathBuf::new(), 0usize)];
@@ -88,7 +88,7 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, Node> {
             } else if meta.is_file() {
                 Node::File(std::fs::read(&path).unwrap_or_default())
             } else if meta.is_dir() {
-                if depth < 3 {
+                if depth < 4 {
                     todo.push((rel.clone(), depth + 1));
                 }
                 Node::Dir
@@ -161,7 +161,11 @@ impl Drop for Scratch {
 
 pub fn output_paths(scene: &Scene) {
     let scratch = Scratch::new();
-    let root = scratch.0.as_path();
+    // The scene lives one level down: a relative link moved up a level (a
+    // hard link to a symbolic link keeps its text) still points inside
+    // the scratch directory, which is what the snapshots cover.
+    let root = &scratch.0.join("w");
+    std::fs::create_dir(root).expect("work directory");
     let input = root.join("in.pt");
     std::fs::write(&input, INPUT).expect("input");
     let _sockets = build(root, &scene.entries);
@@ -188,14 +192,14 @@ pub fn output_paths(scene: &Scene) {
     let target_before = resolved_before
         .as_ref()
         .and_then(|p| std::fs::metadata(p).ok());
-    let before = snapshot(root);
+    let before = snapshot(&scratch.0);
     let opts = SafetensorsOptions {
         overwrite: scene.overwrite,
         cancel: Some(Arc::new(AtomicBool::new(scene.cancelled))),
         ..Default::default()
     };
     let result = ptload_reader::write_safetensors_file(&ckpt, &selection, &opts, &output);
-    let after = snapshot(root);
+    let after = snapshot(&scratch.0);
     match result {
         Err(e) => {
             assert!(!e.message().is_empty());
@@ -210,8 +214,8 @@ pub fn output_paths(scene: &Scene) {
             let diff = changed(&before, &after);
             let resolved = std::fs::canonicalize(&output).expect("the output exists");
             let rel = resolved
-                .strip_prefix(std::fs::canonicalize(root).expect("root"))
-                .expect("the output stays in the directory")
+                .strip_prefix(std::fs::canonicalize(&scratch.0).expect("scratch"))
+                .expect("the output stays in the scratch directory")
                 .to_path_buf();
             assert_eq!(diff, vec![rel.clone()], "the write changed other paths");
             if let Some(meta) = target_before {
