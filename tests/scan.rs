@@ -168,6 +168,39 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("os.system", true)),
     ),
+    // Values that come back as what went in: TorchScript's wrappers,
+    // builtins that call or return their arguments, a legacy persistent
+    // id; and a later pickle of a tar member.
+    (
+        "torchscript_wrapper_returns_global.pt",
+        UnknownCallable,
+        Some(("mypkg.tools.helper", true)),
+    ),
+    (
+        "builtins_map_calls_its_function.pkl",
+        UnknownCallable,
+        Some(("mypkg.tools.helper", true)),
+    ),
+    (
+        "builtins_next_returns_its_member.pkl",
+        UnknownCallable,
+        Some(("mypkg.tools.helper", true)),
+    ),
+    (
+        "legacy_persistent_id_returns_global.pt",
+        UnknownCallable,
+        Some(("mypkg.tools.helper", true)),
+    ),
+    (
+        "tar_payload_in_second_storage_pickle.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "frame_read_crosses_boundary.pkl",
+        Dangerous,
+        Some(("<pickle>.<opcode past the end of its FRAME>", true)),
+    ),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
 ];

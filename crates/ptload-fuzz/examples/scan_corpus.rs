@@ -373,7 +373,120 @@ fn main() {
         b"S'os'\nS'system'\n\x93S'true'\n\x85R.".to_vec(),
     );
 
+    // ---- values that come back as what went in
+    // TorchScript's list wrapper returns its argument: the global inside
+    // is what gets called.
+    add(
+        "torchscript_wrapper_returns_global.pt",
+        standard(checkpoint_pickle(|p| {
+            p.global("torch.jit._pickle", "build_intlist")
+                .global("mypkg.tools", "helper")
+                .op(&[0x85])
+                .op(b"R")
+                .str("x")
+                .op(&[0x85])
+                .op(b"R");
+        })),
+    );
+    // list(map(helper, ['x'])): map calls what it is given.
+    add("builtins_map_calls_its_function.pkl", {
+        let mut p = Pickle::proto(2);
+        p.global("builtins", "list")
+            .global("builtins", "map")
+            .global("mypkg.tools", "helper")
+            .op(b"]")
+            .str("x")
+            .op(b"a")
+            .op(&[0x86])
+            .op(b"R")
+            .op(&[0x85])
+            .op(b"R");
+        p.stop()
+    });
+    // next(iter([helper]))('x'): the function comes back out and is called.
+    add("builtins_next_returns_its_member.pkl", {
+        let mut p = Pickle::proto(2);
+        p.global("builtins", "next")
+            .global("builtins", "iter")
+            .op(b"]")
+            .global("mypkg.tools", "helper")
+            .op(b"a")
+            .op(&[0x85])
+            .op(b"R")
+            .op(&[0x85])
+            .op(b"R")
+            .str("x")
+            .op(&[0x85])
+            .op(b"R");
+        p.stop()
+    });
+    // The legacy persistent_load returns a `module` id's second item.
+    let mut by_persistent_id = magic.to_vec();
+    by_persistent_id.extend({
+        let mut p = Pickle::proto(2);
+        p.int(1001);
+        p.stop()
+    });
+    by_persistent_id.extend({
+        let mut p = Pickle::proto(2);
+        p.op(b"}");
+        p.stop()
+    });
+    by_persistent_id.extend({
+        let mut p = Pickle::proto(2);
+        p.op(b"(")
+            .str("module")
+            .global("mypkg.tools", "helper")
+            .op(b"NNt")
+            .op(b"Q")
+            .str("x")
+            .op(&[0x85])
+            .op(b"R");
+        p.stop()
+    });
+    add("legacy_persistent_id_returns_global.pt", by_persistent_id);
+
+    // A read that starts inside a FRAME and ends past it (here BINBYTES'
+    // length): Python's pure unpickler refuses it; its C unpickler, reading
+    // a file, drops the rest of the frame's buffer and reads fresh bytes,
+    // so it runs other opcodes than the bytes show. The payload here sits
+    // in what a linear reading takes for data.
+    add("frame_read_crosses_boundary.pkl", {
+        let mut out = vec![0x80, 0x04, 0x95];
+        out.extend_from_slice(&2u64.to_le_bytes());
+        out.extend_from_slice(b"B\x16");
+        out.extend_from_slice(&[0, 0, 0]);
+        out.extend_from_slice(b"cos\nsystem\n(S'true'\ntR");
+        out.extend_from_slice(b"0N.");
+        out
+    });
+
     // ---- the pre-1.0 tar layout torch still reads
+    // storages: a count, then one pickle per storage, each unpickled.
+    add(
+        "tar_payload_in_second_storage_pickle.pt",
+        tar(&[
+            ("sys_info", {
+                let mut p = Pickle::proto(2);
+                p.op(b"}");
+                p.stop()
+            }),
+            ("storages", {
+                let mut out = {
+                    let mut p = Pickle::proto(2);
+                    p.int(2);
+                    p.stop()
+                };
+                out.extend({
+                    let mut p = Pickle::proto(2);
+                    p.op(b"N");
+                    p.stop()
+                });
+                out.extend(bare(2));
+                out
+            }),
+        ]),
+    );
     add(
         "tar_payload_in_pickle_member.pt",
         tar(&[

@@ -235,6 +235,10 @@ fn stricter_than_serde(data: &[u8], e: &ptload_reader::Error) -> bool {
             "is not UTF-8",
             // STRING without quotes: Python refuses, serde-pickle reads it.
             "must be quoted",
+            // A read across a FRAME's end: Python's pure unpickler refuses
+            // it, and its C unpickler reading a file runs other bytes; we
+            // refuse by design (pickle.loads of bytes would accept it).
+            "past the end of its FRAME",
             // A dict or list as a dict key: TypeError in Python.
             "unhashable",
             // REDUCE / NEWOBJ on a plain value: TypeError in Python.

@@ -115,6 +115,13 @@ impl Memo {
     }
 }
 
+fn frame_crossed() -> Error {
+    pickle_err(
+        "an opcode reads past the end of its FRAME: Python refuses such a pickle, \
+         or (its C unpickler reading a file) runs other opcodes than these bytes show",
+    )
+}
+
 fn pickle_err(message: impl Into<String>) -> Error {
     Error::new(ErrorKind::Pickle, message)
 }
@@ -124,6 +131,12 @@ pub(crate) struct Vm<'l> {
     limits: &'l Limits,
     encoding: StringEncoding,
     opcodes: u64,
+    /// Whether the last run stopped at an opcode that reads past the end
+    /// of its FRAME (or a FRAME inside an unfinished one): Python's pure
+    /// unpickler refuses such a pickle, and its C unpickler, reading from a
+    /// file, drops and re-reads bytes there, so it runs other opcodes than
+    /// the bytes show.
+    pub(crate) frame_crossed: bool,
 }
 
 struct Machine<'a, 'h, I> {
@@ -133,6 +146,10 @@ struct Machine<'a, 'h, I> {
     stack: Vec<Value>,
     marks: Vec<usize>,
     memo: Memo,
+    /// Where the current FRAME ends, while one is open.
+    frame_end: Option<usize>,
+    /// A FRAME began before the current one ended.
+    frame_crossed: bool,
     protocol: Option<u8>,
     binary_seen: bool,
     encoding: StringEncoding,
@@ -146,6 +163,7 @@ impl<'l> Vm<'l> {
             limits,
             encoding,
             opcodes: 0,
+            frame_crossed: false,
         }
     }
 
@@ -159,6 +177,7 @@ impl<'l> Vm<'l> {
     ) -> Result<VmOutput> {
         heap.reserve_for(data.len().saturating_sub(start));
         heap.allow_work_for(data.len().saturating_sub(start));
+        self.frame_crossed = false;
         let mut m = Machine {
             r: ByteReader::at(data, start, ErrorKind::Pickle),
             heap,
@@ -166,6 +185,8 @@ impl<'l> Vm<'l> {
             stack: Vec::new(),
             marks: Vec::new(),
             memo: Memo::default(),
+            frame_end: None,
+            frame_crossed: false,
             protocol: None,
             binary_seen: false,
             encoding: self.encoding,
@@ -182,7 +203,20 @@ impl<'l> Vm<'l> {
             let op =
                 m.r.u8()
                     .map_err(|_| pickle_err("pickle ended without STOP").at(offset as u64))?;
-            match m.step(op) {
+            let stepped = m.step(op);
+            // An opcode (or its argument) that ends past the frame it began
+            // in: see `Vm::frame_crossed`.
+            if let Some(end) = m.frame_end {
+                let pos = m.r.pos();
+                if pos > end || m.frame_crossed {
+                    self.frame_crossed = true;
+                    return Err(frame_crossed().at(offset as u64));
+                }
+                if pos == end {
+                    m.frame_end = None;
+                }
+            }
+            match stepped {
                 Ok(Some(value)) => {
                     let protocol = m.protocol.unwrap_or(u8::from(m.binary_seen));
                     return Ok(VmOutput {
@@ -385,7 +419,13 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             }
             0x95 => {
                 let n = self.r.u64()?;
-                self.len_from(n)?;
+                let n = self.len_from(n)?;
+                if self.frame_end.is_some() {
+                    // A new frame before the current one ends.
+                    self.frame_crossed = true;
+                    return Ok(None);
+                }
+                self.frame_end = self.r.pos().checked_add(n);
             }
             b'.' => return self.pop().map(Some),
             b'(' => {

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 use super::{classify, Danger, GlobalClass};
 use crate::container::zip::{self, Archive, Headers, Method, Rules};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::limits::Limits;
 use crate::pickle::{Heap, Interpreter, Obj, ObjId, Object, StringEncoding, Value, Vm};
 
@@ -295,6 +295,21 @@ impl Scanner<'_> {
         let mut heap = Heap::new(self.limits);
         let mut recorder = Recorder::default();
         let outcome = self.vm.run(&mut heap, &mut recorder, data, start);
+        if self.vm.frame_crossed {
+            // Not a global, but the same verdict: what CPython runs here is
+            // not what the bytes show.
+            recorder.globals.push(GlobalUse {
+                module: "<pickle>".into(),
+                name: "<opcode past the end of its FRAME>".into(),
+                offset: outcome
+                    .as_ref()
+                    .err()
+                    .and_then(|e| e.offset())
+                    .unwrap_or(start as u64),
+                usage: Usage::Called,
+                class: GlobalClass::Dangerous(Danger::CodeExecution),
+            });
+        }
         let parent = source.to_string();
         let result = match &outcome {
             Ok(out) => Some((out.end, heap.bigint(out.value) == Some(&MAGIC[..]))),
@@ -477,11 +492,22 @@ impl Scanner<'_> {
                 break;
             };
             let name = String::from_utf8_lossy(name).into_owned();
-            if matches!(
-                name.as_str(),
-                "sys_info" | "pickle" | "storages" | "tensors"
-            ) {
+            if matches!(name.as_str(), "sys_info" | "pickle") {
                 self.run(member, 0, PickleSource::TarMember(name), true, 0);
+            } else if matches!(name.as_str(), "storages" | "tensors") {
+                // A count, then that many pickles, each unpickled by torch;
+                // raw tensor data may follow, so only what parses is read.
+                let mut offset = 0;
+                while self.report.pickles.len() < MAX_PICKLES {
+                    let source = PickleSource::TarMember(name.clone());
+                    let Some((end, _)) = self.run(member, offset, source, true, 0) else {
+                        break;
+                    };
+                    if end <= offset || end >= member.len() {
+                        break;
+                    }
+                    offset = end;
+                }
             }
             at = start + size.div_ceil(512) * 512;
         }
@@ -585,6 +611,22 @@ impl Recorder {
         }
     }
 
+    /// The origin of the first of `values`, or of their members one level
+    /// down (a tuple or list passed in), that has one.
+    fn origin_within(&self, heap: &Heap, values: &[Value]) -> Result<Option<Origin>> {
+        for &v in values {
+            if let Some(o) = self.origin(v) {
+                return Ok(Some(o));
+            }
+            let members = heap.members(v).unwrap_or_default();
+            heap.charge_work(members.len() as u64)?;
+            if let Some(o) = members.iter().find_map(|&m| self.origin(m)) {
+                return Ok(Some(o));
+            }
+        }
+        Ok(None)
+    }
+
     fn mark(&mut self, global: Option<usize>, usage: Usage) {
         if let Some(g) = global.and_then(|i| self.globals.get_mut(i)) {
             g.usage = g.usage.max(usage);
@@ -646,6 +688,27 @@ impl Interpreter for Recorder {
                     }
                     Some(("torch._utils", "_rebuild_wrapper_subclass")) => {
                         self.mark(self.global_index(arg(0)), Usage::Instantiated);
+                    }
+                    // TorchScript's wrappers return their argument: whatever
+                    // it is, it comes out as itself.
+                    Some((
+                        "torch.jit._pickle",
+                        "build_tensorlist" | "build_intlist" | "build_doublelist"
+                        | "build_boollist" | "restore_type_tag",
+                    )) => return Ok(arg(0)),
+                    // Builtins that call what they are given (map, filter,
+                    // iter with a sentinel) or hand back one of their
+                    // arguments or its members (next, min, max, ...): the
+                    // callable is called, and what comes out keeps the
+                    // origin of what went in.
+                    Some(("builtins" | "__builtin__", name)) => {
+                        if matches!(name, "map" | "filter") || (name == "iter" && items.len() == 2)
+                        {
+                            self.mark(self.global_index(arg(0)), Usage::Called);
+                        }
+                        if let Some(o) = self.origin_within(heap, &items)? {
+                            return self.inert(heap, Some(o));
+                        }
                     }
                     _ => {}
                 }
@@ -722,12 +785,15 @@ impl Interpreter for Recorder {
         if let (Some(m), Some(n)) = (text(module), text(name)) {
             return self.global(heap, &m, &n, offset);
         }
-        let (Some(m), Some(n)) = (
-            text(module).or_else(|| computed(self, module)),
-            text(name).or_else(|| computed(self, name)),
-        ) else {
-            return Err(Error::new(ErrorKind::Pickle, "STACK_GLOBAL requires str"));
-        };
+        // Operands that are neither text nor traceable to a global (a value
+        // a persistent id or a call handed back) may be strings by then.
+        let unknown = || "<computed>".to_owned();
+        let m = text(module)
+            .or_else(|| computed(self, module))
+            .unwrap_or_else(unknown);
+        let n = text(name)
+            .or_else(|| computed(self, name))
+            .unwrap_or_else(unknown);
         let v = self.global(heap, &m, &n, offset)?;
         if let Some(i) = self.global_index(v) {
             if let Some(g) = self.globals.get_mut(i) {
@@ -737,9 +803,16 @@ impl Interpreter for Recorder {
         Ok(v)
     }
 
-    fn persistent_load(&mut self, heap: &mut Heap, _pid: Value) -> Result<Value> {
-        // torch's persistent_load builds storages from the id; nothing in
-        // it is called (the storage type is only named).
+    fn persistent_load(&mut self, heap: &mut Heap, pid: Value) -> Result<Value> {
+        // torch's zip persistent_load builds storages from the id (the
+        // storage type is only named); its legacy one returns the id's
+        // second item for a `module` id, and the tar loader its first item:
+        // a global carried in an id comes back as itself.
+        let items = heap.tuple(pid).map(<[Value]>::to_vec).unwrap_or_default();
+        heap.charge_work(items.len() as u64)?;
+        if let Some(&v) = items.iter().find(|&&v| self.origin(v).is_some()) {
+            return Ok(v);
+        }
         self.inert(heap, None)
     }
 }
