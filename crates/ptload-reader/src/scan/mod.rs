@@ -375,6 +375,7 @@ pub fn classify(module: &str, name: &str) -> GlobalClass {
             m.starts_with("__")
                 && m != "__main__"
                 && m != "__builtin__"
+                && m != "__future__"
                 && m != "__torch__"
                 && !(module.starts_with("__torch__.") && torch_mangle(m))
         })
@@ -485,6 +486,13 @@ mod tests {
                 "{m}"
             );
         }
+        // `__future__` is a plain module (its names are feature records);
+        // an attribute path from it is still a gadget.
+        assert_eq!(classify("__future__", "annotations"), GlobalClass::Unknown);
+        assert_eq!(
+            classify("__future__", "_ssl.RAND_bytes"),
+            GlobalClass::Dangerous(Danger::Gadget)
+        );
         assert_eq!(classify("pathlib", "EvilPath"), GlobalClass::Unknown);
         assert_eq!(classify("numpy.dtypes", "Float64DType"), GlobalClass::Data);
         assert_eq!(classify("numpy.dtypes.evil", "X"), GlobalClass::Unknown);
