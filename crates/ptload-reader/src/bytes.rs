@@ -87,3 +87,29 @@ pub(crate) fn slice(data: &[u8], start: u64, len: u64) -> Option<&[u8]> {
     let len = usize::try_from(len).ok()?;
     data.get(start..start.checked_add(len)?)
 }
+
+/// Byte order of the storages in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteOrder {
+    /// Little-endian (every file written on x86-64 or Arm).
+    Little,
+    /// Big-endian: bytes are swapped to host order on access.
+    Big,
+}
+
+impl ByteOrder {
+    /// The byte order of the machine running this code.
+    pub const HOST: ByteOrder = if cfg!(target_endian = "big") {
+        ByteOrder::Big
+    } else {
+        ByteOrder::Little
+    };
+
+    /// `little` or `big`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ByteOrder::Little => "little",
+            ByteOrder::Big => "big",
+        }
+    }
+}

@@ -1,75 +1,24 @@
 //! The public facade: open a checkpoint, list its tensors and values.
 
-use std::borrow::Cow;
 use std::hash::BuildHasher;
 use std::path::Path;
 
 use hashbrown::HashTable;
 
-use crate::bytes::slice;
-use crate::container::legacy;
-use crate::container::zip::{self, Archive, Method};
-use crate::container::{detect, Detected};
+use crate::bytes::{slice, ByteOrder};
+use crate::container::layout::StorageBytes;
+use crate::container::{detect, Detected, Format};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::pickle::{Heap, StringEncoding, Value, Vm};
 use crate::source::Source;
+use crate::torch::decode::{decode_legacy, decode_zip};
 use crate::torch::dtype::DType;
 use crate::torch::interp::GlobalRef;
 use crate::torch::names::{walk_all, Scalar};
 use crate::torch::policy::Policy;
-use crate::torch::{PendingStorage, QuantParams, Quantization, TensorMeta, TorchInterp, TorchObj};
+use crate::torch::{QuantParams, Quantization, TensorMeta, TorchHeap, TorchInterp, TorchObj};
 use crate::view::TensorView;
-
-/// The layout a checkpoint was written in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Format {
-    /// The zip layout of `torch.save` (torch >= 1.6).
-    Zip,
-    /// The legacy stream of pickles (torch < 1.6, or
-    /// `_use_new_zipfile_serialization=False`).
-    Legacy,
-    /// A TorchScript archive (`torch.jit.save`): data only, code never run.
-    TorchScript,
-}
-
-impl Format {
-    /// `zip`, `legacy` or `torchscript`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::Zip => "zip",
-            Format::Legacy => "legacy",
-            Format::TorchScript => "torchscript",
-        }
-    }
-}
-
-/// Byte order of the storages in the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ByteOrder {
-    /// Little-endian (every file written on x86-64 or Arm).
-    Little,
-    /// Big-endian: bytes are swapped to host order on access.
-    Big,
-}
-
-impl ByteOrder {
-    /// The byte order of the machine running this code.
-    pub const HOST: ByteOrder = if cfg!(target_endian = "big") {
-        ByteOrder::Big
-    } else {
-        ByteOrder::Little
-    };
-
-    /// `little` or `big`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ByteOrder::Little => "little",
-            ByteOrder::Big => "big",
-        }
-    }
-}
 
 /// Where a storage's bytes are.
 #[derive(Debug, Clone, Copy)]
@@ -239,15 +188,6 @@ pub struct Checkpoint {
     work: u64,
 }
 
-struct Decoded {
-    format: Format,
-    byte_order: ByteOrder,
-    protocol: u8,
-    roots: Vec<(Value, &'static str)>,
-    storages: Vec<(PendingStorage, Option<StorageData>)>,
-    owned: Vec<Vec<u8>>,
-}
-
 impl Checkpoint {
     /// Open the checkpoint at `path` with default options.
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
@@ -277,26 +217,35 @@ impl Checkpoint {
                 if !data.starts_with(b"PK\x03\x04") {
                     leading = leading_globals(data, opts)?;
                 }
-                load_zip(data, source.file(), opts, &mut heap, &mut interp, &mut vm)?
+                decode_zip(
+                    data,
+                    source.file(),
+                    &opts.limits,
+                    &mut heap,
+                    &mut interp,
+                    &mut vm,
+                )?
             }
-            Detected::Legacy => legacy::load(data, &mut heap, &mut interp, &mut vm)?.into(),
+            Detected::Legacy => decode_legacy(data, &mut heap, &mut interp, &mut vm)?,
         };
         let walked = walk_all(&heap, &decoded.roots, &opts.limits)?;
         if walked.tensors.len() > opts.limits.max_tensors {
             return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));
         }
+        let mut owned = Vec::new();
         let storages: Vec<StorageInfo> = decoded
             .storages
             .into_iter()
-            .map(|(p, data)| {
+            .map(|(p, bytes)| {
                 let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
-                let data = data.ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::Tensor,
-                        format!("storage {} has no data in the file", p.key),
-                    )
-                })?;
-                Ok(StorageInfo {
+                let data = match bytes {
+                    StorageBytes::File(offset) => StorageData::File(offset),
+                    StorageBytes::Inflated(bytes) => {
+                        owned.push(bytes);
+                        StorageData::Owned(owned.len() - 1)
+                    }
+                };
+                StorageInfo {
                     file_offset: match data {
                         StorageData::File(o) => Some(o),
                         StorageData::Owned(_) => None,
@@ -309,9 +258,9 @@ impl Checkpoint {
                     record: p.record,
                     data,
                     quantized: p.quantized,
-                })
+                }
             })
-            .collect::<Result<_>>()?;
+            .collect();
         let mut tensors = Vec::with_capacity(walked.tensors.len());
         for (name, value) in walked.tensors {
             // Indices must stay those of `by_name`: nothing is skipped.
@@ -335,7 +284,7 @@ impl Checkpoint {
         let format = decoded.format;
         Ok(Checkpoint {
             source,
-            owned: decoded.owned,
+            owned,
             format,
             byte_order: decoded.byte_order,
             pickle_protocol: decoded.protocol,
@@ -652,29 +601,6 @@ fn bare_storage(name: String, id: usize, storages: &[StorageInfo]) -> Result<Ten
     })
 }
 
-/// The entry ending in `data.pkl` directly under one folder (or at the root).
-fn find_data_pkl<'a, 'd>(archive: &'a Archive<'d>) -> Result<&'a zip::Entry<'d>> {
-    let mut candidates = archive.entries().iter().filter(|e| {
-        e.name == "data.pkl" || e.name.ends_with("/data.pkl") && e.name.matches('/').count() == 1
-    });
-    let first = candidates.next().ok_or_else(|| {
-        Error::new(
-            ErrorKind::NotACheckpoint,
-            "zip archive without a data.pkl record: not a torch checkpoint",
-        )
-    })?;
-    if let Some(second) = candidates.next() {
-        return Err(Error::new(
-            ErrorKind::Zip,
-            format!(
-                "two pickles could be the checkpoint: {} and {}",
-                first.name, second.name
-            ),
-        ));
-    }
-    Ok(first)
-}
-
 /// A zip behind other bytes: torch.load reads such a file as a pickle
 /// stream from its first byte. The globals of the pickles it would run
 /// there are listed first (under the record `(bytes before the zip)`), and
@@ -721,158 +647,5 @@ fn leading_globals(data: &[u8], opts: &OpenOptions) -> Result<Vec<GlobalRef>> {
                 refused.join(", ")
             ),
         )),
-    }
-}
-
-/// The bytes of a small record (a pickle, `byteorder`), CRC-checked.
-pub(crate) fn record_bytes<'d>(
-    data: &'d [u8],
-    entry: &zip::Entry<'_>,
-    limit: u64,
-    budget: &mut u64,
-) -> Result<Cow<'d, [u8]>> {
-    if entry.size > limit {
-        return Err(Error::limit("max_pickle_bytes", limit).in_record(entry.name));
-    }
-    match entry.method {
-        Method::Stored => {
-            let bytes = slice(data, entry.data_start, entry.size).ok_or_else(|| {
-                Error::new(ErrorKind::Zip, "record lies outside the file").in_record(entry.name)
-            })?;
-            zip::check_crc(bytes, entry)?;
-            Ok(Cow::Borrowed(bytes))
-        }
-        Method::Deflated => zip::inflate(data, entry, budget).map(Cow::Owned),
-    }
-}
-
-fn load_zip(
-    data: &[u8],
-    file: Option<&std::fs::File>,
-    opts: &OpenOptions,
-    heap: &mut Heap,
-    interp: &mut TorchInterp<'_>,
-    vm: &mut Vm<'_>,
-) -> Result<Decoded> {
-    let limits = &opts.limits;
-    let headers = file.map_or(zip::Headers::Map, zip::Headers::File);
-    let archive = Archive::parse(data, headers, limits)?;
-    let pkl = find_data_pkl(&archive)?;
-    let prefix = pkl
-        .name
-        .strip_suffix("data.pkl")
-        .unwrap_or_default()
-        .to_owned();
-    let mut budget = limits.max_decompressed_bytes;
-    let byte_order = match archive.get(&format!("{prefix}byteorder")) {
-        None => ByteOrder::Little,
-        Some(entry) => {
-            let raw = record_bytes(data, entry, 64, &mut budget)?;
-            match std::str::from_utf8(&raw).map(str::trim) {
-                Ok("little") => ByteOrder::Little,
-                Ok("big") => ByteOrder::Big,
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::Zip,
-                        format!(
-                            "Unknown endianness type: {:?}",
-                            String::from_utf8_lossy(&raw)
-                        ),
-                    )
-                    .in_record(entry.name))
-                }
-            }
-        }
-    };
-    let mut roots = Vec::new();
-    let constants = archive.get(&format!("{prefix}constants.pkl"));
-    let mut protocol = 0;
-    for (entry, dir, root_name) in [
-        (Some(pkl), "data/", ""),
-        (constants, "constants/", "constants"),
-    ] {
-        let Some(entry) = entry else { continue };
-        let bytes = record_bytes(data, entry, limits.max_pickle_bytes, &mut budget)?;
-        interp.enter(entry.name, Some(format!("{prefix}{dir}")));
-        let out = vm
-            .run(heap, interp, &bytes, 0)
-            .map_err(|e| e.in_record(entry.name))?;
-        if root_name.is_empty() {
-            protocol = out.protocol;
-        }
-        // An empty constants table names nothing.
-        if !(root_name == "constants" && heap.tuple(out.value).is_some_and(<[Value]>::is_empty)) {
-            roots.push((out.value, root_name));
-        }
-    }
-    let mut owned = Vec::new();
-    let mut storages = Vec::with_capacity(interp.storages.len());
-    for p in interp.storages.drain(..) {
-        let record = p.record.as_deref().unwrap_or_default();
-        let entry = archive.get(record).ok_or_else(|| {
-            Error::new(
-                ErrorKind::Tensor,
-                format!("storage record is missing (storage key {:?})", p.key),
-            )
-            .in_record(record)
-        })?;
-        let expected = p.numel.checked_mul(p.dtype.size() as u64).ok_or_else(|| {
-            Error::new(ErrorKind::Tensor, "storage size overflows").in_record(record)
-        })?;
-        if entry.size != expected {
-            return Err(Error::new(
-                ErrorKind::Tensor,
-                format!(
-                    "record size ({} bytes) does not match expected size ({expected} bytes)",
-                    entry.size
-                ),
-            )
-            .in_record(record));
-        }
-        let data = match entry.method {
-            Method::Stored => StorageData::File(entry.data_start),
-            Method::Deflated => {
-                owned.push(zip::inflate(data, entry, &mut budget)?);
-                StorageData::Owned(owned.len() - 1)
-            }
-        };
-        storages.push((p, Some(data)));
-    }
-    Ok(Decoded {
-        format: if constants.is_some() {
-            Format::TorchScript
-        } else {
-            Format::Zip
-        },
-        byte_order,
-        protocol,
-        roots,
-        storages,
-        owned,
-    })
-}
-
-/// What the legacy loader decoded: storages located by file offset.
-pub(crate) struct LegacyParts {
-    pub(crate) byte_order: ByteOrder,
-    pub(crate) protocol: u8,
-    pub(crate) root: Value,
-    pub(crate) storages: Vec<(PendingStorage, Option<u64>)>,
-}
-
-impl From<LegacyParts> for Decoded {
-    fn from(parts: LegacyParts) -> Decoded {
-        Decoded {
-            format: Format::Legacy,
-            byte_order: parts.byte_order,
-            protocol: parts.protocol,
-            roots: vec![(parts.root, "")],
-            storages: parts
-                .storages
-                .into_iter()
-                .map(|(p, offset)| (p, offset.map(StorageData::File)))
-                .collect(),
-            owned: Vec::new(),
-        }
     }
 }

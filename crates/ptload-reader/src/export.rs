@@ -190,7 +190,7 @@ fn plan(
         };
         let info = view.info();
         let convert = opts.dtype.filter(|&to| {
-            info.dtype.is_float() && info.dtype != to && crate::can_convert(info.dtype, to)
+            info.dtype.is_float() && info.dtype != to && crate::convert::can_convert(info.dtype, to)
         });
         let dtype = convert.unwrap_or(info.dtype);
         let reason = if info.storage.is_none() {
@@ -533,14 +533,14 @@ mod output {
 
 /// Stream one tensor's output bytes (converted if planned so) to `out`.
 fn write_tensor_bytes(
-    view: &crate::TensorView<'_>,
+    view: &crate::view::TensorView<'_>,
     p: &Planned,
     out: &mut impl Write,
 ) -> Result<()> {
     let io = |e: std::io::Error| Error::io("cannot write the safetensors file", e);
     if p.convert {
         let data = view.data()?;
-        let bytes = crate::convert(&data, view.dtype(), p.dtype)?;
+        let bytes = crate::convert::convert(&data, view.dtype(), p.dtype)?;
         return out.write_all(&bytes).map_err(io);
     }
     let mut failure = None;

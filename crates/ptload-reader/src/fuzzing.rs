@@ -2,14 +2,15 @@
 //! differential tests. Behind the `fuzzing` feature and hidden from the docs:
 //! these are not a stable API.
 
-use crate::checkpoint::record_bytes;
-use crate::container::{detect, legacy, zip, Detected};
+use crate::container::layout::record_bytes;
+use crate::container::{detect, zip, Detected};
 use crate::error::Result;
 use crate::limits::Limits;
+use crate::pickle::StringEncoding;
 use crate::pickle::{Heap, Obj, Value, Vm};
+use crate::torch::decode::decode_legacy;
 use crate::torch::policy::Policy;
 use crate::torch::TorchInterp;
-use crate::StringEncoding;
 
 /// A pickle value made only of Python's plain data types.
 #[derive(Debug, Clone, PartialEq)]
@@ -114,7 +115,7 @@ fn to_plain(heap: &Heap, v: Value, depth: usize, nodes: &mut usize) -> Option<Pl
                     })
                     .collect::<Option<_>>()?,
             ),
-            Obj::Object(_) | Obj::Torch(_) => return None,
+            Obj::Object(_) | Obj::Ext(_) => return None,
         },
     })
 }
@@ -137,8 +138,8 @@ pub fn read_container(data: &[u8], limits: &Limits) -> Result<usize> {
             let allowed = Vec::new();
             let mut interp = TorchInterp::new(Policy::Default, &allowed);
             let mut vm = Vm::new(limits, StringEncoding::Utf8);
-            legacy::load(data, &mut heap, &mut interp, &mut vm)?;
-            Ok(interp.storages.len())
+            let decoded = decode_legacy(data, &mut heap, &mut interp, &mut vm)?;
+            Ok(decoded.storages.len())
         }
     }
 }

@@ -60,7 +60,9 @@ mod statedict;
 mod torch;
 mod view;
 
-pub use checkpoint::{ByteOrder, Checkpoint, Format, OpenOptions, StorageInfo, TensorInfo};
+pub use bytes::ByteOrder;
+pub use checkpoint::{Checkpoint, OpenOptions, StorageInfo, TensorInfo};
+pub use container::Format;
 pub use convert::{can_convert, convert};
 pub use error::{Error, ErrorKind, Result};
 pub use export::{

@@ -563,7 +563,7 @@ impl Plan {
     }
 
     /// The target of a tensor: its storage's, or `meta` for meta tensors.
-    pub fn tensor_target(&self, tensor: &crate::TensorInfo) -> Device {
+    pub fn tensor_target(&self, tensor: &crate::checkpoint::TensorInfo) -> Device {
         tensor
             .storage
             .and_then(|i| self.target(i))

@@ -2,7 +2,8 @@
 
 use std::borrow::Cow;
 
-use crate::checkpoint::{ByteOrder, Checkpoint, StorageInfo, TensorInfo};
+use crate::bytes::ByteOrder;
+use crate::checkpoint::{Checkpoint, StorageInfo, TensorInfo};
 use crate::error::{Error, ErrorKind, Result};
 use crate::torch::dtype::DType;
 

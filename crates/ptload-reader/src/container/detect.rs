@@ -15,8 +15,18 @@ pub(crate) enum Detected {
 /// The pickled magic number of the legacy layout, as torch writes it:
 /// PROTO 2, LONG1 of 10 bytes, 0x1950a86a20f9469cfc6c little-endian.
 /// (Protocol 4 and 5 put a FRAME between the two.)
-pub(crate) const LEGACY_MAGIC: [u8; 14] = [
+#[cfg(test)]
+const LEGACY_MAGIC: [u8; 14] = [
     0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19,
+];
+
+/// The magic number itself: the LONG1 payload, 10 little-endian bytes.
+pub(crate) const LEGACY_MAGIC_VALUE: [u8; 10] =
+    [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];
+
+/// LONG1 (opcode 0x8a) of 10 bytes, then the value.
+const LEGACY_MAGIC_LONG1: [u8; 12] = [
+    0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19,
 ];
 
 /// The magic number as protocols 0 and 1 write it: a text LONG.
@@ -26,7 +36,7 @@ const LEGACY_MAGIC_TEXT: &[u8] = b"L119547037146038801333356L\n";
 /// protocol: the LONG1 of the magic within the first opcodes (protocols
 /// 2 to 5), or its text form first (protocols 0 and 1).
 fn starts_with_legacy_magic(data: &[u8]) -> bool {
-    let long1 = LEGACY_MAGIC.get(2..).unwrap_or_default();
+    let long1 = LEGACY_MAGIC_LONG1;
     data.starts_with(LEGACY_MAGIC_TEXT)
         || data.first() == Some(&0x80)
             && data
@@ -140,6 +150,16 @@ mod tests {
         detect(data)
             .map(|d| format!("{d:?}"))
             .unwrap_or_else(|e| e.to_string())
+    }
+
+    #[test]
+    fn magic_number_forms_agree() {
+        assert_eq!(LEGACY_MAGIC[2..], LEGACY_MAGIC_LONG1);
+        assert_eq!(LEGACY_MAGIC_LONG1[2..], LEGACY_MAGIC_VALUE);
+        let text = std::str::from_utf8(&LEGACY_MAGIC_TEXT[1..LEGACY_MAGIC_TEXT.len() - 2]).unwrap();
+        let mut value = [0u8; 16];
+        value[..10].copy_from_slice(&LEGACY_MAGIC_VALUE);
+        assert_eq!(text.parse::<u128>().unwrap(), u128::from_le_bytes(value));
     }
 
     #[test]

@@ -1,7 +1,32 @@
 //! The container layer: what kind of file this is, and where its records are.
 
 mod detect;
+pub(crate) mod layout;
 pub(crate) mod legacy;
 pub(crate) mod zip;
 
-pub(crate) use detect::{detect, Detected};
+pub(crate) use detect::{detect, Detected, LEGACY_MAGIC_VALUE};
+
+/// The layout a checkpoint was written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Format {
+    /// The zip layout of `torch.save` (torch >= 1.6).
+    Zip,
+    /// The legacy stream of pickles (torch < 1.6, or
+    /// `_use_new_zipfile_serialization=False`).
+    Legacy,
+    /// A TorchScript archive (`torch.jit.save`): data only, code never run.
+    TorchScript,
+}
+
+impl Format {
+    /// `zip`, `legacy` or `torchscript`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Zip => "zip",
+            Format::Legacy => "legacy",
+            Format::TorchScript => "torchscript",
+        }
+    }
+}

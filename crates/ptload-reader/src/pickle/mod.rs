@@ -3,6 +3,8 @@
 mod value;
 mod vm;
 
-pub(crate) use value::{kind_name as kind_name_of, Dict, Heap, Obj, ObjId, Object, Value};
+pub(crate) use value::{
+    kind_name as kind_name_of, Dict, Extension, Heap, Obj, ObjId, Object, Value,
+};
 pub use vm::StringEncoding;
 pub(crate) use vm::{Interpreter, Vm};

@@ -7,6 +7,7 @@
 //! structure is. Strings, bytes and tuples (immutable in Python) live in
 //! append-only pools, so most values cost no allocation of their own.
 
+use std::any::Any;
 use std::cell::Cell;
 use std::hash::BuildHasher;
 
@@ -14,7 +15,6 @@ use hashbrown::HashTable;
 
 use crate::error::{Error, Result};
 use crate::limits::Limits;
-use crate::torch::TorchObj;
 
 pub(crate) type ObjId = u32;
 
@@ -56,8 +56,18 @@ pub(crate) enum Obj {
     Set(Box<Dict>),
     /// An instance of a class the reader does not interpret: kept inert.
     Object(Box<Object>),
-    /// Something the torch layer understands (globals, storages, tensors...).
-    Torch(TorchObj),
+    /// Something a layer above gives meaning to (the torch layer's
+    /// globals, storages, tensors...): the VM only stores it.
+    Ext(Box<dyn Extension>),
+}
+
+/// A value the interpreter above the VM makes (see [`Obj::Ext`]). The
+/// pickle layer knows nothing of it but its name, for messages.
+pub(crate) trait Extension: Any + std::fmt::Debug {
+    /// What it is, in messages: "tensor", "storage", "global".
+    fn kind_name(&self) -> &'static str;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
 /// An inert instance: what was called, with what, and what was set on it.
@@ -380,9 +390,10 @@ impl Heap {
         }
     }
 
-    pub(crate) fn torch(&self, v: Value) -> Option<&TorchObj> {
+    /// The extension value `v` refers to, when it is one of type `T`.
+    pub(crate) fn ext<T: Extension>(&self, v: Value) -> Option<&T> {
         match self.get(v) {
-            Some(Obj::Torch(t)) => Some(t),
+            Some(Obj::Ext(e)) => e.as_any().downcast_ref(),
             _ => None,
         }
     }
@@ -621,6 +632,6 @@ pub(crate) fn kind_name(obj: &Obj) -> &'static str {
         Obj::Dict(_) => "dict",
         Obj::Set(_) => "set",
         Obj::Object(_) => "object",
-        Obj::Torch(t) => t.kind_name(),
+        Obj::Ext(e) => e.kind_name(),
     }
 }

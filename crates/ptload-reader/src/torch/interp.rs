@@ -4,7 +4,9 @@ use std::hash::BuildHasher;
 
 use super::dtype::DType;
 use super::policy::{always_blocked, torch_allows, Policy};
-use super::{Global, Known, Layout, NdArray, NumpyDtype, QuantParams, TensorMeta, TorchObj};
+use super::{
+    Global, Known, Layout, NdArray, NumpyDtype, QuantParams, TensorMeta, TorchHeap, TorchObj,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pickle::{Heap, Interpreter, Obj, Object, Value};
 
@@ -144,10 +146,10 @@ pub(crate) fn describe(heap: &Heap, v: Value) -> String {
         Value::Bool(_) => "bool".into(),
         Value::Int(_) => "int".into(),
         Value::Float(_) => "float".into(),
-        Value::Obj(_) => match heap.get(v) {
-            Some(Obj::Torch(TorchObj::Global(g))) => format!("global {}.{}", g.module, g.name),
-            Some(o) => crate::pickle::kind_name_of(o).into(),
-            None => "?".into(),
+        Value::Obj(_) => match (heap.torch(v), heap.get(v)) {
+            (Some(TorchObj::Global(g)), _) => format!("global {}.{}", g.module, g.name),
+            (_, Some(o)) => crate::pickle::kind_name_of(o).into(),
+            (_, None) => "?".into(),
         },
     }
 }
@@ -156,10 +158,8 @@ pub(crate) fn describe(heap: &Heap, v: Value) -> String {
 /// a global, or an instance of a class we keep inert (it may define
 /// `__call__`). Plain values never are; Python raises TypeError.
 fn could_be_callable(heap: &Heap, v: Value) -> bool {
-    matches!(
-        heap.get(v),
-        Some(Obj::Torch(TorchObj::Global(_)) | Obj::Object(_))
-    )
+    matches!(heap.torch(v), Some(TorchObj::Global(_)))
+        || matches!(heap.get(v), Some(Obj::Object(_)))
 }
 
 fn known(heap: &Heap, v: Value) -> Option<(Known, &Global)> {
@@ -414,7 +414,7 @@ impl<'p> TorchInterp<'p> {
             }
             _ => return Err(err(format!("{func} is not a tensor rebuild function"))),
         };
-        heap.alloc(Obj::Torch(TorchObj::Tensor(Box::new(meta))))
+        heap.alloc_torch(TorchObj::Tensor(Box::new(meta)))
     }
 
     fn quant_params(&self, heap: &Heap, v: Value) -> Result<QuantParams> {
@@ -472,7 +472,7 @@ impl<'p> TorchInterp<'p> {
                 return Err(err("sparse tensor components must be tensors"));
             }
         }
-        heap.alloc(Obj::Torch(TorchObj::Sparse { layout, components }))
+        heap.alloc_torch(TorchObj::Sparse { layout, components })
     }
 
     fn numpy_scalar(&self, heap: &mut Heap, args: &[Value]) -> Result<Value> {
@@ -591,12 +591,12 @@ impl Interpreter for TorchInterp<'_> {
                 instantiated: false,
             });
         }
-        heap.alloc(Obj::Torch(TorchObj::Global(Global {
+        heap.alloc_torch(TorchObj::Global(Global {
             module: module.into(),
             name: name.into(),
             known: Known::of(module, name),
             seen,
-        })))
+        }))
     }
 
     fn call(&mut self, heap: &mut Heap, callable: Value, args: Value) -> Result<Value> {
@@ -750,7 +750,7 @@ impl Interpreter for TorchInterp<'_> {
                     Value::Int(i) => format!("{kind}:{i}"),
                     _ => kind,
                 };
-                heap.alloc(Obj::Torch(TorchObj::Device(text.into())))
+                heap.alloc_torch(TorchObj::Device(text.into()))
             }
             Known::GetLayout => {
                 let a = args_of(heap, args, func)?;
@@ -759,26 +759,23 @@ impl Interpreter for TorchInterp<'_> {
                     .ok_or_else(|| err("_get_layout needs a str"))?;
                 let layout = Layout::from_name(name)
                     .ok_or_else(|| err(format!("unknown layout {name:?}")))?;
-                heap.alloc(Obj::Torch(TorchObj::Layout(layout)))
+                heap.alloc_torch(TorchObj::Layout(layout))
             }
             Known::NumpyDtype => {
                 let a = args_of(heap, args, func)?;
                 let descr = heap.text(get(&a, 0)).unwrap_or("?").to_owned();
                 heap.charge_bytes(descr.len())?;
                 let big_endian = descr.starts_with('>');
-                heap.alloc(Obj::Torch(TorchObj::NumpyDtype(NumpyDtype {
-                    descr,
-                    big_endian,
-                })))
+                heap.alloc_torch(TorchObj::NumpyDtype(NumpyDtype { descr, big_endian }))
             }
             Known::NumpyScalar => {
                 let a = args_of(heap, args, func)?;
                 self.numpy_scalar(heap, &a)
             }
-            Known::NumpyReconstruct => heap.alloc(Obj::Torch(TorchObj::NdArray(NdArray {
+            Known::NumpyReconstruct => heap.alloc_torch(TorchObj::NdArray(NdArray {
                 dtype: "?".into(),
                 shape: Vec::new(),
-            }))),
+            })),
             Known::Reconstructor | Known::NewObj => {
                 let a = args_of(heap, args, func)?;
                 let cls = get(&a, 0);
@@ -836,20 +833,22 @@ impl Interpreter for TorchInterp<'_> {
                 o.state = Some(state);
                 Ok(())
             }
-            Some(Obj::Torch(TorchObj::NumpyDtype(d))) => {
-                if let Some(order) = byteorder {
-                    d.big_endian = order == ">";
+            Some(Obj::Ext(e)) => match e.as_any_mut().downcast_mut::<TorchObj>() {
+                Some(TorchObj::NumpyDtype(d)) => {
+                    if let Some(order) = byteorder {
+                        d.big_endian = order == ">";
+                    }
+                    Ok(())
                 }
-                Ok(())
-            }
-            Some(Obj::Torch(TorchObj::NdArray(a))) => {
-                a.shape = shape.unwrap_or_default();
-                a.dtype = numpy_dtype.unwrap_or_else(|| "?".into());
-                Ok(())
-            }
-            // Attributes set on tensors and classes: no effect on the data;
-            // nothing is called.
-            Some(Obj::Torch(_)) => Ok(()),
+                Some(TorchObj::NdArray(a)) => {
+                    a.shape = shape.unwrap_or_default();
+                    a.dtype = numpy_dtype.unwrap_or_else(|| "?".into());
+                    Ok(())
+                }
+                // Attributes set on tensors and classes: no effect on the
+                // data; nothing is called.
+                _ => Ok(()),
+            },
             // An OrderedDict's instance attributes (torch's `_metadata`):
             // Python takes only a dict, or (dict, slot dict), as such state.
             Some(Obj::Dict(_)) => {
@@ -978,7 +977,7 @@ impl Interpreter for TorchInterp<'_> {
         } else {
             id
         };
-        heap.alloc(Obj::Torch(TorchObj::Storage(id)))
+        heap.alloc_torch(TorchObj::Storage(id))
     }
 }
 

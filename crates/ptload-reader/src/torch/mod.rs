@@ -2,6 +2,7 @@
 //! functions, storages, dtypes, devices, containers) and keeps everything
 //! else as inert values. Nothing is ever imported or called.
 
+pub(crate) mod decode;
 pub(crate) mod dtype;
 pub(crate) mod interp;
 pub(crate) mod names;
@@ -9,7 +10,10 @@ pub(crate) mod policy;
 
 pub(crate) use interp::{PendingStorage, TorchInterp};
 
-use crate::pickle::Value;
+use std::any::Any;
+
+use crate::error::Result;
+use crate::pickle::{Extension, Heap, Obj, Value};
 use dtype::DType;
 
 /// A global reference, with what the reader knows it to be.
@@ -282,8 +286,8 @@ pub(crate) enum TorchObj {
     NdArray(NdArray),
 }
 
-impl TorchObj {
-    pub(crate) fn kind_name(&self) -> &'static str {
+impl Extension for TorchObj {
+    fn kind_name(&self) -> &'static str {
         match self {
             TorchObj::Global(_) => "global",
             TorchObj::Storage(_) => "storage",
@@ -294,5 +298,31 @@ impl TorchObj {
             TorchObj::NumpyDtype(_) => "numpy.dtype",
             TorchObj::NdArray(_) => "numpy.ndarray",
         }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// The torch layer's access to its values in the pickle heap.
+pub(crate) trait TorchHeap {
+    /// The torch value `v` refers to, if it is one.
+    fn torch(&self, v: Value) -> Option<&TorchObj>;
+    /// Store a torch value in the heap.
+    fn alloc_torch(&mut self, obj: TorchObj) -> Result<Value>;
+}
+
+impl TorchHeap for Heap {
+    fn torch(&self, v: Value) -> Option<&TorchObj> {
+        self.ext(v)
+    }
+
+    fn alloc_torch(&mut self, obj: TorchObj) -> Result<Value> {
+        self.alloc(Obj::Ext(Box::new(obj)))
     }
 }

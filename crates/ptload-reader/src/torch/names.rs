@@ -12,7 +12,7 @@ use std::hash::BuildHasher;
 
 use hashbrown::{HashSet, HashTable};
 
-use super::{Known, QuantParams, TorchObj};
+use super::{Known, QuantParams, TorchHeap, TorchObj};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::pickle::{Heap, Obj, ObjId, Value};
@@ -525,8 +525,9 @@ impl<'h> Walker<'h> {
                         }
                     }
                 }
-                Some(Obj::Torch(t)) => match t {
-                    TorchObj::Tensor(meta) => {
+                Some(Obj::Ext(e)) => match e.as_any().downcast_ref::<TorchObj>() {
+                    None => {}
+                    Some(TorchObj::Tensor(meta)) => {
                         self.tensor(None, value)?;
                         if let Some(QuantParams::PerChannel {
                             scales,
@@ -540,33 +541,33 @@ impl<'h> Walker<'h> {
                         }
                         continue;
                     }
-                    TorchObj::Storage(_) => {
+                    Some(TorchObj::Storage(_)) => {
                         self.tensor(None, value)?;
                         continue;
                     }
-                    TorchObj::Sparse { layout, components } => {
+                    Some(TorchObj::Sparse { layout, components }) => {
                         for (part, &v) in layout.components().iter().zip(components) {
                             self.tensor(Some(part), v)?;
                         }
                         continue;
                     }
-                    TorchObj::Global(g) => {
+                    Some(TorchObj::Global(g)) => {
                         let text = match g.known {
                             Known::Dtype(d) => format!("torch.{}", d.name()),
                             _ => format!("{}.{}", g.module, g.name),
                         };
                         self.value(in_module, || Scalar::Global(text))?;
                     }
-                    TorchObj::Device(d) => {
+                    Some(TorchObj::Device(d)) => {
                         self.value(in_module, || Scalar::Device(d.to_string()))?
                     }
-                    TorchObj::Layout(l) => {
+                    Some(TorchObj::Layout(l)) => {
                         self.value(in_module, || Scalar::Global(format!("torch.{l:?}")))?
                     }
-                    TorchObj::NumpyDtype(d) => self.value(in_module, || {
+                    Some(TorchObj::NumpyDtype(d)) => self.value(in_module, || {
                         Scalar::Global(format!("numpy.dtype({})", d.descr))
                     })?,
-                    TorchObj::NdArray(a) => self.value(in_module, || Scalar::Array {
+                    Some(TorchObj::NdArray(a)) => self.value(in_module, || Scalar::Array {
                         dtype: a.dtype.clone(),
                         shape: a.shape.clone(),
                     })?,

@@ -1,0 +1,153 @@
+//! torch's zip layout: which records of the archive hold what. One folder
+//! (any name) holds `data.pkl`, an optional `byteorder`, TorchScript's
+//! `constants.pkl`, and the storages under `data/` (and `constants/`),
+//! named by the pickles' persistent ids.
+
+use std::borrow::Cow;
+
+use super::zip::{self, Archive, Entry, Method};
+use crate::bytes::{slice, ByteOrder};
+use crate::error::{Error, ErrorKind, Result};
+
+/// The records that make a zip a torch checkpoint.
+#[derive(Debug)]
+pub(crate) struct TorchRecords<'a, 'd> {
+    /// The folder all records live in, with its trailing `/` (may be empty).
+    pub(crate) prefix: String,
+    pub(crate) data_pkl: &'a Entry<'d>,
+    /// TorchScript's constants table, when present.
+    pub(crate) constants_pkl: Option<&'a Entry<'d>>,
+    pub(crate) byte_order: ByteOrder,
+}
+
+/// Where a storage's bytes are once its record is found.
+#[derive(Debug)]
+pub(crate) enum StorageBytes {
+    /// At this offset of the file, stored uncompressed.
+    File(u64),
+    /// Inflated from a deflated record.
+    Inflated(Vec<u8>),
+}
+
+/// Find the records of torch's layout in `archive`; `budget` is charged for
+/// what is inflated.
+pub(crate) fn torch_records<'a, 'd>(
+    data: &[u8],
+    archive: &'a Archive<'d>,
+    budget: &mut u64,
+) -> Result<TorchRecords<'a, 'd>> {
+    let data_pkl = find_data_pkl(archive)?;
+    let prefix = data_pkl
+        .name
+        .strip_suffix("data.pkl")
+        .map(str::to_owned)
+        .ok_or_else(|| Error::new(ErrorKind::Zip, "data.pkl record without its name"))?;
+    let byte_order = match archive.get(&format!("{prefix}byteorder")) {
+        None => ByteOrder::Little,
+        Some(entry) => {
+            let raw = record_bytes(data, entry, 64, budget)?;
+            match std::str::from_utf8(&raw).map(str::trim) {
+                Ok("little") => ByteOrder::Little,
+                Ok("big") => ByteOrder::Big,
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::Zip,
+                        format!(
+                            "Unknown endianness type: {:?}",
+                            String::from_utf8_lossy(&raw)
+                        ),
+                    )
+                    .in_record(entry.name))
+                }
+            }
+        }
+    };
+    let constants_pkl = archive.get(&format!("{prefix}constants.pkl"));
+    Ok(TorchRecords {
+        prefix,
+        data_pkl,
+        constants_pkl,
+        byte_order,
+    })
+}
+
+/// The entry ending in `data.pkl` directly under one folder (or at the root).
+pub(crate) fn find_data_pkl<'a, 'd>(archive: &'a Archive<'d>) -> Result<&'a Entry<'d>> {
+    let mut candidates = archive.entries().iter().filter(|e| {
+        e.name == "data.pkl" || e.name.ends_with("/data.pkl") && e.name.matches('/').count() == 1
+    });
+    let first = candidates.next().ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotACheckpoint,
+            "zip archive without a data.pkl record: not a torch checkpoint",
+        )
+    })?;
+    if let Some(second) = candidates.next() {
+        return Err(Error::new(
+            ErrorKind::Zip,
+            format!(
+                "two pickles could be the checkpoint: {} and {}",
+                first.name, second.name
+            ),
+        ));
+    }
+    Ok(first)
+}
+
+/// The bytes of a small record (a pickle, `byteorder`), CRC-checked.
+pub(crate) fn record_bytes<'d>(
+    data: &'d [u8],
+    entry: &Entry<'_>,
+    limit: u64,
+    budget: &mut u64,
+) -> Result<Cow<'d, [u8]>> {
+    if entry.size > limit {
+        return Err(Error::limit("max_pickle_bytes", limit).in_record(entry.name));
+    }
+    match entry.method {
+        Method::Stored => {
+            let bytes = slice(data, entry.data_start, entry.size).ok_or_else(|| {
+                Error::new(ErrorKind::Zip, "record lies outside the file").in_record(entry.name)
+            })?;
+            zip::check_crc(bytes, entry)?;
+            Ok(Cow::Borrowed(bytes))
+        }
+        Method::Deflated => zip::inflate(data, entry, budget).map(Cow::Owned),
+    }
+}
+
+/// Locate the storage record `record`, which the pickle says holds `nbytes`
+/// bytes (`key` names the storage in errors). Stored records stay in the
+/// file; deflated ones are inflated against `budget`.
+pub(crate) fn storage_bytes(
+    data: &[u8],
+    archive: &Archive<'_>,
+    record: &str,
+    key: &str,
+    nbytes: Option<u64>,
+    budget: &mut u64,
+) -> Result<StorageBytes> {
+    let entry = archive.get(record).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Tensor,
+            format!("storage record is missing (storage key {key:?})"),
+        )
+        .in_record(record)
+    })?;
+    let expected = nbytes
+        .ok_or_else(|| Error::new(ErrorKind::Tensor, "storage size overflows").in_record(record))?;
+    if entry.size != expected {
+        return Err(Error::new(
+            ErrorKind::Tensor,
+            format!(
+                "record size ({} bytes) does not match expected size ({expected} bytes)",
+                entry.size
+            ),
+        )
+        .in_record(record));
+    }
+    Ok(match entry.method {
+        Method::Stored => StorageBytes::File(entry.data_start),
+        Method::Deflated => StorageBytes::Inflated(zip::inflate(data, entry, budget)?),
+    })
+}

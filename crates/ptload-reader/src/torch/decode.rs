@@ -1,0 +1,154 @@
+//! Running a container's pickles with the torch interpreter: every layout
+//! comes out as the same parts (the root values to name, and each storage
+//! with where its bytes are).
+
+use super::{PendingStorage, TorchInterp};
+use crate::bytes::ByteOrder;
+use crate::container::layout::{self, StorageBytes};
+use crate::container::legacy::{self, LegacyStorage};
+use crate::container::zip::{Archive, Headers};
+use crate::container::{Format, LEGACY_MAGIC_VALUE};
+use crate::error::{Error, ErrorKind, Result};
+use crate::limits::Limits;
+use crate::pickle::{Heap, Value, Vm};
+
+/// A checkpoint's pickles run, its storages located.
+pub(crate) struct Decoded {
+    pub(crate) format: Format,
+    pub(crate) byte_order: ByteOrder,
+    pub(crate) protocol: u8,
+    /// The values to name, with the name of their root (`""` for the
+    /// object, `constants` for TorchScript's constants table).
+    pub(crate) roots: Vec<(Value, &'static str)>,
+    pub(crate) storages: Vec<(PendingStorage, StorageBytes)>,
+}
+
+/// torch's zip layout (and TorchScript's).
+pub(crate) fn decode_zip(
+    data: &[u8],
+    file: Option<&std::fs::File>,
+    limits: &Limits,
+    heap: &mut Heap,
+    interp: &mut TorchInterp<'_>,
+    vm: &mut Vm<'_>,
+) -> Result<Decoded> {
+    let headers = file.map_or(Headers::Map, Headers::File);
+    let archive = Archive::parse(data, headers, limits)?;
+    let mut budget = limits.max_decompressed_bytes;
+    let records = layout::torch_records(data, &archive, &mut budget)?;
+    let prefix = &records.prefix;
+    let mut roots = Vec::new();
+    let mut protocol = 0;
+    for (entry, dir, root_name) in [
+        (Some(records.data_pkl), "data/", ""),
+        (records.constants_pkl, "constants/", "constants"),
+    ] {
+        let Some(entry) = entry else { continue };
+        let bytes = layout::record_bytes(data, entry, limits.max_pickle_bytes, &mut budget)?;
+        interp.enter(entry.name, Some(format!("{prefix}{dir}")));
+        let out = vm
+            .run(heap, interp, &bytes, 0)
+            .map_err(|e| e.in_record(entry.name))?;
+        if root_name.is_empty() {
+            protocol = out.protocol;
+        }
+        // An empty constants table names nothing.
+        if !(root_name == "constants" && heap.tuple(out.value).is_some_and(<[Value]>::is_empty)) {
+            roots.push((out.value, root_name));
+        }
+    }
+    let mut storages = Vec::with_capacity(interp.storages.len());
+    for p in interp.storages.drain(..) {
+        let record = p.record.as_deref().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Tensor,
+                format!("storage {:?} names no record", p.key),
+            )
+        })?;
+        let nbytes = p.numel.checked_mul(p.dtype.size() as u64);
+        let bytes = layout::storage_bytes(data, &archive, record, &p.key, nbytes, &mut budget)?;
+        storages.push((p, bytes));
+    }
+    Ok(Decoded {
+        format: if records.constants_pkl.is_some() {
+            Format::TorchScript
+        } else {
+            Format::Zip
+        },
+        byte_order: records.byte_order,
+        protocol,
+        roots,
+        storages,
+    })
+}
+
+/// The legacy stream: five pickles (magic number, protocol version,
+/// sys_info, the object, the storage keys), then the storages' bytes.
+pub(crate) fn decode_legacy(
+    data: &[u8],
+    heap: &mut Heap,
+    interp: &mut TorchInterp<'_>,
+    vm: &mut Vm<'_>,
+) -> Result<Decoded> {
+    let legacy_err = |message: &str| Error::new(ErrorKind::Legacy, message);
+    let mut run = |heap: &mut Heap, interp: &mut TorchInterp<'_>, start: usize, section: &str| {
+        interp.enter(&format!("legacy {section} pickle"), None);
+        vm.run(heap, interp, data, start)
+            .map_err(|e| e.in_record(&interp.record))
+    };
+    let magic = run(heap, interp, 0, "magic number")?;
+    if heap.bigint(magic.value) != Some(&LEGACY_MAGIC_VALUE[..]) {
+        return Err(legacy_err("Invalid magic number; corrupt file?"));
+    }
+    let version = run(heap, interp, magic.end, "protocol version")?;
+    if version.value != Value::Int(legacy::PROTOCOL_VERSION) {
+        return Err(legacy_err("Invalid protocol version").at(magic.end as u64));
+    }
+    let sys_info = run(heap, interp, version.end, "sys_info")?;
+    let little = heap
+        .dict(sys_info.value)
+        .and_then(|d| d.get_str(heap, "little_endian"))
+        .is_none_or(|v| v != Value::Bool(false));
+    let byte_order = if little {
+        ByteOrder::Little
+    } else {
+        ByteOrder::Big
+    };
+    let object = run(heap, interp, sys_info.end, "object")?;
+    let keys = run(heap, interp, object.end, "storage keys")?;
+    let listed: Vec<String> = heap
+        .sequence(keys.value)
+        .ok_or_else(|| legacy_err("storage key list is not a list").at(object.end as u64))?
+        .iter()
+        .map(|&k| match k {
+            Value::Int(i) => Some(i.to_string()),
+            other => heap.text(other).map(str::to_owned),
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(|| legacy_err("storage key is not a str").at(object.end as u64))?;
+    let described: Vec<LegacyStorage<'_>> = interp
+        .storages
+        .iter()
+        .map(|s| LegacyStorage {
+            key: &s.key,
+            numel: s.numel,
+            elem_size: s.dtype.size() as u64,
+            view: s.view.map(|v| (v.root, v.elem_offset)),
+        })
+        .collect();
+    let offsets = legacy::storage_offsets(data, keys.end, byte_order, &listed, &described, |k| {
+        interp.storage_by_key(k)
+    })?;
+    Ok(Decoded {
+        format: Format::Legacy,
+        byte_order,
+        protocol: object.protocol,
+        roots: vec![(object.value, "")],
+        storages: interp
+            .storages
+            .drain(..)
+            .zip(offsets)
+            .map(|(p, offset)| (p, StorageBytes::File(offset)))
+            .collect(),
+    })
+}
