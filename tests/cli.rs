@@ -437,7 +437,7 @@ fn load_converts_only_when_asked() {
     );
     let bad = ptload(&["load", "--dtype", "int3", &path]);
     assert_eq!(bad.status.code(), Some(2));
-    assert!(stderr(&bad).contains("expected F64, F32, F16, BF16, F8_E4M3 or F8_E5M2"));
+    assert!(stderr(&bad).contains("expected one of F64, F32, F16, BF16, F8_E4M3, F8_E5M2"));
 }
 
 /// A checkpoint whose pickle calls os.system('echo pwned') next to a plain

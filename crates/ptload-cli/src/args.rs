@@ -270,21 +270,21 @@ impl StateDictArgs {
 
 /// `--dtype` names, as in ptload's output.
 pub(crate) fn parse_dtype(text: &str) -> CliResult<DType> {
-    let dtypes = [
-        DType::F64,
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::F8E4M3,
-        DType::F8E5M2,
-    ];
-    dtypes
-        .into_iter()
-        .find(|d| d.name().eq_ignore_ascii_case(text.trim()))
-        .ok_or_else(|| {
-            format!("invalid --dtype {text:?}: expected F64, F32, F16, BF16, F8_E4M3 or F8_E5M2")
-                .into()
-        })
+    match text.parse::<DType>() {
+        Ok(d) if ptload_reader::can_convert(DType::F32, d) => Ok(d),
+        _ => {
+            let targets: Vec<&str> = DType::ALL
+                .into_iter()
+                .filter(|&d| ptload_reader::can_convert(DType::F32, d))
+                .map(DType::name)
+                .collect();
+            Err(format!(
+                "invalid --dtype {text:?}: expected one of {}",
+                targets.join(", ")
+            )
+            .into())
+        }
+    }
 }
 
 #[cfg(test)]

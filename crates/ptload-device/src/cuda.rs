@@ -12,13 +12,17 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 
+use ptload_reader::ByteOrder;
+
 use crate::probe::Gpu;
 
 /// Bytes from one host slice to one offset of the arena.
 pub(crate) struct Upload<'a> {
     pub(crate) bytes: &'a [u8],
-    /// Swap each run of this many bytes while staging (other byte order).
-    pub(crate) swap: Option<usize>,
+    /// The bytes' order and element unit: swapped to the host's while
+    /// staging.
+    pub(crate) order: ByteOrder,
+    pub(crate) unit: usize,
     pub(crate) arena_offset: usize,
 }
 
@@ -240,9 +244,7 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
             return Err("chunk outside its buffer".into());
         };
         dst.copy_from_slice(src);
-        if let Some(unit) = up.swap {
-            dst.chunks_exact_mut(unit).for_each(<[u8]>::reverse);
-        }
+        up.order.to_host(dst, up.unit);
         let offset =
             u64::try_from(up.arena_offset + chunk.start).map_err(|_| "offset".to_owned())?;
         // SAFETY: the destination range [base + offset, + len) lies inside the

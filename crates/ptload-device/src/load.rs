@@ -167,8 +167,10 @@ const ARENA_ALIGN: usize = 256;
 /// A storage to place: the checkpoint's, or a tensor's converted bytes.
 struct Source<'c> {
     bytes: Option<Cow<'c, [u8]>>,
-    /// Swap unit when the bytes are in the other byte order.
-    swap: Option<usize>,
+    /// The bytes' order, and the unit it applies to (see
+    /// [`ByteOrder::to_host`]).
+    order: ByteOrder,
+    unit: usize,
     device: Device,
     fallback: Option<String>,
 }
@@ -211,7 +213,6 @@ pub fn load<'c>(
             }
         }
     }
-    let swap_file = ckpt.byte_order() != ByteOrder::HOST;
     let mut sources: Vec<Source<'c>> = Vec::new();
     let mut index_of: Vec<Option<usize>> = vec![None; ckpt.storages().len()];
     let mut tensors = Vec::with_capacity(selection.len());
@@ -271,7 +272,8 @@ pub fn load<'c>(
                     let bytes = ptload_reader::convert(&data, info.dtype, to)?;
                     sources.push(Source {
                         bytes: Some(Cow::Owned(bytes)),
-                        swap: None,
+                        order: ByteOrder::HOST,
+                        unit: to.swap_unit(),
                         device,
                         fallback,
                     });
@@ -290,11 +292,10 @@ pub fn load<'c>(
                 Some(k) => k,
                 None => {
                     let bytes = ckpt.storage_bytes(si).map(Cow::Borrowed);
-                    let unit = info.dtype.swap_unit();
-                    let swap = (swap_file && unit > 1).then_some(unit);
                     sources.push(Source {
                         bytes,
-                        swap,
+                        order: ckpt.byte_order(),
+                        unit: info.dtype.swap_unit(),
                         device,
                         fallback,
                     });
@@ -391,7 +392,8 @@ pub fn load<'c>(
                         let s = sources_ref.get(k)?;
                         Some(Upload {
                             bytes: s.bytes.as_deref()?,
-                            swap: s.swap,
+                            order: s.order,
+                            unit: s.unit,
                             arena_offset,
                         })
                     })
@@ -455,13 +457,12 @@ pub fn load<'c>(
                 if let Some(p) = &opts.progress {
                     p(bytes.len() as u64);
                 }
-                Placed::Host(match source.swap {
-                    Some(unit) => {
-                        let mut owned = bytes.into_owned();
-                        owned.chunks_exact_mut(unit).for_each(<[u8]>::reverse);
-                        Cow::Owned(owned)
-                    }
-                    None => bytes,
+                Placed::Host(if source.order.needs_swap(source.unit) {
+                    let mut owned = bytes.into_owned();
+                    source.order.to_host(&mut owned, source.unit);
+                    Cow::Owned(owned)
+                } else {
+                    bytes
                 })
             }
         });

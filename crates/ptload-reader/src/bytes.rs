@@ -112,4 +112,64 @@ impl ByteOrder {
             ByteOrder::Big => "big",
         }
     }
+
+    /// Whether elements of `unit` bytes stored in this order must be
+    /// swapped to be read on this machine.
+    pub fn needs_swap(self, unit: usize) -> bool {
+        self != ByteOrder::HOST && unit > 1
+    }
+
+    /// Put `bytes`, elements of `unit` bytes stored in this byte order, in
+    /// the host's order, in place: nothing to do when the orders agree or
+    /// elements are single bytes. A complex element swaps per component
+    /// (`unit` is [`DType::swap_unit`](crate::DType::swap_unit)).
+    /// A trailing partial element is left as it is.
+    pub fn to_host(self, bytes: &mut [u8], unit: usize) {
+        if self.needs_swap(unit) {
+            bytes.chunks_exact_mut(unit).for_each(<[u8]>::reverse);
+        }
+    }
+}
+
+/// Negate a little-endian two's complement integer in place.
+pub(crate) fn negate_le(bytes: &mut [u8]) {
+    let mut carry = 1u16;
+    for b in bytes.iter_mut() {
+        let v = u16::from(!*b) + carry;
+        *b = (v & 0xff) as u8;
+        carry = v >> 8;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn to_host_swaps_each_unit_only_across_orders() {
+        let other = if ByteOrder::HOST == ByteOrder::Little {
+            ByteOrder::Big
+        } else {
+            ByteOrder::Little
+        };
+        let mut b = [1, 2, 3, 4, 5, 6, 7];
+        other.to_host(&mut b, 2);
+        assert_eq!(b, [2, 1, 4, 3, 6, 5, 7]);
+        ByteOrder::HOST.to_host(&mut b, 2);
+        assert_eq!(b, [2, 1, 4, 3, 6, 5, 7]);
+        other.to_host(&mut b, 1);
+        assert_eq!(b, [2, 1, 4, 3, 6, 5, 7]);
+    }
+
+    #[test]
+    fn negates_twos_complement() {
+        for v in [0i32, 1, -1, 255, -256, i32::MAX, i32::MIN + 1] {
+            let mut b = v.to_le_bytes();
+            negate_le(&mut b);
+            assert_eq!(i32::from_le_bytes(b), -v);
+        }
+        let mut b = i32::MIN.to_le_bytes();
+        negate_le(&mut b);
+        assert_eq!(i32::from_le_bytes(b), i32::MIN);
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use crate::bytes::ByteOrder;
+use crate::bytes::{negate_le, ByteOrder};
 use crate::checkpoint::{Checkpoint, StorageInfo, TensorInfo};
 use crate::error::{Error, ErrorKind, Result};
 use crate::torch::dtype::DType;
@@ -240,7 +240,7 @@ impl<'a> TensorView<'a> {
             buf.extend_from_slice(piece);
             let fresh = buf.get_mut(at..).unwrap_or_default();
             if let Some(unit) = swap {
-                fresh.chunks_exact_mut(unit).for_each(<[u8]>::reverse);
+                self.ckpt.byte_order().to_host(fresh, unit);
             }
             if transform {
                 self.transform(fresh);
@@ -273,12 +273,7 @@ fn negate_int(e: &mut [u8]) {
     if !le {
         e.reverse();
     }
-    let mut carry = 1u16;
-    for b in e.iter_mut() {
-        let v = u16::from(!*b) + carry;
-        *b = (v & 0xff) as u8;
-        carry = v >> 8;
-    }
+    negate_le(e);
     if !le {
         e.reverse();
     }

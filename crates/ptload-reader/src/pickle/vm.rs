@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use super::value::{Heap, Obj, Value};
-use crate::bytes::ByteReader;
+use crate::bytes::{negate_le, ByteReader};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 
@@ -856,12 +856,7 @@ fn decimal_to_le(s: &str) -> Result<Vec<u8>> {
     // Room for the sign bit.
     mag.push(0);
     if negative {
-        let mut carry = 1u16;
-        for byte in mag.iter_mut() {
-            let v = u16::from(!*byte) + carry;
-            *byte = (v & 0xff) as u8;
-            carry = v >> 8;
-        }
+        negate_le(&mut mag);
     }
     // Minimal, as LONG1 writes it: no byte that only repeats the sign.
     while let [.., below, top] = mag[..] {

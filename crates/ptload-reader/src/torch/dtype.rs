@@ -1,6 +1,9 @@
 //! Element types torch saves.
 
 use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, ErrorKind, Result};
 
 /// The element type of a tensor, named as in safetensors where it has a name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,6 +56,32 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every element type, in declaration order.
+    pub const ALL: [DType; 22] = [
+        DType::F64,
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F8E4M3,
+        DType::F8E5M2,
+        DType::F8E4M3Fnuz,
+        DType::F8E5M2Fnuz,
+        DType::F8E8M0,
+        DType::F4E2M1X2,
+        DType::C32,
+        DType::C64,
+        DType::C128,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+        DType::Bool,
+    ];
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
@@ -210,8 +239,79 @@ impl DType {
     }
 }
 
+/// Parses the names [`DType::name`] gives (`F32`, `bf16`, `F8_E4M3`...),
+/// ignoring ASCII case and surrounding space.
+impl FromStr for DType {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<DType> {
+        let text = text.trim();
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(text))
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidSpec,
+                    format!(
+                        "unknown dtype {text:?}: the names are F32, BF16, F8_E4M3, I64, BOOL..."
+                    ),
+                )
+            })
+    }
+}
+
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Exhaustive: a new variant fails to compile here until it is placed.
+    fn position(d: DType) -> usize {
+        match d {
+            DType::F64 => 0,
+            DType::F32 => 1,
+            DType::F16 => 2,
+            DType::BF16 => 3,
+            DType::F8E4M3 => 4,
+            DType::F8E5M2 => 5,
+            DType::F8E4M3Fnuz => 6,
+            DType::F8E5M2Fnuz => 7,
+            DType::F8E8M0 => 8,
+            DType::F4E2M1X2 => 9,
+            DType::C32 => 10,
+            DType::C64 => 11,
+            DType::C128 => 12,
+            DType::I8 => 13,
+            DType::I16 => 14,
+            DType::I32 => 15,
+            DType::I64 => 16,
+            DType::U8 => 17,
+            DType::U16 => 18,
+            DType::U32 => 19,
+            DType::U64 => 20,
+            DType::Bool => 21,
+        }
+    }
+
+    #[test]
+    fn all_lists_every_dtype_once_and_names_parse_back() {
+        for (i, d) in DType::ALL.into_iter().enumerate() {
+            assert_eq!(position(d), i);
+            assert_eq!(d.name().parse::<DType>().unwrap(), d);
+            assert_eq!(
+                format!(" {} ", d.name().to_lowercase())
+                    .parse::<DType>()
+                    .unwrap(),
+                d
+            );
+        }
+        let err = "float".parse::<DType>().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidSpec);
+        assert!(err.to_string().contains("unknown dtype \"float\""), "{err}");
     }
 }

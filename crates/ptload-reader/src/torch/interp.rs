@@ -522,9 +522,9 @@ fn numpy_value(descr: &str, big_endian: bool, raw: &[u8]) -> Option<Value> {
             four.iter_mut().zip(&b).for_each(|(d, s)| *d = *s);
             Value::Float(f32::from_le_bytes(four).into())
         }
-        ('f', 2) => Value::Float(f16_to_f64(
-            u16::from(b.first().copied()?) | u16::from(b.get(1).copied()?) << 8,
-        )),
+        ('f', 2) => Value::Float(
+            half::f16::from_le_bytes([b.first().copied()?, b.get(1).copied()?]).to_f64(),
+        ),
         ('i', 1 | 2 | 4 | 8) => {
             let negative = b.last().is_some_and(|x| x & 0x80 != 0);
             buf = [if negative { 0xff } else { 0 }; 8];
@@ -542,18 +542,6 @@ fn numpy_value(descr: &str, big_endian: bool, raw: &[u8]) -> Option<Value> {
         ('b', 1) => Value::Bool(b.first().copied()? != 0),
         _ => return None,
     })
-}
-
-fn f16_to_f64(bits: u16) -> f64 {
-    let sign = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };
-    let exp = i32::from((bits >> 10) & 0x1f);
-    let frac = f64::from(bits & 0x3ff);
-    match exp {
-        0 => sign * frac * 2f64.powi(-24),
-        0x1f if frac == 0.0 => sign * f64::INFINITY,
-        0x1f => f64::NAN,
-        e => sign * (1.0 + frac / 1024.0) * 2f64.powi(e - 15),
-    }
 }
 
 impl Interpreter for TorchInterp<'_> {
