@@ -17,7 +17,7 @@ fn open(name: &str) -> Checkpoint {
     Checkpoint::open(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-fn everything(ckpt: &Checkpoint) -> Vec<ptload_reader::Selected> {
+fn everything(ckpt: &Checkpoint) -> ptload_reader::StateDict<'_> {
     StateDictOptions {
         key: ptload_reader::KeySelect::All,
         strip: ptload_reader::Strip::None,

@@ -1,10 +1,11 @@
 //! The reader against checkpoints written by real torch, compared with the
 //! answers torch itself computed (fixtures/generate.py).
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use ptload_reader::{Checkpoint, Quantization, Scalar};
+use ptload_reader::{Checkpoint, DType, Element, ErrorKind, Quantization, Scalar, TensorView};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
@@ -23,6 +24,65 @@ fn sha256_of(view: &ptload_reader::TensorView<'_>) -> String {
     view.visit_bytes(|chunk| h.update(chunk))
         .expect("visit bytes");
     hex::encode(h.finalize())
+}
+
+/// The typed reads give exactly `data()`'s bytes: borrowed when
+/// `as_slice` can borrow, which it does whenever `data()` borrowed and the
+/// address suits the type; any other element type is refused.
+fn typed_access(view: &TensorView<'_>, data: &[u8], borrowed: bool) {
+    fn check<T: Element>(view: &TensorView<'_>, data: &[u8], borrowed: bool) {
+        let name = view.name();
+        let owned = view.to_vec::<T>().unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            bytemuck::cast_slice::<T, u8>(&owned),
+            data,
+            "{name}: to_vec"
+        );
+        let cow = view.to_cow::<T>().unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(bytemuck::cast_slice::<T, u8>(&cow), data, "{name}: to_cow");
+        match view.as_slice::<T>() {
+            Ok(slice) => {
+                assert_eq!(bytemuck::cast_slice::<T, u8>(slice), data, "{name}");
+                assert!(matches!(cow, Cow::Borrowed(_)), "{name}: to_cow copied");
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::NotBorrowable, "{name}: {e}");
+                let aligned = data.as_ptr() as usize % std::mem::align_of::<T>() == 0;
+                assert!(
+                    !borrowed || !aligned,
+                    "{name}: data() borrowed an aligned slice that as_slice refused: {e}"
+                );
+            }
+        }
+        let wrong = if T::DTYPE == DType::U8 {
+            view.as_slice::<i8>().map(|_| ())
+        } else {
+            view.as_slice::<u8>().map(|_| ())
+        };
+        assert_eq!(
+            wrong.unwrap_err().kind(),
+            ErrorKind::DTypeMismatch,
+            "{name}"
+        );
+    }
+    match view.dtype() {
+        DType::F64 => check::<f64>(view, data, borrowed),
+        DType::F32 => check::<f32>(view, data, borrowed),
+        DType::F16 => check::<half::f16>(view, data, borrowed),
+        DType::BF16 => check::<half::bf16>(view, data, borrowed),
+        DType::I8 => check::<i8>(view, data, borrowed),
+        DType::I16 => check::<i16>(view, data, borrowed),
+        DType::I32 => check::<i32>(view, data, borrowed),
+        DType::I64 => check::<i64>(view, data, borrowed),
+        DType::U8 => check::<u8>(view, data, borrowed),
+        DType::U16 => check::<u16>(view, data, borrowed),
+        DType::U32 => check::<u32>(view, data, borrowed),
+        DType::U64 => check::<u64>(view, data, borrowed),
+        _ => assert_eq!(
+            view.as_slice::<u8>().unwrap_err().kind(),
+            ErrorKind::DTypeMismatch
+        ),
+    }
 }
 
 fn scalar_json(s: &Scalar) -> Option<Json> {
@@ -131,6 +191,7 @@ fn check(file: &str) {
                     view.info().nbytes,
                     "{file}: {name}: data length"
                 );
+                typed_access(&view, &data, matches!(data, Cow::Borrowed(_)));
             }
             None => assert!(
                 view.data().is_err(),
@@ -247,4 +308,31 @@ fn with_values_shape(mut doc: Json, values_shape: &Option<Vec<u64>>) -> Json {
         map.insert("values_shape".into(), Json::from(shape.clone()));
     }
     doc
+}
+
+/// Bytes handed to `from_bytes` are read where they lie: a contiguous
+/// tensor's data points into the caller's buffer, whoever owns it.
+#[test]
+fn bytes_handed_over_are_read_in_place() {
+    fn inside(outer: &[u8], inner: &[u8]) -> bool {
+        let range = outer.as_ptr_range();
+        range.start <= inner.as_ptr() && inner.as_ptr_range().end <= range.end
+    }
+    let path = root().join("files/basic.pt");
+    let shared: std::sync::Arc<[u8]> = std::fs::read(&path).unwrap().into();
+    let ckpt = Checkpoint::from_bytes(std::sync::Arc::clone(&shared)).unwrap();
+    let data = ckpt.tensor("0.weight").unwrap().data().unwrap();
+    assert!(matches!(data, Cow::Borrowed(_)));
+    assert!(inside(&shared, &data));
+    static BASIC: &[u8] = include_bytes!("../fixtures/files/basic.pt");
+    let ckpt = Checkpoint::from_bytes(BASIC).unwrap();
+    let weight = ckpt.tensor("0.weight").unwrap();
+    assert!(inside(BASIC, &weight.data().unwrap()));
+    let from_file = Checkpoint::open(&path).unwrap();
+    let want = from_file
+        .tensor("0.weight")
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(weight.to_cow::<f32>().unwrap().as_ref(), want.as_slice());
 }

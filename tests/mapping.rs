@@ -301,6 +301,21 @@ fn renames_prefixes_and_collisions() {
     let got = names(&ckpt, &opts);
     assert!(got.contains(&"model.enc.0.w".to_owned()), "{got:?}");
     assert!(got.contains(&"model.encoder.0.bias".to_owned()), "{got:?}");
+    // Looked up by the final names only.
+    let sd = opts.select(&ckpt).expect("select");
+    assert_eq!(sd.len(), ckpt.len());
+    let renamed = sd.get("model.enc.0.w").expect("renamed tensor");
+    assert_eq!(renamed.name(), "encoder.0.weight");
+    assert_eq!(
+        sd.selected("model.enc.0.w").map(|s| s.index),
+        ckpt.tensors().position(|t| t.name() == "encoder.0.weight")
+    );
+    assert!(sd.get("encoder.0.weight").is_none());
+    assert!(sd.get("enc.0.w").is_none());
+    assert!(sd.contains("model.encoder.0.bias"));
+    for (name, view) in sd.tensors() {
+        assert_eq!(sd.get(name).map(|v| v.name()), Some(view.name()));
+    }
     let merge = StateDictOptions {
         renames: vec![("encoder.0.*".into(), "x".into())],
         ..Default::default()

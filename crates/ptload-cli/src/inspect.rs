@@ -31,16 +31,13 @@ pub(crate) fn rows<'a>(
     };
     let selected = state.options(true)?.select(ckpt)?;
     let mut rows = Vec::with_capacity(selected.len());
-    for s in selected {
-        let Some(view) = ckpt.tensor_at(s.index) else {
-            continue;
-        };
+    for (name, view) in selected.tensors() {
         let target = match &plan {
             Some(p) => p.tensor_target(view.info()).to_string(),
             None => view.location().to_owned(),
         };
         rows.push(Row {
-            name: s.name,
+            name: name.to_owned(),
             view,
             target,
         });

@@ -242,7 +242,7 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
          read without Python or libtorch and without executing its pickle.\n",
         DEMO_CHECKPOINT.len()
     )?;
-    let ckpt = Checkpoint::from_bytes(DEMO_CHECKPOINT.to_vec())?;
+    let ckpt = Checkpoint::from_bytes(DEMO_CHECKPOINT)?;
     let rows = inspect::rows(
         &ckpt,
         &MapArgs::default(),

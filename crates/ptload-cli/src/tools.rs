@@ -68,11 +68,7 @@ pub(crate) fn convert(
         );
     }
     let selection = state.select(ckpt)?;
-    let total: u64 = selection
-        .iter()
-        .filter_map(|s| ckpt.tensor_at(s.index))
-        .map(|t| t.info().nbytes)
-        .sum();
+    let total: u64 = selection.tensors().map(|(_, t)| t.info().nbytes).sum();
     let bar = crate::loadcmd::progress_bar(total);
     let opts = SafetensorsOptions {
         dtype: request.dtype.map(parse_dtype).transpose()?,
@@ -412,11 +408,8 @@ pub(crate) fn diff(
     let sel_a = state.select(a)?;
     let sel_b = state.select(b)?;
     let mut result = DiffOut::default();
-    let index_b: std::collections::HashMap<&str, &Selected> =
-        sel_b.iter().map(|s| (s.name.as_str(), s)).collect();
-    let names_a: std::collections::HashSet<&str> = sel_a.iter().map(|s| s.name.as_str()).collect();
     for sa in &sel_a {
-        match index_b.get(sa.name.as_str()) {
+        match sel_b.selected(&sa.name) {
             None => result.only_in_a.push(sa.name.clone()),
             Some(sb) => match compare(a, sa, b, sb)? {
                 Some(d) => result.different.push(d),
@@ -426,7 +419,7 @@ pub(crate) fn diff(
     }
     result.only_in_b = sel_b
         .iter()
-        .filter(|s| !names_a.contains(s.name.as_str()))
+        .filter(|s| !sel_a.contains(&s.name))
         .map(|s| s.name.clone())
         .collect();
     let same =

@@ -162,9 +162,15 @@ impl OpenOptions {
         Checkpoint::load(source, self)
     }
 
-    /// Read a checkpoint held in memory.
-    pub fn open_bytes(&self, bytes: Vec<u8>) -> Result<Checkpoint> {
-        Checkpoint::load(Source::owned(bytes, None), self)
+    /// Read a checkpoint held in memory, without copying it: `bytes` may be
+    /// a `Vec<u8>`, a `&'static [u8]` (`include_bytes!`), an `Arc<[u8]>`
+    /// shared with the caller, or any other owner of bytes; the checkpoint
+    /// keeps it alive and its tensors borrow from it.
+    pub fn open_bytes(
+        &self,
+        bytes: impl AsRef<[u8]> + Send + Sync + 'static,
+    ) -> Result<Checkpoint> {
+        Checkpoint::load(Source::given(bytes), self)
     }
 }
 
@@ -194,8 +200,9 @@ impl Checkpoint {
         OpenOptions::new().open(path)
     }
 
-    /// Read a checkpoint held in memory, with default options.
-    pub fn from_bytes(bytes: Vec<u8>) -> Result<Checkpoint> {
+    /// Read a checkpoint held in memory, with default options (see
+    /// [`OpenOptions::open_bytes`]).
+    pub fn from_bytes(bytes: impl AsRef<[u8]> + Send + Sync + 'static) -> Result<Checkpoint> {
         OpenOptions::new().open_bytes(bytes)
     }
 

@@ -37,6 +37,13 @@ pub enum ErrorKind {
     OutputRefused,
     /// The caller cancelled the operation.
     Cancelled,
+    /// A typed read asked for a Rust type of another element type
+    /// (`as_slice::<f32>()` on an F16 tensor).
+    DTypeMismatch,
+    /// The elements cannot be borrowed from the file as they lie (strided,
+    /// stored in the other byte order, with a pending conj/neg bit, or
+    /// misaligned for the type): read them into an owned buffer instead.
+    NotBorrowable,
 }
 
 impl ErrorKind {
@@ -56,6 +63,7 @@ impl ErrorKind {
             ErrorKind::DuplicateName => "names",
             ErrorKind::OutputExists | ErrorKind::OutputRefused => "output",
             ErrorKind::Cancelled => "cancelled",
+            ErrorKind::DTypeMismatch | ErrorKind::NotBorrowable => "access",
         }
     }
 }

@@ -76,8 +76,10 @@ pub use mapping::{
 };
 pub use pickle::StringEncoding;
 pub use scan::{classify, Danger, GlobalClass};
-pub use statedict::{auto_key, KeySelect, Selected, StateDictOptions, Strip, MODEL_KEYS};
-pub use torch::dtype::DType;
+pub use statedict::{
+    auto_key, KeySelect, Selected, StateDict, StateDictOptions, Strip, MODEL_KEYS,
+};
+pub use torch::dtype::{DType, Element};
 pub use torch::interp::GlobalRef;
 pub use torch::names::Scalar;
 pub use torch::policy::Policy;

@@ -18,6 +18,9 @@ enum Inner {
     Mapped(memmap2::Mmap, File),
     /// Bytes held in memory; `identity` is the file they were read from.
     Owned(Vec<u8>, Option<FileId>),
+    /// Bytes the caller owns and hands over (a static slice, an `Arc`, its
+    /// own map): used where they are, never copied.
+    Given(Box<dyn AsRef<[u8]> + Send + Sync>),
 }
 
 /// Which file this is, whatever path reaches it (device and inode on
@@ -94,10 +97,18 @@ impl Source {
         }
     }
 
+    /// Bytes the caller owns, used where they lie.
+    pub(crate) fn given(bytes: impl AsRef<[u8]> + Send + Sync + 'static) -> Source {
+        Source {
+            inner: Arc::new(Inner::Given(Box::new(bytes))),
+        }
+    }
+
     pub(crate) fn bytes(&self) -> &[u8] {
         match &*self.inner {
             Inner::Mapped(m, ..) => m,
             Inner::Owned(v, _) => v,
+            Inner::Given(b) => (**b).as_ref(),
         }
     }
 
@@ -121,7 +132,7 @@ impl Source {
     pub(crate) fn file(&self) -> Option<&File> {
         match &*self.inner {
             Inner::Mapped(_, f) => Some(f),
-            Inner::Owned(..) => None,
+            Inner::Owned(..) | Inner::Given(_) => None,
         }
     }
 
@@ -130,6 +141,7 @@ impl Source {
         match &*self.inner {
             Inner::Mapped(_, f) => f.metadata().ok().as_ref().and_then(FileId::of),
             Inner::Owned(_, id) => *id,
+            Inner::Given(_) => None,
         }
     }
 

@@ -1,11 +1,15 @@
 //! The other half of what users write around `torch.load`: pick the model
 //! out of a training checkpoint, strip wrapper prefixes, rename keys.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::ops::Deref;
+
+use hashbrown::HashTable;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::mapping::glob_captures;
+use crate::view::TensorView;
 
 /// Top-level keys that hold the model in training checkpoints, in the order
 /// [`KeySelect::Auto`] tries them.
@@ -85,6 +89,109 @@ pub struct Selected {
     pub name: String,
 }
 
+/// A selected state dict: the chosen tensors of one checkpoint under their
+/// final names (after the key, stripping, renames and prefix), looked up by
+/// those names in constant time. Derefs to the [`Selected`] entries, in
+/// checkpoint order.
+///
+/// ```
+/// # fn main() -> Result<(), ptload_reader::Error> {
+/// use ptload_reader::{Checkpoint, StateDict};
+///
+/// let ckpt = Checkpoint::open("../../fixtures/files/dataparallel.pt")?;
+/// # assert!(ckpt.tensors().all(|t| t.name().starts_with("module.")));
+/// let sd = StateDict::of(&ckpt)?; // `module.` stripped
+/// for (name, tensor) in sd.tensors() {
+///     assert_eq!(format!("module.{name}"), tensor.name());
+///     assert!(sd.get(name).is_some());
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct StateDict<'c> {
+    ckpt: &'c Checkpoint,
+    entries: Vec<Selected>,
+    /// Indices into `entries`, hashed by their name with `hasher`.
+    index: HashTable<u32>,
+    hasher: hashbrown::DefaultHashBuilder,
+}
+
+impl<'c> StateDict<'c> {
+    /// The state dict [`StateDictOptions::default`] selects: the model's
+    /// sub-tree of a training checkpoint, wrapper prefixes stripped.
+    pub fn of(ckpt: &'c Checkpoint) -> Result<StateDict<'c>> {
+        StateDictOptions::default().select(ckpt)
+    }
+
+    /// The tensor named `name` in the state dict (its final name).
+    pub fn get(&self, name: &str) -> Option<TensorView<'c>> {
+        let at = self.position(name)?;
+        let entry = self.entries.get(at)?;
+        self.ckpt.tensor_at(entry.index)
+    }
+
+    /// The entry named `name`: its final name and checkpoint index.
+    pub fn selected(&self, name: &str) -> Option<&Selected> {
+        self.entries.get(self.position(name)?)
+    }
+
+    /// Whether the state dict has a tensor named `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.position(name).is_some()
+    }
+
+    /// Each tensor with its final name, in checkpoint order.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, TensorView<'c>)> + '_ {
+        let ckpt = self.ckpt;
+        // Every index was taken from this checkpoint's tensors.
+        self.entries
+            .iter()
+            .filter_map(move |e| Some((e.name.as_str(), ckpt.tensor_at(e.index)?)))
+    }
+
+    /// The checkpoint the tensors are in.
+    pub fn checkpoint(&self) -> &'c Checkpoint {
+        self.ckpt
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        let hash = self.hasher.hash_one(name);
+        let entries = &self.entries;
+        self.index
+            .find(hash, |&i| {
+                entries.get(i as usize).is_some_and(|e| e.name == name)
+            })
+            .map(|&i| i as usize)
+    }
+}
+
+impl IntoIterator for StateDict<'_> {
+    type Item = Selected;
+    type IntoIter = std::vec::IntoIter<Selected>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.entries.into_iter()
+    }
+}
+
+impl<'s> IntoIterator for &'s StateDict<'_> {
+    type Item = &'s Selected;
+    type IntoIter = std::slice::Iter<'s, Selected>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.entries.iter()
+    }
+}
+
+impl Deref for StateDict<'_> {
+    type Target = [Selected];
+
+    fn deref(&self) -> &[Selected] {
+        &self.entries
+    }
+}
+
 fn top(name: &str) -> &str {
     name.split('.').next().unwrap_or(name)
 }
@@ -153,7 +260,7 @@ impl StateDictOptions {
     /// The tensors of the state dict, with their new names, in checkpoint
     /// order. Two tensors that would get the same name are an error naming
     /// both.
-    pub fn select(&self, ckpt: &Checkpoint) -> Result<Vec<Selected>> {
+    pub fn select<'c>(&self, ckpt: &'c Checkpoint) -> Result<StateDict<'c>> {
         let key = match &self.key {
             KeySelect::All => None,
             KeySelect::Auto => auto_key(ckpt).map(str::to_owned),
@@ -208,32 +315,43 @@ impl StateDictOptions {
                 n.insert_str(0, prefix);
             }
         }
-        let mut seen: HashMap<&str, usize> = HashMap::with_capacity(names.len());
+        let hasher = hashbrown::DefaultHashBuilder::default();
+        let mut index: HashTable<u32> = HashTable::with_capacity(names.len());
         for (pos, n) in names.iter().enumerate() {
-            if let Some(&first) = seen.get(n.as_str()) {
+            let hash = hasher.hash_one(n.as_str());
+            let same = |&i: &u32| names.get(i as usize) == Some(n);
+            if let Some(&first) = index.find(hash, same) {
                 let original = |p: usize| {
                     indices
                         .get(p)
-                        .and_then(|&i| ckpt.tensors().nth(i))
-                        .map(|t| t.name().to_owned())
-                        .unwrap_or_default()
+                        .and_then(|&i| ckpt.tensor_at(i))
+                        .map_or("?", |t| t.name())
                 };
                 return Err(Error::new(
                     ErrorKind::Unsupported,
                     format!(
                         "keys {:?} and {:?} would both become {n:?}",
-                        original(first),
+                        original(first as usize),
                         original(pos)
                     ),
                 ));
             }
-            seen.insert(n, pos);
+            let pos =
+                u32::try_from(pos).map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+            index.insert_unique(hash, pos, |&i| {
+                hasher.hash_one(names.get(i as usize).map_or("", String::as_str))
+            });
         }
-        Ok(indices
-            .into_iter()
-            .zip(names)
-            .map(|(index, name)| Selected { index, name })
-            .collect())
+        Ok(StateDict {
+            ckpt,
+            entries: indices
+                .into_iter()
+                .zip(names)
+                .map(|(index, name)| Selected { index, name })
+                .collect(),
+            index,
+            hasher,
+        })
     }
 }
 

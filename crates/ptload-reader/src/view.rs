@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use crate::bytes::{negate_le, ByteOrder};
 use crate::checkpoint::{Checkpoint, StorageInfo, TensorInfo};
 use crate::error::{Error, ErrorKind, Result};
-use crate::torch::dtype::DType;
+use crate::torch::dtype::{DType, Element};
 
 /// One tensor of a checkpoint: its metadata and access to its bytes, which
 /// borrow from the memory-mapped file when they can.
@@ -136,24 +136,128 @@ impl<'a> TensorView<'a> {
     /// from the file when contiguous and already in host order, gathered and
     /// swapped into an owned buffer otherwise.
     pub fn data(&self) -> Result<Cow<'a, [u8]>> {
-        let storage = self.require_storage()?;
-        if self.info.nbytes == 0 {
-            // An empty view's offset may lie past its storage, as in torch.
-            return Ok(Cow::Borrowed(&[]));
-        }
-        if self.is_contiguous() && !self.needs_swap() && !self.needs_transform() {
-            let start = self
-                .info
-                .storage_offset
-                .checked_mul(self.info.dtype.size() as u64)
-                .ok_or_else(|| self.extent_error())?;
-            return crate::bytes::slice(storage, start, self.info.nbytes)
-                .map(Cow::Borrowed)
-                .ok_or_else(|| self.extent_error());
+        if let Ok(bytes) = self.borrowed() {
+            return Ok(Cow::Borrowed(bytes));
         }
         let mut out = Vec::with_capacity(usize::try_from(self.info.nbytes).unwrap_or(0));
         self.visit_bytes(|chunk| out.extend_from_slice(chunk))?;
         Ok(Cow::Owned(out))
+    }
+
+    /// The elements as a slice of `T`, borrowed from the file without a
+    /// copy. Errors with [`ErrorKind::DTypeMismatch`] when `T` is not the
+    /// tensor's element type, and [`ErrorKind::NotBorrowable`] when the
+    /// bytes cannot be used as they lie (strided, the other byte order, a
+    /// pending conj/neg bit, misaligned for `T`): [`TensorView::to_cow`]
+    /// then copies.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ptload_reader::Error> {
+    /// let ckpt = ptload_reader::Checkpoint::open("../../fixtures/files/basic.pt")?;
+    /// let weight: &[f32] = ckpt.tensor("0.weight").unwrap().as_slice()?;
+    /// # assert_eq!(weight.len(), 8 * 4);
+    /// # assert!(!weight.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn as_slice<T: Element>(&self) -> Result<&'a [T]> {
+        self.expect_dtype::<T>()?;
+        let bytes = self.borrowed()?;
+        bytemuck::try_cast_slice(bytes).map_err(|_| {
+            let align = std::mem::align_of::<T>();
+            Error::new(
+                ErrorKind::NotBorrowable,
+                format!(
+                    "the elements lie {} bytes past a {align}-byte boundary in memory, not \
+                     aligned for {}: read them with to_cow or to_vec",
+                    bytes.as_ptr() as usize % align,
+                    std::any::type_name::<T>()
+                ),
+            )
+            .for_tensor(&self.info.name)
+        })
+    }
+
+    /// The elements as `T`, row-major and in host byte order: borrowed as
+    /// [`TensorView::as_slice`] when it can, copied otherwise. Errors only
+    /// when `T` is not the element type (or the data is unreadable).
+    pub fn to_cow<T: Element>(&self) -> Result<Cow<'a, [T]>> {
+        self.expect_dtype::<T>()?;
+        match self.as_slice::<T>() {
+            Ok(slice) => Ok(Cow::Borrowed(slice)),
+            Err(e) if e.kind() == ErrorKind::NotBorrowable => self.to_vec().map(Cow::Owned),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The elements as an owned vector of `T`, row-major and in host byte
+    /// order.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.expect_dtype::<T>()?;
+        let numel = usize::try_from(self.info.numel).map_err(|_| self.extent_error())?;
+        let mut out = vec![T::zeroed(); numel];
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
+        let mut filled = 0usize;
+        let mut overflow = false;
+        self.visit_bytes(|chunk| match dst.get_mut(filled..filled + chunk.len()) {
+            Some(d) => {
+                d.copy_from_slice(chunk);
+                filled += chunk.len();
+            }
+            None => overflow = true,
+        })?;
+        if overflow || filled != dst.len() {
+            return Err(self.extent_error());
+        }
+        Ok(out)
+    }
+
+    fn expect_dtype<T: Element>(&self) -> Result<()> {
+        if T::DTYPE == self.info.dtype {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::DTypeMismatch,
+            format!(
+                "the tensor holds {} elements, not {} ({})",
+                self.info.dtype,
+                T::DTYPE,
+                std::any::type_name::<T>()
+            ),
+        )
+        .for_tensor(&self.info.name))
+    }
+
+    /// The row-major host-order bytes, when they lie in the file (or in an
+    /// inflated record) as they are; otherwise why not.
+    fn borrowed(&self) -> Result<&'a [u8]> {
+        let storage = self.require_storage()?;
+        if self.info.nbytes == 0 {
+            // An empty view's offset may lie past its storage, as in torch.
+            return Ok(&[]);
+        }
+        let why = if !self.is_contiguous() {
+            Some("strided")
+        } else if self.needs_swap() {
+            Some("stored in the other byte order")
+        } else if self.needs_transform() {
+            Some("its conj/neg bit is applied on read")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(Error::new(
+                ErrorKind::NotBorrowable,
+                format!("the elements cannot be borrowed from the file ({why}): read them with to_cow or to_vec"),
+            )
+            .for_tensor(&self.info.name));
+        }
+        let start = self
+            .info
+            .storage_offset
+            .checked_mul(self.info.dtype.size() as u64)
+            .ok_or_else(|| self.extent_error())?;
+        crate::bytes::slice(storage, start, self.info.nbytes).ok_or_else(|| self.extent_error())
     }
 
     /// Hand the elements, row-major and in host byte order, to `f` in

@@ -239,6 +239,47 @@ impl DType {
     }
 }
 
+/// A Rust type a tensor's elements can be read as: each has exactly one
+/// [`DType`], and every bit pattern is a valid value. Implemented for
+/// `f64`, `f32`, [`half::f16`], [`half::bf16`], and the signed and
+/// unsigned integers of 8 to 64 bits (quantized tensors read as their
+/// integer representation). Not for `bool` (its bytes may be any value in
+/// a file): read BOOL tensors as bytes with `data()`.
+pub trait Element: bytemuck::Pod + sealed::Sealed {
+    /// The element type this Rust type reads.
+    const DTYPE: DType;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),* $(,)?) => {
+        $(
+            impl sealed::Sealed for $t {}
+            impl Element for $t {
+                const DTYPE: DType = DType::$d;
+            }
+        )*
+    };
+}
+
+element! {
+    f64 => F64,
+    f32 => F32,
+    half::f16 => F16,
+    half::bf16 => BF16,
+    i8 => I8,
+    i16 => I16,
+    i32 => I32,
+    i64 => I64,
+    u8 => U8,
+    u16 => U16,
+    u32 => U32,
+    u64 => U64,
+}
+
 /// Parses the names [`DType::name`] gives (`F32`, `bf16`, `F8_E4M3`...),
 /// ignoring ASCII case and surrounding space.
 impl FromStr for DType {
