@@ -5,7 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ptload_reader::{convert, Checkpoint, DType};
+use ptload_reader::convert::convert;
+use ptload_reader::{Checkpoint, DType};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
@@ -65,10 +66,8 @@ fn every_pair_matches_torch() {
 /// from the source file) produce the same bytes.
 #[test]
 fn both_safetensors_writers_agree() {
-    use ptload_reader::{
-        write_safetensors, write_safetensors_file, KeySelect, SafetensorsOptions, StateDictOptions,
-        Strip,
-    };
+    use ptload_reader::export::{write_safetensors, write_safetensors_file, SafetensorsOptions};
+    use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
     let dir = std::env::temp_dir().join(format!("ptload-writers-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     for name in [

@@ -5,7 +5,9 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use ptload_device::{load, probe, LoadOptions, Placed};
-use ptload_reader::{Checkpoint, DType, Device, Keep, Plan, StateDictOptions, To};
+use ptload_reader::placement::{Device, Keep, Plan, To};
+use ptload_reader::state_dict::StateDictOptions;
+use ptload_reader::{Checkpoint, DType};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -17,10 +19,10 @@ fn open(name: &str) -> Checkpoint {
     Checkpoint::open(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-fn everything(ckpt: &Checkpoint) -> ptload_reader::StateDict<'_> {
+fn everything(ckpt: &Checkpoint) -> ptload_reader::state_dict::StateDict<'_> {
     StateDictOptions {
-        key: ptload_reader::KeySelect::All,
-        strip: ptload_reader::Strip::None,
+        key: ptload_reader::state_dict::KeySelect::All,
+        strip: ptload_reader::state_dict::Strip::None,
         ..Default::default()
     }
     .select(ckpt)
@@ -115,7 +117,11 @@ fn strict_fails_before_copying_with_torchs_words() {
             ),
             "{text}"
         );
-        assert!(text.contains("--map-location cpu"), "{text}");
+        assert!(text.contains("placement::MapLocation \"cpu\""), "{text}");
+        assert!(
+            !text.contains("--"),
+            "library text names no CLI flag: {text}"
+        );
     } else {
         assert!(
             text.starts_with(&format!(
@@ -235,8 +241,9 @@ fn dtype_conversion_is_explicit_and_per_tensor() {
         let view = ckpt.tensor_at(s.index).expect("tensor");
         assert_eq!(t.dtype, DType::BF16);
         assert_eq!(t.converted_from, Some(DType::F32));
-        let want = ptload_reader::convert(&view.data().expect("data"), DType::F32, DType::BF16)
-            .expect("convert");
+        let want =
+            ptload_reader::convert::convert(&view.data().expect("data"), DType::F32, DType::BF16)
+                .expect("convert");
         assert_eq!(host_tensor_bytes(&loaded, t), want, "{}", t.name);
     }
 }
@@ -305,7 +312,7 @@ fn gpu_round_trip() {
         .tensors
         .iter()
         .all(|t| t.device == Device::Host && t.fallback.is_some()));
-    let mut budget = ptload_reader::Budget::new(vec![(Device::Cuda(0), 70_000)]);
+    let mut budget = ptload_reader::placement::Budget::new(vec![(Device::Cuda(0), 70_000)]);
     let plan = Plan::new(&ckpt, &mut budget).expect("plan");
     let loaded = load(
         &ckpt,

@@ -529,7 +529,7 @@ fn sparse_archives_read_headers_with_pread() {
 /// mapping for it; then the error is torch's, naming the tensor.
 #[test]
 fn unknown_location_fails_only_when_restored() {
-    use ptload_reader::{Device, Keep, Location, Plan, Table, To};
+    use ptload_reader::placement::{Device, Keep, Location, Plan, Table, To};
     let pickle = P::default()
         .proto(2)
         .op(b"}(")

@@ -5,10 +5,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ptload_reader::{
-    Balanced, Budget, ByName, BySize, Checkpoint, Device, First, Keep, KeySelect, Location, Mapper,
-    Plan, StateDictOptions, StorageRequest, Strip, Table, To,
+use ptload_reader::placement::{
+    Balanced, Budget, ByName, BySize, Device, First, Keep, Location, Mapper, Plan, StorageRequest,
+    Table, To,
 };
+use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
+use ptload_reader::Checkpoint;
 use serde_json::Value as Json;
 
 fn fixtures() -> PathBuf {
@@ -263,7 +265,10 @@ fn stripping_wrappers_gives_the_plain_names_and_bytes() {
 #[test]
 fn training_checkpoints_select_the_model() {
     let ckpt = open("training.ckpt");
-    assert_eq!(ptload_reader::auto_key(&ckpt), Some("model_state_dict"));
+    assert_eq!(
+        ptload_reader::state_dict::auto_key(&ckpt),
+        Some("model_state_dict")
+    );
     let got = names(&ckpt, &StateDictOptions::default());
     let plain: Vec<String> = open("plain_model.pt")
         .tensors()
@@ -286,8 +291,14 @@ fn training_checkpoints_select_the_model() {
         "{e}"
     );
     // Plain state dicts are left whole.
-    assert_eq!(ptload_reader::auto_key(&open("plain_model.pt")), None);
-    assert_eq!(ptload_reader::auto_key(&open("whole_module.pt")), None);
+    assert_eq!(
+        ptload_reader::state_dict::auto_key(&open("plain_model.pt")),
+        None
+    );
+    assert_eq!(
+        ptload_reader::state_dict::auto_key(&open("whole_module.pt")),
+        None
+    );
 }
 
 #[test]

@@ -295,11 +295,11 @@ fn a_replaced_input_is_not_read_by_path() {
     let other = dir.join("other.pt");
     std::fs::write(&other, vec![0x55u8; 4096]).expect("other");
     std::fs::rename(&other, &input).expect("replace");
-    let selection = ptload_reader::StateDictOptions::default()
+    let selection = ptload_reader::state_dict::StateDictOptions::default()
         .select(&ckpt)
         .expect("select");
     let output = dir.join("out.safetensors");
-    ptload_reader::write_safetensors_file(&ckpt, &selection, &Default::default(), &output)
+    ptload_reader::export::write_safetensors_file(&ckpt, &selection, &Default::default(), &output)
         .expect("write");
     let written = std::fs::read(&output).expect("output");
     let st = safetensors::SafeTensors::deserialize(&written).expect("safetensors");

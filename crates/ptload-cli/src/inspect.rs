@@ -2,7 +2,8 @@
 
 use std::io::{self, Write};
 
-use ptload_reader::{Checkpoint, Plan, Quantization, Scalar, TensorView};
+use ptload_reader::placement::Plan;
+use ptload_reader::{Checkpoint, Quantization, Scalar, TensorView};
 use serde::Serialize;
 
 use crate::args::{CliResult, GpuInfo, MapArgs, StateDictArgs};

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use ptload_device::{load, Gpus, LoadOptions, Loaded};
-use ptload_reader::{Checkpoint, Device, Plan};
+use ptload_reader::placement::{Device, Plan};
+use ptload_reader::Checkpoint;
 use serde::Serialize;
 
 use crate::args::{parse_dtype, CliResult, GpuInfo, MapArgs, StateDictArgs};

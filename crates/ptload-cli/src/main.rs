@@ -315,11 +315,71 @@ fn main() -> ExitCode {
                     return ExitCode::SUCCESS;
                 }
             }
-            eprintln!("ptload: {e}");
+            eprintln!("ptload: {}", in_cli_terms(&e.to_string()));
             if tools::cancelled(&*e) {
                 return ExitCode::from(130);
             }
             ExitCode::from(2)
         }
+    }
+}
+
+/// The libraries' advice names their own API (`OpenOptions::allow_global`,
+/// a `Mapper`); the command's user reads the flag that does the same.
+fn in_cli_terms(text: &str) -> String {
+    let mut out = text
+        .replace(
+            "set SafetensorsOptions::skip_unsupported to leave them out",
+            "use --skip-unsupported to leave them out",
+        )
+        .replace(
+            "with a Mapper (placement::To(Device::Host), or placement::MapLocation \"cpu\")",
+            "with --map-location cpu",
+        )
+        .replace(
+            "with a Mapper (placement::MapLocation is torch's map_location)",
+            "with --map-location",
+        );
+    const ALLOW: &str = "OpenOptions::allow_global(\"";
+    while let Some(at) = out.find(ALLOW) {
+        let rest = &out[at + ALLOW.len()..];
+        let Some(end) = rest.find("\")") else { break };
+        let flag = format!("--allow-global {}", &rest[..end]);
+        out.replace_range(at..at + ALLOW.len() + end + 2, &flag);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_cli_terms;
+
+    #[test]
+    fn library_advice_becomes_flags() {
+        assert_eq!(
+            in_cli_terms(
+                "policy: Unsupported global: GLOBAL a.B was not an allowed global by default. \
+                 Allow it with OpenOptions::allow_global(\"a.B\") only if you trust this \
+                 class/function at offset 0x4 in x/data.pkl"
+            ),
+            "policy: Unsupported global: GLOBAL a.B was not an allowed global by default. \
+             Allow it with --allow-global a.B only if you trust this class/function at offset \
+             0x4 in x/data.pkl"
+        );
+        assert_eq!(
+            in_cli_terms("c32 (set SafetensorsOptions::skip_unsupported to leave them out)"),
+            "c32 (use --skip-unsupported to leave them out)"
+        );
+        assert_eq!(
+            in_cli_terms(
+                "map your storages to the CPU with a Mapper (placement::To(Device::Host), or \
+                 placement::MapLocation \"cpu\")."
+            ),
+            "map your storages to the CPU with --map-location cpu."
+        );
+        assert_eq!(
+            in_cli_terms("OpenOptions::allow_global(\"x"),
+            "OpenOptions::allow_global(\"x"
+        );
     }
 }

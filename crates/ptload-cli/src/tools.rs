@@ -5,10 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use ptload_reader::{
-    scan, Checkpoint, DType, ErrorKind, Limits, OpenOptions, SafetensorsOptions, Selected,
-    StateDictOptions,
-};
+use ptload_reader::export::SafetensorsOptions;
+use ptload_reader::state_dict::{Selected, StateDictOptions};
+use ptload_reader::{scan, Checkpoint, DType, ErrorKind, Limits, OpenOptions};
 use serde::Serialize;
 
 use crate::args::{parse_dtype, CliResult};
@@ -75,17 +74,18 @@ pub(crate) fn convert(
         skip_unsupported: request.skip_unsupported,
         progress: bar
             .clone()
-            .map(|bar| std::sync::Arc::new(move |n| bar.inc(n)) as ptload_reader::Progress),
+            .map(|bar| std::sync::Arc::new(move |n| bar.inc(n)) as ptload_reader::export::Progress),
         overwrite: request.force,
         cancel: Some(cancel_flag()),
     };
     let result = if to_stdout {
         let mut stdout = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-        let written = ptload_reader::write_safetensors(ckpt, &selection, &opts, &mut stdout);
+        let written =
+            ptload_reader::export::write_safetensors(ckpt, &selection, &opts, &mut stdout);
         stdout.flush()?;
         written
     } else {
-        ptload_reader::write_safetensors_file(ckpt, &selection, &opts, output)
+        ptload_reader::export::write_safetensors_file(ckpt, &selection, &opts, output)
     };
     if let Some(bar) = bar {
         bar.finish_and_clear();
@@ -329,7 +329,7 @@ struct Difference {
 }
 
 fn as_f64(bytes: &[u8], dtype: DType) -> Option<Vec<f64>> {
-    let wide = ptload_reader::convert(bytes, dtype, DType::F64).ok()?;
+    let wide = ptload_reader::convert::convert(bytes, dtype, DType::F64).ok()?;
     Some(
         wide.chunks_exact(8)
             .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))

@@ -14,7 +14,9 @@
 use std::path::{Path, PathBuf};
 
 use ptload_device::{load, probe, LoadOptions, Placed};
-use ptload_reader::{Checkpoint, Device, Plan, StateDictOptions, To};
+use ptload_reader::placement::{Device, Plan, To};
+use ptload_reader::state_dict::StateDictOptions;
+use ptload_reader::Checkpoint;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = match std::env::args_os().nth(1) {

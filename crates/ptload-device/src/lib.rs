@@ -9,7 +9,9 @@
 //!
 //! ```
 //! use ptload_device::{load, probe, LoadOptions};
-//! use ptload_reader::{Checkpoint, Device, Plan, StateDictOptions, StorageRequest};
+//! use ptload_reader::Checkpoint;
+//! use ptload_reader::placement::{Device, Plan, StorageRequest};
+//! use ptload_reader::state_dict::StateDictOptions;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let ckpt = Checkpoint::open("../../fixtures/files/multi_gpu.pt")?;

@@ -5,12 +5,14 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ptload_reader::{ByteOrder, Checkpoint, DType, Device, Plan, Selected};
+use ptload_reader::placement::{Device, Plan};
+use ptload_reader::state_dict::Selected;
+use ptload_reader::{ByteOrder, Checkpoint, DType};
 
 use crate::cuda::{self, Arena, Staging, Upload, UploadError};
 use crate::probe::Gpus;
 
-pub use ptload_reader::Progress;
+pub use ptload_reader::export::Progress;
 
 /// How to load.
 #[derive(Clone, Default)]
@@ -179,13 +181,14 @@ fn strict_message(gpus: &Gpus, ordinal: u32) -> String {
     match gpus {
         Gpus::Devices(d) if !d.is_empty() => format!(
             "Attempting to deserialize object on CUDA device {ordinal} but this machine has {} CUDA device(s). \
-             Use --map-location (or a Mapper) to map your storages to an existing device.",
+             Map your storages to an existing device with a Mapper (placement::MapLocation \
+             is torch's map_location).",
             d.len()
         ),
         _ => format!(
             "Attempting to deserialize object on a CUDA device but no CUDA device is usable ({}). \
-             If you are running on a CPU-only machine, use --map-location cpu (or Plan with To(Device::Host)) \
-             to map your storages to the CPU.",
+             If you are running on a CPU-only machine, map your storages to the CPU with a \
+             Mapper (placement::To(Device::Host), or placement::MapLocation \"cpu\").",
             gpus.why_none()
         ),
     }
@@ -238,7 +241,9 @@ pub fn load<'c>(
             other => (other, None),
         };
         let convert = opts.dtype.filter(|&to| {
-            info.dtype.is_float() && info.dtype != to && ptload_reader::can_convert(info.dtype, to)
+            info.dtype.is_float()
+                && info.dtype != to
+                && ptload_reader::convert::can_convert(info.dtype, to)
         });
         let mut loaded = LoadedTensor {
             name: s.name.clone(),
@@ -269,7 +274,7 @@ pub fn load<'c>(
                 Some(k) => k,
                 None => {
                     let data = view.data()?;
-                    let bytes = ptload_reader::convert(&data, info.dtype, to)?;
+                    let bytes = ptload_reader::convert::convert(&data, info.dtype, to)?;
                     sources.push(Source {
                         bytes: Some(Cow::Owned(bytes)),
                         order: ByteOrder::HOST,

@@ -8,11 +8,12 @@
 //! promises is broken, which is what the fuzzer reports.
 
 use arbitrary::{Arbitrary, Unstructured};
+use ptload_reader::export::SafetensorsOptions;
 use ptload_reader::fuzzing::{read_container, run_pickle, Plain};
-use ptload_reader::{
-    classify, Checkpoint, Device, ErrorKind, GlobalClass, Keep, Limits, MapLocation, OpenOptions,
-    Plan, Policy, SafetensorsOptions, Selected, StringEncoding, To,
-};
+use ptload_reader::placement::{Device, Keep, MapLocation, Plan, To};
+use ptload_reader::scan::{classify, GlobalClass};
+use ptload_reader::state_dict::Selected;
+use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions, Policy, StringEncoding};
 
 pub mod craft;
 mod differential;
@@ -150,7 +151,7 @@ pub fn exercise(ckpt: &Checkpoint) {
     };
     // Names need not be unique across a whole checkpoint's walk only when
     // the file is odd; the writer must then refuse, never write a bad file.
-    match ptload_reader::write_safetensors(ckpt, &selection, &opts, &mut out) {
+    match ptload_reader::export::write_safetensors(ckpt, &selection, &opts, &mut out) {
         Ok(written) => {
             let st = safetensors::SafeTensors::deserialize(&out)
                 .unwrap_or_else(|e| panic!("wrote a safetensors file its library rejects: {e}"));
@@ -198,7 +199,7 @@ pub fn map_location(data: &[u8]) {
         }
     }
     if let Some((pattern, name)) = text.split_once('\n') {
-        let _ = ptload_reader::glob(pattern, name);
+        let _ = ptload_reader::placement::glob(pattern, name);
     }
 }
 

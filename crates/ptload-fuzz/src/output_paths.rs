@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arbitrary::Arbitrary;
-use ptload_reader::{OpenOptions, SafetensorsOptions, Selected};
+use ptload_reader::export::SafetensorsOptions;
+use ptload_reader::state_dict::Selected;
+use ptload_reader::OpenOptions;
 
 /// The checkpoint every scene converts (a real torch file, 4 tensors).
 const INPUT: &[u8] = include_bytes!("../../../fixtures/files/basic.pt");
@@ -198,7 +200,7 @@ pub fn output_paths(scene: &Scene) {
         cancel: Some(Arc::new(AtomicBool::new(scene.cancelled))),
         ..Default::default()
     };
-    let result = ptload_reader::write_safetensors_file(&ckpt, &selection, &opts, &output);
+    let result = ptload_reader::export::write_safetensors_file(&ckpt, &selection, &opts, &output);
     let after = snapshot(&scratch.0);
     match result {
         Err(e) => {

@@ -11,7 +11,9 @@
 
 use std::path::{Path, PathBuf};
 
-use ptload_reader::{write_safetensors_file, Checkpoint, SafetensorsOptions, StateDictOptions};
+use ptload_reader::export::{write_safetensors_file, SafetensorsOptions};
+use ptload_reader::state_dict::StateDictOptions;
+use ptload_reader::Checkpoint;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args_os().skip(1);

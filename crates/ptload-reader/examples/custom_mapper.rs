@@ -11,7 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ptload_reader::{glob, Budget, Checkpoint, Device, First, Mapper, Plan, StorageRequest};
+use ptload_reader::placement::{glob, Budget, Device, First, Mapper, Plan, StorageRequest};
+use ptload_reader::Checkpoint;
 
 /// Whether any tensor viewing the storage matches the glob.
 fn named(s: &StorageRequest<'_>, pattern: &str) -> bool {

@@ -5,7 +5,7 @@ use std::io::Write;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, ErrorKind, Result};
-use crate::statedict::Selected;
+use crate::state_dict::Selected;
 use crate::torch::dtype::DType;
 use crate::torch::names::Scalar;
 
@@ -224,7 +224,8 @@ fn plan(
         return Err(Error::new(
             ErrorKind::Unsupported,
             format!(
-                "cannot write to safetensors: {} (use --skip-unsupported to leave them out)",
+                "cannot write to safetensors: {} (set SafetensorsOptions::skip_unsupported to leave \
+                 them out)",
                 refused.join(", ")
             ),
         ));

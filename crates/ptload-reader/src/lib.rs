@@ -44,41 +44,28 @@
 mod bytes;
 mod checkpoint;
 mod container;
-mod convert;
+pub mod convert;
 mod error;
-mod export;
+pub mod export;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod limits;
-mod mapping;
 mod pickle;
+pub mod placement;
 pub mod scan;
 #[allow(unsafe_code)]
 pub(crate) mod source;
-mod statedict;
+pub mod state_dict;
 mod torch;
 mod view;
 
 pub use bytes::ByteOrder;
 pub use checkpoint::{Checkpoint, OpenOptions, StorageInfo, TensorInfo};
 pub use container::Format;
-pub use convert::{can_convert, convert};
 pub use error::{Error, ErrorKind, Result};
-pub use export::{
-    safetensors_dtype, write_safetensors, write_safetensors_file, Progress, SafetensorsOptions,
-    Written,
-};
 pub use limits::Limits;
-pub use mapping::{
-    glob, Balanced, Budget, ByName, BySize, Device, First, Keep, Location, MapLocation, Mapper,
-    Placement, Plan, StorageRequest, Table, To, MAP_LOCATION_GRAMMAR,
-};
 pub use pickle::StringEncoding;
-pub use scan::{classify, Danger, GlobalClass};
-pub use statedict::{
-    auto_key, KeySelect, Selected, StateDict, StateDictOptions, Strip, MODEL_KEYS,
-};
 pub use torch::dtype::{DType, Element};
 pub use torch::interp::GlobalRef;
 pub use torch::names::Scalar;

@@ -555,8 +555,8 @@ impl Interpreter for TorchInterp<'_> {
                     format!("globals of `{module}` are never allowed")
                 } else {
                     format!(
-                        "Allow it with --allow-global {path} (OpenOptions::allow_global) only if \
-                         you trust this class/function"
+                        "Allow it with OpenOptions::allow_global(\"{path}\") only if you trust \
+                         this class/function"
                     )
                 };
                 return Err(Error::new(

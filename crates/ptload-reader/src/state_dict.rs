@@ -8,7 +8,7 @@ use hashbrown::HashTable;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, ErrorKind, Result};
-use crate::mapping::glob_captures;
+use crate::placement::glob_captures;
 use crate::view::TensorView;
 
 /// Top-level keys that hold the model in training checkpoints, in the order
@@ -96,7 +96,8 @@ pub struct Selected {
 ///
 /// ```
 /// # fn main() -> Result<(), ptload_reader::Error> {
-/// use ptload_reader::{Checkpoint, StateDict};
+/// use ptload_reader::Checkpoint;
+/// use ptload_reader::state_dict::StateDict;
 ///
 /// let ckpt = Checkpoint::open("../../fixtures/files/dataparallel.pt")?;
 /// # assert!(ckpt.tensors().all(|t| t.name().starts_with("module.")));

@@ -155,7 +155,7 @@ pub const MAP_LOCATION_GRAMMAR: &str =
 /// `auto` (the first GPU when there is one, else the host).
 ///
 /// ```
-/// use ptload_reader::{Device, Location, MapLocation};
+/// use ptload_reader::placement::{Device, Location, MapLocation};
 ///
 /// let spec: MapLocation = "cuda:1=cuda:0,cuda:3=cpu".parse()?;
 /// assert_eq!(
@@ -255,7 +255,7 @@ pub struct StorageRequest<'a> {
 /// Closures implement it:
 ///
 /// ```
-/// use ptload_reader::{Device, Mapper, StorageRequest};
+/// use ptload_reader::placement::{Device, Mapper, StorageRequest};
 ///
 /// let mut embeddings_on_host = |s: &StorageRequest<'_>| {
 ///     s.tensors.iter().any(|n| n.contains("embed")).then_some(Device::Host)
