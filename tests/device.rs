@@ -55,11 +55,8 @@ fn host_tensor_bytes(
 
 #[test]
 fn missing_gpus_fall_back_to_the_host_per_tensor() {
-    let gpus = probe();
-    if !gpus.devices().is_empty() {
-        eprintln!("skipped: this machine has a CUDA device; see the GPU tests");
-        return;
-    }
+    // As a machine without a driver sees it, whatever this one has.
+    let gpus = ptload_device::Gpus::NoDriver;
     let ckpt = open("multi_gpu.pt");
     let plan = Plan::new(&ckpt, &mut Keep).expect("plan");
     let loaded = load(
@@ -252,12 +249,14 @@ fn dtype_conversion_is_explicit_and_per_tensor() {
 /// equal the file's, an ordinal past the count falls back, and a budget
 /// smaller than the model spills to the host.
 #[test]
+#[ignore = "needs a CUDA device: run with --ignored on a GPU machine"]
 fn gpu_round_trip() {
     let gpus = probe();
-    if gpus.devices().is_empty() {
-        eprintln!("skipped: no CUDA device ({})", gpus.why_none());
-        return;
-    }
+    assert!(
+        !gpus.devices().is_empty(),
+        "this test needs a CUDA device: {}",
+        gpus.why_none()
+    );
     for name in [
         "basic.pt",
         "views.pt",
