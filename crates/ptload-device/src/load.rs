@@ -168,7 +168,7 @@ const ARENA_ALIGN: usize = 256;
 
 /// A storage to place: the checkpoint's, or a tensor's converted bytes.
 struct Source<'c> {
-    bytes: Option<Cow<'c, [u8]>>,
+    bytes: Cow<'c, [u8]>,
     /// The bytes' order, and the unit it applies to (see
     /// [`ByteOrder::to_host`]).
     order: ByteOrder,
@@ -276,7 +276,7 @@ pub fn load<'c>(
                     let data = view.data()?;
                     let bytes = ptload_reader::convert::convert(&data, info.dtype, to)?;
                     sources.push(Source {
-                        bytes: Some(Cow::Owned(bytes)),
+                        bytes: Cow::Owned(bytes),
                         order: ByteOrder::HOST,
                         unit: to.swap_unit(),
                         device,
@@ -296,7 +296,7 @@ pub fn load<'c>(
             loaded.storage = Some(match existing {
                 Some(k) => k,
                 None => {
-                    let bytes = ckpt.storage_bytes(si).map(Cow::Borrowed);
+                    let bytes = Cow::Borrowed(ckpt.storage_bytes(si)?);
                     sources.push(Source {
                         bytes,
                         order: ckpt.byte_order(),
@@ -348,11 +348,7 @@ pub fn load<'c>(
                 let free = gpu.context().mem_get_info().map(|(f, _)| f).unwrap_or(0);
                 let budget = free.saturating_sub(free / 20);
                 let keep = offsets.iter().zip(&members).take_while(|(&o, &k)| {
-                    o + sources
-                        .get(k)
-                        .and_then(|s| s.bytes.as_ref())
-                        .map_or(0, |b| b.len())
-                        <= budget
+                    o + sources.get(k).map_or(0, |s| s.bytes.len()) <= budget
                 });
                 let kept: Vec<usize> = keep.map(|(_, &k)| k).collect();
                 for &k in members.iter().filter(|k| !kept.contains(k)) {
@@ -396,7 +392,7 @@ pub fn load<'c>(
                     .filter_map(|(&k, &arena_offset)| {
                         let s = sources_ref.get(k)?;
                         Some(Upload {
-                            bytes: s.bytes.as_deref()?,
+                            bytes: &s.bytes,
                             order: s.order,
                             unit: s.unit,
                             arena_offset,
@@ -434,10 +430,7 @@ pub fn load<'c>(
     for (ordinal, _, arena, members, offsets) in prepared {
         let arena = Arc::new(arena);
         for (&k, &offset) in members.iter().zip(&offsets) {
-            let len = sources
-                .get(k)
-                .and_then(|s| s.bytes.as_ref())
-                .map_or(0, |b| b.len());
+            let len = sources.get(k).map_or(0, |s| s.bytes.len());
             if let Some(slot) = placed.get_mut(k) {
                 *slot = Some(Placed::Cuda(CudaStorage {
                     ordinal,
@@ -458,7 +451,8 @@ pub fn load<'c>(
             (None, Device::Meta) => Placed::Meta,
             (None, _) => {
                 source.device = Device::Host;
-                let bytes = source.bytes.take().unwrap_or_default();
+                // Moved out: each source is placed once.
+                let bytes = std::mem::take(&mut source.bytes);
                 if let Some(p) = &opts.progress {
                     p(bytes.len() as u64);
                 }
@@ -524,10 +518,7 @@ fn layout(sources: &[Source<'_>], members: &[usize]) -> (Vec<usize>, usize) {
     let mut total = 0usize;
     for &k in members {
         offsets.push(total);
-        let len = sources
-            .get(k)
-            .and_then(|s| s.bytes.as_ref())
-            .map_or(0, |b| b.len());
+        let len = sources.get(k).map_or(0, |s| s.bytes.len());
         total = total.saturating_add(len.div_ceil(ARENA_ALIGN) * ARENA_ALIGN);
     }
     (offsets, total)

@@ -69,7 +69,7 @@ impl<'a> ByteReader<'a> {
 
     /// Bytes up to (not including) the next `\n`, consuming the newline.
     pub(crate) fn line(&mut self) -> Result<&'a [u8]> {
-        let rest = self.data.get(self.pos..).unwrap_or_default();
+        let rest = self.data.get(self.pos..).ok_or_else(|| self.eof(1))?;
         match rest.iter().position(|&b| b == b'\n') {
             Some(n) => {
                 let line = self.bytes(n)?;

@@ -378,13 +378,28 @@ impl Checkpoint {
         &self.storages
     }
 
-    /// The bytes of storage `index`, in the file's byte order.
-    pub fn storage_bytes(&self, index: usize) -> Option<&[u8]> {
-        let s = self.storages.get(index)?;
-        match s.data {
+    /// The bytes of storage `index` (see [`storages`](Self::storages)), in
+    /// the file's byte order.
+    pub fn storage_bytes(&self, index: usize) -> Result<&[u8]> {
+        let s = self.storages.get(index).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Tensor,
+                format!(
+                    "no storage {index}: the checkpoint has {}",
+                    self.storages.len()
+                ),
+            )
+        })?;
+        let bytes = match s.data {
             StorageData::File(offset) => slice(self.source.bytes(), offset, s.nbytes),
             StorageData::Owned(i) => self.owned.get(i).map(Vec::as_slice),
-        }
+        };
+        bytes.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Tensor,
+                format!("storage {:?}: its bytes are not in the file", s.key),
+            )
+        })
     }
 
     /// The plain non-tensor values (epoch, args.lr, ...), named by the
@@ -429,7 +444,7 @@ fn tensor_info(
 ) -> Result<TensorInfo> {
     let ints = |v: Value, what: &str| -> Result<Vec<u64>> {
         heap.sequence(v)
-            .unwrap_or_default()
+            .ok_or_else(|| tensor_err(&name, format!("{what} is not a tuple")))?
             .iter()
             .map(|&i| match i {
                 Value::Int(x) => non_negative(&name, x, what),

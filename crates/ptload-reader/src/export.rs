@@ -381,8 +381,14 @@ fn write_to_file(
                 // so the head up to the next page boundary comes from the map.
                 let head = ((PAGE - position % PAGE) % PAGE).min(len);
                 let data = view.data()?;
-                out.write_all(data.get(..head as usize).unwrap_or_default())
-                    .map_err(io)?;
+                let head_bytes = usize::try_from(head)
+                    .ok()
+                    .and_then(|h| data.get(..h))
+                    .ok_or_else(|| {
+                        Error::new(ErrorKind::Tensor, "tensor shorter than its file range")
+                            .for_tensor(view.name())
+                    })?;
+                out.write_all(head_bytes).map_err(io)?;
                 src.seek(SeekFrom::Start(offset + head)).map_err(io)?;
                 // In chunks, so a cancellation is seen within one.
                 let mut left = len - head;

@@ -247,11 +247,11 @@ fn rename(name: &str, from: &str, to: &str) -> Result<Option<String>> {
         ));
     }
     let mut out = String::with_capacity(to.len() + name.len());
-    let mut caps = captures.iter();
-    for (i, piece) in to.split('*').enumerate() {
-        if i > 0 {
-            out.push_str(caps.next().copied().unwrap_or_default());
-        }
+    let mut pieces = to.split('*');
+    out.push_str(pieces.next().unwrap_or(""));
+    // As many captures as stars (checked above).
+    for (piece, capture) in pieces.zip(&captures) {
+        out.push_str(capture);
         out.push_str(piece);
     }
     Ok(Some(out))

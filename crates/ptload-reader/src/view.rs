@@ -66,10 +66,10 @@ impl<'a> TensorView<'a> {
         self.info.is_contiguous()
     }
 
-    /// The bytes of the whole storage, in the file's byte order; `None` for
-    /// meta tensors.
-    pub fn storage_bytes(&self) -> Option<&'a [u8]> {
-        self.info.storage.and_then(|i| self.ckpt.storage_bytes(i))
+    /// The bytes of the whole storage, in the file's byte order; an error
+    /// for meta tensors, which have none.
+    pub fn storage_bytes(&self) -> Result<&'a [u8]> {
+        self.require_storage()
     }
 
     /// Where the row-major bytes lie unchanged in the file, if they do: a
@@ -282,8 +282,10 @@ impl<'a> TensorView<'a> {
             outer -= 1;
         }
         let run_bytes = usize::try_from(run).map_err(|_| self.extent_error())? * elem;
-        let dims = info.shape.get(..outer).unwrap_or_default();
-        let strides = info.stride.get(..outer).unwrap_or_default();
+        let (Some(dims), Some(strides)) = (info.shape.get(..outer), info.stride.get(..outer))
+        else {
+            return Err(self.extent_error());
+        };
         let mut index = vec![0u64; outer];
         let mut buf: Vec<u8> = Vec::with_capacity(run_bytes.clamp(elem, CHUNK));
         loop {
@@ -342,7 +344,7 @@ impl<'a> TensorView<'a> {
             }
             let at = buf.len();
             buf.extend_from_slice(piece);
-            let fresh = buf.get_mut(at..).unwrap_or_default();
+            let (_, fresh) = buf.split_at_mut(at);
             if let Some(unit) = swap {
                 self.ckpt.byte_order().to_host(fresh, unit);
             }
@@ -361,7 +363,7 @@ impl<'a> TensorView<'a> {
             Some(i) => self
                 .ckpt
                 .storage_bytes(i)
-                .ok_or_else(|| self.extent_error()),
+                .map_err(|e| e.for_tensor(&self.info.name)),
         }
     }
 

@@ -262,16 +262,17 @@ impl Heap {
         self.alloc(Obj::Tuple(sp))
     }
 
-    fn span_str(&self, sp: Span) -> &str {
-        self.text.get(sp.range()).unwrap_or_default()
+    // Spans are made by the pools' own appends, so these always find them.
+    fn span_str(&self, sp: Span) -> Option<&str> {
+        self.text.get(sp.range())
     }
 
-    fn span_bytes(&self, sp: Span) -> &[u8] {
-        self.blob.get(sp.range()).unwrap_or_default()
+    fn span_bytes(&self, sp: Span) -> Option<&[u8]> {
+        self.blob.get(sp.range())
     }
 
-    fn span_values(&self, sp: Span) -> &[Value] {
-        self.pool.get(sp.range()).unwrap_or_default()
+    fn span_values(&self, sp: Span) -> Option<&[Value]> {
+        self.pool.get(sp.range())
     }
 
     pub(crate) fn alloc(&mut self, obj: Obj) -> Result<Value> {
@@ -321,14 +322,14 @@ impl Heap {
 
     pub(crate) fn str(&self, v: Value) -> Option<&str> {
         match self.get(v) {
-            Some(Obj::Str(s)) => Some(self.span_str(*s)),
+            Some(Obj::Str(s)) => self.span_str(*s),
             _ => None,
         }
     }
 
     pub(crate) fn bytes(&self, v: Value) -> Option<&[u8]> {
         match self.get(v) {
-            Some(Obj::Bytes(b)) => Some(self.span_bytes(*b)),
+            Some(Obj::Bytes(b)) => self.span_bytes(*b),
             _ => None,
         }
     }
@@ -336,14 +337,14 @@ impl Heap {
     /// Every bytes value, in order of creation.
     pub(crate) fn byte_strings(&self) -> impl Iterator<Item = &[u8]> + '_ {
         self.objs.iter().filter_map(|o| match o {
-            Obj::Bytes(b) => Some(self.span_bytes(*b)),
+            Obj::Bytes(b) => self.span_bytes(*b),
             _ => None,
         })
     }
 
     pub(crate) fn bigint(&self, v: Value) -> Option<&[u8]> {
         match self.get(v) {
-            Some(Obj::BigInt(b)) => Some(self.span_bytes(*b)),
+            Some(Obj::BigInt(b)) => self.span_bytes(*b),
             _ => None,
         }
     }
@@ -351,15 +352,17 @@ impl Heap {
     /// A string, or bytes that are valid UTF-8 (Python 2 `str` kept as bytes).
     pub(crate) fn text(&self, v: Value) -> Option<&str> {
         match self.get(v) {
-            Some(Obj::Str(s)) => Some(self.span_str(*s)),
-            Some(Obj::Bytes(b)) => std::str::from_utf8(self.span_bytes(*b)).ok(),
+            Some(Obj::Str(s)) => self.span_str(*s),
+            Some(Obj::Bytes(b)) => self
+                .span_bytes(*b)
+                .and_then(|b| std::str::from_utf8(b).ok()),
             _ => None,
         }
     }
 
     pub(crate) fn tuple(&self, v: Value) -> Option<&[Value]> {
         match self.get(v) {
-            Some(Obj::Tuple(t)) => Some(self.span_values(*t)),
+            Some(Obj::Tuple(t)) => self.span_values(*t),
             _ => None,
         }
     }
@@ -367,7 +370,7 @@ impl Heap {
     /// Elements of a tuple or list.
     pub(crate) fn sequence(&self, v: Value) -> Option<&[Value]> {
         match self.get(v) {
-            Some(Obj::Tuple(t)) => Some(self.span_values(*t)),
+            Some(Obj::Tuple(t)) => self.span_values(*t),
             Some(Obj::List(l)) => Some(l),
             _ => None,
         }
@@ -460,15 +463,15 @@ impl Heap {
             Value::Obj(id) => match self.objs.get(id as usize) {
                 Some(Obj::Str(s)) => {
                     self.add_work(s.len as usize);
-                    Key::Str(self.span_str(*s))
+                    self.span_str(*s).map_or(Key::Id(id), Key::Str)
                 }
                 Some(Obj::Bytes(b)) => {
                     self.add_work(b.len as usize);
-                    Key::Bytes(self.span_bytes(*b))
+                    self.span_bytes(*b).map_or(Key::Id(id), Key::Bytes)
                 }
                 Some(Obj::BigInt(b)) => {
                     self.add_work(b.len as usize);
-                    Key::BigInt(self.span_bytes(*b))
+                    self.span_bytes(*b).map_or(Key::Id(id), Key::BigInt)
                 }
                 Some(Obj::Tuple(_) | Obj::Set(_)) => {
                     let mut enc = Vec::new();

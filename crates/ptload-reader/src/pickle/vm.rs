@@ -293,7 +293,10 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
 
     /// The stack from `from` on, as a tuple, removed from the stack.
     fn tuple_from(&mut self, from: usize) -> Result<Value> {
-        let items = self.stack.get(from..).unwrap_or_default();
+        let items = self
+            .stack
+            .get(from..)
+            .ok_or_else(|| pickle_err("MARK lies past the top of the stack"))?;
         let t = self.heap.alloc_tuple(items)?;
         self.stack.truncate(from);
         Ok(t)
@@ -938,12 +941,7 @@ fn raw_unicode_escape_decode(input: &[u8]) -> Result<String> {
             i += 1;
             continue;
         }
-        let run = input
-            .get(i..)
-            .unwrap_or_default()
-            .iter()
-            .take_while(|&&c| c == b'\\')
-            .count();
+        let run = input.iter().skip(i).take_while(|&&c| c == b'\\').count();
         let after = input.get(i + run).copied();
         let width = match after {
             Some(b'u') => 4,

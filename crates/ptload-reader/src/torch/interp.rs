@@ -180,7 +180,8 @@ struct Args {
 impl std::ops::Deref for Args {
     type Target = [Value];
     fn deref(&self) -> &[Value] {
-        self.items.get(..self.len).unwrap_or_default()
+        // `len` never exceeds the inline capacity (`copy_args` checks).
+        self.items.split_at(self.len.min(self.items.len())).0
     }
 }
 
@@ -719,12 +720,15 @@ impl Interpreter for TorchInterp<'_> {
                 }
             }
             Known::Size => {
+                // torch.Size() is empty; torch.Size(seq) holds seq's items.
                 let a = args_of(heap, args, func)?;
-                let items = a
-                    .first()
-                    .and_then(|&t| heap.sequence(t))
-                    .map(<[Value]>::to_vec)
-                    .unwrap_or_default();
+                let items = match a.first() {
+                    None => Vec::new(),
+                    Some(&t) => heap
+                        .sequence(t)
+                        .ok_or_else(|| err("torch.Size needs a sequence"))?
+                        .to_vec(),
+                };
                 heap.alloc_tuple(&items)
             }
             Known::Device => {
@@ -829,7 +833,10 @@ impl Interpreter for TorchInterp<'_> {
                     Ok(())
                 }
                 Some(TorchObj::NdArray(a)) => {
-                    a.shape = shape.unwrap_or_default();
+                    // numpy's __setstate__ refuses a state without a shape.
+                    a.shape = shape.ok_or_else(|| {
+                        Error::new(ErrorKind::Pickle, "numpy array state without a shape")
+                    })?;
                     a.dtype = numpy_dtype.unwrap_or_else(|| "?".into());
                     Ok(())
                 }
@@ -868,7 +875,12 @@ impl Interpreter for TorchInterp<'_> {
             ))
         })?;
         let items = copy_args(items, "persistent id")?;
-        let kind = heap.text(get(&items, 0)).unwrap_or_default();
+        let kind = heap.text(get(&items, 0)).ok_or_else(|| {
+            err(format!(
+                "persistent id kind is a {}, not a str",
+                describe(heap, get(&items, 0))
+            ))
+        })?;
         if kind == "module" && self.storage_dir.is_none() {
             // Legacy files record module source alongside the class: the class.
             return Ok(get(&items, 1));
@@ -947,7 +959,7 @@ impl Interpreter for TorchInterp<'_> {
                         .storages
                         .get(id)
                         .map(|s| s.location.clone())
-                        .unwrap_or_default();
+                        .ok_or_else(|| err("view of a storage that was never made"))?;
                     self.new_storage(PendingStorage {
                         key: view_key,
                         record: None,

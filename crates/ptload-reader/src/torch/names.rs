@@ -17,6 +17,15 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::pickle::{Heap, Obj, ObjId, Value};
 
+/// A heap value whose accessor disagrees with its kind: never made by the
+/// VM, but an error rather than an empty value if it were.
+fn mismatch(v: Value) -> Error {
+    Error::new(
+        ErrorKind::Pickle,
+        format!("heap value {v:?} does not hold what its kind says"),
+    )
+}
+
 /// A non-tensor value of the checkpoint, named by the flattening convention.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -144,13 +153,10 @@ fn key_text(heap: &Heap, key: Value, budget: usize, out: &mut String) -> Result<
                 Value::Bool(false) => "False".into(),
                 Value::Int(i) => i.to_string().into(),
                 Value::Float(f) => format!("{f:?}").into(),
-                Value::Obj(_) => match heap.get(v) {
-                    Some(Obj::Str(_)) => heap.str(v).unwrap_or_default().into(),
-                    Some(Obj::Bytes(_)) => {
-                        String::from_utf8_lossy(heap.bytes(v).unwrap_or_default())
-                    }
-                    Some(Obj::Tuple(_)) => {
-                        let items = heap.tuple(v).unwrap_or_default();
+                Value::Obj(_) => match (heap.get(v), heap.str(v), heap.bytes(v), heap.tuple(v)) {
+                    (_, Some(s), ..) => s.into(),
+                    (_, _, Some(b), _) => String::from_utf8_lossy(b),
+                    (_, _, _, Some(items)) => {
                         // Pushed in reverse: "(", a, ", ", b, ")".
                         todo.push(Tok::Text(")"));
                         for (i, &item) in items.iter().enumerate().rev() {
@@ -161,8 +167,8 @@ fn key_text(heap: &Heap, key: Value, budget: usize, out: &mut String) -> Result<
                         }
                         "(".into()
                     }
-                    Some(other) => format!("<{}>", crate::pickle::kind_name_of(other)).into(),
-                    None => "?".into(),
+                    (Some(other), ..) => format!("<{}>", crate::pickle::kind_name_of(other)).into(),
+                    (None, ..) => "?".into(),
                 },
             },
         };
@@ -437,22 +443,21 @@ impl<'h> Walker<'h> {
             self.children.clear();
             match heap.get(value) {
                 None => continue,
-                Some(Obj::Str(_)) => self.value(in_module, || {
-                    Scalar::Str(heap.str(value).unwrap_or_default().to_owned())
-                })?,
-                Some(Obj::Bytes(_)) => self.value(in_module, || {
-                    Scalar::Bytes(heap.bytes(value).unwrap_or_default().to_vec())
-                })?,
-                Some(Obj::BigInt(_)) => self.value(in_module, || {
-                    Scalar::BigInt(heap.bigint(value).unwrap_or_default().to_vec())
-                })?,
+                Some(Obj::Str(_)) => {
+                    let s = heap.str(value).ok_or_else(|| mismatch(value))?;
+                    self.value(in_module, || Scalar::Str(s.to_owned()))?
+                }
+                Some(Obj::Bytes(_)) => {
+                    let b = heap.bytes(value).ok_or_else(|| mismatch(value))?;
+                    self.value(in_module, || Scalar::Bytes(b.to_vec()))?
+                }
+                Some(Obj::BigInt(_)) => {
+                    let b = heap.bigint(value).ok_or_else(|| mismatch(value))?;
+                    self.value(in_module, || Scalar::BigInt(b.to_vec()))?
+                }
                 Some(Obj::Tuple(_) | Obj::List(_) | Obj::Set(_)) => {
-                    for (i, v) in heap
-                        .members(value)
-                        .unwrap_or_default()
-                        .into_iter()
-                        .enumerate()
-                    {
+                    let members = heap.members(value).ok_or_else(|| mismatch(value))?;
+                    for (i, v) in members.into_iter().enumerate() {
                         self.children.push((Some(Seg::Index(i)), v, in_module));
                     }
                 }
@@ -477,10 +482,9 @@ impl<'h> Walker<'h> {
                                 Some([a, b])
                                     if heap.dict(*a).is_some() || heap.dict(*b).is_some() =>
                                 {
-                                    for part in [*a, *b] {
-                                        for &(k, v) in
-                                            heap.dict(part).map(|d| d.entries()).unwrap_or_default()
-                                        {
+                                    // Either part may be None instead of a dict.
+                                    for d in [*a, *b].into_iter().filter_map(|p| heap.dict(p)) {
+                                        for &(k, v) in d.entries() {
                                             self.children.push((Some(Seg::Key(k)), v, inside));
                                         }
                                     }
