@@ -3,6 +3,7 @@
 //! self-referencing structures, and the limits that stop them. Each case is
 //! explicit bytes, so the rule it checks is visible here.
 
+use ptload_fuzz::craft::{zip, ZipEntry};
 use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions, Policy, Scalar, StringEncoding};
 
 /// A pickle assembler: opcodes with their arguments, nothing implicit.
@@ -57,66 +58,13 @@ impl P {
     }
 }
 
-/// A stored zip entry, as the writer should lay it out.
-struct Entry<'a> {
-    name: &'a str,
-    local_name: &'a str,
-    data: &'a [u8],
-    flags: u16,
-    crc: Option<u32>,
-}
-
-fn entry<'a>(name: &'a str, data: &'a [u8]) -> Entry<'a> {
-    Entry {
-        name,
-        local_name: name,
-        data,
-        flags: 0,
-        crc: None,
+/// A stored zip entry laid out plainly (no alignment padding), so the
+/// offsets in errors are those of the bytes written here.
+fn entry(name: &str, data: &[u8]) -> ZipEntry {
+    ZipEntry {
+        align: false,
+        ..ZipEntry::new(name, data.to_vec())
     }
-}
-
-fn zip(entries: &[Entry<'_>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut central = Vec::new();
-    for e in entries {
-        let offset = out.len() as u32;
-        let crc = e.crc.unwrap_or_else(|| crc32fast::hash(e.data));
-        let size = e.data.len() as u32;
-        out.extend_from_slice(&0x0403_4b50u32.to_le_bytes());
-        out.extend_from_slice(&[20, 0]);
-        out.extend_from_slice(&e.flags.to_le_bytes());
-        out.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-        for v in [crc, size, size] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        out.extend_from_slice(&(e.local_name.len() as u16).to_le_bytes());
-        out.extend_from_slice(&[0, 0]);
-        out.extend_from_slice(e.local_name.as_bytes());
-        out.extend_from_slice(e.data);
-        central.extend_from_slice(&0x0201_4b50u32.to_le_bytes());
-        central.extend_from_slice(&[20, 0, 20, 0]);
-        central.extend_from_slice(&e.flags.to_le_bytes());
-        central.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-        for v in [crc, size, size] {
-            central.extend_from_slice(&v.to_le_bytes());
-        }
-        central.extend_from_slice(&(e.name.len() as u16).to_le_bytes());
-        central.extend_from_slice(&[0; 12]);
-        central.extend_from_slice(&offset.to_le_bytes());
-        central.extend_from_slice(e.name.as_bytes());
-    }
-    let cd_offset = out.len() as u32;
-    out.extend_from_slice(&central);
-    out.extend_from_slice(&0x0605_4b50u32.to_le_bytes());
-    out.extend_from_slice(&[0, 0, 0, 0]);
-    let n = entries.len() as u16;
-    out.extend_from_slice(&n.to_le_bytes());
-    out.extend_from_slice(&n.to_le_bytes());
-    out.extend_from_slice(&(central.len() as u32).to_le_bytes());
-    out.extend_from_slice(&cd_offset.to_le_bytes());
-    out.extend_from_slice(&[0, 0]);
-    out
 }
 
 fn storage(values: &[f32]) -> Vec<u8> {
@@ -176,8 +124,8 @@ fn zip_rules() {
 
     let mismatch = zip(&[
         entry("m/data.pkl", &pickle),
-        Entry {
-            local_name: "m/data/1",
+        ZipEntry {
+            local_name: "m/data/1".into(),
             ..entry("m/data/0", &data)
         },
     ]);
@@ -185,7 +133,7 @@ fn zip_rules() {
 
     let encrypted = zip(&[
         entry("m/data.pkl", &pickle),
-        Entry {
+        ZipEntry {
             flags: 1,
             ..entry("m/data/0", &data)
         },
@@ -193,7 +141,7 @@ fn zip_rules() {
     assert!(open_err(encrypted).contains("is encrypted"));
 
     let bad_crc = zip(&[
-        Entry {
+        ZipEntry {
             crc: Some(0xdead_beef),
             ..entry("m/data.pkl", &pickle)
         },
@@ -206,7 +154,7 @@ fn zip_rules() {
     );
 
     let zero_crc = zip(&[
-        Entry {
+        ZipEntry {
             crc: Some(0),
             ..entry("m/data.pkl", &pickle)
         },
@@ -510,8 +458,8 @@ fn sparse_archives_read_headers_with_pread() {
     let bad = dir.join("mismatch.pt");
     let mismatch = zip(&[
         entry("m/data.pkl", &pickle),
-        Entry {
-            local_name: "m/data/1",
+        ZipEntry {
+            local_name: "m/data/1".into(),
             ..entry("m/data/0", &data)
         },
     ]);

@@ -299,24 +299,8 @@ pub fn write_safetensors(
     opts: &SafetensorsOptions,
     out: &mut impl Write,
 ) -> Result<Written> {
-    let (header, planned, mut written) = plan(ckpt, selection, opts)?;
     let io = |e: std::io::Error| Error::io("cannot write the safetensors file", e);
-    out.write_all(&(header.len() as u64).to_le_bytes())
-        .map_err(io)?;
-    out.write_all(header.as_bytes()).map_err(io)?;
-    for p in &planned {
-        opts.check_cancel()?;
-        let view = ckpt
-            .tensor_at(p.index)
-            .ok_or_else(|| Error::new(ErrorKind::Tensor, "tensor index"))?;
-        write_tensor_bytes(&view, p, out)?;
-        written.tensors += 1;
-        written.bytes += p.nbytes;
-        if let Some(progress) = &opts.progress {
-            progress(p.nbytes);
-        }
-    }
-    Ok(written)
+    write_with(ckpt, selection, opts, out, None, &io)
 }
 
 /// Write a safetensors file at `path`, safely:
@@ -359,15 +343,37 @@ fn write_to_file(
     file: std::fs::File,
     path: &std::path::Path,
 ) -> Result<Written> {
-    use std::io::{Read, Seek, SeekFrom};
-    let (header, planned, mut written) = plan(ckpt, selection, opts)?;
     let io = |e: std::io::Error| Error::io(format!("cannot write {}", path.display()), e);
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    // A handle of our own on the file we mapped: its position is ours.
+    let written = write_with(
+        ckpt,
+        selection,
+        opts,
+        &mut out,
+        ckpt.source().private_handle(),
+        &io,
+    )?;
+    out.flush().map_err(io)?;
+    Ok(written)
+}
+
+/// The safetensors bytes of `selection`, to `out`. With `source` (the
+/// checkpoint's own file), tensors that lie unchanged in it are copied by
+/// the kernel when `out` is a file; the others stream from the map.
+fn write_with<W: Write>(
+    ckpt: &Checkpoint,
+    selection: &[Selected],
+    opts: &SafetensorsOptions,
+    out: &mut W,
+    mut source: Option<std::fs::File>,
+    io: &dyn Fn(std::io::Error) -> Error,
+) -> Result<Written> {
+    use std::io::{Read, Seek, SeekFrom};
+    let (header, planned, mut written) = plan(ckpt, selection, opts)?;
     out.write_all(&(header.len() as u64).to_le_bytes())
         .map_err(io)?;
     out.write_all(header.as_bytes()).map_err(io)?;
-    // A handle of our own on the file we mapped: its position is ours.
-    let mut source = ckpt.source().private_handle();
     let mut position = 8 + header.len() as u64;
     for p in &planned {
         opts.check_cancel()?;
@@ -396,7 +402,7 @@ fn write_to_file(
                     opts.check_cancel()?;
                     let chunk = left.min(COPY_CHUNK);
                     let copied =
-                        std::io::copy(&mut Read::take(&mut *src, chunk), &mut out).map_err(io)?;
+                        std::io::copy(&mut Read::take(&mut *src, chunk), out).map_err(io)?;
                     if copied != chunk {
                         return Err(Error::new(
                             ErrorKind::Tensor,
@@ -407,7 +413,7 @@ fn write_to_file(
                     left -= chunk;
                 }
             }
-            _ => write_tensor_bytes(&view, p, &mut out)?,
+            _ => write_tensor_bytes(&view, p, out)?,
         }
         position += p.nbytes;
         written.tensors += 1;
@@ -416,7 +422,6 @@ fn write_to_file(
             progress(p.nbytes);
         }
     }
-    out.flush().map_err(io)?;
     Ok(written)
 }
 
