@@ -56,6 +56,7 @@ impl std::fmt::Debug for SafetensorsOptions {
 
 /// What [`write_safetensors`] wrote.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct Written {
     /// Tensors written.
     pub tensors: usize,

@@ -61,7 +61,7 @@ mod torch;
 mod view;
 
 pub use bytes::ByteOrder;
-pub use checkpoint::{Checkpoint, OpenOptions, StorageInfo, TensorInfo};
+pub use checkpoint::{Checkpoint, OpenOptions};
 pub use container::Format;
 pub use error::{Error, ErrorKind, Result};
 pub use limits::Limits;
@@ -70,5 +70,6 @@ pub use torch::dtype::{DType, Element};
 pub use torch::interp::GlobalRef;
 pub use torch::names::Scalar;
 pub use torch::policy::Policy;
+pub use torch::tensor::{StorageInfo, TensorInfo};
 pub use torch::Quantization;
 pub use view::TensorView;

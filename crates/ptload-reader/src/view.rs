@@ -3,9 +3,10 @@
 use std::borrow::Cow;
 
 use crate::bytes::{negate_le, ByteOrder};
-use crate::checkpoint::{Checkpoint, StorageInfo, TensorInfo};
+use crate::checkpoint::Checkpoint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::torch::dtype::{DType, Element};
+use crate::torch::tensor::{StorageInfo, TensorInfo};
 
 /// One tensor of a checkpoint: its metadata and access to its bytes, which
 /// borrow from the memory-mapped file when they can.

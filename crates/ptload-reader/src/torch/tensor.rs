@@ -1,0 +1,287 @@
+//! Tensors and storages as the reader hands them out, and the validation
+//! that makes them: every rebuilt tensor is checked against its storage as
+//! torch's `setStrided` checks it.
+
+use super::dtype::DType;
+use super::{QuantParams, Quantization, TensorMeta, TorchHeap, TorchObj};
+use crate::error::{Error, ErrorKind, Result};
+use crate::limits::Limits;
+use crate::pickle::{Heap, Value};
+
+/// Where a storage's bytes are.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StorageData {
+    /// At this offset of the (memory-mapped) file.
+    File(u64),
+    /// In an owned buffer (an inflated zip entry).
+    Owned(usize),
+}
+
+/// One storage: a run of bytes that tensors view.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct StorageInfo {
+    /// The key from the persistent id (`"0"`, `"1"`, ...).
+    pub key: String,
+    /// The location tag saved with it (`cpu`, `cuda:0`, `mps`, ...).
+    pub location: String,
+    /// Element type of the saved storage type (`U8` for untyped storages).
+    pub dtype: DType,
+    /// Elements of `dtype`.
+    pub numel: u64,
+    /// Size in bytes.
+    pub nbytes: u64,
+    /// The zip record holding it (`archive/data/0`); `None` in legacy files.
+    pub record: Option<String>,
+    /// Offset of its bytes in the file, when they are stored there uncompressed.
+    pub file_offset: Option<u64>,
+    pub(crate) data: StorageData,
+    /// The quantized element type its class names, if any.
+    pub(crate) quantized: Option<&'static str>,
+}
+
+/// Metadata of one named tensor.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TensorInfo {
+    /// The flattened name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Sizes.
+    pub shape: Vec<u64>,
+    /// Strides, in elements.
+    pub stride: Vec<u64>,
+    /// Offset into the storage, in elements.
+    pub storage_offset: u64,
+    /// Index into [`Checkpoint::storages`]; `None` for meta tensors.
+    pub storage: Option<usize>,
+    /// Elements.
+    pub numel: u64,
+    /// Bytes of the elements in row-major order (`numel * dtype.size()`).
+    pub nbytes: u64,
+    /// `requires_grad` as saved.
+    pub requires_grad: bool,
+    /// The conjugate bit (the stored values are not conjugated).
+    pub conj: bool,
+    /// The negative bit (the stored values are not negated).
+    pub neg: bool,
+    /// Quantization parameters of a quantized tensor (its data is the
+    /// integer representation).
+    pub quantization: Option<Quantization>,
+}
+
+impl TensorInfo {
+    /// Whether the elements are laid out row-major without gaps.
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1u64;
+        for (&size, &stride) in self.shape.iter().zip(&self.stride).rev() {
+            if size != 1 && stride != expected {
+                return false;
+            }
+            expected = expected.saturating_mul(size);
+        }
+        true
+    }
+}
+
+fn tensor_err(name: &str, message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Tensor, message).for_tensor(name)
+}
+
+fn non_negative(name: &str, v: i64, what: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| tensor_err(name, format!("negative {what} {v}")))
+}
+
+/// Validate a rebuilt tensor against its storage, as torch's setStrided does.
+pub(crate) fn tensor_info(
+    heap: &Heap,
+    name: String,
+    meta: &TensorMeta,
+    storages: &[StorageInfo],
+    limits: &Limits,
+) -> Result<TensorInfo> {
+    let ints = |v: Value, what: &str| -> Result<Vec<u64>> {
+        heap.sequence(v)
+            .ok_or_else(|| tensor_err(&name, format!("{what} is not a tuple")))?
+            .iter()
+            .map(|&i| match i {
+                Value::Int(x) => non_negative(&name, x, what),
+                _ => Err(tensor_err(&name, format!("{what} is not an int"))),
+            })
+            .collect()
+    };
+    let mut shape = ints(meta.shape, "size")?;
+    let mut stride = ints(meta.stride, "stride")?;
+    if shape.len() != stride.len() {
+        return Err(tensor_err(
+            &name,
+            format!(
+                "size has {} dimensions but stride has {}",
+                shape.len(),
+                stride.len()
+            ),
+        ));
+    }
+    let storage_offset = non_negative(&name, meta.offset, "storage offset")?;
+    let overflow = || tensor_err(&name, "size arithmetic overflows");
+    let mut numel = shape
+        .iter()
+        .try_fold(1u64, |acc, &s| acc.checked_mul(s))
+        .ok_or_else(overflow)?;
+    // The storage class names the quantized type; its integer dtype is the
+    // fallback (a file that names a plain storage class).
+    let kind = meta
+        .storage
+        .and_then(|s| storages.get(s))
+        .and_then(|s| s.quantized)
+        .unwrap_or(match meta.dtype {
+            DType::I8 => "qint8",
+            DType::I32 => "qint32",
+            _ => "quint8",
+        });
+    // Packed kinds count values in the size and stride, and bytes in the
+    // storage: the tensor becomes its packed bytes (torch's int_repr()),
+    // which needs the values contiguous and at the storage's start.
+    let per_byte = match kind {
+        "quint4x2" if meta.quant.is_some() => 2,
+        "quint2x4" if meta.quant.is_some() => 4,
+        _ => 1,
+    };
+    let values_shape = (per_byte > 1).then(|| shape.clone());
+    if per_byte > 1 {
+        let mut expected = 1u64;
+        for (&size, &st) in shape.iter().zip(&stride).rev() {
+            if size > 1 && st != expected {
+                return Err(tensor_err(
+                    &name,
+                    format!("a {kind} tensor whose values are not contiguous (torch packs them)"),
+                ));
+            }
+            expected = expected.saturating_mul(size);
+        }
+        if storage_offset != 0 {
+            // torch counts the offset in values but applies it to bytes,
+            // reading past its data: there is no right answer to give.
+            return Err(tensor_err(
+                &name,
+                format!(
+                    "a view into a {kind} tensor (offset {storage_offset}): torch itself misreads these"
+                ),
+            ));
+        }
+        numel = numel.div_ceil(per_byte);
+        shape = vec![numel];
+        stride = vec![1];
+    }
+    let elem = meta.dtype.size() as u64;
+    let nbytes = numel.checked_mul(elem).ok_or_else(overflow)?;
+    if let Some(sid) = meta.storage {
+        let storage = storages
+            .get(sid)
+            .ok_or_else(|| tensor_err(&name, "storage index"))?;
+        if numel > 0 {
+            let mut last = storage_offset;
+            for (&size, &st) in shape.iter().zip(&stride) {
+                last = (size - 1)
+                    .checked_mul(st)
+                    .and_then(|x| x.checked_add(last))
+                    .ok_or_else(overflow)?;
+            }
+            let needed = last
+                .checked_add(1)
+                .and_then(|n| n.checked_mul(elem))
+                .ok_or_else(overflow)?;
+            if needed > storage.nbytes {
+                return Err(tensor_err(
+                    &name,
+                    format!(
+                        "extent ({needed} bytes from offset {storage_offset}) exceeds storage {} of {} bytes",
+                        storage.key, storage.nbytes
+                    ),
+                ));
+            }
+        }
+        if nbytes > storage.nbytes && nbytes > limits.max_expanded_view_bytes {
+            return Err(
+                Error::limit("max_expanded_view_bytes", limits.max_expanded_view_bytes)
+                    .for_tensor(&name),
+            );
+        }
+    }
+    let quantization = meta.quant.as_ref().map(|q| match q {
+        QuantParams::PerTensor {
+            scheme,
+            scale,
+            zero_point,
+        } => Quantization::PerTensor {
+            kind,
+            scheme: scheme.clone(),
+            scale: *scale,
+            zero_point: *zero_point,
+            values_shape: values_shape.clone(),
+        },
+        QuantParams::PerChannel {
+            scheme,
+            axis,
+            zero_points,
+            ..
+        } => {
+            // torch pickles per_channel_affine_float_qparams as
+            // per_channel_affine; floating zero points tell them apart.
+            let float_zero_points = matches!(
+                heap.torch(*zero_points),
+                Some(TorchObj::Tensor(z)) if z.dtype.is_float()
+            );
+            Quantization::PerChannel {
+                kind,
+                scheme: if float_zero_points && scheme == "per_channel_affine" {
+                    "per_channel_affine_float_qparams".into()
+                } else {
+                    scheme.clone()
+                },
+                axis: *axis,
+                values_shape: values_shape.clone(),
+            }
+        }
+    });
+    Ok(TensorInfo {
+        name,
+        dtype: meta.dtype,
+        shape,
+        stride,
+        storage_offset,
+        storage: meta.storage,
+        numel,
+        nbytes,
+        requires_grad: meta.requires_grad,
+        conj: meta.conj,
+        neg: meta.neg,
+        quantization,
+    })
+}
+
+/// A storage pickled on its own (`torch.save(storage)`): a 1-D tensor over it.
+pub(crate) fn bare_storage(
+    name: String,
+    id: usize,
+    storages: &[StorageInfo],
+) -> Result<TensorInfo> {
+    let s = storages
+        .get(id)
+        .ok_or_else(|| tensor_err(&name, "storage index"))?;
+    Ok(TensorInfo {
+        name,
+        dtype: s.dtype,
+        shape: vec![s.numel],
+        stride: vec![1],
+        storage_offset: 0,
+        storage: Some(id),
+        numel: s.numel,
+        nbytes: s.nbytes,
+        requires_grad: false,
+        conj: false,
+        neg: false,
+        quantization: None,
+    })
+}
