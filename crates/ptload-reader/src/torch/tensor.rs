@@ -54,7 +54,7 @@ pub struct TensorInfo {
     pub stride: Vec<u64>,
     /// Offset into the storage, in elements.
     pub storage_offset: u64,
-    /// Index into [`Checkpoint::storages`]; `None` for meta tensors.
+    /// Index into [`Checkpoint::storages`](crate::Checkpoint::storages); `None` for meta tensors.
     pub storage: Option<usize>,
     /// Elements.
     pub numel: u64,
