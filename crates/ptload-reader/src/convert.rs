@@ -4,6 +4,8 @@
 //! Conversions go through f32 (torch converts float64 to the 16- and 8-bit
 //! types through float as well); to F64 they are exact.
 
+use rayon::prelude::*;
+
 use crate::error::{Error, ErrorKind, Result};
 use crate::torch::dtype::DType;
 
@@ -131,21 +133,26 @@ fn read(d: DType, e: &[u8]) -> Elem {
     }
 }
 
-fn write(from: DType, to: DType, v: Elem, out: &mut Vec<u8>) {
+/// One element of `to`, written into `out` (exactly `to.size()` bytes).
+fn write(from: DType, to: DType, v: Elem, out: &mut [u8]) {
     // Narrow targets go through f32, as torch does from float64.
     let f = match v {
         Elem::F64(x) => x as f32,
         Elem::F32(x) => x,
     };
+    let put = |out: &mut [u8], bytes: &[u8]| {
+        out.iter_mut().zip(bytes).for_each(|(o, b)| *o = *b);
+    };
     match to {
-        DType::F64 => out.extend_from_slice(
+        DType::F64 => put(
+            out,
             &match v {
                 Elem::F64(x) => x,
                 Elem::F32(x) => f64::from(x),
             }
             .to_le_bytes(),
         ),
-        DType::F32 => out.extend_from_slice(&f.to_le_bytes()),
+        DType::F32 => put(out, &f.to_le_bytes()),
         DType::F16 => {
             // torch keeps an f32 NaN's payload in float16, and gives the
             // canonical NaN from every other type.
@@ -154,13 +161,17 @@ fn write(from: DType, to: DType, v: Elem, out: &mut Vec<u8>) {
             } else {
                 half::f16::from_f32(f)
             };
-            out.extend_from_slice(&h.to_le_bytes());
+            put(out, &h.to_le_bytes());
         }
-        DType::BF16 => out.extend_from_slice(&bf16_from_f32(f).to_le_bytes()),
-        DType::F8E4M3 => out.push(f32_to_e4m3(f)),
-        _ => out.push(f32_to_e5m2(f)),
+        DType::BF16 => put(out, &bf16_from_f32(f).to_le_bytes()),
+        DType::F8E4M3 => put(out, &[f32_to_e4m3(f)]),
+        _ => put(out, &[f32_to_e5m2(f)]),
     }
 }
+
+/// Elements converted per parallel task: large enough that splitting costs
+/// nothing measurable, small enough to keep every core busy on one tensor.
+const PARALLEL_CHUNK: usize = 1 << 16;
 
 /// Convert little-endian elements of `from` to little-endian elements of
 /// `to`, bit for bit as torch's `.to(dtype)` (its scalar CPU kernels).
@@ -173,14 +184,28 @@ pub fn convert(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>> {
             ),
         ));
     }
-    let n = bytes.len() / from.size();
-    let mut out = Vec::with_capacity(n.saturating_mul(to.size()));
+    let (from_size, to_size) = (from.size(), to.size());
+    let n = bytes.len() / from_size;
     if from == to {
-        out.extend_from_slice(bytes);
-        return Ok(out);
+        return Ok(bytes.get(..n * from_size).unwrap_or(bytes).to_vec());
     }
-    for e in bytes.chunks_exact(from.size()) {
-        write(from, to, read(from, e), &mut out);
+    let mut out = vec![0u8; n.saturating_mul(to_size)];
+    let convert_run = |(dst, src): (&mut [u8], &[u8])| {
+        for (d, e) in dst
+            .chunks_exact_mut(to_size)
+            .zip(src.chunks_exact(from_size))
+        {
+            write(from, to, read(from, e), d);
+        }
+    };
+    // Tensors of many elements are split over the cores (rayon's pool);
+    // small ones stay on the calling thread.
+    if n > PARALLEL_CHUNK {
+        out.par_chunks_mut(PARALLEL_CHUNK * to_size)
+            .zip(bytes.par_chunks(PARALLEL_CHUNK * from_size))
+            .for_each(convert_run);
+    } else {
+        convert_run((&mut out, bytes));
     }
     Ok(out)
 }
@@ -188,6 +213,37 @@ pub fn convert(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The parallel split gives what converting each element alone gives,
+    /// across chunk boundaries and a partial last chunk.
+    #[test]
+    fn long_tensors_convert_like_single_elements() {
+        let n = 2 * PARALLEL_CHUNK + 12_345;
+        let mut bits = 0x1234_5678u32;
+        let src: Vec<u8> = (0..n)
+            .flat_map(|_| {
+                bits = bits.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                bits.to_le_bytes()
+            })
+            .collect();
+        for to in [DType::BF16, DType::F16, DType::F8E4M3, DType::F64] {
+            let all = convert(&src, DType::F32, to).unwrap();
+            assert_eq!(all.len(), n * to.size());
+            for (i, e) in src.chunks_exact(4).enumerate().step_by(997) {
+                let one = convert(e, DType::F32, to).unwrap();
+                assert_eq!(
+                    &all[i * to.size()..(i + 1) * to.size()],
+                    &one[..],
+                    "{to} at {i}"
+                );
+            }
+            let last = &src[src.len() - 4..];
+            assert_eq!(
+                &all[all.len() - to.size()..],
+                &convert(last, DType::F32, to).unwrap()[..]
+            );
+        }
+    }
 
     #[test]
     fn float8_known_values() {
