@@ -1,8 +1,8 @@
 //! Executing plans: host fallback and strict mode on every machine, and
 //! (where a CUDA device exists) the bytes on the device.
 
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ptload_device::{load, probe, LoadOptions, Placed};
 use ptload_reader::placement::{Device, Keep, Plan, To};
@@ -15,8 +15,8 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn open(name: &str) -> Checkpoint {
-    Checkpoint::open(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+fn open(name: &str) -> Arc<Checkpoint> {
+    Arc::new(Checkpoint::open(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}")))
 }
 
 fn everything(ckpt: &Checkpoint) -> ptload_reader::state_dict::StateDict<'_> {
@@ -29,14 +29,13 @@ fn everything(ckpt: &Checkpoint) -> ptload_reader::state_dict::StateDict<'_> {
     .expect("select")
 }
 
-/// The row-major bytes of a loaded host tensor, read from its storage.
-fn host_tensor_bytes(
-    loaded: &ptload_device::Loaded<'_>,
-    t: &ptload_device::LoadedTensor,
-) -> Vec<u8> {
-    let Some(Placed::Host(storage)) = t.storage.and_then(|i| loaded.storages.get(i)) else {
+/// The row-major bytes of a loaded host tensor, gathered here from its
+/// storage by its offset and strides; `Loaded::host_data` must agree.
+fn host_tensor_bytes(loaded: &ptload_device::Loaded, t: &ptload_device::LoadedTensor) -> Vec<u8> {
+    let Some(Placed::Host(storage)) = loaded.storage_of(t) else {
         panic!("{} is not on the host", t.name);
     };
+    let storage = storage.bytes().expect("host bytes");
     let elem = t.dtype.size() as u64;
     let mut out = Vec::new();
     let numel: u64 = t.shape.iter().product();
@@ -50,6 +49,12 @@ fn host_tensor_bytes(
         let at = (offset * elem) as usize;
         out.extend_from_slice(&storage[at..at + elem as usize]);
     }
+    assert_eq!(
+        &*loaded.host_data(t).expect("host data"),
+        &out[..],
+        "{}: host_data",
+        t.name
+    );
     out
 }
 
@@ -60,14 +65,14 @@ fn missing_gpus_fall_back_to_the_host_per_tensor() {
     let ckpt = open("multi_gpu.pt");
     let plan = Plan::new(&ckpt, &mut Keep).expect("plan");
     let loaded = load(
-        &ckpt,
+        Arc::clone(&ckpt),
         &everything(&ckpt),
         &plan,
         &gpus,
         &LoadOptions::default(),
     )
     .expect("load");
-    for (t, view) in loaded.tensors.iter().zip(ckpt.tensors()) {
+    for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
         assert_eq!(t.target.to_string(), view.location(), "{}", t.name);
         assert_eq!(t.device, Device::Host, "{}", t.name);
         if view.location() == "cpu" {
@@ -84,7 +89,7 @@ fn missing_gpus_fall_back_to_the_host_per_tensor() {
         );
     }
     let host = loaded
-        .devices
+        .devices()
         .iter()
         .find(|d| d.device == Device::Host)
         .expect("host report");
@@ -105,7 +110,8 @@ fn strict_fails_before_copying_with_torchs_words() {
         strict: true,
         ..Default::default()
     };
-    let e = load(&ckpt, &everything(&ckpt), &plan, &gpus, &opts).expect_err("no such device");
+    let e = load(Arc::clone(&ckpt), &everything(&ckpt), &plan, &gpus, &opts)
+        .expect_err("no such device");
     let text = e.to_string();
     if gpus.devices().is_empty() {
         assert!(
@@ -134,7 +140,7 @@ fn host_storages_are_borrowed_from_the_map_and_copied_once() {
     let ckpt = open("views.pt");
     let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
     let loaded = load(
-        &ckpt,
+        Arc::clone(&ckpt),
         &everything(&ckpt),
         &plan,
         &probe(),
@@ -142,27 +148,28 @@ fn host_storages_are_borrowed_from_the_map_and_copied_once() {
     )
     .expect("load");
     assert_eq!(
-        loaded.storages.len(),
+        loaded.storages().len(),
         ckpt.storages().len(),
         "each storage once"
     );
-    assert_eq!(loaded.tensors.len(), 10);
-    for (i, p) in loaded.storages.iter().enumerate() {
+    assert_eq!(loaded.tensors().len(), 10);
+    for (i, p) in loaded.storages().iter().enumerate() {
         match p {
-            Placed::Host(Cow::Borrowed(b)) => {
-                assert_eq!(b.as_ptr(), ckpt.storage_bytes(i).expect("bytes").as_ptr())
-            }
+            Placed::Host(h) if h.is_mapped() => assert_eq!(
+                h.bytes().expect("bytes").as_ptr(),
+                ckpt.storage_bytes(i).expect("bytes").as_ptr()
+            ),
             other => panic!("storage {i} is not borrowed: {other:?}"),
         }
     }
     let tied: Vec<_> = loaded
-        .tensors
+        .tensors()
         .iter()
         .filter(|t| t.name.ends_with("embed.weight") || t.name == "lm_head.weight")
         .collect();
     assert_eq!(tied.len(), 2);
     assert_eq!(tied[0].storage, tied[1].storage);
-    for (t, view) in loaded.tensors.iter().zip(ckpt.tensors()) {
+    for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
         assert_eq!(
             host_tensor_bytes(&loaded, t),
             &*view.data().expect("data"),
@@ -177,14 +184,14 @@ fn big_endian_storages_are_swapped_into_owned_buffers() {
     let ckpt = open("bigendian.pt");
     let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
     let loaded = load(
-        &ckpt,
+        Arc::clone(&ckpt),
         &everything(&ckpt),
         &plan,
         &probe(),
         &LoadOptions::default(),
     )
     .expect("load");
-    for (t, view) in loaded.tensors.iter().zip(ckpt.tensors()) {
+    for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
         assert_eq!(
             host_tensor_bytes(&loaded, t),
             &*view.data().expect("data"),
@@ -193,10 +200,7 @@ fn big_endian_storages_are_swapped_into_owned_buffers() {
         );
         if t.dtype.size() > 1 {
             assert!(
-                matches!(
-                    loaded.storages[t.storage.expect("storage")],
-                    Placed::Host(Cow::Owned(_))
-                ),
+                matches!(loaded.storage_of(t), Some(Placed::Host(h)) if !h.is_mapped()),
                 "{}",
                 t.name
             );
@@ -209,7 +213,7 @@ fn meta_reads_nothing() {
     let ckpt = open("multi_gpu.pt");
     let plan = Plan::new(&ckpt, &mut To(Device::Meta)).expect("plan");
     let loaded = load(
-        &ckpt,
+        Arc::clone(&ckpt),
         &everything(&ckpt),
         &plan,
         &probe(),
@@ -217,10 +221,10 @@ fn meta_reads_nothing() {
     )
     .expect("load");
     assert!(loaded
-        .tensors
+        .tensors()
         .iter()
         .all(|t| t.device == Device::Meta && t.storage.is_none()));
-    assert!(loaded.storages.is_empty());
+    assert!(loaded.storages().is_empty());
 }
 
 #[test]
@@ -232,9 +236,9 @@ fn dtype_conversion_is_explicit_and_per_tensor() {
         dtype: Some(DType::BF16),
         ..Default::default()
     };
-    let loaded = load(&ckpt, &selection, &plan, &probe(), &opts).expect("load");
-    assert_eq!(loaded.tensors.len(), selection.len());
-    for (t, s) in loaded.tensors.iter().zip(&selection) {
+    let loaded = load(Arc::clone(&ckpt), &selection, &plan, &probe(), &opts).expect("load");
+    assert_eq!(loaded.tensors().len(), selection.len());
+    for (t, s) in loaded.tensors().iter().zip(&selection) {
         let view = ckpt.tensor_at(s.index).expect("tensor");
         assert_eq!(t.dtype, DType::BF16);
         assert_eq!(t.converted_from, Some(DType::F32));
@@ -269,15 +273,15 @@ fn gpu_round_trip() {
         let ckpt = open(name);
         let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
         let loaded = load(
-            &ckpt,
+            Arc::clone(&ckpt),
             &everything(&ckpt),
             &plan,
             &gpus,
             &LoadOptions::default(),
         )
         .expect("load");
-        for (t, view) in loaded.tensors.iter().zip(ckpt.tensors()) {
-            let Some(Placed::Cuda(c)) = t.storage.and_then(|i| loaded.storages.get(i)) else {
+        for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
+            let Some(Placed::Cuda(c)) = loaded.storage_of(t) else {
                 assert!(
                     view.storage().is_none()
                         || view.info().nbytes == 0
@@ -300,7 +304,7 @@ fn gpu_round_trip() {
     let beyond = gpus.devices().len() as u32;
     let plan = Plan::new(&ckpt, &mut To(Device::Cuda(beyond))).expect("plan");
     let loaded = load(
-        &ckpt,
+        Arc::clone(&ckpt),
         &everything(&ckpt),
         &plan,
         &gpus,
@@ -308,21 +312,21 @@ fn gpu_round_trip() {
     )
     .expect("load");
     assert!(loaded
-        .tensors
+        .tensors()
         .iter()
         .all(|t| t.device == Device::Host && t.fallback.is_some()));
     let mut budget = ptload_reader::placement::Budget::new(vec![(Device::Cuda(0), 70_000)]);
     let plan = Plan::new(&ckpt, &mut budget).expect("plan");
     let loaded = load(
-        &ckpt,
+        Arc::clone(&ckpt),
         &everything(&ckpt),
         &plan,
         &gpus,
         &LoadOptions::default(),
     )
     .expect("load");
-    assert!(loaded.tensors.iter().any(|t| t.device == Device::Cuda(0)));
-    assert!(loaded.tensors.iter().any(|t| t.device == Device::Host));
+    assert!(loaded.tensors().iter().any(|t| t.device == Device::Cuda(0)));
+    assert!(loaded.tensors().iter().any(|t| t.device == Device::Host));
 }
 
 #[test]
@@ -333,12 +337,68 @@ fn tied_weights_share_one_converted_storage() {
         dtype: Some(DType::F16),
         ..Default::default()
     };
-    let loaded = load(&ckpt, &everything(&ckpt), &plan, &probe(), &opts).expect("load");
-    let find = |n: &str| loaded.tensors.iter().find(|t| t.name == n).expect("tensor");
+    let loaded = load(
+        Arc::clone(&ckpt),
+        &everything(&ckpt),
+        &plan,
+        &probe(),
+        &opts,
+    )
+    .expect("load");
+    let find = |n: &str| {
+        loaded
+            .tensors()
+            .iter()
+            .find(|t| t.name == n)
+            .expect("tensor")
+    };
     assert_eq!(find("embed.weight").storage, find("lm_head.weight").storage);
     assert_ne!(
         find("base").storage,
         find("transposed").storage,
         "different views convert separately"
     );
+}
+
+/// What an engine keeps: the result owns the checkpoint, names find
+/// tensors, and host reads are typed; asking for what is not there is an
+/// error, not an empty value.
+#[test]
+fn the_result_owns_its_checkpoint_and_answers_by_name() {
+    let loaded = {
+        let ckpt = open("dataparallel.pt");
+        let selection = StateDictOptions::default().select(&ckpt).expect("select");
+        let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+        load(
+            Arc::clone(&ckpt),
+            &selection,
+            &plan,
+            &ptload_device::Gpus::NoDriver,
+            &LoadOptions::default(),
+        )
+        .expect("load")
+    };
+    let ckpt = Arc::clone(loaded.checkpoint());
+    for t in loaded.tensors() {
+        assert!(!t.name.starts_with("module."), "{}", t.name);
+        assert_eq!(loaded.get(&t.name).map(|g| g.index), Some(t.index));
+        let view = ckpt.tensor_at(t.index).expect("tensor");
+        assert_eq!(format!("module.{}", t.name), view.name());
+        let values: Vec<f32> = loaded.host_vec(t).expect("host_vec");
+        assert_eq!(values, view.to_vec::<f32>().expect("to_vec"), "{}", t.name);
+        let wrong = loaded.host_vec::<f64>(t).expect_err("not f64");
+        assert!(wrong.to_string().contains("holds F32"), "{wrong}");
+    }
+    assert!(loaded.get("module.encoder.0.weight").is_none());
+    let meta = load(
+        Arc::clone(&ckpt),
+        &everything(&ckpt),
+        &Plan::new(&ckpt, &mut To(Device::Meta)).expect("plan"),
+        &ptload_device::Gpus::NoDriver,
+        &LoadOptions::default(),
+    )
+    .expect("load");
+    let t = &meta.tensors()[0];
+    let e = meta.host_data(t).expect_err("meta has no data");
+    assert!(e.to_string().contains("not in host memory"), "{e}");
 }

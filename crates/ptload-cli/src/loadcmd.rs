@@ -40,11 +40,7 @@ pub(crate) struct Request<'a> {
 }
 
 /// Plan and load `ckpt`.
-pub(crate) fn run<'c>(
-    ckpt: &'c Checkpoint,
-    gpus: &Gpus,
-    req: &Request<'_>,
-) -> CliResult<Loaded<'c>> {
+pub(crate) fn run(ckpt: &Arc<Checkpoint>, gpus: &Gpus, req: &Request<'_>) -> CliResult<Loaded> {
     let mut mapper = req.map.mapper(ckpt, &Probed(gpus))?;
     let plan = Plan::new(ckpt, mapper.as_mut())?;
     let selection = req.state.options(false)?.select(ckpt)?;
@@ -61,7 +57,7 @@ pub(crate) fn run<'c>(
         let bar = bar.clone();
         opts.progress = Some(Arc::new(move |n| bar.inc(n)));
     }
-    let loaded = load(ckpt, &selection, &plan, gpus, &opts)?;
+    let loaded = load(Arc::clone(ckpt), &selection, &plan, gpus, &opts)?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -106,10 +102,10 @@ struct LoadOut<'a> {
     seconds: f64,
 }
 
-pub(crate) fn json(out: &mut impl Write, loaded: &Loaded<'_>) -> CliResult<()> {
+pub(crate) fn json(out: &mut impl Write, loaded: &Loaded) -> CliResult<()> {
     let doc = LoadOut {
         tensors: loaded
-            .tensors
+            .tensors()
             .iter()
             .map(|t| TensorOut {
                 name: &t.name,
@@ -119,7 +115,7 @@ pub(crate) fn json(out: &mut impl Write, loaded: &Loaded<'_>) -> CliResult<()> {
             })
             .collect(),
         devices: loaded
-            .devices
+            .devices()
             .iter()
             .map(|d| DeviceOut {
                 device: d.device.to_string(),
@@ -128,23 +124,23 @@ pub(crate) fn json(out: &mut impl Write, loaded: &Loaded<'_>) -> CliResult<()> {
                 seconds: d.seconds,
             })
             .collect(),
-        seconds: loaded.seconds,
+        seconds: loaded.seconds(),
     };
     serde_json::to_writer(&mut *out, &doc)?;
     writeln!(out)?;
     Ok(())
 }
 
-pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded<'_>, gpus: &Gpus) -> CliResult<()> {
-    let bytes: u64 = loaded.devices.iter().map(|d| d.bytes).sum();
+pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded, gpus: &Gpus) -> CliResult<()> {
+    let bytes: u64 = loaded.devices().iter().map(|d| d.bytes).sum();
     writeln!(
         out,
         "loaded {} tensors ({}) in {:.3} s",
-        loaded.tensors.len(),
+        loaded.tensors().len(),
         human_size(bytes),
-        loaded.seconds
+        loaded.seconds()
     )?;
-    for d in &loaded.devices {
+    for d in loaded.devices() {
         let rate = match d.device {
             Device::Cuda(_) if d.seconds > 0.0 => {
                 format!("  {:.2} GB/s", d.bytes as f64 / d.seconds / 1e9)
@@ -161,7 +157,7 @@ pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded<'_>, gpus: &Gpus) ->
         )?;
     }
     let fallbacks: Vec<_> = loaded
-        .tensors
+        .tensors()
         .iter()
         .filter(|t| t.fallback.is_some())
         .collect();
@@ -179,7 +175,7 @@ pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded<'_>, gpus: &Gpus) ->
         }
     }
     let converted = loaded
-        .tensors
+        .tensors()
         .iter()
         .filter(|t| t.converted_from.is_some())
         .count();
@@ -188,7 +184,7 @@ pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded<'_>, gpus: &Gpus) ->
             out,
             "{converted} floating tensors converted to {}",
             loaded
-                .tensors
+                .tensors()
                 .iter()
                 .find_map(|t| t.converted_from.map(|_| t.dtype))
                 .map(|d| d.name())
@@ -197,7 +193,7 @@ pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded<'_>, gpus: &Gpus) ->
     }
     if gpus.devices().is_empty()
         && loaded
-            .devices
+            .devices()
             .iter()
             .all(|d| d.device == Device::Host || d.device == Device::Meta)
     {

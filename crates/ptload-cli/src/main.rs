@@ -185,7 +185,7 @@ fn run(cli: Cli) -> CliResult<u8> {
             std::mem::forget(ckpt);
         }
         Command::Load(a) => {
-            let ckpt = a.open.options().open(&a.file)?;
+            let ckpt = std::sync::Arc::new(a.open.options().open(&a.file)?);
             let gpus = ptload_device::probe();
             let request = loadcmd::Request {
                 map: &a.map,
@@ -242,7 +242,7 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
          read without Python or libtorch and without executing its pickle.\n",
         DEMO_CHECKPOINT.len()
     )?;
-    let ckpt = Checkpoint::from_bytes(DEMO_CHECKPOINT)?;
+    let ckpt = std::sync::Arc::new(Checkpoint::from_bytes(DEMO_CHECKPOINT)?);
     let rows = inspect::rows(
         &ckpt,
         &MapArgs::default(),

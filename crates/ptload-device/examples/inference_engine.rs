@@ -27,7 +27,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .canonicalize()?
             .join("fixtures/files/dataparallel.pt"),
     };
-    let ckpt = Checkpoint::open(&path)?;
+    // Shared with the load's result, which keeps it alive: host tensors
+    // that need no change stay slices of its memory map.
+    let ckpt = std::sync::Arc::new(Checkpoint::open(&path)?);
 
     // The default options pick the model of a training checkpoint
     // (`--key auto`) and strip `module.` / `_orig_mod.` (`--strip-prefix auto`).
@@ -52,22 +54,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // strict: false (the default) falls back to the host per tensor
     // instead of failing when cuda:0 is missing or full.
-    let loaded = load(&ckpt, &selection, &plan, &gpus, &LoadOptions::default())?;
+    let loaded = load(
+        ckpt.clone(),
+        &selection,
+        &plan,
+        &gpus,
+        &LoadOptions::default(),
+    )?;
+    drop(selection);
     println!(
         "{}: {} tensors in {:.3} ms\n",
         path.display(),
-        loaded.tensors.len(),
-        loaded.seconds * 1e3
+        loaded.tensors().len(),
+        loaded.seconds() * 1e3
     );
 
-    for t in &loaded.tensors {
-        let placed = t.storage.and_then(|k| loaded.storages.get(k));
-        // Tensors are views: the engine needs the storage address plus the
-        // element offset, shape and strides.
-        let place = match placed {
-            Some(Placed::Cuda(c)) => format!("cuda:{} ptr {:#x}", c.ordinal, c.device_ptr()),
-            Some(Placed::Host(bytes)) => format!("host, {} bytes", bytes.len()),
-            Some(Placed::Meta) | None => "meta, no data".to_owned(),
+    for t in loaded.tensors() {
+        // Tensors are views: on a GPU the engine takes the storage (a
+        // cudarc view, or its address) plus the element offset, shape and
+        // strides; on the host, `host_data` applies them.
+        let place = match loaded.storage_of(t) {
+            Some(Placed::Cuda(c)) => format!("cuda:{} ptr {:#x}", c.ordinal(), c.device_ptr()),
+            Some(Placed::Host(_)) => {
+                format!("host, {} bytes row-major", loaded.host_data(t)?.len())
+            }
+            _ => "meta, no data".to_owned(),
         };
         println!(
             "{:<20} {:<4} {:<10} offset {:<3} {place}",
@@ -82,7 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!();
-    for d in &loaded.devices {
+    for d in loaded.devices() {
         println!(
             "{:<7} {:>3} tensors {:>8} bytes",
             d.device.to_string(),

@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{result, sys, CudaEvent, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{result, sys, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr};
 
 use ptload_reader::ByteOrder;
 
@@ -73,6 +73,11 @@ impl Arena {
     pub fn device_ptr(&self) -> u64 {
         let (ptr, _sync) = self.slice.device_ptr(&self.stream);
         ptr
+    }
+
+    /// `len` bytes at `offset`, as a cudarc view.
+    pub(crate) fn view(&self, offset: usize, len: usize) -> Option<CudaView<'_, u8>> {
+        self.slice.try_slice(offset..offset.checked_add(len)?)
     }
 
     /// Copy `len` bytes at `offset` back to the host (for checks).

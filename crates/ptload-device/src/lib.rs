@@ -14,7 +14,8 @@
 //! use ptload_reader::state_dict::StateDictOptions;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let ckpt = Checkpoint::open("../../fixtures/files/multi_gpu.pt")?;
+//! // Shared: the result keeps it, host tensors stay slices of its map.
+//! let ckpt = std::sync::Arc::new(Checkpoint::open("../../fixtures/files/multi_gpu.pt")?);
 //! let selection = StateDictOptions::default().select(&ckpt)?;
 //! // Saved on cuda:0..cuda:3. Embeddings stay on the host; everything
 //! // else goes to cuda:0 (or falls back to the host, saying why).
@@ -22,10 +23,14 @@
 //!     Some(if s.tensors.iter().any(|n| n.contains("embed")) { Device::Host } else { Device::Cuda(0) })
 //! };
 //! let plan = Plan::new(&ckpt, &mut mapper)?;
-//! let loaded = load(&ckpt, &selection, &plan, &probe(), &LoadOptions::default())?;
-//! for t in &loaded.tensors {
+//! let loaded = load(ckpt.clone(), &selection, &plan, &probe(), &LoadOptions::default())?;
+//! for t in loaded.tensors() {
 //!     println!("{} -> {} {}", t.name, t.device, t.fallback.as_deref().unwrap_or(""));
 //! }
+//! // By name; on the host, row-major with offset and strides applied.
+//! let embed = loaded.get("embed.weight").expect("tensor");
+//! let values: Vec<f32> = loaded.host_vec(embed)?;
+//! # assert_eq!(values.len() as u64, embed.shape.iter().product::<u64>());
 //! # Ok(())
 //! # }
 //! ```
@@ -49,6 +54,7 @@ mod probe;
 
 pub use cuda::{Arena, Staging};
 pub use load::{
-    load, CudaStorage, DeviceReport, LoadError, LoadOptions, Loaded, LoadedTensor, Placed,
+    load, CudaStorage, DeviceReport, HostStorage, LoadError, LoadOptions, Loaded, LoadedTensor,
+    Placed,
 };
 pub use probe::{device_count, probe, Gpu, Gpus};

@@ -1,16 +1,22 @@
 //! Executing a plan: every storage once, where the plan says, or on the
 //! host with the reason when its device is missing or full.
+//!
+//! The result, [`Loaded`], owns what it placed and shares the checkpoint
+//! (host storages that need no change stay slices of its memory map), so an
+//! engine can keep it in a struct of its own.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use cudarc::driver::CudaView;
 use ptload_reader::placement::{Device, Plan};
 use ptload_reader::state_dict::Selected;
-use ptload_reader::{ByteOrder, Checkpoint, DType};
+use ptload_reader::{ByteOrder, Checkpoint, DType, Element};
 
 use crate::cuda::{self, Arena, Staging, Upload, UploadError};
-use crate::probe::Gpus;
+use crate::probe::{Gpu, Gpus};
 
 pub use ptload_reader::export::Progress;
 
@@ -58,34 +64,86 @@ pub enum LoadError {
         /// The driver's message.
         message: String,
     },
+    /// A tensor was asked for where it is not (its host bytes while it is
+    /// on a GPU, a selection entry the checkpoint does not have).
+    #[error("{0}")]
+    Access(String),
 }
 
 /// Where a storage's bytes are after the load.
 #[derive(Debug)]
-pub enum Placed<'c> {
-    /// Host memory: borrowed from the checkpoint (the memory map) when the
-    /// bytes are usable as they are, owned when swapped or converted.
-    Host(Cow<'c, [u8]>),
+#[non_exhaustive]
+pub enum Placed {
+    /// Host memory.
+    Host(HostStorage),
     /// A sub-slice of a device arena.
     Cuda(CudaStorage),
     /// Shape only: no data was read.
     Meta,
 }
 
-/// A storage on a CUDA device: `len` bytes at `offset` of an arena.
+/// A storage in host memory, in host byte order: a slice of the
+/// checkpoint's memory map when its bytes needed no change, an owned
+/// buffer when they were swapped or converted.
+#[derive(Debug)]
+pub struct HostStorage {
+    repr: HostRepr,
+}
+
+#[derive(Debug)]
+enum HostRepr {
+    /// Storage `index` of the checkpoint, as it lies in the file.
+    Mapped(Arc<Checkpoint>, usize),
+    Owned(Vec<u8>),
+}
+
+impl HostStorage {
+    /// The storage's bytes.
+    pub fn bytes(&self) -> Result<&[u8], LoadError> {
+        match &self.repr {
+            HostRepr::Mapped(ckpt, index) => Ok(ckpt.storage_bytes(*index)?),
+            HostRepr::Owned(bytes) => Ok(bytes),
+        }
+    }
+
+    /// Whether the bytes are the checkpoint's own (not copied).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.repr, HostRepr::Mapped(..))
+    }
+}
+
+/// A storage on a CUDA device: `len` bytes at `offset` of an arena, which
+/// stays allocated while any of its storages is alive.
 #[derive(Debug, Clone)]
 pub struct CudaStorage {
-    /// Device ordinal.
-    pub ordinal: u32,
-    /// Offset in the arena.
-    pub offset: usize,
-    /// Bytes.
-    pub len: usize,
+    ordinal: u32,
+    offset: usize,
+    len: usize,
     arena: Arc<Arena>,
 }
 
 impl CudaStorage {
-    /// Raw device address of the first byte.
+    /// The device (`cuda:N`).
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The storage as a cudarc view, for kernels launched through cudarc.
+    pub fn view(&self) -> Option<CudaView<'_, u8>> {
+        self.arena.view(self.offset, self.len)
+    }
+
+    /// The device address of the first byte, for other CUDA bindings.
     pub fn device_ptr(&self) -> u64 {
         self.arena.device_ptr() + self.offset as u64
     }
@@ -96,11 +154,16 @@ impl CudaStorage {
     }
 }
 
-/// A loaded tensor: a view (offset, shape, stride, dtype) into its storage.
+/// A loaded tensor: a view (offset, shape, stride, dtype) into one of the
+/// [`Loaded::storages`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LoadedTensor {
-    /// Name (after state-dict selection).
+    /// Name in the state dict (after selection and renames).
     pub name: String,
+    /// Its index among the checkpoint's tensors, where its metadata as
+    /// saved is ([`Checkpoint::tensor_at`]).
+    pub index: usize,
     /// Element type (after conversion, if any).
     pub dtype: DType,
     /// Sizes.
@@ -123,6 +186,7 @@ pub struct LoadedTensor {
 
 /// Per-device totals.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct DeviceReport {
     /// The device.
     pub device: Device,
@@ -134,20 +198,95 @@ pub struct DeviceReport {
     pub seconds: f64,
 }
 
-/// The result of a load.
+/// The result of a load: the checkpoint, every placed storage, and the
+/// tensors viewing them, looked up by name.
 #[derive(Debug)]
-pub struct Loaded<'c> {
-    /// Storages, each once; tensors index into this.
-    pub storages: Vec<Placed<'c>>,
-    /// Tensors, in selection order.
-    pub tensors: Vec<LoadedTensor>,
-    /// Totals per device, in device order.
-    pub devices: Vec<DeviceReport>,
-    /// Seconds for the whole load.
-    pub seconds: f64,
+pub struct Loaded {
+    ckpt: Arc<Checkpoint>,
+    storages: Vec<Placed>,
+    tensors: Vec<LoadedTensor>,
+    by_name: HashMap<String, usize>,
+    devices: Vec<DeviceReport>,
+    seconds: f64,
 }
 
-impl Loaded<'_> {
+impl Loaded {
+    /// The checkpoint the tensors came from.
+    pub fn checkpoint(&self) -> &Arc<Checkpoint> {
+        &self.ckpt
+    }
+
+    /// Tensors, in selection order.
+    pub fn tensors(&self) -> &[LoadedTensor] {
+        &self.tensors
+    }
+
+    /// The tensor named `name` (its state-dict name).
+    pub fn get(&self, name: &str) -> Option<&LoadedTensor> {
+        self.tensors.get(*self.by_name.get(name)?)
+    }
+
+    /// Storages, each once; tensors index into this.
+    pub fn storages(&self) -> &[Placed] {
+        &self.storages
+    }
+
+    /// The storage `tensor` views; `None` for meta tensors.
+    pub fn storage_of(&self, tensor: &LoadedTensor) -> Option<&Placed> {
+        self.storages.get(tensor.storage?)
+    }
+
+    /// A host tensor's elements, row-major and in host byte order, with its
+    /// offset and strides applied: borrowed when they lie that way (in the
+    /// map, or in a converted buffer), gathered otherwise. An error for a
+    /// tensor on a GPU or a meta tensor.
+    pub fn host_data(&self, tensor: &LoadedTensor) -> Result<Cow<'_, [u8]>, LoadError> {
+        let storage = match self.storage_of(tensor) {
+            Some(Placed::Host(h)) => h,
+            _ => {
+                return Err(LoadError::Access(format!(
+                    "{}: on {}, not in host memory",
+                    tensor.name, tensor.device
+                )))
+            }
+        };
+        match &storage.repr {
+            // A converted tensor: its own row-major buffer.
+            HostRepr::Owned(bytes) if tensor.converted_from.is_some() => Ok(Cow::Borrowed(bytes)),
+            // The checkpoint's bytes, as they lie or swapped: the
+            // checkpoint's view gathers, swaps and applies the conj/neg
+            // bits, borrowing from the map when nothing needs doing.
+            _ => Ok(self.view(tensor)?.data()?),
+        }
+    }
+
+    /// A host tensor's elements as `T` (see [`Loaded::host_data`]): a
+    /// wrong `T` is an error.
+    pub fn host_vec<T: Element>(&self, tensor: &LoadedTensor) -> Result<Vec<T>, LoadError> {
+        if T::DTYPE != tensor.dtype {
+            return Err(LoadError::Access(format!(
+                "{}: holds {} elements, not {}",
+                tensor.name,
+                tensor.dtype,
+                T::DTYPE
+            )));
+        }
+        let bytes = self.host_data(tensor)?;
+        let mut out = vec![T::zeroed(); bytes.len() / std::mem::size_of::<T>().max(1)];
+        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
+        Ok(out)
+    }
+
+    /// Totals per device, in device order.
+    pub fn devices(&self) -> &[DeviceReport] {
+        &self.devices
+    }
+
+    /// Seconds for the whole load.
+    pub fn seconds(&self) -> f64 {
+        self.seconds
+    }
+
     /// Bytes moved to CUDA devices per second of the whole load.
     pub fn device_gbps(&self) -> f64 {
         let bytes: u64 = self
@@ -162,19 +301,50 @@ impl Loaded<'_> {
             0.0
         }
     }
+
+    fn view(&self, tensor: &LoadedTensor) -> Result<ptload_reader::TensorView<'_>, LoadError> {
+        self.ckpt.tensor_at(tensor.index).ok_or_else(|| {
+            LoadError::Access(format!("{}: no tensor {}", tensor.name, tensor.index))
+        })
+    }
 }
 
 const ARENA_ALIGN: usize = 256;
 
 /// A storage to place: the checkpoint's, or a tensor's converted bytes.
-struct Source<'c> {
-    bytes: Cow<'c, [u8]>,
+struct Source {
+    bytes: SourceBytes,
     /// The bytes' order, and the unit it applies to (see
     /// [`ByteOrder::to_host`]).
     order: ByteOrder,
     unit: usize,
     device: Device,
     fallback: Option<String>,
+}
+
+enum SourceBytes {
+    /// Storage `index` of the checkpoint.
+    Checkpoint(usize),
+    Converted(Vec<u8>),
+}
+
+impl Source {
+    fn bytes<'a>(&'a self, ckpt: &'a Checkpoint) -> Result<&'a [u8], LoadError> {
+        match &self.bytes {
+            SourceBytes::Checkpoint(i) => Ok(ckpt.storage_bytes(*i)?),
+            SourceBytes::Converted(b) => Ok(b),
+        }
+    }
+
+    fn len(&self, ckpt: &Checkpoint) -> usize {
+        match &self.bytes {
+            SourceBytes::Checkpoint(i) => ckpt
+                .storages()
+                .get(*i)
+                .map_or(0, |s| usize::try_from(s.nbytes).unwrap_or(usize::MAX)),
+            SourceBytes::Converted(b) => b.len(),
+        }
+    }
 }
 
 fn strict_message(gpus: &Gpus, ordinal: u32) -> String {
@@ -194,38 +364,123 @@ fn strict_message(gpus: &Gpus, ordinal: u32) -> String {
     }
 }
 
-/// Load the `selection` of `ckpt` where `plan` says.
-pub fn load<'c>(
-    ckpt: &'c Checkpoint,
+/// Load the `selection` of `ckpt` where `plan` says. The result shares
+/// `ckpt`: host storages that need no change stay slices of its map.
+pub fn load(
+    ckpt: Arc<Checkpoint>,
     selection: &[Selected],
     plan: &Plan,
     gpus: &Gpus,
     opts: &LoadOptions,
-) -> Result<Loaded<'c>, LoadError> {
+) -> Result<Loaded, LoadError> {
     let start = Instant::now();
-    // Strict mode fails before anything is copied.
     if opts.strict {
-        for s in selection {
-            let Some(t) = ckpt.tensor_at(s.index) else {
-                continue;
-            };
-            if let Device::Cuda(i) = plan.tensor_target(t.info()) {
-                if gpus.get(i).is_none() {
-                    return Err(LoadError::Strict(strict_message(gpus, i)));
+        check_strict(&ckpt, selection, plan, gpus)?;
+    }
+    let (mut sources, mut tensors) = resolve(&ckpt, selection, plan, gpus, opts)?;
+    let (mut placed, seconds_per_device) = upload_all(&ckpt, &mut sources, gpus, opts)?;
+
+    // Everything else: the host (swapped into an owned copy if needed), or meta.
+    let mut storages = Vec::with_capacity(sources.len());
+    for (k, source) in sources.iter_mut().enumerate() {
+        let done = placed.get_mut(k).and_then(Option::take);
+        storages.push(match (done, source.device) {
+            (Some(p), _) => p,
+            (None, Device::Meta) => Placed::Meta,
+            (None, _) => {
+                source.device = Device::Host;
+                let repr = match std::mem::replace(
+                    &mut source.bytes,
+                    SourceBytes::Converted(Vec::new()),
+                ) {
+                    SourceBytes::Checkpoint(i) if source.order.needs_swap(source.unit) => {
+                        let mut owned = ckpt.storage_bytes(i)?.to_vec();
+                        source.order.to_host(&mut owned, source.unit);
+                        HostRepr::Owned(owned)
+                    }
+                    SourceBytes::Checkpoint(i) => HostRepr::Mapped(Arc::clone(&ckpt), i),
+                    SourceBytes::Converted(bytes) => HostRepr::Owned(bytes),
+                };
+                let storage = HostStorage { repr };
+                if let Some(p) = &opts.progress {
+                    p(storage.bytes()?.len() as u64);
                 }
+                Placed::Host(storage)
+            }
+        });
+    }
+    // Fallbacks decided during allocation reach the tensors.
+    for t in &mut tensors {
+        if let Some(s) = t.storage.and_then(|k| sources.get(k)) {
+            t.device = s.device;
+            t.fallback.clone_from(&s.fallback);
+        }
+    }
+    let devices = reports(&tensors, &storages, &seconds_per_device);
+    let by_name = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.clone(), i))
+        .collect();
+    Ok(Loaded {
+        ckpt,
+        storages,
+        tensors,
+        by_name,
+        devices,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Strict mode fails before anything is copied.
+fn check_strict(
+    ckpt: &Checkpoint,
+    selection: &[Selected],
+    plan: &Plan,
+    gpus: &Gpus,
+) -> Result<(), LoadError> {
+    for s in selection {
+        let t = tensor(ckpt, s)?;
+        if let Device::Cuda(i) = plan.tensor_target(t.info()) {
+            if gpus.get(i).is_none() {
+                return Err(LoadError::Strict(strict_message(gpus, i)));
             }
         }
     }
-    let mut sources: Vec<Source<'c>> = Vec::new();
-    let mut index_of: Vec<Option<usize>> = vec![None; ckpt.storages().len()];
-    let mut tensors = Vec::with_capacity(selection.len());
+    Ok(())
+}
+
+fn tensor<'c>(
+    ckpt: &'c Checkpoint,
+    s: &Selected,
+) -> Result<ptload_reader::TensorView<'c>, LoadError> {
+    ckpt.tensor_at(s.index).ok_or_else(|| {
+        LoadError::Access(format!(
+            "{}: the checkpoint has no tensor {} ({} tensors)",
+            s.name,
+            s.index,
+            ckpt.len()
+        ))
+    })
+}
+
+/// Each selected tensor's storage (the checkpoint's, shared, or a converted
+/// copy) and where it goes.
+fn resolve(
+    ckpt: &Checkpoint,
+    selection: &[Selected],
+    plan: &Plan,
+    gpus: &Gpus,
+    opts: &LoadOptions,
+) -> Result<(Vec<Source>, Vec<LoadedTensor>), LoadError> {
+    let mut sources: Vec<Source> = Vec::new();
+    let mut source_of_storage: Vec<Option<usize>> = vec![None; ckpt.storages().len()];
     // Identical views of one storage (tied weights) share one converted copy.
     type View = (usize, u64, Vec<u64>, Vec<u64>);
-    let mut converted: Vec<(View, usize)> = Vec::new();
+    let mut converted: HashMap<View, usize> = HashMap::new();
+    let mut tensors = Vec::with_capacity(selection.len());
     for s in selection {
-        let Some(view) = ckpt.tensor_at(s.index) else {
-            continue;
-        };
+        let view = tensor(ckpt, s)?;
         let info = view.info();
         let target = plan.tensor_target(info);
         let (device, fallback) = match target {
@@ -247,6 +502,7 @@ pub fn load<'c>(
         });
         let mut loaded = LoadedTensor {
             name: s.name.clone(),
+            index: s.index,
             dtype: info.dtype,
             shape: info.shape.clone(),
             stride: info.stride.clone(),
@@ -257,153 +513,134 @@ pub fn load<'c>(
             fallback: fallback.clone(),
             converted_from: None,
         };
-        if target == Device::Meta || info.storage.is_none() {
-            loaded.device = Device::Meta;
-            loaded.fallback = None;
-        } else if let Some(to) = convert {
-            // Conversion happens on the host, from the row-major elements,
-            // into a storage of its own; it is never fused into a copy.
-            let key: View = (
-                info.storage.unwrap_or(usize::MAX),
-                info.storage_offset,
-                info.shape.clone(),
-                info.stride.clone(),
-            );
-            let existing = converted.iter().find(|(v, _)| *v == key).map(|&(_, k)| k);
-            let k = match existing {
-                Some(k) => k,
-                None => {
-                    let data = view.data()?;
-                    let bytes = ptload_reader::convert::convert(&data, info.dtype, to)?;
-                    sources.push(Source {
-                        bytes: Cow::Owned(bytes),
-                        order: ByteOrder::HOST,
-                        unit: to.swap_unit(),
-                        device,
-                        fallback,
-                    });
-                    converted.push((key, sources.len() - 1));
-                    sources.len() - 1
-                }
-            };
-            loaded.converted_from = Some(info.dtype);
-            loaded.dtype = to;
-            loaded.stride = contiguous_strides(&info.shape);
-            loaded.storage_offset = 0;
-            loaded.storage = Some(k);
-        } else if let Some(si) = info.storage {
-            let existing = index_of.get(si).copied().flatten();
-            loaded.storage = Some(match existing {
-                Some(k) => k,
-                None => {
-                    let bytes = Cow::Borrowed(ckpt.storage_bytes(si)?);
-                    sources.push(Source {
-                        bytes,
-                        order: ckpt.byte_order(),
-                        unit: info.dtype.swap_unit(),
-                        device,
-                        fallback,
-                    });
-                    if let Some(slot) = index_of.get_mut(si) {
-                        *slot = Some(sources.len() - 1);
+        match (info.storage, convert) {
+            (None, _) => {
+                loaded.device = Device::Meta;
+                loaded.fallback = None;
+            }
+            _ if target == Device::Meta => {
+                loaded.device = Device::Meta;
+                loaded.fallback = None;
+            }
+            (Some(si), Some(to)) => {
+                // Conversion happens on the host, from the row-major
+                // elements, into a storage of its own; it is never fused
+                // into a copy.
+                let key: View = (
+                    si,
+                    info.storage_offset,
+                    info.shape.clone(),
+                    info.stride.clone(),
+                );
+                let k = match converted.get(&key) {
+                    Some(&k) => k,
+                    None => {
+                        let data = view.data()?;
+                        let bytes = ptload_reader::convert::convert(&data, info.dtype, to)?;
+                        sources.push(Source {
+                            bytes: SourceBytes::Converted(bytes),
+                            order: ByteOrder::HOST,
+                            unit: to.swap_unit(),
+                            device,
+                            fallback,
+                        });
+                        converted.insert(key, sources.len() - 1);
+                        sources.len() - 1
                     }
-                    sources.len() - 1
-                }
-            });
+                };
+                loaded.converted_from = Some(info.dtype);
+                loaded.dtype = to;
+                loaded.stride = contiguous_strides(&info.shape);
+                loaded.storage_offset = 0;
+                loaded.storage = Some(k);
+            }
+            (Some(si), None) => {
+                let slot = source_of_storage
+                    .get_mut(si)
+                    .ok_or_else(|| LoadError::Access(format!("{}: no storage {si}", s.name)))?;
+                loaded.storage = Some(match *slot {
+                    Some(k) => k,
+                    None => {
+                        // Swapped as torch swaps it: by the storage's type.
+                        let storage = ckpt.storages().get(si).ok_or_else(|| {
+                            LoadError::Access(format!("{}: no storage {si}", s.name))
+                        })?;
+                        sources.push(Source {
+                            bytes: SourceBytes::Checkpoint(si),
+                            order: ckpt.byte_order(),
+                            unit: storage.dtype.swap_unit(),
+                            device,
+                            fallback,
+                        });
+                        *slot = Some(sources.len() - 1);
+                        sources.len() - 1
+                    }
+                });
+            }
         }
         tensors.push(loaded);
     }
+    Ok((sources, tensors))
+}
 
-    // CUDA storages: one arena per device, in source order (file order).
-    let mut placed: Vec<Option<Placed<'c>>> = (0..sources.len()).map(|_| None).collect();
-    let mut seconds_per_device: Vec<(u32, f64)> = Vec::new();
-    let mut prepared = Vec::new();
-    let mut ordinals: Vec<u32> = sources
-        .iter()
-        .filter_map(|s| match s.device {
-            Device::Cuda(i) => Some(i),
-            _ => None,
-        })
-        .collect();
+/// CUDA storages: one arena per device, in source order (file order), all
+/// devices fed at once. What does not fit falls back to the host (the
+/// source's device and reason are updated). Returns what was placed, by
+/// source, and the seconds each device took.
+#[allow(clippy::type_complexity)]
+fn upload_all(
+    ckpt: &Checkpoint,
+    sources: &mut [Source],
+    gpus: &Gpus,
+    opts: &LoadOptions,
+) -> Result<(Vec<Option<Placed>>, Vec<(u32, f64)>), LoadError> {
+    let mut placed: Vec<Option<Placed>> = (0..sources.len()).map(|_| None).collect();
+    let mut members_of: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (k, s) in sources.iter().enumerate() {
+        if let Device::Cuda(i) = s.device {
+            members_of.entry(i).or_default().push(k);
+        }
+    }
+    let mut ordinals: Vec<u32> = members_of.keys().copied().collect();
     ordinals.sort_unstable();
-    ordinals.dedup();
+    let mut prepared: Vec<(u32, &Gpu, Arena, Vec<usize>, Vec<usize>)> = Vec::new();
     for ordinal in ordinals {
         let Some(gpu) = gpus.get(ordinal) else {
             continue;
         };
-        let members: Vec<usize> = (0..sources.len())
-            .filter(|&k| {
-                sources
-                    .get(k)
-                    .is_some_and(|s| s.device == Device::Cuda(ordinal))
-            })
-            .collect();
-        let (mut offsets, mut total) = layout(&sources, &members);
-        let mut members = members;
-        let arena = match cuda::allocate(gpu, total) {
-            Ok(a) => a,
-            Err(UploadError::OutOfMemory(_)) => {
-                // Keep what fits in the free memory, in order; the rest
-                // falls back to the host with the reason.
-                let free = gpu.context().mem_get_info().map(|(f, _)| f).unwrap_or(0);
-                let budget = free.saturating_sub(free / 20);
-                let keep = offsets.iter().zip(&members).take_while(|(&o, &k)| {
-                    o + sources.get(k).map_or(0, |s| s.bytes.len()) <= budget
-                });
-                let kept: Vec<usize> = keep.map(|(_, &k)| k).collect();
-                for &k in members.iter().filter(|k| !kept.contains(k)) {
-                    if let Some(s) = sources.get_mut(k) {
-                        s.device = Device::Host;
-                        s.fallback = Some(format!(
-                            "out of memory on cuda:{ordinal} ({} bytes free)",
-                            free
-                        ));
-                    }
-                }
-                members = kept;
-                (offsets, total) = layout(&sources, &members);
-                match cuda::allocate(gpu, total) {
-                    Ok(a) => a,
-                    Err(UploadError::OutOfMemory(m) | UploadError::Driver(m)) => {
-                        for &k in &members {
-                            if let Some(s) = sources.get_mut(k) {
-                                s.device = Device::Host;
-                                s.fallback = Some(format!("out of memory on cuda:{ordinal}: {m}"));
-                            }
-                        }
-                        continue;
-                    }
-                }
-            }
-            Err(UploadError::Driver(message)) => return Err(LoadError::Cuda { ordinal, message }),
-        };
-        prepared.push((ordinal, gpu, arena, members, offsets));
+        let members = members_of.remove(&ordinal).unwrap_or_default();
+        if let Some((arena, members, offsets)) = allocate(ckpt, sources, gpu, ordinal, members)? {
+            prepared.push((ordinal, gpu, arena, members, offsets));
+        }
     }
     // Feed every device at once: one thread per device, each driving its
     // own streams.
-    let sources_ref = &sources;
+    let mut uploads_per_device = Vec::with_capacity(prepared.len());
+    for (_, _, _, members, offsets) in &prepared {
+        let mut uploads = Vec::with_capacity(members.len());
+        for (&k, &arena_offset) in members.iter().zip(offsets) {
+            let s = sources
+                .get(k)
+                .ok_or_else(|| LoadError::Access(format!("source {k}")))?;
+            uploads.push(Upload {
+                bytes: s.bytes(ckpt)?,
+                order: s.order,
+                unit: s.unit,
+                arena_offset,
+            });
+        }
+        uploads_per_device.push(uploads);
+    }
     let results: Vec<(u32, Result<(), UploadError>, f64)> = std::thread::scope(|scope| {
         let handles: Vec<_> = prepared
             .iter()
-            .map(|(ordinal, gpu, arena, members, offsets)| {
-                let uploads: Vec<Upload<'_>> = members
-                    .iter()
-                    .zip(offsets)
-                    .filter_map(|(&k, &arena_offset)| {
-                        let s = sources_ref.get(k)?;
-                        Some(Upload {
-                            bytes: &s.bytes,
-                            order: s.order,
-                            unit: s.unit,
-                            arena_offset,
-                        })
-                    })
-                    .collect();
+            .zip(&uploads_per_device)
+            .map(|((ordinal, gpu, arena, _, _), uploads)| {
                 let staging = &opts.staging;
                 let progress = opts.progress.as_deref();
                 scope.spawn(move || {
                     let started = Instant::now();
-                    let result = cuda::upload(gpu, arena, &uploads, staging, progress);
+                    let result = cuda::upload(gpu, arena, uploads, staging, progress);
                     (*ordinal, result, started.elapsed().as_secs_f64())
                 })
             })
@@ -419,6 +656,8 @@ pub fn load<'c>(
             })
             .collect()
     });
+    drop(uploads_per_device);
+    let mut seconds_per_device = Vec::with_capacity(results.len());
     for (ordinal, result, seconds) in results {
         result.map_err(|e| match e {
             UploadError::OutOfMemory(message) | UploadError::Driver(message) => {
@@ -430,7 +669,7 @@ pub fn load<'c>(
     for (ordinal, _, arena, members, offsets) in prepared {
         let arena = Arc::new(arena);
         for (&k, &offset) in members.iter().zip(&offsets) {
-            let len = sources.get(k).map_or(0, |s| s.bytes.len());
+            let len = sources.get(k).map_or(0, |s| s.len(ckpt));
             if let Some(slot) = placed.get_mut(k) {
                 *slot = Some(Placed::Cuda(CudaStorage {
                     ordinal,
@@ -441,40 +680,72 @@ pub fn load<'c>(
             }
         }
     }
+    Ok((placed, seconds_per_device))
+}
 
-    // Everything else: the host (swapped into an owned copy if needed), or meta.
-    let mut storages = Vec::with_capacity(sources.len());
-    for (k, source) in sources.iter_mut().enumerate() {
-        let done = placed.get_mut(k).and_then(Option::take);
-        storages.push(match (done, source.device) {
-            (Some(p), _) => p,
-            (None, Device::Meta) => Placed::Meta,
-            (None, _) => {
-                source.device = Device::Host;
-                // Moved out: each source is placed once.
-                let bytes = std::mem::take(&mut source.bytes);
-                if let Some(p) = &opts.progress {
-                    p(bytes.len() as u64);
-                }
-                Placed::Host(if source.order.needs_swap(source.unit) {
-                    let mut owned = bytes.into_owned();
-                    source.order.to_host(&mut owned, source.unit);
-                    Cow::Owned(owned)
-                } else {
-                    bytes
-                })
+/// One arena for `members` on `gpu`; when the device lacks the memory, the
+/// members that fit in its free memory, in order, and the rest fall back
+/// to the host with the reason. `None` when nothing could be allocated.
+#[allow(clippy::type_complexity)]
+fn allocate(
+    ckpt: &Checkpoint,
+    sources: &mut [Source],
+    gpu: &Gpu,
+    ordinal: u32,
+    members: Vec<usize>,
+) -> Result<Option<(Arena, Vec<usize>, Vec<usize>)>, LoadError> {
+    let (offsets, total) = layout(ckpt, sources, &members);
+    let fall_back = |sources: &mut [Source], ks: &[usize], why: &str| {
+        for &k in ks {
+            if let Some(s) = sources.get_mut(k) {
+                s.device = Device::Host;
+                s.fallback = Some(why.to_owned());
             }
-        });
-    }
-    // Fallbacks decided during allocation reach the tensors.
-    for t in &mut tensors {
-        if let Some(s) = t.storage.and_then(|k| sources.get(k)) {
-            t.device = s.device;
-            t.fallback = s.fallback.clone();
+        }
+    };
+    match cuda::allocate(gpu, total) {
+        Ok(a) => Ok(Some((a, members, offsets))),
+        Err(UploadError::Driver(message)) => Err(LoadError::Cuda { ordinal, message }),
+        Err(UploadError::OutOfMemory(_)) => {
+            // Keep what fits in the free memory, in order.
+            let free = gpu.context().mem_get_info().map(|(f, _)| f).unwrap_or(0);
+            let budget = free.saturating_sub(free / 20);
+            let fits = offsets
+                .iter()
+                .zip(&members)
+                .take_while(|(&o, &k)| o + sources.get(k).map_or(0, |s| s.len(ckpt)) <= budget)
+                .count();
+            let (kept, rest) = members.split_at(fits.min(members.len()));
+            fall_back(
+                sources,
+                rest,
+                &format!("out of memory on cuda:{ordinal} ({free} bytes free)"),
+            );
+            let kept = kept.to_vec();
+            let (offsets, total) = layout(ckpt, sources, &kept);
+            match cuda::allocate(gpu, total) {
+                Ok(a) => Ok(Some((a, kept, offsets))),
+                Err(UploadError::OutOfMemory(m) | UploadError::Driver(m)) => {
+                    fall_back(
+                        sources,
+                        &kept,
+                        &format!("out of memory on cuda:{ordinal}: {m}"),
+                    );
+                    Ok(None)
+                }
+            }
         }
     }
+}
+
+/// Tensors and bytes per device (a handful of devices: found by scanning).
+fn reports(
+    tensors: &[LoadedTensor],
+    storages: &[Placed],
+    seconds_per_device: &[(u32, f64)],
+) -> Vec<DeviceReport> {
     let mut devices: Vec<DeviceReport> = Vec::new();
-    for t in &tensors {
+    for t in tensors {
         match devices.iter_mut().find(|d| d.device == t.device) {
             Some(d) => d.tensors += 1,
             None => devices.push(DeviceReport {
@@ -485,9 +756,9 @@ pub fn load<'c>(
             }),
         }
     }
-    for p in &storages {
+    for p in storages {
         let (device, len) = match p {
-            Placed::Host(b) => (Device::Host, b.len() as u64),
+            Placed::Host(h) => (Device::Host, h.bytes().map_or(0, |b| b.len() as u64)),
             Placed::Cuda(c) => (Device::Cuda(c.ordinal), c.len as u64),
             Placed::Meta => (Device::Meta, 0),
         };
@@ -495,7 +766,7 @@ pub fn load<'c>(
             d.bytes += len;
         }
     }
-    for (ordinal, seconds) in seconds_per_device {
+    for &(ordinal, seconds) in seconds_per_device {
         if let Some(d) = devices
             .iter_mut()
             .find(|d| d.device == Device::Cuda(ordinal))
@@ -504,21 +775,16 @@ pub fn load<'c>(
         }
     }
     devices.sort_by_key(|d| d.device);
-    Ok(Loaded {
-        storages,
-        tensors,
-        devices,
-        seconds: start.elapsed().as_secs_f64(),
-    })
+    devices
 }
 
 /// Offsets of `members` in an arena, each aligned, and the arena's size.
-fn layout(sources: &[Source<'_>], members: &[usize]) -> (Vec<usize>, usize) {
+fn layout(ckpt: &Checkpoint, sources: &[Source], members: &[usize]) -> (Vec<usize>, usize) {
     let mut offsets = Vec::with_capacity(members.len());
     let mut total = 0usize;
     for &k in members {
         offsets.push(total);
-        let len = sources.get(k).map_or(0, |s| s.bytes.len());
+        let len = sources.get(k).map_or(0, |s| s.len(ckpt));
         total = total.saturating_add(len.div_ceil(ARENA_ALIGN) * ARENA_ALIGN);
     }
     (offsets, total)
