@@ -33,16 +33,16 @@ fn everything(ckpt: &Checkpoint) -> ptload_reader::state_dict::StateDict<'_> {
 /// storage by its offset and strides; `Loaded::host_data` must agree.
 fn host_tensor_bytes(loaded: &ptload_device::Loaded, t: &ptload_device::LoadedTensor) -> Vec<u8> {
     let Some(Placed::Host(storage)) = loaded.storage_of(t) else {
-        panic!("{} is not on the host", t.name);
+        panic!("{} is not on the host", t.info.name);
     };
     let storage = storage.bytes().expect("host bytes");
-    let elem = t.dtype.size() as u64;
+    let elem = t.info.dtype.size() as u64;
     let mut out = Vec::new();
-    let numel: u64 = t.shape.iter().product();
+    let numel: u64 = t.info.shape.iter().product();
     for flat in 0..numel {
         let mut rest = flat;
-        let mut offset = t.storage_offset;
-        for (size, stride) in t.shape.iter().zip(&t.stride).rev() {
+        let mut offset = t.info.storage_offset;
+        for (size, stride) in t.info.shape.iter().zip(&t.info.stride).rev() {
             offset += (rest % size) * stride;
             rest /= size;
         }
@@ -53,7 +53,7 @@ fn host_tensor_bytes(loaded: &ptload_device::Loaded, t: &ptload_device::LoadedTe
         &*loaded.host_data(t).expect("host data"),
         &out[..],
         "{}: host_data",
-        t.name
+        t.info.name
     );
     out
 }
@@ -73,19 +73,19 @@ fn missing_gpus_fall_back_to_the_host_per_tensor() {
     )
     .expect("load");
     for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
-        assert_eq!(t.target.to_string(), view.location(), "{}", t.name);
-        assert_eq!(t.device, Device::Host, "{}", t.name);
+        assert_eq!(t.target.to_string(), view.location(), "{}", t.info.name);
+        assert_eq!(t.device, Device::Host, "{}", t.info.name);
         if view.location() == "cpu" {
-            assert_eq!(t.fallback, None, "{}", t.name);
+            assert_eq!(t.fallback, None, "{}", t.info.name);
         } else {
             let why = t.fallback.as_deref().unwrap_or_default();
-            assert!(why.contains("CUDA"), "{}: {why}", t.name);
+            assert!(why.contains("CUDA"), "{}: {why}", t.info.name);
         }
         assert_eq!(
             host_tensor_bytes(&loaded, t),
             &*view.data().expect("data"),
             "{}",
-            t.name
+            t.info.name
         );
     }
     let host = loaded
@@ -165,16 +165,16 @@ fn host_storages_are_borrowed_from_the_map_and_copied_once() {
     let tied: Vec<_> = loaded
         .tensors()
         .iter()
-        .filter(|t| t.name.ends_with("embed.weight") || t.name == "lm_head.weight")
+        .filter(|t| t.info.name.ends_with("embed.weight") || t.info.name == "lm_head.weight")
         .collect();
     assert_eq!(tied.len(), 2);
-    assert_eq!(tied[0].storage, tied[1].storage);
+    assert_eq!(tied[0].info.storage, tied[1].info.storage);
     for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
         assert_eq!(
             host_tensor_bytes(&loaded, t),
             &*view.data().expect("data"),
             "{}",
-            t.name
+            t.info.name
         );
     }
 }
@@ -196,13 +196,13 @@ fn big_endian_storages_are_swapped_into_owned_buffers() {
             host_tensor_bytes(&loaded, t),
             &*view.data().expect("data"),
             "{}",
-            t.name
+            t.info.name
         );
-        if t.dtype.size() > 1 {
+        if t.info.dtype.size() > 1 {
             assert!(
                 matches!(loaded.storage_of(t), Some(Placed::Host(h)) if !h.is_mapped()),
                 "{}",
-                t.name
+                t.info.name
             );
         }
     }
@@ -223,7 +223,7 @@ fn meta_reads_nothing() {
     assert!(loaded
         .tensors()
         .iter()
-        .all(|t| t.device == Device::Meta && t.storage.is_none()));
+        .all(|t| t.device == Device::Meta && t.info.storage.is_none()));
     assert!(loaded.storages().is_empty());
 }
 
@@ -240,12 +240,17 @@ fn dtype_conversion_is_explicit_and_per_tensor() {
     assert_eq!(loaded.tensors().len(), selection.len());
     for (t, s) in loaded.tensors().iter().zip(&selection) {
         let view = ckpt.tensor_at(s.index).expect("tensor");
-        assert_eq!(t.dtype, DType::BF16);
+        assert_eq!(t.info.dtype, DType::BF16);
         assert_eq!(t.converted_from, Some(DType::F32));
+        // The placed metadata describes the converted, row-major buffer.
+        assert_eq!(t.info.nbytes, view.info().numel * 2, "{}", t.info.name);
+        assert_eq!(t.info.storage_offset, 0);
+        assert!(t.info.is_contiguous(), "{}", t.info.name);
+        assert_eq!(t.info.shape, view.shape());
         let want =
             ptload_reader::convert::convert(&view.data().expect("data"), DType::F32, DType::BF16)
                 .expect("convert");
-        assert_eq!(host_tensor_bytes(&loaded, t), want, "{}", t.name);
+        assert_eq!(host_tensor_bytes(&loaded, t), want, "{}", t.info.name);
     }
 }
 
@@ -287,16 +292,16 @@ fn gpu_round_trip() {
                         || view.info().nbytes == 0
                         || t.device != Device::Cuda(0),
                     "{name}: {}",
-                    t.name
+                    t.info.name
                 );
                 continue;
             };
             let back = c.read_back().expect("read back");
             let storage = view.storage_bytes().expect("storage");
             if ckpt.byte_order() == ptload_reader::ByteOrder::Little {
-                assert_eq!(back, storage, "{name}: {}", t.name);
+                assert_eq!(back, storage, "{name}: {}", t.info.name);
             } else {
-                assert_eq!(back.len(), storage.len(), "{name}: {}", t.name);
+                assert_eq!(back.len(), storage.len(), "{name}: {}", t.info.name);
             }
         }
     }
@@ -349,13 +354,16 @@ fn tied_weights_share_one_converted_storage() {
         loaded
             .tensors()
             .iter()
-            .find(|t| t.name == n)
+            .find(|t| t.info.name == n)
             .expect("tensor")
     };
-    assert_eq!(find("embed.weight").storage, find("lm_head.weight").storage);
+    assert_eq!(
+        find("embed.weight").info.storage,
+        find("lm_head.weight").info.storage
+    );
     assert_ne!(
-        find("base").storage,
-        find("transposed").storage,
+        find("base").info.storage,
+        find("transposed").info.storage,
         "different views convert separately"
     );
 }
@@ -380,12 +388,17 @@ fn the_result_owns_its_checkpoint_and_answers_by_name() {
     };
     let ckpt = Arc::clone(loaded.checkpoint());
     for t in loaded.tensors() {
-        assert!(!t.name.starts_with("module."), "{}", t.name);
-        assert_eq!(loaded.get(&t.name).map(|g| g.index), Some(t.index));
+        assert!(!t.info.name.starts_with("module."), "{}", t.info.name);
+        assert_eq!(loaded.get(&t.info.name).map(|g| g.index), Some(t.index));
         let view = ckpt.tensor_at(t.index).expect("tensor");
-        assert_eq!(format!("module.{}", t.name), view.name());
+        assert_eq!(format!("module.{}", t.info.name), view.name());
         let values: Vec<f32> = loaded.host_vec(t).expect("host_vec");
-        assert_eq!(values, view.to_vec::<f32>().expect("to_vec"), "{}", t.name);
+        assert_eq!(
+            values,
+            view.to_vec::<f32>().expect("to_vec"),
+            "{}",
+            t.info.name
+        );
         let wrong = loaded.host_vec::<f64>(t).expect_err("not f64");
         assert!(wrong.to_string().contains("holds F32"), "{wrong}");
     }

@@ -108,7 +108,7 @@ pub(crate) fn json(out: &mut impl Write, loaded: &Loaded) -> CliResult<()> {
             .tensors()
             .iter()
             .map(|t| TensorOut {
-                name: &t.name,
+                name: &t.info.name,
                 target: t.target.to_string(),
                 device: t.device.to_string(),
                 fallback: t.fallback.as_deref(),
@@ -167,7 +167,7 @@ pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded, gpus: &Gpus) -> Cli
             writeln!(
                 out,
                 "  {}: {} -> {} ({})",
-                t.name,
+                t.info.name,
                 t.target,
                 t.device,
                 t.fallback.as_deref().unwrap_or("")
@@ -186,7 +186,7 @@ pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded, gpus: &Gpus) -> Cli
             loaded
                 .tensors()
                 .iter()
-                .find_map(|t| t.converted_from.map(|_| t.dtype))
+                .find_map(|t| t.converted_from.map(|_| t.info.dtype))
                 .map(|d| d.name())
                 .unwrap_or("?")
         )?;

@@ -82,10 +82,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         println!(
             "{:<20} {:<4} {:<10} offset {:<3} {place}",
-            t.name,
-            t.dtype.name(),
-            format!("{:?}", t.shape),
-            t.storage_offset
+            t.info.name,
+            t.info.dtype.name(),
+            format!("{:?}", t.info.shape),
+            t.info.storage_offset
         );
         if let Some(why) = &t.fallback {
             println!("{:<20} wanted {}, on {}: {why}", "", t.target, t.device);

@@ -25,12 +25,12 @@
 //! let plan = Plan::new(&ckpt, &mut mapper)?;
 //! let loaded = load(ckpt.clone(), &selection, &plan, &probe(), &LoadOptions::default())?;
 //! for t in loaded.tensors() {
-//!     println!("{} -> {} {}", t.name, t.device, t.fallback.as_deref().unwrap_or(""));
+//!     println!("{} -> {} {}", t.info.name, t.device, t.fallback.as_deref().unwrap_or(""));
 //! }
 //! // By name; on the host, row-major with offset and strides applied.
 //! let embed = loaded.get("embed.weight").expect("tensor");
 //! let values: Vec<f32> = loaded.host_vec(embed)?;
-//! # assert_eq!(values.len() as u64, embed.shape.iter().product::<u64>());
+//! # assert_eq!(values.len() as u64, embed.info.shape.iter().product::<u64>());
 //! # Ok(())
 //! # }
 //! ```

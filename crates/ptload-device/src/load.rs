@@ -13,7 +13,7 @@ use std::time::Instant;
 use cudarc::driver::CudaView;
 use ptload_reader::placement::{Device, Plan};
 use ptload_reader::state_dict::Selected;
-use ptload_reader::{ByteOrder, Checkpoint, DType, Element};
+use ptload_reader::{ByteOrder, Checkpoint, DType, Element, TensorInfo};
 
 use crate::cuda::{self, Arena, Staging, Upload, UploadError};
 use crate::probe::{Gpu, Gpus};
@@ -154,26 +154,19 @@ impl CudaStorage {
     }
 }
 
-/// A loaded tensor: a view (offset, shape, stride, dtype) into one of the
-/// [`Loaded::storages`].
+/// A loaded tensor: its metadata as placed ([`TensorInfo`], the reader's
+/// type: name in the state dict, dtype after any conversion, shape,
+/// strides, offset, and `storage` as an index into [`Loaded::storages`]),
+/// and where it went.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LoadedTensor {
-    /// Name in the state dict (after selection and renames).
-    pub name: String,
+    /// The tensor as placed. Its `conj` and `neg` bits, when set, still
+    /// apply to the placed bytes ([`Loaded::host_data`] applies them).
+    pub info: TensorInfo,
     /// Its index among the checkpoint's tensors, where its metadata as
     /// saved is ([`Checkpoint::tensor_at`]).
     pub index: usize,
-    /// Element type (after conversion, if any).
-    pub dtype: DType,
-    /// Sizes.
-    pub shape: Vec<u64>,
-    /// Strides, in elements.
-    pub stride: Vec<u64>,
-    /// Offset in its storage, in elements.
-    pub storage_offset: u64,
-    /// Index into [`Loaded::storages`]; `None` for meta tensors.
-    pub storage: Option<usize>,
     /// Where the plan put it.
     pub target: Device,
     /// Where it is.
@@ -182,6 +175,13 @@ pub struct LoadedTensor {
     pub fallback: Option<String>,
     /// `Some(original dtype)` when converted.
     pub converted_from: Option<DType>,
+}
+
+impl LoadedTensor {
+    /// Its name in the state dict.
+    pub fn name(&self) -> &str {
+        &self.info.name
+    }
 }
 
 /// Per-device totals.
@@ -233,7 +233,7 @@ impl Loaded {
 
     /// The storage `tensor` views; `None` for meta tensors.
     pub fn storage_of(&self, tensor: &LoadedTensor) -> Option<&Placed> {
-        self.storages.get(tensor.storage?)
+        self.storages.get(tensor.info.storage?)
     }
 
     /// A host tensor's elements, row-major and in host byte order, with its
@@ -246,7 +246,7 @@ impl Loaded {
             _ => {
                 return Err(LoadError::Access(format!(
                     "{}: on {}, not in host memory",
-                    tensor.name, tensor.device
+                    tensor.info.name, tensor.device
                 )))
             }
         };
@@ -263,11 +263,11 @@ impl Loaded {
     /// A host tensor's elements as `T` (see [`Loaded::host_data`]): a
     /// wrong `T` is an error.
     pub fn host_vec<T: Element>(&self, tensor: &LoadedTensor) -> Result<Vec<T>, LoadError> {
-        if T::DTYPE != tensor.dtype {
+        if T::DTYPE != tensor.info.dtype {
             return Err(LoadError::Access(format!(
                 "{}: holds {} elements, not {}",
-                tensor.name,
-                tensor.dtype,
+                tensor.info.name,
+                tensor.info.dtype,
                 T::DTYPE
             )));
         }
@@ -304,7 +304,7 @@ impl Loaded {
 
     fn view(&self, tensor: &LoadedTensor) -> Result<ptload_reader::TensorView<'_>, LoadError> {
         self.ckpt.tensor_at(tensor.index).ok_or_else(|| {
-            LoadError::Access(format!("{}: no tensor {}", tensor.name, tensor.index))
+            LoadError::Access(format!("{}: no tensor {}", tensor.info.name, tensor.index))
         })
     }
 }
@@ -411,7 +411,7 @@ pub fn load(
     }
     // Fallbacks decided during allocation reach the tensors.
     for t in &mut tensors {
-        if let Some(s) = t.storage.and_then(|k| sources.get(k)) {
+        if let Some(s) = t.info.storage.and_then(|k| sources.get(k)) {
             t.device = s.device;
             t.fallback.clone_from(&s.fallback);
         }
@@ -420,7 +420,7 @@ pub fn load(
     let by_name = tensors
         .iter()
         .enumerate()
-        .map(|(i, t)| (t.name.clone(), i))
+        .map(|(i, t)| (t.info.name.clone(), i))
         .collect();
     Ok(Loaded {
         ckpt,
@@ -500,14 +500,12 @@ fn resolve(
                 && info.dtype != to
                 && ptload_reader::convert::can_convert(info.dtype, to)
         });
+        let mut placed_info = info.clone();
+        placed_info.name.clone_from(&s.name);
+        placed_info.storage = None;
         let mut loaded = LoadedTensor {
-            name: s.name.clone(),
+            info: placed_info,
             index: s.index,
-            dtype: info.dtype,
-            shape: info.shape.clone(),
-            stride: info.stride.clone(),
-            storage_offset: info.storage_offset,
-            storage: None,
             target,
             device,
             fallback: fallback.clone(),
@@ -549,16 +547,21 @@ fn resolve(
                     }
                 };
                 loaded.converted_from = Some(info.dtype);
-                loaded.dtype = to;
-                loaded.stride = contiguous_strides(&info.shape);
-                loaded.storage_offset = 0;
-                loaded.storage = Some(k);
+                let placed = &mut loaded.info;
+                placed.dtype = to;
+                placed.stride = contiguous_strides(&info.shape);
+                placed.storage_offset = 0;
+                placed.nbytes = info.numel.saturating_mul(to.size() as u64);
+                // The conversion read the elements with the bits applied.
+                placed.conj = false;
+                placed.neg = false;
+                placed.storage = Some(k);
             }
             (Some(si), None) => {
                 let slot = source_of_storage
                     .get_mut(si)
                     .ok_or_else(|| LoadError::Access(format!("{}: no storage {si}", s.name)))?;
-                loaded.storage = Some(match *slot {
+                loaded.info.storage = Some(match *slot {
                     Some(k) => k,
                     None => {
                         // Swapped as torch swaps it: by the storage's type.
