@@ -495,11 +495,7 @@ fn resolve(
             ),
             other => (other, None),
         };
-        let convert = opts.dtype.filter(|&to| {
-            info.dtype.is_float()
-                && info.dtype != to
-                && ptload_reader::convert::can_convert(info.dtype, to)
-        });
+        let convert = ptload_reader::convert::target(info.dtype, opts.dtype);
         let mut placed_info = info.clone();
         placed_info.name.clone_from(&s.name);
         placed_info.storage = None;

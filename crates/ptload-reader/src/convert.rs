@@ -21,6 +21,13 @@ pub fn can_convert(from: DType, to: DType) -> bool {
     supported(from) && supported(to)
 }
 
+/// What a tensor of `from` becomes when everything floating is asked to
+/// become `to` (`--dtype`): `Some(to)` when it converts, `None` when it stays
+/// as it is (integers, bools, complex, the same dtype, `to` unset).
+pub fn target(from: DType, to: Option<DType>) -> Option<DType> {
+    to.filter(|&to| from.is_float() && from != to && can_convert(from, to))
+}
+
 /// float8_e4m3fn to f32 bits, exactly as torch computes them (its NaN,
 /// 0x7f, becomes 0x7ff00000).
 fn e4m3_to_f32_bits(b: u8) -> u32 {

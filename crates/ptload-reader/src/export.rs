@@ -190,9 +190,7 @@ fn plan(
             continue;
         };
         let info = view.info();
-        let convert = opts.dtype.filter(|&to| {
-            info.dtype.is_float() && info.dtype != to && crate::convert::can_convert(info.dtype, to)
-        });
+        let convert = crate::convert::target(info.dtype, opts.dtype);
         let dtype = convert.unwrap_or(info.dtype);
         let reason = if info.storage.is_none() {
             Some("a meta tensor has no data".to_owned())
