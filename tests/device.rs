@@ -415,3 +415,193 @@ fn the_result_owns_its_checkpoint_and_answers_by_name() {
     let e = meta.host_data(t).expect_err("meta has no data");
     assert!(e.to_string().contains("not in host memory"), "{e}");
 }
+
+/// The row-major elements of `info` over `storage` (host order).
+fn gather(storage: &[u8], info: &ptload_reader::TensorInfo) -> Vec<u8> {
+    let elem = info.dtype.size() as u64;
+    let numel: u64 = info.shape.iter().product();
+    let mut out = Vec::with_capacity((numel * elem) as usize);
+    for flat in 0..numel {
+        let mut rest = flat;
+        let mut offset = info.storage_offset;
+        for (size, stride) in info.shape.iter().zip(&info.stride).rev() {
+            offset += (rest % size) * stride;
+            rest /= size;
+        }
+        let at = (offset * elem) as usize;
+        out.extend_from_slice(&storage[at..at + elem as usize]);
+    }
+    out
+}
+
+/// Every tensor of every fixture and hostile file that opens, loaded to a
+/// GPU and read back, is the reader's `data()`, element for element:
+/// big-endian files with a staging size that is no multiple of the
+/// element size, conj/neg bits, views, tied storages, conversion.
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn uploads_read_back_as_the_readers_values() {
+    let gpus = probe();
+    assert!(
+        !gpus.devices().is_empty(),
+        "this test needs a CUDA device: {}",
+        gpus.why_none()
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files: Vec<PathBuf> = Vec::new();
+    for dir in ["fixtures/files", "tests/hostile"] {
+        for e in std::fs::read_dir(root.join(dir)).expect("dir") {
+            files.push(e.expect("entry").path());
+        }
+    }
+    files.sort();
+    let stagings = [
+        ptload_device::Staging {
+            buffer_bytes: 4096 + 6,
+            streams_per_device: 3,
+        },
+        ptload_device::Staging::default(),
+    ];
+    let mut checked = 0;
+    for path in &files {
+        let Ok(ckpt) = Checkpoint::open(path) else {
+            continue;
+        };
+        let ckpt = Arc::new(ckpt);
+        let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+        for (i, staging) in stagings.iter().enumerate() {
+            for dtype in [None, Some(DType::BF16)] {
+                let opts = LoadOptions {
+                    staging: *staging,
+                    dtype,
+                    ..Default::default()
+                };
+                let loaded = load(Arc::clone(&ckpt), &everything(&ckpt), &plan, &gpus, &opts)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                for t in loaded.tensors() {
+                    let view = ckpt.tensor_at(t.index).expect("tensor");
+                    let Ok(data) = view.data() else {
+                        assert_eq!(
+                            t.device,
+                            Device::Meta,
+                            "{}: {}",
+                            path.display(),
+                            t.info.name
+                        );
+                        continue;
+                    };
+                    let want = match t.converted_from {
+                        Some(from) => ptload_reader::convert::convert(&data, from, t.info.dtype)
+                            .expect("convert"),
+                        None => data.into_owned(),
+                    };
+                    let got = match loaded.storage_of(t) {
+                        Some(Placed::Cuda(c)) => {
+                            gather(&c.read_back().expect("read back"), &t.info)
+                        }
+                        Some(Placed::Host(_)) => loaded.host_data(t).expect("host").into_owned(),
+                        other => panic!("{}: {}: {other:?}", path.display(), t.info.name),
+                    };
+                    assert_eq!(
+                        got,
+                        want,
+                        "{}: {} (staging {i}, dtype {dtype:?})",
+                        path.display(),
+                        t.info.name
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 1000, "only {checked} tensors checked");
+}
+
+/// The simulated driver's fault settings (simcuda, see .ci/run): each
+/// ends in a fallback with its reason, a degraded but correct load, or a
+/// typed error; never a panic, never wrong bytes.
+#[test]
+#[ignore = "runs on the simulated CUDA driver, configured by SIMCUDA_* (.ci/run)"]
+fn simulated_driver_faults() {
+    let set = |name: &str| std::env::var(name).ok();
+    let gpus = probe();
+    let ckpt = open("many_tensors.pt");
+    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+    let result = load(
+        Arc::clone(&ckpt),
+        &everything(&ckpt),
+        &plan,
+        &gpus,
+        &LoadOptions::default(),
+    );
+    let check_values = |loaded: &ptload_device::Loaded| {
+        for t in loaded.tensors() {
+            let want = ckpt
+                .tensor_at(t.index)
+                .expect("tensor")
+                .data()
+                .expect("data");
+            let got = match loaded.storage_of(t) {
+                Some(Placed::Cuda(c)) => gather(&c.read_back().expect("read back"), &t.info),
+                _ => loaded.host_data(t).expect("host").into_owned(),
+            };
+            assert_eq!(got, &*want, "{}", t.info.name);
+        }
+    };
+    if set("SIMCUDA_NO_DEVICE").is_some() {
+        assert!(gpus.devices().is_empty());
+        assert_eq!(gpus.why_none(), "the CUDA driver reports no device");
+        let loaded = result.expect("falls back");
+        assert!(loaded.tensors().iter().all(|t| t.device == Device::Host
+            && t.fallback.as_deref() == Some("the CUDA driver reports no device")));
+    } else if set("SIMCUDA_COPY_FAULT_AT").is_some() || set("SIMCUDA_COPY_FAIL_AT").is_some() {
+        match result {
+            Err(ptload_device::LoadError::Cuda {
+                ordinal: 0,
+                message,
+            }) => {
+                assert!(!message.is_empty())
+            }
+            other => panic!("a failed copy must fail the load: {other:?}"),
+        }
+    } else if set("SIMCUDA_PINNED_FAIL").is_some() {
+        // Pageable staging instead: slower, the same bytes.
+        let loaded = result.expect("pageable copies");
+        assert!(loaded.tensors().iter().all(|t| t.device == Device::Cuda(0)));
+        check_values(&loaded);
+    } else if set("SIMCUDA_MEMORY").is_some() {
+        // Less device memory than the checkpoint: what fits stays, the
+        // rest spills to the host, each saying why.
+        let loaded = result.expect("spills");
+        let spilled: Vec<_> = loaded
+            .tensors()
+            .iter()
+            .filter(|t| t.device == Device::Host)
+            .collect();
+        assert!(!spilled.is_empty());
+        assert!(spilled.iter().all(|t| t
+            .fallback
+            .as_deref()
+            .is_some_and(|f| f.contains("out of memory"))));
+        check_values(&loaded);
+    } else {
+        check_values(&result.expect("load"));
+    }
+    if gpus.devices().len() >= 4 {
+        // Saved on cuda:0..3: each storage where it was saved.
+        let ckpt = open("multi_gpu.pt");
+        let plan = Plan::new(&ckpt, &mut Keep).expect("plan");
+        let loaded = load(
+            Arc::clone(&ckpt),
+            &everything(&ckpt),
+            &plan,
+            &gpus,
+            &LoadOptions::default(),
+        )
+        .expect("load");
+        for t in loaded.tensors() {
+            let view = ckpt.tensor_at(t.index).expect("tensor");
+            assert_eq!(t.device.to_string(), view.location(), "{}", t.info.name);
+        }
+    }
+}

@@ -10,7 +10,9 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{result, sys, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr};
+use cudarc::driver::{
+    result, sys, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, PinnedHostSlice,
+};
 
 use ptload_reader::ByteOrder;
 
@@ -135,7 +137,9 @@ pub(crate) fn upload(
     staging: &Staging,
     progress: Option<&(dyn Fn(u64) + Send + Sync)>,
 ) -> Result<(), UploadError> {
-    let buffer = staging.buffer_bytes.max(4096);
+    // Chunks hold whole elements of every dtype (16 bytes is the largest
+    // swap unit's multiple), so each is swapped on its own correctly.
+    let buffer = staging.buffer_bytes.max(4096) / 16 * 16;
     let chunks: Vec<Chunk> = uploads
         .iter()
         .enumerate()
@@ -199,49 +203,79 @@ struct Shared<'s, 'a> {
     progress: Option<&'s (dyn Fn(u64) + Send + Sync)>,
 }
 
+/// A staging buffer: page-locked when the driver gives one, else pageable
+/// (the driver then stages each copy itself before the call returns, so
+/// the buffer is free again at once).
+enum Buffer {
+    Pinned(PinnedHostSlice<u8>),
+    Pageable(Vec<u8>),
+}
+
+impl Buffer {
+    fn as_mut_slice(&mut self) -> Result<&mut [u8], String> {
+        match self {
+            Buffer::Pinned(p) => p.as_mut_slice().map_err(|e| e.to_string()),
+            Buffer::Pageable(v) => Ok(v),
+        }
+    }
+}
+
 fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
-    let Shared {
-        gpu,
-        base,
-        uploads,
-        chunks,
-        next,
-        failed,
-        buffer,
-        progress,
-    } = *shared;
-    let ctx = gpu.context();
+    let ctx = shared.gpu.context();
     ctx.bind_to_thread().map_err(|e| e.to_string())?;
     let stream = ctx.new_stream().map_err(|e| e.to_string())?;
-    let mut pinned = Vec::with_capacity(2);
+    let mut buffers = Vec::with_capacity(2);
     let mut events: Vec<CudaEvent> = Vec::with_capacity(2);
     for _ in 0..2 {
         // SAFETY: page-locked host memory, uninitialized; only the bytes a
         // chunk writes are ever passed to a copy. PORTABLE makes it usable
         // from every context, not write-combined so staging reads stay fast.
-        let p = unsafe { ctx.alloc_pinned_with_flags::<u8>(buffer, sys::CU_MEMHOSTALLOC_PORTABLE) }
-            .map_err(|e| format!("pinned allocation: {e}"))?;
-        pinned.push(p);
+        let pinned = unsafe {
+            ctx.alloc_pinned_with_flags::<u8>(shared.buffer, sys::CU_MEMHOSTALLOC_PORTABLE)
+        };
+        buffers.push(match pinned {
+            Ok(p) => Buffer::Pinned(p),
+            // Fewer pinned bytes than asked for: pageable copies instead.
+            Err(_) => Buffer::Pageable(vec![0; shared.buffer]),
+        });
         events.push(ctx.new_event(None).map_err(|e| e.to_string())?);
     }
+    let result = copy_chunks(shared, &stream, &mut buffers, &events);
+    // Whatever happened, the copies already queued finish before their
+    // buffers (and, for the caller, the arena) can be freed.
+    let waited = stream.synchronize().map_err(|e| e.to_string());
+    result.and(waited)
+}
+
+/// Take chunks until none is left (or another worker failed): fill a
+/// staging buffer from the source, swap it to host order, queue its copy.
+fn copy_chunks(
+    shared: &Shared<'_, '_>,
+    stream: &Arc<CudaStream>,
+    buffers: &mut [Buffer],
+    events: &[CudaEvent],
+) -> Result<(), String> {
     let mut turn = 0usize;
     let mut recorded = [false, false];
-    while !failed.load(Ordering::Relaxed) {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        let Some(chunk) = chunks.get(i) else { break };
-        let Some(up) = uploads.get(chunk.upload) else {
+    while !shared.failed.load(Ordering::Relaxed) {
+        let i = shared.next.fetch_add(1, Ordering::Relaxed);
+        let Some(chunk) = shared.chunks.get(i) else {
             break;
         };
+        let up = shared
+            .uploads
+            .get(chunk.upload)
+            .ok_or_else(|| format!("chunk {i} of no upload"))?;
         let slot = turn % 2;
         turn += 1;
-        let (Some(buf), Some(event)) = (pinned.get_mut(slot), events.get(slot)) else {
-            break;
+        let (Some(buf), Some(event)) = (buffers.get_mut(slot), events.get(slot)) else {
+            return Err("staging slot".into());
         };
         if recorded.get(slot).copied().unwrap_or(false) {
             // The previous copy out of this buffer must be done before refilling it.
             event.synchronize().map_err(|e| e.to_string())?;
         }
-        let host = buf.as_mut_slice().map_err(|e| e.to_string())?;
+        let host = buf.as_mut_slice()?;
         let (Some(dst), Some(src)) = (
             host.get_mut(..chunk.len),
             up.bytes.get(chunk.start..chunk.start + chunk.len),
@@ -254,18 +288,19 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
             u64::try_from(up.arena_offset + chunk.start).map_err(|_| "offset".to_owned())?;
         // SAFETY: the destination range [base + offset, + len) lies inside the
         // arena (laid out by the caller to hold every upload) and no two
-        // chunks overlap; the arena outlives the copy because every stream
-        // is synchronized before `upload` returns; the pinned source is not
-        // written again until `event` (recorded right after) completes.
-        unsafe { result::memcpy_htod_async(base + offset, &*dst, stream.cu_stream()) }
+        // chunks overlap; the arena outlives the copy because the worker
+        // synchronizes its stream before returning, on every path; the
+        // staging source is not written again until `event` (recorded right
+        // after) completes.
+        unsafe { result::memcpy_htod_async(shared.base + offset, &*dst, stream.cu_stream()) }
             .map_err(|e| e.to_string())?;
-        event.record(&stream).map_err(|e| e.to_string())?;
+        event.record(stream).map_err(|e| e.to_string())?;
         if let Some(r) = recorded.get_mut(slot) {
             *r = true;
         }
-        if let Some(p) = progress {
+        if let Some(p) = shared.progress {
             p(chunk.len as u64);
         }
     }
-    stream.synchronize().map_err(|e| e.to_string())
+    Ok(())
 }

@@ -161,8 +161,8 @@ impl CudaStorage {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LoadedTensor {
-    /// The tensor as placed. Its `conj` and `neg` bits, when set, still
-    /// apply to the placed bytes ([`Loaded::host_data`] applies them).
+    /// The tensor as placed. Its `conj` and `neg` bits are always clear:
+    /// a tensor saved with them is placed with them applied.
     pub info: TensorInfo,
     /// Its index among the checkpoint's tensors, where its metadata as
     /// saved is ([`Checkpoint::tensor_at`]).
@@ -175,6 +175,9 @@ pub struct LoadedTensor {
     pub fallback: Option<String>,
     /// `Some(original dtype)` when converted.
     pub converted_from: Option<DType>,
+    /// Placed as its own row-major buffer, read on the host (a conversion,
+    /// or conj/neg bits applied).
+    rewritten: bool,
 }
 
 impl LoadedTensor {
@@ -251,8 +254,9 @@ impl Loaded {
             }
         };
         match &storage.repr {
-            // A converted tensor: its own row-major buffer.
-            HostRepr::Owned(bytes) if tensor.converted_from.is_some() => Ok(Cow::Borrowed(bytes)),
+            // A converted (or conj/neg-applied) tensor: its own row-major
+            // buffer, the bits already applied.
+            HostRepr::Owned(bytes) if tensor.rewritten => Ok(Cow::Borrowed(bytes)),
             // The checkpoint's bytes, as they lie or swapped: the
             // checkpoint's view gathers, swaps and applies the conj/neg
             // bits, borrowing from the map when nothing needs doing.
@@ -476,7 +480,7 @@ fn resolve(
     let mut sources: Vec<Source> = Vec::new();
     let mut source_of_storage: Vec<Option<usize>> = vec![None; ckpt.storages().len()];
     // Identical views of one storage (tied weights) share one converted copy.
-    type View = (usize, u64, Vec<u64>, Vec<u64>);
+    type View = (usize, u64, Vec<u64>, Vec<u64>, DType, bool, bool);
     let mut converted: HashMap<View, usize> = HashMap::new();
     let mut tensors = Vec::with_capacity(selection.len());
     for s in selection {
@@ -496,6 +500,10 @@ fn resolve(
             other => (other, None),
         };
         let convert = ptload_reader::convert::target(info.dtype, opts.dtype);
+        // A pending conj/neg bit is applied on the host, like a conversion:
+        // what lands anywhere holds the tensor's values.
+        let bits = (info.conj && info.dtype.is_complex()) || info.neg;
+        let rewrite = convert.or(bits.then_some(info.dtype));
         let mut placed_info = info.clone();
         placed_info.name.clone_from(&s.name);
         placed_info.storage = None;
@@ -506,8 +514,9 @@ fn resolve(
             device,
             fallback: fallback.clone(),
             converted_from: None,
+            rewritten: false,
         };
-        match (info.storage, convert) {
+        match (info.storage, rewrite) {
             (None, _) => {
                 loaded.device = Device::Meta;
                 loaded.fallback = None;
@@ -525,12 +534,19 @@ fn resolve(
                     info.storage_offset,
                     info.shape.clone(),
                     info.stride.clone(),
+                    to,
+                    info.conj,
+                    info.neg,
                 );
                 let k = match converted.get(&key) {
                     Some(&k) => k,
                     None => {
                         let data = view.data()?;
-                        let bytes = ptload_reader::convert::convert(&data, info.dtype, to)?;
+                        let bytes = if to == info.dtype {
+                            data.into_owned()
+                        } else {
+                            ptload_reader::convert::convert(&data, info.dtype, to)?
+                        };
                         sources.push(Source {
                             bytes: SourceBytes::Converted(bytes),
                             order: ByteOrder::HOST,
@@ -542,13 +558,14 @@ fn resolve(
                         sources.len() - 1
                     }
                 };
-                loaded.converted_from = Some(info.dtype);
+                loaded.converted_from = convert.map(|_| info.dtype);
+                loaded.rewritten = true;
                 let placed = &mut loaded.info;
                 placed.dtype = to;
                 placed.stride = contiguous_strides(&info.shape);
                 placed.storage_offset = 0;
                 placed.nbytes = info.numel.saturating_mul(to.size() as u64);
-                // The conversion read the elements with the bits applied.
+                // The elements were read with the bits applied.
                 placed.conj = false;
                 placed.neg = false;
                 placed.storage = Some(k);

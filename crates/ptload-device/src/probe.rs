@@ -100,7 +100,13 @@ pub fn probe() -> Gpus {
         return Gpus::NoDriver;
     }
     let result = guarded(|| {
-        let n = CudaContext::device_count().map_err(|e| e.to_string())?;
+        let n = match CudaContext::device_count() {
+            Ok(n) => n,
+            // A driver with no device says so from cuInit: that is "no
+            // device", not an unusable driver.
+            Err(e) if e.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => 0,
+            Err(e) => return Err(e.to_string()),
+        };
         let mut gpus = Vec::new();
         for i in 0..usize::try_from(n).unwrap_or(0) {
             let ctx = CudaContext::new(i).map_err(|e| format!("cuda:{i}: {e}"))?;
