@@ -2,12 +2,21 @@
 //! (where a CUDA device exists) the bytes on the device.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ptload_device::{load, probe, LoadOptions, Placed};
 use ptload_reader::placement::{Device, Keep, Plan, To};
 use ptload_reader::state_dict::StateDictOptions;
 use ptload_reader::{Checkpoint, DType};
+
+/// The tests that use a GPU take turns: the device's memory is shared by
+/// every test in the process, and a test that asserts where tensors went
+/// (a budget that fits, a fallback for lack of memory) must not see
+/// another test's allocations.
+fn gpu_turn() -> MutexGuard<'static, ()> {
+    static GPU: Mutex<()> = Mutex::new(());
+    GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -260,6 +269,7 @@ fn dtype_conversion_is_explicit_and_per_tensor() {
 #[test]
 #[ignore = "needs a CUDA device: run with --ignored on a GPU machine"]
 fn gpu_round_trip() {
+    let _turn = gpu_turn();
     let gpus = probe();
     assert!(
         !gpus.devices().is_empty(),
@@ -330,7 +340,11 @@ fn gpu_round_trip() {
         &LoadOptions::default(),
     )
     .expect("load");
-    assert!(loaded.tensors().iter().any(|t| t.device == Device::Cuda(0)));
+    let fallbacks: Vec<_> = loaded.tensors().iter().map(|t| &t.fallback).collect();
+    assert!(
+        loaded.tensors().iter().any(|t| t.device == Device::Cuda(0)),
+        "{fallbacks:?}"
+    );
     assert!(loaded.tensors().iter().any(|t| t.device == Device::Host));
 }
 
@@ -441,6 +455,7 @@ fn gather(storage: &[u8], info: &ptload_reader::TensorInfo) -> Vec<u8> {
 #[test]
 #[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
 fn uploads_read_back_as_the_readers_values() {
+    let _turn = gpu_turn();
     let gpus = probe();
     assert!(
         !gpus.devices().is_empty(),
@@ -523,6 +538,7 @@ fn uploads_read_back_as_the_readers_values() {
 #[test]
 #[ignore = "runs on the simulated CUDA driver, configured by SIMCUDA_* (.ci/run)"]
 fn simulated_driver_faults() {
+    let _turn = gpu_turn();
     let set = |name: &str| std::env::var(name).ok();
     let gpus = probe();
     let ckpt = open("many_tensors.pt");
