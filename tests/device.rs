@@ -9,7 +9,7 @@ use ptload_reader::placement::{Device, Keep, Plan, To};
 use ptload_reader::state_dict::StateDictOptions;
 use ptload_reader::{Checkpoint, DType};
 
-/// The tests that use a GPU take turns: the device's memory is shared by
+/// The tests that probe for a GPU take turns: the device's memory is shared by
 /// every test in the process, and a test that asserts where tensors went
 /// (a budget that fits, a fallback for lack of memory) must not see
 /// another test's allocations.
@@ -111,6 +111,7 @@ fn missing_gpus_fall_back_to_the_host_per_tensor() {
 
 #[test]
 fn strict_fails_before_copying_with_torchs_words() {
+    let _turn = gpu_turn();
     let gpus = probe();
     let ckpt = open("multi_gpu.pt");
     let ordinal = gpus.devices().len() as u32 + 3;
@@ -146,6 +147,7 @@ fn strict_fails_before_copying_with_torchs_words() {
 
 #[test]
 fn host_storages_are_borrowed_from_the_map_and_copied_once() {
+    let _turn = gpu_turn();
     let ckpt = open("views.pt");
     let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
     let loaded = load(
@@ -190,6 +192,7 @@ fn host_storages_are_borrowed_from_the_map_and_copied_once() {
 
 #[test]
 fn big_endian_storages_are_swapped_into_owned_buffers() {
+    let _turn = gpu_turn();
     let ckpt = open("bigendian.pt");
     let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
     let loaded = load(
@@ -219,6 +222,7 @@ fn big_endian_storages_are_swapped_into_owned_buffers() {
 
 #[test]
 fn meta_reads_nothing() {
+    let _turn = gpu_turn();
     let ckpt = open("multi_gpu.pt");
     let plan = Plan::new(&ckpt, &mut To(Device::Meta)).expect("plan");
     let loaded = load(
@@ -238,6 +242,7 @@ fn meta_reads_nothing() {
 
 #[test]
 fn dtype_conversion_is_explicit_and_per_tensor() {
+    let _turn = gpu_turn();
     let ckpt = open("training.ckpt");
     let selection = StateDictOptions::default().select(&ckpt).expect("select");
     let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
@@ -350,6 +355,7 @@ fn gpu_round_trip() {
 
 #[test]
 fn tied_weights_share_one_converted_storage() {
+    let _turn = gpu_turn();
     let ckpt = open("views.pt");
     let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
     let opts = LoadOptions {
@@ -532,6 +538,158 @@ fn uploads_read_back_as_the_readers_values() {
     assert!(checked > 1000, "only {checked} tensors checked");
 }
 
+/// Whether the driver holds device `ordinal`'s primary context (ptload's
+/// or anyone's in this process).
+#[allow(unsafe_code)]
+fn primary_context_active(ordinal: i32) -> bool {
+    use ptload_device::cudarc::driver::{result, sys};
+    let dev = result::device::get(ordinal).expect("device");
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: `dev` comes from cuDeviceGet; both out-pointers are valid.
+    unsafe { sys::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) }
+        .result()
+        .expect("primary context state");
+    active != 0
+}
+
+/// The thread's current CUDA context, as a number to compare.
+fn current_context() -> usize {
+    ptload_device::cudarc::driver::result::ctx::get_current()
+        .expect("current context")
+        .map_or(0, |c| c as usize)
+}
+
+/// probe opens no context; a load opens the contexts of the devices it
+/// places storages on and no other; none of it changes the calling
+/// thread's current context (none, or the caller's own).
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn contexts_are_opened_only_where_storages_go_and_the_callers_stays_current() {
+    let _turn = gpu_turn();
+    let gpus = probe();
+    assert!(
+        !gpus.devices().is_empty(),
+        "this test needs a CUDA device: {}",
+        gpus.why_none()
+    );
+    let ordinals: Vec<i32> = gpus.devices().iter().map(|g| g.ordinal as i32).collect();
+    assert!(ordinals.iter().all(|&i| !primary_context_active(i)));
+    assert_eq!(current_context(), 0);
+    let ckpt = open("basic.pt");
+    // Everything to the host: no device is touched.
+    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let loaded = load(
+        Arc::clone(&ckpt),
+        &everything(&ckpt),
+        &plan,
+        &gpus,
+        &LoadOptions::default(),
+    )
+    .expect("load");
+    assert!(loaded.tensors().iter().all(|t| t.device == Device::Host));
+    assert!(ordinals.iter().all(|&i| !primary_context_active(i)));
+    assert!(gpus.devices().iter().all(|g| !g.is_open()));
+    // To the last device: that one alone is opened; the thread still has
+    // no current context, through the load, reads, addresses and drops.
+    let last = *ordinals.last().expect("a device");
+    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(last as u32))).expect("plan");
+    let loaded = load(
+        Arc::clone(&ckpt),
+        &everything(&ckpt),
+        &plan,
+        &gpus,
+        &LoadOptions::default(),
+    )
+    .expect("load");
+    for &i in &ordinals {
+        assert_eq!(primary_context_active(i), i == last, "cuda:{i}");
+    }
+    for t in loaded.tensors() {
+        if let Some(Placed::Cuda(c)) = loaded.storage_of(t) {
+            assert!(c.device_ptr() != 0);
+            c.read_back().expect("read back");
+        }
+    }
+    assert_eq!(current_context(), 0);
+    drop(loaded);
+    assert_eq!(current_context(), 0);
+    // An engine with its own context current, loading into it.
+    let mine = ptload_device::cudarc::driver::CudaContext::new(ordinals[0] as usize)
+        .expect("the engine's context");
+    let current = current_context();
+    assert_eq!(current, mine.cu_ctx() as usize);
+    let theirs = ptload_device::Gpus::from_contexts([Arc::clone(&mine)]);
+    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(ordinals[0] as u32))).expect("plan");
+    let loaded = load(
+        Arc::clone(&ckpt),
+        &everything(&ckpt),
+        &plan,
+        &theirs,
+        &LoadOptions::default(),
+    )
+    .expect("load");
+    assert!(loaded
+        .tensors()
+        .iter()
+        .all(|t| t.device == Device::Cuda(ordinals[0] as u32)));
+    for t in loaded.tensors() {
+        if let Some(Placed::Cuda(c)) = loaded.storage_of(t) {
+            let view = c.view().expect("view");
+            let back = mine
+                .default_stream()
+                .clone_dtoh(&view)
+                .expect("engine reads it");
+            assert_eq!(back, c.read_back().expect("read back"));
+        }
+    }
+    assert_eq!(current_context(), current);
+    drop(loaded);
+    drop(theirs);
+    drop(gpus);
+    assert_eq!(current_context(), current);
+}
+
+/// Many small storages share copies: the arena is copied in runs of the
+/// staging size, and the pinned pool is no larger than the work.
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn many_small_storages_make_few_copies() {
+    let _turn = gpu_turn();
+    let gpus = probe();
+    assert!(!gpus.devices().is_empty(), "{}", gpus.why_none());
+    let ckpt = open("many_tensors.pt");
+    assert_eq!(ckpt.storages().len(), 20_000);
+    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+    let copies = |staging: ptload_device::Staging| {
+        let opts = LoadOptions {
+            staging,
+            ..Default::default()
+        };
+        let loaded =
+            load(Arc::clone(&ckpt), &everything(&ckpt), &plan, &gpus, &opts).expect("load");
+        let report = loaded
+            .devices()
+            .iter()
+            .find(|d| d.device == Device::Cuda(0))
+            .cloned()
+            .expect("cuda:0");
+        assert_eq!(report.tensors, 20_000);
+        (report.copies, report.pinned_bytes)
+    };
+    // 20,000 storages of at most 16 bytes, each at a 256-byte boundary:
+    // an arena of under 5 MiB, one run of the default 32 MiB buffer.
+    let (n, pinned) = copies(ptload_device::Staging::default());
+    assert_eq!(n, 1);
+    assert!(pinned <= 5 << 20, "{pinned} pinned bytes");
+    // 1 MiB runs: five.
+    let (n, pinned) = copies(ptload_device::Staging {
+        buffer_bytes: 1 << 20,
+        streams_per_device: 4,
+    });
+    assert_eq!(n, 5);
+    assert!(pinned <= 8 << 20, "{pinned} pinned bytes");
+}
+
 /// The simulated driver's fault settings (simcuda, see .ci/run): each
 /// ends in a fallback with its reason, a degraded but correct load, or a
 /// typed error; never a panic, never wrong bytes.
@@ -543,13 +701,15 @@ fn simulated_driver_faults() {
     let gpus = probe();
     let ckpt = open("many_tensors.pt");
     let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
-    let result = load(
-        Arc::clone(&ckpt),
-        &everything(&ckpt),
-        &plan,
-        &gpus,
-        &LoadOptions::default(),
-    );
+    // Small runs: many copies, so a fault at the k-th lands mid-load.
+    let opts = LoadOptions {
+        staging: ptload_device::Staging {
+            buffer_bytes: 64 << 10,
+            streams_per_device: 4,
+        },
+        ..Default::default()
+    };
+    let result = load(Arc::clone(&ckpt), &everything(&ckpt), &plan, &gpus, &opts);
     let check_values = |loaded: &ptload_device::Loaded| {
         for t in loaded.tensors() {
             let want = ckpt
@@ -566,10 +726,10 @@ fn simulated_driver_faults() {
     };
     if set("SIMCUDA_NO_DEVICE").is_some() {
         assert!(gpus.devices().is_empty());
-        assert_eq!(gpus.why_none(), "the CUDA driver reports no device");
+        assert_eq!(gpus.why_none(), "no CUDA device (the driver reports none)");
         let loaded = result.expect("falls back");
         assert!(loaded.tensors().iter().all(|t| t.device == Device::Host
-            && t.fallback.as_deref() == Some("the CUDA driver reports no device")));
+            && t.fallback.as_deref() == Some("no CUDA device (the driver reports none)")));
     } else if set("SIMCUDA_COPY_FAULT_AT").is_some() || set("SIMCUDA_COPY_FAIL_AT").is_some() {
         match result {
             Err(ptload_device::LoadError::Cuda {
@@ -578,7 +738,63 @@ fn simulated_driver_faults() {
             }) => {
                 assert!(!message.is_empty())
             }
-            other => panic!("a failed copy must fail the load: {other:?}"),
+            Ok(loaded) => panic!("a failed copy must fail the load: {:?}", loaded.devices()),
+            Err(other) => panic!("a failed copy must fail the load with cuda:0: {other}"),
+        }
+    } else if let Some(k) = set("SIMCUDA_OPEN_FAIL") {
+        // That device alone cannot be opened: its tensors fall back, each
+        // saying so; the machine and its other devices stay usable.
+        let broken: u32 = k.parse().expect("ordinal");
+        assert!(
+            gpus.get(broken).is_some(),
+            "probe lists it without opening it"
+        );
+        let loaded = result.expect("load");
+        let why = format!("cuda:{broken} could not be opened");
+        for t in loaded.tensors() {
+            if broken == 0 {
+                assert_eq!(t.device, Device::Host, "{}", t.info.name);
+                assert!(
+                    t.fallback.as_deref().is_some_and(|f| f.starts_with(&why)),
+                    "{:?}",
+                    t.fallback
+                );
+            } else {
+                assert_eq!(t.device, Device::Cuda(0), "{}", t.info.name);
+            }
+        }
+        check_values(&loaded);
+        if gpus.devices().len() > 1 {
+            // Saved on cuda:0..3: the broken device's tensors fall back,
+            // the others land where they were saved.
+            let ckpt = open("multi_gpu.pt");
+            let plan = Plan::new(&ckpt, &mut Keep).expect("plan");
+            let loaded = load(
+                Arc::clone(&ckpt),
+                &everything(&ckpt),
+                &plan,
+                &gpus,
+                &LoadOptions::default(),
+            )
+            .expect("load");
+            let mut fell = 0;
+            for t in loaded.tensors() {
+                if t.target == Device::Cuda(broken) {
+                    assert_eq!(t.device, Device::Host);
+                    assert!(t.fallback.as_deref().is_some_and(|f| f.starts_with(&why)));
+                    fell += 1;
+                } else if matches!(t.target, Device::Cuda(i) if gpus.get(i).is_some()) {
+                    assert_eq!(t.device, t.target, "{}", t.info.name);
+                }
+            }
+            assert!(fell > 0);
+            let strict = LoadOptions {
+                strict: true,
+                ..Default::default()
+            };
+            let e = load(Arc::clone(&ckpt), &everything(&ckpt), &plan, &gpus, &strict)
+                .expect_err("strict refuses a device it cannot open");
+            assert!(e.to_string().starts_with(&why), "{e}");
         }
     } else if set("SIMCUDA_PINNED_FAIL").is_some() {
         // Pageable staging instead: slower, the same bytes.
@@ -603,7 +819,7 @@ fn simulated_driver_faults() {
     } else {
         check_values(&result.expect("load"));
     }
-    if gpus.devices().len() >= 4 {
+    if gpus.devices().len() >= 4 && set("SIMCUDA_OPEN_FAIL").is_none() {
         // Saved on cuda:0..3: each storage where it was saved.
         let ckpt = open("multi_gpu.pt");
         let plan = Plan::new(&ckpt, &mut Keep).expect("plan");

@@ -12,7 +12,8 @@
 //!   `SIMCUDA_COPY_FAIL_AT=k` (the k-th copy is refused when queued),
 //!   `SIMCUDA_COPY_FAULT_AT=k` (the k-th copy faults when it runs: the
 //!   context's error is sticky, as on a GPU), `SIMCUDA_SLOW_US=n` (each copy
-//!   takes n microseconds more).
+//!   takes n microseconds more), `SIMCUDA_OPEN_FAIL=k` (device k's primary
+//!   context cannot be retained: the device is unavailable).
 //! - Misuse that is undefined behaviour on a GPU is a *violation*: printed
 //!   to stderr and appended to the file `SIMCUDA_VIOLATIONS` names: a
 //!   pinned host buffer changed between a copy being queued and it running,
@@ -40,6 +41,7 @@ const OUT_OF_MEMORY: CUresult = 2;
 const NOT_INITIALIZED: CUresult = 3;
 const NO_DEVICE: CUresult = 100;
 const INVALID_DEVICE: CUresult = 101;
+const DEVICE_UNAVAILABLE: CUresult = 46;
 const INVALID_CONTEXT: CUresult = 201;
 const INVALID_HANDLE: CUresult = 400;
 const NOT_READY: CUresult = 600;
@@ -57,6 +59,7 @@ struct Config {
     copy_fail_at: Option<u64>,
     copy_fault_at: Option<u64>,
     slow_us: u64,
+    open_fail: Option<u64>,
     violations: Option<String>,
 }
 
@@ -76,6 +79,7 @@ fn config() -> &'static Config {
         copy_fail_at: env_u64("SIMCUDA_COPY_FAIL_AT"),
         copy_fault_at: env_u64("SIMCUDA_COPY_FAULT_AT"),
         slow_us: env_u64("SIMCUDA_SLOW_US").unwrap_or(0),
+        open_fail: env_u64("SIMCUDA_OPEN_FAIL"),
         violations: std::env::var("SIMCUDA_VIOLATIONS").ok(),
     })
 }
@@ -513,8 +517,27 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> C
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut *mut c_void, dev: c_int) -> CUresult {
     let d = try_cu!(device(dev));
+    if config().open_fail == Some(d as u64) {
+        return DEVICE_UNAVAILABLE;
+    }
     sim().retained[d] += 1;
     *pctx = (d + 1) as *mut c_void;
+    SUCCESS
+}
+
+/// Whether the device's primary context is retained (`active`).
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: c_int,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
+    let d = try_cu!(device(dev));
+    if flags.is_null() || active.is_null() {
+        return INVALID_VALUE;
+    }
+    *flags = 0;
+    *active = c_int::from(sim().retained[d] > 0);
     SUCCESS
 }
 
@@ -965,6 +988,7 @@ pub unsafe extern "C" fn cuGetErrorString(error: CUresult, pstr: *mut *const c_c
         NOT_INITIALIZED => b"initialization error\0",
         NO_DEVICE => b"no CUDA-capable device is detected\0",
         INVALID_DEVICE => b"invalid device ordinal\0",
+        DEVICE_UNAVAILABLE => b"CUDA-capable device(s) is/are busy or unavailable\0",
         INVALID_CONTEXT => b"invalid device context\0",
         INVALID_HANDLE => b"invalid resource handle\0",
         NOT_READY => b"device not ready\0",
@@ -983,6 +1007,7 @@ pub unsafe extern "C" fn cuGetErrorName(error: CUresult, pstr: *mut *const c_cha
         OUT_OF_MEMORY => b"CUDA_ERROR_OUT_OF_MEMORY\0",
         NOT_INITIALIZED => b"CUDA_ERROR_NOT_INITIALIZED\0",
         NO_DEVICE => b"CUDA_ERROR_NO_DEVICE\0",
+        DEVICE_UNAVAILABLE => b"CUDA_ERROR_DEVICE_UNAVAILABLE\0",
         INVALID_DEVICE => b"CUDA_ERROR_INVALID_DEVICE\0",
         INVALID_CONTEXT => b"CUDA_ERROR_INVALID_CONTEXT\0",
         INVALID_HANDLE => b"CUDA_ERROR_INVALID_HANDLE\0",

@@ -42,12 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         [] => println!("GPUs: none ({})", gpus.why_none()),
         devices => {
             for g in devices {
-                println!(
-                    "GPU cuda:{}: {}, {} MiB free",
-                    g.ordinal,
-                    g.name,
-                    g.free >> 20
-                );
+                println!("GPU cuda:{}: {}, {} MiB", g.ordinal, g.name, g.total >> 20);
             }
         }
     }

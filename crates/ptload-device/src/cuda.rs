@@ -3,15 +3,19 @@
 //!
 //! Never copy from the file mapping or from pageable memory straight to
 //! the device: the driver would stage through one internal buffer and
-//! serialize. Each worker thread owns a stream and two portable pinned
-//! buffers; it fills one from the map (swapping bytes if asked) while the
-//! other is being copied, and an event per buffer guards its reuse.
+//! serialize. The arena's bytes are cut into runs of the staging size;
+//! each worker thread owns a stream and (when it has more than one run to
+//! copy) two portable pinned buffers: it fills one from every storage the
+//! run covers (swapping bytes if asked) while the other is being copied,
+//! and a blocking event per buffer guards its reuse. Many small storages
+//! make few copies; the pool is no larger than the work.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    result, sys, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, PinnedHostSlice,
+    result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr,
+    PinnedHostSlice,
 };
 
 use ptload_reader::ByteOrder;
@@ -31,9 +35,11 @@ pub(crate) struct Upload<'a> {
 /// Sizes of the staging pool.
 #[derive(Debug, Clone, Copy)]
 pub struct Staging {
-    /// Bytes per pinned buffer (each copy moves at most this much).
+    /// Bytes per pinned buffer at most (each copy moves at most this
+    /// much); a smaller load uses smaller buffers.
     pub buffer_bytes: usize,
-    /// Streams (and worker threads) per device; each has two buffers.
+    /// Streams (and worker threads) per device at most; each has two
+    /// buffers (one when it has a single run to copy).
     pub streams_per_device: usize,
 }
 
@@ -48,7 +54,7 @@ impl Default for Staging {
 }
 
 impl Staging {
-    /// Pinned bytes one device's upload uses.
+    /// Pinned bytes one device's upload uses at most.
     pub fn pinned_bytes(&self) -> usize {
         self.buffer_bytes
             .saturating_mul(2)
@@ -56,40 +62,143 @@ impl Staging {
     }
 }
 
-/// A device allocation holding storages as sub-slices.
+/// A device allocation holding storages as sub-slices. It is freed (on
+/// the stream it was allocated on) when the last storage in it is dropped;
+/// its bytes are written and every copy has completed when the load that
+/// made it returns, so any stream of its context may read it.
 pub struct Arena {
-    pub(crate) slice: CudaSlice<u8>,
-    pub(crate) stream: Arc<CudaStream>,
+    inner: Option<ArenaInner>,
+    /// Device address of the first byte, read once at allocation.
+    ptr: u64,
+    len: usize,
+    ordinal: u32,
+}
+
+struct ArenaInner {
+    slice: CudaSlice<u8>,
+    stream: Arc<CudaStream>,
 }
 
 impl std::fmt::Debug for Arena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Arena")
-            .field("bytes", &self.slice.len())
+            .field("ordinal", &self.ordinal)
+            .field("bytes", &self.len)
             .finish()
     }
 }
 
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // Freeing binds the arena's context to the dropping thread: give
+        // the thread its own back afterwards.
+        let _keep = KeepCurrent::new();
+        let inner = self.inner.take();
+        let _ = guarded(move || {
+            if let Some(inner) = &inner {
+                // cudarc binds the context only while it has no error
+                // recorded; after a fault the free must still run in it.
+                make_current(inner.stream.context())?;
+            }
+            drop(inner);
+            Ok(())
+        });
+    }
+}
+
 impl Arena {
-    /// Raw device address of the arena's first byte.
+    /// Raw device address of the arena's first byte (no driver call).
     pub fn device_ptr(&self) -> u64 {
-        let (ptr, _sync) = self.slice.device_ptr(&self.stream);
-        ptr
+        self.ptr
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// `len` bytes at `offset`, as a cudarc view.
     pub(crate) fn view(&self, offset: usize, len: usize) -> Option<CudaView<'_, u8>> {
-        self.slice.try_slice(offset..offset.checked_add(len)?)
+        self.inner
+            .as_ref()?
+            .slice
+            .try_slice(offset..offset.checked_add(len)?)
     }
 
-    /// Copy `len` bytes at `offset` back to the host (for checks).
+    /// Copy `len` bytes at `offset` back to the host (for checks). The
+    /// calling thread's current context is left as it was.
     pub fn read_back(&self, offset: usize, len: usize) -> Result<Vec<u8>, String> {
-        let view = self
+        let inner = self.inner.as_ref().ok_or("the arena was freed")?;
+        let view = inner
             .slice
             .try_slice(offset..offset.saturating_add(len))
             .ok_or_else(|| "range outside the arena".to_owned())?;
-        self.stream.clone_dtoh(&view).map_err(|e| e.to_string())
+        let _keep = KeepCurrent::new();
+        guarded(|| inner.stream.clone_dtoh(&view).map_err(text))
     }
+}
+
+/// Keeps the calling thread's current CUDA context: cudarc binds a
+/// context to the thread in most calls; the caller's (or none) is put
+/// back when this is dropped.
+pub(crate) struct KeepCurrent(Option<sys::CUcontext>);
+
+impl KeepCurrent {
+    pub(crate) fn new() -> Self {
+        // Before cuInit there is no current context, and the call fails.
+        KeepCurrent(guarded(|| result::ctx::get_current().map_err(text)).unwrap_or(None))
+    }
+}
+
+impl Drop for KeepCurrent {
+    fn drop(&mut self) {
+        let ctx = self.0.unwrap_or(std::ptr::null_mut());
+        let _ = guarded(|| {
+            let now = result::ctx::get_current().map_err(text)?;
+            if now.unwrap_or(std::ptr::null_mut()) != ctx {
+                // SAFETY: `ctx` is null (no current context) or the context
+                // that was current on this thread when the guard was made;
+                // the caller keeps it alive across our call.
+                unsafe { result::ctx::set_current(ctx) }.map_err(text)?;
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Make `ctx` the calling thread's current context, whatever errors
+/// cudarc has recorded on it.
+pub(crate) fn make_current(ctx: &CudaContext) -> Result<(), String> {
+    // SAFETY: `ctx` is alive (borrowed) and its context handle is valid
+    // until it is dropped.
+    unsafe { result::ctx::set_current(ctx.cu_ctx()) }.map_err(text)
+}
+
+/// A driver error in words: the driver's description and its name
+/// ("out of memory (CUDA_ERROR_OUT_OF_MEMORY)").
+pub(crate) fn text(e: result::DriverError) -> String {
+    match (e.error_string(), e.error_name()) {
+        (Ok(what), Ok(name)) => format!("{} ({})", what.to_string_lossy(), name.to_string_lossy()),
+        _ => format!("{:?}", e.0),
+    }
+}
+
+/// Run driver calls, turning a panic in cudarc (a driver symbol missing
+/// from the library, an unexpected state) into an error.
+pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let text = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "the CUDA driver binding panicked".into());
+        Err(text)
+    })
 }
 
 /// Why an upload failed.
@@ -101,76 +210,134 @@ pub(crate) enum UploadError {
     Driver(String),
 }
 
-fn driver(e: impl std::fmt::Display) -> UploadError {
-    UploadError::Driver(e.to_string())
-}
-
-/// Allocate `total` bytes on `gpu`.
+/// Allocate `total` bytes on `gpu` (the caller keeps its current context).
 pub(crate) fn allocate(gpu: &Gpu, total: usize) -> Result<Arena, UploadError> {
-    let ctx = gpu.context();
-    let stream = ctx.new_stream().map_err(driver)?;
-    // SAFETY: the arena is uninitialized device memory; every byte a tensor
-    // can reach is written by `upload` before the arena is handed out, and
-    // padding between storages is never read as tensor data.
-    let slice = unsafe { stream.alloc::<u8>(total.max(1)) }.map_err(|e| {
-        if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
-            UploadError::OutOfMemory(e.to_string())
-        } else {
-            driver(e)
+    let ctx = gpu.context().map_err(UploadError::Driver)?;
+    let _keep = KeepCurrent::new();
+    let inner = guarded(|| {
+        let stream = ctx.new_stream().map_err(text)?;
+        // SAFETY: the arena is uninitialized device memory; every byte a
+        // tensor can reach is written by `upload` before the arena is handed
+        // out, and padding between storages is never read as tensor data.
+        match unsafe { stream.alloc::<u8>(total.max(1)) } {
+            Ok(slice) => {
+                stream.synchronize().map_err(text)?;
+                Ok(Ok(ArenaInner { slice, stream }))
+            }
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
+                Ok(Err(UploadError::OutOfMemory(text(e))))
+            }
+            Err(e) => Err(text(e)),
         }
-    })?;
-    stream.synchronize().map_err(driver)?;
-    Ok(Arena { slice, stream })
+    })
+    .map_err(UploadError::Driver)??;
+    let ptr = {
+        let (ptr, _record) = inner.slice.device_ptr(&inner.stream);
+        ptr
+    };
+    Ok(Arena {
+        ptr,
+        len: inner.slice.len(),
+        ordinal: gpu.ordinal,
+        inner: Some(inner),
+    })
 }
 
-struct Chunk {
-    upload: usize,
-    start: usize,
-    len: usize,
+/// The pinned staging one device's upload uses: no more than the work
+/// needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pool {
+    /// Bytes per buffer: a multiple of 16, so each buffer holds whole
+    /// elements of every dtype and is swapped on its own correctly.
+    pub(crate) buffer: usize,
+    /// Worker threads, each with its own stream.
+    pub(crate) workers: usize,
+    /// Buffers per worker: two (one filling while the other copies) when
+    /// a worker has more than one run to copy.
+    pub(crate) buffers: usize,
+    /// Runs of at most `buffer` bytes: one copy each.
+    pub(crate) runs: usize,
 }
 
-/// Copy every upload into `arena` on `gpu`, in parallel streams.
+impl Pool {
+    pub(crate) fn for_work(staging: &Staging, bytes: usize) -> Pool {
+        let most = staging.buffer_bytes.max(4096) / 16 * 16;
+        let buffer = most.min(bytes.div_ceil(4096).max(1) * 4096);
+        let runs = bytes.div_ceil(buffer);
+        let workers = staging.streams_per_device.clamp(1, runs.max(1));
+        let buffers = if runs > workers { 2 } else { 1 };
+        Pool {
+            buffer,
+            workers,
+            buffers,
+            runs,
+        }
+    }
+
+    /// Pinned bytes this pool holds.
+    #[cfg(test)]
+    pub(crate) fn pinned_bytes(&self) -> usize {
+        self.buffer
+            .saturating_mul(self.buffers)
+            .saturating_mul(self.workers)
+    }
+}
+
+/// What one device's upload did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Copied {
+    /// Host-to-device copies queued.
+    pub(crate) copies: usize,
+    /// Pinned staging bytes allocated (pageable buffers are not counted).
+    pub(crate) pinned: usize,
+}
+
+/// Copy every upload into `arena` on `gpu`: the arena's bytes are cut into
+/// runs of the staging size, each filled from every upload it covers and
+/// copied at once, on parallel streams. `uploads` are in arena order and
+/// do not overlap.
 pub(crate) fn upload(
     gpu: &Gpu,
     arena: &Arena,
     uploads: &[Upload<'_>],
     staging: &Staging,
     progress: Option<&(dyn Fn(u64) + Send + Sync)>,
-) -> Result<(), UploadError> {
-    // Chunks hold whole elements of every dtype (16 bytes is the largest
-    // swap unit's multiple), so each is swapped on its own correctly.
-    let buffer = staging.buffer_bytes.max(4096) / 16 * 16;
-    let chunks: Vec<Chunk> = uploads
+) -> Result<Copied, UploadError> {
+    let end = uploads
         .iter()
-        .enumerate()
-        .flat_map(|(i, u)| {
-            (0..u.bytes.len()).step_by(buffer).map(move |start| Chunk {
-                upload: i,
-                start,
-                len: buffer.min(u.bytes.len() - start),
-            })
-        })
-        .collect();
-    if chunks.is_empty() {
-        return Ok(());
+        .map(|u| u.arena_offset.saturating_add(u.bytes.len()))
+        .max()
+        .unwrap_or(0);
+    if end == 0 {
+        return Ok(Copied::default());
     }
-    let base = arena.device_ptr();
+    if end > arena.len() {
+        return Err(UploadError::Driver(format!(
+            "uploads reach byte {end} of a {}-byte arena",
+            arena.len()
+        )));
+    }
+    let pool = Pool::for_work(staging, end);
+    let ctx = gpu.context().map_err(UploadError::Driver)?;
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
+    let copies = AtomicUsize::new(0);
+    let pinned = AtomicUsize::new(0);
     let error: Mutex<Option<String>> = Mutex::new(None);
-    let workers = staging.streams_per_device.clamp(1, chunks.len());
     let shared = Shared {
-        gpu,
-        base,
+        ctx,
+        base: arena.device_ptr(),
+        end,
         uploads,
-        chunks: &chunks,
+        pool,
         next: &next,
         failed: &failed,
-        buffer,
+        copies: &copies,
+        pinned: &pinned,
         progress,
     };
     std::thread::scope(|scope| {
-        for _ in 0..workers {
+        for _ in 0..pool.workers {
             scope.spawn(|| {
                 if let Err(e) = worker(&shared) {
                     failed.store(true, Ordering::Relaxed);
@@ -183,23 +350,28 @@ pub(crate) fn upload(
     });
     match error.into_inner().ok().flatten() {
         Some(e) => Err(UploadError::Driver(e)),
-        None => Ok(()),
+        None => Ok(Copied {
+            copies: copies.into_inner(),
+            pinned: pinned.into_inner(),
+        }),
     }
 }
 
 /// What every worker of one device's upload shares.
 struct Shared<'s, 'a> {
-    gpu: &'s Gpu,
+    ctx: &'s Arc<CudaContext>,
     /// Device address of the arena.
     base: u64,
+    /// Bytes of the arena the uploads reach.
+    end: usize,
     uploads: &'s [Upload<'a>],
-    chunks: &'s [Chunk],
-    /// Next chunk to take.
+    pool: Pool,
+    /// Next run to take.
     next: &'s AtomicUsize,
     /// Set by a failing worker so the others stop.
     failed: &'s AtomicBool,
-    /// Bytes per pinned buffer.
-    buffer: usize,
+    copies: &'s AtomicUsize,
+    pinned: &'s AtomicUsize,
     progress: Option<&'s (dyn Fn(u64) + Send + Sync)>,
 }
 
@@ -214,93 +386,234 @@ enum Buffer {
 impl Buffer {
     fn as_mut_slice(&mut self) -> Result<&mut [u8], String> {
         match self {
-            Buffer::Pinned(p) => p.as_mut_slice().map_err(|e| e.to_string()),
+            Buffer::Pinned(p) => p.as_mut_slice().map_err(text),
             Buffer::Pageable(v) => Ok(v),
         }
     }
 }
 
+/// One staging buffer, the event guarding its reuse, and the bytes of the
+/// copy out of it not yet known to be done.
+struct Slot {
+    buffer: Buffer,
+    event: CudaEvent,
+    pending: u64,
+}
+
 fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
-    let ctx = shared.gpu.context();
-    ctx.bind_to_thread().map_err(|e| e.to_string())?;
-    let stream = ctx.new_stream().map_err(|e| e.to_string())?;
-    let mut buffers = Vec::with_capacity(2);
-    let mut events: Vec<CudaEvent> = Vec::with_capacity(2);
-    for _ in 0..2 {
-        // SAFETY: page-locked host memory, uninitialized; only the bytes a
-        // chunk writes are ever passed to a copy. PORTABLE makes it usable
-        // from every context, not write-combined so staging reads stay fast.
-        let pinned = unsafe {
-            ctx.alloc_pinned_with_flags::<u8>(shared.buffer, sys::CU_MEMHOSTALLOC_PORTABLE)
-        };
-        buffers.push(match pinned {
-            Ok(p) => Buffer::Pinned(p),
-            // Fewer pinned bytes than asked for: pageable copies instead.
-            Err(_) => Buffer::Pageable(vec![0; shared.buffer]),
+    let ctx = shared.ctx;
+    guarded(|| ctx.bind_to_thread().map_err(text))?;
+    let stream = guarded(|| ctx.new_stream().map_err(text))?;
+    let mut slots = Vec::with_capacity(shared.pool.buffers);
+    for _ in 0..shared.pool.buffers {
+        let buffer = guarded(|| {
+            // SAFETY: page-locked host memory, uninitialized; only the bytes
+            // a run writes are ever passed to a copy. PORTABLE makes it
+            // usable from every context, not write-combined so staging reads
+            // stay fast.
+            let pinned = unsafe {
+                ctx.alloc_pinned_with_flags::<u8>(shared.pool.buffer, sys::CU_MEMHOSTALLOC_PORTABLE)
+            };
+            Ok(match pinned {
+                Ok(p) => {
+                    shared
+                        .pinned
+                        .fetch_add(shared.pool.buffer, Ordering::Relaxed);
+                    Buffer::Pinned(p)
+                }
+                // Fewer pinned bytes than asked for: pageable copies instead.
+                Err(_) => Buffer::Pageable(vec![0; shared.pool.buffer]),
+            })
+        })?;
+        // Blocking: a thread waiting for a copy sleeps instead of spinning
+        // on a core the other workers need for staging.
+        let event = guarded(|| {
+            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+                .map_err(text)
+        })?;
+        slots.push(Slot {
+            buffer,
+            event,
+            pending: 0,
         });
-        events.push(ctx.new_event(None).map_err(|e| e.to_string())?);
     }
-    let result = copy_chunks(shared, &stream, &mut buffers, &events);
+    let result = guarded(|| copy_runs(shared, &stream, &mut slots));
     // Whatever happened, the copies already queued finish before their
-    // buffers (and, for the caller, the arena) can be freed.
-    let waited = stream.synchronize().map_err(|e| e.to_string());
+    // buffers (and, for the caller, the arena) can be freed. The driver
+    // is asked directly: after a fault cudarc answers with the recorded
+    // error without waiting.
+    let waited = guarded(|| {
+        make_current(ctx)?;
+        // Every wait runs, whatever the ones before it answered.
+        let mut first = Ok(());
+        for slot in &slots {
+            // SAFETY: the event is alive (owned by `slots`).
+            let r = unsafe { result::event::synchronize(slot.event.cu_event()) }.map_err(text);
+            first = first.and(r);
+        }
+        // SAFETY: the stream is alive (owned by this worker).
+        let r = unsafe { result::stream::synchronize(stream.cu_stream()) }.map_err(text);
+        first.and(r)
+    });
+    if result.is_ok() && waited.is_ok() {
+        if let Some(p) = shared.progress {
+            for slot in &slots {
+                if slot.pending > 0 {
+                    p(slot.pending);
+                }
+            }
+        }
+    }
     result.and(waited)
 }
 
-/// Take chunks until none is left (or another worker failed): fill a
-/// staging buffer from the source, swap it to host order, queue its copy.
-fn copy_chunks(
+/// Take runs until none is left (or another worker failed): fill a
+/// staging buffer from every upload the run covers, swapped to host
+/// order, and queue one copy for it.
+fn copy_runs(
     shared: &Shared<'_, '_>,
     stream: &Arc<CudaStream>,
-    buffers: &mut [Buffer],
-    events: &[CudaEvent],
+    slots: &mut [Slot],
 ) -> Result<(), String> {
+    let buffer = shared.pool.buffer;
     let mut turn = 0usize;
-    let mut recorded = [false, false];
     while !shared.failed.load(Ordering::Relaxed) {
-        let i = shared.next.fetch_add(1, Ordering::Relaxed);
-        let Some(chunk) = shared.chunks.get(i) else {
+        let run = shared.next.fetch_add(1, Ordering::Relaxed);
+        let start = run.saturating_mul(buffer);
+        if start >= shared.end {
             break;
+        }
+        let len = buffer.min(shared.end - start);
+        let slot_count = slots.len().max(1);
+        let Some(slot) = slots.get_mut(turn % slot_count) else {
+            return Err("no staging buffer".into());
         };
-        let up = shared
-            .uploads
-            .get(chunk.upload)
-            .ok_or_else(|| format!("chunk {i} of no upload"))?;
-        let slot = turn % 2;
         turn += 1;
-        let (Some(buf), Some(event)) = (buffers.get_mut(slot), events.get(slot)) else {
-            return Err("staging slot".into());
-        };
-        if recorded.get(slot).copied().unwrap_or(false) {
-            // The previous copy out of this buffer must be done before refilling it.
-            event.synchronize().map_err(|e| e.to_string())?;
+        if slot.pending > 0 {
+            // The previous copy out of this buffer must be done before
+            // refilling it; its bytes are now on the device.
+            slot.event.synchronize().map_err(text)?;
+            if let Some(p) = shared.progress {
+                p(slot.pending);
+            }
+            slot.pending = 0;
         }
-        let host = buf.as_mut_slice()?;
-        let (Some(dst), Some(src)) = (
-            host.get_mut(..chunk.len),
-            up.bytes.get(chunk.start..chunk.start + chunk.len),
-        ) else {
-            return Err("chunk outside its buffer".into());
-        };
-        dst.copy_from_slice(src);
-        up.order.to_host(dst, up.unit);
-        let offset =
-            u64::try_from(up.arena_offset + chunk.start).map_err(|_| "offset".to_owned())?;
-        // SAFETY: the destination range [base + offset, + len) lies inside the
-        // arena (laid out by the caller to hold every upload) and no two
-        // chunks overlap; the arena outlives the copy because the worker
-        // synchronizes its stream before returning, on every path; the
-        // staging source is not written again until `event` (recorded right
-        // after) completes.
-        unsafe { result::memcpy_htod_async(shared.base + offset, &*dst, stream.cu_stream()) }
-            .map_err(|e| e.to_string())?;
-        event.record(stream).map_err(|e| e.to_string())?;
-        if let Some(r) = recorded.get_mut(slot) {
-            *r = true;
-        }
-        if let Some(p) = shared.progress {
-            p(chunk.len as u64);
-        }
+        let host = slot
+            .buffer
+            .as_mut_slice()?
+            .get_mut(..len)
+            .ok_or("run longer than its buffer")?;
+        fill(shared.uploads, start, host)?;
+        let offset = u64::try_from(start).map_err(|_| "offset".to_owned())?;
+        // SAFETY: [base + start, + len) lies inside the arena (the caller
+        // checked that the uploads end within it) and runs do not overlap;
+        // the arena outlives the copy because the worker waits for its
+        // stream before returning, on every path; the staging source is not
+        // written again until `event` (recorded right after) completes.
+        unsafe { result::memcpy_htod_async(shared.base + offset, &*host, stream.cu_stream()) }
+            .map_err(text)?;
+        shared.copies.fetch_add(1, Ordering::Relaxed);
+        slot.event.record(stream).map_err(text)?;
+        slot.pending = len as u64;
     }
     Ok(())
+}
+
+/// Fill `run` (the arena's bytes from `start`) from the uploads it covers,
+/// each swapped to host order; the padding between them is zeroed.
+fn fill(uploads: &[Upload<'_>], start: usize, run: &mut [u8]) -> Result<(), String> {
+    let end = start + run.len();
+    // The first upload ending after `start`.
+    let first = uploads.partition_point(|u| u.arena_offset + u.bytes.len() <= start);
+    let mut at = start;
+    for up in uploads.get(first..).unwrap_or(&[]) {
+        if up.arena_offset >= end {
+            break;
+        }
+        let from = up.arena_offset.max(start);
+        let to = (up.arena_offset + up.bytes.len()).min(end);
+        if let Some(gap) = run.get_mut(at - start..from - start) {
+            gap.fill(0);
+        }
+        let (Some(dst), Some(src)) = (
+            run.get_mut(from - start..to - start),
+            up.bytes.get(from - up.arena_offset..to - up.arena_offset),
+        ) else {
+            return Err("upload outside its run".into());
+        };
+        dst.copy_from_slice(src);
+        // Upload offsets and run starts are multiples of 16, so `dst`
+        // starts on an element boundary of the upload.
+        up.order.to_host(dst, up.unit);
+        at = to;
+    }
+    if let Some(tail) = run.get_mut(at - start..) {
+        tail.fill(0);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_is_no_larger_than_the_work() {
+        let staging = Staging::default();
+        let tiny = Pool::for_work(&staging, 232);
+        assert_eq!(
+            (tiny.buffer, tiny.workers, tiny.buffers, tiny.runs),
+            (4096, 1, 1, 1)
+        );
+        assert_eq!(tiny.pinned_bytes(), 4096);
+        let mid = Pool::for_work(&staging, 40 << 20);
+        assert_eq!(
+            (mid.buffer, mid.workers, mid.buffers, mid.runs),
+            (32 << 20, 2, 1, 2)
+        );
+        let big = Pool::for_work(&staging, 2 << 30);
+        assert_eq!((big.workers, big.buffers, big.runs), (4, 2, 64));
+        assert_eq!(big.pinned_bytes(), staging.pinned_bytes());
+        // A configured size that is not a multiple of 16 is rounded down.
+        let odd = Staging {
+            buffer_bytes: 4102 * 3,
+            streams_per_device: 3,
+        };
+        assert_eq!(Pool::for_work(&odd, 1 << 20).buffer % 16, 0);
+    }
+
+    #[test]
+    fn a_run_gathers_every_storage_it_covers_swapped_with_zeroed_padding() {
+        let a: Vec<u8> = (1..=6).collect();
+        let b: Vec<u8> = vec![0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88];
+        let uploads = [
+            Upload {
+                bytes: &a,
+                order: ByteOrder::HOST,
+                unit: 1,
+                arena_offset: 0,
+            },
+            Upload {
+                bytes: &b,
+                order: if cfg!(target_endian = "little") {
+                    ByteOrder::Big
+                } else {
+                    ByteOrder::Little
+                },
+                unit: 4,
+                arena_offset: 16,
+            },
+        ];
+        let mut run = vec![0xEE; 32];
+        fill(&uploads, 0, &mut run).expect("fill");
+        let mut want = vec![0u8; 32];
+        want[..6].copy_from_slice(&a);
+        want[16..24].copy_from_slice(&[0x44, 0x33, 0x22, 0x11, 0x88, 0x77, 0x66, 0x55]);
+        assert_eq!(run, want);
+        // A run that starts inside the second upload takes its tail only.
+        let mut tail = vec![0xEE; 16];
+        fill(&uploads, 16, &mut tail).expect("fill");
+        assert_eq!(&tail[..8], &want[16..24]);
+        assert!(tail[8..].iter().all(|&x| x == 0));
+    }
 }

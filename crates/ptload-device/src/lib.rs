@@ -58,3 +58,7 @@ pub use load::{
     Placed,
 };
 pub use probe::{device_count, probe, Gpu, Gpus};
+
+/// The CUDA binding ptload uses, for engines that launch work on the
+/// buffers it fills (same version, so its types match).
+pub use cudarc;

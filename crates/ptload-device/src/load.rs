@@ -15,7 +15,7 @@ use ptload_reader::placement::{Device, Plan};
 use ptload_reader::state_dict::Selected;
 use ptload_reader::{ByteOrder, Checkpoint, DType, Element, TensorInfo};
 
-use crate::cuda::{self, Arena, Staging, Upload, UploadError};
+use crate::cuda::{self, Arena, Copied, Staging, Upload, UploadError};
 use crate::probe::{Gpu, Gpus};
 
 pub use ptload_reader::export::Progress;
@@ -199,6 +199,11 @@ pub struct DeviceReport {
     pub bytes: u64,
     /// Seconds spent copying to it (0 for the host and meta).
     pub seconds: f64,
+    /// Host-to-device copies made (each at most the staging buffer size;
+    /// many small storages share one).
+    pub copies: usize,
+    /// Page-locked staging bytes allocated for it.
+    pub pinned_bytes: usize,
 }
 
 /// The result of a load: the checkpoint, every placed storage, and the
@@ -368,6 +373,13 @@ fn strict_message(gpus: &Gpus, ordinal: u32) -> String {
     }
 }
 
+/// What one device's upload took.
+struct DeviceWork {
+    ordinal: u32,
+    seconds: f64,
+    copied: Copied,
+}
+
 /// Load the `selection` of `ckpt` where `plan` says. The result shares
 /// `ckpt`: host storages that need no change stay slices of its map.
 pub fn load(
@@ -382,7 +394,7 @@ pub fn load(
         check_strict(&ckpt, selection, plan, gpus)?;
     }
     let (mut sources, mut tensors) = resolve(&ckpt, selection, plan, gpus, opts)?;
-    let (mut placed, seconds_per_device) = upload_all(&ckpt, &mut sources, gpus, opts)?;
+    let (mut placed, work) = upload_all(&ckpt, &mut sources, gpus, opts)?;
 
     // Everything else: the host (swapped into an owned copy if needed), or meta.
     let mut storages = Vec::with_capacity(sources.len());
@@ -420,7 +432,7 @@ pub fn load(
             t.fallback.clone_from(&s.fallback);
         }
     }
-    let devices = reports(&tensors, &storages, &seconds_per_device);
+    let devices = reports(&tensors, &storages, &work);
     let by_name = tensors
         .iter()
         .enumerate()
@@ -446,12 +458,30 @@ fn check_strict(
     for s in selection {
         let t = tensor(ckpt, s)?;
         if let Device::Cuda(i) = plan.tensor_target(t.info()) {
-            if gpus.get(i).is_none() {
-                return Err(LoadError::Strict(strict_message(gpus, i)));
+            match gpus.get(i) {
+                None => return Err(LoadError::Strict(strict_message(gpus, i))),
+                Some(gpu) => {
+                    gpu.context().map_err(LoadError::Strict)?;
+                }
             }
         }
     }
     Ok(())
+}
+
+/// The device `cuda:ordinal`, opened; or why a tensor planned there goes
+/// to the host instead.
+fn usable(gpus: &Gpus, ordinal: u32) -> Result<&Gpu, String> {
+    let Some(gpu) = gpus.get(ordinal) else {
+        return Err(match gpus {
+            Gpus::Devices(d) if !d.is_empty() => {
+                format!("cuda:{ordinal} does not exist ({} CUDA device(s))", d.len())
+            }
+            _ => gpus.why_none(),
+        });
+    };
+    gpu.context()?;
+    Ok(gpu)
 }
 
 fn tensor<'c>(
@@ -488,15 +518,10 @@ fn resolve(
         let info = view.info();
         let target = plan.tensor_target(info);
         let (device, fallback) = match target {
-            Device::Cuda(i) if gpus.get(i).is_none() => (
-                Device::Host,
-                Some(match gpus {
-                    Gpus::Devices(d) if !d.is_empty() => {
-                        format!("cuda:{i} does not exist ({} CUDA device(s))", d.len())
-                    }
-                    _ => gpus.why_none(),
-                }),
-            ),
+            Device::Cuda(i) => match usable(gpus, i) {
+                Ok(_) => (target, None),
+                Err(why) => (Device::Host, Some(why)),
+            },
             other => (other, None),
         };
         let convert = ptload_reader::convert::target(info.dtype, opts.dtype);
@@ -609,7 +634,7 @@ fn upload_all(
     sources: &mut [Source],
     gpus: &Gpus,
     opts: &LoadOptions,
-) -> Result<(Vec<Option<Placed>>, Vec<(u32, f64)>), LoadError> {
+) -> Result<(Vec<Option<Placed>>, Vec<DeviceWork>), LoadError> {
     let mut placed: Vec<Option<Placed>> = (0..sources.len()).map(|_| None).collect();
     let mut members_of: HashMap<u32, Vec<usize>> = HashMap::new();
     for (k, s) in sources.iter().enumerate() {
@@ -647,7 +672,7 @@ fn upload_all(
         }
         uploads_per_device.push(uploads);
     }
-    let results: Vec<(u32, Result<(), UploadError>, f64)> = std::thread::scope(|scope| {
+    let results: Vec<(u32, Result<Copied, UploadError>, f64)> = std::thread::scope(|scope| {
         let handles: Vec<_> = prepared
             .iter()
             .zip(&uploads_per_device)
@@ -673,14 +698,18 @@ fn upload_all(
             .collect()
     });
     drop(uploads_per_device);
-    let mut seconds_per_device = Vec::with_capacity(results.len());
+    let mut work = Vec::with_capacity(results.len());
     for (ordinal, result, seconds) in results {
-        result.map_err(|e| match e {
+        let copied = result.map_err(|e| match e {
             UploadError::OutOfMemory(message) | UploadError::Driver(message) => {
                 LoadError::Cuda { ordinal, message }
             }
         })?;
-        seconds_per_device.push((ordinal, seconds));
+        work.push(DeviceWork {
+            ordinal,
+            seconds,
+            copied,
+        });
     }
     for (ordinal, _, arena, members, offsets) in prepared {
         let arena = Arc::new(arena);
@@ -696,7 +725,7 @@ fn upload_all(
             }
         }
     }
-    Ok((placed, seconds_per_device))
+    Ok((placed, work))
 }
 
 /// One arena for `members` on `gpu`; when the device lacks the memory, the
@@ -724,7 +753,11 @@ fn allocate(
         Err(UploadError::Driver(message)) => Err(LoadError::Cuda { ordinal, message }),
         Err(UploadError::OutOfMemory(_)) => {
             // Keep what fits in the free memory, in order.
-            let free = gpu.context().mem_get_info().map(|(f, _)| f).unwrap_or(0);
+            let free = gpu
+                .free_memory()
+                .ok()
+                .and_then(|f| usize::try_from(f).ok())
+                .unwrap_or(0);
             let budget = free.saturating_sub(free / 20);
             let fits = offsets
                 .iter()
@@ -758,7 +791,7 @@ fn allocate(
 fn reports(
     tensors: &[LoadedTensor],
     storages: &[Placed],
-    seconds_per_device: &[(u32, f64)],
+    work: &[DeviceWork],
 ) -> Vec<DeviceReport> {
     let mut devices: Vec<DeviceReport> = Vec::new();
     for t in tensors {
@@ -769,6 +802,8 @@ fn reports(
                 tensors: 1,
                 bytes: 0,
                 seconds: 0.0,
+                copies: 0,
+                pinned_bytes: 0,
             }),
         }
     }
@@ -782,12 +817,14 @@ fn reports(
             d.bytes += len;
         }
     }
-    for &(ordinal, seconds) in seconds_per_device {
+    for w in work {
         if let Some(d) = devices
             .iter_mut()
-            .find(|d| d.device == Device::Cuda(ordinal))
+            .find(|d| d.device == Device::Cuda(w.ordinal))
         {
-            d.seconds = seconds;
+            d.seconds = w.seconds;
+            d.copies = w.copied.copies;
+            d.pinned_bytes = w.copied.pinned;
         }
     }
     devices.sort_by_key(|d| d.device);

@@ -1,8 +1,12 @@
-//! Which CUDA devices this machine has, without ever panicking.
+//! Which CUDA devices this machine has, without ever panicking, and
+//! without opening a context on any of them: a device's context is opened
+//! the first time a load places something there.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::CudaContext;
+use cudarc::driver::{result, sys, CudaContext};
+
+use crate::cuda::{guarded, text, KeepCurrent};
 
 /// A CUDA device that can receive storages.
 #[derive(Debug, Clone)]
@@ -13,9 +17,24 @@ pub struct Gpu {
     pub name: String,
     /// Total memory, bytes.
     pub total: u64,
-    /// Free memory when probed, bytes.
-    pub free: u64,
-    pub(crate) ctx: Arc<CudaContext>,
+    ctx: Arc<OnceLock<Result<Context, String>>>,
+}
+
+/// A context ptload holds. Releasing the last reference to a primary
+/// context makes cudarc bind it to the releasing thread first; this does
+/// it without changing the thread's current context.
+#[derive(Debug)]
+struct Context(Option<Arc<CudaContext>>);
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        let _keep = KeepCurrent::new();
+        let ctx = self.0.take();
+        let _ = guarded(move || {
+            drop(ctx);
+            Ok(())
+        });
+    }
 }
 
 /// What the machine offers for CUDA placement.
@@ -30,10 +49,42 @@ pub enum Gpus {
 }
 
 impl Gpu {
-    /// The device's CUDA context (the primary context), for embedders that
-    /// run their own work on the buffers ptload fills.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+    /// The device's primary context, retained the first time it is asked
+    /// for (by this call or by a load that places something here). The
+    /// calling thread's current context is left as it was. An error says
+    /// why the device cannot be opened (busy, in exclusive use, failed).
+    pub fn context(&self) -> Result<&Arc<CudaContext>, String> {
+        let opened = self.ctx.get_or_init(|| {
+            let _keep = KeepCurrent::new();
+            let ordinal = usize::try_from(self.ordinal).map_err(|_| "device ordinal".to_owned())?;
+            guarded(|| {
+                CudaContext::new(ordinal)
+                    .map(|c| Context(Some(c)))
+                    .map_err(text)
+            })
+        });
+        match opened {
+            Ok(Context(Some(ctx))) => Ok(ctx),
+            Ok(Context(None)) => Err("the context was released".into()),
+            Err(why) => Err(format!("cuda:{} could not be opened: {why}", self.ordinal)),
+        }
+    }
+
+    /// Free memory now, bytes (opens the device's context).
+    pub fn free_memory(&self) -> Result<u64, String> {
+        let ctx = self.context()?;
+        let _keep = KeepCurrent::new();
+        guarded(|| {
+            ctx.mem_get_info()
+                .map(|(free, _)| free as u64)
+                .map_err(|e| format!("cuda:{}: {}", self.ordinal, text(e)))
+        })
+    }
+
+    /// Whether ptload holds this device's context (a load placed something
+    /// here, or [`Gpu::context`] was called).
+    pub fn is_open(&self) -> bool {
+        matches!(self.ctx.get(), Some(Ok(_)))
     }
 }
 
@@ -51,7 +102,7 @@ impl Gpus {
         match self {
             Gpus::NoDriver => "no CUDA driver on this machine".into(),
             Gpus::Unusable(why) => format!("the CUDA driver is unusable: {why}"),
-            Gpus::Devices(d) if d.is_empty() => "the CUDA driver reports no device".into(),
+            Gpus::Devices(d) if d.is_empty() => "no CUDA device (the driver reports none)".into(),
             Gpus::Devices(d) => format!("{} CUDA device(s)", d.len()),
         }
     }
@@ -60,63 +111,77 @@ impl Gpus {
     pub fn get(&self, ordinal: u32) -> Option<&Gpu> {
         self.devices().iter().find(|g| g.ordinal == ordinal)
     }
-}
 
-/// Run a driver call, turning the panic cudarc raises when a driver symbol
-/// cannot be loaded into an error.
-fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let text = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "the driver library panicked".into());
-        Err(text)
-    })
+    /// The devices of contexts the caller already holds (an engine that
+    /// runs its own CUDA work): a load places storages in these contexts,
+    /// and each device keeps the ordinal its context reports.
+    pub fn from_contexts(contexts: impl IntoIterator<Item = Arc<CudaContext>>) -> Gpus {
+        let mut gpus = Vec::new();
+        for ctx in contexts {
+            let Ok(ordinal) = u32::try_from(ctx.ordinal()) else {
+                continue;
+            };
+            let _keep = KeepCurrent::new();
+            let name =
+                guarded(|| ctx.name().map_err(text)).unwrap_or_else(|_| "CUDA device".into());
+            let total = guarded(|| ctx.total_mem().map_err(text)).unwrap_or(0);
+            let cell = OnceLock::new();
+            let _ = cell.set(Ok(Context(Some(ctx))));
+            gpus.push(Gpu {
+                ordinal,
+                name,
+                total: total as u64,
+                ctx: Arc::new(cell),
+            });
+        }
+        Gpus::Devices(gpus)
+    }
 }
 
 /// Number of CUDA devices, without creating contexts; 0 when there is no
 /// usable driver. Never panics.
 pub fn device_count() -> usize {
-    if !driver_present() {
-        return 0;
+    match probe() {
+        Gpus::Devices(d) => d.len(),
+        _ => 0,
     }
-    guarded(|| CudaContext::device_count().map_err(|e| e.to_string()))
-        .ok()
-        .and_then(|n| usize::try_from(n).ok())
-        .unwrap_or(0)
 }
 
 #[allow(unsafe_code)]
-fn driver_present() -> bool {
+pub(crate) fn driver_present() -> bool {
     // SAFETY: is_culib_present only tries to open the driver library by its
     // usual names (dlopen) and drops it; it calls no driver function.
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-/// Probe every device: create its context and read its memory. Never panics.
+/// The machine's devices: their names and memory, read without opening a
+/// context on any of them (a load opens the contexts of the devices it
+/// places storages on, and only those). Never panics.
 pub fn probe() -> Gpus {
     if !driver_present() {
         return Gpus::NoDriver;
     }
     let result = guarded(|| {
-        let n = match CudaContext::device_count() {
-            Ok(n) => n,
+        match result::init() {
+            Ok(()) => {}
             // A driver with no device says so from cuInit: that is "no
             // device", not an unusable driver.
-            Err(e) if e.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => 0,
-            Err(e) => return Err(e.to_string()),
-        };
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => return Ok(Vec::new()),
+            Err(e) => return Err(text(e)),
+        }
+        let n = result::device::get_count().map_err(text)?;
         let mut gpus = Vec::new();
-        for i in 0..usize::try_from(n).unwrap_or(0) {
-            let ctx = CudaContext::new(i).map_err(|e| format!("cuda:{i}: {e}"))?;
-            let (free, total) = ctx.mem_get_info().map_err(|e| format!("cuda:{i}: {e}"))?;
+        for i in 0..n.max(0) {
+            let dev = result::device::get(i).map_err(|e| format!("cuda:{i}: {}", text(e)))?;
+            let name = result::device::get_name(dev).unwrap_or_else(|_| "CUDA device".into());
+            // SAFETY: `dev` was returned by cuDeviceGet just above.
+            #[allow(unsafe_code)]
+            let total = unsafe { result::device::total_mem(dev) }.unwrap_or(0);
             gpus.push(Gpu {
                 ordinal: u32::try_from(i).map_err(|_| "device ordinal".to_owned())?,
-                name: ctx.name().unwrap_or_else(|_| "CUDA device".into()),
+                name,
                 total: total as u64,
-                free: free as u64,
-                ctx,
+                ctx: Arc::new(OnceLock::new()),
             });
         }
         Ok(gpus)
