@@ -401,6 +401,94 @@ fn load_json_reports_every_tensor_and_its_fallback() {
     assert!(doc["seconds"].as_f64().is_some());
 }
 
+/// `load --hash` reads every tensor back from where it landed and hashes
+/// its elements as `inspect --hash` hashes the file's: the same digests,
+/// tensor for tensor. `device` is where every tensor with data must be.
+fn load_hashes_equal_inspect_hashes(map_location: &str, device: &str) {
+    let mut checked = 0;
+    for name in [
+        "basic.pt",
+        "views.pt",
+        "bigendian.pt",
+        "conj_neg.pt",
+        "dtypes.pt",
+        "multi_gpu.pt",
+        "legacy.pt",
+        "quantized.pt",
+        "sparse.pt",
+        "meta.pt",
+    ] {
+        let path = fixture(name);
+        let out = ptload(&[
+            "load",
+            "--json",
+            "--hash",
+            "--map-location",
+            map_location,
+            &path,
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", stderr(&out));
+        let loaded: Json = serde_json::from_str(&stdout(&out)).expect("json");
+        let inspected = inspect_json(name, &["--hash"]);
+        let want: std::collections::HashMap<&str, &Json> = inspected["tensors"]
+            .as_array()
+            .expect("tensors")
+            .iter()
+            .map(|t| (t["name"].as_str().expect("name"), &t["sha256"]))
+            .collect();
+        for t in loaded["tensors"].as_array().expect("tensors") {
+            let tname = t["name"].as_str().expect("name");
+            let sha = want
+                .get(tname)
+                .unwrap_or_else(|| panic!("{name}: {tname} not in inspect"));
+            assert_eq!(&t["sha256"], *sha, "{name}: {tname}");
+            if t["sha256"].is_string() {
+                assert_eq!(t["device"], device, "{name}: {tname}");
+                checked += 1;
+            } else {
+                assert_eq!(t["device"], "meta", "{name}: {tname}");
+            }
+        }
+    }
+    assert!(checked > 50, "{checked}");
+    // Converted tensors hash as converted: what landed.
+    let path = fixture("basic.pt");
+    let out = ptload(&[
+        "load",
+        "--json",
+        "--hash",
+        "--dtype",
+        "bf16",
+        "--map-location",
+        map_location,
+        &path,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let bf16: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    let plain = inspect_json("basic.pt", &["--hash"]);
+    assert_ne!(bf16["tensors"][0]["sha256"], plain["tensors"][0]["sha256"]);
+    // The human form: one line per tensor.
+    let out = ptload(&["load", "--hash", "--map-location", map_location, &path]);
+    let text = stdout(&out);
+    let sha = plain["tensors"][0]["sha256"].as_str().expect("sha");
+    assert!(text.contains(&format!("sha256 {sha}")), "{text}");
+}
+
+#[test]
+fn load_hash_reads_back_what_landed_on_the_host() {
+    load_hashes_equal_inspect_hashes("cpu", "cpu");
+}
+
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn load_hash_reads_back_what_landed_on_a_gpu() {
+    assert!(
+        ptload_device::device_count() > 0,
+        "this test needs a CUDA device"
+    );
+    load_hashes_equal_inspect_hashes("cuda:0", "cuda:0");
+}
+
 #[test]
 fn load_strict_fails_like_torch_without_the_device() {
     let out = ptload(&["load", "--strict", &fixture("multi_gpu.pt")]);

@@ -4,10 +4,11 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ptload_device::{load, Gpus, LoadOptions, Loaded};
+use ptload_device::{load, Gpus, LoadOptions, Loaded, LoadedTensor};
 use ptload_reader::placement::{Device, Plan};
 use ptload_reader::Checkpoint;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use crate::args::{parse_dtype, CliResult, GpuInfo, MapArgs, StateDictArgs};
 use crate::inspect::human_size;
@@ -85,6 +86,41 @@ struct TensorOut<'a> {
     target: String,
     device: String,
     fallback: Option<&'a str>,
+    /// With --hash: the elements' sha256, read back from where they are
+    /// (`null` for a meta tensor).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sha256: Option<Option<String>>,
+}
+
+/// The sha256 of a loaded tensor's elements (row-major, host byte order:
+/// `inspect --hash`'s convention), read back from wherever it landed;
+/// `None` for a meta tensor.
+fn sha256(loaded: &Loaded, t: &LoadedTensor) -> CliResult<Option<String>> {
+    if t.device == Device::Meta {
+        return Ok(None);
+    }
+    let bytes = loaded.elements(t)?;
+    Ok(Some(hex::encode(Sha256::digest(&bytes))))
+}
+
+/// One line per tensor: where it is and its elements' sha256.
+pub(crate) fn hashes(out: &mut impl Write, loaded: &Loaded) -> CliResult<()> {
+    let width = loaded
+        .tensors()
+        .iter()
+        .map(|t| t.info.name.chars().count())
+        .max()
+        .unwrap_or(0);
+    for t in loaded.tensors() {
+        let hash = sha256(loaded, t)?.unwrap_or_else(|| "- (meta: no data)".into());
+        writeln!(
+            out,
+            "{:<width$}  {:<8}  sha256 {hash}",
+            t.info.name,
+            t.device.to_string()
+        )?;
+    }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -93,6 +129,8 @@ struct DeviceOut {
     tensors: usize,
     bytes: u64,
     seconds: f64,
+    copies: usize,
+    pinned_bytes: usize,
 }
 
 #[derive(Serialize)]
@@ -102,18 +140,21 @@ struct LoadOut<'a> {
     seconds: f64,
 }
 
-pub(crate) fn json(out: &mut impl Write, loaded: &Loaded) -> CliResult<()> {
+pub(crate) fn json(out: &mut impl Write, loaded: &Loaded, hash: bool) -> CliResult<()> {
     let doc = LoadOut {
         tensors: loaded
             .tensors()
             .iter()
-            .map(|t| TensorOut {
-                name: &t.info.name,
-                target: t.target.to_string(),
-                device: t.device.to_string(),
-                fallback: t.fallback.as_deref(),
+            .map(|t| {
+                Ok(TensorOut {
+                    name: &t.info.name,
+                    target: t.target.to_string(),
+                    device: t.device.to_string(),
+                    fallback: t.fallback.as_deref(),
+                    sha256: if hash { Some(sha256(loaded, t)?) } else { None },
+                })
             })
-            .collect(),
+            .collect::<CliResult<_>>()?,
         devices: loaded
             .devices()
             .iter()
@@ -122,6 +163,8 @@ pub(crate) fn json(out: &mut impl Write, loaded: &Loaded) -> CliResult<()> {
                 tensors: d.tensors,
                 bytes: d.bytes,
                 seconds: d.seconds,
+                copies: d.copies,
+                pinned_bytes: d.pinned_bytes,
             })
             .collect(),
         seconds: loaded.seconds(),
@@ -142,9 +185,12 @@ pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded, gpus: &Gpus) -> Cli
     )?;
     for d in loaded.devices() {
         let rate = match d.device {
-            Device::Cuda(_) if d.seconds > 0.0 => {
-                format!("  {:.2} GB/s", d.bytes as f64 / d.seconds / 1e9)
-            }
+            Device::Cuda(_) if d.seconds > 0.0 => format!(
+                "  {:.2} GB/s, {} cop{}",
+                d.bytes as f64 / d.seconds / 1e9,
+                d.copies,
+                if d.copies == 1 { "y" } else { "ies" }
+            ),
             Device::Host => "  (host memory)".to_owned(),
             _ => String::new(),
         };

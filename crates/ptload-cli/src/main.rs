@@ -117,6 +117,9 @@ struct LoadArgs {
     /// Convert floating tensors on load: F64, F32, F16, BF16, F8_E4M3, F8_E5M2.
     #[arg(long, value_name = "DTYPE")]
     dtype: Option<String>,
+    /// Read each tensor back from where it landed (GPU or host) and print the sha256 of its elements, as `inspect --hash` does: equal hashes prove the upload.
+    #[arg(long)]
+    hash: bool,
     #[command(flatten)]
     open: OpenArgs,
     #[command(flatten)]
@@ -195,9 +198,12 @@ fn run(cli: Cli) -> CliResult<u8> {
             };
             let loaded = loadcmd::run(&ckpt, &gpus, &request)?;
             if a.json {
-                loadcmd::json(&mut out, &loaded)?;
+                loadcmd::json(&mut out, &loaded, a.hash)?;
             } else {
                 loadcmd::summary(&mut out, &loaded, &gpus)?;
+                if a.hash {
+                    loadcmd::hashes(&mut out, &loaded)?;
+                }
             }
         }
         Command::Convert(a) => {

@@ -152,6 +152,17 @@ impl CudaStorage {
     pub fn read_back(&self) -> Result<Vec<u8>, String> {
         self.arena.read_back(self.offset, self.len)
     }
+
+    /// Copy `len` bytes from byte `start` of the storage back to the host.
+    pub fn read_range(&self, start: usize, len: usize) -> Result<Vec<u8>, String> {
+        match start.checked_add(len) {
+            Some(end) if end <= self.len => self.arena.read_back(self.offset + start, len),
+            _ => Err(format!(
+                "bytes {start}..+{len} are outside a {}-byte storage",
+                self.len
+            )),
+        }
+    }
 }
 
 /// A loaded tensor: its metadata as placed ([`TensorInfo`], the reader's
@@ -267,6 +278,51 @@ impl Loaded {
             // bits, borrowing from the map when nothing needs doing.
             _ => Ok(self.view(tensor)?.data()?),
         }
+    }
+
+    /// A tensor's elements, row-major and in host byte order, wherever it
+    /// landed: a tensor on a GPU is copied back (the bytes its view spans,
+    /// not its whole storage); a host tensor is [`Loaded::host_data`]. For
+    /// checking an upload; an error for a meta tensor.
+    pub fn elements(&self, tensor: &LoadedTensor) -> Result<Cow<'_, [u8]>, LoadError> {
+        let cuda = match self.storage_of(tensor) {
+            Some(Placed::Cuda(c)) => c,
+            _ => return self.host_data(tensor),
+        };
+        let info = &tensor.info;
+        let elem = info.dtype.size() as u64;
+        let fail =
+            |why: String| LoadError::Access(format!("{}: on {}: {why}", info.name, tensor.device));
+        if info.numel == 0 {
+            return Ok(Cow::Owned(Vec::new()));
+        }
+        // The span of elements the view reaches (validated when the
+        // checkpoint was opened, or made row-major by the load).
+        let last = info
+            .shape
+            .iter()
+            .zip(&info.stride)
+            .try_fold(info.storage_offset, |acc, (&n, &s)| {
+                acc.checked_add(n.saturating_sub(1).checked_mul(s)?)
+            });
+        let span = last
+            .and_then(|l| {
+                l.checked_add(1)?
+                    .checked_sub(info.storage_offset)?
+                    .checked_mul(elem)
+            })
+            .and_then(|b| usize::try_from(b).ok());
+        let start = info
+            .storage_offset
+            .checked_mul(elem)
+            .and_then(|b| usize::try_from(b).ok());
+        let (Some(start), Some(span)) = (start, span) else {
+            return Err(fail("its extent overflows".into()));
+        };
+        let bytes = cuda.read_range(start, span).map_err(fail)?;
+        let mut from_start = info.clone();
+        from_start.storage_offset = 0;
+        Ok(Cow::Owned(from_start.gather(&bytes)?))
     }
 
     /// A host tensor's elements as `T` (see [`Loaded::host_data`]): a

@@ -266,37 +266,11 @@ impl<'a> TensorView<'a> {
     pub fn visit_bytes(&self, mut f: impl FnMut(&[u8])) -> Result<()> {
         let storage = self.require_storage()?;
         let info = self.info;
-        let elem = info.dtype.size();
-        if info.numel == 0 {
-            return Ok(());
-        }
         let swap = self.needs_swap().then(|| info.dtype.swap_unit());
         let transform = self.needs_transform();
-        // The innermost dimensions that are contiguous form one run.
-        let mut run: u64 = 1;
-        let mut outer = info.shape.len();
-        for (&size, &stride) in info.shape.iter().zip(&info.stride).rev() {
-            if size != 1 && stride != run {
-                break;
-            }
-            run *= size;
-            outer -= 1;
-        }
-        let run_bytes = usize::try_from(run).map_err(|_| self.extent_error())? * elem;
-        let (Some(dims), Some(strides)) = (info.shape.get(..outer), info.stride.get(..outer))
-        else {
-            return Err(self.extent_error());
-        };
-        let mut index = vec![0u64; outer];
-        let mut buf: Vec<u8> = Vec::with_capacity(run_bytes.clamp(elem, CHUNK));
-        loop {
-            let base =
-                info.storage_offset + index.iter().zip(strides).map(|(i, s)| i * s).sum::<u64>();
-            let start = usize::try_from(base).map_err(|_| self.extent_error())? * elem;
-            let bytes = storage
-                .get(start..start + run_bytes)
-                .ok_or_else(|| self.extent_error())?;
-            if swap.is_none() && !transform && run_bytes >= CHUNK {
+        let mut buf: Vec<u8> = Vec::new();
+        info.runs(storage, |bytes| {
+            if swap.is_none() && !transform && bytes.len() >= CHUNK {
                 // Long runs that need no change go straight from the map.
                 if !buf.is_empty() {
                     f(&buf);
@@ -306,26 +280,11 @@ impl<'a> TensorView<'a> {
             } else {
                 self.stage(bytes, &mut buf, swap, transform, &mut f);
             }
-            // Advance the odometer over the outer dimensions.
-            let mut d = outer;
-            loop {
-                if d == 0 {
-                    if !buf.is_empty() {
-                        f(&buf);
-                    }
-                    return Ok(());
-                }
-                d -= 1;
-                let (Some(i), Some(&size)) = (index.get_mut(d), dims.get(d)) else {
-                    return Err(self.extent_error());
-                };
-                *i += 1;
-                if *i < size {
-                    break;
-                }
-                *i = 0;
-            }
+        })?;
+        if !buf.is_empty() {
+            f(&buf);
         }
+        Ok(())
     }
 
     /// Append `bytes` to `buf` (swapped and transformed as asked), handing

@@ -85,6 +85,92 @@ impl TensorInfo {
     }
 }
 
+impl TensorInfo {
+    /// This tensor's elements in row-major order, gathered from `storage`
+    /// (its storage's bytes, as they lie: no byte order change, no
+    /// conj/neg bit applied). For bytes read back from a device, or any
+    /// copy of a storage.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ptload_reader::Error> {
+    /// let ckpt = ptload_reader::Checkpoint::open("../../fixtures/files/views.pt")?;
+    /// let view = ckpt.tensors().find(|t| !t.is_contiguous()).unwrap();
+    /// let storage = view.storage_bytes()?.to_vec();
+    /// assert_eq!(view.info().gather(&storage)?, view.data()?.into_owned());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn gather(&self, storage: &[u8]) -> Result<Vec<u8>> {
+        let mut out =
+            Vec::with_capacity(usize::try_from(self.nbytes).unwrap_or(0).min(storage.len()));
+        self.runs(storage, |run| out.extend_from_slice(run))?;
+        Ok(out)
+    }
+
+    /// Hand `f` the tensor's elements over `storage` in row-major order,
+    /// one run of contiguous elements at a time.
+    pub(crate) fn runs(&self, storage: &[u8], mut f: impl FnMut(&[u8])) -> Result<()> {
+        let extent = || tensor_err(&self.name, "tensor extent outside its storage");
+        let elem = self.dtype.size();
+        if self.numel == 0 {
+            return Ok(());
+        }
+        // The innermost dimensions that are contiguous form one run.
+        let mut run: u64 = 1;
+        let mut outer = self.shape.len();
+        for (&size, &stride) in self.shape.iter().zip(&self.stride).rev() {
+            if size != 1 && stride != run {
+                break;
+            }
+            run = run.saturating_mul(size);
+            outer -= 1;
+        }
+        // Checked throughout: the fields are public, so any values arrive.
+        let run_bytes = usize::try_from(run)
+            .ok()
+            .and_then(|r| r.checked_mul(elem))
+            .ok_or_else(extent)?;
+        let (Some(dims), Some(strides)) = (self.shape.get(..outer), self.stride.get(..outer))
+        else {
+            return Err(extent());
+        };
+        let mut index = vec![0u64; outer];
+        loop {
+            let base = index
+                .iter()
+                .zip(strides)
+                .fold(self.storage_offset, |acc, (i, s)| {
+                    acc.saturating_add(i.saturating_mul(*s))
+                });
+            let start = usize::try_from(base)
+                .ok()
+                .and_then(|b| b.checked_mul(elem))
+                .ok_or_else(extent)?;
+            let bytes = start
+                .checked_add(run_bytes)
+                .and_then(|end| storage.get(start..end))
+                .ok_or_else(extent)?;
+            f(bytes);
+            // Advance the odometer over the outer dimensions.
+            let mut d = outer;
+            loop {
+                if d == 0 {
+                    return Ok(());
+                }
+                d -= 1;
+                let (Some(i), Some(&size)) = (index.get_mut(d), dims.get(d)) else {
+                    return Err(extent());
+                };
+                *i += 1;
+                if *i < size {
+                    break;
+                }
+                *i = 0;
+            }
+        }
+    }
+}
+
 fn tensor_err(name: &str, message: impl Into<String>) -> Error {
     Error::new(ErrorKind::Tensor, message).for_tensor(name)
 }
