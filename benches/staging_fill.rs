@@ -58,7 +58,10 @@ fn fill(mode: &str, path: &str, workers: usize) -> f64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     let Some(path) = args.first() else {
         eprintln!("usage: staging_fill FILE [RUNS] [WORKERS]");
         std::process::exit(2);

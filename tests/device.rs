@@ -845,3 +845,60 @@ fn simulated_driver_faults() {
         }
     }
 }
+
+/// Quantized tensors keep their scale, zero point and axis through a load
+/// (converted or not: their integer data is never converted), and sparse
+/// components load as the tensors they are.
+#[test]
+fn quantization_and_sparse_components_travel_with_the_loaded_tensors() {
+    let _turn = gpu_turn();
+    for name in ["quantized.pt", "sparse.pt"] {
+        let ckpt = open(name);
+        let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+        for dtype in [None, Some(DType::BF16)] {
+            let opts = LoadOptions {
+                dtype,
+                ..Default::default()
+            };
+            let loaded = load(
+                Arc::clone(&ckpt),
+                &everything(&ckpt),
+                &plan,
+                &probe(),
+                &opts,
+            )
+            .expect("load");
+            assert_eq!(loaded.tensors().len(), ckpt.len(), "{name}");
+            let mut quantized = 0;
+            for t in loaded.tensors() {
+                let view = ckpt.tensor_at(t.index).expect("tensor");
+                assert_eq!(
+                    t.info.quantization,
+                    view.info().quantization,
+                    "{name}: {}",
+                    t.info.name
+                );
+                if t.info.quantization.is_some() {
+                    quantized += 1;
+                    assert_eq!(t.info.dtype, view.dtype(), "{name}: {}", t.info.name);
+                    assert!(t.converted_from.is_none());
+                }
+                assert_eq!(
+                    loaded.elements(t).expect("elements").len() as u64,
+                    t.info.nbytes,
+                    "{name}: {}",
+                    t.info.name
+                );
+            }
+            assert_eq!(quantized > 0, name == "quantized.pt", "{name}");
+            if name == "sparse.pt" {
+                // Components by their torch names; indices stay integers,
+                // values convert like any floating tensor.
+                let indices = loaded.get("coo.indices").expect("coo.indices");
+                let values = loaded.get("coo.values").expect("coo.values");
+                assert_eq!(indices.info.dtype, DType::I64);
+                assert_eq!(values.info.dtype, dtype.unwrap_or(DType::F32));
+            }
+        }
+    }
+}
