@@ -749,6 +749,22 @@ fn simulated_driver_faults() {
             Ok(loaded) => panic!("a failed copy must fail the load: {:?}", loaded.devices()),
             Err(other) => panic!("a failed copy must fail the load with cuda:0: {other}"),
         }
+    } else if let Some(symbol) = set("SIMCUDA_WITHOUT") {
+        // A driver library without a symbol the binding calls: cudarc
+        // panics on the call; the load ends in a typed error instead.
+        match result {
+            Err(ptload_device::LoadError::Cuda {
+                ordinal: 0,
+                message,
+            }) => {
+                assert!(message.contains(&symbol), "{message}")
+            }
+            Ok(loaded) => panic!(
+                "a missing {symbol} must fail the load: {:?}",
+                loaded.devices()
+            ),
+            Err(other) => panic!("a missing {symbol} must fail the load with cuda:0: {other}"),
+        }
     } else if let Some(k) = set("SIMCUDA_OPEN_FAIL") {
         // That device alone cannot be opened: its tensors fall back, each
         // saying so; the machine and its other devices stay usable.

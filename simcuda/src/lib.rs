@@ -14,6 +14,9 @@
 //!   context's error is sticky, as on a GPU), `SIMCUDA_SLOW_US=n` (each copy
 //!   takes n microseconds more), `SIMCUDA_OPEN_FAIL=k` (device k's primary
 //!   context cannot be retained: the device is unavailable).
+//! - Built with `--features without-htod`, the library lacks
+//!   `cuMemcpyHtoDAsync_v2` (cudarc panics when it first calls a missing
+//!   symbol).
 //! - Misuse that is undefined behaviour on a GPU is a *violation*: printed
 //!   to stderr and appended to the file `SIMCUDA_VIOLATIONS` names: a
 //!   pinned host buffer changed between a copy being queued and it running,
@@ -874,7 +877,10 @@ fn next_copy() -> (bool, bool) {
     )
 }
 
-#[no_mangle]
+// Built with `--features without-htod`, the library lacks this symbol:
+// a driver older or newer than the binding expects.
+#[cfg_attr(not(feature = "without-htod"), no_mangle)]
+#[cfg_attr(feature = "without-htod", allow(dead_code))]
 pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     dst: u64,
     src: *const c_void,

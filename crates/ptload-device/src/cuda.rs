@@ -214,7 +214,7 @@ pub(crate) enum UploadError {
 pub(crate) fn allocate(gpu: &Gpu, total: usize) -> Result<Arena, UploadError> {
     let ctx = gpu.context().map_err(UploadError::Driver)?;
     let _keep = KeepCurrent::new();
-    let inner = guarded(|| {
+    let (inner, ptr) = guarded(|| {
         let stream = ctx.new_stream().map_err(text)?;
         // SAFETY: the arena is uninitialized device memory; every byte a
         // tensor can reach is written by `upload` before the arena is handed
@@ -222,7 +222,11 @@ pub(crate) fn allocate(gpu: &Gpu, total: usize) -> Result<Arena, UploadError> {
         match unsafe { stream.alloc::<u8>(total.max(1)) } {
             Ok(slice) => {
                 stream.synchronize().map_err(text)?;
-                Ok(Ok(ArenaInner { slice, stream }))
+                let ptr = {
+                    let (ptr, _record) = slice.device_ptr(&stream);
+                    ptr
+                };
+                Ok(Ok((ArenaInner { slice, stream }, ptr)))
             }
             Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
                 Ok(Err(UploadError::OutOfMemory(text(e))))
@@ -231,10 +235,6 @@ pub(crate) fn allocate(gpu: &Gpu, total: usize) -> Result<Arena, UploadError> {
         }
     })
     .map_err(UploadError::Driver)??;
-    let ptr = {
-        let (ptr, _record) = inner.slice.device_ptr(&inner.stream);
-        ptr
-    };
     Ok(Arena {
         ptr,
         len: inner.slice.len(),
