@@ -295,6 +295,39 @@ fn map_location_auto_follows_the_machine() {
 }
 
 #[test]
+fn the_command_line_speaks_like_other_tools() {
+    // Bare `ptload`: the command list, exit 2.
+    let bare = ptload(&[]);
+    assert_eq!(bare.status.code(), Some(2));
+    let help = stderr(&bare);
+    for command in ["inspect", "load", "convert", "scan", "diff", "demo"] {
+        assert!(help.contains(&format!("  {command} ")), "{help}");
+    }
+    // The parser's own errors: the mistake, a usage line, a hint.
+    let bad = ptload(&["inspect", "--bogus", "x.pt"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = stderr(&bad);
+    assert!(
+        err.starts_with("error: unexpected argument '--bogus'"),
+        "{err}"
+    );
+    assert!(err.contains("Usage: ptload inspect"), "{err}");
+    // Device names in any case.
+    let path = fixture("multi_gpu.pt");
+    let upper = ptload(&["inspect", "--json", &path, "--map-location", "CPU"]);
+    assert_eq!(upper.status.code(), Some(0), "{}", stderr(&upper));
+    // diff says which side failed.
+    let lfs = fixture("lfs_pointer.pt");
+    let d = ptload(&["diff", &path, &lfs]);
+    assert_eq!(d.status.code(), Some(2));
+    assert!(
+        stderr(&d).starts_with(&format!("ptload: {lfs}: format:")),
+        "{}",
+        stderr(&d)
+    );
+}
+
+#[test]
 fn malformed_specs_show_the_grammar() {
     let path = fixture("multi_gpu.pt");
     for (flag, value, needle) in [
@@ -312,8 +345,9 @@ fn malformed_specs_show_the_grammar() {
         (
             "--budget",
             "lots",
-            "expected a fraction of each GPU's memory",
+            "expected a share of each GPU's memory (0.9, 90%)",
         ),
+        ("--budget", "2", "a bare number is bytes per GPU"),
         ("--balance", "0", "at least 1"),
         ("--rename", "nothing", "expected FROM=TO"),
     ] {

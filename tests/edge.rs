@@ -489,7 +489,8 @@ fn unknown_location_fails_only_when_restored() {
     let e = Plan::new(&ckpt, &mut Keep).expect_err("cannot restore npu:0");
     assert_eq!(
         e.message(),
-        "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:0)"
+        "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:0): \
+         map it with a Mapper, e.g. placement::MapLocation \"npu:0=cpu\""
     );
     assert_eq!(e.tensor(), Some("w"));
     let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("mapped");

@@ -69,8 +69,8 @@ pub(crate) struct MapArgs {
     /// Place storages by tensor name first: PATTERN=DEVICE[,...] (globs: encoder.*=cuda:0,*embed*=cpu).
     #[arg(long, value_name = "PATTERN=DEVICE[,...]")]
     pub(crate) place: Vec<String>,
-    /// Fill each GPU up to this much, in order, then the host: a fraction of each
-    /// GPU's memory (0.9) or bytes per GPU (20GiB, 512MB, 1000000).
+    /// Fill each GPU up to this much, in order, then the host: a share of each
+    /// GPU's memory (0.9, 90%) or bytes per GPU (20GiB, 512MB, 1000000).
     #[arg(long, value_name = "FRACTION_OR_BYTES", conflicts_with = "balance")]
     pub(crate) budget: Option<String>,
     /// Spread storages over cuda:0..cuda:N-1 by bytes, keeping consecutive layers together.
@@ -124,6 +124,23 @@ pub(crate) enum BudgetSpec {
 
 pub(crate) fn parse_budget(text: &str) -> CliResult<BudgetSpec> {
     let t = text.trim();
+    if let Some(percent) = t.strip_suffix('%') {
+        return match percent.trim().parse::<f64>() {
+            Ok(p) if p > 0.0 && p <= 100.0 => Ok(BudgetSpec::Fraction(p / 100.0)),
+            _ => Err(format!("invalid --budget {t:?}: a percentage must be in (0%, 100%]").into()),
+        };
+    }
+    if let Ok(n) = t.parse::<u64>() {
+        // A bare number above 1 is bytes; a small one is surely a mistake
+        // for GiB or a fraction.
+        if n > 1 && n < 1_000_000 {
+            return Err(format!(
+                "invalid --budget {t:?}: a bare number is bytes per GPU; write the unit \
+                 ({t}GiB) or a share of each GPU's memory (80%, 0.8)"
+            )
+            .into());
+        }
+    }
     if let Ok(f) = t.parse::<f64>() {
         if t.contains('.') || f <= 1.0 {
             return if (0.0..=1.0).contains(&f) && f > 0.0 {
@@ -134,7 +151,7 @@ pub(crate) fn parse_budget(text: &str) -> CliResult<BudgetSpec> {
         }
     }
     parse_bytes(t).map(BudgetSpec::Bytes).ok_or_else(|| {
-        format!("invalid --budget {t:?}: expected a fraction of each GPU's memory (0.9) or bytes (20GiB, 512MB, 1000000)")
+        format!("invalid --budget {t:?}: expected a share of each GPU's memory (0.9, 90%) or bytes (20GiB, 512MB, 1000000)")
             .into()
     })
 }
@@ -354,6 +371,14 @@ mod tests {
             parse_budget("1000000").ok(),
             Some(BudgetSpec::Bytes(1_000_000))
         );
+        assert_eq!(parse_budget("80%").ok(), Some(BudgetSpec::Fraction(0.8)));
+        assert!(parse_budget("0%").is_err());
+        assert!(parse_budget("120%").is_err());
+        let small = parse_budget("2")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(small.contains("2GiB") && small.contains("80%"), "{small}");
         assert!(parse_budget("1.5").is_err());
         assert!(parse_budget("-3").is_err());
         assert!(parse_budget("lots").is_err());

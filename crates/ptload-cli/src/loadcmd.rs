@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ptload_device::{load, Gpus, LoadOptions, Loaded, LoadedTensor};
+use ptload_device::{load, Gpus, LoadOptions, Loaded, LoadedTensor, Placed};
 use ptload_reader::placement::{Device, Plan};
 use ptload_reader::Checkpoint;
 use serde::Serialize;
@@ -174,14 +174,20 @@ pub(crate) fn json(out: &mut impl Write, loaded: &Loaded, hash: bool) -> CliResu
     Ok(())
 }
 
-pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded, gpus: &Gpus) -> CliResult<()> {
+pub(crate) fn summary(
+    out: &mut impl Write,
+    loaded: &Loaded,
+    gpus: &Gpus,
+    open_seconds: f64,
+) -> CliResult<()> {
     let bytes: u64 = loaded.devices().iter().map(|d| d.bytes).sum();
     writeln!(
         out,
-        "loaded {} tensors ({}) in {:.3} s",
+        "loaded {} tensors ({}): opened in {}, placed in {}",
         loaded.tensors().len(),
         human_size(bytes),
-        loaded.seconds()
+        human_time(open_seconds),
+        human_time(loaded.seconds())
     )?;
     for d in loaded.devices() {
         let rate = match d.device {
@@ -191,7 +197,18 @@ pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded, gpus: &Gpus) -> Cli
                 d.copies,
                 if d.copies == 1 { "y" } else { "ies" }
             ),
-            Device::Host => "  (host memory)".to_owned(),
+            Device::Host => {
+                let (mapped, copied) = host_bytes(loaded);
+                if copied == 0 {
+                    "  (host memory: the file's pages, nothing copied)".to_owned()
+                } else {
+                    format!(
+                        "  (host memory: {} in the file's pages, {} copied)",
+                        human_size(mapped),
+                        human_size(copied)
+                    )
+                }
+            }
             _ => String::new(),
         };
         writeln!(
@@ -202,21 +219,36 @@ pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded, gpus: &Gpus) -> Cli
             human_size(d.bytes)
         )?;
     }
-    let fallbacks: Vec<_> = loaded
-        .tensors()
-        .iter()
-        .filter(|t| t.fallback.is_some())
-        .collect();
-    if !fallbacks.is_empty() {
-        writeln!(out, "{} tensors fell back to the host:", fallbacks.len())?;
-        for t in fallbacks {
+    // Fallbacks by reason: one line each, with a few of the tensors.
+    let mut reasons: Vec<(&str, Vec<&LoadedTensor>)> = Vec::new();
+    for t in loaded.tensors() {
+        if let Some(why) = t.fallback.as_deref() {
+            match reasons.iter_mut().find(|(r, _)| *r == why) {
+                Some((_, ts)) => ts.push(t),
+                None => reasons.push((why, vec![t])),
+            }
+        }
+    }
+    if !reasons.is_empty() {
+        let n: usize = reasons.iter().map(|(_, ts)| ts.len()).sum();
+        writeln!(out, "{n} tensors fell back to the host:")?;
+        for (why, ts) in reasons {
+            let names: Vec<String> = ts
+                .iter()
+                .take(3)
+                .map(|t| format!("{} ({})", t.info.name, t.target))
+                .collect();
+            let more = match ts.len().saturating_sub(3) {
+                0 => String::new(),
+                k => format!(" and {k} more"),
+            };
             writeln!(
                 out,
-                "  {}: {} -> {} ({})",
-                t.info.name,
-                t.target,
-                t.device,
-                t.fallback.as_deref().unwrap_or("")
+                "  {}: {} tensor{}: {}{more}",
+                why,
+                ts.len(),
+                if ts.len() == 1 { "" } else { "s" },
+                names.join(", ")
             )?;
         }
     }
@@ -246,4 +278,30 @@ pub(crate) fn summary(out: &mut impl Write, loaded: &Loaded, gpus: &Gpus) -> Cli
         writeln!(out, "GPU: {}", gpus.why_none())?;
     }
     Ok(())
+}
+
+/// Host storage bytes that are the file's own pages, and bytes copied
+/// (swapped or converted).
+fn host_bytes(loaded: &Loaded) -> (u64, u64) {
+    let (mut mapped, mut copied) = (0u64, 0u64);
+    for p in loaded.storages() {
+        if let Placed::Host(h) = p {
+            let n = h.bytes().map_or(0, |b| b.len() as u64);
+            if h.is_mapped() {
+                mapped += n;
+            } else {
+                copied += n;
+            }
+        }
+    }
+    (mapped, copied)
+}
+
+/// Seconds for people: `0.4 ms`, `12.3 ms`, `1.25 s`.
+pub(crate) fn human_time(seconds: f64) -> String {
+    if seconds < 1.0 {
+        format!("{:.1} ms", seconds * 1e3)
+    } else {
+        format!("{seconds:.2} s")
+    }
 }

@@ -31,7 +31,8 @@ const DEMO_CHECKPOINT: &[u8] = include_bytes!("../../../fixtures/files/training.
 #[command(
     name = "ptload",
     version,
-    about = "Read PyTorch checkpoints without Python, libtorch, or running the pickle"
+    about = "Read PyTorch checkpoints without Python, libtorch, or running the pickle",
+    arg_required_else_help = true
 )]
 struct Cli {
     #[command(subcommand)]
@@ -188,7 +189,9 @@ fn run(cli: Cli) -> CliResult<u8> {
             std::mem::forget(ckpt);
         }
         Command::Load(a) => {
+            let started = std::time::Instant::now();
             let ckpt = std::sync::Arc::new(a.open.options().open(&a.file)?);
+            let open_seconds = started.elapsed().as_secs_f64();
             let gpus = ptload_device::probe();
             let request = loadcmd::Request {
                 map: &a.map,
@@ -200,7 +203,7 @@ fn run(cli: Cli) -> CliResult<u8> {
             if a.json {
                 loadcmd::json(&mut out, &loaded, a.hash)?;
             } else {
-                loadcmd::summary(&mut out, &loaded, &gpus)?;
+                loadcmd::summary(&mut out, &loaded, &gpus, open_seconds)?;
                 if a.hash {
                     loadcmd::hashes(&mut out, &loaded)?;
                 }
@@ -230,7 +233,12 @@ fn run(cli: Cli) -> CliResult<u8> {
         }
         Command::Diff(a) => {
             let opts = a.open.options();
-            let (ca, cb) = (opts.open(&a.a)?, opts.open(&a.b)?);
+            // Which side failed, by its path.
+            let side = |path: &PathBuf| {
+                opts.open(path)
+                    .map_err(|e| format!("{}: {}", path.display(), in_cli_terms(&e.to_string())))
+            };
+            let (ca, cb) = (side(&a.a)?, side(&a.b)?);
             let verdict = tools::diff(&mut out, &ca, &cb, &a.state.options(true)?, a.json)?;
             out.flush()?;
             return Ok(verdict);
@@ -248,7 +256,9 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
          read without Python or libtorch and without executing its pickle.\n",
         DEMO_CHECKPOINT.len()
     )?;
+    let started = std::time::Instant::now();
     let ckpt = std::sync::Arc::new(Checkpoint::from_bytes(DEMO_CHECKPOINT)?);
+    let open_seconds = started.elapsed().as_secs_f64();
     let rows = inspect::rows(
         &ckpt,
         &MapArgs::default(),
@@ -277,7 +287,7 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
         dtype: None,
     };
     let loaded = loadcmd::run(&ckpt, &gpus, &request)?;
-    loadcmd::summary(out, &loaded, &gpus)?;
+    loadcmd::summary(out, &loaded, &gpus, open_seconds)?;
     match gpus.devices().first() {
         Some(g) => writeln!(out, "GPU: the tensors above went to cuda:0 ({}, {} total).", g.name, inspect::human_size(g.total))?,
         None => writeln!(out, "Without a GPU, auto places everything on the host; on a CUDA machine the same command uploads to cuda:0.")?,
@@ -293,24 +303,16 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        // --help and --version print as usual; usage errors are one line.
-        Err(e) if !e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
+        // --help and --version print on stdout and succeed; a bare
+        // `ptload` prints the command list; usage errors are the parser's
+        // own (the mistake, a usage line, a hint), exit 2.
         Err(e) => {
-            let text = e.to_string();
-            let message: Vec<&str> = text
-                .lines()
-                .take_while(|l| !l.starts_with("Usage:"))
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
-                .collect();
-            eprintln!(
-                "ptload: {} (see ptload --help)",
-                message.join(" ").trim_start_matches("error: ")
-            );
-            return ExitCode::from(2);
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     match run(cli) {
@@ -346,6 +348,13 @@ fn in_cli_terms(text: &str) -> String {
             "with a Mapper (placement::MapLocation is torch's map_location)",
             "with --map-location",
         );
+    const MAP: &str = "a Mapper, e.g. placement::MapLocation \"";
+    while let Some(at) = out.find(MAP) {
+        let rest = &out[at + MAP.len()..];
+        let Some(end) = rest.find('"') else { break };
+        let flag = format!("--map-location {}", &rest[..end]);
+        out.replace_range(at..at + MAP.len() + end + 1, &flag);
+    }
     const ALLOW: &str = "OpenOptions::allow_global(\"";
     while let Some(at) = out.find(ALLOW) {
         let rest = &out[at + ALLOW.len()..];
@@ -382,6 +391,15 @@ mod tests {
                  placement::MapLocation \"cpu\")."
             ),
             "map your storages to the CPU with --map-location cpu."
+        );
+        assert_eq!(
+            in_cli_terms(
+                "don't know how to restore data location of torch.storage.UntypedStorage \
+                 (tagged with xla:0): map it with a Mapper, e.g. placement::MapLocation \
+                 \"xla:0=cpu\""
+            ),
+            "don't know how to restore data location of torch.storage.UntypedStorage \
+             (tagged with xla:0): map it with --map-location xla:0=cpu"
         );
         assert_eq!(
             in_cli_terms("OpenOptions::allow_global(\"x"),

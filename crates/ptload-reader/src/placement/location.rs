@@ -72,14 +72,15 @@ impl Location {
                 ErrorKind::Unsupported,
                 format!(
                     "don't know how to restore data location of torch.storage.UntypedStorage \
-                     (tagged with {tag})"
+                     (tagged with {tag}): map it with a Mapper, e.g. \
+                     placement::MapLocation \"{tag}=cpu\""
                 ),
             )),
             other => Err(Error::new(
                 ErrorKind::Unsupported,
                 format!(
                     "storages tagged {other} can only be placed on the host or a CUDA device by \
-                     ptload: map them, e.g. --map-location {other}=cpu"
+                     ptload: map them with a Mapper, e.g. placement::MapLocation \"{other}=cpu\""
                 ),
             )),
         }
@@ -131,7 +132,8 @@ impl FromStr for Device {
 
     /// `cpu`, `cuda` (= `cuda:0`, as torch), `cuda:N`, `meta`.
     fn from_str(s: &str) -> Result<Device> {
-        match Location::parse(s.trim()) {
+        // Written by people: any case (`CPU`, `Cuda:1`).
+        match Location::parse(&s.trim().to_ascii_lowercase()) {
             Location::Cpu => Ok(Device::Host),
             Location::Cuda(i) => Ok(Device::Cuda(i.unwrap_or(0))),
             Location::Meta => Ok(Device::Meta),
@@ -201,7 +203,7 @@ impl FromStr for MapLocation {
             )
         };
         let spec = spec.trim();
-        if spec == "auto" {
+        if spec.eq_ignore_ascii_case("auto") {
             return Ok(MapLocation::Auto);
         }
         if spec.is_empty() || !spec.contains('=') {

@@ -37,7 +37,8 @@ mod tests {
         let e = Location::parse("npu:2").restore().expect_err("unknown");
         assert_eq!(
             e.message(),
-            "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:2)"
+            "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:2): \
+         map it with a Mapper, e.g. placement::MapLocation \"npu:2=cpu\""
         );
         assert!(Location::Mps.restore().is_err());
     }
@@ -48,6 +49,10 @@ mod tests {
         assert_eq!("cuda:2".parse::<Device>().ok(), Some(Device::Cuda(2)));
         assert_eq!("cpu".parse::<Device>().ok(), Some(Device::Host));
         assert_eq!("meta".parse::<Device>().ok(), Some(Device::Meta));
+        // Typed by people: any case.
+        assert_eq!("CPU".parse::<Device>().ok(), Some(Device::Host));
+        assert_eq!("Cuda:1".parse::<Device>().ok(), Some(Device::Cuda(1)));
+        assert!("AUTO".parse::<super::MapLocation>().is_ok());
         assert!("mps".parse::<Device>().is_err());
         assert!("cuda:-1".parse::<Device>().is_err());
     }
