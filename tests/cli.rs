@@ -328,6 +328,47 @@ fn the_command_line_speaks_like_other_tools() {
 }
 
 #[test]
+fn strict_names_every_refused_global_and_allow_global_takes_lists_and_globs() {
+    let path = fixture("whole_module.pt");
+    let out = ptload(&["inspect", "--strict", &path]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    // torch's message for the first, then all of them in one run.
+    assert!(
+        err.starts_with("ptload: policy: Unsupported global: GLOBAL __main__.WholeNet"),
+        "{err}"
+    );
+    assert!(err.contains("The file names 7 globals outside the allowlist: __main__.WholeNet, torch.nn.modules.linear.Linear,"), "{err}");
+    assert!(
+        err.contains("--allow-global, which takes a comma-separated list and globs"),
+        "{err}"
+    );
+    assert!(!err.contains("OpenOptions"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let listed = ptload(&[
+        "inspect",
+        "--strict",
+        "--allow-global",
+        "__main__.*,torch.nn.modules.*",
+        &path,
+    ]);
+    assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+    let partial = ptload(&["inspect", "--strict", "--allow-global", "__main__.*", &path]);
+    assert_eq!(partial.status.code(), Some(2));
+    assert!(stderr(&partial).contains("GLOBAL torch.nn.modules.linear.Linear"));
+    // A glob never reaches os.system.
+    let dir = temp_dir("allow-glob");
+    let payload = payload_checkpoint(&dir);
+    let star = ptload(&["inspect", "--strict", "--allow-global", "*", &payload]);
+    assert_eq!(star.status.code(), Some(2), "{}", stdout(&star));
+    assert!(
+        stderr(&star).contains("are never allowed"),
+        "{}",
+        stderr(&star)
+    );
+}
+
+#[test]
 fn malformed_specs_show_the_grammar() {
     let path = fixture("multi_gpu.pt");
     for (flag, value, needle) in [

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["error"],
     &["limits"],
-    &["bytes", "source"],
+    &["bytes", "source", "glob"],
     &["container"],
     &["pickle"],
     &["torch"],

@@ -14,13 +14,14 @@ pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 /// Policy and decoding options.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct OpenArgs {
-    /// Behave like torch: refuse globals outside torch's weights_only allowlist (as
-    /// torch.load(weights_only=True)); `load` also fails, before copying, when a planned
-    /// GPU is missing instead of falling back to the host.
+    /// Refuse globals outside torch's weights_only allowlist, as
+    /// torch.load(weights_only=True) does.
     #[arg(long)]
     pub(crate) strict: bool,
-    /// Allow a global under --strict (module.name), like torch.serialization.add_safe_globals.
-    #[arg(long = "allow-global", value_name = "MODULE.NAME")]
+    /// Allow globals under --strict, like torch.serialization.add_safe_globals: module.name,
+    /// a comma-separated list, or globs (mymodels.*). Repeatable. Globals of os, sys, posix
+    /// and nt stay refused.
+    #[arg(long = "allow-global", value_name = "MODULE.NAME[,...]")]
     pub(crate) allow_global: Vec<String>,
     /// How Python 2 strings in old checkpoints decode (torch.load's `encoding`).
     #[arg(long, value_enum, default_value = "utf8")]
@@ -52,8 +53,10 @@ impl OpenArgs {
                 Encoding::Bytes => StringEncoding::Bytes,
             })
             .in_memory(self.no_mmap);
-        for g in &self.allow_global {
-            opts = opts.allow_global(g.clone());
+        for g in self.allow_global.iter().flat_map(|list| list.split(',')) {
+            if !g.trim().is_empty() {
+                opts = opts.allow_global(g.trim());
+            }
         }
         opts
     }

@@ -109,6 +109,11 @@ struct DiffArgs {
 }
 
 #[derive(Args)]
+#[command(mut_arg("strict", |a| a.help(
+    "Behave like torch: refuse globals outside torch's weights_only allowlist (as \
+     torch.load(weights_only=True)), and fail before copying when a planned GPU is missing \
+     instead of falling back to the host"
+)))]
 struct LoadArgs {
     /// The checkpoint.
     file: PathBuf,
@@ -347,6 +352,11 @@ fn in_cli_terms(text: &str) -> String {
         .replace(
             "with a Mapper (placement::MapLocation is torch's map_location)",
             "with --map-location",
+        )
+        .replace(
+            "allow each one you trust with OpenOptions::allow_global)",
+            "allow those you trust with --allow-global, which takes a comma-separated list \
+             and globs)",
         );
     const MAP: &str = "a Mapper, e.g. placement::MapLocation \"";
     while let Some(at) = out.find(MAP) {

@@ -119,6 +119,38 @@ pub struct Checkpoint {
     work: u64,
 }
 
+/// Torch names the first global it refuses; a user fixing a file one
+/// global per run needs the whole list. Read the file again without the
+/// policy (nothing is ever run either way) and name every global the
+/// policy would refuse, when there is more than one.
+fn every_refusal(first: Error, source: &Source, opts: &OpenOptions) -> Error {
+    let mut lenient = opts.clone();
+    lenient.policy = Policy::Default;
+    let Ok(ckpt) = Checkpoint::decode(source.clone(), &lenient) else {
+        return first;
+    };
+    let mut refused: Vec<String> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for g in ckpt.globals() {
+        let path = g.path();
+        if !g.torch_allowed
+            && !crate::torch::policy::user_allows(&opts.allowed_globals, &g.module, &g.name)
+            && seen.insert(path.clone())
+        {
+            refused.push(path);
+        }
+    }
+    if refused.len() < 2 {
+        return first;
+    }
+    first.with_note(format!(
+        "The file names {} globals outside the allowlist: {} (allow each one you trust with \
+         OpenOptions::allow_global)",
+        refused.len(),
+        refused.join(", ")
+    ))
+}
+
 impl Checkpoint {
     /// Open the checkpoint at `path` with default options.
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
@@ -133,7 +165,12 @@ impl Checkpoint {
 
     fn load(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
         source.advise(true);
-        let checkpoint = Checkpoint::decode(source.clone(), opts);
+        let checkpoint = match Checkpoint::decode(source.clone(), opts) {
+            Err(e) if e.kind() == ErrorKind::UnsupportedGlobal => {
+                Err(every_refusal(e, &source, opts))
+            }
+            other => other,
+        };
         source.advise(false);
         checkpoint
     }
@@ -381,8 +418,7 @@ fn leading_globals(data: &[u8], opts: &OpenOptions) -> Result<Vec<GlobalRef>> {
         .iter()
         .filter(|g| {
             !g.torch_allowed
-                && (crate::torch::policy::always_blocked(&g.module)
-                    || !opts.allowed_globals.contains(&g.path()))
+                && !crate::torch::policy::user_allows(&opts.allowed_globals, &g.module, &g.name)
         })
         .map(GlobalRef::path)
         .collect();

@@ -83,6 +83,8 @@ struct Inner {
     offset: Option<u64>,
     record: Option<String>,
     tensor: Option<String>,
+    /// More the reader found, after the location (every refused global).
+    note: Option<String>,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
@@ -95,6 +97,7 @@ impl Error {
                 offset: None,
                 record: None,
                 tensor: None,
+                note: None,
                 source: None,
             }),
         }
@@ -124,6 +127,11 @@ impl Error {
         if self.inner.record.is_none() {
             self.inner.record = Some(record.to_owned());
         }
+        self
+    }
+
+    pub(crate) fn with_note(mut self, note: String) -> Self {
+        self.inner.note = Some(note);
         self
     }
 
@@ -173,6 +181,9 @@ impl fmt::Display for Error {
         if let Some(tensor) = &self.inner.tensor {
             write!(f, " (tensor '{tensor}')")?;
         }
+        if let Some(note) = &self.inner.note {
+            write!(f, ". {note}")?;
+        }
         if let Some(source) = &self.inner.source {
             write!(f, ": {source}")?;
         }
@@ -188,6 +199,7 @@ impl fmt::Debug for Error {
             .field("offset", &self.inner.offset)
             .field("record", &self.inner.record)
             .field("tensor", &self.inner.tensor)
+            .field("note", &self.inner.note)
             .finish()
     }
 }

@@ -50,6 +50,7 @@ pub mod export;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+pub(crate) mod glob;
 mod limits;
 mod pickle;
 pub mod placement;

@@ -83,6 +83,9 @@ pub(crate) fn detect(data: &[u8]) -> Result<Detected> {
              or login page",
         ));
     }
+    if let Some(what) = other_format(data) {
+        return Err(not_a_checkpoint(what));
+    }
     if looks_like_safetensors(data) {
         return Err(not_a_checkpoint(
             "this is a safetensors file, not a torch checkpoint: read it with the safetensors \
@@ -115,6 +118,71 @@ pub(crate) fn detect(data: &[u8]) -> Result<Detected> {
         data.len(),
         head.join(" ")
     )))
+}
+
+/// Files often found where a checkpoint was expected, by their first
+/// bytes: compressed archives, error bodies from storage services, other
+/// model and array formats.
+fn other_format(data: &[u8]) -> Option<String> {
+    const MAGIC: &[(&[u8], &str)] = &[
+        (
+            b"\x1f\x8b",
+            "this is gzip-compressed data, not a checkpoint: decompress it first (gunzip)",
+        ),
+        (
+            b"\xfd7zXZ\0",
+            "this is xz-compressed data, not a checkpoint: decompress it first (unxz)",
+        ),
+        (
+            b"\x28\xb5\x2f\xfd",
+            "this is zstd-compressed data, not a checkpoint: decompress it first (unzstd)",
+        ),
+        (
+            b"BZh",
+            "this is bzip2-compressed data, not a checkpoint: decompress it first (bunzip2)",
+        ),
+        (
+            b"GGUF",
+            "this is a GGUF model file (llama.cpp), not a torch checkpoint",
+        ),
+        (
+            b"\x93NUMPY",
+            "this is a numpy .npy array, not a torch checkpoint: read it with numpy.load",
+        ),
+        (
+            b"\x89HDF\r\n\x1a\n",
+            "this is an HDF5 file (Keras .h5?), not a torch checkpoint",
+        ),
+    ];
+    if let Some((_, what)) = MAGIC.iter().find(|(magic, _)| data.starts_with(magic)) {
+        return Some((*what).to_owned());
+    }
+    // Text bodies a storage service or API returns instead of the file.
+    let head = data.get(..data.len().min(512)).unwrap_or_default();
+    let head = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
+    let start = head.iter().position(|b| !b.is_ascii_whitespace())?;
+    let text = head.get(start..).unwrap_or_default();
+    if text.starts_with(b"<?xml") || text.starts_with(b"<Error>") {
+        let code = std::str::from_utf8(text)
+            .ok()
+            .and_then(|t| t.split("<Code>").nth(1))
+            .and_then(|t| t.split('<').next())
+            .map(|c| format!(" ({c})"))
+            .unwrap_or_default();
+        return Some(format!(
+            "this is an XML document{code}, not a checkpoint: the download probably returned \
+             a storage service's error (S3, GCS)"
+        ));
+    }
+    if (text.starts_with(b"{\"") || text.starts_with(b"[")) && data.len() < 1 << 20 {
+        return Some(
+            "this is a JSON document, not a checkpoint: the download probably returned an API \
+             error, or this is a config or index file (a sharded checkpoint's index names its \
+             shards)"
+                .to_owned(),
+        );
+    }
+    None
 }
 
 fn looks_like_html(data: &[u8]) -> bool {
@@ -171,6 +239,20 @@ mod tests {
         );
         assert!(message(b"\n  <!DOCTYPE html><html>").contains("HTML page"));
         assert!(message(b"\x02\0\0\0\0\0\0\0{}").contains("safetensors"));
+        assert!(message(b"\x1f\x8b\x08\0rest").contains("gzip-compressed"));
+        assert!(message(b"\xfd7zXZ\0rest").contains("xz-compressed"));
+        assert!(message(b"GGUF\x03\0").contains("GGUF"));
+        assert!(message(b"\x93NUMPY\x01\0").contains("numpy"));
+        let s3 = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>AccessDenied</Code>\
+                   <Message>Access Denied</Message></Error>";
+        assert!(
+            message(s3).contains("XML document (AccessDenied)"),
+            "{}",
+            message(s3)
+        );
+        assert!(message(b"<Error><Code>NoSuchKey</Code></Error>").contains("(NoSuchKey)"));
+        assert!(message(b"  {\"error\": \"Repository not found\"}").contains("JSON document"));
+        assert!(message(b"[1, 2]").contains("JSON document"));
         assert!(message(b"PK\x03\x04abc").contains("truncated zip"));
         assert!(message(b"\x80\x02}q\x00.").contains("magic number"));
         assert!(message(b"\x01\x02\x03").contains("unknown format: 3 bytes starting with 01 02 03"));

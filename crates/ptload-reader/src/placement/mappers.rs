@@ -5,8 +5,8 @@ use std::fmt;
 use crate::checkpoint::Checkpoint;
 use crate::torch::dtype::DType;
 
-use super::glob::glob;
 use super::location::{Device, Location};
+use crate::glob::glob;
 
 /// Everything known about one storage when it is placed.
 #[derive(Debug, Clone, Copy)]

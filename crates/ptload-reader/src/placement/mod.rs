@@ -4,13 +4,12 @@
 //! Planning is pure: it needs no GPU, so every strategy is tested on every
 //! machine. The device crate executes a plan.
 
-mod glob;
 mod location;
 mod mappers;
 mod plan;
 
-pub use self::glob::glob;
-pub(crate) use self::glob::glob_captures;
+pub use crate::glob::glob;
+pub(crate) use crate::glob::glob_captures;
 pub use location::{Device, Location, MapLocation, MAP_LOCATION_GRAMMAR};
 pub use mappers::{
     Balanced, Budget, ByName, BySize, First, Keep, Mapper, StorageRequest, Table, To,

@@ -108,6 +108,19 @@ pub(crate) fn always_blocked(module: &str) -> bool {
     matches!(root, "sys" | "os" | "posix" | "nt")
 }
 
+/// Whether the user's allowlist (exact `module.name` paths, or globs with
+/// `*` and `?`: `mymodels.*`) admits `module.name`. Globals of modules that
+/// are always blocked stay refused whatever the list says.
+pub(crate) fn user_allows(allowed: &[String], module: &str, name: &str) -> bool {
+    if always_blocked(module) {
+        return false;
+    }
+    let path = format!("{module}.{name}");
+    allowed
+        .iter()
+        .any(|p| *p == path || (p.contains(['*', '?']) && crate::glob::glob(p, &path)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +144,15 @@ mod tests {
         assert!(always_blocked("os"));
         assert!(always_blocked("os.path"));
         assert!(!always_blocked("osx"));
+        let list = [
+            "mymodels.*".to_owned(),
+            "argparse.Namespace".to_owned(),
+            "*".to_owned(),
+        ];
+        assert!(user_allows(&list, "mymodels.layers", "Block"));
+        assert!(user_allows(&list, "argparse", "Namespace"));
+        // Globs never reach the modules that are always blocked.
+        assert!(!user_allows(&list, "os", "system"));
+        assert!(!user_allows(&["os.system".to_owned()], "os", "system"));
     }
 }

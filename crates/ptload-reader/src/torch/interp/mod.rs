@@ -240,7 +240,7 @@ impl Interpreter for TorchInterp<'_> {
         let torch_allowed = torch_allows(module, name);
         if self.policy == Policy::Strict && !torch_allowed {
             let path = format!("{module}.{name}");
-            let user_allowed = !always_blocked(module) && self.allowed.contains(&path);
+            let user_allowed = crate::torch::policy::user_allows(self.allowed, module, name);
             if !user_allowed {
                 let advice = if always_blocked(module) {
                     format!("globals of `{module}` are never allowed")
