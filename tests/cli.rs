@@ -369,6 +369,37 @@ fn strict_names_every_refused_global_and_allow_global_takes_lists_and_globs() {
 }
 
 #[test]
+fn automatic_choices_are_said() {
+    let out = ptload(&["load", "--json", &fixture("training_rng.ckpt")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("ptload: --key auto: \"model\": a training checkpoint's model"),
+        "{err}"
+    );
+    assert!(
+        err.contains("ptload: left out 10 tensors outside \"model\""),
+        "{err}"
+    );
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(doc["decisions"].as_array().map(Vec::len), Some(2), "{doc}");
+    // Undecided: the whole file, and the flag that takes the model alone.
+    let hf = ptload(&["load", &fixture("hf_lm.pt")]);
+    assert!(
+        stderr(&hf).contains("to take only \"model\", pass --key model"),
+        "{}",
+        stderr(&hf)
+    );
+    assert!(!stderr(&hf).contains("KeySelect"));
+    let dp = ptload(&["convert", &fixture("dataparallel.pt"), "-"]);
+    assert!(
+        stderr(&dp).contains("ptload: --strip-prefix auto: removed \"module.\" from every name"),
+        "{}",
+        stderr(&dp)
+    );
+}
+
+#[test]
 fn malformed_specs_show_the_grammar() {
     let path = fixture("multi_gpu.pt");
     for (flag, value, needle) in [
@@ -437,7 +468,7 @@ fn load_json_reports_every_tensor_and_its_fallback() {
         .keys()
         .map(String::as_str)
         .collect();
-    assert_eq!(keys, ["tensors", "devices", "seconds"]);
+    assert_eq!(keys, ["tensors", "devices", "seconds", "decisions"]);
     let tensors = doc["tensors"].as_array().expect("tensors");
     let want = expected("multi_gpu.pt");
     assert_eq!(

@@ -265,9 +265,11 @@ fn stripping_wrappers_gives_the_plain_names_and_bytes() {
 #[test]
 fn training_checkpoints_select_the_model() {
     let ckpt = open("training.ckpt");
+    let auto = ptload_reader::state_dict::auto_key(&ckpt);
+    assert_eq!(auto.key, Some("model_state_dict"));
     assert_eq!(
-        ptload_reader::state_dict::auto_key(&ckpt),
-        Some("model_state_dict")
+        auto.why,
+        "\"model_state_dict\": a training checkpoint's model (beside it: optimizer_state_dict, epoch, global_step and 4 more)"
     );
     let got = names(&ckpt, &StateDictOptions::default());
     let plain: Vec<String> = open("plain_model.pt")
@@ -292,13 +294,65 @@ fn training_checkpoints_select_the_model() {
     );
     // Plain state dicts are left whole.
     assert_eq!(
-        ptload_reader::state_dict::auto_key(&open("plain_model.pt")),
+        ptload_reader::state_dict::auto_key(&open("plain_model.pt")).key,
         None
     );
     assert_eq!(
-        ptload_reader::state_dict::auto_key(&open("whole_module.pt")),
+        ptload_reader::state_dict::auto_key(&open("whole_module.pt")).key,
         None
     );
+}
+
+/// Layouts written by real training code: tensors outside the model
+/// (random-number generator states, Lightning's callbacks) do not hide the
+/// model, and a plain state dict whose names start with `model.` next to
+/// other weights stays whole. Every decision says why.
+#[test]
+fn auto_key_reads_real_training_layouts() {
+    use ptload_reader::state_dict::auto_key;
+    let rng = open("training_rng.ckpt");
+    assert!(rng.tensor("rng_state").is_some(), "a bare top-level tensor");
+    let auto = auto_key(&rng);
+    assert_eq!(auto.key, Some("model"), "{}", auto.why);
+    let sd = StateDictOptions::default().select(&rng).expect("select");
+    assert_eq!(sd.len(), 9);
+    assert!(sd.get("head.bias").is_some());
+    assert_eq!(
+        sd.decisions()[1],
+        "left out 10 tensors outside \"model\" (optimizer: 9, rng_state: 1)"
+    );
+
+    let lightning = open("lightning.ckpt");
+    assert!(lightning
+        .tensors()
+        .any(|t| t.name().ends_with("best_model_score")));
+    let auto = auto_key(&lightning);
+    assert_eq!(auto.key, Some("state_dict"), "{}", auto.why);
+    let sd = StateDictOptions::default()
+        .select(&lightning)
+        .expect("select");
+    // Lightning's own names: the LightningModule's attribute stays.
+    assert!(sd.get("model.head.bias").is_some());
+    assert_eq!(sd.len(), 9);
+
+    let hf = open("hf_lm.pt");
+    let auto = auto_key(&hf);
+    assert_eq!(auto.key, None);
+    assert!(
+        auto.why
+            .contains("so does lm_head, which is not training state"),
+        "{}",
+        auto.why
+    );
+    let sd = StateDictOptions::default().select(&hf).expect("select");
+    assert_eq!(sd.len(), hf.len());
+    assert!(sd.get("model.embed.weight").is_some() && sd.get("lm_head.weight").is_some());
+
+    let dp = open("dataparallel.pt");
+    let sd = StateDictOptions::default().select(&dp).expect("select");
+    assert!(sd
+        .decisions()
+        .contains(&"strip-prefix auto: removed \"module.\" from every name".to_owned()));
 }
 
 #[test]

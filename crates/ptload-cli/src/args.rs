@@ -289,6 +289,35 @@ impl StateDictArgs {
     }
 }
 
+/// The automatic choices of the state-dict options, in the command's
+/// terms (`--key model` rather than the library's `KeySelect`).
+pub(crate) fn cli_decisions(decisions: &[String]) -> Vec<String> {
+    decisions
+        .iter()
+        .map(|d| {
+            let mut text = d.replace("strip-prefix auto:", "--strip-prefix auto:");
+            if let Some(rest) = text.strip_prefix("key auto:") {
+                text = format!("--key auto:{rest}");
+            }
+            const PATH: &str = "select KeySelect::Path(\"";
+            while let Some(at) = text.find(PATH) {
+                let rest = &text[at + PATH.len()..];
+                let Some(end) = rest.find("\")") else { break };
+                let flag = format!("pass --key {}", &rest[..end]);
+                text.replace_range(at..at + PATH.len() + end + 2, &flag);
+            }
+            text.replace("select it with KeySelect::Path", "select it with --key")
+        })
+        .collect()
+}
+
+/// Say on stderr, one line each, what the automatic options decided.
+pub(crate) fn tell_decisions(decisions: &[String]) {
+    for d in cli_decisions(decisions) {
+        eprintln!("ptload: {d}");
+    }
+}
+
 /// `--dtype` names, as in ptload's output.
 pub(crate) fn parse_dtype(text: &str) -> CliResult<DType> {
     match text.parse::<DType>() {

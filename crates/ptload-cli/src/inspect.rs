@@ -31,6 +31,7 @@ pub(crate) fn rows<'a>(
         None
     };
     let selected = state.options(true)?.select(ckpt)?;
+    crate::args::tell_decisions(selected.decisions());
     let mut rows = Vec::with_capacity(selected.len());
     for (name, view) in selected.tensors() {
         let target = match &plan {

@@ -40,11 +40,16 @@ pub(crate) struct Request<'a> {
     pub(crate) dtype: Option<&'a str>,
 }
 
-/// Plan and load `ckpt`.
-pub(crate) fn run(ckpt: &Arc<Checkpoint>, gpus: &Gpus, req: &Request<'_>) -> CliResult<Loaded> {
+/// Plan and load `ckpt`; also what the automatic options decided.
+pub(crate) fn run(
+    ckpt: &Arc<Checkpoint>,
+    gpus: &Gpus,
+    req: &Request<'_>,
+) -> CliResult<(Loaded, Vec<String>)> {
     let mut mapper = req.map.mapper(ckpt, &Probed(gpus))?;
     let plan = Plan::new(ckpt, mapper.as_mut())?;
     let selection = req.state.options(false)?.select(ckpt)?;
+    crate::args::tell_decisions(selection.decisions());
     let mut opts = LoadOptions {
         strict: req.strict,
         ..Default::default()
@@ -62,7 +67,7 @@ pub(crate) fn run(ckpt: &Arc<Checkpoint>, gpus: &Gpus, req: &Request<'_>) -> Cli
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    Ok(loaded)
+    Ok((loaded, crate::args::cli_decisions(selection.decisions())))
 }
 
 /// A byte progress bar on stderr for work of `total` bytes, when stderr is
@@ -138,10 +143,17 @@ struct LoadOut<'a> {
     tensors: Vec<TensorOut<'a>>,
     devices: Vec<DeviceOut>,
     seconds: f64,
+    decisions: &'a [String],
 }
 
-pub(crate) fn json(out: &mut impl Write, loaded: &Loaded, hash: bool) -> CliResult<()> {
+pub(crate) fn json(
+    out: &mut impl Write,
+    loaded: &Loaded,
+    decisions: &[String],
+    hash: bool,
+) -> CliResult<()> {
     let doc = LoadOut {
+        decisions,
         tensors: loaded
             .tensors()
             .iter()

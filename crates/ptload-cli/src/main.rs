@@ -204,9 +204,9 @@ fn run(cli: Cli) -> CliResult<u8> {
                 strict: a.open.strict,
                 dtype: a.dtype.as_deref(),
             };
-            let loaded = loadcmd::run(&ckpt, &gpus, &request)?;
+            let (loaded, decisions) = loadcmd::run(&ckpt, &gpus, &request)?;
             if a.json {
-                loadcmd::json(&mut out, &loaded, a.hash)?;
+                loadcmd::json(&mut out, &loaded, &decisions, a.hash)?;
             } else {
                 loadcmd::summary(&mut out, &loaded, &gpus, open_seconds)?;
                 if a.hash {
@@ -291,7 +291,7 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
         strict: false,
         dtype: None,
     };
-    let loaded = loadcmd::run(&ckpt, &gpus, &request)?;
+    let (loaded, _) = loadcmd::run(&ckpt, &gpus, &request)?;
     loadcmd::summary(out, &loaded, &gpus, open_seconds)?;
     match gpus.devices().first() {
         Some(g) => writeln!(out, "GPU: the tensors above went to cuda:0 ({}, {} total).", g.name, inspect::human_size(g.total))?,

@@ -67,6 +67,7 @@ pub(crate) fn convert(
         );
     }
     let selection = state.select(ckpt)?;
+    crate::args::tell_decisions(selection.decisions());
     let total: u64 = selection.tensors().map(|(_, t)| t.info().nbytes).sum();
     let bar = crate::loadcmd::progress_bar(total);
     let opts = SafetensorsOptions {
@@ -108,6 +109,7 @@ pub(crate) fn convert(
             bytes: u64,
             metadata: usize,
             skipped: &'a [String],
+            decisions: Vec<String>,
         }
         serde_json::to_writer(
             &mut *out,
@@ -117,6 +119,7 @@ pub(crate) fn convert(
                 bytes: written.bytes,
                 metadata: written.metadata,
                 skipped: &written.skipped,
+                decisions: crate::args::cli_decisions(selection.decisions()),
             },
         )?;
         writeln!(out)?;

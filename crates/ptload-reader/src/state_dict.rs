@@ -25,18 +25,35 @@ pub const MODEL_KEYS: &[&str] = &[
     "state_dict_ema",
 ];
 
-/// Top-level groups of training state that are not the model.
-const TRAINING_STATE: &[&str] = &[
+/// Top-level entries of training checkpoints that hold tensors but are not
+/// the model: optimizer and scheduler state, mixed-precision scalers,
+/// random-number generator states, Lightning's loops and callbacks (a
+/// `ModelCheckpoint` callback keeps `best_model_score` as a tensor).
+pub const TRAINING_STATE: &[&str] = &[
     "optimizer",
     "optimizer_state_dict",
     "optimizer_states",
+    "optimizers",
     "optim",
     "scheduler",
+    "scheduler_state_dict",
     "lr_scheduler",
     "lr_schedulers",
     "scaler",
+    "scaler_state_dict",
     "grad_scaler",
     "amp",
+    "rng_state",
+    "rng_states",
+    "torch_rng_state",
+    "cuda_rng_state",
+    "cuda_rng_states",
+    "numpy_rng_state",
+    "random_state",
+    "callbacks",
+    "loops",
+    "metrics",
+    "best_model_score",
 ];
 
 /// Which part of the checkpoint is the state dict.
@@ -112,6 +129,8 @@ pub struct Selected {
 #[derive(Debug, Clone)]
 pub struct StateDict<'c> {
     ckpt: &'c Checkpoint,
+    /// What the automatic options decided, one line each.
+    decisions: Vec<String>,
     entries: Vec<Selected>,
     /// Indices into `entries`, hashed by their name with `hasher`.
     index: HashTable<u32>,
@@ -156,6 +175,13 @@ impl<'c> StateDict<'c> {
         self.ckpt
     }
 
+    /// What the automatic options decided, one line each, for the user:
+    /// the key `auto` took and why (or why it kept the whole file), the
+    /// tensors left out, the prefix `auto` stripped.
+    pub fn decisions(&self) -> &[String] {
+        &self.decisions
+    }
+
     fn position(&self, name: &str) -> Option<usize> {
         let hash = self.hasher.hash_one(name);
         let entries = &self.entries;
@@ -197,24 +223,120 @@ fn top(name: &str) -> &str {
     name.split('.').next().unwrap_or(name)
 }
 
-/// The key [`KeySelect::Auto`] picks for `ckpt`, if any.
-pub fn auto_key(ckpt: &Checkpoint) -> Option<&'static str> {
-    let tensor_tops: Vec<&str> = ckpt
-        .tensors()
-        .filter(|t| t.name().contains('.'))
-        .map(|t| top(t.name()))
-        .collect();
-    if ckpt.tensors().any(|t| !t.name().contains('.')) {
-        return None;
+/// What [`KeySelect::Auto`] decided for a checkpoint, and why, in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AutoKey {
+    /// The key whose sub-tree is the model; `None`: the whole file.
+    pub key: Option<&'static str>,
+    /// The model key the file has, taken or not; `None` for a plain state
+    /// dict (nothing to decide).
+    pub candidate: Option<&'static str>,
+    /// Why, for the user: what else the file holds, or why it could not
+    /// decide.
+    pub why: String,
+}
+
+/// Up to three items, then how many more.
+fn some_of(items: &[&str]) -> String {
+    let shown: Vec<&str> = items.iter().take(3).copied().collect();
+    match items.len().saturating_sub(3) {
+        0 => shown.join(", "),
+        more => format!("{} and {more} more", shown.join(", ")),
     }
-    let has_plain_values = !ckpt.values().is_empty();
-    MODEL_KEYS.iter().copied().find(|key| {
-        tensor_tops.contains(key)
-            && tensor_tops
-                .iter()
-                .all(|t| t == key || TRAINING_STATE.contains(t) || MODEL_KEYS.contains(t))
-            && (has_plain_values || tensor_tops.iter().any(|t| t != key))
-    })
+}
+
+/// What [`KeySelect::Auto`] picks for `ckpt`: the model of a training
+/// checkpoint (the first of [`MODEL_KEYS`] holding tensors, when every
+/// other top-level entry holding tensors is training state, see
+/// [`TRAINING_STATE`]), or the whole file, with the reason either way.
+pub fn auto_key(ckpt: &Checkpoint) -> AutoKey {
+    // Top-level entries holding tensors, in file order, each once.
+    let mut tops: Vec<&str> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for t in ckpt.tensors() {
+        let top = top(t.name());
+        if seen.insert(top) {
+            tops.push(top);
+        }
+    }
+    let is_model_tree = |key: &str| {
+        ckpt.tensors().any(|t| {
+            t.name()
+                .strip_prefix(key)
+                .is_some_and(|r| r.starts_with('.'))
+        })
+    };
+    let models: Vec<&'static str> = MODEL_KEYS
+        .iter()
+        .copied()
+        .filter(|k| seen.contains(k) && is_model_tree(k))
+        .collect();
+    let Some(&pick) = models.first() else {
+        return AutoKey {
+            key: None,
+            candidate: None,
+            why: format!(
+                "the whole file: no training-checkpoint key ({}) holds the tensors",
+                some_of(MODEL_KEYS)
+            ),
+        };
+    };
+    let others: Vec<&str> = tops.iter().copied().filter(|t| *t != pick).collect();
+    let foreign: Vec<&str> = others
+        .iter()
+        .copied()
+        .filter(|t| !TRAINING_STATE.contains(t) && !MODEL_KEYS.contains(t))
+        .collect();
+    if !foreign.is_empty() {
+        return AutoKey {
+            key: None,
+            candidate: Some(pick),
+            why: format!(
+                "the whole file: {pick:?} holds tensors, but so does {}, which is not \
+                 training state; to take only {pick:?}, select KeySelect::Path(\"{pick}\")",
+                some_of(&foreign)
+            ),
+        };
+    }
+    // Top-level entries holding only plain values (epoch, args, ...).
+    let mut plain: Vec<&str> = Vec::new();
+    let mut plain_seen = std::collections::HashSet::new();
+    for (name, _) in ckpt.values() {
+        let top = top(name);
+        if !seen.contains(top) && plain_seen.insert(top) {
+            plain.push(top);
+        }
+    }
+    if others.is_empty() && plain.is_empty() {
+        return AutoKey {
+            key: None,
+            candidate: Some(pick),
+            why: format!(
+                "the whole file: every tensor is under {pick:?} and nothing else is saved, so \
+                 {pick:?} is part of the names"
+            ),
+        };
+    }
+    let beside: Vec<&str> = others.iter().chain(&plain).copied().collect();
+    let mut why = format!(
+        "{pick:?}: a training checkpoint's model (beside it: {})",
+        some_of(&beside)
+    );
+    if let [_, rest @ ..] = models.as_slice() {
+        if !rest.is_empty() {
+            why.push_str(&format!(
+                "; {} also hold{} a model: select it with KeySelect::Path",
+                rest.join(", "),
+                if rest.len() == 1 { "s" } else { "" }
+            ));
+        }
+    }
+    AutoKey {
+        key: Some(pick),
+        candidate: Some(pick),
+        why,
+    }
 }
 
 fn strip_auto(names: &mut [String]) {
@@ -262,9 +384,17 @@ impl StateDictOptions {
     /// order. Two tensors that would get the same name are an error naming
     /// both.
     pub fn select<'c>(&self, ckpt: &'c Checkpoint) -> Result<StateDict<'c>> {
+        let mut decisions = Vec::new();
         let key = match &self.key {
             KeySelect::All => None,
-            KeySelect::Auto => auto_key(ckpt).map(str::to_owned),
+            KeySelect::Auto => {
+                let auto = auto_key(ckpt);
+                // A plain state dict: nothing was decided.
+                if auto.candidate.is_some() {
+                    decisions.push(format!("key auto: {}", auto.why));
+                }
+                auto.key.map(str::to_owned)
+            }
             KeySelect::Path(p) => Some(p.trim_end_matches('.').to_owned()),
         };
         let mut indices = Vec::new();
@@ -294,9 +424,43 @@ impl StateDictOptions {
                 ),
             ));
         }
+        if let Some(k) = &key {
+            let left = ckpt.len().saturating_sub(indices.len());
+            if left > 0 {
+                let mut groups: Vec<(&str, usize)> = Vec::new();
+                for (i, t) in ckpt.tensors().enumerate() {
+                    if indices.binary_search(&i).is_err() {
+                        let top = top(t.name());
+                        match groups.iter_mut().find(|(g, _)| *g == top) {
+                            Some((_, n)) => *n += 1,
+                            None => groups.push((top, 1)),
+                        }
+                    }
+                }
+                let groups: Vec<String> = groups.iter().map(|(g, n)| format!("{g}: {n}")).collect();
+                let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+                decisions.push(format!(
+                    "left out {left} tensor{} outside {k:?} ({})",
+                    if left == 1 { "" } else { "s" },
+                    some_of(&groups)
+                ));
+            }
+        }
         match &self.strip {
             Strip::None => {}
-            Strip::Auto => strip_auto(&mut names),
+            Strip::Auto => {
+                let before = names.first().cloned();
+                strip_auto(&mut names);
+                if let (Some(before), Some(after)) = (before, names.first()) {
+                    if let Some(prefix) = before.strip_suffix(after.as_str()) {
+                        if !prefix.is_empty() {
+                            decisions.push(format!(
+                                "strip-prefix auto: removed {prefix:?} from every name"
+                            ));
+                        }
+                    }
+                }
+            }
             Strip::Prefix(p) => {
                 for n in &mut names {
                     if n.starts_with(p.as_str()) {
@@ -345,6 +509,7 @@ impl StateDictOptions {
         }
         Ok(StateDict {
             ckpt,
+            decisions,
             entries: indices
                 .into_iter()
                 .zip(names)
