@@ -796,18 +796,39 @@ fn convert_writes_what_safetensors_reads_with_torchs_bytes() {
 fn convert_puts_plain_values_in_the_metadata() {
     let dir = temp_dir("meta");
     let path = dir.join("t.safetensors");
-    let out = ptload(&[
-        "convert",
-        &fixture("training.ckpt"),
-        &path.display().to_string(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let bytes = std::fs::read(&path).expect("read");
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("header");
-    let meta = meta.metadata().clone().expect("__metadata__");
+    let input = fixture("training.ckpt");
+    let output = path.display().to_string();
+    let metadata = |extra: &[&str]| {
+        let mut args = vec!["convert", "--force", &input, &output];
+        args.extend_from_slice(extra);
+        let out = ptload(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let bytes = std::fs::read(&path).expect("read");
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("header");
+        meta.metadata().clone().expect("__metadata__")
+    };
+    // By default the values of the selected state dict: the model of a
+    // training checkpoint has none, so only the format marker that
+    // Hugging Face loaders look for.
+    let meta = metadata(&[]);
+    assert_eq!(meta.len(), 1, "{meta:?}");
+    assert_eq!(meta["format"], "pt");
+    let meta = metadata(&["--metadata", "none"]);
+    assert_eq!(meta.len(), 1, "{meta:?}");
+    // Everything in the file.
+    let meta = metadata(&["--metadata", "all"]);
+    assert_eq!(meta["format"], "pt");
     assert_eq!(meta["epoch"], "7");
     assert_eq!(meta["args.name"], "\"run1\"");
     assert_eq!(meta["best_acc"], "0.875");
+    // The values under a chosen key, named without it.
+    let meta = metadata(&["--key", "all"]);
+    assert_eq!(meta["epoch"], "7");
+    let meta = metadata(&["--key", "optimizer_state_dict"]);
+    assert_eq!(meta["param_groups.0.lr"], "0.001", "{meta:?}");
+    assert!(!meta.contains_key("epoch"));
+    metadata(&[]);
+    let bytes = std::fs::read(&path).expect("read");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("read");
     let plain: Vec<String> = targets(&inspect_json("plain_model.pt", &[]))
         .into_iter()

@@ -32,6 +32,14 @@ pub(crate) struct OpenArgs {
     pub(crate) no_mmap: bool,
 }
 
+/// `convert --metadata`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum MetadataArg {
+    None,
+    Values,
+    All,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum Encoding {
     Utf8,

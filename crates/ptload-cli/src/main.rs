@@ -71,6 +71,10 @@ struct ConvertArgs {
     /// Leave out tensors safetensors cannot hold (complex128, ...), with a warning each.
     #[arg(long = "skip-unsupported")]
     skip_unsupported: bool,
+    /// Plain values written to __metadata__ beside {"format": "pt"}: those of the selected
+    /// state dict (values), none, or every value in the file (all).
+    #[arg(long, value_enum, default_value = "values")]
+    metadata: args::MetadataArg,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -222,6 +226,7 @@ fn run(cli: Cli) -> CliResult<u8> {
                 force: a.force,
                 dtype: a.dtype.as_deref(),
                 skip_unsupported: a.skip_unsupported,
+                metadata: a.metadata,
                 json: a.json,
             };
             // Standard output carries the data: the report goes to stderr.

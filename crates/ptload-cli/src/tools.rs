@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use ptload_reader::export::SafetensorsOptions;
+use ptload_reader::export::{Metadata, SafetensorsOptions};
 use ptload_reader::state_dict::{Selected, StateDictOptions};
 use ptload_reader::{scan, Checkpoint, DType, ErrorKind, Limits, OpenOptions};
 use serde::Serialize;
@@ -24,6 +24,7 @@ pub(crate) struct ConvertRequest<'a> {
     pub(crate) force: bool,
     pub(crate) dtype: Option<&'a str>,
     pub(crate) skip_unsupported: bool,
+    pub(crate) metadata: crate::args::MetadataArg,
     pub(crate) json: bool,
 }
 
@@ -78,6 +79,13 @@ pub(crate) fn convert(
             .map(|bar| std::sync::Arc::new(move |n| bar.inc(n)) as ptload_reader::export::Progress),
         overwrite: request.force,
         cancel: Some(cancel_flag()),
+        metadata: match request.metadata {
+            crate::args::MetadataArg::None => Metadata::None,
+            crate::args::MetadataArg::Values => Metadata::Selected {
+                key: selection.key().map(str::to_owned),
+            },
+            crate::args::MetadataArg::All => Metadata::All,
+        },
     };
     let result = if to_stdout {
         let mut stdout = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());

@@ -29,6 +29,28 @@ pub struct SafetensorsOptions {
     /// Set from another thread (a Ctrl-C handler) to stop the write: it
     /// ends with [`ErrorKind::Cancelled`] and leaves no partial file.
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// What goes to `__metadata__` besides `{"format": "pt"}` (which
+    /// loaders such as Hugging Face's look for) and each quantized tensor's
+    /// parameters (which its integers need).
+    pub metadata: Metadata,
+}
+
+/// The plain values (epoch, args, config, ...) written to `__metadata__`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Metadata {
+    /// None: only the format marker and quantization parameters.
+    None,
+    /// Those of the selected sub-tree: the values under `key` (named
+    /// without it; [`StateDict::key`](crate::state_dict::StateDict::key)),
+    /// or every value when `key` is `None` (the whole file was selected).
+    Selected {
+        /// The selection's key.
+        key: Option<String>,
+    },
+    /// Every plain value in the file, under its full name.
+    #[default]
+    All,
 }
 
 impl SafetensorsOptions {
@@ -50,6 +72,7 @@ impl std::fmt::Debug for SafetensorsOptions {
             .field("progress", &self.progress.is_some())
             .field("overwrite", &self.overwrite)
             .field("cancel", &self.cancel)
+            .field("metadata", &self.metadata)
             .finish()
     }
 }
@@ -230,11 +253,24 @@ fn plan(
         ));
     }
     let mut header = String::from("{");
-    let mut metadata: Vec<(String, String)> = ckpt
+    let mut metadata: Vec<(String, String)> = vec![("format".to_owned(), "pt".to_owned())];
+    let values = ckpt
         .values()
         .iter()
-        .filter_map(|(name, v)| plain_json(v).map(|j| (name.clone(), j)))
-        .collect();
+        .filter_map(|(name, v)| plain_json(v).map(|j| (name.as_str(), j)));
+    match &opts.metadata {
+        Metadata::None => {}
+        Metadata::All | Metadata::Selected { key: None } => {
+            metadata.extend(values.map(|(n, j)| (n.to_owned(), j)));
+        }
+        Metadata::Selected { key: Some(key) } => {
+            let key = key.trim_end_matches('.');
+            metadata.extend(values.filter_map(|(n, j)| {
+                let rest = n.strip_prefix(key)?.strip_prefix('.')?;
+                Some((rest.to_owned(), j))
+            }));
+        }
+    }
     // A quantized tensor's integers mean nothing without their scale and
     // zero point: they go to the metadata as `<name>.quantization`.
     for p in &planned {
@@ -284,7 +320,8 @@ fn plan(
     while (header.len() + 8) % 8 != 0 {
         header.push(' ');
     }
-    written.metadata = metadata.len();
+    // The format marker is not a value of the file.
+    written.metadata = metadata.len() - 1;
     Ok((header, planned, written))
 }
 

@@ -129,6 +129,8 @@ pub struct Selected {
 #[derive(Debug, Clone)]
 pub struct StateDict<'c> {
     ckpt: &'c Checkpoint,
+    /// The sub-tree taken, if not the whole file.
+    key: Option<String>,
     /// What the automatic options decided, one line each.
     decisions: Vec<String>,
     entries: Vec<Selected>,
@@ -173,6 +175,12 @@ impl<'c> StateDict<'c> {
     /// The checkpoint the tensors are in.
     pub fn checkpoint(&self) -> &'c Checkpoint {
         self.ckpt
+    }
+
+    /// The dotted path of the sub-tree taken (`model_state_dict`), or
+    /// `None` when the whole file is the state dict.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
     }
 
     /// What the automatic options decided, one line each, for the user:
@@ -509,6 +517,7 @@ impl StateDictOptions {
         }
         Ok(StateDict {
             ckpt,
+            key,
             decisions,
             entries: indices
                 .into_iter()
