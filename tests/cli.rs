@@ -883,6 +883,84 @@ fn diff_reports_equal_and_different_pairs() {
     assert!(!doc["only_in_b"].as_array().expect("b").is_empty());
 }
 
+/// `diff` proves a conversion: a torch file against the safetensors file
+/// `convert` wrote (the torch side selected as convert selects it), exact
+/// or, after a dtype conversion, within a tolerance; and each side takes
+/// its own key.
+#[test]
+fn diff_checks_a_conversion_and_takes_keys_and_tolerances() {
+    let dir = temp_dir("diff-conv");
+    let input = fixture("training.ckpt");
+    let exact = dir.join("m.safetensors").display().to_string();
+    let half = dir.join("b.safetensors").display().to_string();
+    for (out, extra) in [(&exact, None), (&half, Some("bf16"))] {
+        let mut args = vec!["convert", "--force", &input, out];
+        if let Some(d) = extra {
+            args.extend(["--dtype", d]);
+        }
+        let o = ptload(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    let same = ptload(&["diff", &input, &exact]);
+    assert_eq!(
+        same.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&same),
+        stderr(&same)
+    );
+    assert!(
+        stdout(&same).starts_with("equal: 9 equal"),
+        "{}",
+        stdout(&same)
+    );
+    // Either order.
+    assert_eq!(ptload(&["diff", &exact, &input]).status.code(), Some(0));
+    let bf16 = ptload(&["diff", "--json", &input, &half]);
+    assert_eq!(bf16.status.code(), Some(1));
+    let doc: Json = serde_json::from_str(&stdout(&bf16)).expect("json");
+    assert_eq!(doc["different"][0]["what"], "dtype F32 vs BF16");
+    // bf16 keeps 8 bits of mantissa: within 1% of each value.
+    let close = ptload(&["diff", "--rtol", "0.01", &input, &half]);
+    assert_eq!(close.status.code(), Some(0), "{}", stdout(&close));
+    let too_tight = ptload(&["diff", "--json", "--rtol", "0.0001", &input, &half]);
+    assert_eq!(too_tight.status.code(), Some(1));
+    let doc: Json = serde_json::from_str(&stdout(&too_tight)).expect("json");
+    assert!(doc["different"][0]["what"]
+        .as_str()
+        .is_some_and(|w| w.contains("values outside the tolerance")));
+    // Per-side keys: the model of a training checkpoint against a plain
+    // state dict of another run.
+    let keyed = ptload(&[
+        "diff",
+        "--json",
+        "--key-a",
+        "model_state_dict",
+        &input,
+        &fixture("plain_model.pt"),
+    ]);
+    let doc: Json = serde_json::from_str(&stdout(&keyed)).expect("json");
+    assert!(
+        doc["only_in_a"].as_array().is_some_and(Vec::is_empty),
+        "{doc}"
+    );
+    assert_eq!(doc["different"].as_array().map(Vec::len), Some(9));
+    // One Adam step moves every weight by about 1e-3: within atol 2e-3.
+    let near = ptload(&[
+        "diff",
+        "--key-a",
+        "model_state_dict",
+        "--atol",
+        "0.002",
+        &input,
+        &fixture("plain_model.pt"),
+    ]);
+    assert_eq!(near.status.code(), Some(0), "{}", stdout(&near));
+    let bad = ptload(&["diff", "--atol", "-1", &input, &exact]);
+    assert_eq!(bad.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
 /// Whole outputs against golden files in tests/golden/. Set
 /// PTLOAD_UPDATE_GOLDEN=1 to rewrite them after a deliberate change, then
 /// review the diff. Commands run from the repository root with relative

@@ -99,13 +99,26 @@ struct ScanArgs {
 
 #[derive(Args)]
 struct DiffArgs {
-    /// First checkpoint.
+    /// First checkpoint (a torch file, or a .safetensors file).
     a: PathBuf,
-    /// Second checkpoint.
+    /// Second checkpoint (a torch file, or a .safetensors file).
     b: PathBuf,
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// --key for the first file only.
+    #[arg(long = "key-a", value_name = "PATH|auto|all")]
+    key_a: Option<String>,
+    /// --key for the second file only.
+    #[arg(long = "key-b", value_name = "PATH|auto|all")]
+    key_b: Option<String>,
+    /// Floating tensors within this absolute difference are equal (with --rtol: |a - b| <=
+    /// atol + rtol * |b|, as torch.allclose); tensors of two floating dtypes then compare by value.
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    atol: f64,
+    /// Floating tensors within this relative difference are equal (see --atol).
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    rtol: f64,
     #[command(flatten)]
     open: OpenArgs,
     #[command(flatten)]
@@ -154,6 +167,37 @@ struct InspectArgs {
     map: MapArgs,
     #[command(flatten)]
     state: StateDictArgs,
+}
+
+/// One side of `diff`, as read.
+enum Opened {
+    Torch(Checkpoint),
+    Safetensors(Vec<u8>),
+}
+
+/// A side of `diff` ready to compare: a torch checkpoint's selection
+/// (`key` overriding `--key`), or the safetensors file's tensors.
+fn diff_side<'o>(
+    opened: &'o Opened,
+    key: &Option<String>,
+    path: &std::path::Path,
+    state: &StateDictArgs,
+    converted: bool,
+) -> CliResult<tools::Side<'o>> {
+    match opened {
+        Opened::Torch(ckpt) => {
+            let mut state = state.clone();
+            if key.is_some() {
+                state.key.clone_from(key);
+            }
+            let sel = state.options(!converted)?.select(ckpt)?;
+            args::tell_decisions(sel.decisions());
+            Ok(tools::Side::Torch(sel))
+        }
+        Opened::Safetensors(bytes) => safetensors::SafeTensors::deserialize(bytes)
+            .map(tools::Side::Safetensors)
+            .map_err(|e| format!("{}: safetensors: {e}", path.display()).into()),
+    }
 }
 
 /// The machine's GPUs, asked only when a mapping needs them.
@@ -242,14 +286,34 @@ fn run(cli: Cli) -> CliResult<u8> {
             return Ok(verdict);
         }
         Command::Diff(a) => {
+            if !(a.atol >= 0.0 && a.rtol >= 0.0) {
+                return Err("invalid --atol/--rtol: expected numbers of 0 or more".into());
+            }
             let opts = a.open.options();
-            // Which side failed, by its path.
-            let side = |path: &PathBuf| {
+            // Each side is a torch checkpoint or a safetensors file; an
+            // error says which side failed.
+            let read = |path: &PathBuf| -> CliResult<Opened> {
+                let fail = |e: String| format!("{}: {}", path.display(), in_cli_terms(&e));
+                if tools::is_safetensors(path) {
+                    let bytes = std::fs::read(path).map_err(|e| fail(format!("io: {e}")))?;
+                    return Ok(Opened::Safetensors(bytes));
+                }
                 opts.open(path)
-                    .map_err(|e| format!("{}: {}", path.display(), in_cli_terms(&e.to_string())))
+                    .map(Opened::Torch)
+                    .map_err(|e| fail(e.to_string()).into())
             };
-            let (ca, cb) = (side(&a.a)?, side(&a.b)?);
-            let verdict = tools::diff(&mut out, &ca, &cb, &a.state.options(true)?, a.json)?;
+            let (oa, ob) = (read(&a.a)?, read(&a.b)?);
+            // Against a safetensors file (a conversion), the torch side is
+            // selected as convert selects it: the model, prefixes stripped.
+            let converted =
+                matches!(oa, Opened::Safetensors(_)) || matches!(ob, Opened::Safetensors(_));
+            let sa = diff_side(&oa, &a.key_a, &a.a, &a.state, converted)?;
+            let sb = diff_side(&ob, &a.key_b, &a.b, &a.state, converted)?;
+            let tol = tools::Tolerance {
+                atol: a.atol,
+                rtol: a.rtol,
+            };
+            let verdict = tools::diff(&mut out, &sa, &sb, tol, a.json)?;
             out.flush()?;
             return Ok(verdict);
         }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use ptload_reader::export::{Metadata, SafetensorsOptions};
-use ptload_reader::state_dict::{Selected, StateDictOptions};
+use ptload_reader::state_dict::StateDictOptions;
 use ptload_reader::{scan, Checkpoint, DType, ErrorKind, Limits, OpenOptions};
 use serde::Serialize;
 
@@ -348,91 +348,202 @@ fn as_f64(bytes: &[u8], dtype: DType) -> Option<Vec<f64>> {
     )
 }
 
-fn compare(
-    a: &Checkpoint,
-    sa: &Selected,
-    b: &Checkpoint,
-    sb: &Selected,
-) -> CliResult<Option<Difference>> {
-    let (ta, tb) = match (a.tensor_at(sa.index), b.tensor_at(sb.index)) {
-        (Some(x), Some(y)) => (x, y),
-        _ => return Ok(None),
+/// How close two floating tensors must be to count as equal:
+/// `|a - b| <= atol + rtol * |b|` for every element (as `torch.allclose`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tolerance {
+    pub(crate) atol: f64,
+    pub(crate) rtol: f64,
+}
+
+impl Tolerance {
+    fn is_set(&self) -> bool {
+        self.atol > 0.0 || self.rtol > 0.0
+    }
+}
+
+/// Whether `path` holds a safetensors file: an 8-byte little-endian
+/// header length that fits the file, then `{`.
+pub(crate) fn is_safetensors(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
     };
-    let name = sa.name.clone();
-    if ta.dtype() != tb.dtype() {
-        return Ok(Some(Difference {
-            name,
-            what: format!("dtype {} vs {}", ta.dtype(), tb.dtype()),
-            max_abs_diff: None,
-        }));
+    let mut head = [0u8; 9];
+    if f.read_exact(&mut head).is_err() {
+        return false;
     }
-    if ta.shape() != tb.shape() {
-        return Ok(Some(Difference {
-            name,
-            what: format!("shape {:?} vs {:?}", ta.shape(), tb.shape()),
-            max_abs_diff: None,
-        }));
-    }
-    let (da, db) = match (ta.data(), tb.data()) {
-        (Ok(x), Ok(y)) => (x, y),
-        // Meta tensors: equal when dtype and shape are.
-        (Err(_), Err(_)) => return Ok(None),
-        _ => {
-            return Ok(Some(Difference {
-                name,
-                what: "one side has no data (meta)".into(),
-                max_abs_diff: None,
-            }))
+    let len = f.metadata().map_or(0, |m| m.len());
+    let mut n = [0u8; 8];
+    n.copy_from_slice(&head[..8]);
+    let n = u64::from_le_bytes(n);
+    n >= 2 && n <= len.saturating_sub(8) && head[8] == b'{'
+}
+
+/// One side of a diff: a torch checkpoint's selection, or a safetensors
+/// file (read whole; its names as they are).
+pub(crate) enum Side<'a> {
+    Torch(ptload_reader::state_dict::StateDict<'a>),
+    Safetensors(safetensors::SafeTensors<'a>),
+}
+
+/// A tensor of either side.
+struct Entry<'a> {
+    dtype: DType,
+    shape: Vec<u64>,
+    /// Row-major little-endian elements; `None` for a meta tensor.
+    data: Option<std::borrow::Cow<'a, [u8]>>,
+}
+
+impl<'a> Side<'a> {
+    fn names(&self) -> Vec<String> {
+        match self {
+            Side::Torch(sel) => sel.iter().map(|s| s.name.clone()).collect(),
+            Side::Safetensors(st) => {
+                // The header's order is the data's (offsets ascending).
+                let mut named: Vec<(usize, String)> = st
+                    .tensors()
+                    .into_iter()
+                    .map(|(n, v)| (v.data().as_ptr() as usize, n))
+                    .collect();
+                named.sort();
+                named.into_iter().map(|(_, n)| n).collect()
+            }
         }
-    };
-    if da == db {
-        return Ok(None);
     }
-    // NaN anywhere makes the largest difference NaN.
-    let max = match (as_f64(&da, ta.dtype()), as_f64(&db, tb.dtype())) {
-        (Some(x), Some(y)) => Some(x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(
-            0.0f64,
-            |m, d| {
-                if m.is_nan() || d.is_nan() {
-                    f64::NAN
-                } else {
-                    m.max(d)
-                }
-            },
-        )),
-        _ => None,
+
+    fn contains(&self, name: &str) -> bool {
+        match self {
+            Side::Torch(sel) => sel.contains(name),
+            Side::Safetensors(st) => st.tensor(name).is_ok(),
+        }
+    }
+
+    fn entry(&self, name: &str) -> CliResult<Option<Entry<'_>>> {
+        match self {
+            Side::Torch(sel) => {
+                let Some(t) = sel.get(name) else {
+                    return Ok(None);
+                };
+                Ok(Some(Entry {
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                    data: t.storage().map(|_| t.data()).transpose()?,
+                }))
+            }
+            Side::Safetensors(st) => {
+                let Ok(view) = st.tensor(name) else {
+                    return Ok(None);
+                };
+                let dtype_name = format!("{:?}", view.dtype());
+                let dtype = dtype_name.parse::<DType>().map_err(|_| {
+                    format!("{name}: safetensors dtype {dtype_name} is not one ptload reads")
+                })?;
+                Ok(Some(Entry {
+                    dtype,
+                    shape: view.shape().iter().map(|&d| d as u64).collect(),
+                    data: Some(std::borrow::Cow::Borrowed(view.data())),
+                }))
+            }
+        }
+    }
+}
+
+/// The largest `|a - b|` and whether every element is within `tol`
+/// (`None` when the dtypes have no numeric values to compare).
+fn closeness(a: &Entry<'_>, b: &Entry<'_>, tol: Tolerance) -> Option<(f64, bool)> {
+    let (x, y) = (
+        as_f64(a.data.as_deref()?, a.dtype)?,
+        as_f64(b.data.as_deref()?, b.dtype)?,
+    );
+    let mut max = 0.0f64;
+    let mut within = true;
+    for (p, q) in x.iter().zip(&y) {
+        let d = (p - q).abs();
+        // NaN anywhere makes the largest difference NaN.
+        max = if max.is_nan() || d.is_nan() {
+            f64::NAN
+        } else {
+            max.max(d)
+        };
+        let close = d <= tol.atol + tol.rtol * q.abs() || (p.is_nan() && q.is_nan());
+        within &= close;
+    }
+    Some((max, within))
+}
+
+/// `None` when equal (bytes equal, or within the tolerance).
+fn compare(name: &str, a: &Entry<'_>, b: &Entry<'_>, tol: Tolerance) -> Option<Difference> {
+    let differ = |what: String, max_abs_diff| {
+        Some(Difference {
+            name: name.to_owned(),
+            what,
+            max_abs_diff,
+        })
     };
-    Ok(Some(Difference {
-        name,
-        what: "bytes differ".into(),
-        max_abs_diff: max,
-    }))
+    if a.shape != b.shape {
+        return differ(format!("shape {:?} vs {:?}", a.shape, b.shape), None);
+    }
+    if a.dtype != b.dtype {
+        // With a tolerance, values of two floating dtypes compare (a
+        // conversion to bf16 checked against its f32 source).
+        if tol.is_set() && a.dtype.is_float() && b.dtype.is_float() {
+            return match closeness(a, b, tol) {
+                Some((_, true)) => None,
+                Some((max, false)) => differ(
+                    format!(
+                        "dtype {} vs {}, values outside the tolerance",
+                        a.dtype, b.dtype
+                    ),
+                    Some(max),
+                ),
+                None => differ(format!("dtype {} vs {}", a.dtype, b.dtype), None),
+            };
+        }
+        return differ(format!("dtype {} vs {}", a.dtype, b.dtype), None);
+    }
+    match (&a.data, &b.data) {
+        // Meta tensors: equal when dtype and shape are.
+        (None, None) => None,
+        (Some(x), Some(y)) if x == y => None,
+        (Some(_), Some(_)) => match closeness(a, b, tol) {
+            Some((_, true)) if tol.is_set() => None,
+            Some((max, _)) => differ(
+                if tol.is_set() {
+                    "values outside the tolerance".into()
+                } else {
+                    "bytes differ".into()
+                },
+                Some(max),
+            ),
+            None => differ("bytes differ".into(), None),
+        },
+        _ => differ("one side has no data (meta)".into(), None),
+    }
 }
 
 pub(crate) fn diff(
     out: &mut impl Write,
-    a: &Checkpoint,
-    b: &Checkpoint,
-    state: &StateDictOptions,
+    a: &Side<'_>,
+    b: &Side<'_>,
+    tol: Tolerance,
     json: bool,
 ) -> CliResult<Verdict> {
-    let sel_a = state.select(a)?;
-    let sel_b = state.select(b)?;
     let mut result = DiffOut::default();
-    for sa in &sel_a {
-        match sel_b.selected(&sa.name) {
-            None => result.only_in_a.push(sa.name.clone()),
-            Some(sb) => match compare(a, sa, b, sb)? {
-                Some(d) => result.different.push(d),
-                None => result.equal += 1,
-            },
+    for name in a.names() {
+        if !b.contains(&name) {
+            result.only_in_a.push(name);
+            continue;
+        }
+        let (Some(ea), Some(eb)) = (a.entry(&name)?, b.entry(&name)?) else {
+            continue;
+        };
+        match compare(&name, &ea, &eb, tol) {
+            Some(d) => result.different.push(d),
+            None => result.equal += 1,
         }
     }
-    result.only_in_b = sel_b
-        .iter()
-        .filter(|s| !sel_a.contains(&s.name))
-        .map(|s| s.name.clone())
-        .collect();
+    result.only_in_b = b.names().into_iter().filter(|n| !a.contains(n)).collect();
     let same =
         result.only_in_a.is_empty() && result.only_in_b.is_empty() && result.different.is_empty();
     if json {
