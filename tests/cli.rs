@@ -56,10 +56,13 @@ fn inspect_json_has_exactly_the_documented_keys() {
     assert_eq!(
         keys,
         [
+            "file",
             "format",
             "byteorder",
             "pickle_protocol",
             "tensors",
+            "totals",
+            "values",
             "globals",
             "suspicious"
         ]
@@ -231,7 +234,10 @@ fn demo_runs_on_the_embedded_checkpoint() {
             t["name"]
         );
     }
-    assert!(text.contains("epoch = 7"), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("epoch ") && l.ends_with(" 7")),
+        "{text}"
+    );
     assert!(text.contains("argparse.Namespace"), "{text}");
     assert!(text.contains("--map-location auto"), "{text}");
     assert!(text.contains("loaded 9 tensors"), "{text}");
@@ -365,6 +371,71 @@ fn strict_names_every_refused_global_and_allow_global_takes_lists_and_globs() {
         stderr(&star).contains("are never allowed"),
         "{}",
         stderr(&star)
+    );
+}
+
+#[test]
+fn inspect_shows_values_and_totals_and_takes_several_files() {
+    let doc = inspect_json("training.ckpt", &[]);
+    assert!(doc["file"]
+        .as_str()
+        .is_some_and(|f| f.ends_with("training.ckpt")));
+    assert_eq!(doc["totals"]["tensors"], 36);
+    assert_eq!(doc["totals"]["storages"], 36);
+    assert_eq!(doc["totals"]["bytes"], doc["totals"]["stored_bytes"]);
+    let values = doc["values"].as_array().expect("values");
+    let get = |name: &str| {
+        values
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    // torch's answers for the same file.
+    assert_eq!(get("epoch")["value"], 7);
+    assert_eq!(get("args.name")["value"], "run1");
+    assert_eq!(get("best_acc")["value"], 0.875);
+    assert_eq!(get("args.amp")["value"], true);
+    assert_eq!(get("np_array")["value"], Json::Null);
+    assert_eq!(get("np_array")["text"], "numpy array i8 [4]");
+    let want = expected("training.ckpt");
+    assert_eq!(
+        values.len(),
+        want["values"].as_object().map_or(0, |v| v.len()) + 1
+    );
+    // The table: a second one for the values.
+    let text = stdout(&ptload(&["inspect", &fixture("training.ckpt")]));
+    assert!(text.contains("\nNAME "), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("epoch ") && l.ends_with(" 7")),
+        "{text}"
+    );
+    // Several files: a table each, or one JSON document per line; a file
+    // that fails is named and the others still shown (exit 2).
+    let both = ptload(&[
+        "inspect",
+        "--json",
+        &fixture("basic.pt"),
+        &fixture("legacy.pt"),
+    ]);
+    assert_eq!(both.status.code(), Some(0));
+    let docs: Vec<Json> = stdout(&both)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(docs.len(), 2);
+    assert_eq!(docs[1]["format"], "legacy");
+    let bad = ptload(&["inspect", &fixture("lfs_pointer.pt"), &fixture("basic.pt")]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("lfs_pointer.pt: format:"),
+        "{}",
+        stderr(&bad)
+    );
+    assert!(
+        stdout(&bad).contains("4 tensors, 4 storages"),
+        "{}",
+        stdout(&bad)
     );
 }
 

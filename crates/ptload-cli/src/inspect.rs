@@ -184,12 +184,70 @@ impl QuantJson {
 /// The document `inspect --json` prints.
 #[derive(Serialize)]
 struct InspectJson<'r, 'a> {
+    file: &'r str,
     format: &'static str,
     byteorder: &'static str,
     pickle_protocol: u8,
     tensors: Tensors<'r, 'a>,
+    totals: Totals,
+    values: Vec<ValueJson<'a>>,
     globals: Vec<String>,
     suspicious: Vec<String>,
+}
+
+/// Counts over the selected tensors.
+#[derive(Serialize)]
+struct Totals {
+    tensors: usize,
+    storages: usize,
+    /// Bytes of the tensors' elements.
+    bytes: u64,
+    /// Bytes of the storages they view, each once.
+    stored_bytes: u64,
+}
+
+impl Totals {
+    fn of(ckpt: &Checkpoint, rows: &[Row<'_>]) -> Totals {
+        let mut storages: Vec<usize> = rows.iter().filter_map(|r| r.view.info().storage).collect();
+        storages.sort_unstable();
+        storages.dedup();
+        Totals {
+            tensors: rows.len(),
+            storages: storages.len(),
+            bytes: rows.iter().map(|r| r.view.info().nbytes).sum(),
+            stored_bytes: storages
+                .iter()
+                .filter_map(|&i| ckpt.storages().get(i))
+                .map(|s| s.nbytes)
+                .sum(),
+        }
+    }
+}
+
+/// A plain value of the file (epoch, args, config...): `value` as JSON
+/// when it is a bool, int, float, str or None, `text` as `inspect` shows
+/// it.
+#[derive(Serialize)]
+struct ValueJson<'a> {
+    name: &'a str,
+    value: serde_json::Value,
+    text: String,
+}
+
+fn value_json<'a>(name: &'a str, v: &Scalar) -> ValueJson<'a> {
+    let value = match v {
+        Scalar::Bool(b) => serde_json::Value::Bool(*b),
+        Scalar::Int(i) => serde_json::Value::from(*i),
+        Scalar::Float(f) => serde_json::Number::from_f64(*f)
+            .map_or(serde_json::Value::Null, serde_json::Value::Number),
+        Scalar::Str(s) => serde_json::Value::String(s.clone()),
+        _ => serde_json::Value::Null,
+    };
+    ValueJson {
+        name,
+        value,
+        text: scalar_text(v),
+    }
 }
 
 /// The tensor list, serialized as it is produced (nothing per tensor is
@@ -240,13 +298,21 @@ pub(crate) fn json(
     out: &mut impl Write,
     ckpt: &Checkpoint,
     rows: &[Row<'_>],
+    file: &str,
     hash: bool,
 ) -> CliResult<()> {
     let doc = InspectJson {
+        file,
         format: ckpt.format().name(),
         byteorder: ckpt.byte_order().name(),
         pickle_protocol: ckpt.pickle_protocol(),
         tensors: Tensors { rows, hash },
+        totals: Totals::of(ckpt, rows),
+        values: ckpt
+            .values()
+            .iter()
+            .map(|(name, v)| value_json(name, v))
+            .collect(),
         globals: distinct_globals(ckpt.globals().iter().map(|g| g.path())),
         suspicious: distinct_globals(ckpt.suspicious().map(|g| g.path())),
     };
@@ -320,23 +386,16 @@ pub(crate) fn table(
             writeln!(out, "    sha256 {}", sha256(&r.view)?)?;
         }
     }
-    let total: u64 = rows.iter().map(|r| r.view.info().nbytes).sum();
-    let mut storages: Vec<usize> = rows.iter().filter_map(|r| r.view.info().storage).collect();
-    storages.sort_unstable();
-    storages.dedup();
-    let stored: u64 = storages
-        .iter()
-        .filter_map(|&i| ckpt.storages().get(i))
-        .map(|s| s.nbytes)
-        .sum();
+    let totals = Totals::of(ckpt, rows);
     writeln!(
         out,
         "{} tensors, {} storages, {} of tensor data ({} stored)",
-        rows.len(),
-        storages.len(),
-        human_size(total),
-        human_size(stored)
+        totals.tensors,
+        totals.storages,
+        human_size(totals.bytes),
+        human_size(totals.stored_bytes)
     )?;
+    values_table(out, ckpt)?;
     let suspicious = distinct_globals(ckpt.suspicious().map(|g| g.path()));
     if !suspicious.is_empty() {
         writeln!(
@@ -347,6 +406,42 @@ pub(crate) fn table(
     }
     for w in ckpt.warnings() {
         writeln!(out, "warning: {w}")?;
+    }
+    Ok(())
+}
+
+/// Plain values shown at most; `--json` lists them all.
+const VALUES_SHOWN: usize = 40;
+
+/// The file's plain values (epoch, step, args, config), a second table.
+fn values_table(out: &mut impl Write, ckpt: &Checkpoint) -> io::Result<()> {
+    let values = ckpt.values();
+    if values.is_empty() {
+        return Ok(());
+    }
+    let shown = values
+        .get(..values.len().min(VALUES_SHOWN))
+        .unwrap_or_default();
+    let width = shown
+        .iter()
+        .map(|(n, _)| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("NAME".len());
+    let mut line = String::new();
+    pad(&mut line, "NAME", width, false);
+    writeln!(out, "{line}  VALUE")?;
+    for (name, v) in shown {
+        let mut line = String::new();
+        pad(&mut line, display_name(name), width, false);
+        writeln!(out, "{line}  {}", scalar_text(v))?;
+    }
+    if values.len() > shown.len() {
+        writeln!(
+            out,
+            "... {} more values (--json lists them all)",
+            values.len() - shown.len()
+        )?;
     }
     Ok(())
 }

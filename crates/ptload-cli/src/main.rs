@@ -153,9 +153,10 @@ struct LoadArgs {
 
 #[derive(Args)]
 struct InspectArgs {
-    /// The checkpoint (.pt, .pth, .bin, .ckpt: the layout is detected from the content).
-    file: PathBuf,
-    /// Print JSON instead of a table.
+    /// Checkpoints (.pt, .pth, .bin, .ckpt: the layout is detected from the content).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Print JSON instead of a table (one document per line, one line per file).
     #[arg(long)]
     json: bool,
     /// Add the sha256 of each tensor's elements (row-major, little-endian).
@@ -222,24 +223,48 @@ fn run(cli: Cli) -> CliResult<u8> {
     let mut out = io::BufWriter::new(stdout.lock());
     match cli.command {
         Command::Inspect(a) => {
-            let ckpt = a.open.options().open(&a.file)?;
-            let rows = inspect::rows(&ckpt, &a.map, &a.state, &MachineGpus)?;
-            if a.json {
-                inspect::json(&mut out, &ckpt, &rows, a.hash)?;
-            } else {
-                inspect::table(
-                    &mut out,
-                    &ckpt,
-                    &rows,
-                    &a.file.display().to_string(),
-                    a.hash,
-                )?;
+            let several = a.files.len() > 1;
+            let mut failed = false;
+            for (i, file) in a.files.iter().enumerate() {
+                let label = file.display().to_string();
+                if several && !a.json && i > 0 {
+                    writeln!(out)?;
+                }
+                let result = (|| -> CliResult<()> {
+                    let ckpt = a.open.options().open(file)?;
+                    let rows = inspect::rows(&ckpt, &a.map, &a.state, &MachineGpus)?;
+                    if a.json {
+                        inspect::json(&mut out, &ckpt, &rows, &label, a.hash)?;
+                    } else {
+                        inspect::table(&mut out, &ckpt, &rows, &label, a.hash)?;
+                    }
+                    out.flush()?;
+                    // The process ends soon: the OS reclaims the checkpoint's
+                    // memory faster than freeing it piece by piece.
+                    std::mem::forget(rows);
+                    std::mem::forget(ckpt);
+                    Ok(())
+                })();
+                match result {
+                    Ok(()) => {}
+                    // One file: its error is the command's.
+                    Err(e) if !several => return Err(e),
+                    Err(e) => {
+                        if let Some(io) = e.downcast_ref::<io::Error>() {
+                            if io.kind() == io::ErrorKind::BrokenPipe {
+                                return Err(e);
+                            }
+                        }
+                        out.flush()?;
+                        eprintln!("ptload: {label}: {}", in_cli_terms(&e.to_string()));
+                        failed = true;
+                    }
+                }
             }
-            out.flush()?;
-            // The process ends right after: the OS reclaims the checkpoint's
-            // memory faster than freeing it piece by piece.
-            std::mem::forget(rows);
-            std::mem::forget(ckpt);
+            if failed {
+                out.flush()?;
+                return Ok(2);
+            }
         }
         Command::Load(a) => {
             let started = std::time::Instant::now();
@@ -340,10 +365,6 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
         &MachineGpus,
     )?;
     inspect::table(out, &ckpt, &rows, "training.ckpt (embedded)", false)?;
-    writeln!(out, "\nValues (non-tensor leaves):")?;
-    for (name, value) in ckpt.values() {
-        writeln!(out, "  {name} = {}", inspect::scalar_text(value))?;
-    }
     writeln!(
         out,
         "\nLoading the model (--key auto picks model_state_dict) with --map-location auto:"
