@@ -235,7 +235,8 @@ fn demo_runs_on_the_embedded_checkpoint() {
         );
     }
     assert!(
-        text.lines().any(|l| l.starts_with("epoch ") && l.ends_with(" 7")),
+        text.lines()
+            .any(|l| l.starts_with("epoch ") && l.ends_with(" 7")),
         "{text}"
     );
     assert!(text.contains("argparse.Namespace"), "{text}");
@@ -436,6 +437,46 @@ fn inspect_shows_values_and_totals_and_takes_several_files() {
         stdout(&bad).contains("4 tensors, 4 storages"),
         "{}",
         stdout(&bad)
+    );
+}
+
+#[test]
+fn include_and_exclude_pick_tensors_by_final_name() {
+    let doc = inspect_json(
+        "training.ckpt",
+        &[
+            "--key",
+            "auto",
+            "--include",
+            "encoder.*,head.*",
+            "--exclude",
+            "*.bias",
+        ],
+    );
+    let names: Vec<&str> = doc["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["encoder.0.weight", "encoder.2.weight", "head.weight"]
+    );
+    // The same selection through load and convert.
+    let out = ptload(&[
+        "load",
+        "--json",
+        "--exclude",
+        "encoder.*",
+        &fixture("training.ckpt"),
+    ]);
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(doc["tensors"].as_array().map(Vec::len), Some(5));
+    assert!(
+        stderr(&out).contains("left out 4 tensors by name"),
+        "{}",
+        stderr(&out)
     );
 }
 

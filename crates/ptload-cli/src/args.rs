@@ -258,6 +258,24 @@ pub(crate) struct StateDictArgs {
     /// (encoder.*=enc.*). Repeatable; the first match wins.
     #[arg(long, value_name = "FROM=TO")]
     pub(crate) rename: Vec<String>,
+    /// Keep only tensors whose final name matches one of these globs (comma-separated or
+    /// repeated: 'encoder.*,*.bias').
+    #[arg(long, value_name = "GLOB[,...]")]
+    pub(crate) include: Vec<String>,
+    /// Leave out tensors whose final name matches one of these globs (after --include).
+    #[arg(long, value_name = "GLOB[,...]")]
+    pub(crate) exclude: Vec<String>,
+}
+
+/// Globs given as repeated and comma-separated values.
+fn globs(lists: &[String]) -> Vec<String> {
+    lists
+        .iter()
+        .flat_map(|l| l.split(','))
+        .map(str::trim)
+        .filter(|g| !g.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 impl StateDictArgs {
@@ -293,6 +311,8 @@ impl StateDictArgs {
             strip,
             add_prefix: self.add_prefix.clone(),
             renames,
+            include: globs(&self.include),
+            exclude: globs(&self.exclude),
         })
     }
 }

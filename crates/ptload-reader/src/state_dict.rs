@@ -8,7 +8,7 @@ use hashbrown::HashTable;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, ErrorKind, Result};
-use crate::placement::glob_captures;
+use crate::glob::{glob, glob_captures};
 use crate::view::TensorView;
 
 /// Top-level keys that hold the model in training checkpoints, in the order
@@ -95,6 +95,11 @@ pub struct StateDictOptions {
     /// Renames `(from, to)`: the first whose glob matches a name rewrites it,
     /// each `*` of `to` taking what the `*`s of `from` matched.
     pub renames: Vec<(String, String)>,
+    /// Keep only the tensors whose final name matches one of these globs
+    /// (all when empty).
+    pub include: Vec<String>,
+    /// Then leave out those whose final name matches one of these globs.
+    pub exclude: Vec<String>,
 }
 
 /// One tensor of the selected state dict.
@@ -486,6 +491,29 @@ impl StateDictOptions {
             }
             if let Some(prefix) = &self.add_prefix {
                 n.insert_str(0, prefix);
+            }
+        }
+        if !self.include.is_empty() || !self.exclude.is_empty() {
+            let keep = |n: &str| {
+                (self.include.is_empty() || self.include.iter().any(|g| glob(g, n)))
+                    && !self.exclude.iter().any(|g| glob(g, n))
+            };
+            let before = names.len();
+            let (mut kept_indices, mut kept_names) = (Vec::new(), Vec::new());
+            for (i, n) in indices.into_iter().zip(names) {
+                if keep(&n) {
+                    kept_indices.push(i);
+                    kept_names.push(n);
+                }
+            }
+            indices = kept_indices;
+            names = kept_names;
+            let dropped = before - names.len();
+            if dropped > 0 {
+                decisions.push(format!(
+                    "left out {dropped} tensor{} by name (include/exclude)",
+                    if dropped == 1 { "" } else { "s" }
+                ));
             }
         }
         let hasher = hashbrown::DefaultHashBuilder::default();

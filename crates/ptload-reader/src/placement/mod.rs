@@ -9,7 +9,6 @@ mod mappers;
 mod plan;
 
 pub use crate::glob::glob;
-pub(crate) use crate::glob::glob_captures;
 pub use location::{Device, Location, MapLocation, MAP_LOCATION_GRAMMAR};
 pub use mappers::{
     Balanced, Budget, ByName, BySize, First, Keep, Mapper, StorageRequest, Table, To,
@@ -19,6 +18,7 @@ pub use plan::{Placement, Plan};
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::glob::glob_captures;
 
     #[test]
     fn locations_parse_and_print() {
