@@ -480,6 +480,54 @@ fn include_and_exclude_pick_tensors_by_final_name() {
     );
 }
 
+/// Run `ptload` in a pseudo-terminal (util-linux `script`), with bars
+/// drawn from 0 bytes on, and return what the terminal received.
+fn in_terminal(args: &[&str]) -> String {
+    let mut line = env!("CARGO_BIN_EXE_ptload").to_owned();
+    for a in args {
+        line.push_str(" '");
+        line.push_str(a);
+        line.push('\'');
+    }
+    let out = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("PTLOAD_PROGRESS_FROM", "0")
+        .output()
+        .expect("util-linux `script` runs commands in a pseudo-terminal");
+    assert!(out.status.success(), "{line}: {}", stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+fn progress_bars_are_labelled_drawn_on_a_terminal_and_can_be_turned_off() {
+    let file = fixture("training.ckpt");
+    let shown = in_terminal(&["load", "--map-location", "cpu", "--dtype", "bf16", &file]);
+    assert!(shown.contains("converting and loading"), "{shown}");
+    // Drawn, then cleared before the report.
+    assert!(shown.contains("924 B/924 B"), "{shown}");
+    assert!(shown.contains("\x1b[2K"), "{shown}");
+    let hashed = in_terminal(&["inspect", "--hash", &file]);
+    assert!(hashed.contains("hashing"), "{hashed}");
+    let dir = temp_dir("bars");
+    let out = dir.join("m.safetensors").display().to_string();
+    let converted = in_terminal(&["convert", &file, &out]);
+    assert!(converted.contains("converting"), "{converted}");
+    let compared = in_terminal(&["diff", &file, &out]);
+    assert!(compared.contains("comparing"), "{compared}");
+    for off in ["--no-progress", "--quiet"] {
+        let plain = in_terminal(&["load", off, "--dtype", "bf16", &file]);
+        assert!(!plain.contains("converting and loading"), "{off}: {plain}");
+        assert!(plain.contains("loaded 9 tensors"), "{plain}");
+    }
+    // --quiet also drops the notes on automatic choices; not a pipe's
+    // output either way.
+    let quiet = in_terminal(&["load", "--quiet", &file]);
+    assert!(!quiet.contains("--key auto"), "{quiet}");
+    let piped = ptload(&["load", "--dtype", "bf16", &file]);
+    assert!(!stderr(&piped).contains("converting"), "{}", stderr(&piped));
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
 #[test]
 fn automatic_choices_are_said() {
     let out = ptload(&["load", "--json", &fixture("training_rng.ckpt")]);

@@ -669,8 +669,13 @@ fn many_small_storages_make_few_copies() {
     assert_eq!(ckpt.storages().len(), 20_000);
     let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
     let copies = |staging: ptload_device::Staging| {
+        let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = Arc::clone(&done);
         let opts = LoadOptions {
             staging,
+            progress: Some(Arc::new(move |n| {
+                counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            })),
             ..Default::default()
         };
         let loaded =
@@ -682,6 +687,11 @@ fn many_small_storages_make_few_copies() {
             .cloned()
             .expect("cuda:0");
         assert_eq!(report.tensors, 20_000);
+        // Progress counts each byte of the checkpoint once, padding never.
+        assert_eq!(
+            done.load(std::sync::atomic::Ordering::Relaxed),
+            report.bytes
+        );
         (report.copies, report.pinned_bytes)
     };
     // 20,000 storages of at most 16 bytes, each at a 256-byte boundary:
@@ -916,5 +926,42 @@ fn quantization_and_sparse_components_travel_with_the_loaded_tensors() {
                 assert_eq!(values.info.dtype, dtype.unwrap_or(DType::F32));
             }
         }
+    }
+}
+
+/// Progress counts each byte of the checkpoint once: placed on the host as
+/// it is, or read by a conversion (never again when the converted buffer
+/// is placed).
+#[test]
+fn progress_counts_each_byte_once() {
+    let _turn = gpu_turn();
+    let ckpt = open("training.ckpt");
+    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    for dtype in [None, Some(DType::BF16)] {
+        let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = Arc::clone(&done);
+        let opts = LoadOptions {
+            dtype,
+            progress: Some(Arc::new(move |n| {
+                counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            })),
+            ..Default::default()
+        };
+        let loaded = load(
+            Arc::clone(&ckpt),
+            &everything(&ckpt),
+            &plan,
+            &probe(),
+            &opts,
+        )
+        .expect("load");
+        // Every tensor has its own whole storage here: the storages' bytes.
+        let want: u64 = ckpt.storages().iter().map(|s| s.nbytes).sum();
+        assert_eq!(
+            done.load(std::sync::atomic::Ordering::Relaxed),
+            want,
+            "{dtype:?}"
+        );
+        assert_eq!(loaded.tensors().len(), ckpt.len());
     }
 }

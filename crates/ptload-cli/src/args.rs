@@ -339,10 +339,11 @@ pub(crate) fn cli_decisions(decisions: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Say on stderr, one line each, what the automatic options decided.
+/// Say on stderr, one line each, what the automatic options decided
+/// (unless `--quiet`).
 pub(crate) fn tell_decisions(decisions: &[String]) {
     for d in cli_decisions(decisions) {
-        eprintln!("ptload: {d}");
+        crate::ui::note(&d);
     }
 }
 

@@ -255,6 +255,15 @@ fn value_json<'a>(name: &'a str, v: &Scalar) -> ValueJson<'a> {
 struct Tensors<'r, 'a> {
     rows: &'r [Row<'a>],
     hash: bool,
+    /// Drawn while hashing.
+    bar: Option<indicatif::ProgressBar>,
+}
+
+/// A bar for hashing the rows' tensors.
+fn hash_bar(rows: &[Row<'_>], hash: bool) -> Option<indicatif::ProgressBar> {
+    let total = rows.iter().map(|r| r.view.info().nbytes).sum();
+    hash.then(|| crate::ui::progress_bar("hashing", total))
+        .flatten()
 }
 
 impl Serialize for Tensors<'_, '_> {
@@ -263,6 +272,12 @@ impl Serialize for Tensors<'_, '_> {
         let mut seq = serializer.serialize_seq(Some(self.rows.len()))?;
         for row in self.rows {
             seq.serialize_element(&tensor_json(row, self.hash).map_err(S::Error::custom)?)?;
+            if let Some(bar) = &self.bar {
+                bar.inc(row.view.info().nbytes);
+            }
+        }
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
         }
         seq.end()
     }
@@ -306,7 +321,11 @@ pub(crate) fn json(
         format: ckpt.format().name(),
         byteorder: ckpt.byte_order().name(),
         pickle_protocol: ckpt.pickle_protocol(),
-        tensors: Tensors { rows, hash },
+        tensors: Tensors {
+            rows,
+            hash,
+            bar: hash_bar(rows, hash),
+        },
         totals: Totals::of(ckpt, rows),
         values: ckpt
             .values()
@@ -379,12 +398,19 @@ pub(crate) fn table(
         writeln!(out, "{text}")
     };
     line(out, &header)?;
+    let bar = hash_bar(rows, hash);
     for (row, r) in cells.iter().zip(rows) {
         let refs: Vec<&str> = row.iter().map(String::as_str).collect();
         line(out, &refs)?;
         if hash && r.view.storage().is_some() {
             writeln!(out, "    sha256 {}", sha256(&r.view)?)?;
         }
+        if let Some(bar) = &bar {
+            bar.inc(r.view.info().nbytes);
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
     }
     let totals = Totals::of(ckpt, rows);
     writeln!(

@@ -1,9 +1,8 @@
 //! `ptload load`: place every storage where the mapping says.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::sync::Arc;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use ptload_device::{load, Gpus, LoadOptions, Loaded, LoadedTensor, Placed};
 use ptload_reader::placement::{Device, Plan};
 use ptload_reader::Checkpoint;
@@ -30,9 +29,6 @@ impl GpuInfo for Probed<'_> {
     }
 }
 
-/// Progress bars only for work worth watching, and only on a terminal.
-const PROGRESS_FROM_BYTES: u64 = 256 << 20;
-
 pub(crate) struct Request<'a> {
     pub(crate) map: &'a MapArgs,
     pub(crate) state: &'a StateDictArgs,
@@ -57,8 +53,26 @@ pub(crate) fn run(
     if let Some(d) = req.dtype {
         opts.dtype = Some(parse_dtype(d)?);
     }
-    let total: u64 = ckpt.storages().iter().map(|s| s.nbytes).sum();
-    let bar = progress_bar(total);
+    // The bytes of the storages the selection views, each once.
+    let mut used: Vec<usize> = selection
+        .tensors()
+        .filter_map(|(_, t)| t.info().storage)
+        .collect();
+    used.sort_unstable();
+    used.dedup();
+    let total: u64 = used
+        .iter()
+        .filter_map(|&i| ckpt.storages().get(i))
+        .map(|s| s.nbytes)
+        .sum();
+    let bar = crate::ui::progress_bar(
+        if opts.dtype.is_some() {
+            "converting and loading"
+        } else {
+            "loading"
+        },
+        total,
+    );
     if let Some(bar) = &bar {
         let bar = bar.clone();
         opts.progress = Some(Arc::new(move |n| bar.inc(n)));
@@ -68,21 +82,6 @@ pub(crate) fn run(
         bar.finish_and_clear();
     }
     Ok((loaded, crate::args::cli_decisions(selection.decisions())))
-}
-
-/// A byte progress bar on stderr for work of `total` bytes, when stderr is
-/// a terminal and the work is long enough to watch.
-pub(crate) fn progress_bar(total: u64) -> Option<ProgressBar> {
-    (std::io::stderr().is_terminal() && total >= PROGRESS_FROM_BYTES).then(|| {
-        let bar = ProgressBar::new(total);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar
-    })
 }
 
 #[derive(Serialize)]
@@ -95,6 +94,12 @@ struct TensorOut<'a> {
     /// (`null` for a meta tensor).
     #[serde(skip_serializing_if = "Option::is_none")]
     sha256: Option<Option<String>>,
+}
+
+/// A bar for reading back and hashing every tensor.
+fn hash_bar(loaded: &Loaded) -> Option<indicatif::ProgressBar> {
+    let total = loaded.tensors().iter().map(|t| t.info.nbytes).sum();
+    crate::ui::progress_bar("hashing", total)
 }
 
 /// The sha256 of a loaded tensor's elements (row-major, host byte order:
@@ -110,6 +115,7 @@ fn sha256(loaded: &Loaded, t: &LoadedTensor) -> CliResult<Option<String>> {
 
 /// One line per tensor: where it is and its elements' sha256.
 pub(crate) fn hashes(out: &mut impl Write, loaded: &Loaded) -> CliResult<()> {
+    let bar = hash_bar(loaded);
     let width = loaded
         .tensors()
         .iter()
@@ -118,12 +124,19 @@ pub(crate) fn hashes(out: &mut impl Write, loaded: &Loaded) -> CliResult<()> {
         .unwrap_or(0);
     for t in loaded.tensors() {
         let hash = sha256(loaded, t)?.unwrap_or_else(|| "- (meta: no data)".into());
-        writeln!(
-            out,
-            "{:<width$}  {:<8}  sha256 {hash}",
-            t.info.name,
-            t.device.to_string()
-        )?;
+        if let Some(bar) = &bar {
+            bar.inc(t.info.nbytes);
+        }
+        // Padded by hand: format!'s width panics past 65,535, and a name
+        // from a file can be longer.
+        let mut line = String::new();
+        crate::inspect::pad(&mut line, &t.info.name, width, false);
+        line.push_str("  ");
+        crate::inspect::pad(&mut line, &t.device.to_string(), 8, false);
+        writeln!(out, "{line}  sha256 {hash}")?;
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
     }
     Ok(())
 }
@@ -152,6 +165,7 @@ pub(crate) fn json(
     decisions: &[String],
     hash: bool,
 ) -> CliResult<()> {
+    let bar = hash.then(|| hash_bar(loaded)).flatten();
     let doc = LoadOut {
         decisions,
         tensors: loaded
@@ -163,7 +177,15 @@ pub(crate) fn json(
                     target: t.target.to_string(),
                     device: t.device.to_string(),
                     fallback: t.fallback.as_deref(),
-                    sha256: if hash { Some(sha256(loaded, t)?) } else { None },
+                    sha256: if hash {
+                        let digest = sha256(loaded, t)?;
+                        if let Some(bar) = &bar {
+                            bar.inc(t.info.nbytes);
+                        }
+                        Some(digest)
+                    } else {
+                        None
+                    },
                 })
             })
             .collect::<CliResult<_>>()?,
@@ -181,6 +203,9 @@ pub(crate) fn json(
             .collect(),
         seconds: loaded.seconds(),
     };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     serde_json::to_writer(&mut *out, &doc)?;
     writeln!(out)?;
     Ok(())

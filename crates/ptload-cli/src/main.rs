@@ -15,6 +15,7 @@ mod args;
 mod inspect;
 mod loadcmd;
 mod tools;
+mod ui;
 
 use args::{CliResult, GpuInfo, MapArgs, OpenArgs, StateDictArgs};
 
@@ -37,6 +38,13 @@ const DEMO_CHECKPOINT: &[u8] = include_bytes!("../../../fixtures/files/training.
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Say nothing on stderr but errors and warnings: no progress bars, no notes on what
+    /// the automatic options decided.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    /// No progress bars (they are drawn only on a terminal, for work of 256 MiB or more).
+    #[arg(long = "no-progress", global = true)]
+    no_progress: bool,
 }
 
 #[derive(Subcommand)]
@@ -219,6 +227,7 @@ impl GpuInfo for MachineGpus {
 }
 
 fn run(cli: Cli) -> CliResult<u8> {
+    ui::configure(cli.quiet, cli.no_progress);
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     match cli.command {

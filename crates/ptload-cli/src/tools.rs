@@ -70,7 +70,7 @@ pub(crate) fn convert(
     let selection = state.select(ckpt)?;
     crate::args::tell_decisions(selection.decisions());
     let total: u64 = selection.tensors().map(|(_, t)| t.info().nbytes).sum();
-    let bar = crate::loadcmd::progress_bar(total);
+    let bar = crate::ui::progress_bar("converting", total);
     let opts = SafetensorsOptions {
         dtype: request.dtype.map(parse_dtype).transpose()?,
         skip_unsupported: request.skip_unsupported,
@@ -412,6 +412,14 @@ impl<'a> Side<'a> {
         }
     }
 
+    /// Bytes of the tensor's elements.
+    fn nbytes(&self, name: &str) -> Option<u64> {
+        match self {
+            Side::Torch(sel) => sel.get(name).map(|t| t.info().nbytes),
+            Side::Safetensors(st) => st.tensor(name).ok().map(|v| v.data().len() as u64),
+        }
+    }
+
     fn contains(&self, name: &str) -> bool {
         match self {
             Side::Torch(sel) => sel.contains(name),
@@ -530,7 +538,13 @@ pub(crate) fn diff(
     json: bool,
 ) -> CliResult<Verdict> {
     let mut result = DiffOut::default();
-    for name in a.names() {
+    let names = a.names();
+    let total = names.iter().filter_map(|n| a.nbytes(n)).sum();
+    let bar = crate::ui::progress_bar("comparing", total);
+    for name in names {
+        if let (Some(bar), Some(n)) = (&bar, a.nbytes(&name)) {
+            bar.inc(n);
+        }
         if !b.contains(&name) {
             result.only_in_a.push(name);
             continue;
@@ -542,6 +556,9 @@ pub(crate) fn diff(
             Some(d) => result.different.push(d),
             None => result.equal += 1,
         }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
     }
     result.only_in_b = b.names().into_iter().filter(|n| !a.contains(n)).collect();
     let same =

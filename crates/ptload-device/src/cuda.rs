@@ -30,6 +30,9 @@ pub(crate) struct Upload<'a> {
     pub(crate) order: ByteOrder,
     pub(crate) unit: usize,
     pub(crate) arena_offset: usize,
+    /// Whether its bytes count for progress (the checkpoint's own; a
+    /// converted buffer was counted when it was converted).
+    pub(crate) counted: bool,
 }
 
 /// Sizes of the staging pool.
@@ -397,6 +400,9 @@ impl Buffer {
 struct Slot {
     buffer: Buffer,
     event: CudaEvent,
+    /// A copy out of the buffer was queued and not yet waited for.
+    queued: bool,
+    /// Bytes of that copy that count for progress.
     pending: u64,
 }
 
@@ -434,6 +440,7 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
         slots.push(Slot {
             buffer,
             event,
+            queued: false,
             pending: 0,
         });
     }
@@ -489,13 +496,14 @@ fn copy_runs(
             return Err("no staging buffer".into());
         };
         turn += 1;
-        if slot.pending > 0 {
+        if slot.queued {
             // The previous copy out of this buffer must be done before
             // refilling it; its bytes are now on the device.
             slot.event.synchronize().map_err(text)?;
-            if let Some(p) = shared.progress {
+            if let (Some(p), true) = (shared.progress, slot.pending > 0) {
                 p(slot.pending);
             }
+            slot.queued = false;
             slot.pending = 0;
         }
         let host = slot
@@ -503,7 +511,7 @@ fn copy_runs(
             .as_mut_slice()?
             .get_mut(..len)
             .ok_or("run longer than its buffer")?;
-        fill(shared.uploads, start, host)?;
+        let counted = fill(shared.uploads, start, host)?;
         let offset = u64::try_from(start).map_err(|_| "offset".to_owned())?;
         // SAFETY: [base + start, + len) lies inside the arena (the caller
         // checked that the uploads end within it) and runs do not overlap;
@@ -514,14 +522,17 @@ fn copy_runs(
             .map_err(text)?;
         shared.copies.fetch_add(1, Ordering::Relaxed);
         slot.event.record(stream).map_err(text)?;
-        slot.pending = len as u64;
+        slot.queued = true;
+        slot.pending = counted as u64;
     }
     Ok(())
 }
 
 /// Fill `run` (the arena's bytes from `start`) from the uploads it covers,
 /// each swapped to host order; the padding between them is zeroed.
-fn fill(uploads: &[Upload<'_>], start: usize, run: &mut [u8]) -> Result<(), String> {
+/// Returns the bytes that count for progress.
+fn fill(uploads: &[Upload<'_>], start: usize, run: &mut [u8]) -> Result<usize, String> {
+    let mut counted = 0;
     let end = start + run.len();
     // The first upload ending after `start`.
     let first = uploads.partition_point(|u| u.arena_offset + u.bytes.len() <= start);
@@ -545,12 +556,15 @@ fn fill(uploads: &[Upload<'_>], start: usize, run: &mut [u8]) -> Result<(), Stri
         // Upload offsets and run starts are multiples of 16, so `dst`
         // starts on an element boundary of the upload.
         up.order.to_host(dst, up.unit);
+        if up.counted {
+            counted += to - from;
+        }
         at = to;
     }
     if let Some(tail) = run.get_mut(at - start..) {
         tail.fill(0);
     }
-    Ok(())
+    Ok(counted)
 }
 
 #[cfg(test)]
@@ -592,6 +606,7 @@ mod tests {
                 order: ByteOrder::HOST,
                 unit: 1,
                 arena_offset: 0,
+                counted: true,
             },
             Upload {
                 bytes: &b,
@@ -602,10 +617,12 @@ mod tests {
                 },
                 unit: 4,
                 arena_offset: 16,
+                counted: false,
             },
         ];
         let mut run = vec![0xEE; 32];
-        fill(&uploads, 0, &mut run).expect("fill");
+        // Only the first upload's bytes count for progress.
+        assert_eq!(fill(&uploads, 0, &mut run).expect("fill"), 6);
         let mut want = vec![0u8; 32];
         want[..6].copy_from_slice(&a);
         want[16..24].copy_from_slice(&[0x44, 0x33, 0x22, 0x11, 0x88, 0x77, 0x66, 0x55]);

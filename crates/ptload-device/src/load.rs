@@ -31,7 +31,9 @@ pub struct LoadOptions {
     /// Convert floating tensors to this dtype (F64 F32 F16 BF16 F8_E4M3
     /// F8_E5M2); others are loaded as they are. Explicit, never implied.
     pub dtype: Option<DType>,
-    /// Told how many bytes each step placed (for progress bars).
+    /// Told how many bytes of the checkpoint each step finished: read
+    /// for a conversion, or placed (copied to a device, or handed out on
+    /// the host). For progress bars.
     pub progress: Option<Progress>,
 }
 
@@ -461,6 +463,7 @@ pub fn load(
             (None, Device::Meta) => Placed::Meta,
             (None, _) => {
                 source.device = Device::Host;
+                let counted_at_conversion = matches!(source.bytes, SourceBytes::Converted(_));
                 let repr = match std::mem::replace(
                     &mut source.bytes,
                     SourceBytes::Converted(Vec::new()),
@@ -474,7 +477,8 @@ pub fn load(
                     SourceBytes::Converted(bytes) => HostRepr::Owned(bytes),
                 };
                 let storage = HostStorage { repr };
-                if let Some(p) = &opts.progress {
+                // Converted buffers were counted when converted.
+                if let (Some(p), false) = (&opts.progress, counted_at_conversion) {
                     p(storage.bytes()?.len() as u64);
                 }
                 Placed::Host(storage)
@@ -623,11 +627,17 @@ fn resolve(
                     Some(&k) => k,
                     None => {
                         let data = view.data()?;
+                        let read = data.len() as u64;
                         let bytes = if to == info.dtype {
                             data.into_owned()
                         } else {
                             ptload_reader::convert::convert(&data, info.dtype, to)?
                         };
+                        // Conversion is most of such a load's time: it
+                        // counts the bytes it read.
+                        if let Some(p) = &opts.progress {
+                            p(read);
+                        }
                         sources.push(Source {
                             bytes: SourceBytes::Converted(bytes),
                             order: ByteOrder::HOST,
@@ -724,6 +734,7 @@ fn upload_all(
                 order: s.order,
                 unit: s.unit,
                 arena_offset,
+                counted: matches!(s.bytes, SourceBytes::Checkpoint(_)),
             });
         }
         uploads_per_device.push(uploads);
