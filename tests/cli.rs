@@ -302,6 +302,31 @@ fn map_location_auto_follows_the_machine() {
 }
 
 #[test]
+fn completions_and_manual_pages() {
+    let bash = ptload(&["completions", "bash"]);
+    assert_eq!(bash.status.code(), Some(0));
+    assert!(stdout(&bash).contains("_ptload()"));
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let out = ptload(&["completions", shell]);
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        assert!(stdout(&out).contains("inspect"), "{shell}");
+    }
+    let man = stdout(&ptload(&["man"]));
+    assert!(man.starts_with(".ie"), "{man}");
+    assert!(man.contains(".TH ptload 1"), "{man}");
+    let page = stdout(&ptload(&["man", "convert"]));
+    assert!(page.contains(".TH ptload-convert 1"), "{page}");
+    assert!(page.contains("skip\\-unsupported"), "{page}");
+    let bad = ptload(&["man", "nope"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("one of inspect, load"),
+        "{}",
+        stderr(&bad)
+    );
+}
+
+#[test]
 fn the_command_line_speaks_like_other_tools() {
     // Bare `ptload`: the command list, exit 2.
     let bare = ptload(&[]);
@@ -1119,6 +1144,49 @@ fn diff_checks_a_conversion_and_takes_keys_and_tolerances() {
     let bad = ptload(&["diff", "--atol", "-1", &input, &exact]);
     assert_eq!(bad.status.code(), Some(2));
     std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+/// docs/cli.md ends with every command's `--help` as the binary prints it.
+#[test]
+fn help_texts_in_the_docs_are_the_binarys() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let path = root.join("docs/cli.md");
+    let doc = std::fs::read_to_string(&path).expect("docs/cli.md");
+    let (begin, end) = ("<!-- help:begin -->\n", "<!-- help:end -->");
+    let start = doc.find(begin).expect("help:begin marker") + begin.len();
+    let stop = doc.find(end).expect("help:end marker");
+    let mut want = String::new();
+    let commands: [&[&str]; 9] = [
+        &[],
+        &["inspect"],
+        &["load"],
+        &["convert"],
+        &["scan"],
+        &["diff"],
+        &["demo"],
+        &["completions"],
+        &["man"],
+    ];
+    for command in commands {
+        let mut args = command.to_vec();
+        args.push("--help");
+        let out = ptload(&args);
+        assert_eq!(out.status.code(), Some(0));
+        want.push_str(&format!(
+            "### `ptload {}--help`\n\n```text\n{}```\n\n",
+            command.iter().map(|c| format!("{c} ")).collect::<String>(),
+            stdout(&out)
+        ));
+    }
+    if std::env::var_os("PTLOAD_UPDATE_DOCS").is_some() {
+        let updated = format!("{}{want}{}", &doc[..start], &doc[stop..]);
+        std::fs::write(&path, updated).expect("write docs/cli.md");
+        return;
+    }
+    assert!(
+        doc[start..stop] == want,
+        "docs/cli.md's help texts differ from the binary's; rerun with PTLOAD_UPDATE_DOCS=1"
+    );
 }
 
 /// Whole outputs against golden files in tests/golden/. Set

@@ -61,6 +61,16 @@ enum Command {
     Diff(Box<DiffArgs>),
     /// Inspect and load the embedded demo checkpoint (--map-location auto).
     Demo,
+    /// Print a shell completion script: bash, zsh, fish, elvish or powershell.
+    Completions {
+        /// The shell (e.g. `ptload completions bash > /etc/bash_completion.d/ptload`).
+        shell: clap_complete::Shell,
+    },
+    /// Print a manual page (roff): `ptload man > ptload.1`, `ptload man inspect > ptload-inspect.1`.
+    Man {
+        /// A command's own page (its options); the overview without one.
+        command: Option<String>,
+    },
 }
 
 #[derive(Args)]
@@ -352,6 +362,32 @@ fn run(cli: Cli) -> CliResult<u8> {
             return Ok(verdict);
         }
         Command::Demo => demo(&mut out)?,
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "ptload", &mut out);
+        }
+        Command::Man { command } => {
+            use clap::CommandFactory;
+            let cli = Cli::command();
+            let page = match command {
+                None => cli,
+                Some(name) => {
+                    let names: Vec<String> = cli
+                        .get_subcommands()
+                        .map(|c| c.get_name().to_owned())
+                        .collect();
+                    let sub = cli.find_subcommand(&name).cloned().ok_or_else(|| {
+                        format!("no command {name:?}: one of {}", names.join(", "))
+                    })?;
+                    let title = format!("ptload-{name}");
+                    sub.name(title.clone())
+                        .bin_name(format!("ptload {name}"))
+                        .display_name(title)
+                        .version(env!("CARGO_PKG_VERSION"))
+                }
+            };
+            clap_mangen::Man::new(page).render(&mut out)?;
+        }
     }
     out.flush()?;
     Ok(0)
