@@ -1230,6 +1230,38 @@ fn outputs_match_golden_files() {
                 "fixtures/files/training.ckpt",
             ],
         ),
+        // What people see: values, decisions, errors (stderr after
+        // `--- stderr`).
+        (
+            "inspect_training.txt",
+            &["inspect", "fixtures/files/training.ckpt"],
+        ),
+        (
+            "inspect_rng_auto.txt",
+            &[
+                "inspect",
+                "--key",
+                "auto",
+                "fixtures/files/training_rng.ckpt",
+            ],
+        ),
+        (
+            "inspect_hf_auto.txt",
+            &["inspect", "--key", "auto", "fixtures/files/hf_lm.pt"],
+        ),
+        (
+            "strict_whole_module.txt",
+            &["inspect", "--strict", "fixtures/files/whole_module.pt"],
+        ),
+        (
+            "download_html.txt",
+            &["inspect", "fixtures/files/download.html.pt"],
+        ),
+        (
+            "budget_bare_number.txt",
+            &["inspect", "fixtures/files/multi_gpu.pt", "--budget", "2"],
+        ),
+        ("bare.txt", &[]),
     ];
     let mut stale = Vec::new();
     for (golden, args) in cases {
@@ -1238,7 +1270,11 @@ fn outputs_match_golden_files() {
             .current_dir(&root)
             .output()
             .expect("run");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.stderr.is_empty() {
+            text.push_str("--- stderr\n");
+            text.push_str(&String::from_utf8_lossy(&out.stderr));
+        }
         let path = root.join("tests/golden").join(golden);
         if update {
             std::fs::write(&path, &text).expect("write golden");

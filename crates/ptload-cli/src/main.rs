@@ -210,7 +210,10 @@ fn diff_side<'o>(
                 state.key.clone_from(key);
             }
             let sel = state.options(!converted)?.select(ckpt)?;
-            args::tell_decisions(sel.decisions());
+            // Two files: each note says which.
+            for d in args::cli_decisions(sel.decisions()) {
+                ui::note(&format!("{}: {d}", path.display()));
+            }
             Ok(tools::Side::Torch(sel))
         }
         Opened::Safetensors(bytes) => safetensors::SafeTensors::deserialize(bytes)
