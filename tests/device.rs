@@ -18,6 +18,18 @@ fn gpu_turn() -> MutexGuard<'static, ()> {
     GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The machine's GPUs, for a test that needs one: it fails (never passes
+/// quietly) without.
+fn a_gpu() -> ptload_device::Gpus {
+    let gpus = probe();
+    assert!(
+        !gpus.devices().is_empty(),
+        "this test needs a CUDA device: {}",
+        gpus.why_none()
+    );
+    gpus
+}
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../fixtures/files")
@@ -26,6 +38,17 @@ fn fixture(name: &str) -> PathBuf {
 
 fn open(name: &str) -> Arc<Checkpoint> {
     Arc::new(Checkpoint::open(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}")))
+}
+
+/// Everything in `ckpt`, loaded where `plan` says; the test fails if the
+/// load does.
+fn load_all(
+    ckpt: &Arc<Checkpoint>,
+    plan: &Plan,
+    gpus: &ptload_device::Gpus,
+    opts: &LoadOptions,
+) -> ptload_device::Loaded {
+    load(Arc::clone(ckpt), &everything(ckpt), plan, gpus, opts).expect("load")
 }
 
 fn everything(ckpt: &Checkpoint) -> ptload_reader::state_dict::StateDict<'_> {
@@ -73,14 +96,7 @@ fn missing_gpus_fall_back_to_the_host_per_tensor() {
     let gpus = ptload_device::Gpus::NoDriver;
     let ckpt = open("multi_gpu.pt");
     let plan = Plan::new(&ckpt, &mut Keep).expect("plan");
-    let loaded = load(
-        Arc::clone(&ckpt),
-        &everything(&ckpt),
-        &plan,
-        &gpus,
-        &LoadOptions::default(),
-    )
-    .expect("load");
+    let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
     for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
         assert_eq!(t.target.to_string(), view.location(), "{}", t.info.name);
         assert_eq!(t.device, Device::Host, "{}", t.info.name);
@@ -150,14 +166,7 @@ fn host_storages_are_borrowed_from_the_map_and_copied_once() {
     let _turn = gpu_turn();
     let ckpt = open("views.pt");
     let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
-    let loaded = load(
-        Arc::clone(&ckpt),
-        &everything(&ckpt),
-        &plan,
-        &probe(),
-        &LoadOptions::default(),
-    )
-    .expect("load");
+    let loaded = load_all(&ckpt, &plan, &probe(), &LoadOptions::default());
     assert_eq!(
         loaded.storages().len(),
         ckpt.storages().len(),
@@ -195,14 +204,7 @@ fn big_endian_storages_are_swapped_into_owned_buffers() {
     let _turn = gpu_turn();
     let ckpt = open("bigendian.pt");
     let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
-    let loaded = load(
-        Arc::clone(&ckpt),
-        &everything(&ckpt),
-        &plan,
-        &probe(),
-        &LoadOptions::default(),
-    )
-    .expect("load");
+    let loaded = load_all(&ckpt, &plan, &probe(), &LoadOptions::default());
     for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
         assert_eq!(
             host_tensor_bytes(&loaded, t),
@@ -225,14 +227,7 @@ fn meta_reads_nothing() {
     let _turn = gpu_turn();
     let ckpt = open("multi_gpu.pt");
     let plan = Plan::new(&ckpt, &mut To(Device::Meta)).expect("plan");
-    let loaded = load(
-        Arc::clone(&ckpt),
-        &everything(&ckpt),
-        &plan,
-        &probe(),
-        &LoadOptions::default(),
-    )
-    .expect("load");
+    let loaded = load_all(&ckpt, &plan, &probe(), &LoadOptions::default());
     assert!(loaded
         .tensors()
         .iter()
@@ -275,12 +270,7 @@ fn dtype_conversion_is_explicit_and_per_tensor() {
 #[ignore = "needs a CUDA device: run with --ignored on a GPU machine"]
 fn gpu_round_trip() {
     let _turn = gpu_turn();
-    let gpus = probe();
-    assert!(
-        !gpus.devices().is_empty(),
-        "this test needs a CUDA device: {}",
-        gpus.why_none()
-    );
+    let gpus = a_gpu();
     for name in [
         "basic.pt",
         "views.pt",
@@ -292,14 +282,7 @@ fn gpu_round_trip() {
     ] {
         let ckpt = open(name);
         let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
-        let loaded = load(
-            Arc::clone(&ckpt),
-            &everything(&ckpt),
-            &plan,
-            &gpus,
-            &LoadOptions::default(),
-        )
-        .expect("load");
+        let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
         for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
             let Some(Placed::Cuda(c)) = loaded.storage_of(t) else {
                 assert!(
@@ -323,28 +306,14 @@ fn gpu_round_trip() {
     let ckpt = open("multi_gpu.pt");
     let beyond = gpus.devices().len() as u32;
     let plan = Plan::new(&ckpt, &mut To(Device::Cuda(beyond))).expect("plan");
-    let loaded = load(
-        Arc::clone(&ckpt),
-        &everything(&ckpt),
-        &plan,
-        &gpus,
-        &LoadOptions::default(),
-    )
-    .expect("load");
+    let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
     assert!(loaded
         .tensors()
         .iter()
         .all(|t| t.device == Device::Host && t.fallback.is_some()));
     let mut budget = ptload_reader::placement::Budget::new(vec![(Device::Cuda(0), 70_000)]);
     let plan = Plan::new(&ckpt, &mut budget).expect("plan");
-    let loaded = load(
-        Arc::clone(&ckpt),
-        &everything(&ckpt),
-        &plan,
-        &gpus,
-        &LoadOptions::default(),
-    )
-    .expect("load");
+    let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
     let fallbacks: Vec<_> = loaded.tensors().iter().map(|t| &t.fallback).collect();
     assert!(
         loaded.tensors().iter().any(|t| t.device == Device::Cuda(0)),
@@ -362,14 +331,7 @@ fn tied_weights_share_one_converted_storage() {
         dtype: Some(DType::F16),
         ..Default::default()
     };
-    let loaded = load(
-        Arc::clone(&ckpt),
-        &everything(&ckpt),
-        &plan,
-        &probe(),
-        &opts,
-    )
-    .expect("load");
+    let loaded = load_all(&ckpt, &plan, &probe(), &opts);
     let find = |n: &str| {
         loaded
             .tensors()
@@ -462,12 +424,7 @@ fn gather(storage: &[u8], info: &ptload_reader::TensorInfo) -> Vec<u8> {
 #[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
 fn uploads_read_back_as_the_readers_values() {
     let _turn = gpu_turn();
-    let gpus = probe();
-    assert!(
-        !gpus.devices().is_empty(),
-        "this test needs a CUDA device: {}",
-        gpus.why_none()
-    );
+    let gpus = a_gpu();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut files: Vec<PathBuf> = Vec::new();
     for dir in ["fixtures/files", "tests/hostile"] {
@@ -574,26 +531,14 @@ fn current_context() -> usize {
 #[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
 fn contexts_are_opened_only_where_storages_go_and_the_callers_stays_current() {
     let _turn = gpu_turn();
-    let gpus = probe();
-    assert!(
-        !gpus.devices().is_empty(),
-        "this test needs a CUDA device: {}",
-        gpus.why_none()
-    );
+    let gpus = a_gpu();
     let ordinals: Vec<i32> = gpus.devices().iter().map(|g| g.ordinal as i32).collect();
     assert!(ordinals.iter().all(|&i| !primary_context_active(i)));
     assert_eq!(current_context(), 0);
     let ckpt = open("basic.pt");
     // Everything to the host: no device is touched.
     let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
-    let loaded = load(
-        Arc::clone(&ckpt),
-        &everything(&ckpt),
-        &plan,
-        &gpus,
-        &LoadOptions::default(),
-    )
-    .expect("load");
+    let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
     assert!(loaded.tensors().iter().all(|t| t.device == Device::Host));
     assert!(ordinals.iter().all(|&i| !primary_context_active(i)));
     assert!(gpus.devices().iter().all(|g| !g.is_open()));
@@ -601,14 +546,7 @@ fn contexts_are_opened_only_where_storages_go_and_the_callers_stays_current() {
     // no current context, through the load, reads, addresses and drops.
     let last = *ordinals.last().expect("a device");
     let plan = Plan::new(&ckpt, &mut To(Device::Cuda(last as u32))).expect("plan");
-    let loaded = load(
-        Arc::clone(&ckpt),
-        &everything(&ckpt),
-        &plan,
-        &gpus,
-        &LoadOptions::default(),
-    )
-    .expect("load");
+    let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
     for &i in &ordinals {
         assert_eq!(primary_context_active(i), i == last, "cuda:{i}");
     }
@@ -628,14 +566,7 @@ fn contexts_are_opened_only_where_storages_go_and_the_callers_stays_current() {
     assert_eq!(current, mine.cu_ctx() as usize);
     let theirs = ptload_device::Gpus::from_contexts([Arc::clone(&mine)]);
     let plan = Plan::new(&ckpt, &mut To(Device::Cuda(ordinals[0] as u32))).expect("plan");
-    let loaded = load(
-        Arc::clone(&ckpt),
-        &everything(&ckpt),
-        &plan,
-        &theirs,
-        &LoadOptions::default(),
-    )
-    .expect("load");
+    let loaded = load_all(&ckpt, &plan, &theirs, &LoadOptions::default());
     assert!(loaded
         .tensors()
         .iter()
@@ -663,8 +594,7 @@ fn contexts_are_opened_only_where_storages_go_and_the_callers_stays_current() {
 #[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
 fn many_small_storages_make_few_copies() {
     let _turn = gpu_turn();
-    let gpus = probe();
-    assert!(!gpus.devices().is_empty(), "{}", gpus.why_none());
+    let gpus = a_gpu();
     let ckpt = open("many_tensors.pt");
     assert_eq!(ckpt.storages().len(), 20_000);
     let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
@@ -678,8 +608,7 @@ fn many_small_storages_make_few_copies() {
             })),
             ..Default::default()
         };
-        let loaded =
-            load(Arc::clone(&ckpt), &everything(&ckpt), &plan, &gpus, &opts).expect("load");
+        let loaded = load_all(&ckpt, &plan, &gpus, &opts);
         let report = loaded
             .devices()
             .iter()
@@ -803,14 +732,7 @@ fn simulated_driver_faults() {
             // the others land where they were saved.
             let ckpt = open("multi_gpu.pt");
             let plan = Plan::new(&ckpt, &mut Keep).expect("plan");
-            let loaded = load(
-                Arc::clone(&ckpt),
-                &everything(&ckpt),
-                &plan,
-                &gpus,
-                &LoadOptions::default(),
-            )
-            .expect("load");
+            let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
             let mut fell = 0;
             for t in loaded.tensors() {
                 if t.target == Device::Cuda(broken) {
@@ -857,14 +779,7 @@ fn simulated_driver_faults() {
         // Saved on cuda:0..3: each storage where it was saved.
         let ckpt = open("multi_gpu.pt");
         let plan = Plan::new(&ckpt, &mut Keep).expect("plan");
-        let loaded = load(
-            Arc::clone(&ckpt),
-            &everything(&ckpt),
-            &plan,
-            &gpus,
-            &LoadOptions::default(),
-        )
-        .expect("load");
+        let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
         for t in loaded.tensors() {
             let view = ckpt.tensor_at(t.index).expect("tensor");
             assert_eq!(t.device.to_string(), view.location(), "{}", t.info.name);
@@ -886,14 +801,7 @@ fn quantization_and_sparse_components_travel_with_the_loaded_tensors() {
                 dtype,
                 ..Default::default()
             };
-            let loaded = load(
-                Arc::clone(&ckpt),
-                &everything(&ckpt),
-                &plan,
-                &probe(),
-                &opts,
-            )
-            .expect("load");
+            let loaded = load_all(&ckpt, &plan, &probe(), &opts);
             assert_eq!(loaded.tensors().len(), ckpt.len(), "{name}");
             let mut quantized = 0;
             for t in loaded.tensors() {
@@ -947,14 +855,7 @@ fn progress_counts_each_byte_once() {
             })),
             ..Default::default()
         };
-        let loaded = load(
-            Arc::clone(&ckpt),
-            &everything(&ckpt),
-            &plan,
-            &probe(),
-            &opts,
-        )
-        .expect("load");
+        let loaded = load_all(&ckpt, &plan, &probe(), &opts);
         // Every tensor has its own whole storage here: the storages' bytes.
         let want: u64 = ckpt.storages().iter().map(|s| s.nbytes).sum();
         assert_eq!(

@@ -317,6 +317,26 @@ impl StateDictArgs {
     }
 }
 
+/// Rewrite each `OPEN value CLOSE` in `text` (the library naming one of
+/// its calls, `OpenOptions::allow_global("x")`) as `FLAG value`.
+pub(crate) fn as_flag(text: &mut String, open: &str, close: &str, flag: &str) {
+    let mut from = 0;
+    while let Some(at) = text
+        .get(from..)
+        .and_then(|t| t.find(open))
+        .map(|i| i + from)
+    {
+        let value_at = at + open.len();
+        let Some(end) = text.get(value_at..).and_then(|t| t.find(close)) else {
+            break;
+        };
+        let value = text[value_at..value_at + end].to_owned();
+        let replacement = format!("{flag} {value}");
+        text.replace_range(at..value_at + end + close.len(), &replacement);
+        from = at + replacement.len();
+    }
+}
+
 /// The automatic choices of the state-dict options, in the command's
 /// terms (`--key model` rather than the library's `KeySelect`).
 pub(crate) fn cli_decisions(decisions: &[String]) -> Vec<String> {
@@ -327,13 +347,7 @@ pub(crate) fn cli_decisions(decisions: &[String]) -> Vec<String> {
             if let Some(rest) = text.strip_prefix("key auto:") {
                 text = format!("--key auto:{rest}");
             }
-            const PATH: &str = "select KeySelect::Path(\"";
-            while let Some(at) = text.find(PATH) {
-                let rest = &text[at + PATH.len()..];
-                let Some(end) = rest.find("\")") else { break };
-                let flag = format!("pass --key {}", &rest[..end]);
-                text.replace_range(at..at + PATH.len() + end + 2, &flag);
-            }
+            as_flag(&mut text, "select KeySelect::Path(\"", "\")", "pass --key");
             text.replace("select it with KeySelect::Path", "select it with --key")
         })
         .collect()

@@ -496,20 +496,18 @@ fn in_cli_terms(text: &str) -> String {
             "allow those you trust with --allow-global, which takes a comma-separated list \
              and globs)",
         );
-    const MAP: &str = "a Mapper, e.g. placement::MapLocation \"";
-    while let Some(at) = out.find(MAP) {
-        let rest = &out[at + MAP.len()..];
-        let Some(end) = rest.find('"') else { break };
-        let flag = format!("--map-location {}", &rest[..end]);
-        out.replace_range(at..at + MAP.len() + end + 1, &flag);
-    }
-    const ALLOW: &str = "OpenOptions::allow_global(\"";
-    while let Some(at) = out.find(ALLOW) {
-        let rest = &out[at + ALLOW.len()..];
-        let Some(end) = rest.find("\")") else { break };
-        let flag = format!("--allow-global {}", &rest[..end]);
-        out.replace_range(at..at + ALLOW.len() + end + 2, &flag);
-    }
+    args::as_flag(
+        &mut out,
+        "a Mapper, e.g. placement::MapLocation \"",
+        "\"",
+        "--map-location",
+    );
+    args::as_flag(
+        &mut out,
+        "OpenOptions::allow_global(\"",
+        "\")",
+        "--allow-global",
+    );
     out
 }
 
