@@ -127,6 +127,22 @@ pub fn exercise(ckpt: &Checkpoint) {
                     "tensor {}: visit_bytes and data() differ",
                     t.name()
                 );
+                // The same view over a copy of its storage, where no swap
+                // or conj/neg bit changes the bytes.
+                let info = t.info();
+                let plain = ckpt.byte_order() == ptload_reader::ByteOrder::HOST
+                    && !info.neg
+                    && !(info.conj && info.dtype.is_complex());
+                if let (true, Ok(storage)) = (plain, t.storage_bytes()) {
+                    let gathered = info.gather(storage).unwrap_or_else(|e| {
+                        panic!("data() read {} but gather failed: {e}", t.name())
+                    });
+                    assert!(
+                        gathered == *bytes,
+                        "tensor {}: gather and data() differ",
+                        t.name()
+                    );
+                }
             }
             Err(e) => check_error(&e),
         }
@@ -138,6 +154,23 @@ pub fn exercise(ckpt: &Checkpoint) {
     for g in ckpt.globals() {
         let _: GlobalClass = classify(&g.module, &g.name);
     }
+    // The default selection (key auto, prefixes stripped): every name it
+    // gives is found by that name, and its decisions are sentences.
+    let mut key = None;
+    match ptload_reader::state_dict::StateDictOptions::default().select(ckpt) {
+        Ok(sd) => {
+            for entry in sd.iter() {
+                assert!(
+                    sd.get(&entry.name).is_some(),
+                    "{} not found by name",
+                    entry.name
+                );
+            }
+            assert!(sd.decisions().iter().all(|d| !d.is_empty()));
+            key = sd.key().map(str::to_owned);
+        }
+        Err(e) => check_error(&e),
+    }
     let plan = Plan::new(ckpt, &mut To(Device::Host))
         .unwrap_or_else(|e| panic!("placing everything on the host failed: {e}"));
     assert_eq!(plan.placements().len(), ckpt.storages().len());
@@ -147,6 +180,9 @@ pub fn exercise(ckpt: &Checkpoint) {
     let mut out = Vec::new();
     let opts = SafetensorsOptions {
         skip_unsupported: true,
+        // The selection's values (or all of them, with no key): names
+        // with any bytes go to the header as JSON strings.
+        metadata: ptload_reader::export::Metadata::Selected { key },
         ..Default::default()
     };
     // Names need not be unique across a whole checkpoint's walk only when
