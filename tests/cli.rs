@@ -64,7 +64,8 @@ fn inspect_json_has_exactly_the_documented_keys() {
             "totals",
             "values",
             "globals",
-            "suspicious"
+            "suspicious",
+            "bytes_read"
         ]
     );
     let tensor_keys: Vec<&str> = doc["tensors"][0]
@@ -653,7 +654,10 @@ fn load_json_reports_every_tensor_and_its_fallback() {
         .keys()
         .map(String::as_str)
         .collect();
-    assert_eq!(keys, ["tensors", "devices", "seconds", "decisions"]);
+    assert_eq!(
+        keys,
+        ["tensors", "devices", "seconds", "decisions", "bytes_read"]
+    );
     let tensors = doc["tensors"].as_array().expect("tensors");
     let want = expected("multi_gpu.pt");
     assert_eq!(
@@ -671,7 +675,7 @@ fn load_json_reports_every_tensor_and_its_fallback() {
             .keys()
             .map(String::as_str)
             .collect();
-        assert_eq!(tk, ["name", "target", "device", "fallback"]);
+        assert_eq!(tk, ["name", "target", "device", "fallback", "shape"]);
         assert_eq!(t["name"], w["name"]);
         assert_eq!(
             t["target"], w["location"],
@@ -1345,4 +1349,108 @@ fn quantized_tensors_keep_their_scales() {
         .collect();
     assert_eq!(scales, [0.02, 0.05, 0.1]);
     std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn sharded_sets_and_rank_slices_from_the_command_line() {
+    let dir = fixture("llama_tiny_sharded");
+    // inspect: each tensor names its file; under --shard, its slice, the
+    // slice's shape and hash; bytes_read counts the slices only.
+    let out = ptload(&[
+        "inspect",
+        "--json",
+        "--hash",
+        "--shard",
+        "1/3",
+        "--split-preset",
+        "llama",
+        &dir,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(doc["files"].as_array().expect("files").len(), 3);
+    let tensors = doc["tensors"].as_array().expect("tensors");
+    let mut sum = 0;
+    for t in tensors {
+        assert!(t["file"]
+            .as_str()
+            .expect("file")
+            .starts_with("pytorch_model-"));
+        sum += t["nbytes"].as_u64().expect("nbytes");
+        let name = t["name"].as_str().expect("name");
+        if name.contains("norm") {
+            assert!(t.get("slice").is_none(), "{name}");
+        } else {
+            let dim = t["slice"]["dim"].as_u64().expect("dim") as usize;
+            assert_eq!(t["shape"][dim], t["slice"]["len"], "{name}");
+        }
+    }
+    assert_eq!(doc["bytes_read"].as_u64(), Some(sum));
+    let whole = inspect_json("llama_tiny.pt", &[]);
+    assert!(sum < whole["totals"]["bytes"].as_u64().expect("bytes"));
+    // --shard env reads torchrun's variables.
+    let env_out = Command::new(env!("CARGO_BIN_EXE_ptload"))
+        .args([
+            "inspect",
+            "--json",
+            "--hash",
+            "--shard",
+            "env",
+            "--split-preset",
+            "llama",
+            &dir,
+        ])
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "3")
+        .output()
+        .expect("run");
+    assert_eq!(stdout(&env_out), stdout(&out));
+    // convert: the whole set to one safetensors file, equal to the
+    // unsharded checkpoint.
+    let tmp = std::env::temp_dir().join(format!("ptload-set-{}.safetensors", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let out = ptload(&["convert", &dir, tmp.to_str().expect("path")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = ptload(&[
+        "diff",
+        &fixture("llama_tiny.pt"),
+        tmp.to_str().expect("path"),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let _ = std::fs::remove_file(&tmp);
+    // diff: the set against the file it was sharded from.
+    let out = ptload(&["diff", &fixture("llama_tiny.pt"), &dir]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    // plan: one entry per rank, each reading less than the whole.
+    let out = ptload(&["plan", "--world", "4", "--split-preset", "llama", &dir]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let plan: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    let ranks = plan["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 4);
+    for r in ranks {
+        assert!(r["bytes"].as_u64() < plan["total_bytes"].as_u64());
+    }
+    // scan: a directory is each checkpoint in it.
+    let out = ptload(&["scan", "--json", &dir]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let scanned: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(scanned["files"].as_array().expect("files").len(), 3);
+    // Rules without a rank, and a rank without rules, are refused.
+    let out = ptload(&["inspect", "--split", "*=0", &dir]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--shard"), "{}", stderr(&out));
+    let out = ptload(&["inspect", "--shard", "0/2", &dir]);
+    assert_eq!(out.status.code(), Some(2));
 }

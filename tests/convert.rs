@@ -90,9 +90,9 @@ fn both_safetensors_writers_agree() {
             ..Default::default()
         };
         let mut streamed = Vec::new();
-        write_safetensors(&ckpt, &sel, &opts, &mut streamed).expect("stream");
+        write_safetensors(&sel, &opts, &mut streamed).expect("stream");
         let path = dir.join(format!("{name}.safetensors"));
-        write_safetensors_file(&ckpt, &sel, &opts, &path).expect("file");
+        write_safetensors_file(&sel, &opts, &path).expect("file");
         assert_eq!(std::fs::read(&path).expect("read"), streamed, "{name}");
     }
     std::fs::remove_dir_all(&dir).expect("clean up");

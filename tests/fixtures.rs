@@ -252,6 +252,7 @@ fixtures! {
     dtypes => "dtypes.pt",
     empty => "empty.pt",
     hf_lm => "hf_lm.pt",
+    llama_tiny => "llama_tiny.pt",
     legacy => "legacy.pt",
     legacy_proto0 => "legacy_proto0.pt",
     legacy_proto1 => "legacy_proto1.pt",

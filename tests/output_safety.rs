@@ -299,7 +299,7 @@ fn a_replaced_input_is_not_read_by_path() {
         .select(&ckpt)
         .expect("select");
     let output = dir.join("out.safetensors");
-    ptload_reader::export::write_safetensors_file(&ckpt, &selection, &Default::default(), &output)
+    ptload_reader::export::write_safetensors_file(&selection, &Default::default(), &output)
         .expect("write");
     let written = std::fs::read(&output).expect("output");
     let st = safetensors::SafeTensors::deserialize(&written).expect("safetensors");

@@ -3,6 +3,7 @@
 //! stands for; malformed specs are errors that show the grammar.
 
 use clap::{Args, ValueEnum};
+use ptload_reader::parallel::{Shard, Splits};
 use ptload_reader::placement::{
     Balanced, Budget, ByName, Device, First, Keep, MapLocation, Mapper,
 };
@@ -265,6 +266,49 @@ pub(crate) struct StateDictArgs {
     /// Leave out tensors whose final name matches one of these globs (after --include).
     #[arg(long, value_name = "GLOB[,...]")]
     pub(crate) exclude: Vec<String>,
+    /// Tensor parallelism: take only this rank's part of each tensor a --split rule splits,
+    /// as torch.tensor_split(t, WORLD, dim)[RANK] (sizes differ by at most one); only those
+    /// bytes are read. `env` reads RANK and WORLD_SIZE (as torchrun sets them).
+    #[arg(long, value_name = "RANK/WORLD|env")]
+    pub(crate) shard: Option<String>,
+    /// With --shard: split tensors whose final name matches GLOB along DIM (0 column-parallel,
+    /// 1 row-parallel, -1 the last), or GLOB=replicate. Repeatable; the first match wins;
+    /// unmatched tensors are replicated.
+    #[arg(long, value_name = "GLOB=DIM")]
+    pub(crate) split: Vec<String>,
+    /// With --shard: a ready rule set after any --split rules: llama, mixtral, gpt-neox, gpt2.
+    #[arg(long = "split-preset", value_name = "NAME")]
+    pub(crate) split_preset: Option<String>,
+}
+
+impl StateDictArgs {
+    /// The rank and rules of --shard, --split and --split-preset.
+    pub(crate) fn parallel(&self) -> CliResult<Option<(Shard, Splits)>> {
+        let Some(shard) = self.shard.as_deref() else {
+            if !self.split.is_empty() || self.split_preset.is_some() {
+                return Err(
+                    "--split and --split-preset need --shard RANK/WORLD (or --shard env)".into(),
+                );
+            }
+            return Ok(None);
+        };
+        let shard = if shard == "env" {
+            Shard::from_env()?
+        } else {
+            Shard::parse(shard)?
+        };
+        let mut splits = Splits::parse(&self.split)?;
+        if let Some(preset) = &self.split_preset {
+            splits = splits.then(Splits::preset(preset)?);
+        }
+        if splits.rules().is_empty() {
+            return Err(
+                "--shard needs rules saying what to split: --split GLOB=DIM or --split-preset NAME"
+                    .into(),
+            );
+        }
+        Ok(Some((shard, splits)))
+    }
 }
 
 /// Globs given as repeated and comma-separated values.
@@ -313,6 +357,7 @@ impl StateDictArgs {
             renames,
             include: globs(&self.include),
             exclude: globs(&self.exclude),
+            parallel: self.parallel()?,
         })
     }
 }

@@ -2,46 +2,56 @@
 
 use std::io::{self, Write};
 
+use ptload_reader::parallel::Slice;
 use ptload_reader::placement::Plan;
-use ptload_reader::{Checkpoint, Quantization, Scalar, TensorView};
+use ptload_reader::set::CheckpointSet;
+use ptload_reader::state_dict::StateDict;
+use ptload_reader::{Quantization, Scalar, TensorView};
 use serde::Serialize;
 
-use crate::args::{CliResult, GpuInfo, MapArgs, StateDictArgs};
+use crate::args::{CliResult, GpuInfo, MapArgs};
 
 /// One tensor as a command shows it: its (possibly renamed) name, the
-/// tensor, and where the plan puts it.
+/// tensor (a rank's slice of it, under --shard), its file in a set, and
+/// where the plan puts it.
 pub(crate) struct Row<'a> {
     pub(crate) name: String,
     pub(crate) view: TensorView<'a>,
     pub(crate) target: String,
+    pub(crate) file: usize,
+    pub(crate) slice: Option<Slice>,
 }
 
 /// The selected tensors with their names and targets. Without mapping
 /// options the target is the saved location, as saved.
 pub(crate) fn rows<'a>(
-    ckpt: &'a Checkpoint,
+    sd: &'a StateDict<'a>,
     map: &MapArgs,
-    state: &StateDictArgs,
     gpus: &dyn GpuInfo,
 ) -> CliResult<Vec<Row<'a>>> {
-    let plan = if map.is_set() {
-        let mut mapper = map.mapper(ckpt, gpus)?;
-        Some(Plan::new(ckpt, mapper.as_mut())?)
-    } else {
-        None
-    };
-    let selected = state.options(true)?.select(ckpt)?;
-    crate::args::tell_decisions(selected.decisions());
-    let mut rows = Vec::with_capacity(selected.len());
-    for (name, view) in selected.tensors() {
-        let target = match &plan {
+    let mut plans = Vec::with_capacity(sd.checkpoints().len());
+    for ckpt in sd.checkpoints() {
+        plans.push(if map.is_set() {
+            let mut mapper = map.mapper(ckpt, gpus)?;
+            Some(Plan::new(ckpt, mapper.as_mut())?)
+        } else {
+            None
+        });
+    }
+    crate::args::tell_decisions(sd.decisions());
+    let mut rows = Vec::with_capacity(sd.len());
+    for entry in sd.iter() {
+        let Some(view) = sd.view(entry) else { continue };
+        let target = match plans.get(entry.file).and_then(Option::as_ref) {
             Some(p) => p.tensor_target(view.info()).to_string(),
             None => view.location().to_owned(),
         };
         rows.push(Row {
-            name: name.to_owned(),
+            name: entry.name.clone(),
             view,
             target,
+            file: entry.file,
+            slice: entry.slice,
         });
     }
     Ok(rows)
@@ -78,7 +88,10 @@ fn shape_text(shape: &[u64]) -> String {
 
 pub(crate) fn sha256(view: &TensorView<'_>) -> Result<String, ptload_reader::Error> {
     let mut h = Sha256::new();
-    view.visit_bytes(|chunk| h.update(chunk))?;
+    view.visit_bytes(|chunk| {
+        READ.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        h.update(chunk);
+    })?;
     Ok(hex::encode(h.finalize()))
 }
 
@@ -120,6 +133,19 @@ struct TensorJson<'a> {
     quantization: Option<QuantJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sha256: Option<Option<String>>,
+    /// The file of a set holding it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
+    /// The rank's part under --shard (shape, stride, offset and sha256 are the slice's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slice: Option<SliceJson>,
+}
+
+#[derive(Serialize)]
+struct SliceJson {
+    dim: usize,
+    start: u64,
+    len: u64,
 }
 
 /// What makes a quantized tensor's integers meaningful.
@@ -193,6 +219,23 @@ struct InspectJson<'r, 'a> {
     values: Vec<ValueJson<'a>>,
     globals: Vec<String>,
     suspicious: Vec<String>,
+    /// The files of a set, in order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    files: Option<&'r [String]>,
+    /// Bytes of tensor data read (hashing reads each tensor's, a slice's
+    /// own bytes only); serialized after the tensors, once they are read.
+    bytes_read: BytesRead,
+}
+
+/// Tensor bytes the command read.
+static READ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+struct BytesRead;
+
+impl Serialize for BytesRead {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(READ.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// Counts over the selected tensors.
@@ -207,18 +250,25 @@ struct Totals {
 }
 
 impl Totals {
-    fn of(ckpt: &Checkpoint, rows: &[Row<'_>]) -> Totals {
-        let mut storages: Vec<usize> = rows.iter().filter_map(|r| r.view.info().storage).collect();
+    fn of(set: &CheckpointSet, rows: &[Row<'_>]) -> Totals {
+        // A rank's slice stores only its own bytes.
+        let mut storages: Vec<(usize, usize)> = rows
+            .iter()
+            .filter(|r| r.slice.is_none())
+            .filter_map(|r| Some((r.file, r.view.info().storage?)))
+            .collect();
         storages.sort_unstable();
         storages.dedup();
+        let sliced = rows.iter().filter(|r| r.slice.is_some());
         Totals {
             tensors: rows.len(),
-            storages: storages.len(),
+            storages: storages.len() + sliced.clone().count(),
             bytes: rows.iter().map(|r| r.view.info().nbytes).sum(),
             stored_bytes: storages
                 .iter()
-                .filter_map(|&i| ckpt.storages().get(i))
+                .filter_map(|&(f, i)| set.files().get(f)?.checkpoint().storages().get(i))
                 .map(|s| s.nbytes)
+                .chain(sliced.map(|r| r.view.info().nbytes))
                 .sum(),
         }
     }
@@ -254,6 +304,8 @@ fn value_json<'a>(name: &'a str, v: &Scalar) -> ValueJson<'a> {
 /// kept in memory); hashing errors surface through the serializer.
 struct Tensors<'r, 'a> {
     rows: &'r [Row<'a>],
+    /// File names, when the rows come from several files.
+    files: Option<&'r [String]>,
     hash: bool,
     /// Drawn while hashing.
     bar: Option<indicatif::ProgressBar>,
@@ -271,7 +323,9 @@ impl Serialize for Tensors<'_, '_> {
         use serde::ser::{Error, SerializeSeq};
         let mut seq = serializer.serialize_seq(Some(self.rows.len()))?;
         for row in self.rows {
-            seq.serialize_element(&tensor_json(row, self.hash).map_err(S::Error::custom)?)?;
+            let mut json = tensor_json(row, self.hash).map_err(S::Error::custom)?;
+            json.file = self.files.and_then(|f| f.get(row.file)).cloned();
+            seq.serialize_element(&json)?;
             if let Some(bar) = &self.bar {
                 bar.inc(row.view.info().nbytes);
             }
@@ -306,34 +360,53 @@ fn tensor_json<'r>(row: &'r Row<'_>, hash: bool) -> Result<TensorJson<'r>, ptloa
             .as_ref()
             .and_then(|q| QuantJson::of(&row.name, q)),
         sha256,
+        file: None,
+        slice: row.slice.map(|s| SliceJson {
+            dim: s.dim,
+            start: s.start,
+            len: s.len,
+        }),
     })
+}
+
+/// The names of a set's files, when it has more than one.
+fn file_names(set: &CheckpointSet) -> Option<Vec<String>> {
+    (set.files().len() > 1).then(|| set.files().iter().map(|f| f.name()).collect())
 }
 
 pub(crate) fn json(
     out: &mut impl Write,
-    ckpt: &Checkpoint,
+    set: &CheckpointSet,
     rows: &[Row<'_>],
     file: &str,
     hash: bool,
 ) -> CliResult<()> {
+    let Some(first) = set.files().first().map(|f| &**f.checkpoint()) else {
+        return Err("a set of no files".into());
+    };
+    let checkpoints = || set.files().iter().map(|f| &**f.checkpoint());
+    let names = file_names(set);
+    READ.store(0, std::sync::atomic::Ordering::Relaxed);
     let doc = InspectJson {
         file,
-        format: ckpt.format().name(),
-        byteorder: ckpt.byte_order().name(),
-        pickle_protocol: ckpt.pickle_protocol(),
+        format: first.format().name(),
+        byteorder: first.byte_order().name(),
+        pickle_protocol: first.pickle_protocol(),
         tensors: Tensors {
             rows,
+            files: names.as_deref(),
             hash,
             bar: hash_bar(rows, hash),
         },
-        totals: Totals::of(ckpt, rows),
-        values: ckpt
-            .values()
-            .iter()
+        totals: Totals::of(set, rows),
+        values: checkpoints()
+            .flat_map(|c| c.values())
             .map(|(name, v)| value_json(name, v))
             .collect(),
-        globals: distinct_globals(ckpt.globals().iter().map(|g| g.path())),
-        suspicious: distinct_globals(ckpt.suspicious().map(|g| g.path())),
+        globals: distinct_globals(checkpoints().flat_map(|c| c.globals()).map(|g| g.path())),
+        suspicious: distinct_globals(checkpoints().flat_map(|c| c.suspicious()).map(|g| g.path())),
+        files: names.as_deref(),
+        bytes_read: BytesRead,
     };
     serde_json::to_writer(&mut *out, &doc)?;
     writeln!(out)?;
@@ -342,13 +415,18 @@ pub(crate) fn json(
 
 pub(crate) fn table(
     out: &mut impl Write,
-    ckpt: &Checkpoint,
+    set: &CheckpointSet,
     rows: &[Row<'_>],
     label: &str,
     hash: bool,
 ) -> CliResult<()> {
+    let Some(ckpt) = set.files().first().map(|f| &**f.checkpoint()) else {
+        return Err("a set of no files".into());
+    };
+    let names = file_names(set);
     // A TARGET column only when a mapping moves something.
     let mapped = rows.iter().any(|r| r.target != r.view.location());
+    let sliced = rows.iter().any(|r| r.slice.is_some());
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -362,6 +440,15 @@ pub(crate) fn table(
             if mapped {
                 row.push(r.target.clone());
             }
+            if sliced {
+                row.push(r.slice.map_or_else(
+                    || "whole".to_owned(),
+                    |s| format!("dim {} [{}..{}]", s.dim, s.start, s.start + s.len),
+                ));
+            }
+            if let Some(names) = &names {
+                row.push(names.get(r.file).cloned().unwrap_or_default());
+            }
             row.push(human_size(t.info().nbytes));
             row
         })
@@ -370,6 +457,12 @@ pub(crate) fn table(
     if mapped {
         header.push("TARGET");
     }
+    if sliced {
+        header.push("SLICE");
+    }
+    if names.is_some() {
+        header.push("FILE");
+    }
     header.push("SIZE");
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in &cells {
@@ -377,13 +470,26 @@ pub(crate) fn table(
             *w = (*w).max(cell.chars().count());
         }
     }
-    writeln!(
-        out,
-        "{label}: {} checkpoint, {}-endian, pickle protocol {}",
-        ckpt.format().name(),
-        ckpt.byte_order().name(),
-        ckpt.pickle_protocol()
-    )?;
+    match &names {
+        Some(names) => writeln!(
+            out,
+            "{label}: a set of {} files{}, {} checkpoints, {}-endian",
+            names.len(),
+            set.index()
+                .and_then(|p| p.file_name())
+                .map(|n| format!(" ({})", n.to_string_lossy()))
+                .unwrap_or_default(),
+            ckpt.format().name(),
+            ckpt.byte_order().name(),
+        )?,
+        None => writeln!(
+            out,
+            "{label}: {} checkpoint, {}-endian, pickle protocol {}",
+            ckpt.format().name(),
+            ckpt.byte_order().name(),
+            ckpt.pickle_protocol()
+        )?,
+    }
     let line = |out: &mut dyn Write, cells: &[&str]| -> io::Result<()> {
         let last = cells.len().saturating_sub(1);
         let mut text = String::new();
@@ -412,7 +518,7 @@ pub(crate) fn table(
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let totals = Totals::of(ckpt, rows);
+    let totals = Totals::of(set, rows);
     writeln!(
         out,
         "{} tensors, {} storages, {} of tensor data ({} stored)",
@@ -421,8 +527,10 @@ pub(crate) fn table(
         human_size(totals.bytes),
         human_size(totals.stored_bytes)
     )?;
-    values_table(out, ckpt)?;
-    let suspicious = distinct_globals(ckpt.suspicious().map(|g| g.path()));
+    let checkpoints = || set.files().iter().map(|f| &**f.checkpoint());
+    let values: Vec<&(String, Scalar)> = checkpoints().flat_map(|c| c.values()).collect();
+    values_table(out, &values)?;
+    let suspicious = distinct_globals(checkpoints().flat_map(|c| c.suspicious()).map(|g| g.path()));
     if !suspicious.is_empty() {
         writeln!(
             out,
@@ -430,7 +538,11 @@ pub(crate) fn table(
             suspicious.join(", ")
         )?;
     }
-    for w in ckpt.warnings() {
+    for w in set
+        .warnings()
+        .iter()
+        .chain(checkpoints().flat_map(|c| c.warnings()))
+    {
         writeln!(out, "warning: {w}")?;
     }
     Ok(())
@@ -440,8 +552,7 @@ pub(crate) fn table(
 const VALUES_SHOWN: usize = 40;
 
 /// The file's plain values (epoch, step, args, config), a second table.
-fn values_table(out: &mut impl Write, ckpt: &Checkpoint) -> io::Result<()> {
-    let values = ckpt.values();
+fn values_table(out: &mut impl Write, values: &[&(String, Scalar)]) -> io::Result<()> {
     if values.is_empty() {
         return Ok(());
     }
@@ -457,7 +568,7 @@ fn values_table(out: &mut impl Write, ckpt: &Checkpoint) -> io::Result<()> {
     let mut line = String::new();
     pad(&mut line, "NAME", width, false);
     writeln!(out, "{line}  VALUE")?;
-    for (name, v) in shown {
+    for (name, v) in shown.iter().copied() {
         let mut line = String::new();
         pad(&mut line, display_name(name), width, false);
         writeln!(out, "{line}  {}", scalar_text(v))?;

@@ -90,6 +90,10 @@ struct TensorOut<'a> {
     target: String,
     device: String,
     fallback: Option<&'a str>,
+    shape: &'a [u64],
+    /// Under --shard, the rank's part (the shape and sha256 are its).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slice: Option<serde_json::Value>,
     /// With --hash: the elements' sha256, read back from where they are
     /// (`null` for a meta tensor).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -153,10 +157,16 @@ struct DeviceOut {
 
 #[derive(Serialize)]
 struct LoadOut<'a> {
+    /// The file of a set this document is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file: Option<&'a str>,
     tensors: Vec<TensorOut<'a>>,
     devices: Vec<DeviceOut>,
     seconds: f64,
     decisions: &'a [String],
+    /// Bytes of tensor data placed (read from the file): whole storages,
+    /// or a rank's slices only.
+    bytes_read: u64,
 }
 
 pub(crate) fn json(
@@ -164,9 +174,12 @@ pub(crate) fn json(
     loaded: &Loaded,
     decisions: &[String],
     hash: bool,
+    file: Option<&str>,
 ) -> CliResult<()> {
     let bar = hash.then(|| hash_bar(loaded)).flatten();
     let doc = LoadOut {
+        file,
+        bytes_read: loaded.devices().iter().map(|d| d.bytes).sum(),
         decisions,
         tensors: loaded
             .tensors()
@@ -177,6 +190,10 @@ pub(crate) fn json(
                     target: t.target.to_string(),
                     device: t.device.to_string(),
                     fallback: t.fallback.as_deref(),
+                    shape: &t.info.shape,
+                    slice: t
+                        .slice
+                        .map(|s| serde_json::json!({"dim": s.dim, "start": s.start, "len": s.len})),
                     sha256: if hash {
                         let digest = sha256(loaded, t)?;
                         if let Some(bar) = &bar {

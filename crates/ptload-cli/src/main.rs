@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use ptload_reader::set::CheckpointSet;
 use ptload_reader::Checkpoint;
 
 mod args;
@@ -59,6 +60,8 @@ enum Command {
     Scan(ScanArgs),
     /// Compare two checkpoints tensor by tensor; exit 1 if they differ.
     Diff(Box<DiffArgs>),
+    /// Plan which bytes each rank of a tensor-parallel job reads (JSON): its slices, or a share of a read-once pass.
+    Plan(Box<PlanArgs>),
     /// Inspect and load the embedded demo checkpoint (--map-location auto).
     Demo,
     /// Print a shell completion script: bash, zsh, fish, elvish or powershell.
@@ -103,8 +106,32 @@ struct ConvertArgs {
 }
 
 #[derive(Args)]
+struct PlanArgs {
+    /// The checkpoint: a file, a directory of shards, or a *.index.json.
+    input: PathBuf,
+    /// Ranks in the job.
+    #[arg(long)]
+    world: u32,
+    /// Nodes the ranks run on (ranks 0..world/nodes on the first, and so on).
+    #[arg(long, default_value_t = 1)]
+    nodes: u32,
+    /// Instead of each rank's slices: every byte read once per node, split evenly among its
+    /// ranks, for an engine that exchanges them with its own collectives.
+    #[arg(long = "read-once")]
+    read_once: bool,
+    /// Split tensors whose final name matches GLOB along DIM (see `inspect --split`).
+    #[arg(long, value_name = "GLOB=DIM")]
+    split: Vec<String>,
+    /// A ready rule set after any --split rules: llama, mixtral, gpt-neox, gpt2.
+    #[arg(long = "split-preset", value_name = "NAME")]
+    split_preset: Option<String>,
+    #[command(flatten)]
+    open: OpenArgs,
+}
+
+#[derive(Args)]
 struct ScanArgs {
-    /// Checkpoints to scan.
+    /// Checkpoints to scan (a directory: each checkpoint file in it, such as a sharded set's).
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// Print JSON.
@@ -190,7 +217,7 @@ struct InspectArgs {
 
 /// One side of `diff`, as read.
 enum Opened {
-    Torch(Checkpoint),
+    Torch(CheckpointSet),
     Safetensors(Vec<u8>),
 }
 
@@ -204,12 +231,12 @@ fn diff_side<'o>(
     converted: bool,
 ) -> CliResult<tools::Side<'o>> {
     match opened {
-        Opened::Torch(ckpt) => {
+        Opened::Torch(set) => {
             let mut state = state.clone();
             if key.is_some() {
                 state.key.clone_from(key);
             }
-            let sel = state.options(!converted)?.select(ckpt)?;
+            let sel = state.options(!converted)?.select_set(set)?;
             // Two files: each note says which.
             for d in args::cli_decisions(sel.decisions()) {
                 ui::note(&format!("{}: {d}", path.display()));
@@ -253,18 +280,20 @@ fn run(cli: Cli) -> CliResult<u8> {
                     writeln!(out)?;
                 }
                 let result = (|| -> CliResult<()> {
-                    let ckpt = a.open.options().open(file)?;
-                    let rows = inspect::rows(&ckpt, &a.map, &a.state, &MachineGpus)?;
+                    let set = CheckpointSet::open_with(file, &a.open.options())?;
+                    let sd = a.state.options(true)?.select_set(&set)?;
+                    let rows = inspect::rows(&sd, &a.map, &MachineGpus)?;
                     if a.json {
-                        inspect::json(&mut out, &ckpt, &rows, &label, a.hash)?;
+                        inspect::json(&mut out, &set, &rows, &label, a.hash)?;
                     } else {
-                        inspect::table(&mut out, &ckpt, &rows, &label, a.hash)?;
+                        inspect::table(&mut out, &set, &rows, &label, a.hash)?;
                     }
                     out.flush()?;
                     // The process ends soon: the OS reclaims the checkpoint's
                     // memory faster than freeing it piece by piece.
                     std::mem::forget(rows);
-                    std::mem::forget(ckpt);
+                    std::mem::forget(sd);
+                    std::mem::forget(set);
                     Ok(())
                 })();
                 match result {
@@ -290,7 +319,7 @@ fn run(cli: Cli) -> CliResult<u8> {
         }
         Command::Load(a) => {
             let started = std::time::Instant::now();
-            let ckpt = std::sync::Arc::new(a.open.options().open(&a.file)?);
+            let set = CheckpointSet::open_with(&a.file, &a.open.options())?;
             let open_seconds = started.elapsed().as_secs_f64();
             let gpus = ptload_device::probe();
             let request = loadcmd::Request {
@@ -299,18 +328,27 @@ fn run(cli: Cli) -> CliResult<u8> {
                 strict: a.open.strict,
                 dtype: a.dtype.as_deref(),
             };
-            let (loaded, decisions) = loadcmd::run(&ckpt, &gpus, &request)?;
-            if a.json {
-                loadcmd::json(&mut out, &loaded, &decisions, a.hash)?;
-            } else {
-                loadcmd::summary(&mut out, &loaded, &gpus, open_seconds)?;
-                if a.hash {
-                    loadcmd::hashes(&mut out, &loaded)?;
+            // A set loads file by file, each reported on its own.
+            let several = set.files().len() > 1;
+            for file in set.files() {
+                let name = file.name();
+                let (loaded, decisions) = loadcmd::run(file.checkpoint(), &gpus, &request)?;
+                if a.json {
+                    let label = several.then_some(name.as_str());
+                    loadcmd::json(&mut out, &loaded, &decisions, a.hash, label)?;
+                } else {
+                    if several {
+                        writeln!(out, "{name}:")?;
+                    }
+                    loadcmd::summary(&mut out, &loaded, &gpus, open_seconds)?;
+                    if a.hash {
+                        loadcmd::hashes(&mut out, &loaded)?;
+                    }
                 }
             }
         }
         Command::Convert(a) => {
-            let ckpt = a.open.options().open(&a.input)?;
+            let set = CheckpointSet::open_with(&a.input, &a.open.options())?;
             let state = a.state.options(false)?;
             let request = tools::ConvertRequest {
                 output: &a.output,
@@ -323,12 +361,13 @@ fn run(cli: Cli) -> CliResult<u8> {
             // Standard output carries the data: the report goes to stderr.
             if a.output.as_os_str() == "-" {
                 drop(out);
-                return tools::convert(&mut io::stderr(), &ckpt, &state, &request).map(|()| 0);
+                return tools::convert(&mut io::stderr(), &set, &state, &request).map(|()| 0);
             }
-            tools::convert(&mut out, &ckpt, &state, &request)?;
+            tools::convert(&mut out, &set, &state, &request)?;
         }
         Command::Scan(a) => {
-            let verdict = tools::scan(&mut out, &a.files, a.no_mmap, a.json)?;
+            let files = tools::expand_dirs(&a.files)?;
+            let verdict = tools::scan(&mut out, &files, a.no_mmap, a.json)?;
             out.flush()?;
             return Ok(verdict);
         }
@@ -345,7 +384,7 @@ fn run(cli: Cli) -> CliResult<u8> {
                     let bytes = std::fs::read(path).map_err(|e| fail(format!("io: {e}")))?;
                     return Ok(Opened::Safetensors(bytes));
                 }
-                opts.open(path)
+                CheckpointSet::open_with(path, &opts)
                     .map(Opened::Torch)
                     .map_err(|e| fail(e.to_string()).into())
             };
@@ -363,6 +402,28 @@ fn run(cli: Cli) -> CliResult<u8> {
             let verdict = tools::diff(&mut out, &sa, &sb, tol, a.json)?;
             out.flush()?;
             return Ok(verdict);
+        }
+        Command::Plan(a) => {
+            let opts = a.open.options();
+            let set = CheckpointSet::open_with(&a.input, &opts)?;
+            let state = StateDictArgs::default().options(false)?;
+            let limits = ptload_reader::Limits::default();
+            let plan = if a.read_once {
+                ptload_reader::reads::ReadPlan::read_once(&set, &state, a.world, a.nodes, &limits)?
+            } else {
+                let mut splits = ptload_reader::parallel::Splits::parse(&a.split)?;
+                if let Some(p) = &a.split_preset {
+                    splits = splits.then(ptload_reader::parallel::Splits::preset(p)?);
+                }
+                if splits.rules().is_empty() {
+                    return Err("a sliced plan needs rules: --split GLOB=DIM or --split-preset NAME (or --read-once)".into());
+                }
+                ptload_reader::reads::ReadPlan::sliced(
+                    &set, &state, &splits, a.world, a.nodes, &limits,
+                )?
+            };
+            serde_json::to_writer(&mut out, &plan)?;
+            writeln!(out)?;
         }
         Command::Demo => demo(&mut out)?,
         Command::Completions { shell } => {
@@ -406,13 +467,10 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
     let started = std::time::Instant::now();
     let ckpt = std::sync::Arc::new(Checkpoint::from_bytes(DEMO_CHECKPOINT)?);
     let open_seconds = started.elapsed().as_secs_f64();
-    let rows = inspect::rows(
-        &ckpt,
-        &MapArgs::default(),
-        &StateDictArgs::default(),
-        &MachineGpus,
-    )?;
-    inspect::table(out, &ckpt, &rows, "training.ckpt (embedded)", false)?;
+    let set = CheckpointSet::of("training.ckpt", std::sync::Arc::clone(&ckpt))?;
+    let sd = StateDictArgs::default().options(true)?.select_set(&set)?;
+    let rows = inspect::rows(&sd, &MapArgs::default(), &MachineGpus)?;
+    inspect::table(out, &set, &rows, "training.ckpt (embedded)", false)?;
     writeln!(
         out,
         "\nLoading the model (--key auto picks model_state_dict) with --map-location auto:"

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use ptload_reader::export::{Metadata, SafetensorsOptions};
+use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::StateDictOptions;
-use ptload_reader::{scan, Checkpoint, DType, ErrorKind, Limits, OpenOptions};
+use ptload_reader::{scan, DType, ErrorKind, Limits, OpenOptions};
 use serde::Serialize;
 
 use crate::args::{parse_dtype, CliResult};
@@ -53,9 +54,39 @@ pub(crate) fn cancelled(e: &(dyn std::error::Error + 'static)) -> bool {
         .is_some_and(|e| e.kind() == ErrorKind::Cancelled)
 }
 
+/// Each path, with a directory replaced by its checkpoint files (`.pt`,
+/// `.pth`, `.bin`, `.ckpt`), in name order.
+pub(crate) fn expand_dirs(paths: &[PathBuf]) -> CliResult<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        if !p.is_dir() {
+            out.push(p.clone());
+            continue;
+        }
+        let mut found: Vec<PathBuf> = std::fs::read_dir(p)
+            .map_err(|e| format!("{}: {e}", p.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|f| {
+                f.is_file()
+                    && f.extension().is_some_and(|x| {
+                        ["pt", "pth", "bin", "ckpt"]
+                            .iter()
+                            .any(|c| x.eq_ignore_ascii_case(c))
+                    })
+            })
+            .collect();
+        if found.is_empty() {
+            return Err(format!("{}: no .pt, .pth, .bin or .ckpt file in it", p.display()).into());
+        }
+        found.sort();
+        out.extend(found);
+    }
+    Ok(out)
+}
+
 pub(crate) fn convert(
     out: &mut impl Write,
-    ckpt: &Checkpoint,
+    set: &CheckpointSet,
     state: &StateDictOptions,
     request: &ConvertRequest<'_>,
 ) -> CliResult<()> {
@@ -67,7 +98,7 @@ pub(crate) fn convert(
                 .into(),
         );
     }
-    let selection = state.select(ckpt)?;
+    let selection = state.select_set(set)?;
     crate::args::tell_decisions(selection.decisions());
     let total: u64 = selection.tensors().map(|(_, t)| t.info().nbytes).sum();
     let bar = crate::ui::progress_bar("converting", total);
@@ -89,12 +120,11 @@ pub(crate) fn convert(
     };
     let result = if to_stdout {
         let mut stdout = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-        let written =
-            ptload_reader::export::write_safetensors(ckpt, &selection, &opts, &mut stdout);
+        let written = ptload_reader::export::write_safetensors(&selection, &opts, &mut stdout);
         stdout.flush()?;
         written
     } else {
-        ptload_reader::export::write_safetensors_file(ckpt, &selection, &opts, output)
+        ptload_reader::export::write_safetensors_file(&selection, &opts, output)
     };
     if let Some(bar) = bar {
         bar.finish_and_clear();

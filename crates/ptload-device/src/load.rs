@@ -180,6 +180,9 @@ pub struct LoadedTensor {
     /// Its index among the checkpoint's tensors, where its metadata as
     /// saved is ([`Checkpoint::tensor_at`]).
     pub index: usize,
+    /// The part of the saved tensor a tensor-parallel rank holds, when it
+    /// was sliced (its `info` is then the slice's).
+    pub slice: Option<ptload_reader::parallel::Slice>,
     /// Where the plan put it.
     pub target: Device,
     /// Where it is.
@@ -546,9 +549,9 @@ fn usable(gpus: &Gpus, ordinal: u32) -> Result<&Gpu, String> {
 
 fn tensor<'c>(
     ckpt: &'c Checkpoint,
-    s: &Selected,
+    s: &'c Selected,
 ) -> Result<ptload_reader::TensorView<'c>, LoadError> {
-    ckpt.tensor_at(s.index).ok_or_else(|| {
+    s.view(ckpt).ok_or_else(|| {
         LoadError::Access(format!(
             "{}: the checkpoint has no tensor {} ({} tensors)",
             s.name,
@@ -588,13 +591,16 @@ fn resolve(
         // A pending conj/neg bit is applied on the host, like a conversion:
         // what lands anywhere holds the tensor's values.
         let bits = (info.conj && info.dtype.is_complex()) || info.neg;
-        let rewrite = convert.or(bits.then_some(info.dtype));
+        // A rank's slice is gathered on the host from its own bytes (never
+        // its whole storage) into a buffer of its own, like a conversion.
+        let rewrite = convert.or((bits || s.slice.is_some()).then_some(info.dtype));
         let mut placed_info = info.clone();
         placed_info.name.clone_from(&s.name);
         placed_info.storage = None;
         let mut loaded = LoadedTensor {
             info: placed_info,
             index: s.index,
+            slice: s.slice,
             target,
             device,
             fallback: fallback.clone(),

@@ -10,9 +10,10 @@
 use arbitrary::{Arbitrary, Unstructured};
 use ptload_reader::export::SafetensorsOptions;
 use ptload_reader::fuzzing::{read_container, run_pickle, Plain};
+use ptload_reader::parallel::{Shard, Splits};
 use ptload_reader::placement::{Device, Keep, MapLocation, Plan, To};
 use ptload_reader::scan::{classify, GlobalClass};
-use ptload_reader::state_dict::Selected;
+use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
 use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions, Policy, StringEncoding};
 
 pub mod craft;
@@ -103,11 +104,75 @@ pub fn checkpoint(data: &[u8]) {
     }
 }
 
+/// Tensor-parallel slices along dim 0 of three ranks, put back together,
+/// are the whole tensor's elements (row-major order keeps dim 0 outermost).
+fn exercise_slices(ckpt: &Checkpoint) {
+    // A rule per name (each matching itself, at least), for tensors that
+    // can be split; bounded, as every rule is tried on every name.
+    if ckpt.len() > 256 {
+        return;
+    }
+    let rules: Vec<String> = ckpt
+        .tensors()
+        .filter(|t| !t.shape().is_empty() && t.info().quantization.is_none())
+        .map(|t| format!("{}=0", t.name()))
+        .collect();
+    let Ok(splits) = Splits::parse(&rules) else {
+        return;
+    };
+    let world = 3;
+    let mut parts: Vec<Option<Vec<u8>>> = Vec::new();
+    for rank in 0..world {
+        let Ok(shard) = Shard::new(rank, world) else {
+            return;
+        };
+        let opts = StateDictOptions {
+            key: KeySelect::All,
+            strip: Strip::None,
+            parallel: Some((shard, splits.clone())),
+            ..Default::default()
+        };
+        let sd = match opts.select(ckpt) {
+            Ok(sd) => sd,
+            Err(e) => return check_error(&e),
+        };
+        for (i, (_, view)) in sd.tensors().enumerate() {
+            if rank == 0 {
+                parts.push(Some(Vec::new()));
+            }
+            let Some(Some(acc)) = parts.get_mut(i) else {
+                continue;
+            };
+            match view.data() {
+                Ok(bytes) => acc.extend_from_slice(&bytes),
+                Err(e) => {
+                    check_error(&e);
+                    parts[i] = None;
+                }
+            }
+        }
+    }
+    let every = StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        ..Default::default()
+    };
+    let Ok(sd) = every.select(ckpt) else { return };
+    for ((name, view), joined) in sd.tensors().zip(&parts) {
+        let split = !view.shape().is_empty() && view.info().quantization.is_none();
+        if let (Some(joined), Ok(whole), true) = (joined, view.data(), split) {
+            assert!(
+                *joined == *whole,
+                "tensor {name}: its three slices differ from it"
+            );
+        }
+    }
+}
+
 /// Everything a user can do with an open checkpoint, with the invariants
 /// each promises.
 pub fn exercise(ckpt: &Checkpoint) {
-    let mut selection = Vec::new();
-    for (index, t) in ckpt.tensors().enumerate() {
+    for t in ckpt.tensors() {
         let expected = t.info().nbytes;
         match t.data() {
             Ok(bytes) => {
@@ -146,11 +211,8 @@ pub fn exercise(ckpt: &Checkpoint) {
             }
             Err(e) => check_error(&e),
         }
-        selection.push(Selected {
-            index,
-            name: t.name().to_owned(),
-        });
     }
+    exercise_slices(ckpt);
     for g in ckpt.globals() {
         let _: GlobalClass = classify(&g.module, &g.name);
     }
@@ -187,7 +249,16 @@ pub fn exercise(ckpt: &Checkpoint) {
     };
     // Names need not be unique across a whole checkpoint's walk only when
     // the file is odd; the writer must then refuse, never write a bad file.
-    match ptload_reader::export::write_safetensors(ckpt, &selection, &opts, &mut out) {
+    let every = StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        ..Default::default()
+    };
+    let selection = match every.select(ckpt) {
+        Ok(sd) => sd,
+        Err(e) => return check_error(&e),
+    };
+    match ptload_reader::export::write_safetensors(&selection, &opts, &mut out) {
         Ok(written) => {
             let st = safetensors::SafeTensors::deserialize(&out)
                 .unwrap_or_else(|e| panic!("wrote a safetensors file its library rejects: {e}"));

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use arbitrary::Arbitrary;
 use ptload_reader::export::SafetensorsOptions;
-use ptload_reader::state_dict::Selected;
+use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
 use ptload_reader::OpenOptions;
 
 /// The checkpoint every scene converts (a real torch file, 4 tensors).
@@ -180,14 +180,14 @@ pub fn output_paths(scene: &Scene) {
     let Ok(ckpt) = open.open(&input) else {
         return;
     };
-    let selection: Vec<Selected> = ckpt
-        .tensors()
-        .enumerate()
-        .map(|(index, t)| Selected {
-            index,
-            name: t.name().to_owned(),
-        })
-        .collect();
+    let every = StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        ..Default::default()
+    };
+    let Ok(selection) = every.select(&ckpt) else {
+        return;
+    };
     let output = root.join(scene.output.path());
     let resolved_before = std::fs::canonicalize(&output).ok();
     let input_id = std::fs::metadata(&input).ok().map(|m| id(&m));
@@ -200,7 +200,7 @@ pub fn output_paths(scene: &Scene) {
         cancel: Some(Arc::new(AtomicBool::new(scene.cancelled))),
         ..Default::default()
     };
-    let result = ptload_reader::export::write_safetensors_file(&ckpt, &selection, &opts, &output);
+    let result = ptload_reader::export::write_safetensors_file(&selection, &opts, &output);
     let after = snapshot(&scratch.0);
     match result {
         Err(e) => {

@@ -66,7 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let stem = path.file_stem().unwrap_or_default().to_string_lossy();
         let target = output.join(format!("{stem}.safetensors"));
-        let written = write_safetensors_file(&ckpt, &selection, &opts, &target)?;
+        let written = write_safetensors_file(&selection, &opts, &target)?;
         println!(
             "{name:<24} {:>5} tensors {:>9} bytes {:>2} metadata {:>2} skipped -> {}",
             written.tensors,

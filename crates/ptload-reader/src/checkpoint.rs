@@ -36,6 +36,10 @@ impl OpenOptions {
         Self::default()
     }
 
+    pub(crate) fn limits_ref(&self) -> &Limits {
+        &self.limits
+    }
+
     /// Bounds on the work the file may cause.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;

@@ -83,6 +83,8 @@ struct Inner {
     offset: Option<u64>,
     record: Option<String>,
     tensor: Option<String>,
+    /// The file of a checkpoint set the failure is in.
+    file: Option<String>,
     /// More the reader found, after the location (every refused global).
     note: Option<String>,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
@@ -97,6 +99,7 @@ impl Error {
                 offset: None,
                 record: None,
                 tensor: None,
+                file: None,
                 note: None,
                 source: None,
             }),
@@ -142,6 +145,13 @@ impl Error {
         self
     }
 
+    pub(crate) fn in_file(mut self, file: &str) -> Self {
+        if self.inner.file.is_none() {
+            self.inner.file = Some(file.to_owned());
+        }
+        self
+    }
+
     /// The class of failure.
     pub fn kind(&self) -> ErrorKind {
         self.inner.kind
@@ -167,6 +177,11 @@ impl Error {
     pub fn tensor(&self) -> Option<&str> {
         self.inner.tensor.as_deref()
     }
+
+    /// The file of a checkpoint set (a shard) the failure concerns.
+    pub fn file(&self) -> Option<&str> {
+        self.inner.file.as_deref()
+    }
 }
 
 impl fmt::Display for Error {
@@ -180,6 +195,9 @@ impl fmt::Display for Error {
         }
         if let Some(tensor) = &self.inner.tensor {
             write!(f, " (tensor '{tensor}')")?;
+        }
+        if let Some(file) = &self.inner.file {
+            write!(f, " in file {file}")?;
         }
         if let Some(note) = &self.inner.note {
             write!(f, ". {note}")?;
@@ -199,6 +217,7 @@ impl fmt::Debug for Error {
             .field("offset", &self.inner.offset)
             .field("record", &self.inner.record)
             .field("tensor", &self.inner.tensor)
+            .field("file", &self.inner.file)
             .field("note", &self.inner.note)
             .finish()
     }

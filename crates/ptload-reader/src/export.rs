@@ -3,9 +3,8 @@
 
 use std::io::Write;
 
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, ErrorKind, Result};
-use crate::state_dict::Selected;
+use crate::state_dict::{Selected, StateDict};
 use crate::torch::dtype::DType;
 use crate::torch::names::Scalar;
 
@@ -192,7 +191,8 @@ fn quantization_json(name: &str, q: &crate::torch::Quantization) -> String {
 const PAGE: u64 = 4096;
 
 struct Planned {
-    index: usize,
+    /// Position in the state dict's entries.
+    position: usize,
     name: String,
     dtype: DType,
     convert: bool,
@@ -200,16 +200,12 @@ struct Planned {
 }
 
 /// The header and the tensors to write, checked before anything is written.
-fn plan(
-    ckpt: &Checkpoint,
-    selection: &[Selected],
-    opts: &SafetensorsOptions,
-) -> Result<(String, Vec<Planned>, Written)> {
+fn plan(sd: &StateDict, opts: &SafetensorsOptions) -> Result<(String, Vec<Planned>, Written)> {
     let mut written = Written::default();
-    let mut planned = Vec::with_capacity(selection.len());
+    let mut planned = Vec::with_capacity(sd.len());
     let mut refused = Vec::new();
-    for s in selection {
-        let Some(view) = ckpt.tensor_at(s.index) else {
+    for (position, s) in sd.iter().enumerate() {
+        let Some(view) = sd.view(s) else {
             continue;
         };
         let info = view.info();
@@ -235,7 +231,7 @@ fn plan(
             .checked_mul(dtype.size() as u64)
             .ok_or_else(|| Error::new(ErrorKind::Tensor, "size overflows"))?;
         planned.push(Planned {
-            index: s.index,
+            position,
             name: s.name.clone(),
             dtype,
             convert: convert.is_some(),
@@ -254,9 +250,10 @@ fn plan(
     }
     let mut header = String::from("{");
     let mut metadata: Vec<(String, String)> = vec![("format".to_owned(), "pt".to_owned())];
-    let values = ckpt
-        .values()
+    let values = sd
+        .checkpoints()
         .iter()
+        .flat_map(|c| c.values())
         .filter_map(|(name, v)| plain_json(v).map(|j| (name.as_str(), j)));
     match &opts.metadata {
         Metadata::None => {}
@@ -274,8 +271,8 @@ fn plan(
     // A quantized tensor's integers mean nothing without their scale and
     // zero point: they go to the metadata as `<name>.quantization`.
     for p in &planned {
-        let quantization = ckpt
-            .tensor_at(p.index)
+        let quantization = entry(sd, p)
+            .ok()
             .and_then(|v| v.info().quantization.clone());
         if let Some(q) = quantization {
             metadata.push((
@@ -301,9 +298,7 @@ fn plan(
         if i > 0 || !metadata.is_empty() {
             header.push(',');
         }
-        let view = ckpt
-            .tensor_at(p.index)
-            .ok_or_else(|| Error::new(ErrorKind::Tensor, "tensor index"))?;
+        let view = entry(sd, p)?;
         json_string(&p.name, &mut header);
         let shape: Vec<String> = view.shape().iter().map(u64::to_string).collect();
         header.push_str(&format!(
@@ -325,18 +320,25 @@ fn plan(
     Ok((header, planned, written))
 }
 
-/// Write the `selection` of `ckpt` to `out` in the safetensors format:
+/// The view a planned tensor writes.
+fn entry<'s>(sd: &'s StateDict, p: &Planned) -> Result<crate::view::TensorView<'s>> {
+    <[Selected]>::get(sd, p.position)
+        .and_then(|s| sd.view(s))
+        .ok_or_else(|| Error::new(ErrorKind::Tensor, "tensor index").for_tensor(&p.name))
+}
+
+/// Write the state dict `sd` (every file of a set; each rank's part of
+/// sliced tensors) to `out` in the safetensors format:
 /// contiguous, little-endian, one entry per tensor (a storage shared by
 /// several tensors is written once per tensor), plain values in
 /// `__metadata__` as JSON text under their flattened names.
 pub fn write_safetensors(
-    ckpt: &Checkpoint,
-    selection: &[Selected],
+    sd: &StateDict,
     opts: &SafetensorsOptions,
     out: &mut impl Write,
 ) -> Result<Written> {
     let io = |e: std::io::Error| Error::io("cannot write the safetensors file", e);
-    write_with(ckpt, selection, opts, out, None, &io)
+    write_with(sd, opts, out, &mut Vec::new(), &io)
 }
 
 /// Write a safetensors file at `path`, safely:
@@ -356,15 +358,16 @@ pub fn write_safetensors(
 /// checkpoint holds open, never from whatever its path names now; the
 /// others stream from the map. Same format as [`write_safetensors`].
 pub fn write_safetensors_file(
-    ckpt: &Checkpoint,
-    selection: &[Selected],
+    sd: &StateDict,
     opts: &SafetensorsOptions,
     path: &std::path::Path,
 ) -> Result<Written> {
     let target = output::target(path)?;
-    output::check(&target, ckpt.source().identity(), opts.overwrite)?;
+    for ckpt in sd.checkpoints() {
+        output::check(&target, ckpt.source().identity(), opts.overwrite)?;
+    }
     let (tmp, file) = output::create_beside(&target)?;
-    let written = write_to_file(ckpt, selection, opts, file, &target);
+    let written = write_to_file(sd, opts, file, &target);
     let done = written.and_then(|w| output::finish(&tmp, &target, opts.overwrite).map(|()| w));
     if done.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -373,51 +376,46 @@ pub fn write_safetensors_file(
 }
 
 fn write_to_file(
-    ckpt: &Checkpoint,
-    selection: &[Selected],
+    sd: &StateDict,
     opts: &SafetensorsOptions,
     file: std::fs::File,
     path: &std::path::Path,
 ) -> Result<Written> {
     let io = |e: std::io::Error| Error::io(format!("cannot write {}", path.display()), e);
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    // A handle of our own on the file we mapped: its position is ours.
-    let written = write_with(
-        ckpt,
-        selection,
-        opts,
-        &mut out,
-        ckpt.source().private_handle(),
-        &io,
-    )?;
+    // A handle of our own on each file we mapped: its position is ours.
+    let mut sources: Vec<Option<std::fs::File>> = sd
+        .checkpoints()
+        .iter()
+        .map(|c| c.source().private_handle())
+        .collect();
+    let written = write_with(sd, opts, &mut out, &mut sources, &io)?;
     out.flush().map_err(io)?;
     Ok(written)
 }
 
-/// The safetensors bytes of `selection`, to `out`. With `source` (the
-/// checkpoint's own file), tensors that lie unchanged in it are copied by
+/// The safetensors bytes of `sd`, to `out`. With `sources` (each
+/// checkpoint's own file, by file), tensors that lie unchanged in it are copied by
 /// the kernel when `out` is a file; the others stream from the map.
 fn write_with<W: Write>(
-    ckpt: &Checkpoint,
-    selection: &[Selected],
+    sd: &StateDict,
     opts: &SafetensorsOptions,
     out: &mut W,
-    mut source: Option<std::fs::File>,
+    sources: &mut [Option<std::fs::File>],
     io: &dyn Fn(std::io::Error) -> Error,
 ) -> Result<Written> {
     use std::io::{Read, Seek, SeekFrom};
-    let (header, planned, mut written) = plan(ckpt, selection, opts)?;
+    let (header, planned, mut written) = plan(sd, opts)?;
     out.write_all(&(header.len() as u64).to_le_bytes())
         .map_err(io)?;
     out.write_all(header.as_bytes()).map_err(io)?;
     let mut position = 8 + header.len() as u64;
     for p in &planned {
         opts.check_cancel()?;
-        let view = ckpt
-            .tensor_at(p.index)
-            .ok_or_else(|| Error::new(ErrorKind::Tensor, "tensor index"))?;
+        let view = entry(sd, p)?;
         let range = view.file_range().filter(|_| !p.convert);
-        match (source.as_mut(), range) {
+        let file = <[Selected]>::get(sd, p.position).map_or(0, |s| s.file);
+        match (sources.get_mut(file).and_then(Option::as_mut), range) {
             (Some(src), Some((offset, len))) => {
                 // The kernel copies fastest into whole pages of the output,
                 // so the head up to the next page boundary comes from the map.

@@ -52,9 +52,12 @@ pub mod export;
 pub mod fuzzing;
 pub(crate) mod glob;
 mod limits;
+pub mod parallel;
 mod pickle;
 pub mod placement;
+pub mod reads;
 pub mod scan;
+pub mod set;
 #[allow(unsafe_code)]
 pub(crate) mod source;
 pub mod state_dict;

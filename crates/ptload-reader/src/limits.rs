@@ -49,6 +49,10 @@ pub struct Limits {
     /// Row-major size of a view whose elements overlap (stride-0 expands):
     /// such a view may be larger than its storage, but not beyond this.
     pub max_expanded_view_bytes: u64,
+    /// Files in one checkpoint set.
+    pub max_set_files: usize,
+    /// Size of a set's index (`*.index.json`).
+    pub max_index_bytes: u64,
 }
 
 impl Default for Limits {
@@ -69,6 +73,8 @@ impl Default for Limits {
             max_shared_visits: 100_000,
             max_name_bytes: 256 << 20,
             max_expanded_view_bytes: 1 << 30,
+            max_set_files: 100_000,
+            max_index_bytes: 256 << 20,
         }
     }
 }

@@ -9,6 +9,9 @@ use hashbrown::HashTable;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::glob::{glob, glob_captures};
+use crate::parallel::{Shard, Slice, Splits};
+use crate::set::{CheckpointSet, SetFile};
+use crate::torch::tensor::TensorInfo;
 use crate::view::TensorView;
 
 /// Top-level keys that hold the model in training checkpoints, in the order
@@ -100,15 +103,48 @@ pub struct StateDictOptions {
     pub include: Vec<String>,
     /// Then leave out those whose final name matches one of these globs.
     pub exclude: Vec<String>,
+    /// Tensor parallelism: take only this rank's part of each tensor the
+    /// rules split (rules match final names); see [`crate::parallel`].
+    pub parallel: Option<(Shard, Splits)>,
 }
 
 /// One tensor of the selected state dict.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Selected {
-    /// Index into the checkpoint's tensors.
+    /// Index into its checkpoint's tensors.
     pub index: usize,
     /// Its name in the state dict.
     pub name: String,
+    /// Which file of the set holds it (0 for a single checkpoint).
+    pub file: usize,
+    /// The part a tensor-parallel rank holds, when it is split.
+    pub slice: Option<Slice>,
+    /// The view of that part.
+    sliced: Option<Box<TensorInfo>>,
+}
+
+impl Selected {
+    /// Tensor `index` of a checkpoint, whole, under `name`.
+    pub fn new(index: usize, name: impl Into<String>) -> Selected {
+        Selected {
+            index,
+            name: name.into(),
+            file: 0,
+            slice: None,
+            sliced: None,
+        }
+    }
+
+    /// The tensor in `ckpt` (the checkpoint of its [`file`](Self::file)):
+    /// the part of it a rank holds when it is sliced, with the
+    /// checkpoint's name.
+    pub fn view<'a>(&'a self, ckpt: &'a Checkpoint) -> Option<TensorView<'a>> {
+        match &self.sliced {
+            Some(info) => Some(TensorView { ckpt, info }),
+            None => ckpt.tensor_at(self.index),
+        }
+    }
 }
 
 /// A selected state dict: the chosen tensors of one checkpoint under their
@@ -133,7 +169,10 @@ pub struct Selected {
 /// ```
 #[derive(Debug, Clone)]
 pub struct StateDict<'c> {
+    /// The first file's checkpoint.
     ckpt: &'c Checkpoint,
+    /// The checkpoint of each file (one for a single checkpoint).
+    files: Vec<&'c Checkpoint>,
     /// The sub-tree taken, if not the whole file.
     key: Option<String>,
     /// What the automatic options decided, one line each.
@@ -151,11 +190,16 @@ impl<'c> StateDict<'c> {
         StateDictOptions::default().select(ckpt)
     }
 
-    /// The tensor named `name` in the state dict (its final name).
-    pub fn get(&self, name: &str) -> Option<TensorView<'c>> {
+    /// The tensor named `name` in the state dict (its final name); the
+    /// rank's part of it when it is sliced.
+    pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
         let at = self.position(name)?;
-        let entry = self.entries.get(at)?;
-        self.ckpt.tensor_at(entry.index)
+        self.view(self.entries.get(at)?)
+    }
+
+    /// The view of `entry` (one of this state dict's entries).
+    pub fn view<'s>(&'s self, entry: &'s Selected) -> Option<TensorView<'s>> {
+        entry.view(self.files.get(entry.file)?)
     }
 
     /// The entry named `name`: its final name and checkpoint index.
@@ -168,18 +212,28 @@ impl<'c> StateDict<'c> {
         self.position(name).is_some()
     }
 
-    /// Each tensor with its final name, in checkpoint order.
-    pub fn tensors(&self) -> impl Iterator<Item = (&str, TensorView<'c>)> + '_ {
-        let ckpt = self.ckpt;
-        // Every index was taken from this checkpoint's tensors.
+    /// Each tensor with its final name, in checkpoint order (file by file
+    /// in a set); a sliced tensor is the rank's part.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, TensorView<'_>)> + '_ {
+        // Every index was taken from its file's tensors.
         self.entries
             .iter()
-            .filter_map(move |e| Some((e.name.as_str(), ckpt.tensor_at(e.index)?)))
+            .filter_map(move |e| Some((e.name.as_str(), self.view(e)?)))
     }
 
-    /// The checkpoint the tensors are in.
+    /// The checkpoint the tensors are in: the first file's, in a set.
     pub fn checkpoint(&self) -> &'c Checkpoint {
         self.ckpt
+    }
+
+    /// The checkpoint of each file, in the order of [`Selected::file`].
+    pub fn checkpoints(&self) -> &[&'c Checkpoint] {
+        &self.files
+    }
+
+    /// The entries of file `file`, in checkpoint order.
+    pub fn of_file(&self, file: usize) -> impl Iterator<Item = &Selected> + '_ {
+        self.entries.iter().filter(move |e| e.file == file)
     }
 
     /// The dotted path of the sub-tree taken (`model_state_dict`), or
@@ -543,15 +597,96 @@ impl StateDictOptions {
                 hasher.hash_one(names.get(i as usize).map_or("", String::as_str))
             });
         }
+        let mut entries: Vec<Selected> = indices
+            .into_iter()
+            .zip(names)
+            .map(|(index, name)| Selected::new(index, name))
+            .collect();
+        if let Some((shard, splits)) = &self.parallel {
+            for e in &mut entries {
+                let Some(view) = ckpt.tensor_at(e.index) else {
+                    continue;
+                };
+                if let Some((slice, info)) = splits.slice(&e.name, view.info(), *shard)? {
+                    e.slice = Some(slice);
+                    e.sliced = Some(Box::new(info));
+                }
+            }
+        }
         Ok(StateDict {
             ckpt,
+            files: vec![ckpt],
             key,
             decisions,
-            entries: indices
-                .into_iter()
-                .zip(names)
-                .map(|(index, name)| Selected { index, name })
-                .collect(),
+            entries,
+            index,
+            hasher,
+        })
+    }
+
+    /// The state dict of a whole set: each file selected with these
+    /// options, the entries of all files together. A final name in two
+    /// files is an error naming both.
+    pub fn select_set<'c>(&self, set: &'c CheckpointSet) -> Result<StateDict<'c>> {
+        let files: Vec<&'c Checkpoint> = set.files().iter().map(|f| &**f.checkpoint()).collect();
+        let Some(&first) = files.first() else {
+            return Err(Error::new(ErrorKind::InvalidSpec, "a set of no files"));
+        };
+        let mut entries: Vec<Selected> = Vec::with_capacity(set.len());
+        let mut decisions: Vec<String> = Vec::new();
+        let mut key = None;
+        for (f, ckpt) in files.iter().enumerate() {
+            let name = || set.files().get(f).map(SetFile::name).unwrap_or_default();
+            let sd = self.select(ckpt).map_err(|e| e.in_file(&name()))?;
+            for d in sd.decisions {
+                let d = if files.len() > 1 {
+                    format!("{}: {d}", name())
+                } else {
+                    d
+                };
+                decisions.push(d);
+            }
+            key = key.or(sd.key);
+            entries.extend(sd.entries.into_iter().map(|mut e| {
+                e.file = f;
+                e
+            }));
+        }
+        let hasher = hashbrown::DefaultHashBuilder::default();
+        let mut index: HashTable<u32> = HashTable::with_capacity(entries.len());
+        for (pos, e) in entries.iter().enumerate() {
+            let hash = hasher.hash_one(e.name.as_str());
+            let same = |&i: &u32| entries.get(i as usize).is_some_and(|o| o.name == e.name);
+            if let Some(&first) = index.find(hash, same) {
+                let file = |p: usize| {
+                    entries
+                        .get(p)
+                        .and_then(|x| set.files().get(x.file))
+                        .map(SetFile::name)
+                        .unwrap_or_default()
+                };
+                return Err(Error::new(
+                    ErrorKind::DuplicateName,
+                    format!(
+                        "the state dict holds it twice: from {} and from {}",
+                        file(first as usize),
+                        file(pos)
+                    ),
+                )
+                .for_tensor(&e.name));
+            }
+            let pos =
+                u32::try_from(pos).map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+            index.insert_unique(hash, pos, |&i| {
+                hasher.hash_one(entries.get(i as usize).map_or("", |x| x.name.as_str()))
+            });
+        }
+        Ok(StateDict {
+            ckpt: first,
+            files,
+            key,
+            decisions,
+            entries,
             index,
             hasher,
         })

@@ -111,7 +111,27 @@ impl TensorInfo {
     /// one run of contiguous elements at a time.
     pub(crate) fn runs(&self, storage: &[u8], mut f: impl FnMut(&[u8])) -> Result<()> {
         let extent = || tensor_err(&self.name, "tensor extent outside its storage");
-        let elem = self.dtype.size();
+        self.run_bounds(storage.len() as u64, |start, len| {
+            let bytes = usize::try_from(start)
+                .ok()
+                .zip(usize::try_from(len).ok())
+                .and_then(|(s, l)| storage.get(s..s.checked_add(l)?))
+                .ok_or_else(extent)?;
+            f(bytes);
+            Ok(())
+        })
+    }
+
+    /// Hand `f` each run of contiguous elements as `(byte offset in the
+    /// storage, length in bytes)`, in row-major order; every run lies
+    /// within `storage_len` bytes.
+    pub(crate) fn run_bounds(
+        &self,
+        storage_len: u64,
+        mut f: impl FnMut(u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        let extent = || tensor_err(&self.name, "tensor extent outside its storage");
+        let elem = self.dtype.size() as u64;
         if self.numel == 0 {
             return Ok(());
         }
@@ -126,10 +146,7 @@ impl TensorInfo {
             outer -= 1;
         }
         // Checked throughout: the fields are public, so any values arrive.
-        let run_bytes = usize::try_from(run)
-            .ok()
-            .and_then(|r| r.checked_mul(elem))
-            .ok_or_else(extent)?;
+        let run_bytes = run.checked_mul(elem).ok_or_else(extent)?;
         let (Some(dims), Some(strides)) = (self.shape.get(..outer), self.stride.get(..outer))
         else {
             return Err(extent());
@@ -142,15 +159,14 @@ impl TensorInfo {
                 .fold(self.storage_offset, |acc, (i, s)| {
                     acc.saturating_add(i.saturating_mul(*s))
                 });
-            let start = usize::try_from(base)
-                .ok()
-                .and_then(|b| b.checked_mul(elem))
-                .ok_or_else(extent)?;
-            let bytes = start
+            let start = base.checked_mul(elem).ok_or_else(extent)?;
+            if start
                 .checked_add(run_bytes)
-                .and_then(|end| storage.get(start..end))
-                .ok_or_else(extent)?;
-            f(bytes);
+                .is_none_or(|end| end > storage_len)
+            {
+                return Err(extent());
+            }
+            f(start, run_bytes)?;
             // Advance the odometer over the outer dimensions.
             let mut d = outer;
             loop {

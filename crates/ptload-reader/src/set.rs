@@ -1,0 +1,445 @@
+//! Checkpoint sets: a model saved as several files, read as one.
+//!
+//! Big models ship sharded: Hugging Face writes
+//! `pytorch_model-00001-of-00008.bin` ... with `pytorch_model.bin.index.json`
+//! (its `weight_map` names each tensor's file). A [`CheckpointSet`] opens a
+//! directory, such an index, or a list of files, each shard in parallel, and
+//! checks them against each other: a name in two shards, a shard the index
+//! names but that is missing, and a tensor the index places in a shard that
+//! lacks it are errors naming the files. Each tensor stays a view of its own
+//! shard's map; [`StateDictOptions::select_set`](crate::state_dict::StateDictOptions::select_set)
+//! selects across all of them.
+//!
+//! ```
+//! # fn main() -> Result<(), ptload_reader::Error> {
+//! use ptload_reader::set::CheckpointSet;
+//!
+//! let set = CheckpointSet::open("../../fixtures/files/llama_tiny_sharded")?;
+//! assert_eq!(set.files().len(), 3);
+//! let (file, tensor) = set.tensor("model.norm.weight").unwrap();
+//! println!("{} is in {}", tensor.name(), set.files()[file].path().display());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hashbrown::HashTable;
+use rayon::prelude::*;
+
+use crate::checkpoint::{Checkpoint, OpenOptions};
+use crate::error::{Error, ErrorKind, Result};
+use crate::view::TensorView;
+
+/// One file of a set.
+#[derive(Debug, Clone)]
+pub struct SetFile {
+    path: PathBuf,
+    checkpoint: Arc<Checkpoint>,
+}
+
+impl SetFile {
+    /// Where it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its file name (the path when it has none), as errors and reports
+    /// name it.
+    pub fn name(&self) -> String {
+        self.path.file_name().map_or_else(
+            || self.path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    }
+
+    /// The decoded file.
+    pub fn checkpoint(&self) -> &Arc<Checkpoint> {
+        &self.checkpoint
+    }
+}
+
+/// Several checkpoint files read as one: every tensor of every file under
+/// its own name, each name in exactly one file.
+#[derive(Debug)]
+pub struct CheckpointSet {
+    files: Vec<SetFile>,
+    index: Option<PathBuf>,
+    /// `(file, tensor)` pairs, hashed by the tensor's name with `hasher`.
+    by_name: HashTable<(u32, u32)>,
+    hasher: hashbrown::DefaultHashBuilder,
+    warnings: Vec<String>,
+}
+
+/// File names a directory's checkpoints may have.
+const EXTENSIONS: &[&str] = &["pt", "pth", "bin", "ckpt"];
+
+impl CheckpointSet {
+    /// Open `path` with default options: a directory (its `*.index.json`
+    /// if it has one, else every `.pt`, `.pth`, `.bin` and `.ckpt` file in
+    /// it, in name order), an index file, or one checkpoint file (a set of
+    /// one).
+    pub fn open(path: impl AsRef<Path>) -> Result<CheckpointSet> {
+        CheckpointSet::open_with(path, &OpenOptions::new())
+    }
+
+    /// [`open`](Self::open) with options for every file.
+    pub fn open_with(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            let mut indexes = Vec::new();
+            let mut files = Vec::new();
+            let entries = std::fs::read_dir(path)
+                .map_err(|e| Error::io(format!("cannot list {}", path.display()), e))?;
+            for entry in entries {
+                let entry =
+                    entry.map_err(|e| Error::io(format!("cannot list {}", path.display()), e))?;
+                let p = entry.path();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".index.json") {
+                    indexes.push(p);
+                } else if p.is_file()
+                    && p.extension()
+                        .is_some_and(|e| EXTENSIONS.iter().any(|x| e.eq_ignore_ascii_case(x)))
+                {
+                    files.push(p);
+                }
+                if files.len() + indexes.len() > opts.limits_ref().max_set_files {
+                    return Err(Error::limit(
+                        "max_set_files",
+                        opts.limits_ref().max_set_files as u64,
+                    ));
+                }
+            }
+            indexes.sort();
+            match indexes.as_slice() {
+                [index] => return CheckpointSet::open_index(index, opts),
+                [] => {}
+                more => {
+                    let names: Vec<String> = more.iter().map(|p| file_name(p)).collect();
+                    return Err(Error::new(
+                        ErrorKind::InvalidSpec,
+                        format!(
+                            "{} holds {} indexes ({}): open the one you mean",
+                            path.display(),
+                            more.len(),
+                            names.join(", ")
+                        ),
+                    ));
+                }
+            }
+            files.sort();
+            if files.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::NotACheckpoint,
+                    format!(
+                        "{} holds no checkpoint (no *.index.json, no .pt, .pth, .bin or .ckpt file)",
+                        path.display()
+                    ),
+                ));
+            }
+            return CheckpointSet::open_files(&files, opts);
+        }
+        if path.to_string_lossy().ends_with(".json") {
+            return CheckpointSet::open_index(path, opts);
+        }
+        CheckpointSet::open_files(&[path], opts)
+    }
+
+    /// A set of one checkpoint already open (from bytes, say), named
+    /// `path` in reports.
+    pub fn of(path: impl Into<PathBuf>, checkpoint: Arc<Checkpoint>) -> Result<CheckpointSet> {
+        let file = SetFile {
+            path: path.into(),
+            checkpoint,
+        };
+        CheckpointSet::build(vec![file], None, &OpenOptions::new())
+    }
+
+    /// These files as one set, opened in parallel.
+    pub fn open_files<P: AsRef<Path> + Sync>(
+        paths: &[P],
+        opts: &OpenOptions,
+    ) -> Result<CheckpointSet> {
+        let files = open_all(paths, opts)?;
+        CheckpointSet::build(files, None, opts)
+    }
+
+    /// The set a Hugging Face index names: `{"weight_map": {tensor: file}}`,
+    /// files relative to the index's directory.
+    pub fn open_index(index: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
+        let index = index.as_ref();
+        let text = read_bounded(index, opts.limits_ref().max_index_bytes)?;
+        #[derive(serde::Deserialize)]
+        struct Index {
+            weight_map: BTreeMap<String, String>,
+        }
+        let parsed: Index = serde_json::from_slice(&text).map_err(|e| {
+            Error::new(
+                ErrorKind::InvalidSpec,
+                format!("not a checkpoint index ({{\"weight_map\": {{tensor: file}}}}): {e}"),
+            )
+            .in_file(&file_name(index))
+        })?;
+        if parsed.weight_map.len() > opts.limits_ref().max_tensors {
+            return Err(Error::limit(
+                "max_tensors",
+                opts.limits_ref().max_tensors as u64,
+            ));
+        }
+        let dir = index.parent().unwrap_or(Path::new(""));
+        let mut shard_names: Vec<&str> = parsed.weight_map.values().map(String::as_str).collect();
+        shard_names.sort_unstable();
+        shard_names.dedup();
+        if shard_names.len() > opts.limits_ref().max_set_files {
+            return Err(Error::limit(
+                "max_set_files",
+                opts.limits_ref().max_set_files as u64,
+            ));
+        }
+        let mut paths = Vec::with_capacity(shard_names.len());
+        for name in &shard_names {
+            // The index names files beside it; a path that leaves the
+            // directory is not a shard of this set.
+            let plain = Path::new(name)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !plain {
+                return Err(Error::new(
+                    ErrorKind::InvalidSpec,
+                    format!("the index names shard {name:?}, which is not a file beside it"),
+                )
+                .in_file(&file_name(index)));
+            }
+            let p = dir.join(name);
+            if !p.is_file() {
+                let count = parsed.weight_map.values().filter(|v| *v == name).count();
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "shard {name} is missing: the index places {count} tensor{} in it",
+                        if count == 1 { "" } else { "s" }
+                    ),
+                )
+                .in_file(&file_name(index)));
+            }
+            paths.push(p);
+        }
+        let files = open_all(&paths, opts)?;
+        let mut set = CheckpointSet::build(files, Some(index.to_path_buf()), opts)?;
+        // Every entry of the index is where it says.
+        for (tensor, shard) in &parsed.weight_map {
+            match set.tensor(tensor) {
+                Some((at, _)) if set.files.get(at).is_some_and(|f| f.name() == *shard) => {}
+                Some((at, _)) => {
+                    let found = set.files.get(at).map(SetFile::name).unwrap_or_default();
+                    return Err(Error::new(
+                        ErrorKind::Tensor,
+                        format!("the index places it in {shard}, but it is in {found}"),
+                    )
+                    .for_tensor(tensor)
+                    .in_file(&file_name(index)));
+                }
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::Tensor,
+                        format!("the index places it in {shard}, which has no such tensor"),
+                    )
+                    .for_tensor(tensor)
+                    .in_file(&file_name(index)));
+                }
+            }
+        }
+        let unlisted = set
+            .files
+            .iter()
+            .flat_map(|f| f.checkpoint.tensors().map(move |t| (f, t)))
+            .filter(|(_, t)| !parsed.weight_map.contains_key(t.name()))
+            .count();
+        if unlisted > 0 {
+            set.warnings.push(format!(
+                "{unlisted} tensor{} in the shards {} not in the index",
+                if unlisted == 1 { "" } else { "s" },
+                if unlisted == 1 { "is" } else { "are" }
+            ));
+        }
+        Ok(set)
+    }
+
+    fn build(
+        files: Vec<SetFile>,
+        index: Option<PathBuf>,
+        opts: &OpenOptions,
+    ) -> Result<CheckpointSet> {
+        let total: usize = files.iter().map(|f| f.checkpoint.len()).sum();
+        if total > opts.limits_ref().max_tensors {
+            return Err(Error::limit(
+                "max_tensors",
+                opts.limits_ref().max_tensors as u64,
+            ));
+        }
+        let hasher = hashbrown::DefaultHashBuilder::default();
+        let mut by_name: HashTable<(u32, u32)> = HashTable::with_capacity(total);
+        let name_of = |files: &[SetFile], (f, t): (u32, u32)| -> String {
+            files
+                .get(f as usize)
+                .and_then(|file| file.checkpoint.tensor_at(t as usize))
+                .map_or_else(String::new, |v| v.name().to_owned())
+        };
+        for (f, file) in files.iter().enumerate() {
+            let f =
+                u32::try_from(f).map_err(|_| Error::limit("max_set_files", u64::from(u32::MAX)))?;
+            for (t, view) in file.checkpoint.tensors().enumerate() {
+                let t = u32::try_from(t)
+                    .map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+                let name = view.name();
+                let hash = hasher.hash_one(name);
+                let same = |&(of, ot): &(u32, u32)| {
+                    files
+                        .get(of as usize)
+                        .and_then(|x| x.checkpoint.tensor_at(ot as usize))
+                        .is_some_and(|v| v.name() == name)
+                };
+                if let Some(&(first, _)) = by_name.find(hash, same) {
+                    let first = files
+                        .get(first as usize)
+                        .map(SetFile::name)
+                        .unwrap_or_default();
+                    return Err(Error::new(
+                        ErrorKind::DuplicateName,
+                        format!(
+                            "in two files of the set: {first} and {}{}",
+                            file.name(),
+                            ranks_hint(&files)
+                        ),
+                    )
+                    .for_tensor(name));
+                }
+                by_name.insert_unique(hash, (f, t), |&k| hasher.hash_one(name_of(&files, k)));
+            }
+        }
+        Ok(CheckpointSet {
+            files,
+            index,
+            by_name,
+            hasher,
+            warnings: Vec::new(),
+        })
+    }
+
+    /// The files, in the set's order (name order, or the index's).
+    pub fn files(&self) -> &[SetFile] {
+        &self.files
+    }
+
+    /// The index the set was opened from, if any.
+    pub fn index(&self) -> Option<&Path> {
+        self.index.as_deref()
+    }
+
+    /// The tensor named `name`, and the position of its file in
+    /// [`files`](Self::files).
+    pub fn tensor(&self, name: &str) -> Option<(usize, TensorView<'_>)> {
+        let hash = self.hasher.hash_one(name);
+        let &(f, t) = self.by_name.find(hash, |&(f, t)| {
+            self.view(f as usize, t as usize)
+                .is_some_and(|v| v.name() == name)
+        })?;
+        Some((f as usize, self.view(f as usize, t as usize)?))
+    }
+
+    fn view(&self, file: usize, tensor: usize) -> Option<TensorView<'_>> {
+        self.files.get(file)?.checkpoint.tensor_at(tensor)
+    }
+
+    /// Every tensor with the position of its file, file by file.
+    pub fn tensors(&self) -> impl Iterator<Item = (usize, TensorView<'_>)> + '_ {
+        self.files
+            .iter()
+            .enumerate()
+            .flat_map(|(f, file)| file.checkpoint.tensors().map(move |t| (f, t)))
+    }
+
+    /// Number of tensors in all files.
+    pub fn len(&self) -> usize {
+        self.files.iter().map(|f| f.checkpoint.len()).sum()
+    }
+
+    /// Whether no file holds a tensor.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// What the set's checks found that is not an error (tensors the index
+    /// does not list), one line each; each file's own warnings are in its
+    /// checkpoint.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+}
+
+/// Meta's model-parallel files repeat every name, one part per rank.
+fn ranks_hint(files: &[SetFile]) -> &'static str {
+    let ranks = files.len() > 1
+        && files.iter().all(|f| {
+            let n = f.name();
+            n.starts_with("consolidated.") && n.ends_with(".pth")
+        });
+    if ranks {
+        " (consolidated.NN.pth files are one model-parallel rank each, not shards: \
+         each holds part of every tensor)"
+    } else {
+        ""
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map_or_else(
+        || p.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)
+        .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+    let mut out = Vec::new();
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
+    if out.len() as u64 > max {
+        return Err(Error::limit("max_index_bytes", max).in_file(&file_name(path)));
+    }
+    Ok(out)
+}
+
+/// Open every file, in parallel; the first failure (in set order) names
+/// its file.
+fn open_all<P: AsRef<Path> + Sync>(paths: &[P], opts: &OpenOptions) -> Result<Vec<SetFile>> {
+    if paths.len() > opts.limits_ref().max_set_files {
+        return Err(Error::limit(
+            "max_set_files",
+            opts.limits_ref().max_set_files as u64,
+        ));
+    }
+    // A set of one is a checkpoint: its errors read as the file's own.
+    let one = paths.len() == 1;
+    paths
+        .par_iter()
+        .map(|p| {
+            let path = p.as_ref();
+            opts.open(path)
+                .map(|c| SetFile {
+                    path: path.to_path_buf(),
+                    checkpoint: Arc::new(c),
+                })
+                .map_err(|e| if one { e } else { e.in_file(&file_name(path)) })
+        })
+        .collect::<Vec<Result<SetFile>>>()
+        .into_iter()
+        .collect()
+}
