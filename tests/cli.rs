@@ -1424,6 +1424,69 @@ fn sharded_sets_and_rank_slices_from_the_command_line() {
         stderr(&out)
     );
     let _ = std::fs::remove_file(&tmp);
+    // convert --max-shard-size: a sharded safetensors set with its index,
+    // equal to the checkpoint; an existing set is left alone without --force.
+    let outdir = std::env::temp_dir().join(format!("ptload-shards-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&outdir);
+    let o = outdir.to_str().expect("path");
+    let out = ptload(&["convert", "--json", &dir, o, "--max-shard-size", "25KB"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    let shards = report["files"].as_array().expect("files");
+    assert_eq!(shards.len(), 3);
+    let index: Json = serde_json::from_str(
+        &std::fs::read_to_string(outdir.join("model.safetensors.index.json")).expect("index"),
+    )
+    .expect("index json");
+    let mut total = 0;
+    for shard in shards {
+        let path = shard["file"].as_str().expect("file");
+        let bytes = std::fs::read(path).expect("shard");
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+        let name = Path::new(path)
+            .file_name()
+            .expect("name")
+            .to_str()
+            .expect("utf-8");
+        for (tensor, view) in st.tensors() {
+            assert_eq!(index["weight_map"][&tensor], name, "{tensor}");
+            total += view.data().len() as u64;
+            assert!(
+                bytes.len() <= 25_000 + 4096,
+                "{name} is {} bytes",
+                bytes.len()
+            );
+        }
+    }
+    assert_eq!(index["metadata"]["total_size"].as_u64(), Some(total));
+    let before = std::fs::read(outdir.join("model-00002-of-00003.safetensors")).expect("shard");
+    let out = ptload(&[
+        "convert",
+        &dir,
+        o,
+        "--max-shard-size",
+        "25KB",
+        "--dtype",
+        "F32",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read(outdir.join("model-00002-of-00003.safetensors")).expect("shard"),
+        before
+    );
+    let leftovers = std::fs::read_dir(&outdir)
+        .expect("dir")
+        .filter(|e| {
+            e.as_ref()
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .contains("partial")
+        })
+        .count();
+    assert_eq!(leftovers, 0);
+    let _ = std::fs::remove_dir_all(&outdir);
     // diff: the set against the file it was sharded from.
     let out = ptload(&["diff", &fixture("llama_tiny.pt"), &dir]);
     assert_eq!(

@@ -435,3 +435,31 @@ fn set_limits_hold() {
     .expect_err("three files");
     assert_eq!(e.kind(), ErrorKind::LimitExceeded);
 }
+
+/// A sharded safetensors set appears whole or not at all.
+#[test]
+fn sharded_output_is_all_or_nothing() {
+    use ptload_reader::export::{write_safetensors_set, SafetensorsOptions};
+    let set = CheckpointSet::open(files().join("llama_tiny_sharded")).expect("set");
+    let sd = every().select_set(&set).expect("select");
+    let out = Scratch::new("shards-out");
+    let cancelled = SafetensorsOptions {
+        cancel: Some(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
+            true,
+        ))),
+        ..Default::default()
+    };
+    let e = write_safetensors_set(&sd, &cancelled, &out.0, 20_000).expect_err("cancelled");
+    assert_eq!(e.kind(), ErrorKind::Cancelled);
+    assert_eq!(std::fs::read_dir(&out.0).expect("dir").count(), 0);
+    let written = write_safetensors_set(&sd, &Default::default(), &out.0, 20_000).expect("write");
+    assert!(written.files.len() > 1 && written.index.is_some());
+    let tensors: usize = written.files.iter().map(|(_, w)| w.tensors).sum();
+    assert_eq!(tensors, sd.len());
+    // One shard when everything fits: model.safetensors, no index.
+    let one = Scratch::new("shards-one");
+    let written = write_safetensors_set(&sd, &Default::default(), &one.0, 1 << 30).expect("write");
+    assert_eq!(written.files.len(), 1);
+    assert!(written.index.is_none());
+    assert!(one.0.join("model.safetensors").is_file());
+}

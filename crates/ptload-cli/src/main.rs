@@ -81,8 +81,14 @@ struct ConvertArgs {
     /// The checkpoint.
     input: PathBuf,
     /// The safetensors file to write (through a symbolic link to its target), or `-`
-    /// for standard output. Never the input; an existing file only with --force.
+    /// for standard output; with --max-shard-size, a directory. Never the input; an
+    /// existing file only with --force.
     output: PathBuf,
+    /// Write a sharded set into the OUTPUT directory, as Hugging Face shards one:
+    /// model-00001-of-0000N.safetensors ... (each at most SIZE unless one tensor is larger)
+    /// and model.safetensors.index.json. All files appear together, or none.
+    #[arg(long = "max-shard-size", value_name = "SIZE")]
+    max_shard_size: Option<String>,
     /// Replace an existing output file.
     #[arg(long)]
     force: bool,
@@ -357,6 +363,15 @@ fn run(cli: Cli) -> CliResult<u8> {
                 skip_unsupported: a.skip_unsupported,
                 metadata: a.metadata,
                 json: a.json,
+                max_shard_size: a
+                    .max_shard_size
+                    .as_deref()
+                    .map(|t| {
+                        args::parse_bytes(t).filter(|&b| b > 0).ok_or_else(|| {
+                            format!("invalid --max-shard-size {t:?}: expected a size such as 5GB or 500MiB")
+                        })
+                    })
+                    .transpose()?,
             };
             // Standard output carries the data: the report goes to stderr.
             if a.output.as_os_str() == "-" {

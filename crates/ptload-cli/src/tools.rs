@@ -27,6 +27,8 @@ pub(crate) struct ConvertRequest<'a> {
     pub(crate) skip_unsupported: bool,
     pub(crate) metadata: crate::args::MetadataArg,
     pub(crate) json: bool,
+    /// Write a directory of shards of at most this many bytes each.
+    pub(crate) max_shard_size: Option<u64>,
 }
 
 /// Set by Ctrl-C (SIGINT) or SIGTERM: the write stops, removes its partial
@@ -118,6 +120,67 @@ pub(crate) fn convert(
             crate::args::MetadataArg::All => Metadata::All,
         },
     };
+    if let Some(max) = request.max_shard_size {
+        if to_stdout {
+            return Err(
+                "--max-shard-size writes a directory of shards, not standard output".into(),
+            );
+        }
+        let set = ptload_reader::export::write_safetensors_set(&selection, &opts, output, max);
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        let set = match set {
+            Ok(w) => w,
+            Err(e) if e.kind() == ErrorKind::OutputExists => {
+                return Err(format!("{e} (pass --force to replace it)").into())
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for s in &set.skipped {
+            eprintln!("ptload: warning: skipped {s}");
+        }
+        let tensors: usize = set.files.iter().map(|(_, w)| w.tensors).sum();
+        let bytes: u64 = set.files.iter().map(|(_, w)| w.bytes).sum();
+        if request.json {
+            let files: Vec<serde_json::Value> = set
+                .files
+                .iter()
+                .map(|(p, w)| serde_json::json!({"file": p.display().to_string(), "tensors": w.tensors, "bytes": w.bytes}))
+                .collect();
+            let doc = serde_json::json!({
+                "output": output.display().to_string(),
+                "files": files,
+                "index": set.index.as_ref().map(|p| p.display().to_string()),
+                "tensors": tensors,
+                "bytes": bytes,
+                "skipped": set.skipped,
+                "decisions": crate::args::cli_decisions(selection.decisions()),
+            });
+            serde_json::to_writer(&mut *out, &doc)?;
+            writeln!(out)?;
+        } else {
+            writeln!(
+                out,
+                "wrote {}: {} file{}{}, {tensors} tensors, {} of data{}",
+                output.display(),
+                set.files.len(),
+                if set.files.len() == 1 { "" } else { "s" },
+                set.index
+                    .as_ref()
+                    .and_then(|p| p.file_name())
+                    .map(|n| format!(" and {}", n.to_string_lossy()))
+                    .unwrap_or_default(),
+                human_size(bytes),
+                if set.skipped.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} skipped", set.skipped.len())
+                }
+            )?;
+        }
+        return Ok(());
+    }
     let result = if to_stdout {
         let mut stdout = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
         let written = ptload_reader::export::write_safetensors(&selection, &opts, &mut stdout);

@@ -375,6 +375,148 @@ pub fn write_safetensors_file(
     done
 }
 
+/// What [`write_safetensors_set`] wrote: each file with what it holds.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct WrittenSet {
+    /// The shard files, in order, each with what it holds.
+    pub files: Vec<(std::path::PathBuf, Written)>,
+    /// The index (`model.safetensors.index.json`), when there is more
+    /// than one shard.
+    pub index: Option<std::path::PathBuf>,
+    /// One line per skipped tensor: name and reason.
+    pub skipped: Vec<String>,
+}
+
+/// Write `sd` as a sharded safetensors set in the directory `dir`, the way
+/// Hugging Face's `save_pretrained` shards one: tensors in order, a new
+/// shard when the next tensor would take the current one past
+/// `max_shard_bytes` (a larger tensor gets a shard of its own), files
+/// `model-00001-of-0000N.safetensors` and `model.safetensors.index.json`
+/// (`{"metadata": {"total_size"}, "weight_map"}`); one shard is
+/// `model.safetensors` alone. The plain values go to the first shard's
+/// `__metadata__`. Every file is written beside its target first and put
+/// in place only when all are complete: an error or a cancellation
+/// leaves none of them, and existing files are replaced only with
+/// [`SafetensorsOptions::overwrite`].
+pub fn write_safetensors_set(
+    sd: &StateDict,
+    opts: &SafetensorsOptions,
+    dir: &std::path::Path,
+    max_shard_bytes: u64,
+) -> Result<WrittenSet> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
+    // Shards by output bytes, as planned (dtype conversion included).
+    let (_, planned, first) = plan(sd, opts)?;
+    let mut shards: Vec<Vec<usize>> = Vec::new();
+    let mut size = 0u64;
+    for p in &planned {
+        match shards.last_mut() {
+            Some(last) if !last.is_empty() && size.saturating_add(p.nbytes) <= max_shard_bytes => {
+                last.push(p.position);
+                size += p.nbytes;
+            }
+            _ => {
+                shards.push(vec![p.position]);
+                size = p.nbytes;
+            }
+        }
+    }
+    if shards.is_empty() {
+        shards.push(Vec::new());
+    }
+    let n = shards.len();
+    let names: Vec<String> = if n == 1 {
+        vec!["model.safetensors".to_owned()]
+    } else {
+        (1..=n)
+            .map(|i| format!("model-{i:05}-of-{n:05}.safetensors"))
+            .collect()
+    };
+    let mut targets = Vec::with_capacity(n + 1);
+    for name in &names {
+        targets.push(output::target(&dir.join(name))?);
+    }
+    let index_target = (n > 1)
+        .then(|| output::target(&dir.join("model.safetensors.index.json")))
+        .transpose()?;
+    for t in targets.iter().chain(&index_target) {
+        for ckpt in sd.checkpoints() {
+            output::check(t, ckpt.source().identity(), opts.overwrite)?;
+        }
+    }
+    let mut done: Vec<(std::path::PathBuf, std::path::PathBuf, Written)> = Vec::new();
+    let result = (|| -> Result<()> {
+        let mut weight_map: Vec<(String, String)> = Vec::new();
+        let mut total = 0u64;
+        for (k, positions) in shards.iter().enumerate() {
+            let part = sd.subset(positions);
+            let mut shard_opts = opts.clone();
+            if k > 0 {
+                shard_opts.metadata = Metadata::None;
+            }
+            let (Some(target), Some(name)) = (targets.get(k), names.get(k)) else {
+                return Err(Error::new(ErrorKind::Tensor, "shard index"));
+            };
+            let (tmp, file) = output::create_beside(target)?;
+            done.push((tmp.clone(), target.clone(), Written::default()));
+            let written = write_to_file(&part, &shard_opts, file, target)?;
+            for e in part.iter() {
+                weight_map.push((e.name.clone(), name.clone()));
+            }
+            total += written.bytes;
+            if let Some(last) = done.last_mut() {
+                last.2 = written;
+            }
+        }
+        if let Some(index) = &index_target {
+            weight_map.sort();
+            let mut text = format!(
+                "{{\n  \"metadata\": {{\n    \"total_size\": {total}\n  }},\n  \"weight_map\": {{"
+            );
+            for (i, (tensor, file)) in weight_map.iter().enumerate() {
+                text.push_str(if i == 0 { "\n    " } else { ",\n    " });
+                json_string(tensor, &mut text);
+                text.push_str(": ");
+                json_string(file, &mut text);
+            }
+            text.push_str("\n  }\n}\n");
+            let (tmp, mut file) = output::create_beside(index)?;
+            done.push((tmp, index.clone(), Written::default()));
+            file.write_all(text.as_bytes())
+                .and_then(|()| file.flush())
+                .map_err(|e| Error::io(format!("cannot write {}", index.display()), e))?;
+        }
+        opts.check_cancel()?;
+        Ok(())
+    })();
+    let placed = result.and_then(|()| {
+        for (tmp, target, _) in &done {
+            output::finish(tmp, target, opts.overwrite)?;
+        }
+        Ok(())
+    });
+    if let Err(e) = placed {
+        for (tmp, _, _) in &done {
+            let _ = std::fs::remove_file(tmp);
+        }
+        return Err(e);
+    }
+    let mut out = WrittenSet {
+        skipped: first.skipped,
+        ..WrittenSet::default()
+    };
+    for (_, target, written) in done {
+        if Some(&target) == index_target.as_ref() {
+            out.index = Some(target);
+        } else {
+            out.files.push((target, written));
+        }
+    }
+    Ok(out)
+}
+
 fn write_to_file(
     sd: &StateDict,
     opts: &SafetensorsOptions,

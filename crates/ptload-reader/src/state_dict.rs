@@ -231,6 +231,33 @@ impl<'c> StateDict<'c> {
         &self.files
     }
 
+    /// The entries at `positions` (indices into this state dict's
+    /// entries), as a state dict of their own.
+    pub fn subset(&self, positions: &[usize]) -> StateDict<'c> {
+        let entries: Vec<Selected> = positions
+            .iter()
+            .filter_map(|&p| self.entries.get(p).cloned())
+            .collect();
+        let hasher = self.hasher.clone();
+        let mut index: HashTable<u32> = HashTable::with_capacity(entries.len());
+        for (pos, e) in entries.iter().enumerate() {
+            let hash = hasher.hash_one(e.name.as_str());
+            // Names are unique in `self`, so in any subset of it.
+            index.insert_unique(hash, pos as u32, |&i| {
+                hasher.hash_one(entries.get(i as usize).map_or("", |x| x.name.as_str()))
+            });
+        }
+        StateDict {
+            ckpt: self.ckpt,
+            files: self.files.clone(),
+            key: self.key.clone(),
+            decisions: self.decisions.clone(),
+            entries,
+            index,
+            hasher,
+        }
+    }
+
     /// The entries of file `file`, in checkpoint order.
     pub fn of_file(&self, file: usize) -> impl Iterator<Item = &Selected> + '_ {
         self.entries.iter().filter(move |e| e.file == file)
@@ -318,22 +345,23 @@ fn some_of(items: &[&str]) -> String {
 /// other top-level entry holding tensors is training state, see
 /// [`TRAINING_STATE`]), or the whole file, with the reason either way.
 pub fn auto_key(ckpt: &Checkpoint) -> AutoKey {
+    auto_key_of(&[ckpt])
+}
+
+/// [`auto_key`] over the files of a set together.
+fn auto_key_of(files: &[&Checkpoint]) -> AutoKey {
+    let names = || files.iter().flat_map(|c| c.tensors().map(|t| t.name()));
     // Top-level entries holding tensors, in file order, each once.
     let mut tops: Vec<&str> = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for t in ckpt.tensors() {
-        let top = top(t.name());
+    for name in names() {
+        let top = top(name);
         if seen.insert(top) {
             tops.push(top);
         }
     }
-    let is_model_tree = |key: &str| {
-        ckpt.tensors().any(|t| {
-            t.name()
-                .strip_prefix(key)
-                .is_some_and(|r| r.starts_with('.'))
-        })
-    };
+    let is_model_tree =
+        |key: &str| names().any(|n| n.strip_prefix(key).is_some_and(|r| r.starts_with('.')));
     let models: Vec<&'static str> = MODEL_KEYS
         .iter()
         .copied()
@@ -369,7 +397,7 @@ pub fn auto_key(ckpt: &Checkpoint) -> AutoKey {
     // Top-level entries holding only plain values (epoch, args, ...).
     let mut plain: Vec<&str> = Vec::new();
     let mut plain_seen = std::collections::HashSet::new();
-    for (name, _) in ckpt.values() {
+    for (name, _) in files.iter().flat_map(|c| c.values()) {
         let top = top(name);
         if !seen.contains(top) && plain_seen.insert(top) {
             plain.push(top);
@@ -635,9 +663,20 @@ impl StateDictOptions {
         let mut entries: Vec<Selected> = Vec::with_capacity(set.len());
         let mut decisions: Vec<String> = Vec::new();
         let mut key = None;
+        // `auto` decides once, for the set as a whole.
+        let mut per_file = self.clone();
+        if files.len() > 1 && self.key == KeySelect::Auto {
+            let auto = auto_key_of(&files);
+            if auto.candidate.is_some() {
+                decisions.push(format!("key auto: {}", auto.why));
+            }
+            per_file.key = auto
+                .key
+                .map_or(KeySelect::All, |k| KeySelect::Path(k.to_owned()));
+        }
         for (f, ckpt) in files.iter().enumerate() {
             let name = || set.files().get(f).map(SetFile::name).unwrap_or_default();
-            let sd = self.select(ckpt).map_err(|e| e.in_file(&name()))?;
+            let sd = per_file.select(ckpt).map_err(|e| e.in_file(&name()))?;
             for d in sd.decisions {
                 let d = if files.len() > 1 {
                     format!("{}: {d}", name())
