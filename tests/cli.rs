@@ -1517,3 +1517,62 @@ fn sharded_sets_and_rank_slices_from_the_command_line() {
     let out = ptload(&["inspect", "--shard", "0/2", &dir]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn rank_files_merge_and_reslice_from_the_command_line() {
+    let ranks = fixture("llama_tiny_consolidated");
+    let tmp = std::env::temp_dir().join(format!("ptload-ranks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).expect("tmp");
+    let path = |n: &str| tmp.join(n).to_str().expect("path").to_owned();
+    let rules = [
+        "--split",
+        "model.embed_tokens.weight=1",
+        "--split-preset",
+        "llama",
+    ];
+    // Merged: the unsharded file.
+    let merged = path("merged.safetensors");
+    let mut args = vec!["convert", "--merge-ranks", &ranks, &merged];
+    args.extend(rules);
+    let out = ptload(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = ptload(&["diff", &fixture("llama_tiny.pt"), &merged]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    // Cut again for rank 2 of 3: what --shard 2/3 takes from the whole file.
+    let resliced = path("resliced.safetensors");
+    let direct = path("direct.safetensors");
+    let mut args = vec![
+        "convert",
+        "--merge-ranks",
+        &ranks,
+        &resliced,
+        "--shard",
+        "2/3",
+    ];
+    args.extend(rules);
+    assert_eq!(ptload(&args).status.code(), Some(0));
+    let whole = fixture("llama_tiny.pt");
+    let mut args = vec!["convert", &whole, &direct, "--shard", "2/3"];
+    args.extend(rules);
+    let out = ptload(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = ptload(&["diff", &direct, &resliced]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    // Without the rules, nothing is guessed.
+    let out = ptload(&["convert", "--merge-ranks", &ranks, &path("x.safetensors")]);
+    assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -20,7 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["convert"],
     &["placement"],
     &["state_dict"],
-    &["reads"],
+    &["reads", "merge"],
     &["export"],
     &["fuzzing"],
     &["lib"],

@@ -463,3 +463,80 @@ fn sharded_output_is_all_or_nothing() {
     assert!(written.index.is_none());
     assert!(one.0.join("model.safetensors").is_file());
 }
+
+fn rank_rules() -> Splits {
+    let doc: Json = serde_json::from_str(
+        &std::fs::read_to_string(files().join("llama_tiny_consolidated/rules.json"))
+            .expect("rules"),
+    )
+    .expect("json");
+    let rules: Vec<String> = doc["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .map(|r| format!("{}={}", r[0].as_str().expect("glob"), r[1]))
+        .collect();
+    Splits::parse(&rules).expect("rules")
+}
+
+/// Meta-style rank files, merged by the rules they were cut by, are the
+/// unsharded file; cut again for another world size, each rank's part is
+/// torch's tensor_split of the whole.
+#[test]
+fn rank_files_merge_and_reslice() {
+    use ptload_reader::merge::merge;
+    let ranks =
+        CheckpointSet::open_ranks(files().join("llama_tiny_consolidated"), &OpenOptions::new())
+            .expect("ranks");
+    assert!(ranks.is_ranks());
+    assert_eq!(ranks.files().len(), 2);
+    let whole = Checkpoint::open(files().join("llama_tiny.pt")).expect("whole");
+    let merged = merge(&ranks, &rank_rules()).expect("merge");
+    assert_eq!(merged.len(), whole.len());
+    let answers: Json = serde_json::from_str(
+        &std::fs::read_to_string(files().join("../slices.json")).expect("slices"),
+    )
+    .expect("json");
+    let answers = &answers["files"]["llama_tiny.pt"];
+    let mut resliced = 0;
+    for m in &merged {
+        let t = whole
+            .tensor(&m.name)
+            .unwrap_or_else(|| panic!("{}", m.name));
+        assert_eq!(
+            (m.dtype, m.shape.as_slice()),
+            (t.dtype(), t.shape()),
+            "{}",
+            m.name
+        );
+        let mut bytes = Vec::new();
+        m.visit_bytes(&ranks, None, |b| bytes.extend_from_slice(b))
+            .expect("merged");
+        assert_eq!(bytes, t.data().expect("whole").into_owned(), "{}", m.name);
+        let Some(dim) = m.dim else { continue };
+        for world in [3u32, 4, 8] {
+            for rank in 0..world {
+                let shard = Shard::new(rank, world).expect("shard");
+                let mut h = Sha256::new();
+                m.visit_bytes(&ranks, Some(shard), |b| h.update(b))
+                    .expect("part");
+                let want = &answers[&m.name]["dims"][dim][world.to_string()][rank as usize];
+                assert_eq!(
+                    m.shape_for(Some(shard))[dim],
+                    want[0].as_u64().expect("len")
+                );
+                assert_eq!(
+                    hex::encode(h.finalize()),
+                    want[1].as_str().expect("sha"),
+                    "{} {rank}/{world}",
+                    m.name
+                );
+                resliced += 1;
+            }
+        }
+    }
+    assert!(resliced > 100);
+    // Rules that do not fit the parts are refused.
+    let e = merge(&ranks, &Splits::new()).expect_err("split tensors taken as replicated");
+    assert!(e.to_string().contains("do not fit"), "{e}");
+}

@@ -89,6 +89,11 @@ struct ConvertArgs {
     /// and model.safetensors.index.json. All files appear together, or none.
     #[arg(long = "max-shard-size", value_name = "SIZE")]
     max_shard_size: Option<String>,
+    /// The input is model-parallel rank files (a directory of Meta's consolidated.NN.pth, or
+    /// one file per rank): put each tensor back together by the --split/--split-preset rules
+    /// the files were cut by; with --shard, cut it again for that rank of another world size.
+    #[arg(long = "merge-ranks")]
+    merge_ranks: bool,
     /// Replace an existing output file.
     #[arg(long)]
     force: bool,
@@ -352,6 +357,48 @@ fn run(cli: Cli) -> CliResult<u8> {
                     }
                 }
             }
+        }
+        Command::Convert(a) if a.merge_ranks => {
+            let opts = a.open.options();
+            let set = CheckpointSet::open_ranks(&a.input, &opts)?;
+            let mut splits = ptload_reader::parallel::Splits::parse(&a.state.split)?;
+            if let Some(p) = &a.state.split_preset {
+                splits = splits.then(ptload_reader::parallel::Splits::preset(p)?);
+            }
+            if splits.rules().is_empty() {
+                return Err("--merge-ranks needs the rules the files were cut by: --split GLOB=DIM or --split-preset NAME".into());
+            }
+            let shard = match a.state.shard.as_deref() {
+                None => None,
+                Some("env") => Some(ptload_reader::parallel::Shard::from_env()?),
+                Some(s) => Some(ptload_reader::parallel::Shard::parse(s)?),
+            };
+            let merged = ptload_reader::merge::merge(&set, &splits)?;
+            let sopts = ptload_reader::export::SafetensorsOptions {
+                dtype: a.dtype.as_deref().map(args::parse_dtype).transpose()?,
+                skip_unsupported: a.skip_unsupported,
+                overwrite: a.force,
+                ..Default::default()
+            };
+            let written =
+                ptload_reader::export::write_merged_file(&set, &merged, shard, &sopts, &a.output)
+                    .map_err(|e| match e.kind() {
+                    ptload_reader::ErrorKind::OutputExists => {
+                        format!("{e} (pass --force to replace it)")
+                    }
+                    _ => in_cli_terms(&e.to_string()),
+                })?;
+            writeln!(
+                out,
+                "wrote {}: {} tensors from {} rank files{}, {} of data",
+                a.output.display(),
+                written.tensors,
+                set.files().len(),
+                shard
+                    .map(|s| format!(" (rank {} of {})", s.rank, s.world))
+                    .unwrap_or_default(),
+                inspect::human_size(written.bytes)
+            )?;
         }
         Command::Convert(a) => {
             let set = CheckpointSet::open_with(&a.input, &a.open.options())?;

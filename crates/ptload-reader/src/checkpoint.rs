@@ -306,12 +306,18 @@ impl Checkpoint {
     /// The tensor named `name` (names are unique; a file where two
     /// tensors flatten to one name does not open).
     pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
+        self.position(name).and_then(|i| self.tensor_at(i))
+    }
+
+    /// The index in [`tensors`](Self::tensors) order of the tensor named
+    /// `name`.
+    pub fn position(&self, name: &str) -> Option<usize> {
         let hash = self.hasher.hash_one(name);
         self.by_name
             .find(hash, |&i| {
                 self.tensors.get(i as usize).is_some_and(|t| t.name == name)
             })
-            .and_then(|&i| self.tensor_at(i as usize))
+            .map(|&i| i as usize)
     }
 
     /// The work opening took, in the units of

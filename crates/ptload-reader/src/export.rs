@@ -517,6 +517,102 @@ pub fn write_safetensors_set(
     Ok(out)
 }
 
+/// Write the tensors of model-parallel rank files, put back together
+/// ([`crate::merge`]), as one safetensors file at `path`: whole, or with
+/// `shard`, that rank's part of each split tensor for another world size.
+/// `{"format": "pt"}` is the only metadata. The same output rules as
+/// [`write_safetensors_file`].
+pub fn write_merged_file(
+    set: &crate::set::CheckpointSet,
+    merged: &[crate::merge::Merged],
+    shard: Option<crate::parallel::Shard>,
+    opts: &SafetensorsOptions,
+    path: &std::path::Path,
+) -> Result<Written> {
+    let target = output::target(path)?;
+    for f in set.files() {
+        output::check(&target, f.checkpoint().source().identity(), opts.overwrite)?;
+    }
+    let mut header = String::from("{\"__metadata__\":{\"format\":\"pt\"}");
+    let mut offset = 0u64;
+    let mut plans = Vec::with_capacity(merged.len());
+    let mut written = Written::default();
+    for m in merged {
+        let to = crate::convert::target(m.dtype, opts.dtype);
+        let dtype = to.unwrap_or(m.dtype);
+        if safetensors_dtype(dtype).is_none() {
+            if opts.skip_unsupported {
+                written
+                    .skipped
+                    .push(format!("{}: safetensors has no {dtype} dtype", m.name));
+                continue;
+            }
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("cannot write to safetensors: safetensors has no {dtype} dtype"),
+            )
+            .for_tensor(&m.name));
+        }
+        let shape = m.shape_for(shard);
+        let nbytes = shape
+            .iter()
+            .try_fold(dtype.size() as u64, |a, &s| a.checked_mul(s))
+            .ok_or_else(|| Error::new(ErrorKind::Tensor, "size overflows").for_tensor(&m.name))?;
+        header.push(',');
+        json_string(&m.name, &mut header);
+        let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+        header.push_str(&format!(
+            ":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+            dtype.name(),
+            dims.join(","),
+            offset,
+            offset + nbytes
+        ));
+        offset += nbytes;
+        plans.push((m, to, nbytes));
+    }
+    header.push('}');
+    while (header.len() + 8) % 8 != 0 {
+        header.push(' ');
+    }
+    let (tmp, file) = output::create_beside(&target)?;
+    let io = |e: std::io::Error| Error::io(format!("cannot write {}", target.display()), e);
+    let result = (|| -> Result<()> {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        out.write_all(&(header.len() as u64).to_le_bytes())
+            .map_err(io)?;
+        out.write_all(header.as_bytes()).map_err(io)?;
+        for (m, to, nbytes) in &plans {
+            opts.check_cancel()?;
+            let mut bytes = Vec::new();
+            m.visit_bytes(set, shard, |b| bytes.extend_from_slice(b))?;
+            if let Some(to) = to {
+                bytes = crate::convert::convert(&bytes, m.dtype, *to)?;
+            }
+            if bytes.len() as u64 != *nbytes {
+                return Err(Error::new(
+                    ErrorKind::Tensor,
+                    format!("its parts gave {} bytes, not {nbytes}", bytes.len()),
+                )
+                .for_tensor(&m.name));
+            }
+            out.write_all(&bytes).map_err(io)?;
+            written.tensors += 1;
+            written.bytes += nbytes;
+            if let Some(progress) = &opts.progress {
+                progress(*nbytes);
+            }
+        }
+        out.flush().map_err(io)?;
+        Ok(())
+    })();
+    let done = result.and_then(|()| output::finish(&tmp, &target, opts.overwrite));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done.map(|()| written)
+}
+
 fn write_to_file(
     sd: &StateDict,
     opts: &SafetensorsOptions,

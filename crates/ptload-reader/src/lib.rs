@@ -52,6 +52,7 @@ pub mod export;
 pub mod fuzzing;
 pub(crate) mod glob;
 mod limits;
+pub mod merge;
 pub mod parallel;
 mod pickle;
 pub mod placement;

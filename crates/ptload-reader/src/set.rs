@@ -72,6 +72,8 @@ pub struct CheckpointSet {
     by_name: HashTable<(u32, u32)>,
     hasher: hashbrown::DefaultHashBuilder,
     warnings: Vec<String>,
+    /// Model-parallel rank files: names repeat, `by_name` is rank 0's.
+    ranks: bool,
 }
 
 /// File names a directory's checkpoints may have.
@@ -157,6 +159,95 @@ impl CheckpointSet {
             checkpoint,
         };
         CheckpointSet::build(vec![file], None, &OpenOptions::new())
+    }
+
+    /// Model-parallel rank files as one set: a directory's
+    /// `consolidated.NN.pth` files (Meta's layout), or the files given, in
+    /// rank order. Every file holds a part of every tensor, so the names
+    /// repeat: each file must hold the same names, and [`tensor`](Self::tensor)
+    /// finds rank 0's part. [`crate::merge`] puts the parts together.
+    pub fn open_ranks(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
+        let path = path.as_ref();
+        let mut paths: Vec<PathBuf> = Vec::new();
+        if path.is_dir() {
+            let entries = std::fs::read_dir(path)
+                .map_err(|e| Error::io(format!("cannot list {}", path.display()), e))?;
+            for entry in entries {
+                let entry =
+                    entry.map_err(|e| Error::io(format!("cannot list {}", path.display()), e))?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with("consolidated.") && name.ends_with(".pth") {
+                    paths.push(entry.path());
+                }
+                if paths.len() > opts.limits_ref().max_set_files {
+                    return Err(Error::limit(
+                        "max_set_files",
+                        opts.limits_ref().max_set_files as u64,
+                    ));
+                }
+            }
+            paths.sort();
+            if paths.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::NotACheckpoint,
+                    format!("{} holds no consolidated.NN.pth file", path.display()),
+                ));
+            }
+        } else {
+            paths.push(path.to_path_buf());
+        }
+        CheckpointSet::open_rank_files(&paths, opts)
+    }
+
+    /// These files, rank 0 first, as model-parallel rank files (see
+    /// [`open_ranks`](Self::open_ranks)).
+    pub fn open_rank_files<P: AsRef<Path> + Sync>(
+        paths: &[P],
+        opts: &OpenOptions,
+    ) -> Result<CheckpointSet> {
+        let files = open_all(paths, opts)?;
+        let Some((first, rest)) = files.split_first() else {
+            return Err(Error::new(ErrorKind::InvalidSpec, "no rank files"));
+        };
+        let single = CheckpointSet::build(vec![first.clone()], None, opts)?;
+        for file in rest {
+            let ckpt = &file.checkpoint;
+            if ckpt.len() != first.checkpoint.len() {
+                return Err(Error::new(
+                    ErrorKind::Tensor,
+                    format!(
+                        "{} tensors, where {} holds {}: rank files hold the same tensors",
+                        ckpt.len(),
+                        first.name(),
+                        first.checkpoint.len()
+                    ),
+                )
+                .in_file(&file.name()));
+            }
+            for t in ckpt.tensors() {
+                if single.tensor(t.name()).is_none() {
+                    return Err(Error::new(
+                        ErrorKind::Tensor,
+                        format!("not in {}: rank files hold the same tensors", first.name()),
+                    )
+                    .for_tensor(t.name())
+                    .in_file(&file.name()));
+                }
+            }
+        }
+        Ok(CheckpointSet {
+            files,
+            index: None,
+            by_name: single.by_name,
+            hasher: single.hasher,
+            warnings: Vec::new(),
+            ranks: true,
+        })
+    }
+
+    /// Whether the files are model-parallel ranks ([`open_ranks`](Self::open_ranks)).
+    pub fn is_ranks(&self) -> bool {
+        self.ranks
     }
 
     /// These files as one set, opened in parallel.
@@ -327,6 +418,7 @@ impl CheckpointSet {
             by_name,
             hasher,
             warnings: Vec::new(),
+            ranks: false,
         })
     }
 
