@@ -276,7 +276,7 @@ pub(crate) struct StateDictArgs {
     /// unmatched tensors are replicated.
     #[arg(long, value_name = "GLOB=DIM")]
     pub(crate) split: Vec<String>,
-    /// With --shard: a ready rule set after any --split rules: llama, mixtral, gpt-neox, gpt2.
+    /// With --shard: a ready rule set after any --split rules: llama, meta-llama, mixtral, gpt-neox, gpt2.
     #[arg(long = "split-preset", value_name = "NAME")]
     pub(crate) split_preset: Option<String>,
 }

@@ -133,7 +133,7 @@ struct PlanArgs {
     /// Split tensors whose final name matches GLOB along DIM (see `inspect --split`).
     #[arg(long, value_name = "GLOB=DIM")]
     split: Vec<String>,
-    /// A ready rule set after any --split rules: llama, mixtral, gpt-neox, gpt2.
+    /// A ready rule set after any --split rules: llama, meta-llama, mixtral, gpt-neox, gpt2.
     #[arg(long = "split-preset", value_name = "NAME")]
     split_preset: Option<String>,
     #[command(flatten)]

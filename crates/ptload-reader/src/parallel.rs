@@ -151,8 +151,8 @@ pub struct Preset {
     pub rules: &'static [(&'static str, Split)],
 }
 
-/// Ready rule sets for common layouts, by the names Hugging Face
-/// transformers saves. Column-parallel weights (`[out, in]`) split on dim
+/// Ready rule sets for common layouts, by the names their checkpoints use
+/// (Hugging Face transformers', or Meta's for `meta-llama`). Column-parallel weights (`[out, in]`) split on dim
 /// 0, row-parallel ones on dim 1, embeddings over the vocabulary (dim 0);
 /// norms, routers and everything unnamed are replicated.
 pub const PRESETS: &[Preset] = &[
@@ -169,6 +169,21 @@ pub const PRESETS: &[Preset] = &[
             ("*.mlp.down_proj.weight", Split::Dim(1)),
             ("*embed_tokens.weight", Split::Dim(0)),
             ("lm_head.weight", Split::Dim(0)),
+        ],
+    },
+    Preset {
+        name: "meta-llama",
+        about: "Meta's own Llama checkpoints (consolidated.NN.pth names): wq/wk/wv and w1/w3 on dim 0, wo and w2 on dim 1, tok_embeddings on dim 1 and output on dim 0 as Meta's model-parallel layers cut them",
+        rules: &[
+            ("*.attention.wq.weight", Split::Dim(0)),
+            ("*.attention.wk.weight", Split::Dim(0)),
+            ("*.attention.wv.weight", Split::Dim(0)),
+            ("*.attention.wo.weight", Split::Dim(1)),
+            ("*.feed_forward.w1.weight", Split::Dim(0)),
+            ("*.feed_forward.w3.weight", Split::Dim(0)),
+            ("*.feed_forward.w2.weight", Split::Dim(1)),
+            ("tok_embeddings.weight", Split::Dim(1)),
+            ("output.weight", Split::Dim(0)),
         ],
     },
     Preset {
@@ -241,8 +256,8 @@ impl Splits {
         Ok(out)
     }
 
-    /// The rules of a preset in [`PRESETS`] (`llama`, `mixtral`,
-    /// `gpt-neox`, `gpt2`).
+    /// The rules of a preset in [`PRESETS`] (`llama`, `meta-llama`,
+    /// `mixtral`, `gpt-neox`, `gpt2`).
     pub fn preset(name: &str) -> Result<Splits> {
         let preset = PRESETS
             .iter()
