@@ -53,18 +53,26 @@ pub(crate) fn run(
     if let Some(d) = req.dtype {
         opts.dtype = Some(parse_dtype(d)?);
     }
-    // The bytes of the storages the selection views, each once.
+    // The bytes of the storages the selection views, each once; a rank's
+    // slice counts its own bytes.
     let mut used: Vec<usize> = selection
-        .tensors()
-        .filter_map(|(_, t)| t.info().storage)
+        .iter()
+        .filter(|e| e.slice.is_none())
+        .filter_map(|e| selection.view(e)?.info().storage)
         .collect();
     used.sort_unstable();
     used.dedup();
+    let sliced: u64 = selection
+        .iter()
+        .filter(|e| e.slice.is_some())
+        .filter_map(|e| Some(selection.view(e)?.info().nbytes))
+        .sum();
     let total: u64 = used
         .iter()
         .filter_map(|&i| ckpt.storages().get(i))
         .map(|s| s.nbytes)
-        .sum();
+        .sum::<u64>()
+        + sliced;
     let bar = crate::ui::progress_bar(
         if opts.dtype.is_some() {
             "converting and loading"

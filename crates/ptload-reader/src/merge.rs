@@ -20,7 +20,8 @@
 //!     "../../fixtures/files/llama_tiny_consolidated",
 //!     &OpenOptions::new(),
 //! )?;
-//! let rules = Splits::parse(&["model.embed_tokens.weight=1", "*q_proj.weight=0"])?;
+//! // The rules the files were cut by: Meta cuts the embedding along dim 1.
+//! let rules = Splits::parse(&["model.embed_tokens.weight=1"])?.then(Splits::preset("llama")?);
 //! let merged = merge(&ranks, &rules)?;
 //! let q = merged.iter().find(|m| m.name.ends_with("0.self_attn.q_proj.weight")).unwrap();
 //! assert_eq!(q.shape, [40, 40]); // two parts of [20, 40]
