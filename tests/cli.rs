@@ -1576,3 +1576,66 @@ fn rank_files_merge_and_reslice_from_the_command_line() {
     assert_eq!(out.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// A rank's slices of a sharded set, loaded onto a GPU (or the host) and
+/// read back, hash as `inspect --shard` hashes them from the file.
+fn sliced_load_hashes_equal_inspect(map_location: &str, device: &str) {
+    let dir = fixture("llama_tiny_sharded");
+    let shard = ["--shard", "2/3", "--split-preset", "llama"];
+    let mut args = vec!["inspect", "--json", "--hash", &dir];
+    args.extend(shard);
+    let out = ptload(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let inspected: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    let want: std::collections::HashMap<String, Json> = inspected["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().expect("name").to_owned(),
+                t["sha256"].clone(),
+            )
+        })
+        .collect();
+    let mut args = vec![
+        "load",
+        "--json",
+        "--hash",
+        "--map-location",
+        map_location,
+        &dir,
+    ];
+    args.extend(shard);
+    let out = ptload(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut seen = 0;
+    let mut read = 0;
+    for line in stdout(&out).lines() {
+        let doc: Json = serde_json::from_str(line).expect("json");
+        read += doc["bytes_read"].as_u64().expect("bytes_read");
+        for t in doc["tensors"].as_array().expect("tensors") {
+            let name = t["name"].as_str().expect("name");
+            assert_eq!(t["device"], device, "{name}: {}", t["fallback"]);
+            assert_eq!(t["sha256"], want[name], "{name}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, want.len());
+    assert_eq!(Some(read), inspected["bytes_read"].as_u64());
+}
+
+#[test]
+fn sliced_load_on_the_host_reads_the_rank_share() {
+    sliced_load_hashes_equal_inspect("cpu", "cpu");
+}
+
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn sliced_load_onto_a_gpu_reads_back_the_rank_share() {
+    assert!(
+        ptload_device::device_count() > 0,
+        "this test needs a CUDA device"
+    );
+    sliced_load_hashes_equal_inspect("cuda:0", "cuda:0");
+}

@@ -99,7 +99,10 @@ pub fn checkpoint(data: &[u8]) {
         check_error(e);
     }
     match default {
-        Ok(ckpt) => exercise(&ckpt),
+        Ok(ckpt) => {
+            exercise(&ckpt);
+            exercise_plans(std::sync::Arc::new(ckpt));
+        }
         Err(e) => check_error(&e),
     }
 }
@@ -166,6 +169,52 @@ fn exercise_slices(ckpt: &Checkpoint) {
                 "tensor {name}: its three slices differ from it"
             );
         }
+    }
+}
+
+/// Read plans over the checkpoint as a set of one: each rank of a read-once
+/// plan takes an equal share, and together the ranks of a node cover the
+/// stored bytes once; a sliced plan's ranks read no more than the whole.
+fn exercise_plans(ckpt: std::sync::Arc<Checkpoint>) {
+    use ptload_reader::reads::ReadPlan;
+    let Ok(set) = ptload_reader::set::CheckpointSet::of("fuzzed.pt", ckpt) else {
+        return;
+    };
+    let every = StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        ..Default::default()
+    };
+    let limits = limits();
+    match ReadPlan::read_once(&set, &every, 4, 2, &limits) {
+        Ok(plan) => {
+            for node in 0..2 {
+                let ranks = plan.ranks.iter().filter(|r| r.node == node);
+                let total: u64 = ranks
+                    .clone()
+                    .flat_map(|r| &r.ranges)
+                    .map(|g| g.len * g.count)
+                    .sum();
+                assert_eq!(total, plan.total_bytes, "node {node} reads every byte once");
+                let shares: Vec<u64> = ranks.map(|r| r.bytes).collect();
+                let (lo, hi) = (shares.iter().min(), shares.iter().max());
+                assert!(hi.zip(lo).is_none_or(|(h, l)| h - l <= 1), "{shares:?}");
+            }
+        }
+        Err(e) => check_error(&e),
+    }
+    let Ok(splits) = Splits::parse(&["*=replicate"]) else {
+        return;
+    };
+    match ReadPlan::sliced(&set, &every, &splits, 2, 1, &limits) {
+        // Everything replicated: each rank reads what the tensors span.
+        Ok(plan) => {
+            for r in &plan.ranks {
+                let bytes: u64 = r.ranges.iter().map(|g| g.len * g.count).sum();
+                assert_eq!(bytes, r.bytes);
+            }
+        }
+        Err(e) => check_error(&e),
     }
 }
 

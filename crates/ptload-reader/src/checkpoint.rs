@@ -121,6 +121,9 @@ pub struct Checkpoint {
     by_name: HashTable<u32>,
     hasher: hashbrown::DefaultHashBuilder,
     work: u64,
+    /// Read in scattered pieces (see `advise_scattered`): views ask for
+    /// their pages before they read them.
+    scattered: std::sync::atomic::AtomicBool,
 }
 
 /// Torch names the first global it refuses; a user fixing a file one
@@ -269,6 +272,7 @@ impl Checkpoint {
             by_name: walked.by_name,
             hasher: walked.hasher,
             work: heap.work().saturating_add(walked.steps),
+            scattered: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -285,6 +289,21 @@ impl Checkpoint {
     /// Protocol of the main pickle (its PROTO opcode; 0 or 1 when absent).
     pub fn pickle_protocol(&self) -> u8 {
         self.pickle_protocol
+    }
+
+    /// Tell the kernel the map will be read in scattered pieces (a rank's
+    /// slices): a page fault then reads its page, not a read-ahead window
+    /// around it, so a rank's storage reads stay near its share.
+    pub(crate) fn advise_scattered(&self) {
+        self.source.advise(true);
+        self.scattered
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether [`advise_scattered`](Self::advise_scattered) was called:
+    /// each view then prefetches exactly its pages before reading them.
+    pub(crate) fn is_scattered(&self) -> bool {
+        self.scattered.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn source(&self) -> &Source {

@@ -128,6 +128,26 @@ impl Source {
         }
     }
 
+    /// Ask the kernel to start reading `len` bytes at `offset` of the map
+    /// (whole pages around them), without waiting: the reads of a
+    /// scattered map come in as few, large requests.
+    pub(crate) fn prefetch(&self, offset: u64, len: u64) {
+        if let Inner::Mapped(m, ..) = &*self.inner {
+            let start = offset - offset % 4096;
+            let (Ok(start), Ok(len)) = (
+                usize::try_from(start),
+                usize::try_from(offset - start + len),
+            ) else {
+                return;
+            };
+            if start < m.len() {
+                let len = len.min(m.len() - start);
+                // Only a hint: failure changes speed, never results.
+                let _ = m.advise_range(memmap2::Advice::WillNeed, start, len);
+            }
+        }
+    }
+
     /// The open file behind a map, for positioned reads.
     pub(crate) fn file(&self) -> Option<&File> {
         match &*self.inner {

@@ -105,6 +105,9 @@ pub struct StateDictOptions {
     pub exclude: Vec<String>,
     /// Tensor parallelism: take only this rank's part of each tensor the
     /// rules split (rules match final names); see [`crate::parallel`].
+    /// Selecting so also tells the kernel that the file's map will be read
+    /// in pieces, so that a page fault reads its page rather than a
+    /// read-ahead window: a rank's reads from storage stay near its share.
     pub parallel: Option<(Shard, Splits)>,
 }
 
@@ -631,6 +634,7 @@ impl StateDictOptions {
             .map(|(index, name)| Selected::new(index, name))
             .collect();
         if let Some((shard, splits)) = &self.parallel {
+            ckpt.advise_scattered();
             for e in &mut entries {
                 let Some(view) = ckpt.tensor_at(e.index) else {
                     continue;

@@ -266,6 +266,7 @@ impl<'a> TensorView<'a> {
     pub fn visit_bytes(&self, mut f: impl FnMut(&[u8])) -> Result<()> {
         let storage = self.require_storage()?;
         let info = self.info;
+        self.prefetch(storage.len() as u64);
         let swap = self.needs_swap().then(|| info.dtype.swap_unit());
         let transform = self.needs_transform();
         let mut buf: Vec<u8> = Vec::new();
@@ -285,6 +286,37 @@ impl<'a> TensorView<'a> {
             f(&buf);
         }
         Ok(())
+    }
+
+    /// In a map read in scattered pieces (a rank's slices), ask for exactly
+    /// the pages this view reads, in as few requests as their runs allow,
+    /// before faulting them in one by one.
+    fn prefetch(&self, storage_len: u64) {
+        if !self.ckpt.is_scattered() {
+            return;
+        }
+
+        let Some(base) = self.storage().and_then(|s| s.file_offset) else {
+            return;
+        };
+        let source = self.ckpt.source();
+        let mut pending: Option<(u64, u64)> = None;
+        let _ = self.info.run_bounds(storage_len, |start, len| {
+            let (a, b) = (base.saturating_add(start), base.saturating_add(start + len));
+            pending = match pending {
+                // Runs within a page of each other share a request.
+                Some((pa, pb)) if a <= pb.saturating_add(4096) => Some((pa, pb.max(b))),
+                Some((pa, pb)) => {
+                    source.prefetch(pa, pb - pa);
+                    Some((a, b))
+                }
+                None => Some((a, b)),
+            };
+            Ok(())
+        });
+        if let Some((a, b)) = pending {
+            source.prefetch(a, b - a);
+        }
     }
 
     /// Append `bytes` to `buf` (swapped and transformed as asked), handing
