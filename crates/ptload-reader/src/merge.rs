@@ -72,27 +72,16 @@ pub fn merge(set: &CheckpointSet, splits: &Splits) -> Result<Vec<Merged>> {
         let ndim = t.shape().len();
         let dim = match splits.split_of(name) {
             Split::Replicate => None,
-            Split::Dim(d) => {
-                let at = if d < 0 {
-                    i64::try_from(ndim).ok().and_then(|n| n.checked_add(d))
-                } else {
-                    Some(d)
-                };
-                Some(
-                    at.and_then(|a| usize::try_from(a).ok())
-                        .filter(|&a| a < ndim)
-                        .ok_or_else(|| {
-                            Error::new(
-                                ErrorKind::InvalidSpec,
-                                format!(
-                                    "a split rule says dim {d}, but the tensor has {ndim} dimension{}",
-                                    if ndim == 1 { "" } else { "s" }
-                                ),
-                            )
-                            .for_tensor(name)
-                        })?,
+            Split::Dim(d) => Some(crate::parallel::resolve_dim(d, ndim).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidSpec,
+                    format!(
+                        "a split rule says dim {d}, but the tensor has {ndim} dimension{}",
+                        if ndim == 1 { "" } else { "s" }
+                    ),
                 )
-            }
+                .for_tensor(name)
+            })?),
         };
         let mut shape = t.shape().to_vec();
         let mut parts = Vec::with_capacity(set.files().len());

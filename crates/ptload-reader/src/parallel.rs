@@ -313,15 +313,7 @@ impl Splits {
             return Ok(None);
         };
         let ndim = info.shape.len();
-        let at = if dim < 0 {
-            i64::try_from(ndim).ok().and_then(|n| n.checked_add(dim))
-        } else {
-            Some(dim)
-        };
-        let Some(at) = at
-            .and_then(|d| usize::try_from(d).ok())
-            .filter(|&d| d < ndim)
-        else {
+        let Some(at) = resolve_dim(dim, ndim) else {
             return Err(Error::new(
                 ErrorKind::InvalidSpec,
                 format!(
@@ -394,6 +386,18 @@ impl TensorInfo {
             .ok_or_else(bad)?;
         Ok(out)
     }
+}
+
+/// A rule's dimension as an index into a shape of `ndim` dimensions
+/// (negative counts from the last, as in torch); `None` when it has no
+/// such dimension.
+pub(crate) fn resolve_dim(dim: i64, ndim: usize) -> Option<usize> {
+    let at = if dim < 0 {
+        i64::try_from(ndim).ok()?.checked_add(dim)?
+    } else {
+        dim
+    };
+    usize::try_from(at).ok().filter(|&d| d < ndim)
 }
 
 fn spec(message: impl Into<String>) -> Error {

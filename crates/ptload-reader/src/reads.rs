@@ -126,6 +126,18 @@ impl Ranges<'_> {
     }
 }
 
+/// Where a storage's bytes lie in its file: a plan addresses only bytes
+/// stored as they are.
+fn stored_at(storage: &crate::torch::tensor::StorageInfo, name: &str) -> Result<u64> {
+    storage.file_offset.ok_or_else(|| {
+        Error::new(
+            ErrorKind::Unsupported,
+            "its storage is compressed in the file: a plan addresses stored bytes only",
+        )
+        .for_tensor(name)
+    })
+}
+
 fn layout(world: u32, nodes: u32) -> Result<u32> {
     if world == 0 || nodes == 0 || world % nodes != 0 {
         return Err(Error::new(
@@ -179,13 +191,7 @@ impl ReadPlan {
                 let Some(storage) = view.storage() else {
                     continue;
                 };
-                let base = storage.file_offset.ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::Unsupported,
-                        "its storage is compressed in the file: a plan addresses stored bytes only",
-                    )
-                    .for_tensor(&entry.name)
-                })?;
+                let base = stored_at(storage, &entry.name)?;
                 view.info().run_bounds(storage.nbytes, |start, len| {
                     ranges.push(entry.file, base.saturating_add(start), len)
                 })?;
@@ -232,13 +238,7 @@ impl ReadPlan {
             let Some(storage) = view.storage() else {
                 continue;
             };
-            let offset = storage.file_offset.ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Unsupported,
-                    "its storage is compressed in the file: a plan addresses stored bytes only",
-                )
-                .for_tensor(&entry.name)
-            })?;
+            let offset = stored_at(storage, &entry.name)?;
             extents.push((entry.file, offset, storage.nbytes));
         }
         extents.sort_unstable();
