@@ -866,3 +866,58 @@ fn progress_counts_each_byte_once() {
         assert_eq!(loaded.tensors().len(), ckpt.len());
     }
 }
+
+/// A set's entries are loaded file by file: each file's own entries with
+/// its own checkpoint; an entry of another file is refused, never read
+/// from the wrong file.
+#[test]
+fn a_set_loads_file_by_file() {
+    use ptload_reader::set::CheckpointSet;
+    use ptload_reader::state_dict::{KeySelect, Strip};
+    let set = CheckpointSet::open(fixture("llama_tiny_sharded")).expect("set");
+    let sd = StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        ..Default::default()
+    }
+    .select_set(&set)
+    .expect("select");
+    let whole = Checkpoint::open(fixture("llama_tiny.pt")).expect("whole");
+    let gpus = ptload_device::Gpus::NoDriver;
+    let mut seen = 0;
+    for (k, file) in set.files().iter().enumerate() {
+        let ckpt = file.checkpoint();
+        let plan = Plan::new(ckpt, &mut To(Device::Host)).expect("plan");
+        let entries = sd.of_file(k);
+        let loaded = load(
+            Arc::clone(ckpt),
+            &entries,
+            &plan,
+            &gpus,
+            &LoadOptions::default(),
+        )
+        .expect("load");
+        for t in loaded.tensors() {
+            let want = whole
+                .tensor(t.name())
+                .unwrap_or_else(|| panic!("{}", t.name()));
+            assert_eq!(
+                loaded.host_data(t).expect("data"),
+                want.data().expect("whole")
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, whole.len());
+    let first = set.files()[0].checkpoint();
+    let plan = Plan::new(first, &mut To(Device::Host)).expect("plan");
+    let e = load(
+        Arc::clone(first),
+        &sd,
+        &plan,
+        &gpus,
+        &LoadOptions::default(),
+    )
+    .expect_err("entries of other files");
+    assert!(e.to_string().contains("of a set"), "{e}");
+}

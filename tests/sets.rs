@@ -422,6 +422,7 @@ fn read_once_plans_cover_every_byte_once_per_node() {
         );
     }
     assert!(ReadPlan::read_once(&set, &every(), 6, 4, &Limits::default()).is_err());
+    assert!(ReadPlan::read_once(&set, &every(), 4_000_000_000, 1, &Limits::default()).is_err());
 }
 
 #[test]
@@ -539,4 +540,100 @@ fn rank_files_merge_and_reslice() {
     // Rules that do not fit the parts are refused.
     let e = merge(&ranks, &Splits::new()).expect_err("split tensors taken as replicated");
     assert!(e.to_string().contains("do not fit"), "{e}");
+}
+
+/// The automatic options decide for the set as a whole: a file with
+/// nothing under the key adds nothing, and a prefix is stripped only when
+/// every name of every file has it.
+#[test]
+fn automatic_options_decide_for_the_whole_set() {
+    let dir = Scratch::new("auto");
+    for f in ["training.ckpt", "basic.pt"] {
+        std::fs::copy(files().join(f), dir.0.join(f)).expect("copy");
+    }
+    let set = CheckpointSet::open(&dir.0).expect("set");
+    let opts = StateDictOptions {
+        key: KeySelect::Path("model_state_dict".into()),
+        ..every()
+    };
+    let sd = opts
+        .select_set(&set)
+        .expect("basic.pt has no model_state_dict: it adds nothing");
+    let training = Checkpoint::open(files().join("training.ckpt")).expect("open");
+    let want = training
+        .tensors()
+        .filter(|t| t.name().starts_with("model_state_dict."))
+        .count();
+    assert_eq!(sd.len(), want);
+    assert!(sd
+        .iter()
+        .all(|e| set.files()[e.file].name() == "training.ckpt"));
+    let opts = StateDictOptions {
+        key: KeySelect::Path("nowhere".into()),
+        ..every()
+    };
+    assert!(opts.select_set(&set).is_err());
+    // module. on every name of one file, not of the other: nothing stripped.
+    let mixed = Scratch::new("mixed");
+    for f in ["dataparallel.pt", "basic.pt"] {
+        std::fs::copy(files().join(f), mixed.0.join(f)).expect("copy");
+    }
+    let set = CheckpointSet::open(&mixed.0).expect("set");
+    let sd = StateDictOptions::default()
+        .select_set(&set)
+        .expect("select");
+    assert!(sd.iter().any(|e| e.name.starts_with("module.")));
+    assert!(sd.iter().any(|e| !e.name.starts_with("module.")));
+    // An index naming a shard in a subdirectory is refused as such.
+    let src = files().join("llama_tiny_sharded");
+    let sub = Scratch::new("sub");
+    std::fs::create_dir_all(sub.0.join("s")).expect("dir");
+    let mut index: Json = serde_json::from_str(
+        &std::fs::read_to_string(src.join("pytorch_model.bin.index.json")).expect("index"),
+    )
+    .expect("json");
+    for n in shard_names() {
+        std::fs::copy(src.join(&n), sub.0.join("s").join(&n)).expect("copy");
+    }
+    for v in index["weight_map"]
+        .as_object_mut()
+        .expect("map")
+        .values_mut()
+    {
+        *v = Json::from(format!("s/{}", v.as_str().expect("file")));
+    }
+    std::fs::write(
+        sub.0.join("pytorch_model.bin.index.json"),
+        serde_json::to_string(&index).expect("json"),
+    )
+    .expect("write");
+    let e = CheckpointSet::open(&sub.0).expect_err("subdirectory");
+    assert!(e.to_string().contains("not a file beside it"), "{e}");
+}
+
+/// A sharded set whose last file cannot be put in place takes back the
+/// files it placed: no reader finds part of a set.
+#[test]
+fn a_set_that_cannot_be_placed_leaves_nothing() {
+    use ptload_reader::export::{write_safetensors_set, SafetensorsOptions};
+    let set = CheckpointSet::open(files().join("llama_tiny_sharded")).expect("set");
+    let sd = every().select_set(&set).expect("select");
+    let out = Scratch::new("placed");
+    let index = out.0.join("model.safetensors.index.json");
+    let racer = index.clone();
+    // Someone else's index appears while the shards are written.
+    let opts = SafetensorsOptions {
+        progress: Some(std::sync::Arc::new(move |_| {
+            let _ = std::fs::write(&racer, b"theirs");
+        })),
+        ..Default::default()
+    };
+    let e = write_safetensors_set(&sd, &opts, &out.0, 20_000).expect_err("index appeared");
+    assert_eq!(e.kind(), ErrorKind::OutputExists, "{e}");
+    let left: Vec<String> = std::fs::read_dir(&out.0)
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["model.safetensors.index.json"]);
+    assert_eq!(std::fs::read(&index).expect("theirs"), b"theirs");
 }

@@ -551,6 +551,14 @@ fn tensor<'c>(
     ckpt: &'c Checkpoint,
     s: &'c Selected,
 ) -> Result<ptload_reader::TensorView<'c>, LoadError> {
+    if s.file != 0 {
+        // A set's entry names its file; `ckpt` is one checkpoint.
+        return Err(LoadError::Access(format!(
+            "{}: an entry of file {} of a set; load each file with its own checkpoint and \
+             entries (StateDict::of_file)",
+            s.name, s.file
+        )));
+    }
     s.view(ckpt).ok_or_else(|| {
         LoadError::Access(format!(
             "{}: the checkpoint has no tensor {} ({} tensors)",

@@ -491,15 +491,25 @@ pub fn write_safetensors_set(
         opts.check_cancel()?;
         Ok(())
     })();
-    let placed = result.and_then(|()| {
+    // The index goes in place last. A placement that fails takes back the
+    // files this call put in place (those it created: a replaced file is
+    // not restored), so no reader finds half a set.
+    let mut placed: Vec<&std::path::Path> = Vec::new();
+    let placing = result.and_then(|()| {
         for (tmp, target, _) in &done {
             output::finish(tmp, target, opts.overwrite)?;
+            placed.push(target);
         }
         Ok(())
     });
-    if let Err(e) = placed {
+    if let Err(e) = placing {
         for (tmp, _, _) in &done {
             let _ = std::fs::remove_file(tmp);
+        }
+        if !opts.overwrite {
+            for target in placed {
+                let _ = std::fs::remove_file(target);
+            }
         }
         return Err(e);
     }
@@ -584,19 +594,34 @@ pub fn write_merged_file(
         out.write_all(header.as_bytes()).map_err(io)?;
         for (m, to, nbytes) in &plans {
             opts.check_cancel()?;
-            let mut bytes = Vec::new();
-            m.visit_bytes(set, shard, |b| bytes.extend_from_slice(b))?;
-            if let Some(to) = to {
-                bytes = crate::convert::convert(&bytes, m.dtype, *to)?;
+            // Streamed in the chunks the parts are read in (whole elements
+            // each), converted chunk by chunk.
+            let mut count = 0u64;
+            let mut failure: Option<Error> = None;
+            m.visit_bytes(set, shard, |chunk| {
+                if failure.is_some() {
+                    return;
+                }
+                let done = match to {
+                    Some(to) => crate::convert::convert(chunk, m.dtype, *to)
+                        .and_then(|c| out.write_all(&c).map_err(io).map(|()| c.len())),
+                    None => out.write_all(chunk).map_err(io).map(|()| chunk.len()),
+                };
+                match done {
+                    Ok(n) => count += n as u64,
+                    Err(e) => failure = Some(e),
+                }
+            })?;
+            if let Some(e) = failure {
+                return Err(e);
             }
-            if bytes.len() as u64 != *nbytes {
+            if count != *nbytes {
                 return Err(Error::new(
                     ErrorKind::Tensor,
-                    format!("its parts gave {} bytes, not {nbytes}", bytes.len()),
+                    format!("its parts gave {count} bytes, not {nbytes}"),
                 )
                 .for_tensor(&m.name));
             }
-            out.write_all(&bytes).map_err(io)?;
             written.tensors += 1;
             written.bytes += nbytes;
             if let Some(progress) = &opts.progress {

@@ -32,12 +32,11 @@
 //! # }
 //! ```
 
-use std::borrow::Cow;
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::parallel::{Shard, Split, Splits};
 use crate::set::CheckpointSet;
 use crate::torch::dtype::DType;
+use crate::torch::tensor::TensorInfo;
 use crate::view::TensorView;
 
 /// One tensor of the model, from its parts in the rank files.
@@ -185,47 +184,55 @@ impl Merged {
         let size = self.shape.get(d).copied().unwrap_or(0);
         let (from, len) = shard.map_or((0, size), |s| s.part(size));
         let to = from + len;
-        // The overlapping piece of each part, read (only those bytes).
-        let mut pieces: Vec<Cow<'_, [u8]>> = Vec::new();
+        // The overlapping piece of each part: a view, nothing read yet.
+        let mut pieces: Vec<(TensorView<'_>, TensorInfo)> = Vec::new();
         let mut at = 0u64;
         for rank in 0..self.parts.len() {
             let part = view(rank)?;
             let plen = part.shape().get(d).copied().unwrap_or(0);
-            let (lo, hi) = (at.max(from), (at + plen).min(to));
-            at += plen;
-            if lo >= hi {
-                continue;
+            let (lo, hi) = (at.max(from), at.saturating_add(plen).min(to));
+            let start = at;
+            at = at.saturating_add(plen);
+            if lo < hi {
+                pieces.push((part, part.info().narrow(d, lo - start, hi - lo)?));
             }
-            let info = part.info().narrow(d, lo - (at - plen), hi - lo)?;
-            let piece = TensorView {
-                ckpt: part.ckpt,
-                info: &info,
-            };
-            pieces.push(Cow::Owned(piece.data()?.into_owned()));
         }
-        if pieces.iter().all(|p| p.is_empty()) {
+        if pieces.iter().all(|(_, info)| info.numel == 0) {
             return Ok(());
         }
         // Row-major: for each index of the dimensions before `d`, each
-        // piece's block in turn (as many indices as bytes, at most: the
-        // pieces are not empty).
-        let outer = self
-            .shape
-            .get(..d)
-            .unwrap_or_default()
-            .iter()
-            .try_fold(1u64, |a, &s| a.checked_mul(s))
-            .and_then(|o| usize::try_from(o).ok())
-            .ok_or_else(|| Error::new(ErrorKind::Tensor, "size overflows").for_tensor(&self.name))?
-            .max(1);
-        for i in 0..outer {
-            for piece in &pieces {
-                let block = piece.len() / outer;
-                if let Some(b) = piece.get(i * block..(i + 1) * block) {
-                    f(b);
+        // piece's block in turn, streamed from the files (as many indices
+        // as elements, at most: no piece is empty).
+        let outer = self.shape.get(..d).unwrap_or_default();
+        let mut index = vec![0u64; outer.len()];
+        loop {
+            for (part, info) in &pieces {
+                let mut block = info.clone();
+                for (dim, &i) in index.iter().enumerate() {
+                    block = block.narrow(dim, i, 1)?;
                 }
+                TensorView {
+                    ckpt: part.ckpt,
+                    info: &block,
+                }
+                .visit_bytes(&mut f)?;
+            }
+            // Advance the odometer over the outer dimensions.
+            let mut k = index.len();
+            loop {
+                if k == 0 {
+                    return Ok(());
+                }
+                k -= 1;
+                let (Some(i), Some(&size)) = (index.get_mut(k), outer.get(k)) else {
+                    return Ok(());
+                };
+                *i += 1;
+                if *i < size {
+                    break;
+                }
+                *i = 0;
             }
         }
-        Ok(())
     }
 }

@@ -138,7 +138,16 @@ fn stored_at(storage: &crate::torch::tensor::StorageInfo, name: &str) -> Result<
     })
 }
 
+/// Ranks a plan covers at most: each costs a selection of the whole set.
+pub const MAX_WORLD: u32 = 1 << 16;
+
 fn layout(world: u32, nodes: u32) -> Result<u32> {
+    if world > MAX_WORLD {
+        return Err(Error::new(
+            ErrorKind::InvalidSpec,
+            format!("a world of {world} ranks: plans cover at most {MAX_WORLD}"),
+        ));
+    }
     if world == 0 || nodes == 0 || world % nodes != 0 {
         return Err(Error::new(
             ErrorKind::InvalidSpec,

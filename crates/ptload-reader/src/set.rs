@@ -293,11 +293,15 @@ impl CheckpointSet {
         }
         let mut paths = Vec::with_capacity(shard_names.len());
         for name in &shard_names {
-            // The index names files beside it; a path that leaves the
-            // directory is not a shard of this set.
-            let plain = Path::new(name)
-                .components()
-                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            // The index names files beside it: a path with a directory in
+            // it is not a shard of this set. (Symbolic links in the
+            // directory are followed: they are its owner's, not the
+            // index's.)
+            let mut parts = Path::new(name).components();
+            let plain = matches!(
+                (parts.next(), parts.next()),
+                (Some(std::path::Component::Normal(_)), None)
+            );
             if !plain {
                 return Err(Error::new(
                     ErrorKind::InvalidSpec,

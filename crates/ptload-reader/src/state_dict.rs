@@ -261,9 +261,19 @@ impl<'c> StateDict<'c> {
         }
     }
 
-    /// The entries of file `file`, in checkpoint order.
-    pub fn of_file(&self, file: usize) -> impl Iterator<Item = &Selected> + '_ {
-        self.entries.iter().filter(move |e| e.file == file)
+    /// The entries of file `file`, in checkpoint order, as a selection of
+    /// that file's checkpoint alone (their [`Selected::file`] is 0): what
+    /// a loader of one checkpoint (`ptload_device::load`) takes, with
+    /// `checkpoints()[file]`.
+    pub fn of_file(&self, file: usize) -> Vec<Selected> {
+        self.entries
+            .iter()
+            .filter(|e| e.file == file)
+            .map(|e| Selected {
+                file: 0,
+                ..e.clone()
+            })
+            .collect()
     }
 
     /// The dotted path of the sub-tree taken (`model_state_dict`), or
@@ -434,6 +444,16 @@ fn auto_key_of(files: &[&Checkpoint]) -> AutoKey {
         key: Some(pick),
         candidate: Some(pick),
         why,
+    }
+}
+
+/// `name` without the key's path, when it lies under it (`None` key: the
+/// whole name).
+fn under_key<'n>(name: &'n str, key: Option<&str>) -> Option<&'n str> {
+    match key {
+        None => Some(name),
+        Some(k) if name == k => Some(""),
+        Some(k) => name.strip_prefix(k).and_then(|r| r.strip_prefix('.')),
     }
 }
 
@@ -667,9 +687,10 @@ impl StateDictOptions {
         let mut entries: Vec<Selected> = Vec::with_capacity(set.len());
         let mut decisions: Vec<String> = Vec::new();
         let mut key = None;
-        // `auto` decides once, for the set as a whole.
+        // The automatic options decide once, for the set as a whole.
         let mut per_file = self.clone();
-        if files.len() > 1 && self.key == KeySelect::Auto {
+        let several = files.len() > 1;
+        if several && self.key == KeySelect::Auto {
             let auto = auto_key_of(&files);
             if auto.candidate.is_some() {
                 decisions.push(format!("key auto: {}", auto.why));
@@ -678,11 +699,47 @@ impl StateDictOptions {
                 .key
                 .map_or(KeySelect::All, |k| KeySelect::Path(k.to_owned()));
         }
+        let key_path = match &per_file.key {
+            KeySelect::Path(p) => Some(p.trim_end_matches('.').to_owned()),
+            _ => None,
+        };
+        if several && self.strip == Strip::Auto {
+            let mut names: Vec<String> = files
+                .iter()
+                .flat_map(|c| c.tensors())
+                .filter_map(|t| under_key(t.name(), key_path.as_deref()).map(str::to_owned))
+                .collect();
+            let before = names.first().cloned();
+            strip_auto(&mut names);
+            let prefix = match (before, names.first()) {
+                (Some(b), Some(a)) => b.strip_suffix(a.as_str()).map(str::to_owned),
+                _ => None,
+            }
+            .unwrap_or_default();
+            if prefix.is_empty() {
+                per_file.strip = Strip::None;
+            } else {
+                decisions.push(format!(
+                    "strip-prefix auto: removed {prefix:?} from every name"
+                ));
+                per_file.strip = Strip::Prefix(prefix);
+            }
+        }
         for (f, ckpt) in files.iter().enumerate() {
             let name = || set.files().get(f).map(SetFile::name).unwrap_or_default();
+            // A file of a set with nothing under the key adds nothing (the
+            // set as a whole must have something there).
+            let lacks_key = key_path.as_deref().is_some_and(|k| {
+                !ckpt
+                    .tensors()
+                    .any(|t| under_key(t.name(), Some(k)).is_some())
+            });
+            if several && lacks_key {
+                continue;
+            }
             let sd = per_file.select(ckpt).map_err(|e| e.in_file(&name()))?;
             for d in sd.decisions {
-                let d = if files.len() > 1 {
+                let d = if several {
                     format!("{}: {d}", name())
                 } else {
                     d
@@ -694,6 +751,12 @@ impl StateDictOptions {
                 e.file = f;
                 e
             }));
+        }
+        if let (Some(k), true, true) = (&key_path, several, entries.is_empty()) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("no tensors under key {k:?} in any file of the set"),
+            ));
         }
         let hasher = hashbrown::DefaultHashBuilder::default();
         let mut index: HashTable<u32> = HashTable::with_capacity(entries.len());
