@@ -382,12 +382,7 @@ fn run(cli: Cli) -> CliResult<u8> {
             };
             let written =
                 ptload_reader::export::write_merged_file(&set, &merged, shard, &sopts, &a.output)
-                    .map_err(|e| match e.kind() {
-                    ptload_reader::ErrorKind::OutputExists => {
-                        format!("{e} (pass --force to replace it)")
-                    }
-                    _ => in_cli_terms(&e.to_string()),
-                })?;
+                    .map_err(tools::output_error)?;
             writeln!(
                 out,
                 "wrote {}: {} tensors from {} rank files{}, {} of data",

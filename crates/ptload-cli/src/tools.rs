@@ -86,6 +86,15 @@ pub(crate) fn expand_dirs(paths: &[PathBuf]) -> CliResult<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// A write's error, with the flag that gets past an existing output.
+pub(crate) fn output_error(e: ptload_reader::Error) -> Box<dyn std::error::Error> {
+    if e.kind() == ErrorKind::OutputExists {
+        format!("{e} (pass --force to replace it)").into()
+    } else {
+        e.into()
+    }
+}
+
 pub(crate) fn convert(
     out: &mut impl Write,
     set: &CheckpointSet,
@@ -130,13 +139,7 @@ pub(crate) fn convert(
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
-        let set = match set {
-            Ok(w) => w,
-            Err(e) if e.kind() == ErrorKind::OutputExists => {
-                return Err(format!("{e} (pass --force to replace it)").into())
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let set = set.map_err(output_error)?;
         for s in &set.skipped {
             eprintln!("ptload: warning: skipped {s}");
         }
@@ -192,13 +195,7 @@ pub(crate) fn convert(
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let written = match result {
-        Ok(w) => w,
-        Err(e) if e.kind() == ErrorKind::OutputExists => {
-            return Err(format!("{e} (pass --force to replace it)").into())
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let written = result.map_err(output_error)?;
     for s in &written.skipped {
         eprintln!("ptload: warning: skipped {s}");
     }
