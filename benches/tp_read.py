@@ -359,8 +359,8 @@ def main():
     print(f"- note: the OS reads whole 4 KiB pages, and a row-parallel (dim 1) slice is a "
           f"block of every row, so a rank touches pages of every row of those tensors "
           f"(pages / library = {statistics.median(pages) / m_lib:.2f}); OS / pages = "
-          f"{m_os / statistics.median(pages):.2f} (a map with normal advice would add a "
-          f"read-ahead window of {ra} around each fault). The OS column is what the "
+          f"{m_os / statistics.median(pages):.2f} (read-ahead, up to {ra}, around faults "
+          f"the views' own page requests did not cover). The OS column is what the "
           f"kernel accounted to the process.")
 
 

@@ -105,9 +105,9 @@ pub struct StateDictOptions {
     pub exclude: Vec<String>,
     /// Tensor parallelism: take only this rank's part of each tensor the
     /// rules split (rules match final names); see [`crate::parallel`].
-    /// Selecting so also tells the kernel that the file's map will be read
-    /// in pieces, so that a page fault reads its page rather than a
-    /// read-ahead window: a rank's reads from storage stay near its share.
+    /// Selecting so also marks the file's map as read in pieces: each view
+    /// asks the kernel for exactly its pages before reading them, so a
+    /// rank's reads from storage stay near its share.
     pub parallel: Option<(Shard, Splits)>,
 }
 
