@@ -769,6 +769,14 @@ fn load_hashes_equal_inspect_hashes(map_location: &str, device: &str) {
     assert!(text.contains(&format!("sha256 {sha}")), "{text}");
 }
 
+/// An `#[ignore]`d GPU test run where there is none fails, never passes.
+fn require_gpu() {
+    assert!(
+        ptload_device::device_count() > 0,
+        "this test needs a CUDA device"
+    );
+}
+
 #[test]
 fn load_hash_reads_back_what_landed_on_the_host() {
     load_hashes_equal_inspect_hashes("cpu", "cpu");
@@ -777,10 +785,7 @@ fn load_hash_reads_back_what_landed_on_the_host() {
 #[test]
 #[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
 fn load_hash_reads_back_what_landed_on_a_gpu() {
-    assert!(
-        ptload_device::device_count() > 0,
-        "this test needs a CUDA device"
-    );
+    require_gpu();
     load_hashes_equal_inspect_hashes("cuda:0", "cuda:0");
 }
 
@@ -1633,9 +1638,6 @@ fn sliced_load_on_the_host_reads_the_rank_share() {
 #[test]
 #[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
 fn sliced_load_onto_a_gpu_reads_back_the_rank_share() {
-    assert!(
-        ptload_device::device_count() > 0,
-        "this test needs a CUDA device"
-    );
+    require_gpu();
     sliced_load_hashes_equal_inspect("cuda:0", "cuda:0");
 }

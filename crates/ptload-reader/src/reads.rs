@@ -141,6 +141,18 @@ fn stored_at(storage: &crate::torch::tensor::StorageInfo, name: &str) -> Result<
 /// Ranks a plan covers at most: each costs a selection of the whole set.
 pub const MAX_WORLD: u32 = 1 << 16;
 
+/// The selection `opts` makes, every tensor whole.
+fn select_whole<'c>(
+    set: &'c CheckpointSet,
+    opts: &StateDictOptions,
+) -> Result<crate::state_dict::StateDict<'c>> {
+    StateDictOptions {
+        parallel: None,
+        ..opts.clone()
+    }
+    .select_set(set)
+}
+
 fn layout(world: u32, nodes: u32) -> Result<u32> {
     if world > MAX_WORLD {
         return Err(Error::new(
@@ -177,11 +189,7 @@ impl ReadPlan {
         limits: &Limits,
     ) -> Result<ReadPlan> {
         let per_node = layout(world, nodes)?;
-        let whole = StateDictOptions {
-            parallel: None,
-            ..opts.clone()
-        }
-        .select_set(set)?;
+        let whole = select_whole(set, opts)?;
         let total_bytes = whole.tensors().map(|(_, t)| t.info().nbytes).sum();
         let mut ranks = Vec::with_capacity(world as usize);
         for rank in 0..world {
@@ -235,11 +243,7 @@ impl ReadPlan {
         limits: &Limits,
     ) -> Result<ReadPlan> {
         let per_node = layout(world, nodes)?;
-        let sd = StateDictOptions {
-            parallel: None,
-            ..opts.clone()
-        }
-        .select_set(set)?;
+        let sd = select_whole(set, opts)?;
         // The storages the selection views, each once, in file order.
         let mut extents: Vec<(usize, u64, u64)> = Vec::new();
         for entry in sd.iter() {
