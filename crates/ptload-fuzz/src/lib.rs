@@ -98,6 +98,25 @@ pub fn checkpoint(data: &[u8]) {
     if let Err(e) = &strict {
         check_error(e);
     }
+    // The object graph (what ptload.torch.load rebuilds): every node's
+    // members exist, and every tensor it holds reads.
+    let with_objects = OpenOptions::new()
+        .limits(self::limits())
+        .objects(true)
+        .open_bytes(data.to_vec());
+    if let Some(objects) = with_objects.as_ref().ok().and_then(|c| c.objects()) {
+        assert!(
+            objects.node(objects.root()).is_some(),
+            "root outside the graph"
+        );
+        if let Ok(c) = &with_objects {
+            for i in 0..objects.tensors().len() {
+                if let Some(view) = c.object_tensor(i) {
+                    let _ = view.data();
+                }
+            }
+        }
+    }
     match default {
         Ok(ckpt) => {
             exercise(&ckpt);

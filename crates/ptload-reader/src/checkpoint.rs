@@ -10,7 +10,8 @@ use crate::container::layout::StorageBytes;
 use crate::container::{detect, Detected, Format};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
-use crate::pickle::{Heap, StringEncoding, Vm};
+use crate::object::Objects;
+use crate::pickle::{Heap, StringEncoding, Value, Vm};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip};
 use crate::torch::interp::GlobalRef;
@@ -28,6 +29,7 @@ pub struct OpenOptions {
     encoding: StringEncoding,
     allowed_globals: Vec<String>,
     in_memory: bool,
+    objects: bool,
 }
 
 impl OpenOptions {
@@ -63,6 +65,14 @@ impl OpenOptions {
     /// refused.
     pub fn allow_global(mut self, path: impl Into<String>) -> Self {
         self.allowed_globals.push(path.into());
+        self
+    }
+
+    /// Keep the unpickled object as a graph of nodes (see
+    /// [`Checkpoint::objects`]): what `torch.load` returns, built without
+    /// running anything. Off by default (it costs a node per value).
+    pub fn objects(mut self, yes: bool) -> Self {
+        self.objects = yes;
         self
     }
 
@@ -121,6 +131,7 @@ pub struct Checkpoint {
     by_name: HashTable<u32>,
     hasher: hashbrown::DefaultHashBuilder,
     work: u64,
+    objects: Option<Objects>,
     /// Read in scattered pieces (see `advise_scattered`): views ask for
     /// their pages before they read them.
     scattered: std::sync::atomic::AtomicBool,
@@ -205,6 +216,7 @@ impl Checkpoint {
             Detected::Legacy => decode_legacy(data, &mut heap, &mut interp, &mut vm)?,
         };
         let walked = walk_all(&heap, &decoded.roots, &opts.limits)?;
+        let objects_root = decoded.roots.first().map(|&(v, _)| v);
         if walked.tensors.len() > opts.limits.max_tensors {
             return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));
         }
@@ -238,6 +250,11 @@ impl Checkpoint {
             })
             .collect();
         let mut tensors = Vec::with_capacity(walked.tensors.len());
+        let walked_values: Vec<(usize, Value)> = if opts.objects {
+            walked.tensors.iter().map(|(_, v)| *v).enumerate().collect()
+        } else {
+            Vec::new()
+        };
         for (name, value) in walked.tensors {
             // Indices must stay those of `by_name`: nothing is skipped.
             let info = match heap.torch(value) {
@@ -257,6 +274,34 @@ impl Checkpoint {
             };
             tensors.push(info);
         }
+        let objects = match objects_root.filter(|_| opts.objects) {
+            None => None,
+            Some(root) => {
+                let mut names = hashbrown::HashMap::new();
+                for (info, (_, v)) in tensors.iter().zip(&walked_values) {
+                    if let Value::Obj(id) = v {
+                        names.entry(*id).or_insert_with(|| info.name.clone());
+                    }
+                }
+                let name_of = |v: Value| match v {
+                    Value::Obj(id) => names.get(&id).cloned(),
+                    _ => None,
+                };
+                let mut make = |name: String, v: Value| match heap.torch(v) {
+                    Some(TorchObj::Tensor(meta)) => {
+                        tensor_info(&heap, name, meta, &storages, &opts.limits)
+                    }
+                    _ => Err(Error::new(ErrorKind::Tensor, "not a tensor")),
+                };
+                Some(crate::object::build(
+                    &heap,
+                    root,
+                    &opts.limits,
+                    &name_of,
+                    &mut make,
+                )?)
+            }
+        };
         let format = decoded.format;
         Ok(Checkpoint {
             source,
@@ -272,8 +317,21 @@ impl Checkpoint {
             by_name: walked.by_name,
             hasher: walked.hasher,
             work: heap.work().saturating_add(walked.steps),
+            objects,
             scattered: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The unpickled object, when opened with
+    /// [`OpenOptions::objects`]: what `torch.load` returns, as inert nodes.
+    pub fn objects(&self) -> Option<&Objects> {
+        self.objects.as_ref()
+    }
+
+    /// A tensor of [`objects`](Self::objects) (`Node::Tensor`'s index), as a view.
+    pub fn object_tensor(&self, index: usize) -> Option<TensorView<'_>> {
+        let info = self.objects.as_ref()?.tensors().get(index)?;
+        Some(TensorView { ckpt: self, info })
     }
 
     /// The layout of the file.

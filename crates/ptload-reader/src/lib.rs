@@ -53,6 +53,7 @@ pub mod fuzzing;
 pub(crate) mod glob;
 mod limits;
 pub mod merge;
+pub mod object;
 pub mod parallel;
 mod pickle;
 pub mod placement;

@@ -70,6 +70,24 @@ pub(crate) trait Extension: Any + std::fmt::Debug {
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
+/// What Python type a heap value has beyond its kind, where the kind alone
+/// would lose it (kept beside the value, so readers of the kind are
+/// unchanged; see [`Heap::tag`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tag {
+    /// A dict made by `collections.OrderedDict`.
+    OrderedDict,
+    /// A set made by `frozenset` (FROZENSET or the global).
+    FrozenSet,
+    /// Bytes made by `bytearray` (BYTEARRAY8 or the global).
+    ByteArray,
+    /// A tuple made by `torch.Size`.
+    Size,
+    /// An inert object made by NEWOBJ/OBJ/INST (`cls.__new__(cls, *args)`),
+    /// not by REDUCE (`callable(*args)`).
+    NewObj,
+}
+
 /// An inert instance: what was called, with what, and what was set on it.
 #[derive(Debug)]
 pub(crate) struct Object {
@@ -163,6 +181,10 @@ pub(crate) struct Heap {
     /// Work allowed so far: `max_work_per_byte` for each pickle byte run.
     work_allowed: u64,
     work_per_byte: u64,
+    /// Python types beyond the kind (see [`Tag`]).
+    tags: hashbrown::HashMap<ObjId, Tag>,
+    /// State a BUILD set on a dict (an OrderedDict's `_metadata`).
+    dict_states: hashbrown::HashMap<ObjId, Value>,
 }
 
 /// Pickles shorter than this are allowed the work of one this long, so
@@ -191,6 +213,8 @@ impl Heap {
             work: Cell::new(0),
             work_allowed: 0,
             work_per_byte: limits.max_work_per_byte,
+            tags: Default::default(),
+            dict_states: Default::default(),
         }
     }
 
@@ -304,6 +328,41 @@ impl Heap {
             ));
         }
         Ok(())
+    }
+
+    /// Record that `v` has the Python type `tag` (scalars take none).
+    pub(crate) fn tag(&mut self, v: Value, tag: Tag) {
+        if let Value::Obj(id) = v {
+            self.tags.insert(id, tag);
+        }
+    }
+
+    /// The Python type recorded for `v`, if any.
+    pub(crate) fn tag_of(&self, v: Value) -> Option<Tag> {
+        match v {
+            Value::Obj(id) => self.tags.get(&id).copied(),
+            _ => None,
+        }
+    }
+
+    /// Keep the state a BUILD gave the dict `v`.
+    pub(crate) fn set_dict_state(&mut self, v: Value, state: Value) {
+        if let Value::Obj(id) = v {
+            self.dict_states.insert(id, state);
+        }
+    }
+
+    /// The state a BUILD gave the dict `v`.
+    pub(crate) fn dict_state(&self, v: Value) -> Option<Value> {
+        match v {
+            Value::Obj(id) => self.dict_states.get(&id).copied(),
+            _ => None,
+        }
+    }
+
+    /// Number of values in the arena.
+    pub(crate) fn len(&self) -> usize {
+        self.objs.len()
     }
 
     pub(crate) fn get(&self, v: Value) -> Option<&Obj> {

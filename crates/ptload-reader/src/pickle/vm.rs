@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::value::{Heap, Obj, Value};
+use super::value::{Heap, Obj, Tag, Value};
 use crate::bytes::{negate_le, ByteReader};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
@@ -560,6 +560,10 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 let n = self.r.u64()?;
                 let b = self.read_counted(n)?;
                 self.push_new(|h| h.alloc_bytes(b))?;
+                if op == 0x96 {
+                    let top = self.top()?;
+                    self.heap.tag(top, Tag::ByteArray);
+                }
             }
             0x97 => {
                 return Err(pickle_err(
@@ -608,6 +612,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 let items = self.pop_mark()?;
                 self.heap.check_len(items.len())?;
                 let s = self.heap.new_set_from(&items)?;
+                self.heap.tag(s, Tag::FrozenSet);
                 self.push(s)?;
             }
             b'a' => {

@@ -246,6 +246,18 @@ impl Layout {
         })
     }
 
+    /// torch's name for it (`sparse_coo`...).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Layout::Strided => "strided",
+            Layout::Coo => "sparse_coo",
+            Layout::Csr => "sparse_csr",
+            Layout::Csc => "sparse_csc",
+            Layout::Bsr => "sparse_bsr",
+            Layout::Bsc => "sparse_bsc",
+        }
+    }
+
     /// Names of the component tensors, in the order torch pickles them.
     pub(crate) fn components(self) -> &'static [&'static str] {
         match self {
@@ -269,6 +281,12 @@ pub(crate) struct NumpyDtype {
 pub(crate) struct NdArray {
     pub(crate) dtype: String,
     pub(crate) shape: Vec<u64>,
+    /// The dtype as BUILD gave it (descr, big-endian), when it was one.
+    pub(crate) descr: Option<(String, bool)>,
+    /// Elements stored in column-major order.
+    pub(crate) fortran: bool,
+    /// The raw elements (bytes), or a list for object arrays.
+    pub(crate) data: Value,
 }
 
 /// Values with torch meaning, stored in the pickle heap.
@@ -280,6 +298,21 @@ pub(crate) enum TorchObj {
     Sparse {
         layout: Layout,
         components: Vec<Value>,
+        /// The pickled data tuple (components, then size and flags).
+        data: Value,
+    },
+    /// `nn.Parameter(data, requires_grad)`; `data` is a tensor.
+    Parameter {
+        data: Value,
+        requires_grad: bool,
+    },
+    /// A numpy scalar: its dtype, raw bytes, and the Python value they
+    /// hold (None when the dtype is not one the reader decodes).
+    NumpyScalar {
+        descr: String,
+        big_endian: bool,
+        raw: Vec<u8>,
+        value: Value,
     },
     Device(Box<str>),
     Layout(Layout),
@@ -294,6 +327,8 @@ impl Extension for TorchObj {
             TorchObj::Storage(_) => "storage",
             TorchObj::Tensor(_) => "tensor",
             TorchObj::Sparse { .. } => "sparse tensor",
+            TorchObj::Parameter { .. } => "parameter",
+            TorchObj::NumpyScalar { .. } => "numpy scalar",
             TorchObj::Device(_) => "torch.device",
             TorchObj::Layout(_) => "torch.layout",
             TorchObj::NumpyDtype(_) => "numpy.dtype",

@@ -549,7 +549,14 @@ impl<'h> Walker<'h> {
                         self.tensor(None, value)?;
                         continue;
                     }
-                    Some(TorchObj::Sparse { layout, components }) => {
+                    // Transparent: named as what they hold.
+                    Some(TorchObj::Parameter { data: inner, .. })
+                    | Some(TorchObj::NumpyScalar { value: inner, .. }) => {
+                        self.children.push((None, *inner, in_module));
+                    }
+                    Some(TorchObj::Sparse {
+                        layout, components, ..
+                    }) => {
                         for (part, &v) in layout.components().iter().zip(components) {
                             self.tensor(Some(part), v)?;
                         }

@@ -89,6 +89,9 @@ pub(crate) fn torch_allows(module: &str, name: &str) -> bool {
         "builtins" => matches!(name, "bytearray" | "set" | "complex"),
         "torch._utils" => REBUILD_FUNCTIONS.contains(&name),
         "torch._tensor" => name == "_rebuild_from_type_v2",
+        // torch allows its storage classes by `__module__.__name__`, and
+        // UntypedStorage's module is `torch.storage`.
+        "torch.storage" => name == "UntypedStorage",
         "torch" => {
             matches!(name, "Size" | "Tensor" | "device" | "UntypedStorage")
                 || DType::is_torch_dtype_name(name)

@@ -15,7 +15,7 @@ use super::{
     Global, Known, Layout, NdArray, NumpyDtype, QuantParams, TensorMeta, TorchHeap, TorchObj,
 };
 use crate::error::{Error, ErrorKind, Result};
-use crate::pickle::{Heap, Interpreter, Obj, Object, Value};
+use crate::pickle::{Heap, Interpreter, Obj, Object, Tag, Value};
 
 /// A global as it appeared in a pickle.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -331,7 +331,11 @@ impl Interpreter for TorchInterp<'_> {
                 let Some(pairs) = pairs else {
                     return self.inert(heap, callable, args);
                 };
+                let ordered = known(heap, callable).is_some_and(|(_, g)| &*g.name == "OrderedDict");
                 let d = heap.alloc(Obj::Dict(Box::default()))?;
+                if ordered {
+                    heap.tag(d, Tag::OrderedDict);
+                }
                 for (k, v) in pairs {
                     heap.set_item(d, k, v)
                         .map_err(|m| heap.container_error("OrderedDict item", m))?;
@@ -346,7 +350,13 @@ impl Interpreter for TorchInterp<'_> {
                     _ => None,
                 };
                 match members {
-                    Some(m) => heap.new_set_from(&m),
+                    Some(m) => {
+                        let s = heap.new_set_from(&m)?;
+                        if which == Known::FrozenSet {
+                            heap.tag(s, Tag::FrozenSet);
+                        }
+                        Ok(s)
+                    }
                     None => self.inert(heap, callable, args),
                 }
             }
@@ -357,8 +367,15 @@ impl Interpreter for TorchInterp<'_> {
                     [b] => heap.bytes(*b).map(<[u8]>::to_vec),
                     _ => None,
                 };
+                let bytearray = known(heap, callable).is_some_and(|(_, g)| &*g.name == "bytearray");
                 match bytes {
-                    Some(b) => heap.alloc_bytes(&b),
+                    Some(b) => {
+                        let v = heap.alloc_bytes(&b)?;
+                        if bytearray {
+                            heap.tag(v, Tag::ByteArray);
+                        }
+                        Ok(v)
+                    }
                     None => self.inert(heap, callable, args),
                 }
             }
@@ -419,7 +436,9 @@ impl Interpreter for TorchInterp<'_> {
                         .ok_or_else(|| err("torch.Size needs a sequence"))?
                         .to_vec(),
                 };
-                heap.alloc_tuple(&items)
+                let size = heap.alloc_tuple(&items)?;
+                heap.tag(size, Tag::Size);
+                Ok(size)
             }
             Known::Device => {
                 let a = args_of(heap, args, func)?;
@@ -457,6 +476,9 @@ impl Interpreter for TorchInterp<'_> {
             Known::NumpyReconstruct => heap.alloc_torch(TorchObj::NdArray(NdArray {
                 dtype: "?".into(),
                 shape: Vec::new(),
+                descr: None,
+                fortran: false,
+                data: Value::None,
             })),
             Known::Reconstructor | Known::NewObj => {
                 let a = args_of(heap, args, func)?;
@@ -480,10 +502,27 @@ impl Interpreter for TorchInterp<'_> {
                 r.instantiated = true;
             }
         }
+        let ordered = known(heap, cls).is_some_and(|(_, g)| &*g.name == "OrderedDict");
         match known(heap, cls).map(|(k, _)| k) {
-            Some(Known::OrderedDict) => heap.alloc(Obj::Dict(Box::default())),
-            Some(Known::Set | Known::FrozenSet) => heap.alloc(Obj::Set(Box::default())),
-            _ => self.inert(heap, cls, args),
+            Some(Known::OrderedDict) => {
+                let d = heap.alloc(Obj::Dict(Box::default()))?;
+                if ordered {
+                    heap.tag(d, Tag::OrderedDict);
+                }
+                Ok(d)
+            }
+            Some(k @ (Known::Set | Known::FrozenSet)) => {
+                let s = heap.alloc(Obj::Set(Box::default()))?;
+                if k == Known::FrozenSet {
+                    heap.tag(s, Tag::FrozenSet);
+                }
+                Ok(s)
+            }
+            _ => {
+                let o = self.inert(heap, cls, args)?;
+                heap.tag(o, Tag::NewObj);
+                Ok(o)
+            }
         }
     }
 
@@ -502,6 +541,12 @@ impl Interpreter for TorchInterp<'_> {
             heap.sequence(get(&numpy_state, 1))
                 .map_or(0, |s| s.len() as u64),
         )?;
+        let numpy_full_dtype = match heap.torch(get(&numpy_state, 2)) {
+            Some(TorchObj::NumpyDtype(d)) => Some((d.descr.clone(), d.big_endian)),
+            _ => None,
+        };
+        let fortran = truthy(get(&numpy_state, 3));
+        let raw = get(&numpy_state, 4);
         let shape: Option<Vec<u64>> = heap.sequence(get(&numpy_state, 1)).map(|s| {
             s.iter()
                 .filter_map(|v| match v {
@@ -528,6 +573,9 @@ impl Interpreter for TorchInterp<'_> {
                         Error::new(ErrorKind::Pickle, "numpy array state without a shape")
                     })?;
                     a.dtype = numpy_dtype.unwrap_or_else(|| "?".into());
+                    a.descr = numpy_full_dtype;
+                    a.fortran = fortran;
+                    a.data = raw;
                     Ok(())
                 }
                 // Attributes set on tensors and classes: no effect on the
@@ -541,6 +589,7 @@ impl Interpreter for TorchInterp<'_> {
                 let ok = is_state(state) && state != Value::None
                     || matches!(heap.tuple(state), Some(&[a, b]) if is_state(a) && is_state(b));
                 if ok {
+                    heap.set_dict_state(obj, state);
                     Ok(())
                 } else {
                     Err(err(format!(

@@ -13,7 +13,13 @@ impl TorchInterp<'_> {
             return self.inert(heap, Value::None, Value::None);
         };
         heap.charge_bytes(raw.len() + descr.len())?;
-        Ok(numpy_value(&descr, big, &raw).unwrap_or(Value::None))
+        let value = numpy_value(&descr, big, &raw).unwrap_or(Value::None);
+        heap.alloc_torch(TorchObj::NumpyScalar {
+            descr,
+            big_endian: big,
+            raw,
+            value,
+        })
     }
 }
 

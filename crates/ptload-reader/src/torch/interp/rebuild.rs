@@ -97,7 +97,12 @@ impl TorchInterp<'_> {
                 )?;
                 let data = get(args, 0);
                 return match heap.torch(data) {
-                    Some(TorchObj::Tensor(_) | TorchObj::Sparse { .. }) => Ok(data),
+                    Some(TorchObj::Tensor(_) | TorchObj::Sparse { .. }) => {
+                        heap.alloc_torch(TorchObj::Parameter {
+                            data,
+                            requires_grad: truthy(get(args, 1)),
+                        })
+                    }
                     _ => Err(err(format!(
                         "{func}: data must be a tensor, found {}",
                         describe(heap, data)
@@ -177,6 +182,10 @@ impl TorchInterp<'_> {
                 return Err(err("sparse tensor components must be tensors"));
             }
         }
-        heap.alloc_torch(TorchObj::Sparse { layout, components })
+        heap.alloc_torch(TorchObj::Sparse {
+            layout,
+            components,
+            data,
+        })
     }
 }

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""ptload.torch.load against torch.load and safetensors, in one Python.
+
+Usage (from the repository root, with the package installed in the
+environment: `pip install ./bindings/python`):
+
+    ~/torchenv/bin/python benches/python_load.py [--runs N] [--out DIR]
+
+Inputs: the committed 20,000-tensor fixture and the 498 MB GPT-2-small-shaped
+state_dict of benches/compare.py (written to DIR, default /tmp/ptload-bench),
+each also converted to safetensors (the tied lm_head once). Every loader is
+timed in this already-started Python, warm page cache, medians of N runs.
+Each load is followed by reading one element of every tensor (`t.view(-1)[0]`
+on non-empty tensors), so a lazy loader cannot win by not building them.
+"""
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare import gpt2_state_dict  # noqa: E402
+
+import ptload  # noqa: E402
+import ptload.torch  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+warnings.simplefilter("ignore")
+
+
+def touch(obj):
+    for t in obj.values():
+        if t.numel():
+            t.view(-1)[0].item()
+
+
+def median_ms(fn, runs):
+    times = []
+    for _ in range(runs):
+        gc.collect()
+        start = time.perf_counter()
+        touch(fn())
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=11)
+    parser.add_argument("--out", default="/tmp/ptload-bench")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    gpt2_pt = os.path.join(args.out, "gpt2.pt")
+    gpt2_st = os.path.join(args.out, "gpt2.safetensors")
+    if not (os.path.exists(gpt2_pt) and os.path.exists(gpt2_st)):
+        sd = gpt2_state_dict()
+        torch.save(sd, gpt2_pt)
+        save_file({k: v for k, v in sd.items() if k != "lm_head.weight"}, gpt2_st)
+    many = os.path.join(ROOT, "fixtures", "files", "many_tensors.pt")
+    many_st = os.path.join(args.out, "many_tensors.safetensors")
+    if not os.path.exists(many_st):
+        sd = torch.load(many, weights_only=True)
+        save_file({k: v.contiguous().clone() for k, v in sd.items()}, many_st)
+    results = {}
+    for name, path, st in [
+        ("many_tensors.pt (20,000 tensors)", many, many_st),
+        ("gpt2.pt (149 tensors, 498 MB)", gpt2_pt, gpt2_st),
+    ]:
+        # The same objects, first: a benchmark of different answers is void.
+        ours, theirs = ptload.torch.load(path), torch.load(path, weights_only=True)
+        assert list(ours) == list(theirs)
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+        row = {
+            "torch.load(weights_only=True) ms": median_ms(
+                lambda: torch.load(path, weights_only=True), args.runs),
+            "torch.load(weights_only=True, mmap=True) ms": median_ms(
+                lambda: torch.load(path, weights_only=True, mmap=True), args.runs),
+            "ptload.torch.load ms": median_ms(lambda: ptload.torch.load(path), args.runs),
+            "ptload.torch.load(mmap=False) ms": median_ms(
+                lambda: ptload.torch.load(path, mmap=False), args.runs),
+            "safetensors.torch.load_file ms": median_ms(lambda: load_file(st), args.runs),
+        }
+        row["vs torch mmap"] = row["torch.load(weights_only=True, mmap=True) ms"] / row["ptload.torch.load ms"]
+        row["vs safetensors"] = row["safetensors.torch.load_file ms"] / row["ptload.torch.load ms"]
+        results[name] = row
+    print(json.dumps({
+        "info": {
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{os.cpu_count()} cores, {platform.machine()}, {platform.release()}",
+            "torch": torch.__version__,
+            "ptload": ptload.__version__,
+            "python": platform.python_version(),
+            "runs": args.runs,
+        },
+        "results": results,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

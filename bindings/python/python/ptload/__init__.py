@@ -1,0 +1,27 @@
+"""ptload: load PyTorch checkpoints without running their pickle.
+
+- ``ptload.torch.load(f, map_location=None, ...)``: what
+  ``torch.load(f, weights_only=True)`` returns, object for object, built
+  by a reader that never imports or calls what the file names.
+- ``ptload.safe_open(path, framework="pt" | "numpy")``,
+  ``ptload.torch.load_file`` and ``ptload.numpy.load_file``: safetensors'
+  interface on ``.pt`` / ``.pth`` / ``.bin`` / ``.ckpt`` files.
+- ``ptload.numpy``: numpy arrays without torch installed.
+
+Importing ``ptload`` or ``ptload.numpy`` never imports torch.
+"""
+
+from ._errors import Error, UnsafeGlobalError
+from ._graph import Global, Inert
+from ._safe import safe_open
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Error",
+    "UnsafeGlobalError",
+    "Global",
+    "Inert",
+    "safe_open",
+    "__version__",
+]

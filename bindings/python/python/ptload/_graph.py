@@ -1,0 +1,431 @@
+"""Rebuilding the unpickled object from the reader's flat node graph.
+
+The reader gives every value once, numbered in the order the pickle made
+it; members of immutable values (tuples, frozensets, sizes, tensors) come
+before them. Building is one loop over those numbers, never recursive:
+node ``i`` is made at step ``i``, and a mutable container (list, dict,
+set, foreign object) is filled at the step of its last member, which is
+when the pickle itself would have filled it. So a value built from a
+container (a ``Counter`` from a dict) sees it complete, and cycles are
+just references to objects that already exist.
+
+Nothing the file names is imported or called, except the globals the
+caller allowed by name (``allow_globals``), as ``torch.serialization``'s
+``add_safe_globals`` would.
+"""
+
+import collections
+import importlib
+
+__all__ = ["Global", "Inert", "build", "PLAIN_TYPES"]
+
+# Nodes without members: made before every other node, so a value whose
+# data came later in the pickle (a numpy array's bytes, set by BUILD) finds
+# it made.
+_LEAVES = frozenset(
+    ("none", "bool", "int", "float", "str", "bytes", "bytearray", "bigint", "global",
+     "npdtype", "npscalar", "device", "dtype", "layout", "storage")
+)
+
+
+class Global:
+    """A reference to a class or function the file names; never imported."""
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module, name):
+        self.module = module
+        self.name = name
+
+    @property
+    def path(self):
+        return f"{self.module}.{self.name}"
+
+    def __repr__(self):
+        return f"ptload.Global({self.path!r})"
+
+    def __eq__(self, other):
+        return isinstance(other, Global) and other.path == self.path
+
+    def __hash__(self):
+        return hash(("ptload.Global", self.module, self.name))
+
+
+class Inert:
+    """An object the file describes but nobody ran: what would have been
+    called (``module``, ``name``), with what (``args``), and what would
+    have been set on it (``state``, ``items``, ``list``). Never called."""
+
+    __slots__ = ("module", "name", "args", "state", "items", "list", "new")
+
+    def __init__(self, module, name, args=(), new=False):
+        self.module = module
+        self.name = name
+        self.args = args
+        self.state = None
+        self.items = {}
+        self.list = []
+        self.new = new
+
+    @property
+    def path(self):
+        return f"{self.module}.{self.name}"
+
+    def __repr__(self):
+        return f"ptload.Inert({self.path}, args={_short(self.args)}, state={_short(self.state)})"
+
+    def __getitem__(self, key):
+        return self.items[key]
+
+    def __iter__(self):
+        return iter(self.list or self.items)
+
+    def __len__(self):
+        return len(self.list or self.items)
+
+    def __getattr__(self, attr):
+        state = object.__getattribute__(self, "state")
+        if isinstance(state, tuple) and len(state) == 2:
+            for part in state:
+                if isinstance(part, dict) and attr in part:
+                    return part[attr]
+        if isinstance(state, dict) and attr in state:
+            return state[attr]
+        raise AttributeError(attr)
+
+
+def _short(value):
+    text = repr(value) if not isinstance(value, (dict, list, tuple)) else type(value).__name__
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+def _namespace():
+    import argparse
+
+    return argparse.Namespace()
+
+
+# Plain types users keep in checkpoints that torch's allowlist lacks: built
+# as the real objects from their data; the file's callable is never called.
+# Each entry: how to make it at its step, and how to fill it (or None).
+def _plain_complex(args):
+    return complex(*args[:2]) if len(args) <= 2 and all(isinstance(a, (int, float)) for a in args) else None
+
+
+def _plain_slice(args):
+    ok = len(args) <= 3 and all(a is None or isinstance(a, int) for a in args)
+    return slice(*args) if ok else None
+
+
+def _plain_range(args):
+    ok = 1 <= len(args) <= 3 and all(isinstance(a, int) for a in args)
+    return range(*args) if ok else None
+
+
+def _plain_path(kind):
+    def make(args):
+        import pathlib
+
+        if all(isinstance(a, str) for a in args):
+            return getattr(pathlib, kind)(*args)
+        return None
+
+    return make
+
+
+def _plain_datetime(kind):
+    def make(args):
+        import datetime
+
+        cls = getattr(datetime, kind)
+        if kind == "timedelta":
+            ok = len(args) <= 3 and all(isinstance(a, int) for a in args)
+            return cls(*args) if ok else None
+        if args and isinstance(args[0], bytes) and len(args) <= 2 and (
+            len(args) == 1 or args[1] is None or isinstance(args[1], datetime.tzinfo)
+        ):
+            try:
+                return cls(*args)
+            except (TypeError, ValueError):
+                return None
+        return None
+
+    return make
+
+
+def _plain_counter(args):
+    if len(args) == 1 and isinstance(args[0], dict):
+        return collections.Counter(args[0])
+    return collections.Counter() if not args else None
+
+
+_SAFE_FACTORIES = {
+    ("builtins", n): getattr(__builtins__, n, None) if not isinstance(__builtins__, dict) else __builtins__.get(n)
+    for n in ("list", "dict", "set", "int", "float", "str", "tuple", "bool", "bytes")
+}
+
+
+def _plain_defaultdict(args, resolve_global):
+    if len(args) == 0:
+        return collections.defaultdict()
+    factory = args[0]
+    if factory is None:
+        return collections.defaultdict()
+    if isinstance(factory, Global):
+        real = _SAFE_FACTORIES.get((factory.module, factory.name))
+        if real is not None:
+            return collections.defaultdict(real)
+        # A factory is called on a missing key: keep it inert, never called.
+        return None
+    return None
+
+
+def _plain_deque(args):
+    if len(args) in (1, 2) and isinstance(args[0], list):
+        maxlen = args[1] if len(args) == 2 else None
+        if maxlen is None or isinstance(maxlen, int):
+            return collections.deque(args[0], maxlen)
+    return None
+
+
+PLAIN_TYPES = {
+    ("builtins", "complex"): _plain_complex,
+    ("builtins", "slice"): _plain_slice,
+    ("builtins", "range"): _plain_range,
+    ("collections", "Counter"): _plain_counter,
+    ("collections", "deque"): _plain_deque,
+    ("pathlib", "PosixPath"): _plain_path("PurePosixPath"),
+    ("pathlib", "PurePosixPath"): _plain_path("PurePosixPath"),
+    ("pathlib", "WindowsPath"): _plain_path("PureWindowsPath"),
+    ("pathlib", "PureWindowsPath"): _plain_path("PureWindowsPath"),
+    ("pathlib", "Path"): _plain_path("PurePath"),
+    ("datetime", "datetime"): _plain_datetime("datetime"),
+    ("datetime", "date"): _plain_datetime("date"),
+    ("datetime", "time"): _plain_datetime("time"),
+    ("datetime", "timedelta"): _plain_datetime("timedelta"),
+}
+# Made empty at their step, filled with their state at the fill step.
+PLAIN_NEW = {("argparse", "Namespace")}
+PLAIN_TYPE_NAMES = sorted(
+    {f"{m}.{n}" for m, n in PLAIN_TYPES}
+    | {f"{m}.{n}" for m, n in PLAIN_NEW}
+    | {"collections.defaultdict"}
+)
+
+
+def _resolve(module, name):
+    """Import an allowed global (the caller trusts it by name)."""
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _numpy_dtype(descr, big_endian):
+    import numpy as np
+
+    code = descr.lstrip("<>=|")
+    order = ">" if big_endian else "<"
+    if code[:1] in ("b", "S", "U", "V", "O", "?") or code in ("i1", "u1"):
+        return np.dtype(code)
+    return np.dtype(order + code)
+
+
+def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
+    """Build node ``root`` of ``nodes``.
+
+    ``make_leaf(kind, node, objs)`` builds the nodes only a backend knows
+    (tensors, parameters, storages, sparse tensors, devices, dtypes,
+    layouts); ``allowed`` holds the ``module.name`` globals the caller
+    trusts, which are imported and called as pickle would.
+    """
+    n = len(nodes)
+    objs = [None] * n
+    fills = [[] for _ in range(n)]
+
+    def when(child):
+        # Scalars are leaves made first; other children by their step.
+        return -1 if nodes[child][0] in _LEAVES else child
+
+    # The step at which each mutable node is filled: that of its last
+    # member; a BUILD state (whose items are copied onto the object) must be
+    # complete first, so its own fill step counts too.
+    fill_at = {}
+    states = {}
+    for i, node in enumerate(nodes):
+        kind = node[0]
+        if kind in ("list", "set"):
+            if node[1]:
+                fill_at[i] = max(max(when(c) for c in node[1]), i)
+        elif kind in ("dict", "object"):
+            members = list(node[2]) if kind == "dict" else list(node[5]) + list(node[6])
+            state = node[3] if kind == "dict" else node[4]
+            if state is not None:
+                members.append(state)
+                states[i] = state
+            if members:
+                fill_at[i] = max(max(when(c) for c in members), i)
+    for i, state in states.items():
+        fill_at[i] = max(fill_at[i], fill_at.get(state, -1))
+    # Within a step, later nodes first: a BUILD state (made after its
+    # object) is filled before the object copies it.
+    for i, step in sorted(fill_at.items(), key=lambda item: -item[0]):
+        fills[step].append(i)
+
+    def make(i, node):
+        kind = node[0]
+        if kind == "none":
+            return None
+        if kind in ("bool", "int", "float", "str"):
+            return node[1]
+        if kind == "bytes":
+            return node[1]
+        if kind == "bytearray":
+            return bytearray(node[1])
+        if kind == "bigint":
+            return int.from_bytes(node[1], "little", signed=True)
+        if kind == "tuple":
+            return tuple(objs[c] for c in node[1])
+        if kind == "list":
+            return []
+        if kind == "dict":
+            return collections.OrderedDict() if node[1] else {}
+        if kind == "set":
+            return set()
+        if kind == "frozenset":
+            return frozenset(objs[c] for c in node[1])
+        if kind == "global":
+            return _global(node[1], node[2])
+        if kind == "npdtype":
+            return _numpy_dtype(node[1], node[2])
+        if kind == "npscalar":
+            import numpy as np
+
+            dtype = _numpy_dtype(node[1], node[2])
+            return np.frombuffer(node[3], dtype=dtype, count=1)[0]
+        if kind == "ndarray":
+            return _ndarray(node)
+        if kind == "object":
+            return _object(node)
+        return make_leaf(kind, node, objs)
+
+    def _global(module, name):
+        path = f"{module}.{name}"
+        if path in allowed:
+            return _resolve(module, name)
+        return Global(module, name)
+
+    def _ndarray(node):
+        import numpy as np
+
+        descr, shape, fortran, data = node[1], node[2], node[3], objs[node[4]]
+        if descr is None or not isinstance(data, bytes):
+            return Inert("numpy", "ndarray", (descr, tuple(shape), data))
+        dtype = _numpy_dtype(descr[0], descr[1])
+        count = 1
+        for d in shape:
+            count *= d
+        if count * dtype.itemsize != len(data):
+            raise Error(
+                f"numpy array of shape {tuple(shape)} and dtype {dtype} "
+                f"holds {len(data)} bytes"
+            )
+        flat = np.frombuffer(data, dtype=dtype, count=count).copy()
+        return flat.reshape(tuple(shape), order="F" if fortran else "C")
+
+    def _object(node):
+        new, cls, args = node[1], objs[node[2]], objs[node[3]]
+        if not isinstance(args, tuple):
+            args = (args,)
+        if isinstance(cls, Global):
+            module, name = cls.module, cls.name
+            key = (module, name)
+            if key in PLAIN_NEW:
+                return _namespace()
+            if key == ("collections", "defaultdict"):
+                made = _plain_defaultdict(args, None)
+                if made is not None:
+                    return made
+            elif key in PLAIN_TYPES:
+                made = PLAIN_TYPES[key](args)
+                if made is not None:
+                    return made
+            return Inert(module, name, args, new)
+        if isinstance(cls, Inert):
+            return Inert(cls.module, cls.name, args, new)
+        if isinstance(cls, type) or callable(cls):
+            # An allowed global, resolved: called as pickle would.
+            if new:
+                return cls.__new__(cls, *args)
+            return cls(*args)
+        return Inert("?", "?", args, new)
+
+    def fill(i, node):
+        kind, obj = node[0], objs[i]
+        if kind == "list":
+            obj.extend(objs[c] for c in node[1])
+        elif kind == "set":
+            obj.update(objs[c] for c in node[1])
+        elif kind == "dict":
+            items = node[2]
+            for k in range(0, len(items), 2):
+                obj[objs[items[k]]] = objs[items[k + 1]]
+            if node[3] is not None:
+                _set_state(obj, objs[node[3]], dict_like=True)
+        elif kind == "object":
+            state = objs[node[4]] if node[4] is not None else None
+            items, listed = node[5], node[6]
+            if isinstance(obj, Inert):
+                obj.state = state
+                for k in range(0, len(items), 2):
+                    obj.items[objs[items[k]]] = objs[items[k + 1]]
+                obj.list.extend(objs[c] for c in listed)
+                return
+            for k in range(0, len(items), 2):
+                obj[objs[items[k]]] = objs[items[k + 1]]
+            if listed:
+                if hasattr(obj, "extend"):
+                    obj.extend(objs[c] for c in listed)
+                else:
+                    for c in listed:
+                        obj.append(objs[c])
+            if state is not None:
+                _set_state(obj, state, dict_like=False)
+
+    for i, node in enumerate(nodes):
+        if node[0] in _LEAVES:
+            objs[i] = make(i, node)
+    for i in range(n):
+        node = nodes[i]
+        if node[0] not in _LEAVES:
+            objs[i] = make(i, node)
+        for m in fills[i]:
+            fill(m, nodes[m])
+    return objs[root]
+
+
+def _set_state(obj, state, dict_like):
+    """BUILD, as pickle does it: ``__setstate__`` when the (allowed) class
+    has one, else the state dict (and slot dict) as attributes."""
+    setstate = getattr(type(obj), "__setstate__", None)
+    if setstate is not None and not dict_like and type(obj).__module__ not in (
+        "argparse",
+        "collections",
+    ):
+        setstate(obj, state)
+        return
+    slots = None
+    if isinstance(state, tuple) and len(state) == 2:
+        state, slots = state
+    if isinstance(state, dict):
+        if dict_like:
+            for k, v in state.items():
+                setattr(obj, k, v)
+        else:
+            obj.__dict__.update(state)
+    if isinstance(slots, dict):
+        for k, v in slots.items():
+            setattr(obj, k, v)
+
+
+from ._errors import Error  # noqa: E402

@@ -1,0 +1,229 @@
+"""safetensors' ``safe_open`` on torch checkpoints.
+
+``safe_open(path, framework="pt" | "numpy")`` lists the state dict the CLI
+would take (a training checkpoint's model, ``module.`` stripped; what the
+automatic choices did is said as a warning) and hands out its tensors:
+numpy arrays are read-only views of the map where the bytes lie as numpy
+needs them (little-endian, aligned, no conj/neg bit), copies otherwise;
+torch tensors view a private map. Nothing here imports torch unless
+``framework="pt"``.
+"""
+
+import mmap as _mmap
+import os
+import sys
+import warnings
+
+from ._errors import Error, open_checkpoint
+
+__all__ = ["safe_open", "numpy_dtype"]
+
+
+def numpy_dtype(name):
+    """The numpy dtype of a ptload dtype name (bf16 and float8 through
+    ``ml_dtypes``); None when numpy has none (complex32, packed float4)."""
+    import numpy as np
+
+    plain = {
+        "F64": "<f8",
+        "F32": "<f4",
+        "F16": "<f2",
+        "C64": "<c8",
+        "C128": "<c16",
+        "I8": "i1",
+        "I16": "<i2",
+        "I32": "<i4",
+        "I64": "<i8",
+        "U8": "u1",
+        "U16": "<u2",
+        "U32": "<u4",
+        "U64": "<u8",
+        "BOOL": "?",
+    }
+    if name in plain:
+        return np.dtype(plain[name])
+    extra = {
+        "BF16": "bfloat16",
+        "F8_E4M3": "float8_e4m3fn",
+        "F8_E5M2": "float8_e5m2",
+        "F8_E4M3FNUZ": "float8_e4m3fnuz",
+        "F8_E5M2FNUZ": "float8_e5m2fnuz",
+        "F8_E8M0": "float8_e8m0fnu",
+    }
+    if name in extra:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise Error(
+                f"{name} tensors need the ml_dtypes package for numpy: pip install ml_dtypes"
+            ) from None
+        return np.dtype(getattr(ml_dtypes, extra[name]))
+    return None
+
+
+class _Slice:
+    """``safe_open(...).get_slice(name)``: index it to read only that part."""
+
+    def __init__(self, owner, name):
+        self._owner = owner
+        self._name = name
+
+    def get_shape(self):
+        return list(self._owner._info(self._name)[2])
+
+    def get_dtype(self):
+        return self._owner._info(self._name)[1]
+
+    def __getitem__(self, key):
+        view = self._owner._view(self._name)
+        part = view[key]
+        if self._owner._framework == "numpy":
+            import numpy as np
+
+            return np.array(part)
+        return part.clone()
+
+
+class safe_open:
+    """Open a torch checkpoint with safetensors' interface.
+
+    ``framework``: ``"pt"`` (torch tensors) or ``"numpy"`` (``"np"``).
+    ``device``: where ``get_tensor`` puts torch tensors. ``key``,
+    ``strip_prefix``, ``include``, ``exclude``: which tensors and names,
+    as ``ptload convert`` takes them.
+    """
+
+    def __init__(
+        self,
+        path,
+        framework="pt",
+        device="cpu",
+        *,
+        key="auto",
+        strip_prefix="auto",
+        include=(),
+        exclude=(),
+    ):
+        if framework in ("np", "numpy"):
+            framework = "numpy"
+        elif framework not in ("pt", "torch"):
+            raise ValueError(f"framework {framework!r}: ptload gives 'pt' or 'numpy'")
+        else:
+            framework = "pt"
+        self._framework = framework
+        self._device = device
+        self._path = os.fspath(path)
+        self._ckpt = open_checkpoint(self._path, objects=False)
+        selected, decisions = self._ckpt.select(
+            key if key is not None else "all",
+            strip_prefix if strip_prefix is not None else "none",
+            list(include),
+            list(exclude),
+        )
+        if decisions and (key == "auto" or strip_prefix == "auto"):
+            warnings.warn(
+                f"{os.path.basename(self._path)}: " + "; ".join(decisions),
+                UserWarning,
+                stacklevel=2,
+            )
+        self._tensors = self._ckpt.tensors()
+        self._index = dict(selected)
+        self._storages = self._ckpt.storages()
+        self._big = self._ckpt.byte_order() == "big"
+        self._map = None
+        self._torch_storages = None
+        if self._ckpt.is_mapped():
+            with open(self._path, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size:
+                    access = _mmap.ACCESS_READ if framework == "numpy" else _mmap.ACCESS_COPY
+                    self._map = _mmap.mmap(fh.fileno(), 0, access=access)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def keys(self):
+        return list(self._index)
+
+    def offset_keys(self):
+        return self.keys()
+
+    def metadata(self):
+        return {"format": "pt"}
+
+    def _info(self, name):
+        try:
+            return self._tensors[self._index[name]]
+        except KeyError:
+            raise KeyError(f"no tensor named {name!r}") from None
+
+    def get_slice(self, name):
+        self._info(name)
+        return _Slice(self, name)
+
+    def get_tensor(self, name):
+        view = self._view(name)
+        if self._framework == "numpy":
+            return view
+        if self._device not in (None, "cpu") and str(self._device) != "cpu":
+            return view.to(self._device)
+        return view
+
+    def _view(self, name):
+        info = self._info(name)
+        index = self._index[name]
+        if self._framework == "numpy":
+            return self._numpy(index, info)
+        return self._torch(index, info)
+
+    def _numpy(self, index, info):
+        import numpy as np
+
+        (_name, dtype_name, shape, stride, offset, storage, _rg, conj, neg, quant) = info
+        dtype = numpy_dtype(dtype_name)
+        if dtype_name == "C32":
+            # numpy has no complex32: widened to complex64 (exact).
+            data = self._ckpt.tensor_bytes(index)
+            halves = np.frombuffer(data, dtype="<f2").astype("<f4")
+            return halves.view("<c8").reshape(tuple(shape))
+        if dtype_name == "F4_E2M1_X2":
+            # Two float4 values a byte, as torch stores them: the raw bytes.
+            dtype = np.dtype("u1")
+        if dtype is None:
+            raise Error(f"{info[0]}: numpy has no dtype for {dtype_name}")
+        size = dtype.itemsize
+        if storage is not None and self._map is not None and not (conj or neg) and quant is None:
+            file_offset = self._storages[storage][5]
+            little = sys.byteorder == "little" and (not self._big or size == 1)
+            if file_offset is not None and little and (file_offset + offset * size) % size == 0:
+                return np.ndarray(
+                    tuple(shape),
+                    dtype=dtype,
+                    buffer=self._map,
+                    offset=file_offset + offset * size,
+                    strides=tuple(s * size for s in stride),
+                )
+        data = self._ckpt.tensor_bytes(index)
+        return np.frombuffer(data, dtype=dtype).reshape(tuple(shape))
+
+    def _torch(self, index, info):
+        import torch
+
+        from .torch import _DTYPES, _Storages, _placer
+
+        if self._torch_storages is None:
+            self._torch_storages = _Storages(self._ckpt, self._path, None, _placer("cpu"), False)
+        (_name, dtype_name, shape, stride, offset, storage, _rg, conj, neg, quant) = info
+        dtype = _DTYPES.get(dtype_name)
+        if dtype is None:
+            raise Error(f"{info[0]}: this torch has no dtype for {dtype_name}")
+        if storage is None:
+            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        t = self._torch_storages.tensor(storage, dtype, shape, stride, offset)
+        if conj:
+            t = t.conj().resolve_conj()
+        if neg:
+            t = t._neg_view().resolve_neg()
+        return t

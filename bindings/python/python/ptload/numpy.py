@@ -1,0 +1,21 @@
+"""numpy arrays from torch checkpoints, without torch.
+
+``load_file(path)`` gives ``{name: numpy.ndarray}`` for the state dict the
+CLI would take. Arrays are read-only views of the file's map where the
+bytes lie as numpy needs them (little-endian, aligned, no conj/neg bit),
+copies otherwise; bf16 and float8 come as ``ml_dtypes`` arrays. This
+module never imports torch.
+"""
+
+from ._safe import numpy_dtype, safe_open
+
+__all__ = ["load_file", "numpy_dtype"]
+
+
+def load_file(path, *, key="auto", strip_prefix="auto", include=(), exclude=()):
+    """``{name: numpy.ndarray}``, as safetensors.numpy.load_file gives."""
+    with safe_open(
+        path, framework="numpy", key=key, strip_prefix=strip_prefix,
+        include=include, exclude=exclude,
+    ) as f:
+        return {name: f.get_tensor(name) for name in f.keys()}

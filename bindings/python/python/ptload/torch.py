@@ -1,0 +1,491 @@
+"""``torch.load`` that never runs the file, and safetensors' ``load_file``.
+
+``load(f)`` returns what ``torch.load(f, weights_only=True)`` returns,
+object for object: containers with their types, tensors with torch's
+dtype, shape, strides, storage offset and ``requires_grad``, parameters,
+tied tensors sharing one storage, quantized and sparse tensors, conj/neg
+bits. Tensors view the file through a private (copy-on-write) map unless
+``mmap=False``: writing to them never changes the file.
+"""
+
+import mmap as _mmap
+import os
+import warnings
+
+import torch
+
+from . import _graph
+from ._errors import Error, UnsafeGlobalError, open_checkpoint
+
+__all__ = ["load", "load_file", "StorageStandIn"]
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "C32": torch.complex32,
+    "C64": torch.complex64,
+    "C128": torch.complex128,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+for _name, _attr in [
+    ("U16", "uint16"),
+    ("U32", "uint32"),
+    ("U64", "uint64"),
+    ("F8_E4M3", "float8_e4m3fn"),
+    ("F8_E5M2", "float8_e5m2"),
+    ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
+    ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
+    ("F8_E8M0", "float8_e8m0fnu"),
+    ("F4_E2M1_X2", "float4_e2m1fn_x2"),
+]:
+    if hasattr(torch, _attr):
+        _DTYPES[_name] = getattr(torch, _attr)
+
+_QDTYPES = {
+    "qint8": torch.qint8,
+    "quint8": torch.quint8,
+    "qint32": torch.qint32,
+    "quint4x2": getattr(torch, "quint4x2", None),
+    "quint2x4": getattr(torch, "quint2x4", None),
+}
+
+_LAYOUTS = {
+    "strided": torch.strided,
+    "sparse_coo": torch.sparse_coo,
+    "sparse_csr": torch.sparse_csr,
+    "sparse_csc": torch.sparse_csc,
+    "sparse_bsr": torch.sparse_bsr,
+    "sparse_bsc": torch.sparse_bsc,
+}
+
+
+def _torch_dtype(name):
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise Error(f"torch.{name} is not a dtype this torch knows")
+    return dtype
+
+
+class StorageStandIn:
+    """What a ``map_location`` callable receives instead of a storage: the
+    parts such functions use. Moving it only records where it should go;
+    ptload does the copy (falling back to the host when the GPU is missing
+    or full, with a warning)."""
+
+    __slots__ = ("_nbytes", "device", "_key")
+
+    def __init__(self, nbytes, device, key):
+        self._nbytes = nbytes
+        self.device = torch.device(device)
+        self._key = key
+
+    def size(self):
+        return self._nbytes
+
+    def __len__(self):
+        return self._nbytes
+
+    def nbytes(self):
+        return self._nbytes
+
+    def element_size(self):
+        return 1
+
+    @property
+    def is_cuda(self):
+        return self.device.type == "cuda"
+
+    def cuda(self, device=None, non_blocking=False):
+        if device is None:
+            device = torch.device("cuda", 0)
+        elif isinstance(device, int):
+            device = torch.device("cuda", device)
+        return StorageStandIn(self._nbytes, device, self._key)
+
+    def cpu(self):
+        return StorageStandIn(self._nbytes, "cpu", self._key)
+
+    def to(self, device=None, *args, **kwargs):
+        device = kwargs.get("device", device)
+        if device is None:
+            return self
+        return StorageStandIn(self._nbytes, device, self._key)
+
+    def __repr__(self):
+        return f"StorageStandIn(nbytes={self._nbytes}, device={self.device})"
+
+
+def _default_device(location):
+    if location.startswith("cuda") or location == "cpu" or location.startswith("meta"):
+        return location
+    return location
+
+
+def _placer(map_location):
+    """A function (key, location, nbytes) -> the device a storage should go to."""
+    if map_location is None:
+        return lambda key, loc, n: _default_device(loc)
+    if isinstance(map_location, (str, torch.device)):
+        target = str(map_location)
+        return lambda key, loc, n: target
+    if isinstance(map_location, dict):
+        table = {str(k): str(v) for k, v in map_location.items()}
+        return lambda key, loc, n: table.get(loc, _default_device(loc))
+    if callable(map_location):
+
+        def call(key, loc, n):
+            result = map_location(StorageStandIn(n, "cpu", key), loc)
+            if result is None:
+                return _default_device(loc)
+            if isinstance(result, StorageStandIn):
+                return str(result.device)
+            if isinstance(result, (str, torch.device)):
+                return str(result)
+            if isinstance(result, torch.UntypedStorage) or hasattr(result, "device"):
+                return str(result.device)
+            raise Error(
+                f"map_location returned a {type(result).__name__}; expected the "
+                "storage it was given, a moved storage, or a device"
+            )
+
+        return call
+    raise TypeError(
+        "map_location should be None, a str, a torch.device, a dict or a callable, "
+        f"not {type(map_location).__name__}"
+    )
+
+
+class _Storages:
+    """Each storage of the file once, as a torch ``UntypedStorage`` on its
+    device; built on first use, so tied tensors share one."""
+
+    def __init__(self, ckpt, source_path, mmap, placer, strict):
+        self.ckpt = ckpt
+        self.infos = ckpt.storages()
+        self.built = {}
+        self.typed = {}
+        self.placer = placer
+        self.strict = strict
+        self.fallbacks = []
+        self.big = ckpt.byte_order() == "big"
+        self.map = None
+        self.memory = None
+        if source_path is not None and mmap is False:
+            with open(source_path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                self.memory = bytearray(size)
+                view = memoryview(self.memory)
+                done = 0
+                while done < size:
+                    n = fh.readinto(view[done:])
+                    if not n:
+                        raise Error(f"{source_path}: the file shrank while it was read")
+                    done += n
+        if source_path is not None and mmap is not False and ckpt.is_mapped():
+            with open(source_path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size:
+                    # Private and writable: tensors may be written in place,
+                    # the file never is.
+                    self.map = _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_COPY)
+
+    def tensor(self, index, dtype, shape, stride, offset):
+        """A tensor over storage ``index``: a strided view of the storage's
+        bytes seen as ``dtype``. Each storage is one torch storage, so tied
+        tensors share it as in torch."""
+        key = (index, dtype)
+        typed = self.typed.get(key)
+        if typed is None:
+            flat = self.flat(index, _swap_unit(dtype))
+            if flat.numel() % dtype.itemsize == 0 and flat.numel():
+                typed = flat.view(dtype)
+            else:
+                typed = flat.untyped_storage()
+            self.typed[key] = typed
+        if isinstance(typed, torch.Tensor):
+            return typed.as_strided(shape, stride, offset)
+        t = torch.empty((0,), dtype=dtype, device=typed.device)
+        t.set_(typed, offset, shape, stride)
+        return t
+
+    def get(self, index, elem_size):
+        """Storage ``index`` as a torch ``UntypedStorage``, on its device."""
+        return self.flat(index, elem_size).untyped_storage()
+
+    def flat(self, index, elem_size):
+        """Storage ``index``'s bytes as a uint8 tensor on its device."""
+        flat = self.built.get(index)
+        if flat is not None:
+            return flat
+        key, location, _dtype, _numel, nbytes, offset = self.infos[index]
+        target = self.placer(key, location, nbytes)
+        flat = self._host(index, nbytes, offset, elem_size)
+        flat = self._place(flat, key, location, target)
+        self.built[index] = flat
+        return flat
+
+    def _host(self, index, nbytes, offset, elem_size):
+        if nbytes == 0:
+            return torch.empty((0,), dtype=torch.uint8)
+        aligned = offset is not None and offset % max(elem_size, 1) == 0
+        if self.map is not None and offset is not None and aligned and not (self.big and elem_size > 1):
+            return torch.frombuffer(self.map, dtype=torch.uint8, count=nbytes, offset=offset)
+        if self.memory is not None and offset is not None and not (self.big and elem_size > 1):
+            # mmap=False: the file read once; storages are views of that copy.
+            flat = torch.frombuffer(self.memory, dtype=torch.uint8, count=nbytes, offset=offset)
+            return flat if aligned else flat.clone()
+        data = self.ckpt.storage_bytes(index, elem_size)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def _place(self, storage, key, location, target):
+        device = torch.device(target)
+        if device.type == "cpu":
+            return storage
+        if device.type == "meta":
+            return torch.empty(storage.numel(), dtype=torch.uint8, device="meta")
+        why = None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                why = "no CUDA device is available"
+            elif (device.index or 0) >= torch.cuda.device_count():
+                why = f"only {torch.cuda.device_count()} CUDA device(s) are visible"
+        else:
+            if device.type not in ("cuda",) and not _device_available(device):
+                why = f"device {device} is not available"
+        if why is None:
+            try:
+                return storage.to(device=device)
+            except torch.cuda.OutOfMemoryError:
+                why = f"{device} is out of memory"
+            except RuntimeError as e:  # an unusable device
+                why = str(e).splitlines()[0]
+        if self.strict:
+            raise Error(
+                f"storage {key} saved on {location} cannot go to {device}: {why} "
+                "(strict=True; pass map_location to choose another device)"
+            )
+        self.fallbacks.append((key, location, str(device), why))
+        return storage
+
+
+def _device_available(device):
+    try:
+        torch.empty(0, device=device)
+        return True
+    except (RuntimeError, AssertionError):
+        return False
+
+
+def _swap_unit(dtype):
+    """Bytes reversed together when the file's byte order is not the
+    host's: a complex number's parts one at a time."""
+    return dtype.itemsize // 2 if dtype.is_complex else dtype.itemsize
+
+
+def _tensor(storages, info, objs, qparams):
+    (_name, dtype_name, shape, stride, offset, storage_index, requires_grad, conj, neg, quant) = info
+    dtype = _DTYPES.get(dtype_name)
+    if dtype is None:
+        raise Error(f"dtype {dtype_name} is not known to this torch")
+    if storage_index is None:
+        t = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    else:
+        t = storages.tensor(storage_index, dtype, shape, stride, offset)
+    if quant is not None:
+        t = _quantize(t, quant, objs, qparams)
+    if conj:
+        t = t.conj()
+    if neg:
+        t = t._neg_view()
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _quantize(t, quant, objs, qparams):
+    kind = quant[1]
+    qdtype = _QDTYPES.get(kind)
+    if qdtype is None:
+        raise Error(f"quantized dtype {kind} is not known to this torch")
+    values_shape = quant[-1]
+    shape, stride = t.shape, t.stride()
+    if values_shape is not None:
+        # Packed kinds: the reader gives the packed bytes; torch's tensor
+        # has the values' shape, row-major.
+        shape = torch.Size(values_shape)
+        stride, step = [], 1
+        for d in reversed(values_shape):
+            stride.append(step)
+            step *= d
+        stride = tuple(reversed(stride))
+    if quant[0] == "tensor":
+        _, _, scheme, scale, zero_point, _ = quant
+        q = torch._empty_affine_quantized(
+            shape, scale=scale, zero_point=zero_point, dtype=qdtype, device=t.device
+        )
+    else:
+        _, _, scheme, axis, _ = quant
+        scales, zero_points = objs[qparams[0]], objs[qparams[1]]
+        q = torch._empty_per_channel_affine_quantized(
+            shape, scales=scales, zero_points=zero_points, axis=axis, dtype=qdtype, device=t.device
+        )
+    q.set_(t.untyped_storage(), t.storage_offset(), shape, stride)
+    return q
+
+
+def _sparse(layout, data):
+    layout = _LAYOUTS[layout]
+    if layout == torch.sparse_coo:
+        if len(data) == 2:
+            indices, values, size = data[0], data[1], data[2]
+            return torch.sparse_coo_tensor(indices, values, size)
+        indices, values, size = data[0], data[1], data[2]
+        coalesced = data[3] if len(data) > 3 else None
+        return torch.sparse_coo_tensor(indices, values, size, is_coalesced=coalesced, check_invariants=True)
+    compressed, plain, values, size = data[0], data[1], data[2], data[3]
+    return torch.sparse_compressed_tensor(compressed, plain, values, size, layout=layout, check_invariants=True)
+
+
+def _forbidden(ckpt, allowed):
+    refused = []
+    for module, name, torch_allowed, *_ in ckpt.globals():
+        path = f"{module}.{name}"
+        if not torch_allowed and path not in allowed and path not in refused:
+            refused.append(path)
+    return refused
+
+
+def _allowed_names(allow_globals):
+    names = set()
+    for g in allow_globals:
+        if isinstance(g, str):
+            names.add(g)
+        elif isinstance(g, (tuple, list)) and len(g) == 2:
+            obj, name = g
+            names.add(name if isinstance(name, str) else f"{obj.__module__}.{obj.__qualname__}")
+        else:
+            names.add(f"{g.__module__}.{g.__qualname__}")
+    return frozenset(names)
+
+
+def load(
+    f,
+    map_location=None,
+    *,
+    weights_only=True,
+    mmap=None,
+    unknown="error",
+    allow_globals=(),
+    strict=False,
+):
+    """Load a checkpoint as ``torch.load(f, map_location, weights_only=True)``
+    would, without running anything the file names.
+
+    ``f``: a path, bytes, or a binary file object. ``map_location``: None,
+    a str, a ``torch.device``, a dict of locations, or a callable
+    ``(storage, location)``, which gets a :class:`StorageStandIn` and
+    returns it (moved or not), a device, or None. A target device that is
+    missing or full keeps the storage on the host with a warning saying
+    why; ``strict=True`` raises instead, as torch does.
+
+    ``unknown``: what to do with globals outside torch's ``weights_only``
+    allowlist. ``"error"`` (default) raises :class:`ptload.UnsafeGlobalError`
+    (a ``pickle.UnpicklingError``) naming every one; ``"inert"`` returns
+    each such object as a :class:`ptload.Inert` record, never called, and
+    builds plain types (``argparse.Namespace``, ``collections`` containers,
+    numpy scalars, dtypes and arrays, paths, datetimes) as the real objects
+    from their data. ``allow_globals``: names (``"module.name"``) or
+    objects trusted as ``torch.serialization.add_safe_globals`` trusts them:
+    imported and called as pickle would.
+
+    ``mmap``: None or True map the file privately (copy-on-write; tensors
+    are views of the map); False reads every storage into memory.
+    ``weights_only=False`` is refused: ptload never runs the file.
+    """
+    if not weights_only:
+        raise Error(
+            "ptload never runs a file's code, so weights_only=False is not offered; "
+            "use unknown='inert' to load files torch refuses in weights-only mode"
+        )
+    if unknown not in ("error", "inert"):
+        raise ValueError("unknown must be 'error' or 'inert'")
+    allowed = _allowed_names(allow_globals)
+    path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+    ckpt = open_checkpoint(f, objects=True)
+    if ckpt.format() == "torchscript":
+        raise Error(
+            "this is a TorchScript archive (torch.jit.save); torch.load hands it to "
+            "torch.jit.load. ptload reads its tensors with ptload.safe_open"
+        )
+    if unknown == "error":
+        refused = _forbidden(ckpt, allowed)
+        if refused:
+            raise UnsafeGlobalError(
+                "Weights only load failed: the file names "
+                f"{len(refused)} global(s) outside torch's weights_only allowlist: "
+                + ", ".join(refused)
+                + ". Nothing was run. Pass unknown='inert' to get them as inert "
+                "ptload.Inert records, or allow_globals=[...] for the ones you trust.",
+                refused,
+            )
+    root, nodes, tensors = ckpt.objects()
+    storages = _Storages(ckpt, path, mmap, _placer(map_location), strict)
+
+    def make_leaf(kind, node, objs):
+        if kind == "tensor":
+            return _tensor(storages, tensors[node[1]], objs, node[2])
+        if kind == "parameter":
+            return torch.nn.Parameter(objs[node[1]], requires_grad=node[2])
+        if kind == "sparse":
+            return _sparse(node[1], objs[node[2]])
+        if kind == "size":
+            return torch.Size(objs[c] for c in node[1])
+        if kind == "device":
+            return torch.device(node[1])
+        if kind == "dtype":
+            return _torch_dtype(node[1])
+        if kind == "layout":
+            return _LAYOUTS[node[1]]
+        if kind == "storage":
+            info = storages.infos[node[1]]
+            dtype = _DTYPES.get(info[2], torch.uint8)
+            untyped = storages.get(node[1], _swap_unit(dtype))
+            return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+        raise Error(f"the reader gave a node of unknown kind {kind!r}")
+
+    result = _graph.build(root, nodes, make_leaf, allowed, unknown)
+    if storages.fallbacks:
+        _warn_fallbacks(storages.fallbacks)
+    return result
+
+
+def _warn_fallbacks(fallbacks):
+    first = fallbacks[0]
+    more = f" (and {len(fallbacks) - 1} more storages)" if len(fallbacks) > 1 else ""
+    warnings.warn(
+        f"storage {first[0]} saved on {first[1]} stays on the CPU instead of {first[2]}: "
+        f"{first[3]}{more}. Pass strict=True to raise instead.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def load_file(path, device="cpu", *, key="auto", strip_prefix="auto", include=(), exclude=()):
+    """safetensors' ``load_file`` on a torch checkpoint: ``{name: tensor}``,
+    the state dict the CLI would take (``key``/``strip_prefix`` as in
+    ``ptload convert``; what ``auto`` decided is printed as a warning when
+    it changed anything)."""
+    from ._safe import safe_open
+
+    with safe_open(
+        path, framework="pt", device=device, key=key, strip_prefix=strip_prefix,
+        include=include, exclude=exclude,
+    ) as f:
+        return {name: f.get_tensor(name) for name in f.keys()}

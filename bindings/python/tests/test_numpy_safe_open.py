@@ -1,0 +1,129 @@
+"""ptload.numpy without torch, and safetensors' interface on .pt files."""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from conftest import EXPECTED, fixture
+
+warnings.filterwarnings("ignore", category=UserWarning)
+
+NO_TORCH = r"""
+import hashlib, json, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, Block())
+import ptload, ptload.numpy
+assert "torch" not in sys.modules
+out = {}
+for name in sys.argv[1:]:
+    arrays = ptload.numpy.load_file(name, key="all", strip_prefix="none")
+    out[name] = {k: [str(v.dtype), list(v.shape), hashlib.sha256(v.tobytes()).hexdigest(),
+                     v.flags.writeable] for k, v in arrays.items()}
+assert "torch" not in sys.modules
+print(json.dumps(out))
+"""
+
+NUMPY_FILES = ["basic.pt", "dtypes.pt", "views.pt", "bigendian.pt", "conj_neg.pt", "legacy_views.pt"]
+
+NUMPY_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "C64": "complex64",
+    "C128": "complex128", "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64",
+    "U8": "uint8", "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool",
+    # Packed float4 pairs: their bytes.
+    "F4_E2M1_X2": "uint8",
+}
+
+
+def test_numpy_without_torch_equals_torch_answers():
+    paths = [fixture(n) for n in NUMPY_FILES]
+    run = subprocess.run([sys.executable, "-c", NO_TORCH, *paths], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    checked = 0
+    for name, path in zip(NUMPY_FILES, paths):
+        with open(os.path.join(EXPECTED, name + ".json")) as fh:
+            expected = {t["name"]: t for t in json.load(fh)["tensors"]}
+        for tname, (dtype, shape, digest, _writeable) in got[path].items():
+            e = expected[tname]
+            if e["dtype"] == "C32":
+                # Widened to complex64: same shape, values checked below.
+                assert dtype == "complex64" and shape == e["shape"], tname
+                continue
+            assert dtype == NUMPY_DTYPES[e["dtype"]], tname
+            assert shape == e["shape"], tname
+            assert digest == e["sha256"], f"{name}: {tname}"
+            checked += 1
+    assert checked > 40
+
+
+def test_complex32_widens_exactly():
+    import torch
+
+    import ptload.numpy
+
+    arrays = ptload.numpy.load_file(fixture("dtypes.pt"), key="all", strip_prefix="none")
+    theirs = torch.load(fixture("dtypes.pt"), weights_only=True)
+    names = [k for k, v in theirs.items() if isinstance(v, torch.Tensor) and v.dtype == torch.complex32]
+    assert names
+    for k in names:
+        assert (arrays[k] == theirs[k].to(torch.complex64).numpy()).all()
+
+
+def test_numpy_views_are_read_only_zero_copy():
+    import numpy as np
+
+    import ptload.numpy
+
+    arrays = ptload.numpy.load_file(fixture("basic.pt"))
+    w = arrays["0.weight"]
+    assert not w.flags.writeable
+    assert not w.flags.owndata  # a view of the map
+    with pytest.raises(ValueError):
+        w[0, 0] = 1.0
+    assert isinstance(w, np.ndarray)
+
+
+def test_safe_open_like_safetensors():
+    import torch
+
+    import ptload
+
+    theirs = torch.load(fixture("basic.pt"), weights_only=True)
+    with ptload.safe_open(fixture("basic.pt"), framework="pt") as f:
+        assert f.keys() == list(theirs.keys())
+        assert f.metadata() == {"format": "pt"}
+        for k in f.keys():
+            assert torch.equal(f.get_tensor(k), theirs[k])
+        part = f.get_slice("0.weight")
+        assert part.get_shape() == list(theirs["0.weight"].shape)
+        assert part.get_dtype() == "F32"
+        assert torch.equal(part[1:3, :2], theirs["0.weight"][1:3, :2])
+    with ptload.safe_open(fixture("basic.pt"), framework="numpy") as f:
+        import numpy as np
+
+        assert np.array_equal(f.get_slice("0.weight")[2:], theirs["0.weight"][2:].numpy())
+
+
+def test_load_file_selects_and_warns_like_the_cli():
+    import torch
+
+    import ptload.torch
+
+    with pytest.warns(UserWarning):
+        sd = ptload.torch.load_file(fixture("training.ckpt"))
+    full = torch.load(fixture("training.ckpt"), weights_only=False)["model_state_dict"]
+    assert list(sd) == list(full)
+    for k in sd:
+        assert torch.equal(sd[k], full[k])
+    with pytest.warns(UserWarning):
+        stripped = ptload.torch.load_file(fixture("dataparallel.pt"))
+    assert all(not k.startswith("module.") for k in stripped)

@@ -1,0 +1,263 @@
+"""ptload.torch.load against torch.load(weights_only=True), object for object."""
+
+import collections
+import hashlib
+import io
+import json
+import os
+import pickle
+import warnings
+
+import pytest
+import torch
+
+import ptload
+import ptload.torch
+from conftest import EXPECTED, fixture, fixture_files
+
+warnings.filterwarnings("ignore", category=UserWarning)
+
+
+def torch_answer(path):
+    """torch's own weights-only load, or the exception it raises."""
+    try:
+        return torch.load(path, weights_only=True), None
+    except BaseException as e:  # noqa: BLE001 - any refusal counts
+        return None, e
+
+
+def tensor_equal(a, b):
+    if a.layout != torch.strided:
+        return True  # sparse: compared through their components
+    if a.is_quantized:
+        return torch.equal(a.int_repr(), b.int_repr())
+    if a.device.type == "meta":
+        return True
+    a, b = a.resolve_conj().resolve_neg(), b.resolve_conj().resolve_neg()
+    return bytes(a.contiguous().view(-1).view(torch.uint8).numpy()) == bytes(
+        b.contiguous().view(-1).view(torch.uint8).numpy()
+    )
+
+
+def assert_same_object(ours, theirs):
+    """Walk both objects together, without recursion: same types, keys,
+    values, tensor metadata and bytes, and the same storage sharing."""
+    ptrs = {}
+    stack = [(ours, theirs, "root")]
+    seen = set()
+    while stack:
+        a, b, where = stack.pop()
+        assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+        if id(a) in seen:
+            continue
+        seen.add(id(a))
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype, where
+            assert a.layout == b.layout, where
+            assert a.shape == b.shape, where
+            assert a.requires_grad == b.requires_grad, where
+            assert a.is_quantized == b.is_quantized, where
+            if a.layout == torch.strided:
+                assert a.stride() == b.stride(), where
+                assert a.storage_offset() == b.storage_offset(), where
+                assert a.is_conj() == b.is_conj(), where
+                assert a.is_neg() == b.is_neg(), where
+                assert tensor_equal(a, b), f"{where}: values differ"
+                if a.device.type != "meta" and a.untyped_storage().nbytes():
+                    pa = a.untyped_storage().data_ptr()
+                    pb = b.untyped_storage().data_ptr()
+                    assert ptrs.setdefault(("a", pa), pb) == pb, f"{where}: sharing differs"
+                    assert ptrs.setdefault(("b", pb), pa) == pa, f"{where}: sharing differs"
+                if a.is_quantized:
+                    assert a.qscheme() == b.qscheme(), where
+                    if a.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+                        assert a.q_scale() == b.q_scale() and a.q_zero_point() == b.q_zero_point()
+                    else:
+                        stack.append((a.q_per_channel_scales(), b.q_per_channel_scales(), where + ".scales"))
+            elif a.layout == torch.sparse_coo:
+                stack.append((a._indices(), b._indices(), where + ".indices"))
+                stack.append((a._values(), b._values(), where + ".values"))
+            else:
+                for part in ("values",):
+                    stack.append((getattr(a, part)(), getattr(b, part)(), where + "." + part))
+        elif isinstance(a, dict):
+            assert list(a.keys()) == list(b.keys()), where
+            for (ka, va), (kb, vb) in zip(a.items(), b.items()):
+                assert type(ka) is type(kb), where
+                stack.append((va, vb, f"{where}[{ka!r}]"))
+            assert getattr(a, "_metadata", None) == getattr(b, "_metadata", None), where + "._metadata"
+        elif isinstance(a, (list, tuple)):
+            assert len(a) == len(b), where
+            stack.extend((x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
+        elif isinstance(a, (set, frozenset)):
+            assert a == b, where
+        elif isinstance(a, float) and a != a:
+            assert b != b, where
+        else:
+            assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+ACCEPTED = []
+REFUSED = []
+for _name in fixture_files():
+    _obj, _err = torch_answer(fixture(_name))
+    (ACCEPTED if _err is None else REFUSED).append(_name)
+
+
+@pytest.mark.parametrize("name", ACCEPTED)
+def test_equal_to_torch_weights_only(name):
+    theirs = torch.load(fixture(name), weights_only=True)
+    ours = ptload.torch.load(fixture(name))
+    assert_same_object(ours, theirs)
+
+
+@pytest.mark.parametrize("name", ["basic.pt", "views.pt", "dtypes.pt"])
+def test_sources_and_mmap_modes(name):
+    theirs = torch.load(fixture(name), weights_only=True)
+    with open(fixture(name), "rb") as fh:
+        data = fh.read()
+    for ours in (
+        ptload.torch.load(fixture(name), mmap=False),
+        ptload.torch.load(data),
+        ptload.torch.load(io.BytesIO(data)),
+    ):
+        assert_same_object(ours, theirs)
+
+
+def test_tensors_never_write_the_file(tmp_path):
+    path = tmp_path / "basic.pt"
+    path.write_bytes(open(fixture("basic.pt"), "rb").read())
+    before = path.read_bytes()
+    sd = ptload.torch.load(path)
+    for t in sd.values():
+        t.zero_()
+    del sd
+    assert path.read_bytes() == before
+
+
+def expected_tensors(name):
+    with open(os.path.join(EXPECTED, name + ".json")) as fh:
+        doc = json.load(fh)
+    return {(t["dtype"], tuple(t["shape"]), t["sha256"]) for t in doc["tensors"] if t.get("sha256")}
+
+
+DTYPE_NAMES = {v: k for k, v in ptload.torch._DTYPES.items()}
+
+
+def reachable_tensors(obj):
+    """Every dense tensor reachable from obj (containers, inert records,
+    attributes), as (dtype, shape, sha256), the way fixtures/generate.py
+    hashes them."""
+    out, stack, seen = set(), [obj], set()
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            if o.layout == torch.sparse_coo:
+                stack += [o._indices(), o._values()]
+                continue
+            if o.layout != torch.strided:
+                continue
+            if o.device.type == "meta":
+                continue
+            if o.is_quantized:
+                if o.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+                    stack += [o.q_per_channel_scales(), o.q_per_channel_zero_points()]
+                o = o.int_repr()
+            t = o.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+            digest = hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+            out.add((DTYPE_NAMES[o.dtype], tuple(o.shape), digest))
+        elif isinstance(o, dict):
+            stack += list(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack += list(o)
+        elif isinstance(o, ptload.Inert):
+            stack += [o.args, o.state, o.items, o.list]
+        elif hasattr(o, "__dict__") and not isinstance(o, type):
+            stack += list(vars(o).values())
+    return out
+
+
+def plain_values(obj):
+    """Plain values under dicts, lists and tuples, named as the answers
+    name them (keys and indices joined with dots)."""
+    out, stack = {}, [("", obj)]
+    while stack:
+        name, o = stack.pop()
+        if isinstance(o, dict):
+            stack += [(f"{name}.{k}" if name else str(k), v) for k, v in o.items()]
+        elif isinstance(o, (list, tuple)):
+            stack += [(f"{name}.{i}" if name else str(i), v) for i, v in enumerate(o)]
+        elif o is None or isinstance(o, (bool, int, float, str)):
+            out[name] = o
+    return out
+
+
+GLOBAL_REFUSALS = [
+    n for n in REFUSED if n in {"training.ckpt", "training_rng.ckpt", "whole_module.pt"}
+]
+# torch's weights-only unpickler refuses these for opcodes it lacks (INT,
+# LONG...), not for globals: ptload loads them.
+OPCODE_REFUSALS = [
+    n for n in REFUSED
+    if n in {"proto1.pt", "proto4.pt", "proto5.pt", "legacy_proto0.pt", "legacy_proto1.pt",
+             "legacy_proto4.pt"}
+]
+
+
+@pytest.mark.parametrize("name", GLOBAL_REFUSALS)
+def test_refused_globals_raise_one_error_listing_all(name):
+    with pytest.raises(pickle.UnpicklingError) as info:
+        ptload.torch.load(fixture(name))
+    assert isinstance(info.value, ptload.UnsafeGlobalError)
+    assert isinstance(info.value, ptload.Error)
+    assert info.value.globals, "the error lists the globals"
+    for g in info.value.globals:
+        assert g in str(info.value)
+
+
+@pytest.mark.parametrize("name", GLOBAL_REFUSALS + OPCODE_REFUSALS)
+def test_loads_what_torch_refuses_with_torch_full_loads_tensors(name):
+    """Tensors equal those torch.load(weights_only=False) gave when
+    fixtures/generate.py wrote the answers (never computed here)."""
+    ours = ptload.torch.load(fixture(name), unknown="inert")
+    expected = expected_tensors(name)
+    found = reachable_tensors(ours)
+    with open(os.path.join(EXPECTED, name + ".json")) as fh:
+        values = json.load(fh)["values"]
+    assert expected or values, name
+    if name != "whole_module.pt":
+        flat = plain_values(ours)
+        for key, value in values.items():
+            if key in flat:
+                assert flat[key] == value, key
+        assert set(values) & set(flat) or not values
+    if name == "whole_module.pt":
+        # The answers hold the module's state_dict(), which leaves out its
+        # non-persistent buffers; the inert module holds them too.
+        assert expected <= found
+    else:
+        assert found == expected
+
+
+def test_plain_types_are_real_objects():
+    ours = ptload.torch.load(fixture("training.ckpt"), unknown="inert")
+    import numpy as np
+
+    assert isinstance(ours["best_acc"], np.float64) and ours["best_acc"] == 0.875
+    assert isinstance(ours["np_array"], np.ndarray)
+    assert ours["np_array"].tolist() == [0, 1, 2, 3]
+
+
+def test_allow_globals_mirrors_add_safe_globals():
+    import numpy as np
+
+    path = fixture("training.ckpt")
+    with pytest.raises(ptload.UnsafeGlobalError) as info:
+        ptload.torch.load(path)
+    refused = set(info.value.globals)
+    assert refused
+    ours = ptload.torch.load(path, unknown="inert", allow_globals=sorted(refused))
+    assert ours["best_acc"] == np.float64(0.875)
