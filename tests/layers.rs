@@ -13,6 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["container"],
     &["pickle"],
     &["torch"],
+    &["object"],
     &["parallel"],
     &["scan"],
     &["checkpoint", "view"],
