@@ -5,11 +5,20 @@
 //! objects from them; nothing here imports torch or runs the file.
 #![deny(unsafe_code)]
 
+mod dlpack;
+
+// The reader makes and frees many small values per tensor; mimalloc halves
+// the time glibc's allocator takes over them (benches/python_load.py).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 
 use ptload_reader::object::Node;
-use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
-use ptload_reader::{ByteOrder, OpenOptions, Quantization, TensorInfo};
+use ptload_reader::parallel::{Shard, Splits};
+use ptload_reader::set::CheckpointSet;
+use ptload_reader::state_dict::{KeySelect, Selected, StateDictOptions, Strip};
+use ptload_reader::{ByteOrder, DType, OpenOptions, Quantization, TensorInfo, TensorView};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -38,7 +47,7 @@ fn to_py(err: ptload_reader::Error) -> PyErr {
 
 /// A selected state dict: (name, index into the flattened tensors) pairs,
 /// and what the automatic options decided.
-type Selection = (Vec<(String, usize)>, Vec<String>);
+type Chosen = (Vec<(String, usize)>, Vec<String>);
 
 /// An open checkpoint.
 #[pyclass(frozen, module = "ptload._ptload")]
@@ -303,6 +312,156 @@ impl Checkpoint {
         )
     }
 
+    /// The object graph's tensors made as torch tensors in one call, each
+    /// a zero-copy DLPack view (`from_dlpack` is torch's consumer) of
+    /// private memory holding the file: a copy-on-write map of `source`
+    /// (a path) when `mmap`, else one read of it (or a copy of `source`'s
+    /// bytes). One storage is one memory block, so tied tensors share it.
+    /// `on_cpu`: which storages stay on the host: a list with one bool per
+    /// storage, one bool for all, or None for those saved on `cpu`. A tensor this
+    /// cannot make exactly as torch would (another device, big-endian or
+    /// misaligned bytes, a dtype DLPack lacks, quantized, seen as two
+    /// dtypes or as a storage object) is None, and so is every other
+    /// tensor of its storage: the caller makes those.
+    fn torch_tensors<'py>(
+        &self,
+        py: Python<'py>,
+        from_dlpack: &Bound<'py, PyAny>,
+        source: &Bound<'py, PyAny>,
+        mmap: bool,
+        on_cpu: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let objects = self
+            .inner
+            .objects()
+            .ok_or_else(|| Error::new_err("opened without objects=True"))?;
+        let tensors = objects.tensors();
+        let storages = self.inner.storages();
+        let on_cpu: Vec<bool> = if on_cpu.is_none() {
+            storages.iter().map(|s| s.location == "cpu").collect()
+        } else if let Ok(all) = on_cpu.extract::<bool>() {
+            vec![all; storages.len()]
+        } else {
+            on_cpu.extract()?
+        };
+        // Per storage: None when ineligible, else (dtype, tensors using it).
+        let mut plan: Vec<Option<(DType, Vec<usize>)>> = storages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let host_order = self.inner.byte_order() != ByteOrder::Big;
+                let fits = s.file_offset.is_some() && s.nbytes > 0;
+                (on_cpu.get(i) == Some(&true) && fits && host_order).then(|| (s.dtype, Vec::new()))
+            })
+            .collect();
+        for node in objects.nodes() {
+            if let Node::Storage(i) = node {
+                if let Some(slot) = plan.get_mut(*i) {
+                    *slot = None;
+                }
+            }
+        }
+        for (t, info) in tensors.iter().enumerate() {
+            let Some(s) = info.storage else { continue };
+            let Some(slot) = plan.get_mut(s) else {
+                continue;
+            };
+            let Some((dtype, users)) = slot else { continue };
+            let size = info.dtype.size() as u64;
+            let storage = &storages[s];
+            let offset = storage.file_offset.unwrap_or(1);
+            let ok = (users.is_empty() || *dtype == info.dtype)
+                && info.quantization.is_none()
+                && dlpack::dl_dtype(info.dtype).is_some()
+                && storage.nbytes % size == 0
+                && offset % size == 0;
+            if ok {
+                *dtype = info.dtype;
+                users.push(t);
+            } else {
+                *slot = None;
+            }
+        }
+        let mut made: Vec<PyObject> = tensors.iter().map(|_| py.None()).collect();
+        if plan
+            .iter()
+            .any(|p| p.as_ref().is_some_and(|(_, u)| !u.is_empty()))
+        {
+            let memory = if let Ok(bytes) = source.downcast::<PyBytes>() {
+                dlpack::Memory::copy(bytes.as_bytes())
+            } else {
+                let path: std::path::PathBuf = source.extract()?;
+                let read = py.allow_threads(|| {
+                    if mmap && self.inner.is_mapped() {
+                        dlpack::Memory::map_private(&path)
+                    } else {
+                        dlpack::Memory::read(&path)
+                    }
+                });
+                read.map_err(|e| Error::new_err(format!("{}: {e}", path.display())))?
+            };
+            let memory = Arc::new(memory);
+            for (s, slot) in plan.iter().enumerate() {
+                let Some((dtype, users)) = slot else { continue };
+                if users.is_empty() {
+                    continue;
+                }
+                let storage = &storages[s];
+                let offset = storage.file_offset.unwrap_or(0);
+                let size = dtype.size() as u64;
+                let dl = dlpack::dl_dtype(*dtype).expect("checked above");
+                let whole = |t: &TensorInfo| {
+                    t.storage_offset == 0
+                        && dlpack::extent(&t.shape, &t.stride, size) == Some(storage.nbytes)
+                };
+                if let [only] = users[..] {
+                    let t = &tensors[only];
+                    if whole(t) {
+                        // The common case: one tensor spanning its storage.
+                        let c =
+                            dlpack::capsule(py, &memory, offset, dl, size, &t.shape, &t.stride)?;
+                        made[only] = finish(from_dlpack.call1((c,))?, t)?.unbind();
+                        continue;
+                    }
+                }
+                // The storage as one flat tensor; each user a strided view.
+                let numel = storage.nbytes / size;
+                let c = dlpack::capsule(py, &memory, offset, dl, size, &[numel], &[1])?;
+                let flat = from_dlpack.call1((c,))?;
+                for &u in users {
+                    let t = &tensors[u];
+                    let view = flat.call_method1(
+                        "as_strided",
+                        (t.shape.clone(), t.stride.clone(), t.storage_offset),
+                    )?;
+                    made[u] = finish(view, t)?.unbind();
+                }
+            }
+        }
+        PyList::new(py, made)
+    }
+
+    /// The unpickled object built here when it holds only plain values
+    /// (None, bool, int, float, str, bytes, bytearray, tuple, list, dict,
+    /// OrderedDict, set, frozenset) and tensors `made` holds; None when it
+    /// holds anything else, or anything here fails (the caller's general
+    /// builder takes over); else a 1-tuple of it. A dict's BUILD state goes to
+    /// `set_state(obj, state, True)` once every container is filled.
+    fn build_plain<'py>(
+        &self,
+        py: Python<'py>,
+        made: &Bound<'py, PyList>,
+        set_state: &Bound<'py, PyAny>,
+    ) -> PyResult<PyObject> {
+        let Some(objects) = self.inner.objects() else {
+            return Ok(py.None());
+        };
+        match build_plain(py, objects, made, set_state) {
+            Ok(Some(root)) => Ok(PyTuple::new(py, [root])?.into_any().unbind()),
+            _ => Ok(py.None()),
+        }
+    }
+
     /// The flattened tensors (the CLI's names), as tensor tuples.
     fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let items = self
@@ -323,22 +482,8 @@ impl Checkpoint {
         strip: &str,
         include: Vec<String>,
         exclude: Vec<String>,
-    ) -> PyResult<Selection> {
-        let opts = StateDictOptions {
-            key: match key {
-                "auto" => KeySelect::Auto,
-                "all" | "" => KeySelect::All,
-                path => KeySelect::Path(path.to_owned()),
-            },
-            strip: match strip {
-                "auto" => Strip::Auto,
-                "none" | "" => Strip::None,
-                prefix => Strip::Prefix(prefix.to_owned()),
-            },
-            include,
-            exclude,
-            ..Default::default()
-        };
+    ) -> PyResult<Chosen> {
+        let opts = state_dict_options(key, strip, include, exclude);
         let sd = opts.select(&self.inner).map_err(to_py)?;
         let names = sd
             .tensors()
@@ -384,6 +529,268 @@ impl Checkpoint {
     }
 }
 
+/// [`Checkpoint::build_plain`]'s work: `Ok(None)` when a node is not plain.
+/// Scalars first (their ids follow the containers'), then every other node
+/// in id order (an immutable value's members come before it), mutable
+/// containers made empty and filled at the end; never recursive.
+fn build_plain<'py>(
+    py: Python<'py>,
+    objects: &ptload_reader::object::Objects,
+    made: &Bound<'py, PyList>,
+    set_state: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    use pyo3::types::{PyByteArray, PyDict, PyFrozenSet, PySet};
+    let nodes = objects.nodes();
+    let mut objs: Vec<Option<Bound<'py, PyAny>>> = vec![None; nodes.len()];
+    for (i, node) in nodes.iter().enumerate() {
+        objs[i] = Some(match node {
+            Node::None => py.None().into_bound(py),
+            Node::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+            Node::Int(v) => v.into_pyobject(py)?.into_any(),
+            Node::Float(v) => v.into_pyobject(py)?.into_any(),
+            Node::Str(v) => v.as_str().into_pyobject(py)?.into_any(),
+            Node::Bytes(v) => PyBytes::new(py, v).into_any(),
+            Node::ByteArray(v) => PyByteArray::new(py, v).into_any(),
+            Node::BigInt(le) => {
+                let signed = PyDict::new(py);
+                signed.set_item("signed", true)?;
+                py.get_type::<pyo3::types::PyInt>().call_method(
+                    "from_bytes",
+                    (PyBytes::new(py, le), "little"),
+                    Some(&signed),
+                )?
+            }
+            _ => continue,
+        });
+    }
+    let ordered_dict = py.import("collections")?.getattr("OrderedDict")?;
+    let member = |objs: &[Option<Bound<'py, PyAny>>], c: usize| objs.get(c).cloned().flatten();
+    for (i, node) in nodes.iter().enumerate() {
+        if objs[i].is_some() {
+            continue;
+        }
+        let made_here = match node {
+            Node::Tuple(items) | Node::FrozenSet(items) => {
+                let Some(members) = items
+                    .iter()
+                    .map(|&c| member(&objs, c))
+                    .collect::<Option<Vec<_>>>()
+                else {
+                    return Ok(None);
+                };
+                if matches!(node, Node::Tuple(_)) {
+                    PyTuple::new(py, members)?.into_any()
+                } else {
+                    PyFrozenSet::new(py, &members)?.into_any()
+                }
+            }
+            Node::List(_) => PyList::empty(py).into_any(),
+            Node::Set(_) => PySet::empty(py)?.into_any(),
+            Node::Dict { ordered: true, .. } => ordered_dict.call0()?,
+            Node::Dict { ordered: false, .. } => PyDict::new(py).into_any(),
+            Node::Tensor {
+                tensor,
+                qparams: None,
+            } => match made.get_item(*tensor) {
+                Ok(t) if !t.is_none() => t,
+                _ => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        objs[i] = Some(made_here);
+    }
+    let mut states = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let Some(obj) = &objs[i] else { return Ok(None) };
+        match node {
+            Node::List(items) | Node::Set(items) => {
+                for &c in items {
+                    let Some(m) = member(&objs, c) else {
+                        return Ok(None);
+                    };
+                    if let Ok(list) = obj.downcast::<PyList>() {
+                        list.append(m)?;
+                    } else {
+                        obj.downcast::<PySet>()?.add(m)?;
+                    }
+                }
+            }
+            Node::Dict { items, state, .. } => {
+                for &(k, v) in items {
+                    let (Some(k), Some(v)) = (member(&objs, k), member(&objs, v)) else {
+                        return Ok(None);
+                    };
+                    obj.set_item(k, v)?;
+                }
+                if let Some(state) = state {
+                    states.push((obj.clone(), *state));
+                }
+            }
+            _ => {}
+        }
+    }
+    for (obj, state) in states {
+        let Some(state) = member(&objs, state) else {
+            return Ok(None);
+        };
+        set_state.call1((obj, state, true))?;
+    }
+    Ok(member(&objs, objects.root()))
+}
+
+/// A tensor's saved bits applied as torch applies them: conj, neg, then
+/// `requires_grad`.
+fn finish<'py>(mut t: Bound<'py, PyAny>, info: &TensorInfo) -> PyResult<Bound<'py, PyAny>> {
+    if info.conj {
+        t = t.call_method0("conj")?;
+    }
+    if info.neg {
+        t = t.call_method0("_neg_view")?;
+    }
+    if info.requires_grad {
+        t.call_method1("requires_grad_", (true,))?;
+    }
+    Ok(t)
+}
+
+/// A state dict taken from a checkpoint, a directory of shards or an index
+/// file, whole or as one tensor-parallel rank's slices: what `ptload
+/// convert` would write, read tensor by tensor.
+#[pyclass(frozen, module = "ptload._ptload")]
+struct Selection {
+    set: Arc<CheckpointSet>,
+    entries: Vec<Selected>,
+    decisions: Vec<String>,
+}
+
+impl Selection {
+    fn view(&self, index: usize) -> PyResult<TensorView<'_>> {
+        self.entries
+            .get(index)
+            .and_then(|e| e.view(self.set.files().get(e.file)?.checkpoint()))
+            .ok_or_else(|| Error::new_err(format!("no tensor {index}")))
+    }
+}
+
+#[pymethods]
+impl Selection {
+    /// What the automatic options decided, one line each.
+    fn decisions(&self) -> Vec<String> {
+        self.decisions.clone()
+    }
+
+    /// The files of the set, in order.
+    fn files(&self) -> Vec<String> {
+        self.set
+            .files()
+            .iter()
+            .map(|f| f.path().display().to_string())
+            .collect()
+    }
+
+    /// The tensors, as tensor tuples named as in the state dict (a rank's
+    /// slice has the slice's shape), each with the file it is in.
+    fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items = (0..self.entries.len())
+            .map(|i| {
+                let view = self.view(i)?;
+                let mut info = view.info().clone();
+                info.name.clone_from(&self.entries[i].name);
+                tensor_tuple(py, &info)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    }
+
+    /// Tensor `index`'s elements (only its slice's, for a rank) in
+    /// row-major order, host byte order, conj/neg bits applied: a copy
+    /// that reads only those bytes.
+    fn tensor_bytes<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyBytes>> {
+        self.view(index)?;
+        let bytes = py.allow_threads(|| -> Result<Vec<u8>, ptload_reader::Error> {
+            match self.view(index) {
+                Ok(view) => Ok(view.data()?.into_owned()),
+                Err(_) => Ok(Vec::new()),
+            }
+        });
+        Ok(PyBytes::new(py, &bytes.map_err(to_py)?))
+    }
+}
+
+/// Select a state dict from `path` (a checkpoint, a directory of shards, or
+/// an index file) with `ptload convert`'s options; `shard=(rank, world)`
+/// with `splits` (`GLOB=DIM` rules) and/or a split `preset` gives that
+/// rank's slices, every unmatched tensor whole.
+#[pyfunction]
+#[pyo3(signature = (path, *, key="auto", strip="auto", include=Vec::new(), exclude=Vec::new(), shard=None, splits=Vec::new(), preset=None))]
+#[allow(clippy::too_many_arguments)]
+fn select(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    key: &str,
+    strip: &str,
+    include: Vec<String>,
+    exclude: Vec<String>,
+    shard: Option<(u32, u32)>,
+    splits: Vec<String>,
+    preset: Option<String>,
+) -> PyResult<Selection> {
+    let parallel = match shard {
+        None if splits.is_empty() && preset.is_none() => None,
+        None => {
+            return Err(Error::new_err(
+                "split rules without shard=(rank, world): say which rank to read",
+            ))
+        }
+        Some((rank, world)) => {
+            let mut rules = Splits::parse(&splits).map_err(to_py)?;
+            if let Some(p) = &preset {
+                rules = rules.then(Splits::preset(p).map_err(to_py)?);
+            }
+            Some((Shard::new(rank, world).map_err(to_py)?, rules))
+        }
+    };
+    let opts = StateDictOptions {
+        parallel,
+        ..state_dict_options(key, strip, include, exclude)
+    };
+    let set = py
+        .allow_threads(|| CheckpointSet::open(&path))
+        .map_err(to_py)?;
+    let sd = opts.select_set(&set).map_err(to_py)?;
+    let entries: Vec<Selected> = sd.iter().cloned().collect();
+    let decisions = sd.decisions().to_vec();
+    drop(sd);
+    Ok(Selection {
+        set: Arc::new(set),
+        entries,
+        decisions,
+    })
+}
+
+fn state_dict_options(
+    key: &str,
+    strip: &str,
+    include: Vec<String>,
+    exclude: Vec<String>,
+) -> StateDictOptions {
+    StateDictOptions {
+        key: match key {
+            "auto" => KeySelect::Auto,
+            "all" | "" => KeySelect::All,
+            path => KeySelect::Path(path.to_owned()),
+        },
+        strip: match strip {
+            "auto" => Strip::Auto,
+            "none" | "" => Strip::None,
+            prefix => Strip::Prefix(prefix.to_owned()),
+        },
+        include,
+        exclude,
+        ..Default::default()
+    }
+}
+
 /// Open a checkpoint: `source` is a path (str) or the file's bytes.
 #[pyfunction]
 #[pyo3(signature = (source, *, objects=true, in_memory=false))]
@@ -410,6 +817,8 @@ fn open(
 fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", m.py().get_type::<Error>())?;
     m.add_class::<Checkpoint>()?;
+    m.add_class::<Selection>()?;
     m.add_function(wrap_pyfunction!(open, m)?)?;
+    m.add_function(wrap_pyfunction!(select, m)?)?;
     Ok(())
 }

@@ -277,18 +277,21 @@ impl Checkpoint {
         let objects = match objects_root.filter(|_| opts.objects) {
             None => None,
             Some(root) => {
-                let mut names = hashbrown::HashMap::new();
-                for (info, (_, v)) in tensors.iter().zip(&walked_values) {
+                // A tensor the walk reached is copied from its entry.
+                let mut walked_at = hashbrown::HashMap::with_capacity(tensors.len());
+                for (i, (_, v)) in walked_values.iter().enumerate() {
                     if let Value::Obj(id) = v {
-                        names.entry(*id).or_insert_with(|| info.name.clone());
+                        walked_at.entry(*id).or_insert(i);
                     }
                 }
-                let name_of = |v: Value| match v {
-                    Value::Obj(id) => names.get(&id).cloned(),
+                let walked = |v: Value| match v {
+                    Value::Obj(id) => walked_at.get(&id).and_then(|&i| tensors.get(i)),
                     _ => None,
                 };
-                let mut make = |name: String, v: Value| match heap.torch(v) {
-                    Some(TorchObj::Tensor(meta)) => {
+                let name_of = |v: Value| walked(v).map(|t| t.name.clone());
+                let mut make = |name: String, v: Value| match (walked(v), heap.torch(v)) {
+                    (Some(t), _) if t.name == name => Ok(t.clone()),
+                    (_, Some(TorchObj::Tensor(meta))) => {
                         tensor_info(&heap, name, meta, &storages, &opts.limits)
                     }
                     _ => Err(Error::new(ErrorKind::Tensor, "not a tensor")),
@@ -297,6 +300,7 @@ impl Checkpoint {
                     &heap,
                     root,
                     &opts.limits,
+                    tensors.len(),
                     &name_of,
                     &mut make,
                 )?)

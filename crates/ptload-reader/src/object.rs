@@ -195,6 +195,7 @@ pub(crate) fn build(
     heap: &Heap,
     root: Value,
     limits: &Limits,
+    tensors_hint: usize,
     name_of: &dyn Fn(Value) -> Option<String>,
     make_tensor: &mut dyn FnMut(String, Value) -> Result<TensorInfo>,
 ) -> Result<Objects> {
@@ -236,7 +237,7 @@ pub(crate) fn build(
     let mut out = Objects {
         nodes: Vec::with_capacity(found.len()),
         root: 0,
-        tensors: Vec::new(),
+        tensors: Vec::with_capacity(tensors_hint.min(found.len())),
     };
     // Scalars get nodes of their own, after the heap values'.
     let mut scalars: Vec<Node> = Vec::new();

@@ -61,6 +61,18 @@ def numpy_dtype(name):
     return None
 
 
+def _progress(names, wanted, path):
+    """``names``, through a tqdm bar when asked for and tqdm is installed."""
+    if not wanted:
+        return names
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        warnings.warn("progress=True needs tqdm: pip install tqdm", UserWarning, stacklevel=3)
+        return names
+    return tqdm(names, desc=os.path.basename(os.fspath(path)), unit="tensor")
+
+
 class _Slice:
     """``safe_open(...).get_slice(name)``: index it to read only that part."""
 
@@ -91,6 +103,14 @@ class safe_open:
     ``device``: where ``get_tensor`` puts torch tensors. ``key``,
     ``strip_prefix``, ``include``, ``exclude``: which tensors and names,
     as ``ptload convert`` takes them.
+
+    ``path`` may also be a directory of shards or an index file
+    (``pytorch_model.bin.index.json``): one state dict over every file.
+    ``shard=(rank, world)`` with ``splits`` (``"GLOB=DIM"`` rules, first
+    match wins) and/or a split ``preset`` (``"llama"``, ``"gpt2"``, ...)
+    gives that tensor-parallel rank's slices, in ``torch.tensor_split``
+    semantics, reading only their bytes; unmatched tensors come whole.
+    Sets and slices come as copies.
     """
 
     def __init__(
@@ -103,6 +123,9 @@ class safe_open:
         strip_prefix="auto",
         include=(),
         exclude=(),
+        shard=None,
+        splits=(),
+        preset=None,
     ):
         if framework in ("np", "numpy"):
             framework = "numpy"
@@ -113,6 +136,26 @@ class safe_open:
         self._framework = framework
         self._device = device
         self._path = os.fspath(path)
+        self._map = None
+        self._torch_storages = None
+        self._sel = None
+        if shard is not None or splits or preset or os.path.isdir(self._path) or self._path.endswith(".json"):
+            from . import _ptload
+
+            self._sel = _ptload.select(
+                self._path,
+                key=key if key is not None else "all",
+                strip=strip_prefix if strip_prefix is not None else "none",
+                include=list(include),
+                exclude=list(exclude),
+                shard=tuple(shard) if shard is not None else None,
+                splits=[splits] if isinstance(splits, str) else list(splits),
+                preset=preset,
+            )
+            self._warn(self._sel.decisions(), key, strip_prefix)
+            self._tensors = self._sel.tensors()
+            self._index = {t[0]: i for i, t in enumerate(self._tensors)}
+            return
         self._ckpt = open_checkpoint(self._path, objects=False)
         selected, decisions = self._ckpt.select(
             key if key is not None else "all",
@@ -120,23 +163,24 @@ class safe_open:
             list(include),
             list(exclude),
         )
-        if decisions and (key == "auto" or strip_prefix == "auto"):
-            warnings.warn(
-                f"{os.path.basename(self._path)}: " + "; ".join(decisions),
-                UserWarning,
-                stacklevel=2,
-            )
+        self._warn(decisions, key, strip_prefix)
         self._tensors = self._ckpt.tensors()
         self._index = dict(selected)
         self._storages = self._ckpt.storages()
         self._big = self._ckpt.byte_order() == "big"
-        self._map = None
-        self._torch_storages = None
         if self._ckpt.is_mapped():
             with open(self._path, "rb") as fh:
                 if os.fstat(fh.fileno()).st_size:
                     access = _mmap.ACCESS_READ if framework == "numpy" else _mmap.ACCESS_COPY
                     self._map = _mmap.mmap(fh.fileno(), 0, access=access)
+
+    def _warn(self, decisions, key, strip_prefix):
+        if decisions and (key == "auto" or strip_prefix == "auto"):
+            warnings.warn(
+                f"{os.path.basename(self._path)}: " + "; ".join(decisions),
+                UserWarning,
+                stacklevel=3,
+            )
 
     def __enter__(self):
         return self
@@ -174,9 +218,34 @@ class safe_open:
     def _view(self, name):
         info = self._info(name)
         index = self._index[name]
+        if self._sel is not None:
+            return self._copied(self._sel.tensor_bytes(index), info)
         if self._framework == "numpy":
             return self._numpy(index, info)
         return self._torch(index, info)
+
+    def _copied(self, data, info):
+        """A set's or a rank's tensor: its row-major bytes, as an array."""
+        dtype_name, shape = info[1], tuple(info[2])
+        if self._framework == "numpy":
+            import numpy as np
+
+            if dtype_name == "C32":
+                halves = np.frombuffer(data, dtype="<f2").astype("<f4")
+                return halves.view("<c8").reshape(shape)
+            dtype = np.dtype("u1") if dtype_name == "F4_E2M1_X2" else numpy_dtype(dtype_name)
+            if dtype is None:
+                raise Error(f"{info[0]}: numpy has no dtype for {dtype_name}")
+            return np.frombuffer(data, dtype=dtype).reshape(shape)
+        import torch
+
+        from .torch import _DTYPES
+
+        dtype = _DTYPES.get(dtype_name)
+        if dtype is None:
+            raise Error(f"{info[0]}: this torch has no dtype for {dtype_name}")
+        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        return flat.view(dtype).reshape(shape)
 
     def _numpy(self, index, info):
         import numpy as np
@@ -211,10 +280,10 @@ class safe_open:
     def _torch(self, index, info):
         import torch
 
-        from .torch import _DTYPES, _Storages, _placer
+        from .torch import _DTYPES, _Storages
 
         if self._torch_storages is None:
-            self._torch_storages = _Storages(self._ckpt, self._path, None, _placer("cpu"), False)
+            self._torch_storages = _Storages(self._ckpt, self._path, None, "cpu", False)
         (_name, dtype_name, shape, stride, offset, storage, _rg, conj, neg, quant) = info
         dtype = _DTYPES.get(dtype_name)
         if dtype is None:

@@ -7,15 +7,21 @@ copies otherwise; bf16 and float8 come as ``ml_dtypes`` arrays. This
 module never imports torch.
 """
 
-from ._safe import numpy_dtype, safe_open
+from ._safe import _progress, numpy_dtype, safe_open
 
 __all__ = ["load_file", "numpy_dtype"]
 
 
-def load_file(path, *, key="auto", strip_prefix="auto", include=(), exclude=()):
-    """``{name: numpy.ndarray}``, as safetensors.numpy.load_file gives."""
+def load_file(
+    path, *, key="auto", strip_prefix="auto", include=(), exclude=(),
+    shard=None, splits=(), preset=None, progress=False,
+):
+    """``{name: numpy.ndarray}``, as safetensors.numpy.load_file gives; a
+    directory of shards or an index file, and ``shard=(rank, world)`` with
+    ``splits``/``preset``, as :class:`ptload.safe_open` takes them.
+    ``progress=True`` shows a tqdm bar when tqdm is installed."""
     with safe_open(
         path, framework="numpy", key=key, strip_prefix=strip_prefix,
-        include=include, exclude=exclude,
+        include=include, exclude=exclude, shard=shard, splits=splits, preset=preset,
     ) as f:
-        return {name: f.get_tensor(name) for name in f.keys()}
+        return {name: f.get_tensor(name) for name in _progress(f.keys(), progress, path)}

@@ -8,6 +8,7 @@ bits. Tensors view the file through a private (copy-on-write) map unless
 ``mmap=False``: writing to them never changes the file.
 """
 
+import gc
 import mmap as _mmap
 import os
 import warnings
@@ -66,6 +67,9 @@ _LAYOUTS = {
 }
 
 
+_from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+
+
 def _torch_dtype(name):
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
@@ -122,28 +126,22 @@ class StorageStandIn:
         return f"StorageStandIn(nbytes={self._nbytes}, device={self.device})"
 
 
-def _default_device(location):
-    if location.startswith("cuda") or location == "cpu" or location.startswith("meta"):
-        return location
-    return location
-
-
 def _placer(map_location):
     """A function (key, location, nbytes) -> the device a storage should go to."""
     if map_location is None:
-        return lambda key, loc, n: _default_device(loc)
+        return lambda key, loc, n: loc
     if isinstance(map_location, (str, torch.device)):
         target = str(map_location)
         return lambda key, loc, n: target
     if isinstance(map_location, dict):
         table = {str(k): str(v) for k, v in map_location.items()}
-        return lambda key, loc, n: table.get(loc, _default_device(loc))
+        return lambda key, loc, n: table.get(loc, loc)
     if callable(map_location):
 
         def call(key, loc, n):
             result = map_location(StorageStandIn(n, "cpu", key), loc)
             if result is None:
-                return _default_device(loc)
+                return loc
             if isinstance(result, StorageStandIn):
                 return str(result.device)
             if isinstance(result, (str, torch.device)):
@@ -166,35 +164,69 @@ class _Storages:
     """Each storage of the file once, as a torch ``UntypedStorage`` on its
     device; built on first use, so tied tensors share one."""
 
-    def __init__(self, ckpt, source_path, mmap, placer, strict):
+    def __init__(self, ckpt, source_path, mmap, map_location, strict):
         self.ckpt = ckpt
-        self.infos = ckpt.storages()
+        self._infos = None
         self.built = {}
         self.typed = {}
-        self.placer = placer
         self.strict = strict
         self.fallbacks = []
         self.big = ckpt.byte_order() == "big"
-        self.map = None
-        self.memory = None
-        if source_path is not None and mmap is False:
-            with open(source_path, "rb") as fh:
+        self.source_path = source_path
+        self.mmap = mmap
+        self._map = self._memory = None
+        placer = _placer(map_location)
+        self._targets = None
+        if map_location is None:
+            self.on_cpu = None  # each storage where it was saved
+        elif isinstance(map_location, (str, torch.device)):
+            self.on_cpu = torch.device(map_location).type == "cpu"
+        else:
+            # Asked once per storage, in the order torch asks map_location
+            # (the order storages are first met).
+            self._targets = [placer(i[0], i[1], i[4]) for i in self.infos]
+            self.on_cpu = [torch.device(t).type == "cpu" for t in self._targets]
+        self.placer = placer
+
+    @property
+    def infos(self):
+        """(key, location, dtype, numel, nbytes, file_offset) per storage."""
+        if self._infos is None:
+            self._infos = self.ckpt.storages()
+        return self._infos
+
+    def target(self, index):
+        """The device storage ``index`` goes to."""
+        if self._targets is not None:
+            return self._targets[index]
+        key, location, _dtype, _numel, nbytes, _offset = self.infos[index]
+        return self.placer(key, location, nbytes)
+
+    def map(self):
+        """A private, writable map of the file: tensors may be written in
+        place, the file never is. Made on first use."""
+        if self._map is None and self.source_path is not None and self.mmap is not False:
+            if self.ckpt.is_mapped():
+                with open(self.source_path, "rb") as fh:
+                    if os.fstat(fh.fileno()).st_size:
+                        self._map = _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_COPY)
+        return self._map
+
+    def memory(self):
+        """``mmap=False``: the file read once; made on first use."""
+        if self._memory is None and self.source_path is not None and self.mmap is False:
+            with open(self.source_path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
-                self.memory = bytearray(size)
-                view = memoryview(self.memory)
+                memory = bytearray(size)
+                view = memoryview(memory)
                 done = 0
                 while done < size:
                     n = fh.readinto(view[done:])
                     if not n:
-                        raise Error(f"{source_path}: the file shrank while it was read")
+                        raise Error(f"{self.source_path}: the file shrank while it was read")
                     done += n
-        if source_path is not None and mmap is not False and ckpt.is_mapped():
-            with open(source_path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size:
-                    # Private and writable: tensors may be written in place,
-                    # the file never is.
-                    self.map = _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_COPY)
+                self._memory = memory
+        return self._memory
 
     def tensor(self, index, dtype, shape, stride, offset):
         """A tensor over storage ``index``: a strided view of the storage's
@@ -225,7 +257,7 @@ class _Storages:
         if flat is not None:
             return flat
         key, location, _dtype, _numel, nbytes, offset = self.infos[index]
-        target = self.placer(key, location, nbytes)
+        target = self.target(index)
         flat = self._host(index, nbytes, offset, elem_size)
         flat = self._place(flat, key, location, target)
         self.built[index] = flat
@@ -235,11 +267,14 @@ class _Storages:
         if nbytes == 0:
             return torch.empty((0,), dtype=torch.uint8)
         aligned = offset is not None and offset % max(elem_size, 1) == 0
-        if self.map is not None and offset is not None and aligned and not (self.big and elem_size > 1):
-            return torch.frombuffer(self.map, dtype=torch.uint8, count=nbytes, offset=offset)
-        if self.memory is not None and offset is not None and not (self.big and elem_size > 1):
+        swapped = self.big and elem_size > 1
+        mapped = self.map() if offset is not None and aligned and not swapped else None
+        if mapped is not None:
+            return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset)
+        memory = self.memory() if offset is not None and not swapped else None
+        if memory is not None:
             # mmap=False: the file read once; storages are views of that copy.
-            flat = torch.frombuffer(self.memory, dtype=torch.uint8, count=nbytes, offset=offset)
+            flat = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes, offset=offset)
             return flat if aligned else flat.clone()
         data = self.ckpt.storage_bytes(index, elem_size)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -409,6 +444,19 @@ def load(
     are views of the map); False reads every storage into memory.
     ``weights_only=False`` is refused: ptload never runs the file.
     """
+    # Collection passes over the many objects a load makes are most of its
+    # cost on files of many small tensors; nothing here makes cycles the
+    # collector must break, so it waits until the load is done.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict):
     if not weights_only:
         raise Error(
             "ptload never runs a file's code, so weights_only=False is not offered; "
@@ -417,8 +465,15 @@ def load(
     if unknown not in ("error", "inert"):
         raise ValueError("unknown must be 'error' or 'inert'")
     allowed = _allowed_names(allow_globals)
-    path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
-    ckpt = open_checkpoint(f, objects=True)
+    if isinstance(f, (str, os.PathLike)):
+        path = source = os.fspath(f)
+    elif isinstance(f, (bytes, bytearray, memoryview)):
+        path, source = None, bytes(f)
+    elif hasattr(f, "read"):
+        path, source = None, f.read()
+    else:
+        raise TypeError(f"expected a path, bytes or a binary file object, got {type(f).__name__}")
+    ckpt = open_checkpoint(source, objects=True)
     if ckpt.format() == "torchscript":
         raise Error(
             "this is a TorchScript archive (torch.jit.save); torch.load hands it to "
@@ -435,11 +490,17 @@ def load(
                 "ptload.Inert records, or allow_globals=[...] for the ones you trust.",
                 refused,
             )
-    root, nodes, tensors = ckpt.objects()
-    storages = _Storages(ckpt, path, mmap, _placer(map_location), strict)
+    storages = _Storages(ckpt, path, mmap, map_location, strict)
+    # Most tensors are made in one call, as DLPack views of private memory.
+    made = ckpt.torch_tensors(
+        _from_dlpack, source, mmap is not False, storages.on_cpu
+    )
 
     def make_leaf(kind, node, objs):
         if kind == "tensor":
+            t = made[node[1]]
+            if t is not None:
+                return t
             return _tensor(storages, tensors[node[1]], objs, node[2])
         if kind == "parameter":
             return torch.nn.Parameter(objs[node[1]], requires_grad=node[2])
@@ -460,7 +521,14 @@ def load(
             return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
         raise Error(f"the reader gave a node of unknown kind {kind!r}")
 
-    result = _graph.build(root, nodes, make_leaf, allowed, unknown)
+    # Plain containers of such tensors (a state dict) are built in one
+    # call too; anything else goes through the general builder.
+    plain = ckpt.build_plain(made, _graph._set_state)
+    if plain is not None:
+        result = plain[0]
+    else:
+        root, nodes, tensors = ckpt.objects()
+        result = _graph.build(root, nodes, make_leaf, allowed, unknown)
     if storages.fallbacks:
         _warn_fallbacks(storages.fallbacks)
     return result
@@ -477,15 +545,21 @@ def _warn_fallbacks(fallbacks):
     )
 
 
-def load_file(path, device="cpu", *, key="auto", strip_prefix="auto", include=(), exclude=()):
+def load_file(
+    path, device="cpu", *, key="auto", strip_prefix="auto", include=(), exclude=(),
+    shard=None, splits=(), preset=None, progress=False,
+):
     """safetensors' ``load_file`` on a torch checkpoint: ``{name: tensor}``,
     the state dict the CLI would take (``key``/``strip_prefix`` as in
     ``ptload convert``; what ``auto`` decided is printed as a warning when
-    it changed anything)."""
-    from ._safe import safe_open
+    it changed anything). ``path`` may be a directory of shards or an index
+    file; ``shard=(rank, world)`` with ``splits``/``preset`` gives that
+    rank's slices (see :class:`ptload.safe_open`). ``progress=True``
+    shows a tqdm bar over the tensors when tqdm is installed."""
+    from ._safe import _progress, safe_open
 
     with safe_open(
         path, framework="pt", device=device, key=key, strip_prefix=strip_prefix,
-        include=include, exclude=exclude,
+        include=include, exclude=exclude, shard=shard, splits=splits, preset=preset,
     ) as f:
-        return {name: f.get_tensor(name) for name in f.keys()}
+        return {name: f.get_tensor(name) for name in _progress(f.keys(), progress, path)}

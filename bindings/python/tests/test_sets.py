@@ -1,0 +1,78 @@
+"""Sharded sets and tensor-parallel ranks through safe_open / load_file."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import ptload
+import ptload.numpy
+import ptload.torch
+from conftest import fixture
+
+SHARDED = fixture("llama_tiny_sharded")
+INDEX = os.path.join(SHARDED, "pytorch_model.bin.index.json")
+
+
+def whole():
+    return torch.load(fixture("llama_tiny.pt"), weights_only=True)
+
+
+@pytest.mark.parametrize("path", [SHARDED, INDEX])
+def test_a_set_is_one_state_dict(path):
+    theirs = whole()
+    ours = ptload.torch.load_file(path, key="all")
+    assert list(ours) == list(theirs)
+    for name, t in theirs.items():
+        assert ours[name].dtype == t.dtype and torch.equal(ours[name], t), name
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_rank_slices_are_tensor_split(world):
+    theirs = whole()
+    split_dims = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 0,
+                  "up_proj": 0, "down_proj": 1}
+    rules = [f"*.{k}.weight={d}" for k, d in split_dims.items()]
+    for rank in range(world):
+        ours = ptload.torch.load_file(SHARDED, key="all", shard=(rank, world), splits=rules)
+        arrays = ptload.numpy.load_file(SHARDED, key="all", shard=(rank, world), splits=rules)
+        assert list(ours) == list(theirs)
+        sliced = 0
+        for name, t in theirs.items():
+            part = name.split(".")[-2]
+            if name.endswith(".weight") and part in split_dims:
+                want = torch.tensor_split(t, world, split_dims[part])[rank]
+                sliced += 1
+            else:
+                want = t
+            assert ours[name].shape == want.shape, name
+            assert torch.equal(ours[name], want), name
+            raw = want.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+            assert arrays[name].shape == tuple(want.shape), name
+            assert np.ascontiguousarray(arrays[name]).tobytes() == raw, name
+        assert sliced >= 7
+
+
+def test_a_preset_and_safe_open_get_slice():
+    with ptload.safe_open(SHARDED, framework="pt", key="all", shard=(1, 2), preset="llama") as f:
+        name = "model.layers.0.self_attn.q_proj.weight"
+        t = f.get_tensor(name)
+        assert t.shape[0] * 2 == whole()[name].shape[0]
+        assert torch.equal(f.get_slice(name)[1:3], t[1:3])
+
+
+def test_rules_need_a_rank():
+    with pytest.raises(ptload.Error, match="rank"):
+        ptload.torch.load_file(SHARDED, splits=["*=0"])
+    with pytest.raises(ptload.Error, match="rank 2 of world 2"):
+        ptload.torch.load_file(SHARDED, shard=(2, 2), splits=["*=0"])
+    with pytest.raises(ptload.Error, match="preset"):
+        ptload.torch.load_file(SHARDED, shard=(0, 2), preset="no-such-model")
+
+
+def test_progress_through_tqdm(capsys):
+    import tqdm  # noqa: F401 - .ci/run installs it; without it this fails, never skips
+    sd = ptload.torch.load_file(SHARDED, key="all", progress=True)
+    err = capsys.readouterr().err
+    assert f"{len(sd)}/{len(sd)}" in err and "tensor" in err
