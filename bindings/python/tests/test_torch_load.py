@@ -285,3 +285,29 @@ def test_allow_globals_mirrors_add_safe_globals():
     assert refused
     ours = ptload.torch.load(path, unknown="inert", allow_globals=sorted(refused))
     assert ours["best_acc"] == np.float64(0.875)
+
+
+def test_the_collector_is_restored():
+    """The load pauses Python's garbage collector and gives back the state
+    it found, after a load and after an error."""
+    import gc
+
+    seen = []
+
+    def mapper(storage, location):
+        seen.append(gc.isenabled())
+        return storage
+
+    assert gc.isenabled()
+    ptload.torch.load(fixture("basic.pt"), map_location=mapper)
+    assert seen and not any(seen), "the collector runs during the load"
+    assert gc.isenabled()
+    with pytest.raises(ptload.Error):
+        ptload.torch.load(b"not a checkpoint")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        ptload.torch.load(fixture("basic.pt"))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
