@@ -345,11 +345,11 @@ impl Checkpoint {
             on_cpu.extract()?
         };
         // Per storage: None when ineligible, else (dtype, tensors using it).
+        let host_order = self.inner.byte_order() != ByteOrder::Big;
         let mut plan: Vec<Option<(DType, Vec<usize>)>> = storages
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let host_order = self.inner.byte_order() != ByteOrder::Big;
                 let fits = s.file_offset.is_some() && s.nbytes > 0;
                 (on_cpu.get(i) == Some(&true) && fits && host_order).then(|| (s.dtype, Vec::new()))
             })

@@ -73,6 +73,28 @@ def _progress(names, wanted, path):
     return tqdm(names, desc=os.path.basename(os.fspath(path)), unit="tensor")
 
 
+def _array_dtype(info):
+    """The numpy dtype of a tensor tuple's arrays: packed float4 pairs come
+    as their bytes, as torch stores them."""
+    name = info[1]
+    dtype = numpy_dtype("U8" if name == "F4_E2M1_X2" else name)
+    if dtype is None:
+        raise Error(f"{info[0]}: numpy has no dtype for {name}")
+    return dtype
+
+
+def _array_from_bytes(data, info):
+    """A tensor's row-major, host-order bytes as a numpy array; complex32,
+    which numpy lacks, widened to complex64 (exactly)."""
+    import numpy as np
+
+    shape = tuple(info[2])
+    if info[1] == "C32":
+        halves = np.frombuffer(data, dtype="<f2").astype("<f4")
+        return halves.view("<c8").reshape(shape)
+    return np.frombuffer(data, dtype=_array_dtype(info)).reshape(shape)
+
+
 class _Slice:
     """``safe_open(...).get_slice(name)``: index it to read only that part."""
 
@@ -228,15 +250,7 @@ class safe_open:
         """A set's or a rank's tensor: its row-major bytes, as an array."""
         dtype_name, shape = info[1], tuple(info[2])
         if self._framework == "numpy":
-            import numpy as np
-
-            if dtype_name == "C32":
-                halves = np.frombuffer(data, dtype="<f2").astype("<f4")
-                return halves.view("<c8").reshape(shape)
-            dtype = np.dtype("u1") if dtype_name == "F4_E2M1_X2" else numpy_dtype(dtype_name)
-            if dtype is None:
-                raise Error(f"{info[0]}: numpy has no dtype for {dtype_name}")
-            return np.frombuffer(data, dtype=dtype).reshape(shape)
+            return _array_from_bytes(data, info)
         import torch
 
         from .torch import _DTYPES
@@ -251,17 +265,9 @@ class safe_open:
         import numpy as np
 
         (_name, dtype_name, shape, stride, offset, storage, _rg, conj, neg, quant) = info
-        dtype = numpy_dtype(dtype_name)
         if dtype_name == "C32":
-            # numpy has no complex32: widened to complex64 (exact).
-            data = self._ckpt.tensor_bytes(index)
-            halves = np.frombuffer(data, dtype="<f2").astype("<f4")
-            return halves.view("<c8").reshape(tuple(shape))
-        if dtype_name == "F4_E2M1_X2":
-            # Two float4 values a byte, as torch stores them: the raw bytes.
-            dtype = np.dtype("u1")
-        if dtype is None:
-            raise Error(f"{info[0]}: numpy has no dtype for {dtype_name}")
+            return _array_from_bytes(self._ckpt.tensor_bytes(index), info)
+        dtype = _array_dtype(info)
         size = dtype.itemsize
         if storage is not None and self._map is not None and not (conj or neg) and quant is None:
             file_offset = self._storages[storage][5]
@@ -274,8 +280,7 @@ class safe_open:
                     offset=file_offset + offset * size,
                     strides=tuple(s * size for s in stride),
                 )
-        data = self._ckpt.tensor_bytes(index)
-        return np.frombuffer(data, dtype=dtype).reshape(tuple(shape))
+        return _array_from_bytes(self._ckpt.tensor_bytes(index), info)
 
     def _torch(self, index, info):
         import torch
