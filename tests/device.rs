@@ -921,3 +921,79 @@ fn a_set_loads_file_by_file() {
     .expect_err("entries of other files");
     assert!(e.to_string().contains("of a set"), "{e}");
 }
+
+/// Whole storages, as torch's `map_location` moves them: each target's
+/// bytes on its device in host order (big-endian files swapped by the
+/// storage's type), or the reason it stays on the host.
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn storages_upload_whole_in_host_order() {
+    let _turn = gpu_turn();
+    let gpus = a_gpu();
+    let count = gpus.devices().len() as u32;
+    let mut checked = 0;
+    for name in [
+        "multi_gpu.pt",
+        "views.pt",
+        "bigendian.pt",
+        "dtypes.pt",
+        "legacy.pt",
+    ] {
+        let ckpt = open(name);
+        // Every other storage, onto the devices in turn; one past the last.
+        let mut targets: Vec<(usize, u32)> = (0..ckpt.storages().len())
+            .step_by(2)
+            .map(|i| (i, i as u32 % count))
+            .collect();
+        if let Some(i) = (1..ckpt.storages().len()).step_by(2).next() {
+            targets.push((i, count));
+        }
+        let placed =
+            ptload_device::upload_storages(&ckpt, &targets, &gpus, &LoadOptions::default())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(placed.len(), targets.len(), "{name}");
+        for (&(index, ordinal), got) in targets.iter().zip(&placed) {
+            let storage = &ckpt.storages()[index];
+            if ordinal == count {
+                let why = got.as_ref().expect_err("a device past the last");
+                assert!(
+                    why.contains(&format!("cuda:{count} does not exist")),
+                    "{why}"
+                );
+                continue;
+            }
+            let on = got
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{name}: storage {index}: {e}"));
+            assert_eq!(on.ordinal(), ordinal);
+            let mut want = ckpt.storage_bytes(index).expect("bytes").to_vec();
+            ckpt.byte_order()
+                .to_host(&mut want, storage.dtype.swap_unit());
+            assert_eq!(
+                on.read_back().expect("read back"),
+                want,
+                "{name}: storage {index}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 10, "only {checked} storages checked");
+}
+
+#[test]
+fn storage_uploads_without_a_driver_say_why() {
+    let ckpt = open("multi_gpu.pt");
+    let gpus = ptload_device::Gpus::from_contexts([]);
+    let targets = [(0, 0), (1, 3)];
+    let placed = ptload_device::upload_storages(&ckpt, &targets, &gpus, &LoadOptions::default())
+        .expect("upload");
+    for got in &placed {
+        assert!(got.is_err(), "{got:?}");
+    }
+    let twice =
+        ptload_device::upload_storages(&ckpt, &[(0, 0), (0, 0)], &gpus, &LoadOptions::default());
+    assert!(twice.is_err());
+    let past =
+        ptload_device::upload_storages(&ckpt, &[(10_000, 0)], &gpus, &LoadOptions::default());
+    assert!(past.is_err());
+}

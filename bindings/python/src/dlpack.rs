@@ -1,6 +1,7 @@
 //! Tensors handed to torch without a copy: DLPack capsules over memory
-//! this module owns (a private, copy-on-write map of the file, or one
-//! aligned copy of it), kept alive by every tensor made from it.
+//! this module owns (a private, copy-on-write map of the file, one aligned
+//! copy of it, or a storage ptload-device uploaded to a GPU), kept alive
+//! by every tensor made from it.
 //!
 //! The capsule protocol: a `PyCapsule` named `dltensor` holding a
 //! `DLManagedTensor*`. A consumer (`torch._C._from_dlpack`) renames it
@@ -8,6 +9,12 @@
 //! from whichever thread frees it; a capsule never consumed calls the
 //! deleter from its own destructor. The deleter only drops Rust values
 //! (an `Arc` of the memory and two boxed arrays), so it needs no GIL.
+//!
+//! Device memory: every copy into it has completed when the upload
+//! returns (its streams are synchronized), so a consumer may read it on
+//! any stream without waiting. Storages of one device share one
+//! allocation, freed when the last tensor viewing any of them dies, after
+//! all work queued in the device's context has finished.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_void, CStr};
@@ -24,6 +31,11 @@ use pyo3::{ffi, Bound, PyAny, PyResult, Python};
 const DLTENSOR: &CStr = c"dltensor";
 /// `kDLCPU`.
 const CPU: i32 = 1;
+/// `kDLCUDA`.
+const CUDA: i32 = 2;
+/// The `manager_ctx` of every managed tensor this module makes: tells its
+/// capsules from others' (a static has one address).
+static MARK: [u8; 1] = [0];
 
 #[repr(C)]
 struct DlDevice {
@@ -65,7 +77,40 @@ struct Owned {
     managed: DlManagedTensor,
     _shape: Box<[i64]>,
     _strides: Box<[i64]>,
-    _memory: Arc<Memory>,
+    keep: Region,
+}
+
+/// Bytes a capsule may view: host memory this module owns, or a storage
+/// on a GPU.
+#[derive(Clone)]
+pub enum Region {
+    Host(Arc<Memory>),
+    Cuda(Arc<ptload_device::CudaStorage>),
+}
+
+impl Region {
+    /// The first byte's address, its length, and DLPack's device.
+    fn span(&self) -> (*mut u8, usize, DlDevice) {
+        match self {
+            Region::Host(m) => (
+                m.ptr,
+                m.len,
+                DlDevice {
+                    device_type: CPU,
+                    device_id: 0,
+                },
+            ),
+            Region::Cuda(c) => (
+                // A device address, only ever handed on, never dereferenced.
+                c.device_ptr() as usize as *mut u8,
+                c.len(),
+                DlDevice {
+                    device_type: CUDA,
+                    device_id: c.ordinal() as i32,
+                },
+            ),
+        }
+    }
 }
 
 /// The DLPack type of `dtype`, for the types torch reads from DLPack
@@ -176,10 +221,6 @@ impl Memory {
         // (`len` <= 64 * blocks); `&mut self` means no tensor views them yet.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
 }
 
 /// Bytes a strided view spans from its first element (0 when empty);
@@ -195,24 +236,24 @@ pub fn extent(shape: &[u64], stride: &[u64], itemsize: u64) -> Option<u64> {
     last.checked_add(1)?.checked_mul(itemsize)
 }
 
-/// A DLPack capsule for the strided view of `memory` that starts `offset`
+/// A DLPack capsule for the strided view of `region` that starts `offset`
 /// bytes in, with element type `dtype` (of `itemsize` bytes).
 pub fn capsule<'py>(
     py: Python<'py>,
-    memory: &Arc<Memory>,
+    region: &Region,
     offset: u64,
     dtype: DlDataType,
     itemsize: u64,
     shape: &[u64],
     stride: &[u64],
 ) -> PyResult<Bound<'py, PyAny>> {
+    let (base, len, device) = region.span();
     let span = extent(shape, stride, itemsize)
         .and_then(|n| n.checked_add(offset))
-        .filter(|&end| end <= memory.len() as u64);
+        .filter(|&end| end <= len as u64);
     if span.is_none() || shape.len() != stride.len() {
         return Err(PyValueError::new_err(format!(
-            "a view of {shape:?} elements at byte {offset} does not fit the {} bytes of the file",
-            memory.len()
+            "a view of {shape:?} elements at byte {offset} does not fit the {len} bytes it views"
         )));
     }
     let to_i64 = |v: &[u64]| -> PyResult<Box<[i64]>> {
@@ -226,24 +267,22 @@ pub fn capsule<'py>(
     let owned = Box::new(Owned {
         managed: DlManagedTensor {
             dl_tensor: DlTensor {
-                // SAFETY (of the add): offset + extent <= len, checked above.
-                data: unsafe { memory.ptr.add(offset as usize) }.cast(),
-                device: DlDevice {
-                    device_type: CPU,
-                    device_id: 0,
-                },
+                // Address arithmetic only (a device address is never
+                // dereferenced here): offset + extent <= len, checked above.
+                data: base.wrapping_add(offset as usize).cast(),
+                device,
                 ndim,
                 dtype,
                 shape: shape.as_mut_ptr(),
                 strides: strides.as_mut_ptr(),
                 byte_offset: 0,
             },
-            manager_ctx: std::ptr::null_mut(),
+            manager_ctx: MARK.as_ptr().cast_mut().cast(),
             deleter: Some(delete),
         },
         _shape: shape,
         _strides: strides,
-        _memory: memory.clone(),
+        keep: region.clone(),
     });
     let raw = Box::into_raw(owned).cast::<c_void>();
     // SAFETY: `raw` is a live `Owned` whose first field is the managed
@@ -280,4 +319,51 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
             delete(managed.cast());
         }
     }
+}
+
+/// What a capsule made by [`capsule`] views, for tests: DLPack's device
+/// (type, id), dtype (code, bits, lanes), shape, strides, and the bytes
+/// its view spans from its first element (read back from the device for
+/// a GPU's). The capsule is left as it was.
+#[allow(clippy::type_complexity)]
+pub fn describe(
+    capsule: &Bound<'_, PyAny>,
+) -> PyResult<((i32, i32), (u8, u8, u16), Vec<i64>, Vec<i64>, Vec<u8>)> {
+    // SAFETY: a capsule named `dltensor` made by this module holds a live
+    // `Owned` (checked by name, then by its `manager_ctx` mark) until its
+    // destructor runs, which cannot happen while `capsule` is borrowed.
+    let owned = unsafe {
+        let ptr = ffi::PyCapsule_GetPointer(capsule.as_ptr(), DLTENSOR.as_ptr());
+        if ptr.is_null() {
+            return Err(PyErr::fetch(capsule.py()));
+        }
+        let managed = &*ptr.cast::<DlManagedTensor>();
+        if managed.manager_ctx != MARK.as_ptr().cast_mut().cast() {
+            return Err(PyValueError::new_err("not a capsule ptload made"));
+        }
+        &*ptr.cast::<Owned>()
+    };
+    let t = &owned.managed.dl_tensor;
+    let (base, len, _) = owned.keep.span();
+    let start = (t.data as usize).wrapping_sub(base as usize);
+    let shape = owned._shape.to_vec();
+    let strides = owned._strides.to_vec();
+    let as_u64 = |v: &[i64]| v.iter().map(|&x| x as u64).collect::<Vec<_>>();
+    let itemsize = u64::from(t.dtype.bits).div_ceil(8) * u64::from(t.dtype.lanes);
+    let n = extent(&as_u64(&shape), &as_u64(&strides), itemsize).unwrap_or(0) as usize;
+    if start.checked_add(n).is_none_or(|end| end > len) {
+        return Err(PyValueError::new_err("the view is outside its memory"));
+    }
+    let bytes = match &owned.keep {
+        // SAFETY: `start + n <= len` bytes of the memory `keep` holds alive.
+        Region::Host(m) => unsafe { std::slice::from_raw_parts(m.ptr.add(start), n) }.to_vec(),
+        Region::Cuda(c) => c.read_range(start, n).map_err(PyValueError::new_err)?,
+    };
+    Ok((
+        (t.device.device_type, t.device.device_id),
+        (t.dtype.code, t.dtype.bits, t.dtype.lanes),
+        shape,
+        strides,
+        bytes,
+    ))
 }

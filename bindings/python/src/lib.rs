@@ -264,6 +264,17 @@ impl Checkpoint {
         PyList::new(py, items)
     }
 
+    /// (index, location) of each storage not saved on `cpu`.
+    fn off_host(&self) -> Vec<(usize, String)> {
+        self.inner
+            .storages()
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.location != "cpu")
+            .map(|(i, s)| (i, s.location.clone()))
+            .collect()
+    }
+
     /// A copy of storage `index`'s bytes, each `swap_unit`-byte element
     /// reversed when the file is big-endian.
     fn storage_bytes<'py>(
@@ -316,13 +327,15 @@ impl Checkpoint {
     /// a zero-copy DLPack view (`from_dlpack` is torch's consumer) of
     /// private memory holding the file: a copy-on-write map of `source`
     /// (a path) when `mmap`, else one read of it (or a copy of `source`'s
-    /// bytes). One storage is one memory block, so tied tensors share it.
+    /// bytes), or of a storage `uploaded` put on a GPU. One storage is one
+    /// memory block, so tied tensors share it.
     /// `on_cpu`: which storages stay on the host: a list with one bool per
     /// storage, one bool for all, or None for those saved on `cpu`. A tensor this
     /// cannot make exactly as torch would (another device, big-endian or
     /// misaligned bytes, a dtype DLPack lacks, quantized, seen as two
     /// dtypes or as a storage object) is None, and so is every other
     /// tensor of its storage: the caller makes those.
+    #[pyo3(signature = (from_dlpack, source, mmap, on_cpu, uploaded=None))]
     fn torch_tensors<'py>(
         &self,
         py: Python<'py>,
@@ -330,6 +343,7 @@ impl Checkpoint {
         source: &Bound<'py, PyAny>,
         mmap: bool,
         on_cpu: &Bound<'py, PyAny>,
+        uploaded: Option<PyRef<'py, Uploaded>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let objects = self
             .inner
@@ -344,14 +358,21 @@ impl Checkpoint {
         } else {
             on_cpu.extract()?
         };
+        let on_gpu = |i: usize| {
+            uploaded
+                .as_ref()
+                .and_then(|u| u.storages.get(i))
+                .and_then(|s| s.as_ref()?.as_ref().ok())
+        };
         // Per storage: None when ineligible, else (dtype, tensors using it).
+        // Uploads are in host order, at aligned device addresses.
         let host_order = self.inner.byte_order() != ByteOrder::Big;
         let mut plan: Vec<Option<(DType, Vec<usize>)>> = storages
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let fits = s.file_offset.is_some() && s.nbytes > 0;
-                (on_cpu.get(i) == Some(&true) && fits && host_order).then(|| (s.dtype, Vec::new()))
+                let on_host = on_cpu.get(i) == Some(&true) && s.file_offset.is_some() && host_order;
+                ((on_host || on_gpu(i).is_some()) && s.nbytes > 0).then(|| (s.dtype, Vec::new()))
             })
             .collect();
         for node in objects.nodes() {
@@ -369,7 +390,11 @@ impl Checkpoint {
             let Some((dtype, users)) = slot else { continue };
             let size = info.dtype.size() as u64;
             let storage = &storages[s];
-            let offset = storage.file_offset.unwrap_or(1);
+            let offset = if on_gpu(s).is_some() {
+                0
+            } else {
+                storage.file_offset.unwrap_or(1)
+            };
             let ok = (users.is_empty() || *dtype == info.dtype)
                 && info.quantization.is_none()
                 && dlpack::dl_dtype(info.dtype).is_some()
@@ -383,10 +408,10 @@ impl Checkpoint {
             }
         }
         let mut made: Vec<PyObject> = tensors.iter().map(|_| py.None()).collect();
-        if plan
-            .iter()
-            .any(|p| p.as_ref().is_some_and(|(_, u)| !u.is_empty()))
-        {
+        let wanted = |s: usize, p: &Option<(DType, Vec<usize>)>| {
+            p.as_ref().is_some_and(|(_, u)| !u.is_empty()) && on_gpu(s).is_none()
+        };
+        let host = if plan.iter().enumerate().any(|(s, p)| wanted(s, p)) {
             let memory = if let Ok(bytes) = source.downcast::<PyBytes>() {
                 dlpack::Memory::copy(bytes.as_bytes())
             } else {
@@ -400,45 +425,72 @@ impl Checkpoint {
                 });
                 read.map_err(|e| Error::new_err(format!("{}: {e}", path.display())))?
             };
-            let memory = Arc::new(memory);
-            for (s, slot) in plan.iter().enumerate() {
-                let Some((dtype, users)) = slot else { continue };
-                if users.is_empty() {
+            Some(dlpack::Region::Host(Arc::new(memory)))
+        } else {
+            None
+        };
+        for (s, slot) in plan.iter().enumerate() {
+            let Some((dtype, users)) = slot else { continue };
+            if users.is_empty() {
+                continue;
+            }
+            let storage = &storages[s];
+            let (region, offset) = match (on_gpu(s), &host) {
+                (Some(gpu), _) => (dlpack::Region::Cuda(gpu.clone()), 0),
+                (None, Some(host)) => (host.clone(), storage.file_offset.unwrap_or(0)),
+                (None, None) => continue,
+            };
+            let size = dtype.size() as u64;
+            let dl = dlpack::dl_dtype(*dtype).expect("checked above");
+            let whole = |t: &TensorInfo| {
+                t.storage_offset == 0
+                    && dlpack::extent(&t.shape, &t.stride, size) == Some(storage.nbytes)
+            };
+            if let [only] = users[..] {
+                let t = &tensors[only];
+                if whole(t) {
+                    // The common case: one tensor spanning its storage.
+                    let c = dlpack::capsule(py, &region, offset, dl, size, &t.shape, &t.stride)?;
+                    made[only] = finish(from_dlpack.call1((c,))?, t)?.unbind();
                     continue;
                 }
-                let storage = &storages[s];
-                let offset = storage.file_offset.unwrap_or(0);
-                let size = dtype.size() as u64;
-                let dl = dlpack::dl_dtype(*dtype).expect("checked above");
-                let whole = |t: &TensorInfo| {
-                    t.storage_offset == 0
-                        && dlpack::extent(&t.shape, &t.stride, size) == Some(storage.nbytes)
-                };
-                if let [only] = users[..] {
-                    let t = &tensors[only];
-                    if whole(t) {
-                        // The common case: one tensor spanning its storage.
-                        let c =
-                            dlpack::capsule(py, &memory, offset, dl, size, &t.shape, &t.stride)?;
-                        made[only] = finish(from_dlpack.call1((c,))?, t)?.unbind();
-                        continue;
-                    }
-                }
-                // The storage as one flat tensor; each user a strided view.
-                let numel = storage.nbytes / size;
-                let c = dlpack::capsule(py, &memory, offset, dl, size, &[numel], &[1])?;
-                let flat = from_dlpack.call1((c,))?;
-                for &u in users {
-                    let t = &tensors[u];
-                    let view = flat.call_method1(
-                        "as_strided",
-                        (t.shape.clone(), t.stride.clone(), t.storage_offset),
-                    )?;
-                    made[u] = finish(view, t)?.unbind();
-                }
+            }
+            // The storage as one flat tensor; each user a strided view.
+            let numel = storage.nbytes / size;
+            let c = dlpack::capsule(py, &region, offset, dl, size, &[numel], &[1])?;
+            let flat = from_dlpack.call1((c,))?;
+            for &u in users {
+                let t = &tensors[u];
+                let view = flat.call_method1(
+                    "as_strided",
+                    (t.shape.clone(), t.stride.clone(), t.storage_offset),
+                )?;
+                made[u] = finish(view, t)?.unbind();
             }
         }
         PyList::new(py, made)
+    }
+
+    /// Upload whole storages to GPUs through ptload-device's pipeline (the
+    /// GIL released): `targets` is a list of (storage index, device
+    /// ordinal), each storage once. The result holds each storage on its
+    /// device, or why it stays on the host.
+    fn upload(&self, py: Python<'_>, targets: Vec<(usize, u32)>) -> PyResult<Uploaded> {
+        let inner = self.inner.clone();
+        let count = inner.storages().len();
+        let placed = py.allow_threads(move || {
+            ptload_device::upload_storages(&inner, &targets, gpus(), &Default::default())
+                .map(|placed| (targets, placed))
+        });
+        let (targets, placed) = placed.map_err(|e| Error::new_err(e.to_string()))?;
+        let mut storages: Vec<Option<Result<Arc<ptload_device::CudaStorage>, String>>> =
+            (0..count).map(|_| None).collect();
+        for ((index, _), p) in targets.into_iter().zip(placed) {
+            if let Some(slot) = storages.get_mut(index) {
+                *slot = Some(p.map(Arc::new));
+            }
+        }
+        Ok(Uploaded { storages })
     }
 
     /// The unpickled object built here when it holds only plain values
@@ -791,6 +843,69 @@ fn state_dict_options(
     }
 }
 
+/// The machine's GPUs as ptload-device sees them, probed once (the
+/// driver is loaded on first use).
+fn gpus() -> &'static ptload_device::Gpus {
+    static GPUS: std::sync::OnceLock<ptload_device::Gpus> = std::sync::OnceLock::new();
+    GPUS.get_or_init(ptload_device::probe)
+}
+
+/// CUDA devices the driver reports (0 without a driver), as ptload-device
+/// sees them.
+#[pyfunction]
+fn cuda_device_count(py: Python<'_>) -> usize {
+    py.allow_threads(|| gpus().devices().len())
+}
+
+/// Storages uploaded by [`Checkpoint::upload`]: each on its GPU, or why
+/// it stays on the host.
+#[pyclass(frozen, module = "ptload._ptload")]
+struct Uploaded {
+    storages: Vec<Option<Result<Arc<ptload_device::CudaStorage>, String>>>,
+}
+
+#[pymethods]
+impl Uploaded {
+    /// (storage index, why it stays on the host) for each target that was
+    /// not uploaded.
+    fn fallbacks(&self) -> Vec<(usize, String)> {
+        self.storages
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((i, s.as_ref()?.as_ref().err()?.clone())))
+            .collect()
+    }
+
+    /// Whether storage `index` is on a GPU.
+    fn on_device(&self, index: usize) -> bool {
+        matches!(self.storages.get(index), Some(Some(Ok(_))))
+    }
+
+    /// A DLPack capsule of storage `index`'s bytes on its GPU (uint8, 1-D).
+    fn capsule<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyAny>> {
+        let Some(Some(Ok(gpu))) = self.storages.get(index) else {
+            return Err(Error::new_err(format!("storage {index} is not on a GPU")));
+        };
+        let region = dlpack::Region::Cuda(gpu.clone());
+        let n = gpu.len() as u64;
+        let u8 = dlpack::dl_dtype(DType::U8).expect("uint8");
+        dlpack::capsule(py, &region, 0, u8, 1, &[n], &[1])
+    }
+}
+
+/// What a DLPack capsule ptload made views (for tests): ((device type,
+/// id), (dtype code, bits, lanes), shape, strides, the bytes its view
+/// spans, read back from the GPU for device memory).
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn describe_capsule<'py>(
+    py: Python<'py>,
+    capsule: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let (device, dtype, shape, strides, bytes) = dlpack::describe(capsule)?;
+    (device, dtype, shape, strides, PyBytes::new(py, &bytes)).into_pyobject(py)
+}
+
 /// Open a checkpoint: `source` is a path (str) or the file's bytes.
 #[pyfunction]
 #[pyo3(signature = (source, *, objects=true, in_memory=false))]
@@ -818,6 +933,9 @@ fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", m.py().get_type::<Error>())?;
     m.add_class::<Checkpoint>()?;
     m.add_class::<Selection>()?;
+    m.add_class::<Uploaded>()?;
+    m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(describe_capsule, m)?)?;
     m.add_function(wrap_pyfunction!(open, m)?)?;
     m.add_function(wrap_pyfunction!(select, m)?)?;
     Ok(())

@@ -66,7 +66,8 @@ impl Staging {
 }
 
 /// A device allocation holding storages as sub-slices. It is freed (on
-/// the stream it was allocated on) when the last storage in it is dropped;
+/// the stream it was allocated on, after all work queued in its context
+/// has finished) when the last storage in it is dropped;
 /// its bytes are written and every copy has completed when the load that
 /// made it returns, so any stream of its context may read it.
 pub struct Arena {
@@ -102,6 +103,12 @@ impl Drop for Arena {
                 // cudarc binds the context only while it has no error
                 // recorded; after a fault the free must still run in it.
                 make_current(inner.stream.context())?;
+                // Others may still be reading it on streams of their own
+                // (a consumer such as torch does not tell us when its
+                // kernels are done): free it after all of the context's
+                // work. An error here (a sticky fault) must not keep the
+                // memory allocated.
+                let _ = result::ctx::synchronize();
             }
             drop(inner);
             Ok(())

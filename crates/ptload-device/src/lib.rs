@@ -54,8 +54,8 @@ mod probe;
 
 pub use cuda::{Arena, Staging};
 pub use load::{
-    load, CudaStorage, DeviceReport, HostStorage, LoadError, LoadOptions, Loaded, LoadedTensor,
-    Placed,
+    load, upload_storages, CudaStorage, DeviceReport, HostStorage, LoadError, LoadOptions, Loaded,
+    LoadedTensor, Placed,
 };
 pub use probe::{device_count, probe, Gpu, Gpus};
 

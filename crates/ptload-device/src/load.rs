@@ -511,6 +511,62 @@ pub fn load(
     })
 }
 
+/// Upload whole storages, as torch's `map_location` moves them: storage
+/// `storage` of `ckpt` to `cuda:ordinal`, for each pair of `targets`
+/// (each storage once). The answer has one entry per target: the storage
+/// on its device, in host byte order, or why it stays on the host (the
+/// device is missing or unusable, or lacks the memory). The caller keeps
+/// the host storages and the strict policy; nothing here reads a
+/// storage that is not a target. Storages of one device share one arena,
+/// freed when the last of them is dropped.
+pub fn upload_storages(
+    ckpt: &Checkpoint,
+    targets: &[(usize, u32)],
+    gpus: &Gpus,
+    opts: &LoadOptions,
+) -> Result<Vec<Result<CudaStorage, String>>, LoadError> {
+    let mut sources = Vec::with_capacity(targets.len());
+    let mut seen = vec![false; ckpt.storages().len()];
+    for &(index, ordinal) in targets {
+        let storage = ckpt
+            .storages()
+            .get(index)
+            .ok_or_else(|| LoadError::Access(format!("no storage {index}")))?;
+        match seen.get_mut(index) {
+            Some(s) if !*s => *s = true,
+            _ => {
+                return Err(LoadError::Access(format!(
+                    "storage {index} is a target twice"
+                )))
+            }
+        }
+        let (device, fallback) = match usable(gpus, ordinal) {
+            Ok(_) => (Device::Cuda(ordinal), None),
+            Err(why) => (Device::Host, Some(why)),
+        };
+        sources.push(Source {
+            bytes: SourceBytes::Checkpoint(index),
+            order: ckpt.byte_order(),
+            unit: storage.dtype.swap_unit(),
+            device,
+            fallback,
+        });
+    }
+    let (mut placed, _work) = upload_all(ckpt, &mut sources, gpus, opts)?;
+    Ok(sources
+        .into_iter()
+        .enumerate()
+        .map(
+            |(k, source)| match placed.get_mut(k).and_then(Option::take) {
+                Some(Placed::Cuda(c)) => Ok(c),
+                _ => Err(source
+                    .fallback
+                    .unwrap_or_else(|| "it was not uploaded".to_owned())),
+            },
+        )
+        .collect())
+}
+
 /// Strict mode fails before anything is copied.
 fn check_strict(
     ckpt: &Checkpoint,

@@ -15,7 +15,7 @@ import warnings
 
 import torch
 
-from . import _graph
+from . import _graph, _ptload
 from ._errors import Error, UnsafeGlobalError, open_checkpoint
 
 __all__ = ["load", "load_file", "StorageStandIn"]
@@ -160,9 +160,22 @@ def _placer(map_location):
     )
 
 
+def _cuda_count():
+    """CUDA devices torch can use (0 when torch has none)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _cuda_ordinal(device):
+    """The ordinal of a ``cuda`` device (``cuda`` alone: torch's current one)."""
+    if device.index is not None:
+        return device.index
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0
+
+
 class _Storages:
     """Each storage of the file once, as a torch ``UntypedStorage`` on its
-    device; built on first use, so tied tensors share one."""
+    device; built on first use, so tied tensors share one. Storages bound
+    for GPUs are uploaded together first, through ptload-device."""
 
     def __init__(self, ckpt, source_path, mmap, map_location, strict):
         self.ckpt = ckpt
@@ -175,18 +188,66 @@ class _Storages:
         self.source_path = source_path
         self.mmap = mmap
         self._map = self._memory = None
+        self.uploaded = None
+        self.on_host = set()  # storages kept on the host instead of a GPU
         placer = _placer(map_location)
         self._targets = None
         if map_location is None:
             self.on_cpu = None  # each storage where it was saved
+            wanted = [(i, loc) for i, loc in ckpt.off_host()]
         elif isinstance(map_location, (str, torch.device)):
             self.on_cpu = torch.device(map_location).type == "cpu"
+            wanted = [] if self.on_cpu else [(i, str(map_location)) for i in range(len(self.infos))]
         else:
             # Asked once per storage, in the order torch asks map_location
             # (the order storages are first met).
             self._targets = [placer(i[0], i[1], i[4]) for i in self.infos]
             self.on_cpu = [torch.device(t).type == "cpu" for t in self._targets]
+            wanted = [(i, t) for i, t in enumerate(self._targets) if not self.on_cpu[i]]
         self.placer = placer
+        self._upload([(i, torch.device(t)) for i, t in wanted])
+        if self.on_host:
+            if not isinstance(self.on_cpu, list):
+                if self.on_cpu is None:
+                    self.on_cpu = [i[1] == "cpu" for i in self.infos]
+                else:
+                    self.on_cpu = [self.on_cpu] * len(self.infos)
+            for i in self.on_host:
+                self.on_cpu[i] = True
+
+    def _upload(self, wanted):
+        """Storages bound for GPUs: those torch can reach are uploaded at
+        once by ptload-device; the others stay on the host (with a warning,
+        or an error when strict)."""
+        wanted = [(i, d) for i, d in wanted if d.type == "cuda"]
+        if not wanted:
+            return
+        count = _cuda_count()
+        targets = []
+        for i, device in wanted:
+            ordinal = _cuda_ordinal(device)
+            if ordinal < count:
+                targets.append((i, ordinal))
+            elif count == 0:
+                self._fall_back(i, device, "no CUDA device is available")
+            else:
+                self._fall_back(i, device, f"only {count} CUDA device(s) are visible")
+        if not targets or max(o for _, o in targets) >= _ptload.cuda_device_count():
+            return  # the driver is not ptload's to use: torch copies each one
+        self.uploaded = self.ckpt.upload(targets)
+        ordinals = dict(targets)
+        for i, why in self.uploaded.fallbacks():
+            self._fall_back(i, torch.device("cuda", ordinals[i]), why)
+
+    def _fall_back(self, index, device, why):
+        key, location = self.infos[index][:2]
+        if self.strict:
+            raise Error(
+                f"storage {key} saved on {location} cannot go to {device}: {why} "
+                "(strict=True; pass map_location to choose another device)"
+            )
+        self.fallbacks.append((key, location, str(device), why))
+        self.on_host.add(index)
 
     @property
     def infos(self):
@@ -257,9 +318,13 @@ class _Storages:
         if flat is not None:
             return flat
         key, location, _dtype, _numel, nbytes, offset = self.infos[index]
-        target = self.target(index)
+        if self.uploaded is not None and self.uploaded.on_device(index):
+            flat = _from_dlpack(self.uploaded.capsule(index))
+            self.built[index] = flat
+            return flat
         flat = self._host(index, nbytes, offset, elem_size)
-        flat = self._place(flat, key, location, target)
+        if index not in self.on_host:
+            flat = self._place(flat, key, location, self.target(index))
         self.built[index] = flat
         return flat
 
@@ -493,7 +558,7 @@ def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict):
     storages = _Storages(ckpt, path, mmap, map_location, strict)
     # Most tensors are made in one call, as DLPack views of private memory.
     made = ckpt.torch_tensors(
-        _from_dlpack, source, mmap is not False, storages.on_cpu
+        _from_dlpack, source, mmap is not False, storages.on_cpu, storages.uploaded
     )
 
     def make_leaf(kind, node, objs):
