@@ -646,3 +646,23 @@ fn torchscript_v1_storage_ids_have_a_sixth_item() {
     let e = open(build(b"K\x05")).expect_err("sixth item not None");
     assert!(e.to_string().contains("6 items"), "{e}");
 }
+
+/// A cancelled open stops in the pickle machine with `Cancelled`; an
+/// untouched flag changes nothing.
+#[test]
+fn an_open_stops_when_cancelled() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/files/many_tensors.pt");
+    let set = Arc::new(AtomicBool::new(true));
+    let err = OpenOptions::new()
+        .cancel(set)
+        .open(&path)
+        .expect_err("cancelled");
+    assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+    assert!(err.offset().is_some(), "{err}");
+    let clear = Arc::new(AtomicBool::new(false));
+    let ckpt = OpenOptions::new().cancel(clear).open(&path).expect("open");
+    assert_eq!(ckpt.len(), 20_000);
+}

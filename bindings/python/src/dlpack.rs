@@ -181,8 +181,10 @@ impl Memory {
         })
     }
 
-    /// `path` read once into aligned memory.
-    pub fn read(path: &Path) -> std::io::Result<Memory> {
+    /// `path` read once into aligned memory, in pieces: each one's length
+    /// is added to `done`, and the read stops when `cancel` is set.
+    pub fn read(path: &Path, work: &crate::Work) -> std::io::Result<Memory> {
+        const PIECE: usize = 64 << 20;
         let mut file = File::open(path)?;
         let len = usize::try_from(file.metadata()?.len())
             .map_err(|_| std::io::Error::other("the file does not fit in memory"))?;
@@ -190,9 +192,16 @@ impl Memory {
         let bytes = memory.bytes_mut();
         let mut done = 0;
         while done < len {
-            match file.read(&mut bytes[done..])? {
+            if work.cancelled() {
+                return Err(std::io::Error::other("the read was cancelled"));
+            }
+            let end = len.min(done.saturating_add(PIECE));
+            match file.read(&mut bytes[done..end])? {
                 0 => return Err(std::io::Error::other("the file shrank while it was read")),
-                n => done += n,
+                n => {
+                    done += n;
+                    work.add(n as u64);
+                }
             }
         }
         Ok(memory)

@@ -12,6 +12,8 @@ mod dlpack;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 
 use ptload_reader::object::Node;
@@ -43,6 +45,82 @@ fn to_py(err: ptload_reader::Error) -> PyErr {
         let _ = v.setattr("tensor", err.tensor());
     });
     e
+}
+
+/// Work done on a thread of its own while Python waits: what it counts
+/// for progress, and the flag that tells it to stop.
+#[derive(Clone, Default)]
+pub struct Work {
+    done: Arc<AtomicU64>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Work {
+    /// Count `n` more bytes done.
+    pub fn add(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Whether the caller gave up (Ctrl-C).
+    pub fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+}
+
+/// Run `job` on a thread of its own while this one waits with the GIL
+/// released, waking every 50 ms to let Python run its signal handlers (a
+/// Ctrl-C raises `KeyboardInterrupt` from here) and to call `progress`
+/// with the bytes `job` has counted. On an exception the job is told to
+/// stop and left to end on its thread; what it made is dropped there.
+fn interruptible<T: Send + 'static>(
+    py: Python<'_>,
+    progress: Option<&Bound<'_, PyAny>>,
+    job: impl FnOnce(&Work) -> T + Send + 'static,
+) -> PyResult<T> {
+    let work = Work::default();
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let theirs = work.clone();
+    std::thread::Builder::new()
+        .name("ptload".into())
+        .spawn(move || {
+            let _ = tx.send(job(&theirs));
+        })
+        .map_err(|e| Error::new_err(format!("cannot start a thread: {e}")))?;
+    let mut reported = 0;
+    let mut rx = Some(rx);
+    loop {
+        let waiting = rx
+            .take()
+            .ok_or_else(|| Error::new_err("no reading thread"))?;
+        let (got, waiting) = py.allow_threads(move || {
+            let got = waiting.recv_timeout(std::time::Duration::from_millis(50));
+            (got, waiting)
+        });
+        rx = Some(waiting);
+        let step = (|| {
+            if let Some(progress) = progress {
+                let done = work.done.load(Ordering::Relaxed);
+                if done != reported {
+                    reported = done;
+                    progress.call1((done,))?;
+                }
+            }
+            py.check_signals()
+        })();
+        match (got, step) {
+            (Ok(value), Ok(())) => return Ok(value),
+            (Err(RecvTimeoutError::Timeout), Ok(())) => {}
+            (Err(RecvTimeoutError::Disconnected), _) => {
+                return Err(Error::new_err(
+                    "the reading thread stopped without an answer",
+                ))
+            }
+            (_, Err(e)) => {
+                work.cancel.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+    }
 }
 
 /// A selected state dict: (name, index into the flattened tensors) pairs,
@@ -335,7 +413,9 @@ impl Checkpoint {
     /// misaligned bytes, a dtype DLPack lacks, quantized, seen as two
     /// dtypes or as a storage object) is None, and so is every other
     /// tensor of its storage: the caller makes those.
-    #[pyo3(signature = (from_dlpack, source, mmap, on_cpu, uploaded=None))]
+    /// `progress` is called with the bytes read so far (`mmap=False`).
+    #[pyo3(signature = (from_dlpack, source, mmap, on_cpu, uploaded=None, progress=None))]
+    #[allow(clippy::too_many_arguments)]
     fn torch_tensors<'py>(
         &self,
         py: Python<'py>,
@@ -344,6 +424,7 @@ impl Checkpoint {
         mmap: bool,
         on_cpu: &Bound<'py, PyAny>,
         uploaded: Option<PyRef<'py, Uploaded>>,
+        progress: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let objects = self
             .inner
@@ -416,13 +497,12 @@ impl Checkpoint {
                 dlpack::Memory::copy(bytes.as_bytes())
             } else {
                 let path: std::path::PathBuf = source.extract()?;
-                let read = py.allow_threads(|| {
-                    if mmap && self.inner.is_mapped() {
-                        dlpack::Memory::map_private(&path)
-                    } else {
-                        dlpack::Memory::read(&path)
-                    }
-                });
+                let read = if mmap && self.inner.is_mapped() {
+                    py.allow_threads(|| dlpack::Memory::map_private(&path))
+                } else {
+                    let path = path.clone();
+                    interruptible(py, progress, move |work| dlpack::Memory::read(&path, work))?
+                };
                 read.map_err(|e| Error::new_err(format!("{}: {e}", path.display())))?
             };
             Some(dlpack::Region::Host(Arc::new(memory)))
@@ -475,13 +555,25 @@ impl Checkpoint {
     /// GIL released): `targets` is a list of (storage index, device
     /// ordinal), each storage once. The result holds each storage on its
     /// device, or why it stays on the host.
-    fn upload(&self, py: Python<'_>, targets: Vec<(usize, u32)>) -> PyResult<Uploaded> {
+    /// `progress` is called with the bytes uploaded so far.
+    #[pyo3(signature = (targets, progress=None))]
+    fn upload(
+        &self,
+        py: Python<'_>,
+        targets: Vec<(usize, u32)>,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Uploaded> {
         let inner = self.inner.clone();
         let count = inner.storages().len();
-        let placed = py.allow_threads(move || {
-            ptload_device::upload_storages(&inner, &targets, gpus(), &Default::default())
+        let placed = interruptible(py, progress, move |work| {
+            let counter = work.clone();
+            let opts = ptload_device::LoadOptions {
+                progress: Some(Arc::new(move |n| counter.add(n))),
+                ..Default::default()
+            };
+            ptload_device::upload_storages(&inner, &targets, gpus(), &opts)
                 .map(|placed| (targets, placed))
-        });
+        })?;
         let (targets, placed) = placed.map_err(|e| Error::new_err(e.to_string()))?;
         let mut storages: Vec<Option<Result<Arc<ptload_device::CudaStorage>, String>>> =
             (0..count).map(|_| None).collect();
@@ -916,12 +1008,18 @@ fn open(
     in_memory: bool,
 ) -> PyResult<Checkpoint> {
     let opts = OpenOptions::new().objects(objects).in_memory(in_memory);
+    // On a thread of its own, so Ctrl-C interrupts a long open (the
+    // pickle machine stops at the flag).
     let ckpt = if let Ok(bytes) = source.downcast::<PyBytes>() {
         let data = bytes.as_bytes().to_vec();
-        py.allow_threads(move || opts.open_bytes(data))
+        interruptible(py, None, move |work| {
+            opts.cancel(work.cancel.clone()).open_bytes(data)
+        })?
     } else {
         let path: std::path::PathBuf = source.extract()?;
-        py.allow_threads(move || opts.open(path))
+        interruptible(py, None, move |work| {
+            opts.cancel(work.cancel.clone()).open(path)
+        })?
     };
     Ok(Checkpoint {
         inner: Arc::new(ckpt.map_err(to_py)?),

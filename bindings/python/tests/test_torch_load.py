@@ -311,3 +311,47 @@ def test_the_collector_is_restored():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class Stop(Exception):
+    """Raised by the test's signal handler, as KeyboardInterrupt is by
+    Python's (without stopping pytest)."""
+
+
+def test_a_signal_interrupts_a_long_open(tmp_path):
+    """A pickle of 202 million opcodes runs about a second before the
+    reader's opcode limit stops it. A signal 50 ms in must stop the load
+    from inside the call: had the open run to its end, its own error would
+    come first and the handler's exception would carry it as context."""
+    import signal
+    import zipfile
+
+    path = tmp_path / "long.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", b"\x80\x02" + b"N0" * 101_000_000 + b"}.")
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/version", "3\n")
+    with pytest.raises(ptload.Error, match="max_opcodes"):
+        ptload.torch.load(path)  # uninterrupted: the limit
+
+    def handler(signum, frame):
+        raise Stop()
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(Stop) as info:
+            ptload.torch.load(path)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert info.value.__context__ is None, info.value.__context__
+
+
+def test_progress_shows_the_bytes_read(capsys):
+    """progress=True: a tqdm bar over the file's bytes, complete at the end."""
+    path = fixture("multi_gpu.pt")
+    ours = ptload.torch.load(path, map_location="cpu", mmap=False, progress=True)
+    err = capsys.readouterr().err
+    assert "multi_gpu.pt" in err and "100%" in err, err
+    assert_same_object(ours, torch.load(path, weights_only=True, map_location="cpu"))

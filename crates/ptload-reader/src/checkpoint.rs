@@ -30,6 +30,7 @@ pub struct OpenOptions {
     allowed_globals: Vec<String>,
     in_memory: bool,
     objects: bool,
+    cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl OpenOptions {
@@ -73,6 +74,15 @@ impl OpenOptions {
     /// running anything. Off by default (it costs a node per value).
     pub fn objects(mut self, yes: bool) -> Self {
         self.objects = yes;
+        self
+    }
+
+    /// Stop the open with an error of kind
+    /// [`Cancelled`](crate::ErrorKind::Cancelled) soon after `flag` is set
+    /// (from another thread: a Ctrl-C handler, a request timeout). The
+    /// pickle machine looks at it every few thousand opcodes.
+    pub fn cancel(mut self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.cancel = Some(flag);
         self
     }
 
@@ -198,6 +208,7 @@ impl Checkpoint {
         let mut heap = Heap::new(&opts.limits);
         let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);
         let mut vm = Vm::new(&opts.limits, opts.encoding);
+        vm.cancel = opts.cancel.clone();
         let mut leading = Vec::new();
         let decoded = match detect(data)? {
             Detected::Zip => {

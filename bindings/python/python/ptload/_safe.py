@@ -73,6 +73,19 @@ def _progress(names, wanted, path):
     return tqdm(names, desc=os.path.basename(os.fspath(path)), unit="tensor")
 
 
+def _byte_bar(wanted, total, name):
+    """A tqdm bar over ``total`` bytes when asked for and tqdm is
+    installed, else None."""
+    if not wanted:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        warnings.warn("progress=True needs tqdm: pip install tqdm", UserWarning, stacklevel=4)
+        return None
+    return tqdm(total=total, desc=name, unit="B", unit_scale=True)
+
+
 def _array_dtype(info):
     """The numpy dtype of a tensor tuple's arrays: packed float4 pairs come
     as their bytes, as torch stores them."""

@@ -177,8 +177,9 @@ class _Storages:
     device; built on first use, so tied tensors share one. Storages bound
     for GPUs are uploaded together first, through ptload-device."""
 
-    def __init__(self, ckpt, source_path, mmap, map_location, strict):
+    def __init__(self, ckpt, source_path, mmap, map_location, strict, bar=None):
         self.ckpt = ckpt
+        self.bar = bar
         self._infos = None
         self.built = {}
         self.typed = {}
@@ -234,7 +235,7 @@ class _Storages:
                 self._fall_back(i, device, f"only {count} CUDA device(s) are visible")
         if not targets or max(o for _, o in targets) >= _ptload.cuda_device_count():
             return  # the driver is not ptload's to use: torch copies each one
-        self.uploaded = self.ckpt.upload(targets)
+        self.uploaded = self.ckpt.upload(targets, _advance(self.bar))
         ordinals = dict(targets)
         for i, why in self.uploaded.fallbacks():
             self._fall_back(i, torch.device("cuda", ordinals[i]), why)
@@ -484,6 +485,7 @@ def load(
     unknown="error",
     allow_globals=(),
     strict=False,
+    progress=False,
 ):
     """Load a checkpoint as ``torch.load(f, map_location, weights_only=True)``
     would, without running anything the file names.
@@ -508,6 +510,10 @@ def load(
     ``mmap``: None or True map the file privately (copy-on-write; tensors
     are views of the map); False reads every storage into memory.
     ``weights_only=False`` is refused: ptload never runs the file.
+
+    ``progress=True`` shows a tqdm bar over the file's bytes as they are
+    read (``mmap=False``) or uploaded to GPUs. Ctrl-C interrupts a load
+    at any point, the reading of the file included.
     """
     # Collection passes over the many objects a load makes are most of its
     # cost on files of many small tensors; nothing here makes cycles the
@@ -515,13 +521,20 @@ def load(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict)
+        return _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress)
     finally:
         if collecting:
             gc.enable()
 
 
-def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict):
+def _advance(bar):
+    """A callable that moves ``bar`` to the bytes done so far, or None."""
+    if bar is None:
+        return None
+    return lambda done: bar.update(done - bar.n)
+
+
+def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress):
     if not weights_only:
         raise Error(
             "ptload never runs a file's code, so weights_only=False is not offered; "
@@ -555,10 +568,25 @@ def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict):
                 "ptload.Inert records, or allow_globals=[...] for the ones you trust.",
                 refused,
             )
-    storages = _Storages(ckpt, path, mmap, map_location, strict)
+    bar = None
+    if progress:
+        from ._safe import _byte_bar
+
+        total = os.path.getsize(path) if path is not None else len(source)
+        bar = _byte_bar(progress, total, os.path.basename(path) if path else "checkpoint")
+    try:
+        return _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown):
+    storages = _Storages(ckpt, path, mmap, map_location, strict, bar)
     # Most tensors are made in one call, as DLPack views of private memory.
     made = ckpt.torch_tensors(
-        _from_dlpack, source, mmap is not False, storages.on_cpu, storages.uploaded
+        _from_dlpack, source, mmap is not False, storages.on_cpu, storages.uploaded,
+        _advance(bar),
     )
 
     def make_leaf(kind, node, objs):
@@ -596,6 +624,8 @@ def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict):
         result = _graph.build(root, nodes, make_leaf, allowed, unknown)
     if storages.fallbacks:
         _warn_fallbacks(storages.fallbacks)
+    if bar is not None:
+        bar.update(bar.total - bar.n)
     return result
 
 
@@ -606,7 +636,7 @@ def _warn_fallbacks(fallbacks):
         f"storage {first[0]} saved on {first[1]} stays on the CPU instead of {first[2]}: "
         f"{first[3]}{more}. Pass strict=True to raise instead.",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=5,
     )
 
 

@@ -137,7 +137,12 @@ pub(crate) struct Vm<'l> {
     /// file, drops and re-reads bytes there, so it runs other opcodes than
     /// the bytes show.
     pub(crate) frame_crossed: bool,
+    /// Set by another thread to stop the run ([`crate::OpenOptions::cancel`]).
+    pub(crate) cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
+
+/// Opcodes between looks at the cancel flag.
+const CANCEL_EVERY: u64 = 1 << 12;
 
 struct Machine<'a, 'h, I> {
     r: ByteReader<'a>,
@@ -164,6 +169,7 @@ impl<'l> Vm<'l> {
             encoding,
             opcodes: 0,
             frame_crossed: false,
+            cancel: None,
         }
     }
 
@@ -198,6 +204,14 @@ impl<'l> Vm<'l> {
             self.opcodes += 1;
             if self.opcodes > self.limits.max_opcodes {
                 return Err(Error::limit("max_opcodes", self.limits.max_opcodes).at(offset as u64));
+            }
+            if self.opcodes % CANCEL_EVERY == 0 {
+                if let Some(flag) = &self.cancel {
+                    if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Err(Error::new(ErrorKind::Cancelled, "the open was cancelled")
+                            .at(offset as u64));
+                    }
+                }
             }
             m.heap.charge_work(1).map_err(|e| e.at(offset as u64))?;
             let op =
