@@ -127,3 +127,18 @@ def test_load_file_selects_and_warns_like_the_cli():
     with pytest.warns(UserWarning):
         stripped = ptload.torch.load_file(fixture("dataparallel.pt"))
     assert all(not k.startswith("module.") for k in stripped)
+
+
+def test_automatic_choices_are_told_in_python_terms():
+    """hf_lm.pt: "model" holds tensors, so does a top-level entry that is
+    not training state; the whole file is taken, and the warning names the
+    keyword that takes the model alone, not the Rust API's."""
+    from ptload.numpy import load_file
+
+    with pytest.warns(UserWarning) as caught:
+        whole = load_file(fixture("hf_lm.pt"))
+    text = " ".join(str(w.message) for w in caught)
+    assert 'to take only "model", pass key="model"' in text, text
+    assert "KeySelect" not in text, text
+    model = load_file(fixture("hf_lm.pt"), key="model")
+    assert 0 < len(model) < len(whole)

@@ -11,6 +11,7 @@ torch tensors view a private map. Nothing here imports torch unless
 
 import mmap as _mmap
 import os
+import re
 import sys
 import warnings
 
@@ -71,6 +72,14 @@ def _progress(names, wanted, path):
         warnings.warn("progress=True needs tqdm: pip install tqdm", UserWarning, stacklevel=3)
         return names
     return tqdm(names, desc=os.path.basename(os.fspath(path)), unit="tensor")
+
+
+def _in_python(decision):
+    """The reader's account of an automatic choice, in this API's terms
+    (``key="model"`` rather than the Rust ``KeySelect::Path``)."""
+    decision = re.sub(r'select KeySelect::Path\("((?:[^"\\]|\\.)*)"\)', r'pass key="\1"', decision)
+    decision = decision.replace("select it with KeySelect::Path", 'select it with key="..."')
+    return decision.replace("strip-prefix auto:", "strip_prefix auto:")
 
 
 def _byte_bar(wanted, total, name):
@@ -212,7 +221,7 @@ class safe_open:
     def _warn(self, decisions, key, strip_prefix):
         if decisions and (key == "auto" or strip_prefix == "auto"):
             warnings.warn(
-                f"{os.path.basename(self._path)}: " + "; ".join(decisions),
+                f"{os.path.basename(self._path)}: " + "; ".join(map(_in_python, decisions)),
                 UserWarning,
                 stacklevel=3,
             )
