@@ -4,7 +4,7 @@
 Usage (from the repository root, with the package installed in the
 environment: `pip install ./bindings/python`):
 
-    ~/torchenv/bin/python benches/python_load.py [--runs N] [--out DIR]
+    ~/torchenv/bin/python benches/python_load.py [--runs N] [--out DIR] [--cuda]
 
 Inputs: the committed 20,000-tensor fixture and the 498 MB GPT-2-small-shaped
 state_dict of benches/compare.py (written to DIR, default /tmp/ptload-bench),
@@ -12,6 +12,11 @@ each also converted to safetensors (the tied lm_head once). Every loader is
 timed in this already-started Python, warm page cache, medians of N runs.
 Each load is followed by reading one element of every tensor (`t.view(-1)[0]`
 on non-empty tensors), so a lazy loader cannot win by not building them.
+
+With --cuda (a GPU machine): every loader puts the tensors on cuda:0
+(`map_location="cuda"`, safetensors' `device="cuda:0"`), and each load is
+followed by `torch.cuda.synchronize()` instead; the goal there is
+ptload.torch.load at least 3x torch.load.
 """
 import argparse
 import gc
@@ -42,20 +47,48 @@ def touch(obj):
             t.view(-1)[0].item()
 
 
-def median_ms(fn, runs):
+def median_ms(fn, runs, cuda=False):
     times = []
     for _ in range(runs):
         gc.collect()
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
-        touch(fn())
+        result = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        else:
+            touch(result)
         times.append((time.perf_counter() - start) * 1000)
+        del result
     return statistics.median(times)
+
+
+def cuda_row(path, st, runs):
+    ours = ptload.torch.load(path, map_location="cuda")
+    theirs = torch.load(path, weights_only=True, map_location="cuda")
+    assert list(ours) == list(theirs)
+    assert all(ours[k].is_cuda and torch.equal(ours[k], theirs[k]) for k in ours)
+    del ours, theirs
+    row = {
+        "torch.load(weights_only=True, map_location='cuda') ms": median_ms(
+            lambda: torch.load(path, weights_only=True, map_location="cuda"), runs, True),
+        "ptload.torch.load(map_location='cuda') ms": median_ms(
+            lambda: ptload.torch.load(path, map_location="cuda"), runs, True),
+        "safetensors.torch.load_file(device='cuda:0') ms": median_ms(
+            lambda: load_file(st, device="cuda:0"), runs, True),
+    }
+    ptl = row["ptload.torch.load(map_location='cuda') ms"]
+    row["vs torch.load"] = row["torch.load(weights_only=True, map_location='cuda') ms"] / ptl
+    row["vs safetensors"] = row["safetensors.torch.load_file(device='cuda:0') ms"] / ptl
+    return row
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=11)
     parser.add_argument("--out", default="/tmp/ptload-bench")
+    parser.add_argument("--cuda", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     gpt2_pt = os.path.join(args.out, "gpt2.pt")
@@ -74,6 +107,9 @@ def main():
         ("many_tensors.pt (20,000 tensors)", many, many_st),
         ("gpt2.pt (149 tensors, 498 MB)", gpt2_pt, gpt2_st),
     ]:
+        if args.cuda:
+            results[name] = cuda_row(path, st, args.runs)
+            continue
         # The same objects, first: a benchmark of different answers is void.
         ours, theirs = ptload.torch.load(path), torch.load(path, weights_only=True)
         assert list(ours) == list(theirs)
@@ -99,6 +135,7 @@ def main():
             "ptload": ptload.__version__,
             "python": platform.python_version(),
             "runs": args.runs,
+            "device": torch.cuda.get_device_name(0) if args.cuda else "cpu",
         },
         "results": results,
     }, indent=2))
