@@ -188,16 +188,15 @@ impl Objects {
 }
 
 /// Build the graph under `root`. `make_tensor` describes a tensor heap
-/// value (validated against its storage) given a name; `name_of` gives the
-/// walk's name for a tensor value, if it reached it. Work is one step per
-/// value and per edge, charged against `max_walk_steps`.
+/// value (validated against its storage), given the id of its node: named
+/// as the walk named it where the walk reached it, else `<node N>`. Work
+/// is one step per value and per edge, charged against `max_walk_steps`.
 pub(crate) fn build(
     heap: &Heap,
     root: Value,
     limits: &Limits,
     tensors_hint: usize,
-    name_of: &dyn Fn(Value) -> Option<String>,
-    make_tensor: &mut dyn FnMut(String, Value) -> Result<TensorInfo>,
+    make_tensor: &mut dyn FnMut(Value, NodeId) -> Result<TensorInfo>,
 ) -> Result<Objects> {
     const UNSEEN: u32 = u32::MAX;
     let mut steps: u64 = 0;
@@ -268,8 +267,7 @@ pub(crate) fn build(
             Made::Node(n) => n,
             Made::Tensor { qparams } => {
                 let index = out.tensors.len();
-                let name = name_of(v).unwrap_or_else(|| format!("<node {}>", out.nodes.len()));
-                out.tensors.push(make_tensor(name, v)?);
+                out.tensors.push(make_tensor(v, out.nodes.len())?);
                 Node::Tensor {
                     tensor: index,
                     qparams,

@@ -151,7 +151,12 @@ impl TorchInterp<'_> {
             None => {
                 let storage = PendingStorage {
                     key: key.to_owned(),
-                    record: self.storage_dir.as_ref().map(|dir| format!("{dir}{key}")),
+                    record: self.storage_dir.as_ref().map(|dir| {
+                        let mut record = String::with_capacity(dir.len() + key.len());
+                        record.push_str(dir);
+                        record.push_str(key);
+                        record
+                    }),
                     dtype,
                     numel,
                     location: location.to_owned(),
