@@ -215,7 +215,7 @@ impl Checkpoint {
             }
             Detected::Legacy => decode_legacy(data, &mut heap, &mut interp, &mut vm)?,
         };
-        let walked = walk_all(&heap, &decoded.roots, &opts.limits)?;
+        let walked = walk_all(&heap, &decoded.roots, &opts.limits, decoded.storages.len())?;
         let objects_root = decoded.roots.first().map(|&(v, _)| v);
         if walked.tensors.len() > opts.limits.max_tensors {
             return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));

@@ -210,7 +210,6 @@ pub(crate) fn build(
     // Pass 1: every heap value reachable from the root, without recursion.
     let mut reached = vec![false; heap.len()];
     let mut todo = vec![root];
-    let mut found: Vec<u32> = Vec::new();
     let mut children = Vec::new();
     while let Some(v) = todo.pop() {
         let Value::Obj(id) = v else { continue };
@@ -218,14 +217,19 @@ pub(crate) fn build(
             Some(seen) if !*seen => *seen = true,
             _ => continue,
         }
-        found.push(id);
         children.clear();
         children_of(heap, v, &mut children);
         charge(1 + children.len())?;
         todo.extend(children.iter().copied());
     }
-    // Node ids in the order the pickle made the values.
-    found.sort_unstable();
+    // Node ids in the order the pickle made the values: the reached ids,
+    // ascending.
+    let found: Vec<u32> = reached
+        .iter()
+        .enumerate()
+        .filter(|&(_, &r)| r)
+        .filter_map(|(id, _)| u32::try_from(id).ok())
+        .collect();
     let mut node_of = vec![UNSEEN; heap.len()];
     for (i, &id) in found.iter().enumerate() {
         if let Some(slot) = node_of.get_mut(id as usize) {

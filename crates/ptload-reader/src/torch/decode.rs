@@ -48,6 +48,12 @@ pub(crate) fn decode_zip(
         let Some(entry) = entry else { continue };
         let bytes = layout::record_bytes(data, entry, limits.max_pickle_bytes, &mut budget)?;
         interp.enter(entry.name, Some(format!("{prefix}{dir}")));
+        if root_name.is_empty() {
+            // A storage's bytes are a record of its own, so the archive's
+            // entries (counted from bytes present, within max_zip_entries)
+            // bound how many storages a file that opens can name.
+            interp.reserve_storages(archive.entries().len());
+        }
         let out = vm
             .run(heap, interp, &bytes, 0)
             .map_err(|e| e.in_record(entry.name))?;

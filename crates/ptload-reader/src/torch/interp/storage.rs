@@ -49,6 +49,20 @@ impl TorchInterp<'_> {
             .copied()
     }
 
+    /// Room for `n` more storages, in the list and in the table of the
+    /// current namespace.
+    pub(crate) fn reserve_storages(&mut self, n: usize) {
+        self.storages.reserve(n);
+        let (storages, hasher) = (&self.storages, &self.hasher);
+        if let Some((_, table)) = self.namespaces.get_mut(self.namespace) {
+            table.reserve(n, |&i| {
+                storages
+                    .get(i)
+                    .map_or(0, |s| hasher.hash_one(s.key.as_str()))
+            });
+        }
+    }
+
     pub(super) fn new_storage(&mut self, storage: PendingStorage) -> usize {
         let id = self.storages.len();
         let hash = self.hasher.hash_one(storage.key.as_str());
