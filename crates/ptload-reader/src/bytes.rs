@@ -26,6 +26,8 @@ impl<'a> ByteReader<'a> {
         self.data.len().saturating_sub(self.pos)
     }
 
+    #[cold]
+    #[inline(never)]
     fn eof(&self, wanted: usize) -> Error {
         Error::new(
             self.kind,
@@ -37,32 +39,58 @@ impl<'a> ByteReader<'a> {
         .at(self.pos as u64)
     }
 
+    #[inline]
     pub(crate) fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self.pos.checked_add(n).ok_or_else(|| self.eof(n))?;
-        let out = self.data.get(self.pos..end).ok_or_else(|| self.eof(n))?;
-        self.pos = end;
-        Ok(out)
+        let found = self
+            .pos
+            .checked_add(n)
+            .and_then(|end| Some((end, self.data.get(self.pos..end)?)));
+        match found {
+            Some((end, out)) => {
+                self.pos = end;
+                Ok(out)
+            }
+            None => Err(self.eof(n)),
+        }
     }
 
+    #[inline]
     pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
-        let b = self.bytes(N)?;
-        let mut out = [0u8; N];
-        out.copy_from_slice(b);
-        Ok(out)
+        let found = self
+            .pos
+            .checked_add(N)
+            .and_then(|end| Some((end, self.data.get(self.pos..end)?.try_into().ok()?)));
+        match found {
+            Some((end, out)) => {
+                self.pos = end;
+                Ok(out)
+            }
+            None => Err(self.eof(N)),
+        }
     }
 
+    #[inline]
     pub(crate) fn u8(&mut self) -> Result<u8> {
-        Ok(self.array::<1>()?[0])
+        match self.data.get(self.pos) {
+            Some(&b) => {
+                self.pos += 1;
+                Ok(b)
+            }
+            None => Err(self.eof(1)),
+        }
     }
 
+    #[inline]
     pub(crate) fn u16(&mut self) -> Result<u16> {
         Ok(u16::from_le_bytes(self.array()?))
     }
 
+    #[inline]
     pub(crate) fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(self.array()?))
     }
 
+    #[inline]
     pub(crate) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array()?))
     }

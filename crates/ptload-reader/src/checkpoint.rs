@@ -226,7 +226,7 @@ impl Checkpoint {
             }
             Detected::Legacy => decode_legacy(data, &mut heap, &mut interp, &mut vm)?,
         };
-        let walked = walk_all(&heap, &decoded.roots, &opts.limits)?;
+        let walked = walk_all(&heap, &decoded.roots, &opts.limits, decoded.storages.len())?;
         let objects_root = decoded.roots.first().map(|&(v, _)| v);
         if walked.tensors.len() > opts.limits.max_tensors {
             return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));
@@ -235,6 +235,7 @@ impl Checkpoint {
         let storages: Vec<StorageInfo> = decoded
             .storages
             .into_iter()
+            .zip(decoded.bytes)
             .map(|(p, bytes)| {
                 let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
                 let data = match bytes {
@@ -261,11 +262,21 @@ impl Checkpoint {
             })
             .collect();
         let mut tensors = Vec::with_capacity(walked.tensors.len());
-        let walked_values: Vec<(usize, Value)> = if opts.objects {
-            walked.tensors.iter().map(|(_, v)| *v).enumerate().collect()
-        } else {
-            Vec::new()
-        };
+        // For the object graph: the first walked entry of each heap value,
+        // by object id (`NOT_WALKED` where none).
+        const NOT_WALKED: u32 = u32::MAX;
+        let mut walked_at: Vec<u32> = Vec::new();
+        if opts.objects {
+            walked_at.resize(heap.len(), NOT_WALKED);
+            for (i, (_, v)) in walked.tensors.iter().enumerate() {
+                if let (Value::Obj(id), Ok(i)) = (v, u32::try_from(i)) {
+                    match walked_at.get_mut(*id as usize) {
+                        Some(slot) if *slot == NOT_WALKED => *slot = i,
+                        _ => {}
+                    }
+                }
+            }
+        }
         for (name, value) in walked.tensors {
             // Indices must stay those of `by_name`: nothing is skipped.
             let info = match heap.torch(value) {
@@ -289,22 +300,22 @@ impl Checkpoint {
             None => None,
             Some(root) => {
                 // A tensor the walk reached is copied from its entry.
-                let mut walked_at = hashbrown::HashMap::with_capacity(tensors.len());
-                for (i, (_, v)) in walked_values.iter().enumerate() {
-                    if let Value::Obj(id) = v {
-                        walked_at.entry(*id).or_insert(i);
-                    }
-                }
                 let walked = |v: Value| match v {
-                    Value::Obj(id) => walked_at.get(&id).and_then(|&i| tensors.get(i)),
+                    Value::Obj(id) => walked_at
+                        .get(id as usize)
+                        .filter(|&&i| i != NOT_WALKED)
+                        .and_then(|&i| tensors.get(i as usize)),
                     _ => None,
                 };
-                let name_of = |v: Value| walked(v).map(|t| t.name.clone());
-                let mut make = |name: String, v: Value| match (walked(v), heap.torch(v)) {
-                    (Some(t), _) if t.name == name => Ok(t.clone()),
-                    (_, Some(TorchObj::Tensor(meta))) => {
-                        tensor_info(&heap, name, meta, &storages, &opts.limits)
-                    }
+                let mut make = |v: Value, node: usize| match (walked(v), heap.torch(v)) {
+                    (Some(t), _) => Ok(t.clone()),
+                    (None, Some(TorchObj::Tensor(meta))) => tensor_info(
+                        &heap,
+                        format!("<node {node}>"),
+                        meta,
+                        &storages,
+                        &opts.limits,
+                    ),
                     _ => Err(Error::new(ErrorKind::Tensor, "not a tensor")),
                 };
                 Some(crate::object::build(
@@ -312,7 +323,6 @@ impl Checkpoint {
                     root,
                     &opts.limits,
                     tensors.len(),
-                    &name_of,
                     &mut make,
                 )?)
             }

@@ -188,16 +188,15 @@ impl Objects {
 }
 
 /// Build the graph under `root`. `make_tensor` describes a tensor heap
-/// value (validated against its storage) given a name; `name_of` gives the
-/// walk's name for a tensor value, if it reached it. Work is one step per
-/// value and per edge, charged against `max_walk_steps`.
+/// value (validated against its storage), given the id of its node: named
+/// as the walk named it where the walk reached it, else `<node N>`. Work
+/// is one step per value and per edge, charged against `max_walk_steps`.
 pub(crate) fn build(
     heap: &Heap,
     root: Value,
     limits: &Limits,
     tensors_hint: usize,
-    name_of: &dyn Fn(Value) -> Option<String>,
-    make_tensor: &mut dyn FnMut(String, Value) -> Result<TensorInfo>,
+    make_tensor: &mut dyn FnMut(Value, NodeId) -> Result<TensorInfo>,
 ) -> Result<Objects> {
     const UNSEEN: u32 = u32::MAX;
     let mut steps: u64 = 0;
@@ -211,7 +210,6 @@ pub(crate) fn build(
     // Pass 1: every heap value reachable from the root, without recursion.
     let mut reached = vec![false; heap.len()];
     let mut todo = vec![root];
-    let mut found: Vec<u32> = Vec::new();
     let mut children = Vec::new();
     while let Some(v) = todo.pop() {
         let Value::Obj(id) = v else { continue };
@@ -219,14 +217,19 @@ pub(crate) fn build(
             Some(seen) if !*seen => *seen = true,
             _ => continue,
         }
-        found.push(id);
         children.clear();
         children_of(heap, v, &mut children);
         charge(1 + children.len())?;
         todo.extend(children.iter().copied());
     }
-    // Node ids in the order the pickle made the values.
-    found.sort_unstable();
+    // Node ids in the order the pickle made the values: the reached ids,
+    // ascending.
+    let found: Vec<u32> = reached
+        .iter()
+        .enumerate()
+        .filter(|&(_, &r)| r)
+        .filter_map(|(id, _)| u32::try_from(id).ok())
+        .collect();
     let mut node_of = vec![UNSEEN; heap.len()];
     for (i, &id) in found.iter().enumerate() {
         if let Some(slot) = node_of.get_mut(id as usize) {
@@ -268,8 +271,7 @@ pub(crate) fn build(
             Made::Node(n) => n,
             Made::Tensor { qparams } => {
                 let index = out.tensors.len();
-                let name = name_of(v).unwrap_or_else(|| format!("<node {}>", out.nodes.len()));
-                out.tensors.push(make_tensor(name, v)?);
+                out.tensors.push(make_tensor(v, out.nodes.len())?);
                 Node::Tensor {
                     tensor: index,
                     qparams,

@@ -50,10 +50,10 @@ pub(crate) enum Obj {
     BigInt(Span),
     Tuple(Span),
     List(Vec<Value>),
-    Dict(Box<Dict>),
+    Dict(Dict),
     /// A set or frozenset: its members are the keys of a dict (values
     /// `None`), so equal members collapse as in Python.
-    Set(Box<Dict>),
+    Set(Dict),
     /// An instance of a class the reader does not interpret: kept inert.
     Object(Box<Object>),
     /// Something a layer above gives meaning to (the torch layer's
@@ -127,8 +127,15 @@ const MAX_TUPLE_KEY_ITEMS: usize = 64;
 const MAX_TUPLE_KEY_BYTES: usize = 64 << 10;
 
 /// An insertion-ordered dict with Python's replace-on-equal-key semantics.
+/// Its table is allocated with its first item: an empty dict (torch saves
+/// one as `_metadata` per tensor) costs no allocation.
 #[derive(Debug, Default)]
 pub(crate) struct Dict {
+    table: Option<Box<DictTable>>,
+}
+
+#[derive(Debug, Default)]
+struct DictTable {
     entries: Vec<(Value, Value)>,
     /// Indices into `entries`, hashed by key content.
     index: HashTable<u32>,
@@ -136,7 +143,7 @@ pub(crate) struct Dict {
 
 impl Dict {
     pub(crate) fn entries(&self) -> &[(Value, Value)] {
-        &self.entries
+        self.table.as_ref().map_or(&[], |t| &t.entries)
     }
 
     pub(crate) fn get_str(&self, heap: &Heap, key: &str) -> Option<Value> {
@@ -147,14 +154,17 @@ impl Dict {
     }
 
     fn find(&self, heap: &Heap, wanted: Key<'_>) -> Option<Value> {
+        let table = self.table.as_ref()?;
         let hash = heap.hasher.hash_one(&wanted);
-        self.index
+        table
+            .index
             .find(hash, |&i| {
-                self.entries
+                table
+                    .entries
                     .get(i as usize)
                     .is_some_and(|&(k, _)| heap.key(k) == wanted)
             })
-            .and_then(|&i| self.entries.get(i as usize))
+            .and_then(|&i| table.entries.get(i as usize))
             .map(|&(_, v)| v)
     }
 }
@@ -181,11 +191,15 @@ pub(crate) struct Heap {
     /// Work allowed so far: `max_work_per_byte` for each pickle byte run.
     work_allowed: u64,
     work_per_byte: u64,
-    /// Python types beyond the kind (see [`Tag`]).
-    tags: hashbrown::HashMap<ObjId, Tag>,
+    /// Python types beyond the kind (see [`Tag`]), by object id: one
+    /// entry per object of `objs`.
+    tags: Vec<Option<Tag>>,
     /// State a BUILD set on a dict (an OrderedDict's `_metadata`).
     dict_states: hashbrown::HashMap<ObjId, Value>,
 }
+
+/// The most values reserved before a pickle runs (128 MiB of arena).
+const RESERVE_MAX_OBJECTS: usize = 1 << 22;
 
 /// Pickles shorter than this are allowed the work of one this long, so
 /// tiny files are not held to a tiny budget.
@@ -252,7 +266,12 @@ impl Heap {
     /// about, so the pools grow without repeated copies. Sized by bytes
     /// that are present, never by a length the file claims.
     pub(crate) fn reserve_for(&mut self, len: usize) {
-        self.objs.reserve(len / 12);
+        // torch's pickles spend about 9 bytes a value. A legacy file's
+        // pickles are followed by its tensors' bytes, which make none:
+        // past `RESERVE_MAX_OBJECTS` the arena grows as it fills.
+        let objects = (len / 8).min(RESERVE_MAX_OBJECTS);
+        self.objs.reserve(objects);
+        self.tags.reserve(objects);
         self.pool.reserve(len / 6);
         self.text.reserve(len / 4);
     }
@@ -306,6 +325,7 @@ impl Heap {
         let id = ObjId::try_from(self.objs.len())
             .map_err(|_| Error::limit("max_objects", self.max_objects as u64))?;
         self.objs.push(obj);
+        self.tags.push(None);
         Ok(Value::Obj(id))
     }
 
@@ -333,14 +353,16 @@ impl Heap {
     /// Record that `v` has the Python type `tag` (scalars take none).
     pub(crate) fn tag(&mut self, v: Value, tag: Tag) {
         if let Value::Obj(id) = v {
-            self.tags.insert(id, tag);
+            if let Some(slot) = self.tags.get_mut(id as usize) {
+                *slot = Some(tag);
+            }
         }
     }
 
     /// The Python type recorded for `v`, if any.
     pub(crate) fn tag_of(&self, v: Value) -> Option<Tag> {
         match v {
-            Value::Obj(id) => self.tags.get(&id).copied(),
+            Value::Obj(id) => self.tags.get(id as usize).copied().flatten(),
             _ => None,
         }
     }
@@ -558,14 +580,14 @@ impl Heap {
         // The dict is taken out of the arena while its keys are compared
         // with values that live in the arena.
         let mut dict = match self.get_mut(target) {
-            Some(Obj::Dict(d)) => std::mem::take(&mut **d),
+            Some(Obj::Dict(d)) => std::mem::take(d),
             Some(Obj::Object(o)) => std::mem::take(&mut o.items),
             Some(other) => return Err(kind_name(other)),
             None => return Err("scalar"),
         };
         let result = self.insert(&mut dict, key, value);
         match self.get_mut(target) {
-            Some(Obj::Dict(d)) => **d = dict,
+            Some(Obj::Dict(d)) => *d = dict,
             Some(Obj::Object(o)) => o.items = dict,
             _ => {}
         }
@@ -581,6 +603,7 @@ impl Heap {
         }
         let k = self.key(key);
         let hash = self.hasher.hash_one(&k);
+        let dict = dict.table.get_or_insert_with(Box::default);
         let entries = &mut dict.entries;
         let found = dict
             .index
@@ -635,7 +658,7 @@ impl Heap {
         values: &[Value],
     ) -> Result<(), &'static str> {
         let mut set = match self.get_mut(target) {
-            Some(Obj::Set(s)) => std::mem::take(&mut **s),
+            Some(Obj::Set(s)) => std::mem::take(s),
             Some(other) => return Err(kind_name(other)),
             None => return Err("scalar"),
         };
@@ -643,13 +666,13 @@ impl Heap {
             .iter()
             .try_for_each(|&v| self.insert(&mut set, v, Value::None));
         if let Some(Obj::Set(s)) = self.get_mut(target) {
-            **s = set;
+            *s = set;
         }
         result
     }
 
     pub(crate) fn new_set_from(&mut self, members: &[Value]) -> Result<Value> {
-        let s = self.alloc(Obj::Set(Box::default()))?;
+        let s = self.alloc(Obj::Set(Dict::default()))?;
         self.add_to_set(s, members)
             .map_err(|m| self.container_error("", m))?;
         Ok(s)
@@ -673,7 +696,7 @@ impl Heap {
     }
 
     pub(crate) fn new_dict_from(&mut self, pairs: &[Value]) -> Result<Value> {
-        let d = self.alloc(Obj::Dict(Box::default()))?;
+        let d = self.alloc(Obj::Dict(Dict::default()))?;
         for pair in pairs.chunks(2) {
             if let [k, v] = pair {
                 self.set_item(d, *k, *v)

@@ -76,7 +76,24 @@ struct Memo {
     overwrites: usize,
 }
 
+/// The most memo entries reserved before a pickle runs (16 MiB): a legacy
+/// file's pickles are followed by its tensors' bytes, which put nothing in
+/// the memo.
+const MEMO_RESERVE_MAX: usize = 1 << 20;
+
 impl Memo {
+    /// Room for `entries` dense entries, never more than `max` nor
+    /// `MEMO_RESERVE_MAX`. `run` passes an eighth of the bytes from the
+    /// pickle's start (each entry takes a PUT and the opcodes of its value;
+    /// torch's pickles spend about 11 bytes an entry): sized by bytes
+    /// present, so the table of a pickle up to 8 MiB grows without copies.
+    fn with_capacity(entries: usize, max: usize) -> Memo {
+        Memo {
+            dense: Vec::with_capacity(entries.min(max).min(MEMO_RESERVE_MAX)),
+            ..Memo::default()
+        }
+    }
+
     fn put(&mut self, index: u64, value: Value, max: usize) -> Result<()> {
         let dense_len = self.dense.len() as u64;
         let is_new = if index < dense_len {
@@ -190,7 +207,10 @@ impl<'l> Vm<'l> {
             interp,
             stack: Vec::new(),
             marks: Vec::new(),
-            memo: Memo::default(),
+            memo: Memo::with_capacity(
+                data.len().saturating_sub(start) / 8,
+                self.limits.max_memo_entries,
+            ),
             frame_end: None,
             frame_crossed: false,
             protocol: None,
@@ -612,7 +632,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 self.heap.check_len(items.len())?;
                 self.alloc_push(Obj::List(items))?;
             }
-            b'}' => self.alloc_push(Obj::Dict(Box::default()))?,
+            b'}' => self.alloc_push(Obj::Dict(Default::default()))?,
             b'd' => {
                 let items = self.pop_mark()?;
                 if items.len() % 2 != 0 {
@@ -621,7 +641,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 let d = self.heap.new_dict_from(&items)?;
                 self.push(d)?;
             }
-            0x8f => self.alloc_push(Obj::Set(Box::default()))?,
+            0x8f => self.alloc_push(Obj::Set(Default::default()))?,
             0x91 => {
                 let items = self.pop_mark()?;
                 self.heap.check_len(items.len())?;

@@ -20,7 +20,9 @@ pub(crate) struct Decoded {
     /// The values to name, with the name of their root (`""` for the
     /// object, `constants` for TorchScript's constants table).
     pub(crate) roots: Vec<(Value, &'static str)>,
-    pub(crate) storages: Vec<(PendingStorage, StorageBytes)>,
+    pub(crate) storages: Vec<PendingStorage>,
+    /// Where the bytes of each of `storages` are, in the same order.
+    pub(crate) bytes: Vec<StorageBytes>,
 }
 
 /// torch's zip layout (and TorchScript's).
@@ -46,6 +48,12 @@ pub(crate) fn decode_zip(
         let Some(entry) = entry else { continue };
         let bytes = layout::record_bytes(data, entry, limits.max_pickle_bytes, &mut budget)?;
         interp.enter(entry.name, Some(format!("{prefix}{dir}")));
+        if root_name.is_empty() {
+            // A storage's bytes are a record of its own, so the archive's
+            // entries (counted from bytes present, within max_zip_entries)
+            // bound how many storages a file that opens can name.
+            interp.reserve_storages(archive.entries().len());
+        }
         let out = vm
             .run(heap, interp, &bytes, 0)
             .map_err(|e| e.in_record(entry.name))?;
@@ -57,8 +65,11 @@ pub(crate) fn decode_zip(
             roots.push((out.value, root_name));
         }
     }
-    let mut storages = Vec::with_capacity(interp.storages.len());
-    for p in interp.storages.drain(..) {
+    // The storages stay where the interpreter made them; only where their
+    // bytes are is collected beside them.
+    let storages = std::mem::take(&mut interp.storages);
+    let mut located = Vec::with_capacity(storages.len());
+    for p in &storages {
         let record = p.record.as_deref().ok_or_else(|| {
             Error::new(
                 ErrorKind::Tensor,
@@ -67,7 +78,7 @@ pub(crate) fn decode_zip(
         })?;
         let nbytes = p.numel.checked_mul(p.dtype.size() as u64);
         let bytes = layout::storage_bytes(data, &archive, record, &p.key, nbytes, &mut budget)?;
-        storages.push((p, bytes));
+        located.push(bytes);
     }
     Ok(Decoded {
         format: if records.constants_pkl.is_some() {
@@ -79,6 +90,7 @@ pub(crate) fn decode_zip(
         protocol,
         roots,
         storages,
+        bytes: located,
     })
 }
 
@@ -139,16 +151,21 @@ pub(crate) fn decode_legacy(
     let offsets = legacy::storage_offsets(data, keys.end, byte_order, &listed, &described, |k| {
         interp.storage_by_key(k)
     })?;
+    // Each storage with its offset; a storage past the last offset is left
+    // out (`storage_offsets` gives one per storage).
+    let mut storages = std::mem::take(&mut interp.storages);
+    storages.truncate(offsets.len());
+    let bytes: Vec<StorageBytes> = offsets
+        .into_iter()
+        .take(storages.len())
+        .map(StorageBytes::File)
+        .collect();
     Ok(Decoded {
         format: Format::Legacy,
         byte_order,
         protocol: object.protocol,
         roots: vec![(object.value, "")],
-        storages: interp
-            .storages
-            .drain(..)
-            .zip(offsets)
-            .map(|(p, offset)| (p, StorageBytes::File(offset)))
-            .collect(),
+        storages,
+        bytes,
     })
 }

@@ -294,7 +294,7 @@ pub(crate) struct NdArray {
 pub(crate) enum TorchObj {
     Global(Global),
     Storage(usize),
-    Tensor(Box<TensorMeta>),
+    Tensor(TensorMeta),
     Sparse {
         layout: Layout,
         components: Vec<Value>,

@@ -75,12 +75,18 @@ pub(crate) struct Walked {
 
 /// Name everything under `roots`. A name collision is an error that names
 /// both paths (found by walking again up to the first of the two).
+/// `tensors_hint` is how many tensors to make room for (a count of things
+/// already made, such as storages: never a number read from the file).
 pub(crate) fn walk_all(
     heap: &Heap,
     roots: &[(Value, &'static str)],
     limits: &Limits,
+    tensors_hint: usize,
 ) -> Result<Walked> {
     let mut walker = Walker::new(heap, limits);
+    walker.out.tensors.reserve(tensors_hint);
+    // The table is empty: the rehash closure has nothing to rehash.
+    walker.by_name.reserve(tensors_hint, |_| 0);
     for &(root, prefix) in roots {
         if let Err(e) = walker.walk(root, prefix) {
             let Some(dup) = walker.duplicate.take() else {

@@ -332,7 +332,7 @@ impl Interpreter for TorchInterp<'_> {
                     return self.inert(heap, callable, args);
                 };
                 let ordered = known(heap, callable).is_some_and(|(_, g)| &*g.name == "OrderedDict");
-                let d = heap.alloc(Obj::Dict(Box::default()))?;
+                let d = heap.alloc(Obj::Dict(Default::default()))?;
                 if ordered {
                     heap.tag(d, Tag::OrderedDict);
                 }
@@ -505,14 +505,14 @@ impl Interpreter for TorchInterp<'_> {
         let ordered = known(heap, cls).is_some_and(|(_, g)| &*g.name == "OrderedDict");
         match known(heap, cls).map(|(k, _)| k) {
             Some(Known::OrderedDict) => {
-                let d = heap.alloc(Obj::Dict(Box::default()))?;
+                let d = heap.alloc(Obj::Dict(Default::default()))?;
                 if ordered {
                     heap.tag(d, Tag::OrderedDict);
                 }
                 Ok(d)
             }
             Some(k @ (Known::Set | Known::FrozenSet)) => {
-                let s = heap.alloc(Obj::Set(Box::default()))?;
+                let s = heap.alloc(Obj::Set(Default::default()))?;
                 if k == Known::FrozenSet {
                     heap.tag(s, Tag::FrozenSet);
                 }

@@ -124,7 +124,7 @@ impl TorchInterp<'_> {
             }
             _ => return Err(err(format!("{func} is not a tensor rebuild function"))),
         };
-        heap.alloc_torch(TorchObj::Tensor(Box::new(meta)))
+        heap.alloc_torch(TorchObj::Tensor(meta))
     }
 
     pub(super) fn quant_params(&self, heap: &Heap, v: Value) -> Result<QuantParams> {

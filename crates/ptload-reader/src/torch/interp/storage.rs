@@ -49,6 +49,20 @@ impl TorchInterp<'_> {
             .copied()
     }
 
+    /// Room for `n` more storages, in the list and in the table of the
+    /// current namespace.
+    pub(crate) fn reserve_storages(&mut self, n: usize) {
+        self.storages.reserve(n);
+        let (storages, hasher) = (&self.storages, &self.hasher);
+        if let Some((_, table)) = self.namespaces.get_mut(self.namespace) {
+            table.reserve(n, |&i| {
+                storages
+                    .get(i)
+                    .map_or(0, |s| hasher.hash_one(s.key.as_str()))
+            });
+        }
+    }
+
     pub(super) fn new_storage(&mut self, storage: PendingStorage) -> usize {
         let id = self.storages.len();
         let hash = self.hasher.hash_one(storage.key.as_str());
@@ -151,7 +165,12 @@ impl TorchInterp<'_> {
             None => {
                 let storage = PendingStorage {
                     key: key.to_owned(),
-                    record: self.storage_dir.as_ref().map(|dir| format!("{dir}{key}")),
+                    record: self.storage_dir.as_ref().map(|dir| {
+                        let mut record = String::with_capacity(dir.len() + key.len());
+                        record.push_str(dir);
+                        record.push_str(key);
+                        record
+                    }),
                     dtype,
                     numel,
                     location: location.to_owned(),
