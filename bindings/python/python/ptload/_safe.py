@@ -62,16 +62,27 @@ def numpy_dtype(name):
     return None
 
 
-def _progress(names, wanted, path):
-    """``names``, through a tqdm bar when asked for and tqdm is installed."""
+def _tqdm(wanted, stacklevel, **kwargs):
+    """A tqdm bar made with ``kwargs`` when asked for and tqdm is
+    installed; None otherwise (with a warning when tqdm is missing)."""
     if not wanted:
-        return names
+        return None
     try:
         from tqdm import tqdm
     except ImportError:
-        warnings.warn("progress=True needs tqdm: pip install tqdm", UserWarning, stacklevel=3)
-        return names
-    return tqdm(names, desc=os.path.basename(os.fspath(path)), unit="tensor")
+        warnings.warn(
+            "progress=True needs tqdm: pip install tqdm", UserWarning, stacklevel=stacklevel + 1
+        )
+        return None
+    return tqdm(**kwargs)
+
+
+def _progress(names, wanted, path):
+    """``names``, through a tqdm bar when asked for and tqdm is installed."""
+    bar = _tqdm(
+        wanted, 3, iterable=names, desc=os.path.basename(os.fspath(path)), unit="tensor"
+    )
+    return names if bar is None else bar
 
 
 def _in_python(decision):
@@ -85,14 +96,7 @@ def _in_python(decision):
 def _byte_bar(wanted, total, name):
     """A tqdm bar over ``total`` bytes when asked for and tqdm is
     installed, else None."""
-    if not wanted:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        warnings.warn("progress=True needs tqdm: pip install tqdm", UserWarning, stacklevel=4)
-        return None
-    return tqdm(total=total, desc=name, unit="B", unit_scale=True)
+    return _tqdm(wanted, 4, total=total, desc=name, unit="B", unit_scale=True)
 
 
 def _array_dtype(info):
