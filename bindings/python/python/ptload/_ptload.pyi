@@ -1,7 +1,7 @@
 """Type stubs of the Rust extension (see src/lib.rs)."""
 
 from os import PathLike
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 class Error(Exception):
     kind: str
@@ -33,8 +33,11 @@ class Checkpoint:
         mmap: bool,
         on_cpu: Union[None, bool, Sequence[bool]],
         uploaded: Optional[Uploaded] = ...,
+        progress: Optional[Callable[[int], Any]] = ...,
     ) -> List[Any]: ...
-    def upload(self, targets: Sequence[Tuple[int, int]]) -> Uploaded: ...
+    def upload(
+        self, targets: Sequence[Tuple[int, int]], progress: Optional[Callable[[int], Any]] = ...
+    ) -> Uploaded: ...
     def build_plain(self, made: List[Any], set_state: Any) -> Optional[Tuple[Any]]: ...
 
 class Uploaded:

@@ -495,7 +495,10 @@ def load(
     ``(storage, location)``, which gets a :class:`StorageStandIn` and
     returns it (moved or not), a device, or None. A target device that is
     missing or full keeps the storage on the host with a warning saying
-    why; ``strict=True`` raises instead, as torch does.
+    why; ``strict=True`` raises instead, as torch does. Storages bound for
+    GPUs are uploaded together by ptload-device and handed to torch as
+    DLPack views of device memory (no copy; ready on any stream when this
+    returns; one allocation per device, freed with its last tensor).
 
     ``unknown``: what to do with globals outside torch's ``weights_only``
     allowlist. ``"error"`` (default) raises :class:`ptload.UnsafeGlobalError`
