@@ -54,6 +54,19 @@ def gpt2_state_dict():
     return sd
 
 
+
+def gpt2_files(out):
+    """gpt2.pt and its safetensors conversion in `out`, written once."""
+    gpt2_pt = os.path.join(out, "gpt2.pt")
+    gpt2_st = os.path.join(out, "gpt2.safetensors")
+    if not (os.path.exists(gpt2_pt) and os.path.exists(gpt2_st)):
+        sd = gpt2_state_dict()
+        torch.save(sd, gpt2_pt)
+        # safetensors refuses shared tensors: it gets the 148 distinct ones.
+        save_file({k: v for k, v in sd.items() if k != "lm_head.weight"}, gpt2_st)
+        del sd
+    return gpt2_pt, gpt2_st
+
 def median_ms(fn, runs):
     times = []
     for _ in range(runs):
@@ -101,14 +114,7 @@ def main():
     if not os.path.exists(PTLOAD):
         sys.exit("build first: cargo build --release")
 
-    gpt2_pt = os.path.join(args.out, "gpt2.pt")
-    gpt2_st = os.path.join(args.out, "gpt2.safetensors")
-    if not (os.path.exists(gpt2_pt) and os.path.exists(gpt2_st)):
-        sd = gpt2_state_dict()
-        torch.save(sd, gpt2_pt)
-        # safetensors refuses shared tensors: it gets the 148 distinct ones.
-        save_file({k: v for k, v in sd.items() if k != "lm_head.weight"}, gpt2_st)
-        del sd
+    gpt2_pt, gpt2_st = gpt2_files(args.out)
     many = os.path.join(ROOT, "fixtures", "files", "many_tensors.pt")
     small = os.path.join(ROOT, "fixtures", "files", "basic.pt")
 

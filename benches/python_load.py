@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import gpt2_state_dict  # noqa: E402
+from compare import gpt2_files  # noqa: E402
 
 import ptload  # noqa: E402
 import ptload.torch  # noqa: E402
@@ -91,12 +91,7 @@ def main():
     parser.add_argument("--cuda", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    gpt2_pt = os.path.join(args.out, "gpt2.pt")
-    gpt2_st = os.path.join(args.out, "gpt2.safetensors")
-    if not (os.path.exists(gpt2_pt) and os.path.exists(gpt2_st)):
-        sd = gpt2_state_dict()
-        torch.save(sd, gpt2_pt)
-        save_file({k: v for k, v in sd.items() if k != "lm_head.weight"}, gpt2_st)
+    gpt2_pt, gpt2_st = gpt2_files(args.out)
     many = os.path.join(ROOT, "fixtures", "files", "many_tensors.pt")
     many_st = os.path.join(args.out, "many_tensors.safetensors")
     if not os.path.exists(many_st):

@@ -56,17 +56,13 @@ impl<'a> ByteReader<'a> {
 
     #[inline]
     pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
-        let found = self
-            .pos
-            .checked_add(N)
-            .and_then(|end| Some((end, self.data.get(self.pos..end)?.try_into().ok()?)));
-        match found {
-            Some((end, out)) => {
-                self.pos = end;
-                Ok(out)
-            }
-            None => Err(self.eof(N)),
-        }
+        let at = self.pos;
+        let bytes = self.bytes(N)?;
+        // `bytes` holds exactly N bytes; the conversion cannot fail.
+        bytes.try_into().map_err(|_| {
+            self.pos = at;
+            self.eof(N)
+        })
     }
 
     #[inline]
