@@ -980,6 +980,58 @@ fn storages_upload_whole_in_host_order() {
     assert!(checked > 10, "only {checked} storages checked");
 }
 
+/// A cancelled upload stops taking runs, waits for the copies it queued,
+/// frees its device memory and says it was cancelled: set before the
+/// upload, nothing is copied; set from the progress callback after the
+/// first run, the rest of the file is not copied.
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn a_cancelled_upload_stops_and_frees_its_memory() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let _turn = gpu_turn();
+    let gpus = a_gpu();
+    let gpu = gpus.get(0).expect("cuda:0");
+    let ckpt = open("many_tensors.pt");
+    let targets: Vec<(usize, u32)> = (0..ckpt.storages().len()).map(|i| (i, 0)).collect();
+    let total: u64 = ckpt.storages().iter().map(|s| s.nbytes).sum();
+    let free_before = gpu.free_memory().expect("free memory");
+    for early in [true, false] {
+        let cancel = Arc::new(AtomicBool::new(early));
+        let copied = Arc::new(AtomicU64::new(0));
+        let (flag, seen) = (Arc::clone(&cancel), Arc::clone(&copied));
+        let opts = LoadOptions {
+            // One stream, runs of 64 KiB: the file is many runs.
+            staging: ptload_device::Staging {
+                buffer_bytes: 64 << 10,
+                streams_per_device: 1,
+            },
+            progress: Some(Arc::new(move |n| {
+                seen.fetch_add(n, Ordering::Relaxed);
+                flag.store(true, Ordering::Relaxed);
+            })),
+            cancel: Some(cancel),
+            ..Default::default()
+        };
+        let e =
+            ptload_device::upload_storages(&ckpt, &targets, &gpus, &opts).expect_err("cancelled");
+        assert!(
+            matches!(e, ptload_device::LoadError::Cancelled),
+            "early {early}: {e}"
+        );
+        let copied = copied.load(Ordering::Relaxed);
+        if early {
+            assert_eq!(copied, 0, "nothing is copied once cancelled");
+        } else {
+            assert!(copied > 0 && copied < total, "{copied} of {total} bytes");
+        }
+        assert_eq!(
+            gpu.free_memory().expect("free memory"),
+            free_before,
+            "early {early}: the arena is freed"
+        );
+    }
+}
+
 #[test]
 fn storage_uploads_without_a_driver_say_why() {
     let ckpt = open("multi_gpu.pt");

@@ -569,6 +569,8 @@ impl Checkpoint {
             let counter = work.clone();
             let opts = ptload_device::LoadOptions {
                 progress: Some(Arc::new(move |n| counter.add(n))),
+                // Ctrl-C: no new copy is queued and the arenas are freed.
+                cancel: Some(Arc::clone(&work.cancel)),
                 ..Default::default()
             };
             ptload_device::upload_storages(&inner, &targets, gpus(), &opts)

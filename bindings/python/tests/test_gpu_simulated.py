@@ -157,3 +157,41 @@ def test_a_full_gpu_keeps_storages_on_the_host(gpus):
     assert_same_object(ours, torch_cpu("multi_gpu.pt"))
     with pytest.raises(ptload.Error, match="out of memory"):
         ptload.torch.load(fixture("multi_gpu.pt"), map_location="cuda:0", strict=True)
+
+
+def test_an_exception_while_uploading_comes_out_of_the_call(gpus):
+    """An exception raised while Python waits for an upload (here by the
+    progress callback; a Ctrl-C comes from the signal check beside it)
+    comes out of the call and tells the upload to stop (ptload-device's
+    ``LoadOptions::cancel``, whose stopping mid-file and freeing are tested
+    in Rust); the device is usable again at once."""
+    ckpt = _ptload.open(fixture("many_tensors.pt"))
+    targets = [(i, 0) for i, s in enumerate(ckpt.storages()) if s[4] > 0]
+
+    def stop(done):
+        raise KeyError(f"stopped at {done} bytes")
+
+    with pytest.raises(KeyError, match="stopped at"):
+        ckpt.upload(targets, stop)
+    uploaded = ckpt.upload(targets)
+    assert uploaded.fallbacks() == []
+    assert all(uploaded.on_device(i) for i, _ in targets)
+
+
+@pytest.mark.parametrize("name", ["llama_tiny.pt", "views.pt", "dtypes.pt", "bigendian.pt"])
+def test_load_file_onto_a_gpu_uploads_through_the_pipeline(gpus, name):
+    """safetensors' ``load_file(path, device="cuda:0")`` on a ``.pt`` file:
+    the selected tensors' storages are uploaded at once by ptload-device
+    (one device capsule per storage, none moved by ``Tensor.to``), and the
+    tensors equal the CPU load's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # what key="auto" chose
+        ours = ptload.torch.load_file(fixture(name), device="cuda:0")
+        want = ptload.torch.load_file(fixture(name))
+    assert list(ours) == list(want) and want
+    assert_same_object(ours, want)
+    ckpt = _ptload.open(fixture(name))
+    storages = {t[5] for t in ckpt.tensors() if t[5] is not None}
+    holding = {i for i in storages if ckpt.storages()[i][4] > 0}
+    assert 0 < len(holding) <= len(gpus.devices) <= len(storages)
+    assert set(gpus.devices) == {0}

@@ -218,6 +218,8 @@ pub(crate) enum UploadError {
     OutOfMemory(String),
     /// Any other driver failure.
     Driver(String),
+    /// The caller's cancel flag was set.
+    Cancelled,
 }
 
 /// Allocate `total` bytes on `gpu` (the caller keeps its current context).
@@ -312,6 +314,7 @@ pub(crate) fn upload(
     uploads: &[Upload<'_>],
     staging: &Staging,
     progress: Option<&(dyn Fn(u64) + Send + Sync)>,
+    cancel: Option<&AtomicBool>,
 ) -> Result<Copied, UploadError> {
     let end = uploads
         .iter()
@@ -345,6 +348,7 @@ pub(crate) fn upload(
         copies: &copies,
         pinned: &pinned,
         progress,
+        cancel,
     };
     std::thread::scope(|scope| {
         for _ in 0..pool.workers {
@@ -358,6 +362,11 @@ pub(crate) fn upload(
             });
         }
     });
+    // Cancelled: the workers stopped taking runs and waited for the copies
+    // they had queued, so the caller may free the arena.
+    if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+        return Err(UploadError::Cancelled);
+    }
     match error.into_inner().ok().flatten() {
         Some(e) => Err(UploadError::Driver(e)),
         None => Ok(Copied {
@@ -383,6 +392,8 @@ struct Shared<'s, 'a> {
     copies: &'s AtomicUsize,
     pinned: &'s AtomicUsize,
     progress: Option<&'s (dyn Fn(u64) + Send + Sync)>,
+    /// Set by the caller to stop taking runs.
+    cancel: Option<&'s AtomicBool>,
 }
 
 /// A staging buffer: page-locked when the driver gives one, else pageable
@@ -491,7 +502,9 @@ fn copy_runs(
 ) -> Result<(), String> {
     let buffer = shared.pool.buffer;
     let mut turn = 0usize;
-    while !shared.failed.load(Ordering::Relaxed) {
+    while !shared.failed.load(Ordering::Relaxed)
+        && !shared.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
+    {
         let run = shared.next.fetch_add(1, Ordering::Relaxed);
         let start = run.saturating_mul(buffer);
         if start >= shared.end {

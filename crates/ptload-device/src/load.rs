@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -35,6 +36,18 @@ pub struct LoadOptions {
     /// for a conversion, or placed (copied to a device, or handed out on
     /// the host). For progress bars.
     pub progress: Option<Progress>,
+    /// Set (from any thread) to stop a load: no new copy is queued, the
+    /// copies already queued finish, what was allocated is freed, and the
+    /// load returns [`LoadError::Cancelled`].
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl LoadOptions {
+    fn cancelled(&self) -> bool {
+        self.cancel
+            .as_deref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+    }
 }
 
 impl std::fmt::Debug for LoadOptions {
@@ -44,6 +57,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("staging", &self.staging)
             .field("dtype", &self.dtype)
             .field("progress", &self.progress.is_some())
+            .field("cancel", &self.cancel.is_some())
             .finish()
     }
 }
@@ -70,6 +84,9 @@ pub enum LoadError {
     /// on a GPU, a selection entry the checkpoint does not have).
     #[error("{0}")]
     Access(String),
+    /// [`LoadOptions::cancel`] was set before the load finished.
+    #[error("the load was cancelled")]
+    Cancelled,
 }
 
 /// Where a storage's bytes are after the load.
@@ -771,6 +788,9 @@ fn upload_all(
     gpus: &Gpus,
     opts: &LoadOptions,
 ) -> Result<(Vec<Option<Placed>>, Vec<DeviceWork>), LoadError> {
+    if opts.cancelled() {
+        return Err(LoadError::Cancelled);
+    }
     let mut placed: Vec<Option<Placed>> = (0..sources.len()).map(|_| None).collect();
     let mut members_of: HashMap<u32, Vec<usize>> = HashMap::new();
     for (k, s) in sources.iter().enumerate() {
@@ -816,9 +836,10 @@ fn upload_all(
             .map(|((ordinal, gpu, arena, _, _), uploads)| {
                 let staging = &opts.staging;
                 let progress = opts.progress.as_deref();
+                let cancel = opts.cancel.as_deref();
                 scope.spawn(move || {
                     let started = Instant::now();
-                    let result = cuda::upload(gpu, arena, uploads, staging, progress);
+                    let result = cuda::upload(gpu, arena, uploads, staging, progress, cancel);
                     (*ordinal, result, started.elapsed().as_secs_f64())
                 })
             })
@@ -841,6 +862,7 @@ fn upload_all(
             UploadError::OutOfMemory(message) | UploadError::Driver(message) => {
                 LoadError::Cuda { ordinal, message }
             }
+            UploadError::Cancelled => LoadError::Cancelled,
         })?;
         work.push(DeviceWork {
             ordinal,
@@ -888,6 +910,7 @@ fn allocate(
     match cuda::allocate(gpu, total) {
         Ok(a) => Ok(Some((a, members, offsets))),
         Err(UploadError::Driver(message)) => Err(LoadError::Cuda { ordinal, message }),
+        Err(UploadError::Cancelled) => Err(LoadError::Cancelled),
         Err(UploadError::OutOfMemory(_)) => {
             // Keep what fits in the free memory, in order.
             let free = gpu
@@ -919,6 +942,7 @@ fn allocate(
                     );
                     Ok(None)
                 }
+                Err(UploadError::Cancelled) => Err(LoadError::Cancelled),
             }
         }
     }

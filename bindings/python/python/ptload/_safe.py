@@ -257,11 +257,40 @@ class safe_open:
 
     def get_tensor(self, name):
         view = self._view(name)
-        if self._framework == "numpy":
+        if self._framework == "numpy" or self._uploaded(name):
             return view
         if self._device not in (None, "cpu") and str(self._device) != "cpu":
             return view.to(self._device)
         return view
+
+    def _upload(self):
+        """``load_file`` onto a GPU: the storages of every selected tensor
+        are uploaded at once by ptload-device, as ``ptload.torch.load``
+        uploads them; a tensor the pipeline could not place (and every
+        tensor of a set or a rank's slices) goes by ``Tensor.to`` in
+        ``get_tensor``, as safetensors moves each one."""
+        if self._framework != "pt" or self._sel is not None or self._torch_storages is not None:
+            return
+        import torch
+
+        from .torch import _Storages
+
+        device = self._device
+        if isinstance(device, int):
+            device = torch.device("cuda", device)
+        device = torch.device(device)
+        if device.type != "cuda":
+            return
+        wanted = {self._tensors[i][5] for i in self._index.values()} - {None}
+        self._torch_storages = _Storages(self._ckpt, self._path, None, device, False, only=wanted)
+
+    def _uploaded(self, name):
+        """Whether ``name``'s storage was uploaded by :meth:`_upload`."""
+        storages = self._torch_storages
+        if storages is None or storages.uploaded is None or self._sel is not None:
+            return False
+        storage = self._info(name)[5]
+        return storage is not None and storages.uploaded.on_device(storage)
 
     def _view(self, name):
         info = self._info(name)

@@ -175,9 +175,10 @@ def _cuda_ordinal(device):
 class _Storages:
     """Each storage of the file once, as a torch ``UntypedStorage`` on its
     device; built on first use, so tied tensors share one. Storages bound
-    for GPUs are uploaded together first, through ptload-device."""
+    for GPUs are uploaded together first, through ptload-device (with a
+    device as ``map_location``, only those in ``only`` when it is given)."""
 
-    def __init__(self, ckpt, source_path, mmap, map_location, strict, bar=None):
+    def __init__(self, ckpt, source_path, mmap, map_location, strict, bar=None, only=None):
         self.ckpt = ckpt
         self.bar = bar
         self._infos = None
@@ -198,7 +199,8 @@ class _Storages:
             wanted = [(i, loc) for i, loc in ckpt.off_host()]
         elif isinstance(map_location, (str, torch.device)):
             self.on_cpu = torch.device(map_location).type == "cpu"
-            wanted = [] if self.on_cpu else [(i, str(map_location)) for i in range(len(self.infos))]
+            every = range(len(self.infos)) if only is None else sorted(only)
+            wanted = [] if self.on_cpu else [(i, str(map_location)) for i in every]
         else:
             # Asked once per storage, in the order torch asks map_location
             # (the order storages are first met).
@@ -652,7 +654,9 @@ def load_file(
     ``ptload convert``; what ``auto`` decided is printed as a warning when
     it changed anything). ``path`` may be a directory of shards or an index
     file; ``shard=(rank, world)`` with ``splits``/``preset`` gives that
-    rank's slices (see :class:`ptload.safe_open`). ``progress=True``
+    rank's slices (see :class:`ptload.safe_open`). With a CUDA ``device``,
+    one file's selected storages are uploaded at once by ptload-device, as
+    :func:`load` uploads them. ``progress=True``
     shows a tqdm bar over the tensors when tqdm is installed."""
     from ._safe import _progress, safe_open
 
@@ -660,4 +664,5 @@ def load_file(
         path, framework="pt", device=device, key=key, strip_prefix=strip_prefix,
         include=include, exclude=exclude, shard=shard, splits=splits, preset=preset,
     ) as f:
+        f._upload()
         return {name: f.get_tensor(name) for name in _progress(f.keys(), progress, path)}
