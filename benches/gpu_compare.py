@@ -32,6 +32,10 @@ for instance on the simulated driver:
     cargo build --release --locked --manifest-path simcuda/Cargo.toml
     LD_LIBRARY_PATH=$PWD/simcuda/target/release python3 benches/gpu_compare.py --smoke
 
+On a GPU machine without a Rust toolchain, `--bins target/gpu-kit` takes
+the binaries `bash benches/gpu_kit.sh build` made elsewhere (see that
+script).
+
 `--device cpu` runs the torch and safetensors measurements on the host:
 only to check this script on a machine without a GPU, never a figure.
 """
@@ -160,9 +164,12 @@ def warm(path):
             pass
 
 
-def rust_bench(path, runs):
-    cmd = ["cargo", "bench", "-q", "-p", "ptload-device", "--bench", "gpu_load", "--",
-           path, "--json", "--runs", str(runs)]
+def rust_bench(path, runs, bins=None):
+    if bins:
+        cmd = [os.path.join(bins, "gpu_load"), path, "--json", "--runs", str(runs)]
+    else:
+        cmd = ["cargo", "bench", "-q", "-p", "ptload-device", "--bench", "gpu_load", "--",
+               path, "--json", "--runs", str(runs)]
     log("$ " + " ".join(cmd))
     out = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if out.returncode != 0:
@@ -288,6 +295,9 @@ def main():
     ap.add_argument("--sizes", default="2,8", help="checkpoint sizes in GB, comma-separated (default 2,8)")
     ap.add_argument("--runs", type=int, default=5, help="measured runs per reader (default 5)")
     ap.add_argument("--dir", default="/tmp/ptload-gpu-bench", help="where checkpoints are made and reused")
+    ap.add_argument("--bins", default=None,
+                    help="take ptload and gpu_load from this folder instead of building them"
+                         " (target/gpu-kit, made by benches/gpu_kit.sh build)")
     ap.add_argument("--smoke", action="store_true",
                     help="the committed fixture, the Rust bench only, no torch (for the simulated driver)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
@@ -303,10 +313,18 @@ def main():
             import torch  # noqa: F401
         except ImportError as e:
             sys.exit(f"{e}: the comparison needs torch and safetensors (or use --smoke)")
-    # Build first, so no compilation happens between measurements.
-    if not args.smoke:
-        run(["cargo", "build", "--release", "-q", "-p", "ptload-cli"])
-    run(["cargo", "bench", "-q", "-p", "ptload-device", "--bench", "gpu_load", "--no-run"])
+    # Build first, so no compilation happens between measurements; or take
+    # the binaries benches/gpu_kit.sh built (a machine without Rust).
+    global PTLOAD
+    if args.bins:
+        PTLOAD = os.path.join(args.bins, "ptload")
+        for exe in (PTLOAD, os.path.join(args.bins, "gpu_load")):
+            if not os.access(exe, os.X_OK):
+                sys.exit(f"{exe}: missing (bash benches/gpu_kit.sh build makes it)")
+    else:
+        if not args.smoke:
+            run(["cargo", "build", "--release", "-q", "-p", "ptload-cli"])
+        run(["cargo", "bench", "-q", "-p", "ptload-device", "--bench", "gpu_load", "--no-run"])
 
     files = []
     if args.smoke:
@@ -326,7 +344,7 @@ def main():
         row = {"file": pt}
         warm(pt)
         log(f"{os.path.basename(pt)}: gpu_load (pinned limit, ptload) ...")
-        row["rust"] = rust_bench(pt, args.runs)
+        row["rust"] = rust_bench(pt, args.runs, args.bins)
         if st is not None:
             log(f"{os.path.basename(pt)}: torch.load(map_location={args.device!r}) x {args.runs + 1} ...")
             row["torch"] = python_reader("torch", pt, args.device, args.runs)

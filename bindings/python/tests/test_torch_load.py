@@ -34,8 +34,8 @@ def tensor_equal(a, b):
     if a.device.type == "meta":
         return True
     a, b = a.resolve_conj().resolve_neg(), b.resolve_conj().resolve_neg()
-    return bytes(a.contiguous().view(-1).view(torch.uint8).numpy()) == bytes(
-        b.contiguous().view(-1).view(torch.uint8).numpy()
+    return bytes(a.contiguous().view(-1).view(torch.uint8).cpu().numpy()) == bytes(
+        b.contiguous().view(-1).view(torch.uint8).cpu().numpy()
     )
 
 

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The real-GPU checks and benchmarks from prebuilt binaries, for a GPU
+# machine that has torch but no Rust toolchain and no network.
+#
+#   bash benches/gpu_kit.sh build          # where Rust is: fills target/gpu-kit
+#   bash benches/gpu_kit.sh tests          # on the GPU machine, from the repository root:
+#                                          #   every device and CLI test, the ignored ones included
+#   bash benches/gpu_kit.sh python         # the Python package's tests there, the GPU ones included
+#   bash benches/gpu_kit.sh bench [ARGS]   # benches/gpu_compare.py --bins target/gpu-kit ARGS,
+#                                          #   then benches/python_load.py --cuda
+#
+# `build` makes x86-64 release binaries: the CLI, the device and CLI test
+# binaries, the gpu_load bench, and the Python package's abi3 wheel; it
+# records the repository path they were built in (the tests find the
+# fixtures and the CLI there). The other steps, where that path does not
+# exist, link it to this checkout. Logs go to $OUT when it is set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kit=target/gpu-kit
+log() { if [ -n "${OUT:-}" ]; then tee -a "$OUT/gpu_kit-$1.log"; else cat; fi; }
+
+# The executable of target $1 a cargo build step made, from its JSON messages.
+executable() {
+  python3 -c '
+import json, sys
+exes = [m["executable"] for m in map(json.loads, sys.stdin)
+        if m.get("reason") == "compiler-artifact" and m.get("executable")
+        and m["target"]["name"] == sys.argv[1] and m["profile"]["test"]]
+if len(exes) != 1:
+    sys.exit(f"{sys.argv[1]}: {len(exes)} executables built")
+print(exes[0])' "$1"
+}
+
+build() {
+  rm -rf "$kit"
+  mkdir -p "$kit"
+  cargo build --release --locked -p ptload-cli
+  cp target/release/ptload "$kit/ptload"
+  local exe
+  exe=$(cargo test --release --locked --no-run -p ptload-device --test device \
+    --message-format=json | executable device)
+  cp "$exe" "$kit/device-tests"
+  exe=$(cargo test --release --locked --no-run -p ptload-cli --test cli \
+    --message-format=json | executable cli)
+  cp "$exe" "$kit/cli-tests"
+  exe=$(cargo bench --locked --no-run -p ptload-device --bench gpu_load \
+    --message-format=json | executable gpu_load)
+  cp "$exe" "$kit/gpu_load"
+  strip "$kit"/ptload "$kit"/device-tests "$kit"/cli-tests "$kit"/gpu_load
+  local maturin=${MATURIN:-maturin}
+  "$maturin" build --release --locked -m bindings/python/Cargo.toml -o "$kit"
+  # The CLI tests run the CLI from the build's path.
+  echo "$PWD" >"$kit/root"
+  du -sh "$kit"
+  ls -l "$kit"
+}
+
+# Where `build` ran, reachable from here: the test binaries read fixtures
+# and run the CLI by their build-time paths.
+reach_build_root() {
+  [ -f "$kit/root" ] || { echo "no $kit/root: run 'bash benches/gpu_kit.sh build' first" >&2; exit 2; }
+  local root
+  root=$(cat "$kit/root")
+  if [ "$root" != "$PWD" ] && [ ! -e "$root" ]; then
+    mkdir -p "$(dirname "$root")"
+    ln -s "$PWD" "$root"
+  fi
+  mkdir -p target/release
+  [ -x target/release/ptload ] || cp "$kit/ptload" target/release/ptload
+}
+
+tests() {
+  reach_build_root
+  { nvidia-smi -L || true; } 2>&1 | log tests
+  # One test at a time: they share the GPU and each checks its memory.
+  "$kit/device-tests" --include-ignored --test-threads 1 2>&1 | log tests
+  "$kit/cli-tests" --include-ignored 2>&1 | log tests
+}
+
+python_tests() {
+  reach_build_root
+  local site=/tmp/ptload-site
+  rm -rf "$site"
+  python3 -m pip install -q --no-index --no-deps --target "$site" "$kit"/ptload-*.whl
+  (cd bindings/python && PYTHONPATH="$site" python3 -m pytest -q -rs tests) 2>&1 | log python
+}
+
+bench() {
+  reach_build_root
+  local site=/tmp/ptload-site
+  [ -d "$site" ] || python3 -m pip install -q --no-index --no-deps --target "$site" "$kit"/ptload-*.whl
+  PYTHONUNBUFFERED=1 python3 benches/gpu_compare.py --bins "$kit" "$@" 2>&1 | log bench
+  PYTHONUNBUFFERED=1 PYTHONPATH="$site" python3 benches/python_load.py --cuda 2>&1 | log bench
+}
+
+case "${1:-}" in
+  build) build ;;
+  tests) tests ;;
+  python) python_tests ;;
+  bench) shift; bench "$@" ;;
+  *)
+    sed -n '2,16p' "$0" >&2
+    exit 2
+    ;;
+esac

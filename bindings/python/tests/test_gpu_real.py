@@ -1,0 +1,120 @@
+"""On a real CUDA GPU (skipped elsewhere, with the reason): ptload.torch.load
+onto the device, compared object for object with torch's own load there.
+This is where torch consumes ptload's device capsules (the simulated-driver
+tests replace that consumer). benches/gpu_kit.sh runs these on a GPU
+machine."""
+
+import gc
+import warnings
+
+import pytest
+import torch
+
+import ptload.torch
+from conftest import fixture
+from test_torch_load import assert_same_object
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU torch can use"
+)
+
+# quantized.pt is left out: torch has no CUDA quantized tensors of its types.
+ON_ONE_GPU = ["views.pt", "dtypes.pt", "bigendian.pt", "conj_neg.pt", "sparse.pt",
+              "parameter_state.pt", "llama_tiny.pt", "legacy.pt", "many_tensors.pt"]
+
+
+@pytest.mark.parametrize("name", ON_ONE_GPU)
+def test_a_fixture_lands_on_the_gpu_as_torch_puts_it(name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback to the host
+        ours = ptload.torch.load(fixture(name), map_location="cuda:0")
+    theirs = torch.load(fixture(name), weights_only=True, map_location="cuda:0")
+    assert_same_object(ours, theirs)
+    dense = [t for t in _tensors(ours) if t.layout == torch.strided]
+    assert dense and all(t.device == torch.device("cuda", 0) for t in dense)
+
+
+def test_saved_devices_past_the_last_stay_on_the_host():
+    """multi_gpu.pt was saved on cuda:0..cuda:3: with map_location=None,
+    storages saved on a visible device land there; the others stay on the
+    host with one warning (torch raises instead)."""
+    count = torch.cuda.device_count()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = ptload.torch.load(fixture("multi_gpu.pt"))
+    theirs = torch.load(fixture("multi_gpu.pt"), weights_only=True, map_location="cpu")
+    texts = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    if count < 4:
+        assert len(texts) == 1 and f"only {count} CUDA device(s) are visible" in texts[0], texts
+    for key, t in ours.items():
+        assert torch.equal(t.cpu(), theirs[key]), key
+    assert any(t.is_cuda for t in ours.values())
+
+
+def test_device_tensors_outlive_the_load_and_share_storage():
+    """The arena lives while any tensor views it; writes through one tied
+    tensor show through the other; freeing the last returns the memory."""
+    free_before = torch.cuda.mem_get_info(0)[0]
+    ours = ptload.torch.load(fixture("views.pt"), map_location="cuda:0")
+    theirs = torch.load(fixture("views.pt"), weights_only=True, map_location="cpu")
+    keys = [k for k, v in ours.items() if isinstance(v, torch.Tensor) and v.numel()]
+    kept = {k: ours[k] for k in keys}
+    del ours
+    gc.collect()
+    torch.cuda.synchronize()
+    for k, t in kept.items():
+        assert torch.equal(t.cpu(), theirs[k]), k
+    by_storage = {}
+    for k, t in kept.items():
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(k)
+    shared = [ks for ks in by_storage.values() if len(ks) > 1]
+    assert shared, "views.pt ties tensors to one storage"
+    group = shared[0]
+    first = next(k for k in group if kept[k].is_contiguous())  # zero_ needs no overlap
+    second = next(k for k in group if k != first)
+    kept[first].zero_()
+    theirs[first].zero_()  # torch's load ties them too
+    torch.cuda.synchronize()
+    assert torch.equal(kept[second].cpu(), theirs[second])
+    del kept
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.mem_get_info(0)[0] >= free_before - (2 << 20)
+
+
+def test_a_large_storage_goes_up_whole(tmp_path):
+    """A storage larger than one staging buffer (32 MiB) and an odd-sized
+    one after it arrive byte for byte."""
+    path = tmp_path / "big.pt"
+    big = torch.arange(20_000_000, dtype=torch.float32)  # 80 MB
+    odd = torch.arange(1_000_003, dtype=torch.int8)
+    torch.save({"big": big, "odd": odd}, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        ours = ptload.torch.load(path, map_location="cuda")
+    assert ours["big"].is_cuda and torch.equal(ours["big"].cpu(), big)
+    assert ours["odd"].is_cuda and torch.equal(ours["odd"].cpu(), odd)
+
+
+def test_load_file_onto_the_gpu():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # what key="auto" chose
+        ours = ptload.torch.load_file(fixture("llama_tiny.pt"), device="cuda:0")
+        want = ptload.torch.load_file(fixture("llama_tiny.pt"))
+    assert list(ours) == list(want)
+    for k, t in want.items():
+        assert ours[k].is_cuda and torch.equal(ours[k].cpu(), t), k
+
+
+def _tensors(obj):
+    """Every tensor in a loaded object, without recursion."""
+    stack, out = [obj], []
+    while stack:
+        o = stack.pop()
+        if isinstance(o, torch.Tensor):
+            out.append(o)
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend(o)
+    return out
