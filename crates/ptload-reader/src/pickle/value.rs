@@ -198,8 +198,12 @@ pub(crate) struct Heap {
     dict_states: hashbrown::HashMap<ObjId, Value>,
 }
 
-/// The most values reserved before a pickle runs (128 MiB of arena).
-const RESERVE_MAX_OBJECTS: usize = 1 << 22;
+/// The most pickle bytes room is reserved for before a pickle runs (a
+/// legacy file's pickles are followed by all of its tensors' bytes, which
+/// make no value; an allocator that commits what is reserved would hold
+/// memory in proportion to the file): larger pickles grow the pools as
+/// they fill.
+const RESERVE_MAX_LEN: usize = 4 << 20;
 
 /// Pickles shorter than this are allowed the work of one this long, so
 /// tiny files are not held to a tiny budget.
@@ -266,10 +270,9 @@ impl Heap {
     /// about, so the pools grow without repeated copies. Sized by bytes
     /// that are present, never by a length the file claims.
     pub(crate) fn reserve_for(&mut self, len: usize) {
-        // torch's pickles spend about 9 bytes a value. A legacy file's
-        // pickles are followed by its tensors' bytes, which make none:
-        // past `RESERVE_MAX_OBJECTS` the arena grows as it fills.
-        let objects = (len / 8).min(RESERVE_MAX_OBJECTS);
+        // torch's pickles spend about 9 bytes a value.
+        let len = len.min(RESERVE_MAX_LEN);
+        let objects = len / 8;
         self.objs.reserve(objects);
         self.tags.reserve(objects);
         self.pool.reserve(len / 6);
