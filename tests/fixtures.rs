@@ -364,7 +364,7 @@ fn a_huge_legacy_file_opens_like_a_small_one() {
     std::fs::remove_dir_all(&dir).unwrap();
     let got = got.unwrap();
     assert_eq!(got.len(), want.len());
-    assert!(want.len() > 0);
+    assert!(!want.is_empty());
     for (a, b) in got.tensors().zip(want.tensors()) {
         assert_eq!(a.name(), b.name());
         assert_eq!(a.data().unwrap(), b.data().unwrap(), "{}", a.name());
