@@ -552,6 +552,16 @@ fn names_are_unique_and_looked_up_by_hash() {
     let e = open(checkpoint(&pickle)).expect_err("collision");
     assert_eq!(e.kind(), ErrorKind::DuplicateName);
     assert!(e.to_string().contains("['a.b'] and ['a']['b']"), "{e}");
+    // With the object (torch.load's view, which never flattens), the later
+    // tensor is named by its Python path instead; both are in the tree.
+    let ckpt = OpenOptions::new()
+        .objects(true)
+        .open_bytes(checkpoint(&pickle))
+        .expect("objects");
+    let names: Vec<&str> = ckpt.tensors().map(|t| t.name()).collect();
+    assert_eq!(names, ["a.b", "['a']['b']"]);
+    assert!(ckpt.tensor("['a']['b']").is_some());
+    assert_eq!(ckpt.objects().map(|o| o.tensors().len()), Some(2));
     // Distinct names: every one is found by name, and only those.
     let pickle = P::default()
         .proto(2)
@@ -665,4 +675,40 @@ fn an_open_stops_when_cancelled() {
     let clear = Arc::new(AtomicBool::new(false));
     let ckpt = OpenOptions::new().cancel(clear).open(&path).expect("open");
     assert_eq!(ckpt.len(), 20_000);
+}
+
+/// torch.save's default protocol 2 writes Python 3's `int`, `range`, `str`
+/// by their Python 2 names; they are read as Python 3 names, as torch's
+/// unpickler reads them. Protocol 3 and later names are taken as written.
+#[test]
+fn python2_builtin_names_read_as_python3s() {
+    let names = |proto: u8| {
+        let pickle = P::default()
+            .proto(proto)
+            .op(b"}(")
+            .unicode("n")
+            .global("__builtin__", "long")
+            .op(b"(")
+            .int(5)
+            .op(b"tR")
+            .unicode("r")
+            .global("__builtin__", "xrange")
+            .op(b"(")
+            .int(3)
+            .op(b"tR")
+            .unicode("s")
+            .global("__builtin__", "unicode")
+            .op(b"u")
+            .stop();
+        let ckpt = open(checkpoint(&pickle)).expect("open");
+        ckpt.globals()
+            .iter()
+            .map(|g| format!("{}.{}", g.module, g.name))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(2), ["builtins.int", "builtins.range", "builtins.str"]);
+    assert_eq!(
+        names(3),
+        ["__builtin__.long", "__builtin__.xrange", "__builtin__.unicode"]
+    );
 }

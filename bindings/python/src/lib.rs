@@ -638,7 +638,7 @@ impl Checkpoint {
                 (name.to_owned(), index)
             })
             .collect();
-        Ok((names, sd.decisions().to_vec()))
+        Ok((names, changes(&sd)))
     }
 
     /// Tensor `index`'s elements in row-major order, host byte order, with
@@ -657,8 +657,9 @@ impl Checkpoint {
         } else {
             inner.tensor_at(index)
         };
-        if view.is_none() {
-            return Err(Error::new_err(format!("no tensor {index}")));
+        match &view {
+            None => return Err(Error::new_err(format!("no tensor {index}"))),
+            Some(view) => expansion_allowed(view)?,
         }
         let bytes = py.allow_threads(move || -> Result<Vec<u8>, ptload_reader::Error> {
             let view = if objects {
@@ -673,6 +674,23 @@ impl Checkpoint {
         });
         Ok(PyBytes::new(py, &bytes.map_err(to_py)?))
     }
+}
+
+/// A checkpoint opened for `ptload.torch.load` describes overlapping views
+/// of any size (torch makes them with `as_strided`, reading nothing): the
+/// default bound on an expanded view's size applies where one is copied out.
+fn expansion_allowed(view: &TensorView<'_>) -> PyResult<()> {
+    let limit = ptload_reader::Limits::default().max_expanded_view_bytes;
+    let storage = view.storage().map_or(0, |s| s.nbytes);
+    let nbytes = view.info().nbytes;
+    if nbytes > storage && nbytes > limit {
+        return Err(Error::new_err(format!(
+            "tensor {}: limit: Limits::max_expanded_view_bytes ({limit}) exceeded: \
+             an overlapping view of {nbytes} bytes over a {storage}-byte storage is not copied out",
+            view.name()
+        )));
+    }
+    Ok(())
 }
 
 /// [`Checkpoint::build_plain`]'s work: `Ok(None)` when a node is not plain.
@@ -905,13 +923,24 @@ fn select(
         .map_err(to_py)?;
     let sd = opts.select_set(&set).map_err(to_py)?;
     let entries: Vec<Selected> = sd.iter().cloned().collect();
-    let decisions = sd.decisions().to_vec();
+    let decisions = changes(&sd);
     drop(sd);
     Ok(Selection {
         set: Arc::new(set),
         entries,
         decisions,
     })
+}
+
+/// What the automatic options changed, for the warning: the key `auto`
+/// kept the whole file changed nothing, so its reasoning is left out (the
+/// CLI prints it; a Python warning is for changes).
+fn changes(sd: &ptload_reader::state_dict::StateDict<'_>) -> Vec<String> {
+    sd.decisions()
+        .iter()
+        .filter(|d| sd.key().is_some() || !d.starts_with("key auto:"))
+        .cloned()
+        .collect()
 }
 
 fn state_dict_options(
@@ -1009,7 +1038,14 @@ fn open(
     objects: bool,
     in_memory: bool,
 ) -> PyResult<Checkpoint> {
-    let opts = OpenOptions::new().objects(objects).in_memory(in_memory);
+    let mut opts = OpenOptions::new().objects(objects).in_memory(in_memory);
+    if objects {
+        // torch.load's object: overlapping views are made without reading
+        // (bounded where copied out, see `expansion_allowed`).
+        let mut limits = ptload_reader::Limits::default();
+        limits.max_expanded_view_bytes = u64::MAX;
+        opts = opts.limits(limits);
+    }
     // On a thread of its own, so Ctrl-C interrupts a long open (the
     // pickle machine stops at the flag).
     let ckpt = if let Ok(bytes) = source.downcast::<PyBytes>() {

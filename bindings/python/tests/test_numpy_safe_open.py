@@ -129,16 +129,46 @@ def test_load_file_selects_and_warns_like_the_cli():
     assert all(not k.startswith("module.") for k in stripped)
 
 
-def test_automatic_choices_are_told_in_python_terms():
+def test_automatic_choices_warn_only_when_they_change_something():
     """hf_lm.pt: "model" holds tensors, so does a top-level entry that is
-    not training state; the whole file is taken, and the warning names the
-    keyword that takes the model alone, not the Rust API's."""
+    not training state; the whole file is taken, which changes nothing, so
+    nothing is said (taking "model" alone would drop lm_head). A training
+    checkpoint's model is taken and said, in this API's terms, at the
+    caller's line."""
+    import warnings
+
     from ptload.numpy import load_file
 
-    with pytest.warns(UserWarning) as caught:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         whole = load_file(fixture("hf_lm.pt"))
-    text = " ".join(str(w.message) for w in caught)
-    assert 'to take only "model", pass key="model"' in text, text
-    assert "KeySelect" not in text, text
-    model = load_file(fixture("hf_lm.pt"), key="model")
+        assert list(whole) == list(load_file(fixture("hf_lm.pt"), key=None))
+        model = load_file(fixture("hf_lm.pt"), key="model")  # asked for: not said
     assert 0 < len(model) < len(whole)
+    with pytest.warns(UserWarning) as caught:
+        load_file(fixture("training.ckpt"))
+    assert [w.filename for w in caught] == [__file__]
+    text = str(caught[0].message)
+    assert '"model_state_dict": a training checkpoint\'s model' in text, text
+    assert "KeySelect" not in text, text
+
+
+def test_the_readers_advice_is_put_in_python_terms():
+    from ptload._safe import _in_python
+
+    said = _in_python('to take only "model", select KeySelect::Path("model"); '
+                      "b also holds a model: select it with KeySelect::Path")
+    assert said == ('to take only "model", pass key="model"; '
+                    'b also holds a model: select it with key="..."')
+
+
+def test_one_include_or_exclude_pattern_may_be_a_string():
+    from ptload.numpy import load_file
+
+    path = fixture("llama_tiny.pt")
+    every = load_file(path, key=None)
+    assert list(load_file(path, key=None, include="lm_head.weight")) == ["lm_head.weight"]
+    rest = load_file(path, key=None, exclude="lm_head.weight")
+    assert len(rest) == len(every) - 1 and "lm_head.weight" not in rest
+    q = load_file(path, key=None, include="*.q_proj.*")
+    assert q and all(".q_proj." in k for k in q)

@@ -355,3 +355,82 @@ def test_progress_shows_the_bytes_read(capsys):
     err = capsys.readouterr().err
     assert "multi_gpu.pt" in err and "100%" in err, err
     assert_same_object(ours, torch.load(path, weights_only=True, map_location="cpu"))
+
+
+def test_names_that_flatten_alike_load_as_torch_loads_them(tmp_path):
+    """torch.load never flattens names: {"a.b": t, "a": {"b": u}} and
+    {0: t, "0": u} load object for object (safe_open, whose keys are the
+    flattened names, refuses them as ambiguous)."""
+    for i, obj in enumerate([
+        {"a.b": torch.ones(2), "a": {"b": torch.zeros(2)}},
+        {0: torch.ones(1), "0": torch.zeros(1)},
+        {"l": [torch.ones(1)], "l.0": torch.zeros(1)},
+    ]):
+        path = tmp_path / f"alike{i}.pt"
+        torch.save(obj, path)
+        assert_same_object(ptload.torch.load(path), torch.load(path, weights_only=True))
+        with pytest.raises(ptload.Error, match="flatten to the name"):
+            ptload.safe_open(path)
+
+
+def test_a_large_expanded_view_loads_as_a_view(tmp_path):
+    """A 4-byte storage expanded to 20000 x 20000 is a view in torch, made
+    without reading; copying it out (numpy) stays bounded."""
+    path = tmp_path / "expanded.pt"
+    torch.save({"w": torch.tensor([1.5]).expand(20000, 20000)}, path)
+    ours = ptload.torch.load(path)
+    theirs = torch.load(path, weights_only=True)
+    assert ours["w"].stride() == (0, 0) and ours["w"].untyped_storage().nbytes() == 4
+    assert_same_object(ours, theirs)
+    from ptload.numpy import load_file
+
+    with pytest.raises(ptload.Error, match="max_expanded_view_bytes"):
+        load_file(path)
+
+
+def test_python2_names_of_protocol_2_are_read_as_python3s(tmp_path):
+    """torch.save's protocol 2 writes int as __builtin__.long and range as
+    __builtin__.xrange; they are read as builtins.int and builtins.range,
+    as torch's unpickler reads them."""
+    path = tmp_path / "py2names.pt"
+    torch.save({"r": range(3), "d": collections.defaultdict(int), "s": collections.defaultdict(str)}, path)
+    with pytest.raises(ptload.UnsafeGlobalError) as info:
+        ptload.torch.load(path)
+    assert "builtins.range" in info.value.globals, info.value.globals
+    assert not any("long" in g or "xrange" in g or "unicode" in g for g in info.value.globals)
+    ours = ptload.torch.load(path, unknown="inert")
+    assert ours["r"] == range(3)
+    assert ours["d"].default_factory is int and ours["s"].default_factory is str
+    allowed = ptload.torch.load(path, allow_globals=[range, collections.defaultdict, int, str])
+    assert allowed["r"] == range(3) and allowed["d"].default_factory is int
+
+
+def test_a_deque_is_rebuilt(tmp_path):
+    path = tmp_path / "deque.pt"
+    torch.save({"d": collections.deque([1, 2], maxlen=5), "e": collections.deque()}, path)
+    ours = ptload.torch.load(path, unknown="inert")
+    assert ours["d"] == collections.deque([1, 2]) and ours["d"].maxlen == 5
+    assert ours["e"] == collections.deque() and ours["e"].maxlen is None
+
+
+def test_errors_pickle_and_carry_their_attributes(tmp_path):
+    """Errors cross process boundaries (multiprocessing pickles them) with
+    their type, message and attributes; errors of the Python layer have
+    the attributes too."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not a checkpoint\n" * 10)
+    with pytest.raises(ptload.Error) as info:
+        ptload.torch.load(text)
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is ptload.Error and str(again) == str(info.value)
+    assert (again.kind, again.offset) == (info.value.kind, info.value.offset)
+    assert type(info.value).__module__ == "ptload"
+    with pytest.raises(ptload.UnsafeGlobalError) as info:
+        ptload.torch.load(fixture("training.ckpt"))
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is ptload.UnsafeGlobalError and again.globals == info.value.globals
+    with pytest.raises(ptload.Error) as info:
+        ptload.torch.load(fixture("basic.pt"), weights_only=False)
+    assert info.value.kind == "Other" and info.value.offset is None
+    with pytest.raises(ptload.Error, match="a directory"):
+        ptload.torch.load(tmp_path)

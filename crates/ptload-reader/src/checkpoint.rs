@@ -72,6 +72,11 @@ impl OpenOptions {
     /// Keep the unpickled object as a graph of nodes (see
     /// [`Checkpoint::objects`]): what `torch.load` returns, built without
     /// running anything. Off by default (it costs a node per value).
+    ///
+    /// torch.load never refuses two tensors whose flattened names agree
+    /// (`{"a.b": t, "a": {"b": u}}`), so with objects the later one is
+    /// named by its Python path (`['a']['b']`) instead of the open failing;
+    /// without, such a file is refused as ambiguous.
     pub fn objects(mut self, yes: bool) -> Self {
         self.objects = yes;
         self
@@ -226,7 +231,13 @@ impl Checkpoint {
             }
             Detected::Legacy => decode_legacy(data, &mut heap, &mut interp, &mut vm)?,
         };
-        let walked = walk_all(&heap, &decoded.roots, &opts.limits, decoded.storages.len())?;
+        let walked = walk_all(
+            &heap,
+            &decoded.roots,
+            &opts.limits,
+            decoded.storages.len(),
+            opts.objects,
+        )?;
         let objects_root = decoded.roots.first().map(|&(v, _)| v);
         if walked.tensors.len() > opts.limits.max_tensors {
             return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));

@@ -1,10 +1,22 @@
 """ptload's exceptions: one base, ``ptload.Error``."""
 
+import os
 import pickle
+import sys
 
 from ._ptload import Error
 
 __all__ = ["Error", "UnsafeGlobalError", "open_checkpoint"]
+
+# The reader's errors set these per instance; errors raised by the Python
+# layer (a usage error, strict placement) have no offset in a file.
+Error.kind = "Other"
+Error.offset = None
+Error.record = None
+Error.tensor = None
+# Named where users import it, so an error pickles (multiprocessing sends
+# it back to the parent) and prints as ptload.Error.
+Error.__module__ = "ptload"
 
 
 class UnsafeGlobalError(Error, pickle.UnpicklingError):
@@ -15,7 +27,7 @@ class UnsafeGlobalError(Error, pickle.UnpicklingError):
     forbidden ``module.name``.
     """
 
-    def __init__(self, message, globals_):
+    def __init__(self, message, globals_=()):
         super().__init__(message)
         self.globals = list(globals_)
         self.kind = "UnsupportedGlobal"
@@ -23,17 +35,39 @@ class UnsafeGlobalError(Error, pickle.UnpicklingError):
         self.record = None
         self.tensor = None
 
+    def __reduce__(self):
+        return (type(self), (str(self), self.globals))
+
+
+UnsafeGlobalError.__module__ = "ptload"
+
+
+def user_stacklevel():
+    """The ``stacklevel`` that makes a warning point at the first frame
+    outside this package (for the function that calls ``warnings.warn``)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    level = 1
+    frame = sys._getframe(1)
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame = frame.f_back
+        level += 1
+    return level
+
 
 def open_checkpoint(f, *, objects=True, in_memory=False):
     """Open ``f`` (a path, bytes, or a binary file object) with the reader."""
-    import os
-
     from . import _ptload
 
     if isinstance(f, (bytes, bytearray, memoryview)):
         return _ptload.open(bytes(f), objects=objects)
     if isinstance(f, (str, os.PathLike)):
-        return _ptload.open(os.fspath(f), objects=objects, in_memory=in_memory)
+        path = os.fspath(f)
+        if isinstance(path, str) and os.path.isdir(path):
+            raise Error(
+                f"{path}: a directory, not a checkpoint file; a directory of shards "
+                "is read by ptload.torch.load_file and ptload.safe_open"
+            )
+        return _ptload.open(path, objects=objects, in_memory=in_memory)
     if hasattr(f, "read"):
         return _ptload.open(f.read(), objects=objects)
     raise TypeError(

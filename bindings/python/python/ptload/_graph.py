@@ -181,7 +181,11 @@ def _plain_defaultdict(args, resolve_global):
 
 
 def _plain_deque(args):
-    if len(args) in (1, 2) and isinstance(args[0], list):
+    # deque's reduce is (deque, ((), maxlen)) or (deque, ()), its items
+    # appended after.
+    if not args:
+        return collections.deque()
+    if len(args) in (1, 2) and isinstance(args[0], (list, tuple)):
         maxlen = args[1] if len(args) == 2 else None
         if maxlen is None or isinstance(maxlen, int):
             return collections.deque(args[0], maxlen)

@@ -15,7 +15,7 @@ import re
 import sys
 import warnings
 
-from ._errors import Error, open_checkpoint
+from ._errors import Error, open_checkpoint, user_stacklevel
 
 __all__ = ["safe_open", "numpy_dtype"]
 
@@ -183,7 +183,10 @@ class safe_open:
             framework = "pt"
         self._framework = framework
         self._device = device
-        self._path = os.fspath(path)
+        self._path = os.fsdecode(os.fspath(path))
+        # One pattern may be given as a string, as `splits` may.
+        include = [include] if isinstance(include, str) else list(include)
+        exclude = [exclude] if isinstance(exclude, str) else list(exclude)
         self._map = None
         self._torch_storages = None
         self._sel = None
@@ -223,11 +226,18 @@ class safe_open:
                     self._map = _mmap.mmap(fh.fileno(), 0, access=access)
 
     def _warn(self, decisions, key, strip_prefix):
-        if decisions and (key == "auto" or strip_prefix == "auto"):
+        # Said only for what an automatic option did: the tensors an
+        # explicit key leaves out are what the caller asked for.
+        decisions = [
+            d for d in decisions
+            if (key == "auto" or not d.startswith(("key auto", "left out")))
+            and (strip_prefix == "auto" or not d.startswith("strip"))
+        ]
+        if decisions:
             warnings.warn(
                 f"{os.path.basename(self._path)}: " + "; ".join(map(_in_python, decisions)),
                 UserWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
 
     def __enter__(self):

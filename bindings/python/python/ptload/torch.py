@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from . import _graph, _ptload
-from ._errors import Error, UnsafeGlobalError, open_checkpoint
+from ._errors import Error, UnsafeGlobalError, open_checkpoint, user_stacklevel
 
 __all__ = ["load", "load_file", "StorageStandIn"]
 
@@ -641,7 +641,7 @@ def _warn_fallbacks(fallbacks):
         f"storage {first[0]} saved on {first[1]} stays on the CPU instead of {first[2]}: "
         f"{first[3]}{more}. Pass strict=True to raise instead.",
         RuntimeWarning,
-        stacklevel=5,
+        stacklevel=user_stacklevel(),
     )
 
 

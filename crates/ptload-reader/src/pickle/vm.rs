@@ -413,8 +413,20 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
     }
 
     fn global(&mut self, module: &str, name: &str, offset: u64) -> Result<Value> {
-        // Python 3 reads Python 2 names through its import mapping.
-        let module = match (self.protocol.unwrap_or(0) < 3, module) {
+        // Python 3 reads Python 2 names through its import mapping, as
+        // torch's weights-only unpickler does: `torch.save`'s protocol 2
+        // writes `int` as `__builtin__.long`. Of its renamed names, those
+        // of plain types are followed (the others keep their Python 2
+        // spelling, which the scanner judges as before).
+        let py2 = self.protocol.unwrap_or(0) < 3;
+        let name = match (py2, module, name) {
+            (true, "__builtin__", "xrange") => "range",
+            (true, "__builtin__", "long") => "int",
+            (true, "__builtin__", "unicode" | "basestring") => "str",
+            (true, "__builtin__", "unichr") => "chr",
+            (_, _, n) => n,
+        };
+        let module = match (py2, module) {
             (true, "__builtin__") => "builtins",
             (true, "copy_reg") => "copyreg",
             (_, m) => m,

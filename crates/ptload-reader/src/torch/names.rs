@@ -82,8 +82,10 @@ pub(crate) fn walk_all(
     roots: &[(Value, &'static str)],
     limits: &Limits,
     tensors_hint: usize,
+    rename_duplicates: bool,
 ) -> Result<Walked> {
     let mut walker = Walker::new(heap, limits);
+    walker.rename_duplicates = rename_duplicates;
     walker.out.tensors.reserve(tensors_hint);
     // The table is empty: the rehash closure has nothing to rehash.
     walker.by_name.reserve(tensors_hint, |_| 0);
@@ -272,6 +274,9 @@ pub(crate) struct Walker<'h> {
     captured: Option<String>,
     /// Set when the walk stopped at a name collision.
     duplicate: Option<Duplicate>,
+    /// Name a tensor whose flattened name is taken by its Python path
+    /// instead of stopping (the caller reaches tensors through the object).
+    rename_duplicates: bool,
     /// The current node's name, as segments; strings are only built for
     /// what is emitted, so walking a node costs no allocation.
     path: Vec<Seg>,
@@ -296,6 +301,7 @@ impl<'h> Walker<'h> {
             capture: None,
             captured: None,
             duplicate: None,
+            rename_duplicates: false,
             path: Vec::new(),
             children: Vec::new(),
             out: Walked::default(),
@@ -367,10 +373,29 @@ impl<'h> Walker<'h> {
             // The walk that captures stops here: nothing after matters.
             return Err(Error::new(ErrorKind::DuplicateName, name));
         }
-        let hash = self.hasher.hash_one(name.as_str());
-        let tensors = &self.out.tensors;
-        let same = |&i: &u32| tensors.get(i as usize).is_some_and(|(n, _)| *n == name);
-        if let Some(&first) = self.by_name.find(hash, same) {
+        let mut name = name;
+        let mut hash = self.hasher.hash_one(name.as_str());
+        let taken = |walker: &Self, hash: u64, name: &str| {
+            let tensors = &walker.out.tensors;
+            walker
+                .by_name
+                .find(hash, |&i: &u32| {
+                    tensors.get(i as usize).is_some_and(|(n, _)| n == name)
+                })
+                .copied()
+        };
+        if self.rename_duplicates && taken(self, hash, &name).is_some() {
+            // `['a.b']` and `['a']['b']` both flatten to `a.b`: the later
+            // one is named by its Python path, charged as names are.
+            let path = python_path(self.heap, &self.path, extra);
+            self.name_bytes = self.name_bytes.saturating_add(path.len() as u64);
+            if self.name_bytes > self.max_name_bytes {
+                return Err(Error::limit("max_name_bytes", self.max_name_bytes));
+            }
+            hash = self.hasher.hash_one(path.as_str());
+            name = path;
+        }
+        if let Some(first) = taken(self, hash, &name) {
             let path = python_path(self.heap, &self.path, extra);
             let message =
                 format!("two tensors flatten to the name '{name}'; the second is at {path}");
@@ -384,6 +409,7 @@ impl<'h> Walker<'h> {
         let i =
             u32::try_from(index).map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
         let hasher = &self.hasher;
+        let tensors = &self.out.tensors;
         self.by_name.insert_unique(hash, i, |&j| {
             tensors
                 .get(j as usize)
