@@ -709,6 +709,10 @@ fn python2_builtin_names_read_as_python3s() {
     assert_eq!(names(2), ["builtins.int", "builtins.range", "builtins.str"]);
     assert_eq!(
         names(3),
-        ["__builtin__.long", "__builtin__.xrange", "__builtin__.unicode"]
+        [
+            "__builtin__.long",
+            "__builtin__.xrange",
+            "__builtin__.unicode"
+        ]
     );
 }

@@ -227,7 +227,11 @@ fn node_tuple<'py>(py: Python<'py>, node: &Node) -> PyResult<Bound<'py, PyAny>> 
         Node::Dtype { name, .. } => t(py, ("dtype", name.as_str())),
         Node::Layout(l) => t(py, ("layout", *l)),
         Node::Global { module, name } => t(py, ("global", module.as_str(), name.as_str())),
-        Node::NumpyDtype { descr, big_endian } => t(py, ("npdtype", descr.as_str(), *big_endian)),
+        Node::NumpyDtype {
+            descr,
+            big_endian,
+            structured,
+        } => t(py, ("npdtype", descr.as_str(), *big_endian, *structured)),
         Node::NumpyScalar {
             descr,
             big_endian,

@@ -434,3 +434,18 @@ def test_errors_pickle_and_carry_their_attributes(tmp_path):
     assert info.value.kind == "Other" and info.value.offset is None
     with pytest.raises(ptload.Error, match="a directory"):
         ptload.torch.load(tmp_path)
+
+
+def test_numpy_arrays_come_back_as_numpy_unpickles_them(tmp_path):
+    """An array of the other byte order comes in the host's, as numpy
+    unpickles it; a structured dtype (fields), which its code alone (V12)
+    does not describe, stays inert rather than coming back as raw bytes."""
+    import numpy as np
+
+    path = tmp_path / "arrays.pt"
+    structured = np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")])
+    torch.save({"big": np.arange(3, dtype=">i4"), "rec": structured, "dt": structured.dtype}, path)
+    ours = ptload.torch.load(path, unknown="inert")
+    assert ours["big"].dtype == np.dtype("=i4") and ours["big"].tolist() == [0, 1, 2]
+    assert isinstance(ours["rec"], ptload.Inert) and ours["rec"].module == "numpy"
+    assert isinstance(ours["dt"], ptload.Inert)

@@ -116,6 +116,9 @@ pub enum Node {
         descr: String,
         /// Whether its byte order is big-endian.
         big_endian: bool,
+        /// Whether it has fields or a subarray, which `descr` (`V12`) does
+        /// not describe.
+        structured: bool,
     },
     /// A numpy scalar: its dtype and raw bytes.
     NumpyScalar {
@@ -438,6 +441,7 @@ fn node(heap: &Heap, v: Value, id: &mut dyn FnMut(Value) -> Result<NodeId>) -> R
             TorchObj::NumpyDtype(d) => Node::NumpyDtype {
                 descr: d.descr.clone(),
                 big_endian: d.big_endian,
+                structured: d.structured,
             },
             TorchObj::NumpyScalar {
                 descr,

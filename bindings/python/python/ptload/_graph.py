@@ -301,6 +301,9 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
         if kind == "global":
             return _global(node[1], node[2])
         if kind == "npdtype":
+            if node[3]:
+                # Fields or a subarray: its code alone (V12) would lose them.
+                return Inert("numpy", "dtype", (node[1],))
             return _numpy_dtype(node[1], node[2])
         if kind == "npscalar":
             import numpy as np
@@ -335,6 +338,9 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
                 f"holds {len(data)} bytes"
             )
         flat = np.frombuffer(data, dtype=dtype, count=count).copy()
+        if not dtype.isnative:
+            # numpy unpickles an array of the other byte order in the host's.
+            flat = flat.astype(dtype.newbyteorder("="))
         return flat.reshape(tuple(shape), order="F" if fortran else "C")
 
     def _object(node):

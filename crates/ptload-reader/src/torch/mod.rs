@@ -274,6 +274,9 @@ impl Layout {
 pub(crate) struct NumpyDtype {
     pub(crate) descr: String,
     pub(crate) big_endian: bool,
+    /// Its state names fields or a subarray: `descr` (`V12`) alone does
+    /// not describe it.
+    pub(crate) structured: bool,
 }
 
 /// A numpy array (not a tensor): kept as a value with its shape.

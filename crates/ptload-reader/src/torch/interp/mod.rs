@@ -467,7 +467,11 @@ impl Interpreter for TorchInterp<'_> {
                 let descr = heap.text(get(&a, 0)).unwrap_or("?").to_owned();
                 heap.charge_bytes(descr.len())?;
                 let big_endian = descr.starts_with('>');
-                heap.alloc_torch(TorchObj::NumpyDtype(NumpyDtype { descr, big_endian }))
+                heap.alloc_torch(TorchObj::NumpyDtype(NumpyDtype {
+                    descr,
+                    big_endian,
+                    structured: false,
+                }))
             }
             Known::NumpyScalar => {
                 let a = args_of(heap, args, func)?;
@@ -541,10 +545,14 @@ impl Interpreter for TorchInterp<'_> {
             heap.sequence(get(&numpy_state, 1))
                 .map_or(0, |s| s.len() as u64),
         )?;
+        // A structured dtype's array keeps no dtype it could be built with.
         let numpy_full_dtype = match heap.torch(get(&numpy_state, 2)) {
-            Some(TorchObj::NumpyDtype(d)) => Some((d.descr.clone(), d.big_endian)),
+            Some(TorchObj::NumpyDtype(d)) if !d.structured => Some((d.descr.clone(), d.big_endian)),
             _ => None,
         };
+        // A dtype's state: (version, byteorder, subarray, names, fields, ...).
+        let structured = !matches!(get(&numpy_state, 2), Value::None)
+            || !matches!(get(&numpy_state, 3), Value::None);
         let fortran = truthy(get(&numpy_state, 3));
         let raw = get(&numpy_state, 4);
         let shape: Option<Vec<u64>> = heap.sequence(get(&numpy_state, 1)).map(|s| {
@@ -565,6 +573,7 @@ impl Interpreter for TorchInterp<'_> {
                     if let Some(order) = byteorder {
                         d.big_endian = order == ">";
                     }
+                    d.structured = structured;
                     Ok(())
                 }
                 Some(TorchObj::NdArray(a)) => {
