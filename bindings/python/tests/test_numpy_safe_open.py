@@ -99,7 +99,8 @@ def test_safe_open_like_safetensors():
 
     theirs = torch.load(fixture("basic.pt"), weights_only=True)
     with ptload.safe_open(fixture("basic.pt"), framework="pt") as f:
-        assert f.keys() == list(theirs.keys())
+        assert f.offset_keys() == list(theirs.keys())
+        assert f.keys() == sorted(theirs.keys())
         assert f.metadata() == {"format": "pt"}
         for k in f.keys():
             assert torch.equal(f.get_tensor(k), theirs[k])
@@ -172,3 +173,25 @@ def test_one_include_or_exclude_pattern_may_be_a_string():
     assert len(rest) == len(every) - 1 and "lm_head.weight" not in rest
     q = load_file(path, key=None, include="*.q_proj.*")
     assert q and all(".q_proj." in k for k in q)
+
+
+def test_key_orders_and_get_tensors_follow_safetensors():
+    """keys() sorted, offset_keys() in the file's order, get_tensors() and
+    load_file in the file's order, as safetensors gives them."""
+    import numpy as np
+
+    import ptload
+
+    path = fixture("llama_tiny.pt")
+    with ptload.safe_open(path, framework="numpy", key=None, backend="pread") as f:
+        order = f.offset_keys()
+        assert f.keys() == sorted(order) and order != sorted(order)
+        every = f.get_tensors()
+    assert list(every) == order
+    from ptload.numpy import load_file
+
+    loaded = load_file(path, key=None, backend="mmap")
+    assert list(loaded) == order
+    assert all(np.array_equal(loaded[k], every[k]) for k in order)
+    with pytest.raises(ValueError, match="backend"):
+        ptload.safe_open(path, backend="gpu")

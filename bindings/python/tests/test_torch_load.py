@@ -449,3 +449,16 @@ def test_numpy_arrays_come_back_as_numpy_unpickles_them(tmp_path):
     assert ours["big"].dtype == np.dtype("=i4") and ours["big"].tolist() == [0, 1, 2]
     assert isinstance(ours["rec"], ptload.Inert) and ours["rec"].module == "numpy"
     assert isinstance(ours["dt"], ptload.Inert)
+
+
+def test_aware_datetimes_and_mmap_of_a_buffer(tmp_path):
+    import datetime
+
+    path = tmp_path / "when.pt"
+    zone = datetime.timezone(datetime.timedelta(hours=2), "X")
+    when = {"at": datetime.datetime(2024, 1, 2, 3, 4, tzinfo=zone),
+            "utc": datetime.datetime(2024, 1, 2, tzinfo=datetime.timezone.utc)}
+    torch.save(when, path)
+    assert ptload.torch.load(path, unknown="inert") == when
+    with pytest.raises(ValueError, match="must be a file path"):
+        ptload.torch.load(io.BytesIO(path.read_bytes()), mmap=True)

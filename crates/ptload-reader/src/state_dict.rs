@@ -46,6 +46,7 @@ pub const TRAINING_STATE: &[&str] = &[
     "scaler_state_dict",
     "grad_scaler",
     "amp",
+    "rng",
     "rng_state",
     "rng_states",
     "torch_rng_state",

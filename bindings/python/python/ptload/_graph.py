@@ -153,6 +153,19 @@ def _plain_datetime(kind):
     return make
 
 
+def _plain_timezone(args):
+    import datetime
+
+    if 1 <= len(args) <= 2 and isinstance(args[0], datetime.timedelta) and (
+        len(args) == 1 or isinstance(args[1], str)
+    ):
+        try:
+            return datetime.timezone(*args)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
 def _plain_counter(args):
     if len(args) == 1 and isinstance(args[0], dict):
         return collections.Counter(args[0])
@@ -207,6 +220,7 @@ PLAIN_TYPES = {
     ("datetime", "date"): _plain_datetime("date"),
     ("datetime", "time"): _plain_datetime("time"),
     ("datetime", "timedelta"): _plain_datetime("timedelta"),
+    ("datetime", "timezone"): _plain_timezone,
 }
 # Made empty at their step, filled with their state at the fill step.
 PLAIN_NEW = {("argparse", "Namespace")}

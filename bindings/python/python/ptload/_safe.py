@@ -174,7 +174,10 @@ class safe_open:
         shard=None,
         splits=(),
         preset=None,
+        backend="mmap",
     ):
+        if backend not in ("mmap", "pread"):
+            raise ValueError(f"backend {backend!r}: 'mmap' or 'pread'")
         if framework in ("np", "numpy"):
             framework = "numpy"
         elif framework not in ("pt", "torch"):
@@ -247,10 +250,16 @@ class safe_open:
         return False
 
     def keys(self):
-        return list(self._index)
+        """The tensors' names, sorted (as safetensors gives them)."""
+        return sorted(self._index)
 
     def offset_keys(self):
-        return self.keys()
+        """The tensors' names in the file's order."""
+        return list(self._index)
+
+    def get_tensors(self):
+        """Every tensor, ``{name: tensor}`` in the file's order."""
+        return {name: self.get_tensor(name) for name in self.offset_keys()}
 
     def metadata(self):
         return {"format": "pt"}

@@ -14,7 +14,7 @@ __all__ = ["load_file", "numpy_dtype"]
 
 def load_file(
     path, *, key="auto", strip_prefix="auto", include=(), exclude=(),
-    shard=None, splits=(), preset=None, progress=False,
+    shard=None, splits=(), preset=None, progress=False, backend="mmap",
 ):
     """``{name: numpy.ndarray}``, as safetensors.numpy.load_file gives; a
     directory of shards or an index file, and ``shard=(rank, world)`` with
@@ -23,5 +23,6 @@ def load_file(
     with safe_open(
         path, framework="numpy", key=key, strip_prefix=strip_prefix,
         include=include, exclude=exclude, shard=shard, splits=splits, preset=preset,
+        backend=backend,
     ) as f:
-        return {name: f.get_tensor(name) for name in _progress(f.keys(), progress, path)}
+        return {name: f.get_tensor(name) for name in _progress(f.offset_keys(), progress, path)}

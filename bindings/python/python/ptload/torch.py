@@ -556,6 +556,9 @@ def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, p
         path, source = None, f.read()
     else:
         raise TypeError(f"expected a path, bytes or a binary file object, got {type(f).__name__}")
+    if mmap and path is None:
+        # torch's words: there is no file to map.
+        raise ValueError("f must be a file path in order to use the mmap argument")
     ckpt = open_checkpoint(source, objects=True)
     if ckpt.format() == "torchscript":
         raise Error(
@@ -647,7 +650,7 @@ def _warn_fallbacks(fallbacks):
 
 def load_file(
     path, device="cpu", *, key="auto", strip_prefix="auto", include=(), exclude=(),
-    shard=None, splits=(), preset=None, progress=False,
+    shard=None, splits=(), preset=None, progress=False, backend="mmap",
 ):
     """safetensors' ``load_file`` on a torch checkpoint: ``{name: tensor}``,
     the state dict the CLI would take (``key``/``strip_prefix`` as in
@@ -663,6 +666,7 @@ def load_file(
     with safe_open(
         path, framework="pt", device=device, key=key, strip_prefix=strip_prefix,
         include=include, exclude=exclude, shard=shard, splits=splits, preset=preset,
+        backend=backend,
     ) as f:
         f._upload()
-        return {name: f.get_tensor(name) for name in _progress(f.keys(), progress, path)}
+        return {name: f.get_tensor(name) for name in _progress(f.offset_keys(), progress, path)}
