@@ -462,3 +462,42 @@ def test_aware_datetimes_and_mmap_of_a_buffer(tmp_path):
     assert ptload.torch.load(path, unknown="inert") == when
     with pytest.raises(ValueError, match="must be a file path"):
         ptload.torch.load(io.BytesIO(path.read_bytes()), mmap=True)
+
+
+def test_torchs_safe_globals_registry_is_read(tmp_path):
+    """Globals trusted through torch.serialization (add_safe_globals, the
+    safe_globals context) are trusted here too, as torch.load trusts them;
+    an alias pair maps the file's name to the object given; a trusted name
+    that cannot be imported is a ptload.Error."""
+    import argparse
+
+    path = tmp_path / "ns.pt"
+    torch.save({"args": argparse.Namespace(lr=0.1)}, path)
+    with pytest.raises(ptload.UnsafeGlobalError):
+        ptload.torch.load(path)
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        got = ptload.torch.load(path)
+    assert type(got["args"]) is argparse.Namespace and got["args"].lr == 0.1
+
+    class Stand(argparse.Namespace):
+        pass
+
+    got = ptload.torch.load(path, allow_globals=[(Stand, "argparse.Namespace")])
+    assert type(got["args"]) is Stand and got["args"].lr == 0.1
+    import sys
+    import types
+
+    module = types.ModuleType("ptload_ghost_module")
+
+    class Ghost:
+        pass
+
+    Ghost.__module__, Ghost.__qualname__ = module.__name__, "Ghost"
+    module.Ghost = Ghost
+    sys.modules[module.__name__] = module
+    try:
+        torch.save({"g": Ghost()}, tmp_path / "ghost.pt")
+    finally:
+        del sys.modules[module.__name__]
+    with pytest.raises(ptload.Error, match="cannot be imported"):
+        ptload.torch.load(tmp_path / "ghost.pt", allow_globals=["ptload_ghost_module.Ghost"])

@@ -255,7 +255,8 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
     ``make_leaf(kind, node, objs)`` builds the nodes only a backend knows
     (tensors, parameters, storages, sparse tensors, devices, dtypes,
     layouts); ``allowed`` holds the ``module.name`` globals the caller
-    trusts, which are imported and called as pickle would.
+    trusts (a set, or a dict giving the object for a name, None to import
+    it), which are called as pickle would.
     """
     n = len(nodes)
     objs = [None] * n
@@ -333,7 +334,13 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
     def _global(module, name):
         path = f"{module}.{name}"
         if path in allowed:
-            return _resolve(module, name)
+            given = allowed.get(path) if isinstance(allowed, dict) else None
+            if given is not None:
+                return given
+            try:
+                return _resolve(module, name)
+            except (ImportError, AttributeError) as e:
+                raise Error(f"{path} is allowed but cannot be imported here: {e}") from None
         return Global(module, name)
 
     def _ndarray(node):

@@ -466,16 +466,23 @@ def _forbidden(ckpt, allowed):
 
 
 def _allowed_names(allow_globals):
-    names = set()
-    for g in allow_globals:
+    """``{"module.name": object or None}``: what ``allow_globals`` names,
+    and what torch's own registry holds (``add_safe_globals``, the
+    ``safe_globals`` context), as ``torch.load`` reads both. A name given
+    as a string is imported when met; an object (or an ``(object, name)``
+    pair, torch's alias form) is used as given."""
+    names = {}
+    registry = getattr(torch.serialization, "get_safe_globals", lambda: [])()
+    for g in list(registry) + list(allow_globals):
         if isinstance(g, str):
-            names.add(g)
+            names.setdefault(g, None)
         elif isinstance(g, (tuple, list)) and len(g) == 2:
             obj, name = g
-            names.add(name if isinstance(name, str) else f"{obj.__module__}.{obj.__qualname__}")
+            name = name if isinstance(name, str) else f"{obj.__module__}.{obj.__qualname__}"
+            names[name] = obj
         else:
-            names.add(f"{g.__module__}.{g.__qualname__}")
-    return frozenset(names)
+            names[f"{g.__module__}.{g.__qualname__}"] = g
+    return names
 
 
 def load(
