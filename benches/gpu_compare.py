@@ -317,6 +317,7 @@ def main():
     # the binaries benches/gpu_kit.sh built (a machine without Rust).
     global PTLOAD
     if args.bins:
+        args.bins = os.path.abspath(args.bins)  # the bench runs from ROOT
         PTLOAD = os.path.join(args.bins, "ptload")
         for exe in (PTLOAD, os.path.join(args.bins, "gpu_load")):
             if not os.access(exe, os.X_OK):

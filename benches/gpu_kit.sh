@@ -15,7 +15,9 @@
 # fixtures and the CLI there). The other steps, where that path does not
 # exist, link it to this checkout. Logs go to $OUT when it is set.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+script=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+cd "$(dirname "$script")/.."
+target=${CARGO_TARGET_DIR:-target}
 kit=target/gpu-kit
 log() { if [ -n "${OUT:-}" ]; then tee -a "$OUT/gpu_kit-$1.log"; else cat; fi; }
 
@@ -35,7 +37,7 @@ build() {
   rm -rf "$kit"
   mkdir -p "$kit"
   cargo build --release --locked -p ptload-cli
-  cp target/release/ptload "$kit/ptload"
+  cp "$target/release/ptload" "$kit/ptload"
   local exe
   exe=$(cargo test --release --locked --no-run -p ptload-device --test device \
     --message-format=json | executable device)
@@ -49,8 +51,11 @@ build() {
   strip "$kit"/ptload "$kit"/device-tests "$kit"/cli-tests "$kit"/gpu_load
   local maturin=${MATURIN:-maturin}
   "$maturin" build --release --locked -m bindings/python/Cargo.toml -o "$kit"
-  # The CLI tests run the CLI from the build's path.
+  # The tests read fixtures and run the CLI by their build-time paths.
   echo "$PWD" >"$kit/root"
+  (cd "$target" && pwd) >"$kit/target"
+  # The binaries need this glibc or newer where they run.
+  ldd --version | head -n 1 >"$kit/glibc"
   du -sh "$kit"
   ls -l "$kit"
 }
@@ -59,22 +64,35 @@ build() {
 # and run the CLI by their build-time paths.
 reach_build_root() {
   [ -f "$kit/root" ] || { echo "no $kit/root: run 'bash benches/gpu_kit.sh build' first" >&2; exit 2; }
-  local root
+  local root built
   root=$(cat "$kit/root")
-  if [ "$root" != "$PWD" ] && [ ! -e "$root" ]; then
-    mkdir -p "$(dirname "$root")"
-    ln -s "$PWD" "$root"
+  built=$(cat "$kit/target")
+  if [ "$root" != "$PWD" ]; then
+    if [ -e "$root" ]; then
+      # Another checkout there: the tests would read its fixtures.
+      [ "$(cd "$root" && pwd -P)" = "$(pwd -P)" ] || {
+        echo "$root exists and is not this checkout: the kit's tests would read it" >&2
+        exit 2
+      }
+    else
+      mkdir -p "$(dirname "$root")"
+      ln -s "$PWD" "$root"
+    fi
   fi
-  mkdir -p target/release
-  [ -x target/release/ptload ] || cp "$kit/ptload" target/release/ptload
+  # The CLI the tests run, from the kit (never a stale local build).
+  mkdir -p "$built/release"
+  cp "$kit/ptload" "$built/release/ptload"
 }
 
 tests() {
   reach_build_root
   { nvidia-smi -L || true; } 2>&1 | log tests
-  # One test at a time: they share the GPU and each checks its memory.
-  "$kit/device-tests" --include-ignored --test-threads 1 2>&1 | log tests
-  "$kit/cli-tests" --include-ignored 2>&1 | log tests
+  # Both suites run whatever the first gives; the step fails if either did.
+  # One device test at a time: they share the GPU and check its memory.
+  local failed=0
+  "$kit/device-tests" --include-ignored --test-threads 1 2>&1 | log tests || failed=1
+  "$kit/cli-tests" --include-ignored 2>&1 | log tests || failed=1
+  return "$failed"
 }
 
 python_tests() {
@@ -99,7 +117,7 @@ case "${1:-}" in
   python) python_tests ;;
   bench) shift; bench "$@" ;;
   *)
-    sed -n '2,16p' "$0" >&2
+    sed -n '2,16p' "$script" >&2
     exit 2
     ;;
 esac

@@ -679,7 +679,8 @@ fn an_open_stops_when_cancelled() {
 
 /// torch.save's default protocol 2 writes Python 3's `int`, `range`, `str`
 /// by their Python 2 names; they are read as Python 3 names, as torch's
-/// unpickler reads them. Protocol 3 and later names are taken as written.
+/// unpickler reads them (and `reduce` as the `functools.reduce` Python 3
+/// would call). Protocol 3 and later names are taken as written.
 #[test]
 fn python2_builtin_names_read_as_python3s() {
     let names = |proto: u8| {
@@ -698,6 +699,8 @@ fn python2_builtin_names_read_as_python3s() {
             .op(b"tR")
             .unicode("s")
             .global("__builtin__", "unicode")
+            .unicode("f")
+            .global("__builtin__", "reduce")
             .op(b"u")
             .stop();
         let ckpt = open(checkpoint(&pickle)).expect("open");
@@ -706,13 +709,22 @@ fn python2_builtin_names_read_as_python3s() {
             .map(|g| format!("{}.{}", g.module, g.name))
             .collect::<Vec<_>>()
     };
-    assert_eq!(names(2), ["builtins.int", "builtins.range", "builtins.str"]);
+    assert_eq!(
+        names(2),
+        [
+            "builtins.int",
+            "builtins.range",
+            "builtins.str",
+            "functools.reduce"
+        ]
+    );
     assert_eq!(
         names(3),
         [
             "__builtin__.long",
             "__builtin__.xrange",
-            "__builtin__.unicode"
+            "__builtin__.unicode",
+            "__builtin__.reduce"
         ]
     );
 }

@@ -642,7 +642,7 @@ impl Checkpoint {
                 (name.to_owned(), index)
             })
             .collect();
-        Ok((names, changes(&sd)))
+        Ok((names, sd.decisions().to_vec()))
     }
 
     /// Tensor `index`'s elements in row-major order, host byte order, with
@@ -927,24 +927,13 @@ fn select(
         .map_err(to_py)?;
     let sd = opts.select_set(&set).map_err(to_py)?;
     let entries: Vec<Selected> = sd.iter().cloned().collect();
-    let decisions = changes(&sd);
+    let decisions = sd.decisions().to_vec();
     drop(sd);
     Ok(Selection {
         set: Arc::new(set),
         entries,
         decisions,
     })
-}
-
-/// What the automatic options changed, for the warning: the key `auto`
-/// kept the whole file changed nothing, so its reasoning is left out (the
-/// CLI prints it; a Python warning is for changes).
-fn changes(sd: &ptload_reader::state_dict::StateDict<'_>) -> Vec<String> {
-    sd.decisions()
-        .iter()
-        .filter(|d| sd.key().is_some() || !d.starts_with("key auto:"))
-        .cloned()
-        .collect()
 }
 
 fn state_dict_options(
@@ -1033,6 +1022,12 @@ fn describe_capsule<'py>(
     (device, dtype, shape, strides, PyBytes::new(py, &bytes)).into_pyobject(py)
 }
 
+/// Whether torch refuses globals of `module` whatever is allowed.
+#[pyfunction]
+fn module_blocked(module: &str) -> bool {
+    ptload_reader::Policy::always_blocks(module)
+}
+
 /// Open a checkpoint: `source` is a path (str) or the file's bytes.
 #[pyfunction]
 #[pyo3(signature = (source, *, objects=true, in_memory=false))]
@@ -1071,12 +1066,17 @@ fn open(
 #[pymodule]
 fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", m.py().get_type::<Error>())?;
+    m.add(
+        "MAX_EXPANDED_VIEW_BYTES",
+        ptload_reader::Limits::default().max_expanded_view_bytes,
+    )?;
     m.add_class::<Checkpoint>()?;
     m.add_class::<Selection>()?;
     m.add_class::<Uploaded>()?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(describe_capsule, m)?)?;
     m.add_function(wrap_pyfunction!(open, m)?)?;
+    m.add_function(wrap_pyfunction!(module_blocked, m)?)?;
     m.add_function(wrap_pyfunction!(select, m)?)?;
     Ok(())
 }

@@ -97,9 +97,14 @@ def test_a_large_storage_goes_up_whole(tmp_path):
 
 
 def test_load_file_onto_the_gpu():
+    """Through ptload-device's pipeline: its memory is not torch's
+    allocator's, so moving each tensor with Tensor.to would show here."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # what key="auto" chose
         ours = ptload.torch.load_file(fixture("llama_tiny.pt"), device="cuda:0")
+        assert torch.cuda.memory_allocated(0) == before
         want = ptload.torch.load_file(fixture("llama_tiny.pt"))
     assert list(ours) == list(want)
     for k, t in want.items():

@@ -195,3 +195,20 @@ def test_key_orders_and_get_tensors_follow_safetensors():
     assert all(np.array_equal(loaded[k], every[k]) for k in order)
     with pytest.raises(ValueError, match="backend"):
         ptload.safe_open(path, backend="gpu")
+
+
+def test_what_is_said_of_the_automatic_choices():
+    from ptload._safe import _changed
+
+    whole = 'key auto: the whole file: "model" holds tensors, but so does lm_head'
+    took = 'key auto: "model_state_dict": a training checkpoint\'s model'
+    out = 'left out 27 tensors outside "model_state_dict" (optimizer_state_dict: 27)'
+    named = "left out 3 tensors by name (include/exclude)"
+    strip = 'strip-prefix auto: removed "module." from every name'
+    assert not _changed(whole, "auto", "auto")
+    assert not _changed("shard-1.bin: " + whole, "auto", "auto")
+    assert _changed(took, "auto", "auto") and _changed("shard-1.bin: " + took, "auto", "none")
+    assert _changed(out, "auto", "auto") and not _changed(out, "model", "auto")
+    assert not _changed("shard-1.bin: " + out, "model", "auto")
+    assert not _changed(named, "auto", "auto")
+    assert _changed(strip, None, "auto") and not _changed(strip, "auto", "module.")

@@ -501,3 +501,41 @@ def test_torchs_safe_globals_registry_is_read(tmp_path):
         del sys.modules[module.__name__]
     with pytest.raises(ptload.Error, match="cannot be imported"):
         ptload.torch.load(tmp_path / "ghost.pt", allow_globals=["ptload_ghost_module.Ghost"])
+
+
+def test_overlapping_views_cost_nothing_or_are_bounded(tmp_path):
+    """A quantized tensor expanded to 2^31 x 2^31 is set over its 1-byte
+    storage without allocating (torch's own load cannot make it); a sparse
+    tensor whose components are such views, which torch would check
+    element by element, is refused at the reader's bound."""
+    q = torch.quantize_per_tensor(torch.tensor([1.0]), 0.1, 0, torch.qint8)
+    path = tmp_path / "q.pt"
+    torch.save({"q": q.expand(2**31, 2**31), "small": q.expand(3, 4)}, path)
+    ours = ptload.torch.load(path)
+    assert ours["q"].is_quantized and ours["q"].shape == (2**31, 2**31)
+    assert ours["q"].stride() == (0, 0) and ours["q"].q_scale() == pytest.approx(0.1)
+    assert torch.equal(ours["small"].int_repr(), q.expand(3, 4).int_repr())
+    values = torch.tensor([1.0]).expand(300_000_000)
+    indices = torch.zeros(1, 1, dtype=torch.long).expand(1, 300_000_000)
+    path = tmp_path / "sparse.pt"
+    torch.save({"s": torch.sparse_coo_tensor(indices, values, (1,), check_invariants=False)}, path)
+    with pytest.raises(ptload.Error, match="max_expanded_view_bytes"):
+        ptload.torch.load(path)
+
+
+def test_modules_torch_blocks_stay_blocked_whatever_is_allowed(tmp_path):
+    """os.system (posix.system) named by the caller or torch's registry is
+    still refused, as torch refuses it; inert, it is never resolved."""
+    import os
+
+    path = tmp_path / "system.pt"
+    torch.save({"f": os.system}, path)
+    name = f"{os.system.__module__}.system"
+    with pytest.raises(ptload.UnsafeGlobalError) as info:
+        ptload.torch.load(path, allow_globals=[name, os.system])
+    assert info.value.globals == [name]
+    with torch.serialization.safe_globals([os.system]):
+        with pytest.raises(ptload.UnsafeGlobalError):
+            ptload.torch.load(path)
+        inert = ptload.torch.load(path, unknown="inert", allow_globals=[name])
+    assert isinstance(inert["f"], ptload.Global) and inert["f"].name == "system"

@@ -362,18 +362,23 @@ pub(crate) fn upload(
             });
         }
     });
-    // Cancelled: the workers stopped taking runs and waited for the copies
-    // they had queued, so the caller may free the arena.
-    if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+    if let Some(e) = error.into_inner().ok().flatten() {
+        return Err(UploadError::Driver(e));
+    }
+    // Cancelled with runs left: the workers stopped taking runs and waited
+    // for the copies they had queued, so the caller may free the arena. (A
+    // worker that finds no run left has taken a number past the end.)
+    let runs_left = next
+        .load(Ordering::Relaxed)
+        .saturating_mul(shared.pool.buffer)
+        < end;
+    if runs_left && cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
         return Err(UploadError::Cancelled);
     }
-    match error.into_inner().ok().flatten() {
-        Some(e) => Err(UploadError::Driver(e)),
-        None => Ok(Copied {
-            copies: copies.into_inner(),
-            pinned: pinned.into_inner(),
-        }),
-    }
+    Ok(Copied {
+        copies: copies.into_inner(),
+        pinned: pinned.into_inner(),
+    })
 }
 
 /// What every worker of one device's upload shares.

@@ -36,9 +36,10 @@ pub struct LoadOptions {
     /// for a conversion, or placed (copied to a device, or handed out on
     /// the host). For progress bars.
     pub progress: Option<Progress>,
-    /// Set (from any thread) to stop a load: no new copy is queued, the
-    /// copies already queued finish, what was allocated is freed, and the
-    /// load returns [`LoadError::Cancelled`].
+    /// Set (from any thread) to stop the copies to GPUs: no new copy is
+    /// queued, the copies already queued finish, the device memory is
+    /// freed, and the load returns [`LoadError::Cancelled`] (unless every
+    /// copy was already queued). Host work (conversions) is not stopped.
     pub cancel: Option<Arc<AtomicBool>>,
 }
 

@@ -333,7 +333,7 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
 
     def _global(module, name):
         path = f"{module}.{name}"
-        if path in allowed:
+        if path in allowed and not _ptload.module_blocked(module):
             given = allowed.get(path) if isinstance(allowed, dict) else None
             if given is not None:
                 return given
@@ -423,15 +423,23 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
             if state is not None:
                 _set_state(obj, state, dict_like=False)
 
-    for i, node in enumerate(nodes):
-        if node[0] in _LEAVES:
-            objs[i] = make(i, node)
-    for i in range(n):
-        node = nodes[i]
-        if node[0] not in _LEAVES:
-            objs[i] = make(i, node)
-        for m in fills[i]:
-            fill(m, nodes[m])
+    # What the file's data makes fail (a deque's negative maxlen, a sparse
+    # tensor torch finds invalid) is the file's error: a ptload.Error, as
+    # every other refusal of the file is.
+    try:
+        for i, node in enumerate(nodes):
+            if node[0] in _LEAVES:
+                objs[i] = make(i, node)
+        for i in range(n):
+            node = nodes[i]
+            if node[0] not in _LEAVES:
+                objs[i] = make(i, node)
+            for m in fills[i]:
+                fill(m, nodes[m])
+    except Error:
+        raise
+    except (TypeError, ValueError, OverflowError, RuntimeError, IndexError, KeyError) as e:
+        raise Error(f"building the object: {type(e).__name__}: {e}") from e
     return objs[root]
 
 
@@ -459,4 +467,5 @@ def _set_state(obj, state, dict_like):
             setattr(obj, k, v)
 
 
+from . import _ptload  # noqa: E402
 from ._errors import Error  # noqa: E402

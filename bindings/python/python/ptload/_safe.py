@@ -85,6 +85,25 @@ def _progress(names, wanted, path):
     return names if bar is None else bar
 
 
+def _changed(decision, key, strip_prefix):
+    """Whether a decision of the reader's automatic options changed what
+    the caller gets: not the whole file kept, nor what an explicit key or
+    include/exclude left out as asked. A set's decisions start with their
+    file's name."""
+    what = decision
+    if not what.startswith(("key auto", "left out", "strip")):
+        what = what.partition(": ")[2] or what
+    if what.startswith("key auto: the whole file"):
+        return False
+    if what.startswith("key auto"):
+        return key == "auto"
+    if what.startswith("left out"):
+        return key == "auto" and "by name" not in what
+    if what.startswith("strip"):
+        return strip_prefix == "auto"
+    return True
+
+
 def _in_python(decision):
     """The reader's account of an automatic choice, in this API's terms
     (``key="model"`` rather than the Rust ``KeySelect::Path``)."""
@@ -229,13 +248,7 @@ class safe_open:
                     self._map = _mmap.mmap(fh.fileno(), 0, access=access)
 
     def _warn(self, decisions, key, strip_prefix):
-        # Said only for what an automatic option did: the tensors an
-        # explicit key leaves out are what the caller asked for.
-        decisions = [
-            d for d in decisions
-            if (key == "auto" or not d.startswith(("key auto", "left out")))
-            and (strip_prefix == "auto" or not d.startswith("strip"))
-        ]
+        decisions = [d for d in decisions if _changed(d, key, strip_prefix)]
         if decisions:
             warnings.warn(
                 f"{os.path.basename(self._path)}: " + "; ".join(map(_in_python, decisions)),

@@ -428,23 +428,46 @@ def _quantize(t, quant, objs, qparams):
             stride.append(step)
             step *= d
         stride = tuple(reversed(stride))
+    # Made empty (one element per channel along the axis), then set over
+    # the file's storage: an overlapping view allocates nothing.
     if quant[0] == "tensor":
         _, _, scheme, scale, zero_point, _ = quant
         q = torch._empty_affine_quantized(
-            shape, scale=scale, zero_point=zero_point, dtype=qdtype, device=t.device
+            (0,), scale=scale, zero_point=zero_point, dtype=qdtype, device=t.device
         )
     else:
         _, _, scheme, axis, _ = quant
         scales, zero_points = objs[qparams[0]], objs[qparams[1]]
+        small = [1] * len(shape)
+        if 0 <= axis < len(shape):
+            small[axis] = shape[axis]
         q = torch._empty_per_channel_affine_quantized(
-            shape, scales=scales, zero_points=zero_points, axis=axis, dtype=qdtype, device=t.device
+            small, scales=scales, zero_points=zero_points, axis=axis, dtype=qdtype, device=t.device
         )
     q.set_(t.untyped_storage(), t.storage_offset(), shape, stride)
     return q
 
 
+def _bounded(t, what):
+    """An overlapping view (stride 0) made without reading may describe
+    far more elements than its storage holds; where torch then works
+    element by element (a sparse tensor's invariants), it is bounded as
+    the reader bounds copying one out."""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+        return
+    nbytes = t.numel() * t.element_size()
+    limit = _ptload.MAX_EXPANDED_VIEW_BYTES
+    if nbytes > limit and nbytes > t.untyped_storage().nbytes():
+        raise Error(
+            f"{what}: limit: Limits::max_expanded_view_bytes ({limit}) exceeded: an "
+            f"overlapping view of {nbytes} bytes over a {t.untyped_storage().nbytes()}-byte storage"
+        )
+
+
 def _sparse(layout, data):
     layout = _LAYOUTS[layout]
+    for part in data:
+        _bounded(part, "sparse tensor component")
     if layout == torch.sparse_coo:
         if len(data) == 2:
             indices, values, size = data[0], data[1], data[2]
@@ -456,11 +479,17 @@ def _sparse(layout, data):
     return torch.sparse_compressed_tensor(compressed, plain, values, size, layout=layout, check_invariants=True)
 
 
+def _usable(allowed, module, name):
+    """Whether the caller's trust admits ``module.name``: never for the
+    modules torch blocks whatever is allowed (sys, os, posix, nt)."""
+    return f"{module}.{name}" in allowed and not _ptload.module_blocked(module)
+
+
 def _forbidden(ckpt, allowed):
     refused = []
     for module, name, torch_allowed, *_ in ckpt.globals():
         path = f"{module}.{name}"
-        if not torch_allowed and path not in allowed and path not in refused:
+        if not torch_allowed and not _usable(allowed, module, name) and path not in refused:
             refused.append(path)
     return refused
 

@@ -415,21 +415,22 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
     fn global(&mut self, module: &str, name: &str, offset: u64) -> Result<Value> {
         // Python 3 reads Python 2 names through its import mapping, as
         // torch's weights-only unpickler does: `torch.save`'s protocol 2
-        // writes `int` as `__builtin__.long`. Of its renamed names, those
-        // of plain types are followed (the others keep their Python 2
-        // spelling, which the scanner judges as before).
+        // writes `int` as `__builtin__.long`. The builtins Python 3 renamed
+        // are read as what Python 3 would call (`reduce` is
+        // `functools.reduce`, `intern` is `sys.intern`), so they are
+        // judged as that; other Python 2 modules keep their names, which
+        // the scanner knows (`commands`, `cPickle`).
         let py2 = self.protocol.unwrap_or(0) < 3;
-        let name = match (py2, module, name) {
-            (true, "__builtin__", "xrange") => "range",
-            (true, "__builtin__", "long") => "int",
-            (true, "__builtin__", "unicode" | "basestring") => "str",
-            (true, "__builtin__", "unichr") => "chr",
-            (_, _, n) => n,
-        };
-        let module = match (py2, module) {
-            (true, "__builtin__") => "builtins",
-            (true, "copy_reg") => "copyreg",
-            (_, m) => m,
+        let (module, name) = match (py2, module, name) {
+            (true, "__builtin__", "xrange") => ("builtins", "range"),
+            (true, "__builtin__", "long") => ("builtins", "int"),
+            (true, "__builtin__", "unicode" | "basestring") => ("builtins", "str"),
+            (true, "__builtin__", "unichr") => ("builtins", "chr"),
+            (true, "__builtin__", "reduce") => ("functools", "reduce"),
+            (true, "__builtin__", "intern") => ("sys", "intern"),
+            (true, "__builtin__", n) => ("builtins", n),
+            (true, "copy_reg", n) => ("copyreg", n),
+            (_, m, n) => (m, n),
         };
         self.interp.global(self.heap, module, name, offset)
     }

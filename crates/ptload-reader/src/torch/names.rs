@@ -95,6 +95,7 @@ pub(crate) fn walk_all(
                 return Err(e);
             };
             let mut again = Walker::new(heap, limits);
+            again.rename_duplicates = rename_duplicates;
             again.capture = Some(dup.first);
             for &(root, prefix) in roots {
                 if again.walk(root, prefix).is_err() || again.captured.is_some() {

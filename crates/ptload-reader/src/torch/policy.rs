@@ -16,6 +16,16 @@ pub enum Policy {
     Strict,
 }
 
+impl Policy {
+    /// Whether `module` is one torch refuses even when the caller allows
+    /// one of its names (`sys`, `os`, `posix`, `nt` and their submodules):
+    /// [`OpenOptions::allow_global`](crate::OpenOptions::allow_global) never
+    /// admits them, and neither may a caller that resolves globals itself.
+    pub fn always_blocks(module: &str) -> bool {
+        always_blocked(module)
+    }
+}
+
 const REBUILD_FUNCTIONS: &[&str] = &[
     "_rebuild_tensor",
     "_rebuild_tensor_v2",
