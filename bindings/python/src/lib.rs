@@ -680,8 +680,8 @@ impl Checkpoint {
     }
 }
 
-/// A checkpoint opened for `ptload.torch.load` describes overlapping views
-/// of any size (torch makes them with `as_strided`, reading nothing): the
+/// A checkpoint opened from Python describes overlapping views of any size
+/// (torch and numpy make them as strided views, reading nothing): the
 /// default bound on an expanded view's size applies where one is copied out.
 fn expansion_allowed(view: &TensorView<'_>) -> PyResult<()> {
     let limit = ptload_reader::Limits::default().max_expanded_view_bytes;
@@ -874,7 +874,7 @@ impl Selection {
     /// row-major order, host byte order, conj/neg bits applied: a copy
     /// that reads only those bytes.
     fn tensor_bytes<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Bound<'py, PyBytes>> {
-        self.view(index)?;
+        expansion_allowed(&self.view(index)?)?;
         let bytes = py.allow_threads(|| -> Result<Vec<u8>, ptload_reader::Error> {
             match self.view(index) {
                 Ok(view) => Ok(view.data()?.into_owned()),
@@ -1037,14 +1037,15 @@ fn open(
     objects: bool,
     in_memory: bool,
 ) -> PyResult<Checkpoint> {
-    let mut opts = OpenOptions::new().objects(objects).in_memory(in_memory);
-    if objects {
-        // torch.load's object: overlapping views are made without reading
-        // (bounded where copied out, see `expansion_allowed`).
-        let mut limits = ptload_reader::Limits::default();
-        limits.max_expanded_view_bytes = u64::MAX;
-        opts = opts.limits(limits);
-    }
+    // Overlapping views are handed to torch and numpy as strided views of
+    // their storage, reading nothing: bounded only where one is copied out
+    // (`expansion_allowed`), so one broadcast tensor does not refuse a file.
+    let mut limits = ptload_reader::Limits::default();
+    limits.max_expanded_view_bytes = u64::MAX;
+    let opts = OpenOptions::new()
+        .objects(objects)
+        .in_memory(in_memory)
+        .limits(limits);
     // On a thread of its own, so Ctrl-C interrupts a long open (the
     // pickle machine stops at the flag).
     let ckpt = if let Ok(bytes) = source.downcast::<PyBytes>() {

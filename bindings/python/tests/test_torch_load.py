@@ -375,7 +375,8 @@ def test_names_that_flatten_alike_load_as_torch_loads_them(tmp_path):
 
 def test_a_large_expanded_view_loads_as_a_view(tmp_path):
     """A 4-byte storage expanded to 20000 x 20000 is a view in torch, made
-    without reading; copying it out (numpy) stays bounded."""
+    without reading; copying one out (numpy applies a conj bit by copying)
+    stays bounded."""
     path = tmp_path / "expanded.pt"
     torch.save({"w": torch.tensor([1.5]).expand(20000, 20000)}, path)
     ours = ptload.torch.load(path)
@@ -384,8 +385,12 @@ def test_a_large_expanded_view_loads_as_a_view(tmp_path):
     assert_same_object(ours, theirs)
     from ptload.numpy import load_file
 
+    assert load_file(path)["w"].strides == (0, 0)
+    conj = tmp_path / "conj.pt"
+    torch.save({"c": torch.tensor([1 + 2j], dtype=torch.complex64).conj().expand(20000, 20000)}, conj)
+    assert ptload.torch.load(conj)["c"].is_conj()
     with pytest.raises(ptload.Error, match="max_expanded_view_bytes"):
-        load_file(path)
+        load_file(conj)
 
 
 def test_python2_names_of_protocol_2_are_read_as_python3s(tmp_path):
@@ -432,8 +437,12 @@ def test_errors_pickle_and_carry_their_attributes(tmp_path):
     with pytest.raises(ptload.Error) as info:
         ptload.torch.load(fixture("basic.pt"), weights_only=False)
     assert info.value.kind == "Other" and info.value.offset is None
-    with pytest.raises(ptload.Error, match="a directory"):
+    with pytest.raises(IsADirectoryError, match="a directory"):
         ptload.torch.load(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        ptload.torch.load(tmp_path / "missing.pt")
+    with pytest.raises(FileNotFoundError):
+        ptload.safe_open(tmp_path / "missing.pt")
 
 
 def test_numpy_arrays_come_back_as_numpy_unpickles_them(tmp_path):
@@ -449,6 +458,31 @@ def test_numpy_arrays_come_back_as_numpy_unpickles_them(tmp_path):
     assert ours["big"].dtype == np.dtype("=i4") and ours["big"].tolist() == [0, 1, 2]
     assert isinstance(ours["rec"], ptload.Inert) and ours["rec"].module == "numpy"
     assert isinstance(ours["dt"], ptload.Inert)
+    # Not inert in the default mode: said, whatever is trusted.
+    import numpy.core.multiarray  # noqa: F401
+
+    trusted = [np.core.multiarray._reconstruct, np.ndarray, np.dtype, type(structured.dtype)]
+    with pytest.raises(ptload.Error, match="structured numpy dtype"):
+        ptload.torch.load(path, allow_globals=trusted + [type(np.dtype(">i4"))])
+
+
+def test_numpy_scalars_and_time_units(tmp_path):
+    """datetime64/timedelta64 keep their unit; a structured scalar stays
+    inert rather than come back as raw void bytes."""
+    import numpy as np
+
+    path = tmp_path / "np.pt"
+    rec = np.array([(7, 2.5)], np.dtype([("a", "<i4"), ("b", "<f8")]))[0]
+    want = {"d": np.array(["2024-01-01", "2024-03-05"], "datetime64[D]"),
+            "t": np.timedelta64(5, "s"), "t5": np.array([3], "timedelta64[5m]"),
+            "g": np.timedelta64(7), "rec": rec}
+    torch.save(want, path)
+    ours = ptload.torch.load(path, unknown="inert")
+    assert ours["d"].dtype == want["d"].dtype and (ours["d"] == want["d"]).all()
+    assert ours["t"] == want["t"] and ours["t"].dtype == np.dtype("m8[s]")
+    assert ours["t5"].dtype == np.dtype("m8[5m]") and ours["t5"][0] == want["t5"][0]
+    assert ours["g"] == want["g"] and ours["g"].dtype == want["g"].dtype
+    assert isinstance(ours["rec"], ptload.Inert)
 
 
 def test_aware_datetimes_and_mmap_of_a_buffer(tmp_path):
@@ -539,3 +573,45 @@ def test_modules_torch_blocks_stay_blocked_whatever_is_allowed(tmp_path):
             ptload.torch.load(path)
         inert = ptload.torch.load(path, unknown="inert", allow_globals=[name])
     assert isinstance(inert["f"], ptload.Global) and inert["f"].name == "system"
+
+
+def test_calling_conventions_torch_users_have(tmp_path):
+    """weights_only=None is torch's default; a text-mode file object is a
+    TypeError, never a path; one allow_globals name may be a string; an
+    allow_globals entry that names nothing is a TypeError; a blocked
+    module's global that the caller allowed says so."""
+    import argparse
+    import os
+
+    path = tmp_path / "ns.pt"
+    torch.save({"args": argparse.Namespace(lr=0.1), "w": torch.ones(2)}, path)
+    assert ptload.torch.load(path, weights_only=None, unknown="inert")["w"].tolist() == [1, 1]
+    with pytest.raises(TypeError, match="binary mode"):
+        ptload.torch.load(io.StringIO(str(path)))
+    with open(path, encoding="latin-1") as text:
+        with pytest.raises(TypeError, match="binary mode"):
+            ptload.torch.load(text)
+    assert ptload.torch.load(path, allow_globals="argparse.Namespace")["args"].lr == 0.1
+    with pytest.raises(TypeError, match="allow_globals takes"):
+        ptload.torch.load(path, allow_globals=[42])
+    system = tmp_path / "system.pt"
+    torch.save({"f": os.system}, system)
+    name = f"{os.system.__module__}.system"
+    with pytest.raises(ptload.UnsafeGlobalError, match="its module is blocked"):
+        ptload.torch.load(system, allow_globals=[name])
+
+
+def test_one_broadcast_tensor_does_not_refuse_a_file(tmp_path):
+    """safe_open hands views out as views: a 20000 x 20000 broadcast of one
+    float is a stride-0 view, and the file's other tensors read; copying
+    it out (a numpy array of the other byte order would be) is bounded."""
+    path = tmp_path / "broadcast.pt"
+    torch.save({"x": torch.ones(1).expand(20000, 20000), "w": torch.arange(3.0)}, path)
+    with ptload.safe_open(path, framework="pt") as f:
+        assert f.get_tensor("w").tolist() == [0.0, 1.0, 2.0]
+        x = f.get_tensor("x")
+        assert x.shape == (20000, 20000) and x.stride() == (0, 0)
+    from ptload.numpy import load_file
+
+    arrays = load_file(path)
+    assert arrays["x"].shape == (20000, 20000) and arrays["x"].strides == (0, 0)

@@ -1,5 +1,6 @@
 """ptload's exceptions: one base, ``ptload.Error``."""
 
+import errno
 import os
 import pickle
 import sys
@@ -61,15 +62,25 @@ def open_checkpoint(f, *, objects=True, in_memory=False):
     if isinstance(f, (bytes, bytearray, memoryview)):
         return _ptload.open(bytes(f), objects=objects)
     if isinstance(f, (str, os.PathLike)):
-        path = os.fspath(f)
-        if isinstance(path, str) and os.path.isdir(path):
-            raise Error(
-                f"{path}: a directory, not a checkpoint file; a directory of shards "
-                "is read by ptload.torch.load_file and ptload.safe_open"
+        path = os.fsdecode(os.fspath(f))
+        if os.path.isdir(path):
+            raise IsADirectoryError(
+                errno.EISDIR,
+                "a directory, not a checkpoint file (ptload.torch.load_file and "
+                "ptload.safe_open read a directory of shards)",
+                path,
             )
+        if not os.path.exists(path):
+            # As torch and safetensors say it: code catching OSError works.
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         return _ptload.open(path, objects=objects, in_memory=in_memory)
     if hasattr(f, "read"):
-        return _ptload.open(f.read(), objects=objects)
+        data = f.read()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"the file object gave {type(data).__name__}, not bytes: open the file in binary mode ('rb')"
+            )
+        return _ptload.open(bytes(data), objects=objects)
     raise TypeError(
         f"expected a path, bytes or a binary file object, got {type(f).__name__}"
     )

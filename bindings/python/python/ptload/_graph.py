@@ -318,6 +318,7 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
         if kind == "npdtype":
             if node[3]:
                 # Fields or a subarray: its code alone (V12) would lose them.
+                _unbuilt(f"a structured numpy dtype ({node[1]})")
                 return Inert("numpy", "dtype", (node[1],))
             return _numpy_dtype(node[1], node[2])
         if kind == "npscalar":
@@ -330,6 +331,12 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
         if kind == "object":
             return _object(node)
         return make_leaf(kind, node, objs)
+
+    def _unbuilt(what):
+        # With unknown="error" nothing comes back inert: say what could not
+        # be built, rather than hand back a record the caller did not ask for.
+        if unknown == "error":
+            raise Error(f"{what} is kept inert, never built; pass unknown='inert' to get it as a ptload.Inert")
 
     def _global(module, name):
         path = f"{module}.{name}"
@@ -348,6 +355,7 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
 
         descr, shape, fortran, data = node[1], node[2], node[3], objs[node[4]]
         if descr is None or not isinstance(data, bytes):
+            _unbuilt(f"a numpy array of shape {tuple(shape)} whose dtype ptload does not build")
             return Inert("numpy", "ndarray", (descr, tuple(shape), data))
         dtype = _numpy_dtype(descr[0], descr[1])
         count = 1

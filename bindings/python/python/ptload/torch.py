@@ -494,6 +494,15 @@ def _forbidden(ckpt, allowed):
     return refused
 
 
+def _read_binary(f):
+    data = f.read()
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"the file object gave {type(data).__name__}, not bytes: open the file in binary mode ('rb')"
+        )
+    return bytes(data)
+
+
 def _allowed_names(allow_globals):
     """``{"module.name": object or None}``: what ``allow_globals`` names,
     and what torch's own registry holds (``add_safe_globals``, the
@@ -502,6 +511,8 @@ def _allowed_names(allow_globals):
     pair, torch's alias form) is used as given."""
     names = {}
     registry = getattr(torch.serialization, "get_safe_globals", lambda: [])()
+    if isinstance(allow_globals, str):
+        allow_globals = [allow_globals]  # one name, as include= takes one pattern
     for g in list(registry) + list(allow_globals):
         if isinstance(g, str):
             names.setdefault(g, None)
@@ -509,8 +520,13 @@ def _allowed_names(allow_globals):
             obj, name = g
             name = name if isinstance(name, str) else f"{obj.__module__}.{obj.__qualname__}"
             names[name] = obj
-        else:
+        elif hasattr(g, "__module__") and hasattr(g, "__qualname__"):
             names[f"{g.__module__}.{g.__qualname__}"] = g
+        else:
+            raise TypeError(
+                f"allow_globals takes 'module.name' strings, classes or functions, "
+                f"or (object, 'module.name') pairs; got {g!r}"
+            )
     return names
 
 
@@ -576,7 +592,8 @@ def _advance(bar):
 
 
 def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress):
-    if not weights_only:
+    # None is torch's default, which is True (wrappers pass None through).
+    if weights_only is not None and not weights_only:
         raise Error(
             "ptload never runs a file's code, so weights_only=False is not offered; "
             "use unknown='inert' to load files torch refuses in weights-only mode"
@@ -589,7 +606,7 @@ def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, p
     elif isinstance(f, (bytes, bytearray, memoryview)):
         path, source = None, bytes(f)
     elif hasattr(f, "read"):
-        path, source = None, f.read()
+        path, source = None, _read_binary(f)
     else:
         raise TypeError(f"expected a path, bytes or a binary file object, got {type(f).__name__}")
     if mmap and path is None:
@@ -609,7 +626,12 @@ def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, p
                 f"{len(refused)} global(s) outside torch's weights_only allowlist: "
                 + ", ".join(refused)
                 + ". Nothing was run. Pass unknown='inert' to get them as inert "
-                "ptload.Inert records, or allow_globals=[...] for the ones you trust.",
+                "ptload.Inert records, or allow_globals=[...] for the ones you trust."
+                + "".join(
+                    f" {p} is allowed, but its module is blocked whatever is allowed, as in torch."
+                    for p in refused
+                    if p in allowed
+                ),
                 refused,
             )
     bar = None

@@ -475,6 +475,11 @@ impl Interpreter for TorchInterp<'_> {
             }
             Known::NumpyScalar => {
                 let a = args_of(heap, args, func)?;
+                // A scalar of a structured dtype stays the inert call it is
+                // (its dtype's code alone would misread its bytes).
+                if matches!(heap.torch(get(&a, 0)), Some(TorchObj::NumpyDtype(d)) if d.structured) {
+                    return self.inert(heap, callable, args);
+                }
                 self.numpy_scalar(heap, &a)
             }
             Known::NumpyReconstruct => heap.alloc_torch(TorchObj::NdArray(NdArray {
@@ -550,9 +555,11 @@ impl Interpreter for TorchInterp<'_> {
             Some(TorchObj::NumpyDtype(d)) if !d.structured => Some((d.descr.clone(), d.big_endian)),
             _ => None,
         };
-        // A dtype's state: (version, byteorder, subarray, names, fields, ...).
+        // A dtype's state: (version, byteorder, subarray, names, fields,
+        // elsize, alignment, flags[, metadata]).
         let structured = !matches!(get(&numpy_state, 2), Value::None)
             || !matches!(get(&numpy_state, 3), Value::None);
+        let time_unit = time_unit(heap, get(&numpy_state, 8));
         let fortran = truthy(get(&numpy_state, 3));
         let raw = get(&numpy_state, 4);
         let shape: Option<Vec<u64>> = heap.sequence(get(&numpy_state, 1)).map(|s| {
@@ -574,6 +581,17 @@ impl Interpreter for TorchInterp<'_> {
                         d.big_endian = order == ">";
                     }
                     d.structured = structured;
+                    // datetime64/timedelta64 carry their unit in the state:
+                    // `M8` + (b"D", 1) is `M8[D]`. One whose unit cannot be
+                    // read stays unbuilt rather than lose it.
+                    let code = d.descr.trim_start_matches(['<', '>', '=', '|']);
+                    if code.starts_with(['M', 'm']) && !code.contains('[') {
+                        match &time_unit {
+                            Some(unit) if unit.is_empty() => {}
+                            Some(unit) => d.descr.push_str(unit),
+                            None => d.structured = true,
+                        }
+                    }
                     Ok(())
                 }
                 Some(TorchObj::NdArray(a)) => {
@@ -618,4 +636,30 @@ impl Interpreter for TorchInterp<'_> {
     fn persistent_load(&mut self, heap: &mut Heap, pid: Value) -> Result<Value> {
         self.load_persistent(heap, pid)
     }
+}
+
+/// A datetime64/timedelta64 dtype's unit from its pickled metadata
+/// (`(None, (b"D", 1, 1, 1))`): `"[D]"`, `"[5s]"`, `""` for the generic
+/// unit; `None` when it is not that shape or the unit is not one numpy has.
+fn time_unit(heap: &Heap, metadata: Value) -> Option<String> {
+    let outer = heap.tuple(metadata)?;
+    let inner = heap.tuple(*outer.get(1)?)?;
+    let unit = heap.bytes(*inner.first()?)?;
+    let count = match inner.get(1)? {
+        Value::Int(n) if *n >= 1 => *n,
+        _ => return None,
+    };
+    const UNITS: &[&[u8]] = &[
+        b"Y", b"M", b"W", b"D", b"h", b"m", b"s", b"ms", b"us", b"ns", b"ps", b"fs", b"as",
+    ];
+    if unit == b"generic" {
+        return Some(String::new());
+    }
+    let unit = UNITS.iter().find(|u| **u == unit)?;
+    let unit = std::str::from_utf8(unit).ok()?;
+    Some(if count == 1 {
+        format!("[{unit}]")
+    } else {
+        format!("[{count}{unit}]")
+    })
 }
