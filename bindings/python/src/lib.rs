@@ -1030,13 +1030,23 @@ fn module_blocked(module: &str) -> bool {
 
 /// Open a checkpoint: `source` is a path (str) or the file's bytes.
 #[pyfunction]
-#[pyo3(signature = (source, *, objects=true, in_memory=false))]
+#[pyo3(signature = (source, *, objects=true, in_memory=false, encoding=None))]
 fn open(
     py: Python<'_>,
     source: &Bound<'_, PyAny>,
     objects: bool,
     in_memory: bool,
+    encoding: Option<&str>,
 ) -> PyResult<Checkpoint> {
+    // Python 2 strings, decoded as torch.load's `encoding` says.
+    let encoding = match encoding.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("utf-8" | "utf8") => ptload_reader::StringEncoding::Utf8,
+        Some("latin1" | "latin-1" | "iso-8859-1" | "l1") => ptload_reader::StringEncoding::Latin1,
+        Some("bytes") => ptload_reader::StringEncoding::Bytes,
+        Some(other) => return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "encoding {other:?}: ptload decodes Python 2 strings as 'utf-8', 'latin1' or 'bytes'"
+        ))),
+    };
     // Overlapping views are handed to torch and numpy as strided views of
     // their storage, reading nothing: bounded only where one is copied out
     // (`expansion_allowed`), so one broadcast tensor does not refuse a file.
@@ -1045,6 +1055,7 @@ fn open(
     let opts = OpenOptions::new()
         .objects(objects)
         .in_memory(in_memory)
+        .encoding(encoding)
         .limits(limits);
     // On a thread of its own, so Ctrl-C interrupts a long open (the
     // pickle machine stops at the flag).

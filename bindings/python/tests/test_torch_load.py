@@ -615,3 +615,26 @@ def test_one_broadcast_tensor_does_not_refuse_a_file(tmp_path):
 
     arrays = load_file(path)
     assert arrays["x"].shape == (20000, 20000) and arrays["x"].strides == (0, 0)
+
+
+def test_python2_strings_follow_the_encoding_torch_takes(tmp_path):
+    """A protocol 2 pickle holding a Python 2 str (SHORT_BINSTRING) of
+    Latin-1 bytes: torch.load's encoding decides what it becomes, here as
+    there; a pickle_module is refused, as torch refuses one with
+    weights_only."""
+    import zipfile
+
+    path = tmp_path / "py2.pt"
+    pickle_bytes = b"\x80\x02}q\x00(U\x04nameq\x01U\x03\xe9t\xe9q\x02u."
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pickle_bytes)
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/version", "3\n")
+    with pytest.raises(ptload.Error):
+        ptload.torch.load(path)  # utf-8, torch's default: not UTF-8
+    assert ptload.torch.load(path, encoding="latin1") == {"name": "\u00e9t\u00e9"}
+    assert ptload.torch.load(path, encoding="bytes") == {b"name": b"\xe9t\xe9"}
+    with pytest.raises(ValueError, match="encoding"):
+        ptload.torch.load(path, encoding="cp1252")
+    with pytest.raises(ptload.Error, match="pickle_module"):
+        ptload.torch.load(path, None, pickle)

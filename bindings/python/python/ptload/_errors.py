@@ -55,12 +55,12 @@ def user_stacklevel():
     return level
 
 
-def open_checkpoint(f, *, objects=True, in_memory=False):
+def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None):
     """Open ``f`` (a path, bytes, or a binary file object) with the reader."""
     from . import _ptload
 
     if isinstance(f, (bytes, bytearray, memoryview)):
-        return _ptload.open(bytes(f), objects=objects)
+        return _ptload.open(bytes(f), objects=objects, encoding=encoding)
     if isinstance(f, (str, os.PathLike)):
         path = os.fsdecode(os.fspath(f))
         if os.path.isdir(path):
@@ -73,14 +73,14 @@ def open_checkpoint(f, *, objects=True, in_memory=False):
         if not os.path.exists(path):
             # As torch and safetensors say it: code catching OSError works.
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        return _ptload.open(path, objects=objects, in_memory=in_memory)
+        return _ptload.open(path, objects=objects, in_memory=in_memory, encoding=encoding)
     if hasattr(f, "read"):
         data = f.read()
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
                 f"the file object gave {type(data).__name__}, not bytes: open the file in binary mode ('rb')"
             )
-        return _ptload.open(bytes(data), objects=objects)
+        return _ptload.open(bytes(data), objects=objects, encoding=encoding)
     raise TypeError(
         f"expected a path, bytes or a binary file object, got {type(f).__name__}"
     )

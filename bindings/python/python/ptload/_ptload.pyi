@@ -63,7 +63,13 @@ def select(
     preset: Optional[str] = ...,
 ) -> Selection: ...
 
-def open(source: Union[str, bytes, PathLike], *, objects: bool = ..., in_memory: bool = ...) -> Checkpoint: ...
+def open(
+    source: Union[str, bytes, PathLike],
+    *,
+    objects: bool = ...,
+    in_memory: bool = ...,
+    encoding: Optional[str] = ...,
+) -> Checkpoint: ...
 
 def cuda_device_count() -> int: ...
 def describe_capsule(

@@ -533,9 +533,11 @@ def _allowed_names(allow_globals):
 def load(
     f,
     map_location=None,
+    pickle_module=None,
     *,
     weights_only=True,
     mmap=None,
+    encoding=None,
     unknown="error",
     allow_globals=(),
     strict=False,
@@ -566,7 +568,11 @@ def load(
 
     ``mmap``: None or True map the file privately (copy-on-write; tensors
     are views of the map); False reads every storage into memory.
-    ``weights_only=False`` is refused: ptload never runs the file.
+    ``weights_only=False`` is refused: ptload never runs the file, and
+    neither is a ``pickle_module`` (as torch refuses one with
+    ``weights_only``). ``encoding``: how Python 2 strings are decoded, as
+    torch takes it: ``"utf-8"`` (torch's default), ``"latin1"`` or
+    ``"bytes"``.
 
     ``progress=True`` shows a tqdm bar over the file's bytes as they are
     read (``mmap=False``) or uploaded to GPUs. Ctrl-C interrupts a load
@@ -578,7 +584,12 @@ def load(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress)
+        if pickle_module is not None:
+            raise Error(
+                "Can not safely load weights when explicit pickle_module is specified: "
+                "ptload never runs a pickle module"
+            )
+        return _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding)
     finally:
         if collecting:
             gc.enable()
@@ -591,7 +602,7 @@ def _advance(bar):
     return lambda done: bar.update(done - bar.n)
 
 
-def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress):
+def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding=None):
     # None is torch's default, which is True (wrappers pass None through).
     if weights_only is not None and not weights_only:
         raise Error(
@@ -612,7 +623,7 @@ def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, p
     if mmap and path is None:
         # torch's words: there is no file to map.
         raise ValueError("f must be a file path in order to use the mmap argument")
-    ckpt = open_checkpoint(source, objects=True)
+    ckpt = open_checkpoint(source, objects=True, encoding=encoding)
     if ckpt.format() == "torchscript":
         raise Error(
             "this is a TorchScript archive (torch.jit.save); torch.load hands it to "
