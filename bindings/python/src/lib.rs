@@ -1043,9 +1043,11 @@ fn open(
         None | Some("utf-8" | "utf8") => ptload_reader::StringEncoding::Utf8,
         Some("latin1" | "latin-1" | "iso-8859-1" | "l1") => ptload_reader::StringEncoding::Latin1,
         Some("bytes") => ptload_reader::StringEncoding::Bytes,
-        Some(other) => return Err(pyo3::exceptions::PyValueError::new_err(format!(
+        Some(other) => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
             "encoding {other:?}: ptload decodes Python 2 strings as 'utf-8', 'latin1' or 'bytes'"
-        ))),
+        )))
+        }
     };
     // Overlapping views are handed to torch and numpy as strided views of
     // their storage, reading nothing: bounded only where one is copied out
