@@ -55,6 +55,24 @@ def user_stacklevel():
     return level
 
 
+def require_file(path):
+    """A missing path is the FileNotFoundError torch and safetensors
+    raise, so code catching OSError works."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+
+
+def read_binary(f):
+    """The rest of a binary file object, as bytes; a text-mode one is a
+    TypeError, never a path."""
+    data = f.read()
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"the file object gave {type(data).__name__}, not bytes: open the file in binary mode ('rb')"
+        )
+    return bytes(data)
+
+
 def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None):
     """Open ``f`` (a path, bytes, or a binary file object) with the reader."""
     from . import _ptload
@@ -70,17 +88,10 @@ def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None):
                 "ptload.safe_open read a directory of shards)",
                 path,
             )
-        if not os.path.exists(path):
-            # As torch and safetensors say it: code catching OSError works.
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        require_file(path)
         return _ptload.open(path, objects=objects, in_memory=in_memory, encoding=encoding)
     if hasattr(f, "read"):
-        data = f.read()
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(
-                f"the file object gave {type(data).__name__}, not bytes: open the file in binary mode ('rb')"
-            )
-        return _ptload.open(bytes(data), objects=objects, encoding=encoding)
+        return _ptload.open(read_binary(f), objects=objects, encoding=encoding)
     raise TypeError(
         f"expected a path, bytes or a binary file object, got {type(f).__name__}"
     )

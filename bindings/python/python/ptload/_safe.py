@@ -9,14 +9,13 @@ torch tensors view a private map. Nothing here imports torch unless
 ``framework="pt"``.
 """
 
-import errno
 import mmap as _mmap
 import os
 import re
 import sys
 import warnings
 
-from ._errors import Error, open_checkpoint, user_stacklevel
+from ._errors import Error, open_checkpoint, require_file, user_stacklevel
 
 __all__ = ["safe_open", "numpy_dtype"]
 
@@ -207,9 +206,7 @@ class safe_open:
         self._framework = framework
         self._device = device
         self._path = os.fsdecode(os.fspath(path))
-        if not os.path.exists(self._path):
-            # As safetensors says it: code catching OSError works.
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self._path)
+        require_file(self._path)
         # One pattern may be given as a string, as `splits` may.
         include = [include] if isinstance(include, str) else list(include)
         exclude = [exclude] if isinstance(exclude, str) else list(exclude)

@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from . import _graph, _ptload
-from ._errors import Error, UnsafeGlobalError, open_checkpoint, user_stacklevel
+from ._errors import Error, UnsafeGlobalError, open_checkpoint, read_binary, user_stacklevel
 
 __all__ = ["load", "load_file", "StorageStandIn"]
 
@@ -494,15 +494,6 @@ def _forbidden(ckpt, allowed):
     return refused
 
 
-def _read_binary(f):
-    data = f.read()
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(
-            f"the file object gave {type(data).__name__}, not bytes: open the file in binary mode ('rb')"
-        )
-    return bytes(data)
-
-
 def _allowed_names(allow_globals):
     """``{"module.name": object or None}``: what ``allow_globals`` names,
     and what torch's own registry holds (``add_safe_globals``, the
@@ -617,7 +608,7 @@ def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, p
     elif isinstance(f, (bytes, bytearray, memoryview)):
         path, source = None, bytes(f)
     elif hasattr(f, "read"):
-        path, source = None, _read_binary(f)
+        path, source = None, read_binary(f)
     else:
         raise TypeError(f"expected a path, bytes or a binary file object, got {type(f).__name__}")
     if mmap and path is None:
