@@ -22,7 +22,7 @@ use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::{KeySelect, Selected, StateDictOptions, Strip};
 use ptload_reader::{ByteOrder, DType, OpenOptions, Quantization, TensorInfo, TensorView};
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
 use pyo3::BoundObject;
@@ -364,6 +364,63 @@ impl Checkpoint {
             })
             .collect::<PyResult<Vec<_>>>()?;
         PyList::new(py, items)
+    }
+
+    /// The names of the tensors viewing each storage (the flattened names
+    /// `inspect` shows), in checkpoint order: one list per storage.
+    fn storage_names(&self) -> Vec<Vec<String>> {
+        let mut names = vec![Vec::new(); self.inner.storages().len()];
+        for t in self.inner.tensors() {
+            if let Some(list) = t.info().storage.and_then(|i| names.get_mut(i)) {
+                list.push(t.name().to_owned());
+            }
+        }
+        names
+    }
+
+    /// Where `place` rules (pattern, device), a `budget` (ordinal and bytes
+    /// of each GPU) or `balance` (a number of GPUs) put each storage, as
+    /// the CLI's `--place`, `--budget` and `--balance` decide (place rules
+    /// first): per storage, the device one of them chose, or None where
+    /// none did (the storage then follows `map_location`).
+    #[pyo3(signature = (place=Vec::new(), budget=None, balance=None))]
+    fn placement(
+        &self,
+        place: Vec<(String, String)>,
+        budget: Option<Vec<(u32, u64)>>,
+        balance: Option<u32>,
+    ) -> PyResult<Vec<Option<String>>> {
+        use ptload_reader::placement::{Balanced, Budget, ByName, Device, First, Mapper, Plan};
+        let mut chain: Vec<Box<dyn Mapper>> = Vec::new();
+        let mut rules = Vec::with_capacity(place.len());
+        for (pattern, device) in place {
+            let device: Device = device
+                .parse()
+                .map_err(|e: ptload_reader::Error| PyValueError::new_err(e.to_string()))?;
+            rules.push((pattern, device));
+        }
+        if !rules.is_empty() {
+            chain.push(Box::new(ByName(rules)));
+        }
+        if let Some(gpus) = budget {
+            let devices = gpus
+                .into_iter()
+                .map(|(i, b)| (Device::Cuda(i), b))
+                .collect();
+            chain.push(Box::new(Budget::new(devices)));
+        }
+        if let Some(n) = balance {
+            let gpus = (0..n).map(Device::Cuda).collect();
+            chain.push(Box::new(Balanced::new(&self.inner, gpus)));
+        }
+        let plan = Plan::new(&self.inner, &mut First(chain)).map_err(to_py)?;
+        let mut chosen = vec![None; self.inner.storages().len()];
+        for p in plan.placements().iter().filter(|p| p.mapped) {
+            if let Some(slot) = chosen.get_mut(p.storage) {
+                *slot = Some(p.target.to_string());
+            }
+        }
+        Ok(chosen)
     }
 
     /// (index, location) of each storage not saved on `cpu`.

@@ -97,3 +97,78 @@ def _tensors(obj):
             stack += list(o.values())
         elif isinstance(o, (list, tuple)):
             stack += list(o)
+
+
+def test_place_budget_balance_decide_as_the_cli():
+    """place rules, a budget and a balance decide per storage as the CLI's
+    --place, --budget and --balance do (the reader's mappers): rules by
+    tensor name first; a budget fills each GPU in checkpoint order, a
+    storage that does not fit going on to the next, then the host; a
+    balance splits by bytes, each storage where its midpoint falls."""
+    from ptload._errors import open_checkpoint
+
+    ckpt = open_checkpoint(fixture("llama_tiny.pt"))
+    names = ckpt.storage_names()
+    sizes = [s[4] for s in ckpt.storages()]
+    rules = ckpt.placement(place=[("*embed*", "cpu"), ("model.layers.0.*", "cuda:1")])
+    for storage_names, decided in zip(names, rules):
+        first = storage_names[0]
+        expected = "cpu" if "embed" in first else "cuda:1" if first.startswith("model.layers.0.") else None
+        assert decided == expected, first
+    room = sum(sizes) // 3
+    left, expected = room, []
+    for n in sizes:
+        fits = n <= left
+        left -= n if fits else 0
+        expected.append("cuda:0" if fits else "cpu")
+    assert ckpt.placement(budget=[(0, room)]) == expected
+    assert "cpu" in expected and "cuda:0" in expected
+    total, seen, expected = sum(sizes), 0, []
+    for n in sizes:
+        middle, seen = seen + n // 2, seen + n
+        expected.append(f"cuda:{min(middle * 3 // total, 2)}")
+    assert ckpt.placement(balance=3) == expected
+    assert set(expected) == {"cuda:0", "cuda:1", "cuda:2"}
+    # Rules first, then the budget for what they left.
+    both = ckpt.placement(place=[("*embed*", "cpu")], budget=[(0, 10**12)])
+    assert both == ["cpu" if "embed" in n[0] else "cuda:0" for n in names]
+
+
+def test_placements_from_load_fall_back_naming_tensors():
+    """Without a GPU, what place/budget/balance send to one stays on the
+    host, in one warning that names the tensors (not storage keys);
+    strict=True raises DeviceError, a RuntimeError, naming the tensor."""
+    with pytest.warns(RuntimeWarning, match=r"layers\.0\.") as record:
+        ours = ptload.torch.load(fixture("llama_tiny.pt"), place={"model.layers.0.*": "cuda:0"})
+    assert len(record) == 1
+    theirs = torch.load(fixture("llama_tiny.pt"), weights_only=True)
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    with pytest.raises(RuntimeError, match=r"model\.embed_tokens\.weight .* cannot go to cuda:0") as info:
+        ptload.torch.load(fixture("llama_tiny.pt"), balance=2, strict=True)
+    assert isinstance(info.value, ptload.DeviceError)
+    with pytest.warns(RuntimeWarning, match="no CUDA device is visible"):
+        ptload.torch.load(fixture("llama_tiny.pt"), budget=0.9)
+    with pytest.raises(ValueError, match="give one"):
+        ptload.torch.load(fixture("llama_tiny.pt"), budget=0.9, balance=2)
+    with pytest.raises(ValueError, match="map_location would never apply"):
+        ptload.torch.load(fixture("llama_tiny.pt"), balance=2, map_location="cpu")
+    with pytest.raises(ValueError, match="budget"):
+        ptload.torch.load(fixture("llama_tiny.pt"), budget=1.5)
+    with pytest.raises(RuntimeError):
+        ptload.torch.load(fixture("llama_tiny.pt"), place={"*": "tpu:0"})
+
+
+def test_a_mapper_can_place_by_tensor_name():
+    """The storage a map_location callable gets names its tensors
+    (`.tensors`); torch's callable sees only the location tag."""
+    seen = {}
+
+    def by_name(storage, location):
+        seen[storage.tensors] = location
+        return storage if any("embed" in n for n in storage.tensors) else "cpu"
+
+    ours = ptload.torch.load(fixture("llama_tiny.pt"), map_location=by_name)
+    from ptload._errors import open_checkpoint
+
+    assert sorted(seen) == sorted(tuple(n) for n in open_checkpoint(fixture("llama_tiny.pt")).storage_names())
+    assert all(ours[k].device.type == "cpu" for k in ours)

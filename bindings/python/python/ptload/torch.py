@@ -94,12 +94,15 @@ class StorageStandIn:
     ptload does the copy (falling back to the host when the GPU is missing
     or full, with a warning)."""
 
-    __slots__ = ("_nbytes", "device", "_key")
+    __slots__ = ("_nbytes", "device", "_key", "tensors")
 
-    def __init__(self, nbytes, device, key):
+    def __init__(self, nbytes, device, key, tensors=()):
         self._nbytes = nbytes
         self.device = torch.device(device)
         self._key = key
+        # The names of the tensors on this storage (torch's callable sees
+        # only the location tag): a mapper can place by layer name.
+        self.tensors = tuple(tensors)
 
     def size(self):
         return self._nbytes
@@ -122,35 +125,36 @@ class StorageStandIn:
             device = torch.device("cuda", 0)
         elif isinstance(device, int):
             device = torch.device("cuda", device)
-        return StorageStandIn(self._nbytes, device, self._key)
+        return StorageStandIn(self._nbytes, device, self._key, self.tensors)
 
     def cpu(self):
-        return StorageStandIn(self._nbytes, "cpu", self._key)
+        return StorageStandIn(self._nbytes, "cpu", self._key, self.tensors)
 
     def to(self, device=None, *args, **kwargs):
         device = kwargs.get("device", device)
         if device is None:
             return self
-        return StorageStandIn(self._nbytes, device, self._key)
+        return StorageStandIn(self._nbytes, device, self._key, self.tensors)
 
     def __repr__(self):
         return f"StorageStandIn(nbytes={self._nbytes}, device={self.device})"
 
 
-def _placer(map_location):
-    """A function (key, location, nbytes) -> the device a storage should go to."""
+def _placer(map_location, names):
+    """A function (index, key, location, nbytes) -> the device storage
+    ``index`` should go to; ``names(index)`` gives its tensors' names."""
     if map_location is None:
-        return lambda key, loc, n: loc
+        return lambda i, key, loc, n: loc
     if isinstance(map_location, (str, torch.device)):
         target = str(map_location)
-        return lambda key, loc, n: target
+        return lambda i, key, loc, n: target
     if isinstance(map_location, dict):
         table = {str(k): str(v) for k, v in map_location.items()}
-        return lambda key, loc, n: table.get(loc, loc)
+        return lambda i, key, loc, n: table.get(loc, loc)
     if callable(map_location):
 
-        def call(key, loc, n):
-            result = map_location(StorageStandIn(n, "cpu", key), loc)
+        def call(i, key, loc, n):
+            result = map_location(StorageStandIn(n, "cpu", key, names(i)), loc)
             if result is None:
                 return loc
             if isinstance(result, StorageStandIn):
@@ -189,8 +193,12 @@ class _Storages:
     for GPUs are uploaded together first, through ptload-device (with a
     device as ``map_location``, only those in ``only`` when it is given)."""
 
-    def __init__(self, ckpt, source_path, mmap, map_location, strict, bar=None, only=None, data=None):
+    def __init__(
+        self, ckpt, source_path, mmap, map_location, strict, bar=None, only=None, data=None,
+        placement=None,
+    ):
         self.ckpt = ckpt
+        self._names = None
         # The checkpoint's bytes when it came as bytes or a stream: storages
         # are views of one copy of them, as torch's storages of one file
         # are of its buffer (slices of one storage share its memory).
@@ -210,9 +218,18 @@ class _Storages:
         self._map = self._memory = None
         self.uploaded = None
         self.on_host = set()  # storages kept on the host instead of a GPU
-        placer = _placer(map_location)
+        placer = _placer(map_location, self.names)
         self._targets = None
-        if map_location is None:
+        if placement is not None:
+            # place/budget/balance decide first; map_location the rest.
+            decided = ckpt.placement(**placement)
+            self._targets = [
+                d if d is not None else placer(n, i[0], i[1], i[4])
+                for n, (d, i) in enumerate(zip(decided, self.infos))
+            ]
+            self.on_cpu = [torch.device(t).type == "cpu" for t in self._targets]
+            wanted = [(i, t) for i, t in enumerate(self._targets) if not self.on_cpu[i]]
+        elif map_location is None:
             self.on_cpu = None  # each storage where it was saved
             wanted = [(i, loc) for i, loc in ckpt.off_host()]
         elif isinstance(map_location, (str, torch.device)):
@@ -222,7 +239,7 @@ class _Storages:
         else:
             # Asked once per storage, in the order torch asks map_location
             # (the order storages are first met).
-            self._targets = [placer(i[0], i[1], i[4]) for i in self.infos]
+            self._targets = [placer(n, i[0], i[1], i[4]) for n, i in enumerate(self.infos)]
             self.on_cpu = [torch.device(t).type == "cpu" for t in self._targets]
             wanted = [(i, t) for i, t in enumerate(self._targets) if not self.on_cpu[i]]
         self.placer = placer
@@ -261,14 +278,26 @@ class _Storages:
             self._fall_back(i, torch.device("cuda", ordinals[i]), why)
 
     def _fall_back(self, index, device, why):
-        key, location = self.infos[index][:2]
+        self._refuse_or_note(index, device, why)
+        self.on_host.add(index)
+
+    def _refuse_or_note(self, index, device, why):
+        """A storage that cannot go to ``device``: an error when strict,
+        else noted for the one warning, by its tensors' names."""
+        location = self.infos[index][1]
+        what = _storage_words(self.names(index), self.infos[index][0])
         if self.strict:
             raise DeviceError(
-                f"storage {key} saved on {location} cannot go to {device}: {why} "
+                f"{what} saved on {location} cannot go to {device}: {why} "
                 "(strict=True; pass map_location to choose another device)"
             )
-        self.fallbacks.append((key, location, str(device), why))
-        self.on_host.add(index)
+        self.fallbacks.append((what, location, str(device), why))
+
+    def names(self, index):
+        """The names of the tensors on storage ``index``."""
+        if self._names is None:
+            self._names = self.ckpt.storage_names()
+        return self._names[index]
 
     @property
     def infos(self):
@@ -282,7 +311,7 @@ class _Storages:
         if self._targets is not None:
             return self._targets[index]
         key, location, _dtype, _numel, nbytes, _offset = self.infos[index]
-        return self.placer(key, location, nbytes)
+        return self.placer(index, key, location, nbytes)
 
     def map(self):
         """A private, writable map of the file: tensors may be written in
@@ -364,7 +393,7 @@ class _Storages:
             return flat
         flat = self._host(index, nbytes, offset, elem_size)
         if index not in self.on_host:
-            flat = self._place(flat, key, location, self.target(index))
+            flat = self._place(index, flat, self.target(index))
         self.built[index] = flat
         return flat
 
@@ -438,7 +467,7 @@ class _Storages:
         data = self.ckpt.storage_bytes(index, elem_size)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
-    def _place(self, storage, key, location, target):
+    def _place(self, index, storage, target):
         device = torch.device(target)
         if device.type == "cpu":
             return storage
@@ -460,12 +489,7 @@ class _Storages:
                 why = f"{device} is out of memory"
             except RuntimeError as e:  # an unusable device
                 why = str(e).splitlines()[0]
-        if self.strict:
-            raise DeviceError(
-                f"storage {key} saved on {location} cannot go to {device}: {why} "
-                "(strict=True; pass map_location to choose another device)"
-            )
-        self.fallbacks.append((key, location, str(device), why))
+        self._refuse_or_note(index, device, why)
         return storage
 
 
@@ -624,6 +648,9 @@ def load(
     allow_globals=(),
     strict=False,
     progress=False,
+    place=None,
+    budget=None,
+    balance=None,
 ):
     """Load a checkpoint as ``torch.load(f, map_location, weights_only=True)``
     would, without running anything the file names.
@@ -667,6 +694,14 @@ def load(
     the same case (``RuntimeError``, ``pickle.UnpicklingError``,
     ``EOFError``, ``UnicodeDecodeError``...).
 
+    ``place``, ``budget``, ``balance``: placements torch's callable cannot
+    express, as the CLI's ``--place``, ``--budget`` and ``--balance``:
+    rules by tensor name (``{"encoder.*": "cuda:0", "*embed*": "cpu"}``),
+    each GPU filled to a share of its memory (``0.9``) or a number of bytes,
+    then the host, or storages split by bytes over N GPUs. A
+    ``map_location`` callable's storage has ``.tensors``, the names of the
+    tensors on it, so it can place by name too.
+
     ``progress=True`` shows a tqdm bar over the file's bytes as they are
     read (``mmap=False``) or uploaded to GPUs. Ctrl-C interrupts a load
     at any point, the reading of the file included.
@@ -682,10 +717,64 @@ def load(
                 "Can not safely load weights when explicit pickle_module is specified: "
                 "ptload never runs a pickle module"
             )
-        return _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding)
+        placement = _placement(map_location, place, budget, balance)
+        return _load(
+            f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding,
+            placement,
+        )
     finally:
         if collecting:
             gc.enable()
+
+
+def _placement(map_location, place, budget, balance):
+    """``place``/``budget``/``balance`` as the extension's placement
+    arguments (None when none is given), with the CLI's meanings:
+    ``place`` rules (``{"encoder.*": "cuda:0"}``, tensor-name globs, first
+    match wins) decide first; ``budget`` fills each visible GPU to a share
+    of its memory (a float in (0, 1]) or to a number of bytes (an int),
+    then the host; ``balance=N`` splits the storages by bytes over
+    ``cuda:0`` .. ``cuda:N-1``. ``map_location`` places what no rule
+    matched; it cannot be given with ``budget`` or ``balance``, which decide
+    every storage."""
+    if place is None and budget is None and balance is None:
+        return None
+    if budget is not None and balance is not None:
+        raise ValueError("budget and balance each place every storage: give one")
+    if map_location is not None and (budget is not None or balance is not None):
+        raise ValueError(
+            "budget and balance place every storage, so map_location would never apply; "
+            "give place rules with map_location instead"
+        )
+    rules = list(place.items()) if isinstance(place, dict) else list(place or ())
+    out = {"place": [(str(pattern), str(torch.device(device))) for pattern, device in rules]}
+    if budget is not None:
+        count = _cuda_count()
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+            raise TypeError(f"budget is a share of each GPU (0.9) or bytes (20 << 30), not {budget!r}")
+        if isinstance(budget, float) and 0 < budget <= 1:
+            share = lambda total: int(total * budget)  # noqa: E731
+        elif isinstance(budget, int) and budget > 1:
+            share = lambda total: budget  # noqa: E731
+        else:
+            raise ValueError(
+                f"budget {budget!r}: a share of each GPU's memory in (0, 1] (0.9) or bytes (20 << 30)"
+            )
+        if count == 0:
+            warnings.warn(
+                "budget: no CUDA device is visible, so every storage the budget places "
+                "stays on the host",
+                RuntimeWarning,
+                stacklevel=user_stacklevel(),
+            )
+        out["budget"] = [
+            (i, share(torch.cuda.get_device_properties(i).total_memory)) for i in range(count)
+        ]
+    if balance is not None:
+        if isinstance(balance, bool) or not isinstance(balance, int) or balance < 1:
+            raise ValueError(f"balance {balance!r}: a number of GPUs, at least 1")
+        out["balance"] = balance
+    return out
 
 
 def _advance(bar):
@@ -695,7 +784,10 @@ def _advance(bar):
     return lambda done: bar.update(done - bar.n)
 
 
-def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding=None):
+def _load(
+    f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding=None,
+    placement=None,
+):
     # None is torch's default, which is True (wrappers pass None through).
     # False is torch's full unpickler; ptload still runs nothing: what torch
     # would have imported and called comes back as ptload.Inert records.
@@ -759,7 +851,7 @@ def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, p
         total = os.path.getsize(path) if path is not None else len(source)
         bar = _byte_bar(progress, total, os.path.basename(path) if path else "checkpoint")
     try:
-        return _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown)
+        return _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown, placement)
     finally:
         if bar is not None:
             bar.close()
@@ -788,9 +880,11 @@ def _shared_mmap():
     return get is not None and shared is not None and get() == shared
 
 
-def _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown):
+def _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown, placement=None):
     data = source if path is None else None
-    storages = _Storages(ckpt, path, mmap, map_location, strict, bar, data=data)
+    storages = _Storages(
+        ckpt, path, mmap, map_location, strict, bar, data=data, placement=placement
+    )
     try:
         return _build_with(ckpt, storages, source, mmap, bar, allowed, unknown)
     finally:
@@ -849,11 +943,20 @@ def _build_with(ckpt, storages, source, mmap, bar, allowed, unknown):
     return result
 
 
+def _storage_words(names, key):
+    """A storage as its user knows it: by the tensors on it (a legacy
+    file's storage keys are memory addresses)."""
+    if not names:
+        return f"storage {key}"
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{shown} (storage {key})" if len(names) == 1 else f"{shown} (one storage, key {key})"
+
+
 def _warn_fallbacks(fallbacks):
     first = fallbacks[0]
     more = f" (and {len(fallbacks) - 1} more storages)" if len(fallbacks) > 1 else ""
     warnings.warn(
-        f"storage {first[0]} saved on {first[1]} stays on the CPU instead of {first[2]}: "
+        f"{first[0]} saved on {first[1]} stays on the CPU instead of {first[2]}: "
         f"{first[3]}{more}. Pass strict=True to raise instead.",
         RuntimeWarning,
         stacklevel=user_stacklevel(),
