@@ -14,6 +14,7 @@ Importing ``ptload`` or ``ptload.numpy`` never imports torch.
 from ._errors import Error, UnsafeGlobalError
 from ._graph import Global, Inert
 from ._safe import safe_open
+from ._patch import patch, unpatch  # noqa: F401 - torch.load made ptload's, process-wide
 
 __version__ = "0.1.0"
 
