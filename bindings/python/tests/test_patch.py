@@ -133,8 +133,12 @@ def test_nested_with_blocks_restore_what_was_there():
     with ptload.patch():  # same defaults: nothing changes, nothing to undo
         assert torch.load is outer
     assert torch.load is outer
-    ptload.unpatch()
-    assert torch.load is TORCH_LOAD
+    with ptload.patch(strict=True):
+        ptload.unpatch()
+        assert torch.load is TORCH_LOAD
+    assert torch.load is outer  # the block puts back what it found
+    ptload.unpatch()  # and unpatch still knows torch's function
+    assert torch.load is TORCH_LOAD and torch.serialization.load is TORCH_LOAD
 
 
 def test_signature_and_identity_are_torch_loads():

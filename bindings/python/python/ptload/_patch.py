@@ -26,8 +26,6 @@ import threading
 __all__ = ["patch", "unpatch"]
 
 _lock = threading.Lock()
-# torch's own (torch.load, torch.serialization.load), kept while patched.
-_originals = None
 
 
 def _current():
@@ -40,6 +38,12 @@ def _install(pair):
     import torch
 
     torch.load, torch.serialization.load = pair
+
+
+def _originals(pair):
+    """torch's own functions under ``pair``: a wrapper of ours knows what
+    it replaced; anything else is taken as it is."""
+    return tuple(getattr(fn, "__ptload_originals__", (fn, fn))[i] for i, fn in enumerate(pair))
 
 
 def _check_options(defaults):
@@ -65,10 +69,10 @@ def _check_options(defaults):
         )
 
 
-def _wrapper(original, defaults):
-    """A function with ``original``'s signature that loads with ptload."""
+def _wrapper(originals, defaults):
+    """A function with torch.load's signature that loads with ptload."""
 
-    @functools.wraps(original)
+    @functools.wraps(originals[0])
     def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None, **pickle_load_args):
         # Looked up at each call, so importing ptload never imports torch.
         from . import torch as ptorch
@@ -79,6 +83,7 @@ def _wrapper(original, defaults):
         )
 
     load.__ptload_defaults__ = dict(defaults)
+    load.__ptload_originals__ = originals
     return load
 
 
@@ -93,11 +98,8 @@ class _Patched:
         return self
 
     def __exit__(self, *exc):
-        global _originals
         with _lock:
             _install(self._previous)
-            if not hasattr(self._previous[0], "__ptload_defaults__"):
-                _originals = None
         return False
 
 
@@ -112,15 +114,12 @@ def patch(**defaults):
     defaults changes nothing; with others, it replaces them. ``unpatch``
     always puts torch's own function back.
     """
-    global _originals
     _check_options(defaults)
     with _lock:
         previous = _current()
-        if _originals is None:
-            _originals = previous
         current = getattr(previous[0], "__ptload_defaults__", None)
         if current is None or not _same(current, defaults) or previous[1] is not previous[0]:
-            wrapper = _wrapper(_originals[0], defaults)
+            wrapper = _wrapper(_originals(previous), defaults)
             _install((wrapper, wrapper))
     return _Patched(previous)
 
@@ -135,8 +134,5 @@ def _same(a, b):
 def unpatch():
     """Put torch's own ``torch.load`` and ``torch.serialization.load``
     back; nothing happens when they are not patched."""
-    global _originals
     with _lock:
-        if _originals is not None:
-            _install(_originals)
-            _originals = None
+        _install(_originals(_current()))
