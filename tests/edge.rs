@@ -206,11 +206,29 @@ fn python2_strings_follow_the_encoding() {
     // Protocol 0 text pickle: {u'name': 'caf\xe9'} with a Python 2 str.
     let pickle = b"(dp0\nVname\np1\nS'caf\\xe9'\np2\ns.".to_vec();
     let legacy = legacy_stream(&pickle);
-    let utf8 = OpenOptions::new().open_bytes(legacy.clone());
-    assert!(utf8
-        .expect_err("not UTF-8")
-        .to_string()
-        .contains("Latin-1 or bytes encoding"));
+    let utf8 = OpenOptions::new()
+        .open_bytes(legacy.clone())
+        .expect_err("not UTF-8");
+    assert_eq!(utf8.kind(), ErrorKind::Decode);
+    assert!(utf8.to_string().contains("Latin-1 or bytes encoding"));
+    let ascii = OpenOptions::new()
+        .encoding(StringEncoding::Ascii)
+        .open_bytes(legacy.clone())
+        .expect_err("not ASCII");
+    assert_eq!(ascii.kind(), ErrorKind::Decode);
+    assert!(
+        ascii.to_string().contains("byte 0xe9 in position 3"),
+        "{ascii}"
+    );
+    let plain = legacy_stream(b"(dp0\nVname\np1\nS'cafe'\np2\ns.");
+    let ascii = OpenOptions::new()
+        .encoding(StringEncoding::Ascii)
+        .open_bytes(plain)
+        .expect("ascii");
+    assert_eq!(
+        ascii.values(),
+        &[("name".to_owned(), Scalar::Str("cafe".into()))]
+    );
     let latin1 = OpenOptions::new()
         .encoding(StringEncoding::Latin1)
         .open_bytes(legacy.clone())

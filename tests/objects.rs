@@ -123,3 +123,69 @@ fn hostile_files_build_a_graph_or_fail_cleanly() {
     }
     assert!(opened > 10);
 }
+
+#[test]
+fn python_attributes_of_tensors_and_parameters_come_with_them() {
+    // torch.save keeps `t.units = "meters"` and a parameter's `note` as the
+    // state of `_rebuild_from_type_v2` / `_rebuild_parameter_with_state`.
+    let ckpt = open("parameter_state.pt");
+    let objects = ckpt.objects().unwrap();
+    let attr_names = |attrs: Option<usize>| -> Vec<String> {
+        let Some(Node::Dict { items, .. }) = attrs.and_then(|a| objects.node(a)) else {
+            return Vec::new();
+        };
+        items
+            .iter()
+            .filter_map(|&(k, _)| match objects.node(k) {
+                Some(Node::Str(s)) => Some(s.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut tensor_attrs = Vec::new();
+    let mut parameter_attrs = Vec::new();
+    for node in objects.nodes() {
+        match node {
+            Node::Tensor { attrs, .. } => tensor_attrs.extend(attr_names(*attrs)),
+            Node::Parameter { attrs, .. } => parameter_attrs.extend(attr_names(*attrs)),
+            _ => {}
+        }
+    }
+    assert_eq!(tensor_attrs, ["units"]);
+    parameter_attrs.sort();
+    assert_eq!(parameter_attrs, ["note", "version"]);
+}
+
+fn fixture_bytes(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/../../fixtures/files/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+#[test]
+fn checkpoints_saved_one_after_another_end_where_they_end() {
+    // Two torch files back to back in one stream (torch.save twice on one
+    // file object): the checkpoint is the one the bytes start with, and it
+    // ends where the first file ended.
+    for (first, second) in [
+        ("basic.pt", "views.pt"),
+        ("legacy.pt", "basic.pt"),
+        ("legacy_views.pt", "legacy.pt"),
+    ] {
+        let alone = OpenOptions::new().open_bytes(fixture_bytes(first)).unwrap();
+        let mut both = fixture_bytes(first);
+        let first_len = both.len() as u64;
+        both.extend(fixture_bytes(second));
+        let ckpt = OpenOptions::new().open_bytes(both).unwrap();
+        assert_eq!(ckpt.end_offset(), first_len, "{first} then {second}");
+        assert_eq!(alone.end_offset(), first_len, "{first}");
+        let names: Vec<_> = ckpt.tensors().map(|t| t.name().to_owned()).collect();
+        let expected: Vec<_> = alone.tensors().map(|t| t.name().to_owned()).collect();
+        assert_eq!(names, expected, "{first} then {second}");
+        for (a, b) in ckpt.tensors().zip(alone.tensors()) {
+            assert_eq!(a.data().unwrap(), b.data().unwrap(), "{}", a.name());
+        }
+    }
+}

@@ -181,6 +181,26 @@ impl Memory {
         })
     }
 
+    /// A shared, writable map of `path` (torch's `MAP_SHARED` mmap
+    /// option): writes to tensors reach the file.
+    pub fn map_shared(path: &Path) -> std::io::Result<Memory> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        // SAFETY: a MAP_SHARED map the caller asked for by choosing torch's
+        // shared mmap option: writes go to the file, as torch's do. The
+        // length is fixed at map time and every view is checked against it.
+        let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&file)? };
+        let ptr = map.as_mut_ptr();
+        let len = map.len();
+        Ok(Memory {
+            ptr,
+            len,
+            _keep: Keep::Map(map),
+        })
+    }
+
     /// `path` read once into aligned memory, in pieces: each one's length
     /// is added to `done`, and the read stops when `cancel` is set.
     pub fn read(path: &Path, work: &crate::Work) -> std::io::Result<Memory> {

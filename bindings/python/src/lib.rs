@@ -24,7 +24,7 @@ use ptload_reader::{ByteOrder, DType, OpenOptions, Quantization, TensorInfo, Ten
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
 use pyo3::BoundObject;
 
 create_exception!(
@@ -34,17 +34,26 @@ create_exception!(
     "Base of every error ptload raises: the reader's message, with `kind`, `offset`, `record` and `tensor` attributes."
 );
 
+/// The reader's error as the exception the package raises for its kind:
+/// `ptload._errors.from_reader` holds the one table of kinds to Python
+/// classes (each a `ptload.Error` and the exception torch raises).
 fn to_py(err: ptload_reader::Error) -> PyErr {
-    let e = Error::new_err(err.to_string());
     Python::with_gil(|py| {
-        let v = e.value(py);
         let kind = format!("{:?}", err.kind());
-        let _ = v.setattr("kind", kind);
-        let _ = v.setattr("offset", err.offset());
-        let _ = v.setattr("record", err.record());
-        let _ = v.setattr("tensor", err.tensor());
-    });
-    e
+        let made = py.import("ptload._errors").and_then(|m| {
+            m.getattr("from_reader")?.call1((
+                kind.as_str(),
+                err.to_string(),
+                err.offset(),
+                err.record(),
+                err.tensor(),
+            ))
+        });
+        match made {
+            Ok(exc) => PyErr::from_value(exc),
+            Err(e) => e,
+        }
+    })
 }
 
 /// Work done on a thread of its own while Python waits: what it counts
@@ -216,12 +225,17 @@ fn node_tuple<'py>(py: Python<'py>, node: &Node) -> PyResult<Bound<'py, PyAny>> 
         } => t(py, ("dict", *ordered, pairs(items), *state)),
         Node::Set(items) => t(py, ("set", items.clone())),
         Node::FrozenSet(items) => t(py, ("frozenset", items.clone())),
-        Node::Tensor { tensor, qparams } => t(py, ("tensor", *tensor, *qparams)),
-        Node::Storage(i) => t(py, ("storage", *i)),
+        Node::Tensor {
+            tensor,
+            qparams,
+            attrs,
+        } => t(py, ("tensor", *tensor, *qparams, *attrs)),
+        Node::Storage { storage, dtype } => t(py, ("storage", *storage, dtype.name())),
         Node::Parameter {
             data,
             requires_grad,
-        } => t(py, ("parameter", *data, *requires_grad)),
+            attrs,
+        } => t(py, ("parameter", *data, *requires_grad, *attrs)),
         Node::Sparse { layout, data } => t(py, ("sparse", *layout, *data)),
         Node::Device(d) => t(py, ("device", d.as_str())),
         Node::Dtype { name, .. } => t(py, ("dtype", name.as_str())),
@@ -282,6 +296,12 @@ impl Checkpoint {
     /// The layout: `zip`, `legacy`, `torchscript`.
     fn format(&self) -> String {
         format!("{:?}", self.inner.format()).to_lowercase()
+    }
+
+    /// The offset just past the checkpoint's last byte (where torch.load
+    /// leaves a stream it read the checkpoint from).
+    fn end_offset(&self) -> u64 {
+        self.inner.end_offset()
     }
 
     /// Byte order of the stored tensor data: `little` or `big`.
@@ -418,7 +438,7 @@ impl Checkpoint {
     /// dtypes or as a storage object) is None, and so is every other
     /// tensor of its storage: the caller makes those.
     /// `progress` is called with the bytes read so far (`mmap=False`).
-    #[pyo3(signature = (from_dlpack, source, mmap, on_cpu, uploaded=None, progress=None))]
+    #[pyo3(signature = (from_dlpack, source, mmap, on_cpu, uploaded=None, progress=None, shared=false))]
     #[allow(clippy::too_many_arguments)]
     fn torch_tensors<'py>(
         &self,
@@ -429,6 +449,7 @@ impl Checkpoint {
         on_cpu: &Bound<'py, PyAny>,
         uploaded: Option<PyRef<'py, Uploaded>>,
         progress: Option<&Bound<'py, PyAny>>,
+        shared: bool,
     ) -> PyResult<Bound<'py, PyList>> {
         let objects = self
             .inner
@@ -461,7 +482,7 @@ impl Checkpoint {
             })
             .collect();
         for node in objects.nodes() {
-            if let Node::Storage(i) = node {
+            if let Node::Storage { storage: i, .. } = node {
                 if let Some(slot) = plan.get_mut(*i) {
                     *slot = None;
                 }
@@ -499,10 +520,16 @@ impl Checkpoint {
         let host = if plan.iter().enumerate().any(|(s, p)| wanted(s, p)) {
             let memory = if let Ok(bytes) = source.downcast::<PyBytes>() {
                 dlpack::Memory::copy(bytes.as_bytes())
+            } else if let Ok(bytes) = source.downcast::<PyByteArray>() {
+                dlpack::Memory::copy(&bytes.to_vec())
             } else {
                 let path: std::path::PathBuf = source.extract()?;
                 let read = if mmap && self.inner.is_mapped() {
-                    py.allow_threads(|| dlpack::Memory::map_private(&path))
+                    if shared {
+                        py.allow_threads(|| dlpack::Memory::map_shared(&path))
+                    } else {
+                        py.allow_threads(|| dlpack::Memory::map_private(&path))
+                    }
                 } else {
                     let path = path.clone();
                     interruptible(py, progress, move |work| dlpack::Memory::read(&path, work))?
@@ -759,6 +786,7 @@ fn build_plain<'py>(
             Node::Tensor {
                 tensor,
                 qparams: None,
+                attrs: None,
             } => match made.get_item(*tensor) {
                 Ok(t) if !t.is_none() => t,
                 _ => return Ok(None),
@@ -1030,23 +1058,37 @@ fn module_blocked(module: &str) -> bool {
 
 /// Open a checkpoint: `source` is a path (str) or the file's bytes.
 #[pyfunction]
-#[pyo3(signature = (source, *, objects=true, in_memory=false, encoding=None))]
+#[pyo3(signature = (source, *, objects=true, in_memory=false, encoding=None, byte_order=None))]
 fn open(
     py: Python<'_>,
     source: &Bound<'_, PyAny>,
     objects: bool,
     in_memory: bool,
     encoding: Option<&str>,
+    byte_order: Option<&str>,
 ) -> PyResult<Checkpoint> {
     // Python 2 strings, decoded as torch.load's `encoding` says.
     let encoding = match encoding.map(str::to_ascii_lowercase).as_deref() {
         None | Some("utf-8" | "utf8") => ptload_reader::StringEncoding::Utf8,
         Some("latin1" | "latin-1" | "iso-8859-1" | "l1") => ptload_reader::StringEncoding::Latin1,
+        Some("ascii" | "us-ascii" | "646") => ptload_reader::StringEncoding::Ascii,
         Some("bytes") => ptload_reader::StringEncoding::Bytes,
         Some(other) => {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "encoding {other:?}: ptload decodes Python 2 strings as 'utf-8', 'latin1' or 'bytes'"
-        )))
+                "encoding {other:?}: ptload decodes Python 2 strings as 'utf-8', 'latin1', \
+                 'ascii' or 'bytes'"
+            )))
+        }
+    };
+    // A zip file without a byteorder record: torch's default load
+    // endianness says how to read it.
+    let assumed = match byte_order {
+        None | Some("little") => ByteOrder::Little,
+        Some("big") => ByteOrder::Big,
+        Some(other) => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "byte_order {other:?}: 'little' or 'big'"
+            )))
         }
     };
     // Overlapping views are handed to torch and numpy as strided views of
@@ -1058,11 +1100,18 @@ fn open(
         .objects(objects)
         .in_memory(in_memory)
         .encoding(encoding)
+        .assume_byte_order(assumed)
         .limits(limits);
     // On a thread of its own, so Ctrl-C interrupts a long open (the
     // pickle machine stops at the flag).
-    let ckpt = if let Ok(bytes) = source.downcast::<PyBytes>() {
-        let data = bytes.as_bytes().to_vec();
+    let given = if let Ok(bytes) = source.downcast::<PyBytes>() {
+        Some(bytes.as_bytes().to_vec())
+    } else if let Ok(bytes) = source.downcast::<PyByteArray>() {
+        Some(bytes.to_vec())
+    } else {
+        None
+    };
+    let ckpt = if let Some(data) = given {
         interruptible(py, None, move |work| {
             opts.cancel(work.cancel.clone()).open_bytes(data)
         })?

@@ -113,9 +113,10 @@ pub(crate) fn slice(data: &[u8], start: u64, len: u64) -> Option<&[u8]> {
 }
 
 /// Byte order of the storages in the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ByteOrder {
     /// Little-endian (every file written on x86-64 or Arm).
+    #[default]
     Little,
     /// Big-endian: bytes are swapped to host order on access.
     Big,

@@ -31,6 +31,7 @@ pub struct OpenOptions {
     in_memory: bool,
     objects: bool,
     cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    assumed_byte_order: ByteOrder,
 }
 
 impl OpenOptions {
@@ -58,6 +59,16 @@ impl OpenOptions {
     /// How Python 2 strings decode (torch.load's `encoding`).
     pub fn encoding(mut self, encoding: StringEncoding) -> Self {
         self.encoding = encoding;
+        self
+    }
+
+    /// The byte order of a zip checkpoint that has no `byteorder` record
+    /// (torch before 1.12, or saved with `_disable_byteorder_record`):
+    /// little-endian unless told otherwise, as torch's
+    /// `set_default_load_endianness` tells it. Files with the record, and
+    /// legacy files (whose header says), are read as they say.
+    pub fn assume_byte_order(mut self, order: ByteOrder) -> Self {
+        self.assumed_byte_order = order;
         self
     }
 
@@ -150,6 +161,7 @@ pub struct Checkpoint {
     /// Read in scattered pieces (see `advise_scattered`): views ask for
     /// their pages before they read them.
     scattered: std::sync::atomic::AtomicBool,
+    end: u64,
 }
 
 /// Torch names the first global it refuses; a user fixing a file one
@@ -223,6 +235,7 @@ impl Checkpoint {
                 decode_zip(
                     data,
                     source.file(),
+                    opts.assumed_byte_order,
                     &opts.limits,
                     &mut heap,
                     &mut interp,
@@ -294,7 +307,9 @@ impl Checkpoint {
                 Some(TorchObj::Tensor(meta)) => {
                     tensor_info(&heap, name, meta, &storages, &opts.limits)?
                 }
-                Some(TorchObj::Storage(id)) => bare_storage(name, *id, &storages)?,
+                Some(TorchObj::Storage { index, dtype }) => {
+                    bare_storage(name, *index, *dtype, &storages)?
+                }
                 _ => {
                     return Err(Error::new(
                         ErrorKind::Tensor,
@@ -339,6 +354,7 @@ impl Checkpoint {
             }
         };
         let format = decoded.format;
+        let end = decoded.end;
         Ok(Checkpoint {
             source,
             owned,
@@ -355,6 +371,7 @@ impl Checkpoint {
             work: heap.work().saturating_add(walked.steps),
             objects,
             scattered: std::sync::atomic::AtomicBool::new(false),
+            end,
         })
     }
 
@@ -373,6 +390,14 @@ impl Checkpoint {
     /// The layout of the file.
     pub fn format(&self) -> Format {
         self.format
+    }
+
+    /// The offset just past the checkpoint's last byte: the end of the
+    /// zip archive, or of a legacy stream's last storage. Bytes after it
+    /// are not part of the checkpoint (torch.load on a stream leaves the
+    /// stream there, so several objects can be saved one after another).
+    pub fn end_offset(&self) -> u64 {
+        self.end
     }
 
     /// Byte order of the stored tensor data.

@@ -18,6 +18,9 @@ pub enum ErrorKind {
     Legacy,
     /// The pickle program is malformed.
     Pickle,
+    /// A Python 2 string does not decode in the encoding asked for
+    /// ([`StringEncoding`](crate::StringEncoding)).
+    Decode,
     /// A global that the strict policy does not allow.
     UnsupportedGlobal,
     /// A storage or tensor record is inconsistent with its data.
@@ -55,6 +58,7 @@ impl ErrorKind {
             ErrorKind::Zip => "zip",
             ErrorKind::Legacy => "legacy",
             ErrorKind::Pickle => "pickle",
+            ErrorKind::Decode => "decode",
             ErrorKind::UnsupportedGlobal => "policy",
             ErrorKind::Tensor => "tensor",
             ErrorKind::LimitExceeded => "limit",

@@ -73,16 +73,26 @@ pub enum Node {
         /// For a per-channel quantized tensor, its scales and zero points
         /// (tensor nodes).
         qparams: Option<(NodeId, NodeId)>,
+        /// Python attributes saved with it (`t.foo = 1`): a dict node, or a
+        /// `(dict, slots)` tuple, set as pickle's BUILD sets a state.
+        attrs: Option<NodeId>,
     },
-    /// A storage saved as itself (not under a tensor): index into
-    /// [`Checkpoint::storages`](crate::Checkpoint::storages).
-    Storage(usize),
+    /// A storage saved as itself (not under a tensor).
+    Storage {
+        /// Index into [`Checkpoint::storages`](crate::Checkpoint::storages).
+        storage: usize,
+        /// The dtype this reference types it as (torch types each
+        /// reference on its own).
+        dtype: DType,
+    },
     /// `nn.Parameter(data, requires_grad)`.
     Parameter {
         /// The tensor node.
         data: NodeId,
         /// `requires_grad` as saved.
         requires_grad: bool,
+        /// Python attributes saved with it, as for [`Node::Tensor`].
+        attrs: Option<NodeId>,
     },
     /// A sparse tensor, as `torch._utils._rebuild_sparse_tensor(layout, data)`
     /// takes it.
@@ -272,12 +282,13 @@ pub(crate) fn build(
         let node = node(heap, v, &mut |c| id_of(c, &mut scalars))?;
         let node = match node {
             Made::Node(n) => n,
-            Made::Tensor { qparams } => {
+            Made::Tensor { qparams, attrs } => {
                 let index = out.tensors.len();
                 out.tensors.push(make_tensor(v, out.nodes.len())?);
                 Node::Tensor {
                     tensor: index,
                     qparams,
+                    attrs,
                 }
             }
         };
@@ -314,9 +325,13 @@ fn children_of(heap: &Heap, v: Value, out: &mut Vec<Value>) {
                 {
                     out.extend([*scales, *zero_points]);
                 }
+                out.extend(meta.attrs);
             }
             Some(TorchObj::Sparse { data, .. }) => out.push(*data),
-            Some(TorchObj::Parameter { data, .. }) => out.push(*data),
+            Some(TorchObj::Parameter { data, attrs, .. }) => {
+                out.push(*data);
+                out.extend(*attrs);
+            }
             Some(TorchObj::NdArray(a)) => out.push(a.data),
             _ => {}
         },
@@ -330,7 +345,10 @@ fn ids(id: &mut dyn FnMut(Value) -> Result<NodeId>, items: &[Value]) -> Result<V
 
 enum Made {
     Node(Node),
-    Tensor { qparams: Option<(NodeId, NodeId)> },
+    Tensor {
+        qparams: Option<(NodeId, NodeId)>,
+        attrs: Option<NodeId>,
+    },
 }
 
 fn node(heap: &Heap, v: Value, id: &mut dyn FnMut(Value) -> Result<NodeId>) -> Result<Made> {
@@ -412,15 +430,27 @@ fn node(heap: &Heap, v: Value, id: &mut dyn FnMut(Value) -> Result<NodeId>) -> R
                     }) => Some((id(*scales)?, id(*zero_points)?)),
                     _ => None,
                 };
-                return Ok(Made::Tensor { qparams });
+                let attrs = match meta.attrs {
+                    Some(a) => Some(id(a)?),
+                    None => None,
+                };
+                return Ok(Made::Tensor { qparams, attrs });
             }
-            TorchObj::Storage(index) => Node::Storage(*index),
+            TorchObj::Storage { index, dtype } => Node::Storage {
+                storage: *index,
+                dtype: *dtype,
+            },
             TorchObj::Parameter {
                 data,
                 requires_grad,
+                attrs,
             } => Node::Parameter {
                 data: id(*data)?,
                 requires_grad: *requires_grad,
+                attrs: match attrs {
+                    Some(a) => Some(id(*a)?),
+                    None => None,
+                },
             },
             TorchObj::Sparse { layout, data, .. } => Node::Sparse {
                 layout: layout.name(),

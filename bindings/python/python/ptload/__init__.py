@@ -8,10 +8,29 @@
   interface on ``.pt`` / ``.pth`` / ``.bin`` / ``.ckpt`` files.
 - ``ptload.numpy``: numpy arrays without torch installed.
 
+Every error is a ``ptload.Error``, of a class per kind that is also the
+exception torch raises in the same case (``ptload.ContainerError`` is a
+``RuntimeError``, ``ptload.UnsafeGlobalError`` a
+``pickle.UnpicklingError``...).
+
 Importing ``ptload`` or ``ptload.numpy`` never imports torch.
 """
 
-from ._errors import Error, UnsafeGlobalError
+from ._errors import (
+    ContainerError,
+    DecodeError,
+    DeviceError,
+    EmptyFileError,
+    Error,
+    InvalidObjectError,
+    IoError,
+    LimitError,
+    NotACheckpointError,
+    PickleError,
+    TensorError,
+    UnsafeGlobalError,
+    UnsupportedError,
+)
 from ._graph import Global, Inert
 from ._safe import safe_open
 from ._patch import patch, unpatch  # noqa: F401 - torch.load made ptload's, process-wide
@@ -20,7 +39,18 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Error",
+    "ContainerError",
+    "DecodeError",
+    "DeviceError",
+    "EmptyFileError",
+    "InvalidObjectError",
+    "IoError",
+    "LimitError",
+    "NotACheckpointError",
+    "PickleError",
+    "TensorError",
     "UnsafeGlobalError",
+    "UnsupportedError",
     "Global",
     "Inert",
     "safe_open",

@@ -1,13 +1,36 @@
-"""ptload's exceptions: one base, ``ptload.Error``."""
+"""ptload's exceptions: one base, ``ptload.Error``, and a class per kind of
+failure, each also the exception ``torch.load`` raises in the same case
+(``RuntimeError`` for a corrupt container, ``pickle.UnpicklingError`` for a
+pickle it refuses, ``UnicodeDecodeError`` for a Python 2 string that does not
+decode...), so code written for torch catches them unchanged. Each carries
+``kind`` (the reader's error kind), ``offset``, ``record`` and ``tensor``.
+"""
 
 import errno
+import io
 import os
 import pickle
 import sys
 
 from ._ptload import Error
 
-__all__ = ["Error", "UnsafeGlobalError", "open_checkpoint"]
+__all__ = [
+    "Error",
+    "NotACheckpointError",
+    "EmptyFileError",
+    "ContainerError",
+    "PickleError",
+    "DecodeError",
+    "UnsafeGlobalError",
+    "TensorError",
+    "LimitError",
+    "UnsupportedError",
+    "DeviceError",
+    "InvalidObjectError",
+    "IoError",
+    "from_reader",
+    "open_checkpoint",
+]
 
 # The reader's errors set these per instance; errors raised by the Python
 # layer (a usage error, strict placement) have no offset in a file.
@@ -18,6 +41,61 @@ Error.tensor = None
 # Named where users import it, so an error pickles (multiprocessing sends
 # it back to the parent) and prints as ptload.Error.
 Error.__module__ = "ptload"
+
+
+def _rebuild(cls, message, fields):
+    e = cls(message)
+    e.__dict__.update(fields)
+    return e
+
+
+def _reduce(self):
+    cls = type(self)
+    exc_type = getattr(cls, "_exc_type", None)
+    if exc_type is not None:
+        cls = (InvalidObjectError, exc_type)
+    return (_rebuild_from, (cls, self.message, dict(self.__dict__)))
+
+
+def _rebuild_from(cls, message, fields):
+    if isinstance(cls, tuple):
+        cls = cls[0].of(cls[1])
+    return _rebuild(cls, message, fields)
+
+
+Error.message = property(lambda self: str(self.args[0]) if self.args else "")
+Error.__reduce__ = _reduce
+
+
+class NotACheckpointError(Error, RuntimeError, pickle.UnpicklingError):
+    """The bytes are not a torch checkpoint (torch's unpickler refuses them
+    with ``UnpicklingError``; a magic-number check with ``RuntimeError``)."""
+
+
+class EmptyFileError(NotACheckpointError, EOFError):
+    """An empty file or stream: torch's ``EOFError: Ran out of input``."""
+
+
+class ContainerError(Error, RuntimeError):
+    """A zip or legacy container that is malformed, or a layout ptload does
+    not read: torch raises ``RuntimeError`` (``PytorchStreamReader failed
+    ...``, ``Invalid magic number; corrupt file?``)."""
+
+
+class PickleError(Error, pickle.UnpicklingError):
+    """The pickle program is malformed."""
+
+
+class DecodeError(Error, UnicodeDecodeError):
+    """A Python 2 string that does not decode with the ``encoding`` asked
+    for: the ``UnicodeDecodeError`` pickle raises."""
+
+    def __init__(self, message, encoding="utf-8"):
+        UnicodeDecodeError.__init__(self, encoding, b"", 0, 0, message)
+        self.args = (message,)
+
+    def __str__(self):
+        return self.message
 
 
 class UnsafeGlobalError(Error, pickle.UnpicklingError):
@@ -32,15 +110,86 @@ class UnsafeGlobalError(Error, pickle.UnpicklingError):
         super().__init__(message)
         self.globals = list(globals_)
         self.kind = "UnsupportedGlobal"
-        self.offset = None
-        self.record = None
-        self.tensor = None
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.globals))
 
 
-UnsafeGlobalError.__module__ = "ptload"
+class TensorError(Error, RuntimeError):
+    """A storage or tensor record inconsistent with its data."""
+
+
+class LimitError(Error, RuntimeError):
+    """The file asks for more work or memory than the reader's limits allow."""
+
+
+class UnsupportedError(Error, RuntimeError):
+    """Something valid that ptload does not read."""
+
+
+class DeviceError(Error, RuntimeError):
+    """A storage cannot go to the device asked for (with ``strict=True``;
+    otherwise it stays on the host with a warning)."""
+
+
+class InvalidObjectError(Error, RuntimeError):
+    """What the file's data makes fail while the object is built (a sparse
+    tensor torch finds invalid); the message is torch's own. Subclasses per
+    the exception torch raised (``InvalidObjectError.of(ValueError)``)."""
+
+    _by_type = {}
+
+    @classmethod
+    def of(cls, exc_type):
+        """The subclass that is also ``exc_type`` (a ``RuntimeError``,
+        ``ValueError``, ``TypeError``...)."""
+        made = cls._by_type.get(exc_type)
+        if made is None:
+            bases = (cls,) if issubclass(cls, exc_type) else (cls, exc_type)
+            made = type(
+                cls.__name__,
+                bases,
+                {"__module__": "ptload", "__doc__": cls.__doc__, "_exc_type": exc_type},
+            )
+            cls._by_type[exc_type] = made
+        return made
+
+
+# The reader's error kinds; one table, read by the extension (to_py).
+_BY_KIND = {
+    "Io": None,  # made an OSError below
+    "NotACheckpoint": NotACheckpointError,
+    "UnsupportedLayout": ContainerError,
+    "Zip": ContainerError,
+    "Legacy": ContainerError,
+    "Pickle": PickleError,
+    "Decode": DecodeError,
+    "UnsupportedGlobal": UnsafeGlobalError,
+    "Tensor": TensorError,
+    "LimitExceeded": LimitError,
+    "Unsupported": UnsupportedError,
+}
+
+
+class IoError(Error, OSError):
+    """Reading the file failed."""
+
+    def __init__(self, message):
+        OSError.__init__(self, message)
+
+
+_BY_KIND["Io"] = IoError
+
+for _cls in list(_BY_KIND.values()) + [EmptyFileError, DeviceError, InvalidObjectError]:
+    _cls.__module__ = "ptload"
+
+
+def from_reader(kind, message, offset=None, record=None, tensor=None, encoding=None):
+    """The exception for a reader error of ``kind``."""
+    cls = _BY_KIND.get(kind, Error)
+    e = cls(message, encoding or "utf-8") if cls is DecodeError else cls(message)
+    e.kind = kind
+    e.offset = offset
+    e.record = record
+    e.tensor = tensor
+    return e
 
 
 def user_stacklevel():
@@ -62,23 +211,56 @@ def require_file(path):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
 
 
-def read_binary(f):
-    """The rest of a binary file object, as bytes; a text-mode one is a
-    TypeError, never a path."""
-    data = f.read()
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(
-            f"the file object gave {type(data).__name__}, not bytes: open the file in binary mode ('rb')"
-        )
-    return bytes(data)
+_NOT_SEEKABLE = (
+    ". You can only torch.load from a file that is seekable. Please pre-load the data "
+    "into a buffer like io.BytesIO and try to load from it instead."
+)
 
 
-def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None):
+def read_stream(f):
+    """The rest of a binary file object from where it stands:
+    ``(data, start)``. Read with ``readinto`` when the object has it (one
+    buffer, no copies), else ``read``. A stream that cannot seek is refused
+    with torch's words (the caller leaves it just past the checkpoint); a
+    text-mode one is a TypeError, never a path."""
+    try:
+        start = f.tell()
+        f.seek(start)
+    except (io.UnsupportedOperation, AttributeError) as e:
+        if "seek" in str(e) or "tell" in str(e):
+            raise type(e)(f"{e}{_NOT_SEEKABLE}") from None
+        raise
+    readinto = getattr(f, "readinto", None)
+    if readinto is None:
+        data = f.read()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"the file object gave {type(data).__name__}, not bytes: open the file in binary mode ('rb')"
+            )
+        return bytes(data), start
+    end = f.seek(0, os.SEEK_END)
+    if not isinstance(end, int):
+        end = f.tell()
+    f.seek(start)
+    size = max(end - start, 0)
+    data = bytearray(size)
+    done = 0
+    with memoryview(data) as view:
+        while done < size:
+            n = readinto(view[done:])
+            if not n:
+                break
+            done += n
+    if done < size:
+        del data[done:]  # the stream ended early (it shrank)
+    return data, start
+
+
+def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None, byte_order=None):
     """Open ``f`` (a path, bytes, or a binary file object) with the reader."""
     from . import _ptload
 
-    if isinstance(f, (bytes, bytearray, memoryview)):
-        return _ptload.open(bytes(f), objects=objects, encoding=encoding)
+    opts = {"objects": objects, "encoding": encoding, "byte_order": byte_order}
     if isinstance(f, (str, os.PathLike)):
         path = os.fsdecode(os.fspath(f))
         if os.path.isdir(path):
@@ -89,9 +271,24 @@ def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None):
                 path,
             )
         require_file(path)
-        return _ptload.open(path, objects=objects, in_memory=in_memory, encoding=encoding)
-    if hasattr(f, "read"):
-        return _ptload.open(read_binary(f), objects=objects, encoding=encoding)
-    raise TypeError(
-        f"expected a path, bytes or a binary file object, got {type(f).__name__}"
-    )
+        empty = os.path.getsize(path) == 0
+        source = path
+        opts["in_memory"] = in_memory
+    elif isinstance(f, (bytes, bytearray, memoryview)):
+        source = f if isinstance(f, (bytes, bytearray)) else bytes(f)
+        empty = len(source) == 0
+    elif hasattr(f, "read"):
+        source = read_stream(f)[0]
+        empty = len(source) == 0
+    else:
+        raise TypeError(f"expected a path, bytes or a binary file object, got {type(f).__name__}")
+    if empty:
+        # torch's unpickler on nothing: EOFError.
+        e = EmptyFileError("Ran out of input: the checkpoint is empty (0 bytes)")
+        e.kind = "NotACheckpoint"
+        raise e
+    try:
+        return _ptload.open(source, **opts)
+    except DecodeError as e:
+        e.encoding = encoding or "utf-8"
+        raise

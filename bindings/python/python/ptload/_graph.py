@@ -447,7 +447,7 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
     except Error:
         raise
     except (TypeError, ValueError, OverflowError, RuntimeError, IndexError, KeyError) as e:
-        raise Error(f"building the object: {type(e).__name__}: {e}") from e
+        raise InvalidObjectError.of(type(e))(f"building the object: {type(e).__name__}: {e}") from e
     return objs[root]
 
 
@@ -476,4 +476,4 @@ def _set_state(obj, state, dict_like):
 
 
 from . import _ptload  # noqa: E402
-from ._errors import Error  # noqa: E402
+from ._errors import Error, InvalidObjectError  # noqa: E402

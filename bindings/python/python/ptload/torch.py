@@ -11,12 +11,22 @@ bits. Tensors view the file through a private (copy-on-write) map unless
 import gc
 import mmap as _mmap
 import os
+import sys
 import warnings
 
 import torch
 
 from . import _graph, _ptload
-from ._errors import Error, UnsafeGlobalError, open_checkpoint, read_binary, user_stacklevel
+from ._errors import (
+    DeviceError,
+    Error,
+    InvalidObjectError,
+    UnsafeGlobalError,
+    UnsupportedError,
+    open_checkpoint,
+    read_stream,
+    user_stacklevel,
+)
 
 __all__ = ["load", "load_file", "StorageStandIn"]
 
@@ -178,12 +188,17 @@ class _Storages:
     for GPUs are uploaded together first, through ptload-device (with a
     device as ``map_location``, only those in ``only`` when it is given)."""
 
-    def __init__(self, ckpt, source_path, mmap, map_location, strict, bar=None, only=None):
+    def __init__(self, ckpt, source_path, mmap, map_location, strict, bar=None, only=None, data=None):
         self.ckpt = ckpt
+        # The checkpoint's bytes when it came as bytes or a stream: storages
+        # are views of one copy of them, as torch's storages of one file
+        # are of its buffer (slices of one storage share its memory).
+        self.data = data
         self.bar = bar
         self._infos = None
         self.built = {}
         self.typed = {}
+        self._roots = None
         self.strict = strict
         self.fallbacks = []
         self.big = ckpt.byte_order() == "big"
@@ -245,7 +260,7 @@ class _Storages:
     def _fall_back(self, index, device, why):
         key, location = self.infos[index][:2]
         if self.strict:
-            raise Error(
+            raise DeviceError(
                 f"storage {key} saved on {location} cannot go to {device}: {why} "
                 "(strict=True; pass map_location to choose another device)"
             )
@@ -271,13 +286,19 @@ class _Storages:
         place, the file never is. Made on first use."""
         if self._map is None and self.source_path is not None and self.mmap is not False:
             if self.ckpt.is_mapped():
-                with open(self.source_path, "rb") as fh:
+                shared = self.mmap and _shared_mmap()
+                with open(self.source_path, "r+b" if shared else "rb") as fh:
                     if os.fstat(fh.fileno()).st_size:
-                        self._map = _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_COPY)
+                        access = _mmap.ACCESS_WRITE if shared else _mmap.ACCESS_COPY
+                        self._map = _mmap.mmap(fh.fileno(), 0, access=access)
         return self._map
 
     def memory(self):
-        """``mmap=False``: the file read once; made on first use."""
+        """``mmap=False``: the file read once; bytes or a stream: one
+        writable copy of them. Made on first use."""
+        if self._memory is None and self.data is not None:
+            data = self.data
+            self._memory = data if isinstance(data, bytearray) else bytearray(data)
         if self._memory is None and self.source_path is not None and self.mmap is False:
             with open(self.source_path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
@@ -312,7 +333,12 @@ class _Storages:
         return t
 
     def get(self, index, elem_size):
-        """Storage ``index`` as a torch ``UntypedStorage``, on its device."""
+        """Storage ``index`` as a torch ``UntypedStorage``, on its device;
+        a view of another storage as a slice of that one's."""
+        root = self._root_of(index)
+        if root is not None:
+            start, nbytes = root[1], self.infos[index][4]
+            return self.get(root[0], elem_size)[start : start + nbytes]
         return self.flat(index, elem_size).untyped_storage()
 
     def flat(self, index, elem_size):
@@ -325,11 +351,41 @@ class _Storages:
             flat = _from_dlpack(self.uploaded.capsule(index))
             self.built[index] = flat
             return flat
+        root = self._root_of(index)
+        if root is not None:
+            # A view of another storage (legacy files): a slice of its
+            # bytes, sharing its memory as torch's storage views do.
+            start = root[1]
+            flat = self.flat(root[0], elem_size)[start : start + nbytes]
+            self.built[index] = flat
+            return flat
         flat = self._host(index, nbytes, offset, elem_size)
         if index not in self.on_host:
             flat = self._place(flat, key, location, self.target(index))
         self.built[index] = flat
         return flat
+
+    def _root_of(self, index):
+        """``(root, byte offset)`` when storage ``index`` lies inside
+        another storage's bytes: the storage views torch before 0.4 saved
+        (slices of one storage) in legacy files. None otherwise, and always
+        for zip files, whose storages are records of their own."""
+        if self._roots is None:
+            self._roots = {}
+            if self.ckpt.format() == "legacy":
+                spans = sorted(
+                    (info[5], -info[4], i)
+                    for i, info in enumerate(self.infos)
+                    if info[5] is not None and info[4] > 0
+                )
+                outer = None
+                for start, minus_len, i in spans:
+                    end = start - minus_len
+                    if outer is not None and end <= outer[1]:
+                        self._roots[i] = (outer[2], start - outer[0])
+                    else:
+                        outer = (start, end, i)
+        return self._roots.get(index)
 
     def _host(self, index, nbytes, offset, elem_size):
         if nbytes == 0:
@@ -370,7 +426,7 @@ class _Storages:
             except RuntimeError as e:  # an unusable device
                 why = str(e).splitlines()[0]
         if self.strict:
-            raise Error(
+            raise DeviceError(
                 f"storage {key} saved on {location} cannot go to {device}: {why} "
                 "(strict=True; pass map_location to choose another device)"
             )
@@ -558,12 +614,23 @@ def load(
     imported and called as pickle would.
 
     ``mmap``: None or True map the file privately (copy-on-write; tensors
-    are views of the map); False reads every storage into memory.
-    ``weights_only=False`` is refused: ptload never runs the file, and
-    neither is a ``pickle_module`` (as torch refuses one with
-    ``weights_only``). ``encoding``: how Python 2 strings are decoded, as
-    torch takes it: ``"utf-8"`` (torch's default), ``"latin1"`` or
-    ``"bytes"``.
+    are views of the map), or shared when torch's default mmap option is
+    ``MAP_SHARED``; False reads every storage into memory.
+    ``weights_only=False`` (torch's full unpickler) still runs nothing: it
+    is ``unknown="inert"`` with one warning naming the globals torch would
+    have imported. A ``pickle_module`` is refused, as torch refuses one
+    with ``weights_only``. ``encoding``: how Python 2 strings are decoded,
+    as torch takes it: ``"utf-8"`` (torch's default), ``"latin1"``,
+    ``"ascii"`` or ``"bytes"``; a string that does not decode raises
+    ``UnicodeDecodeError``.
+
+    ``f`` as a file object is read from its position, and left just past
+    the checkpoint, as torch leaves it (several objects saved one after
+    another load in turn).
+
+    Every error is a :class:`ptload.Error` and also what torch raises in
+    the same case (``RuntimeError``, ``pickle.UnpicklingError``,
+    ``EOFError``, ``UnicodeDecodeError``...).
 
     ``progress=True`` shows a tqdm bar over the file's bytes as they are
     read (``mmap=False``) or uploaded to GPUs. Ctrl-C interrupts a load
@@ -576,7 +643,7 @@ def load(
     gc.disable()
     try:
         if pickle_module is not None:
-            raise Error(
+            raise UnsupportedError(
                 "Can not safely load weights when explicit pickle_module is specified: "
                 "ptload never runs a pickle module"
             )
@@ -595,47 +662,61 @@ def _advance(bar):
 
 def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding=None):
     # None is torch's default, which is True (wrappers pass None through).
-    if weights_only is not None and not weights_only:
-        raise Error(
-            "ptload never runs a file's code, so weights_only=False is not offered; "
-            "use unknown='inert' to load files torch refuses in weights-only mode"
-        )
+    # False is torch's full unpickler; ptload still runs nothing: what torch
+    # would have imported and called comes back as ptload.Inert records.
+    full = weights_only is not None and not weights_only
     if unknown not in ("error", "inert"):
         raise ValueError("unknown must be 'error' or 'inert'")
+    if full:
+        unknown = "inert"
     allowed = _allowed_names(allow_globals)
+    stream = None
     if isinstance(f, (str, os.PathLike)):
         path = source = os.fspath(f)
     elif isinstance(f, (bytes, bytearray, memoryview)):
         path, source = None, bytes(f)
     elif hasattr(f, "read"):
-        path, source = None, read_binary(f)
+        path = None
+        source, start = read_stream(f)
+        stream = (f, start)
     else:
         raise TypeError(f"expected a path, bytes or a binary file object, got {type(f).__name__}")
     if mmap and path is None:
         # torch's words: there is no file to map.
         raise ValueError("f must be a file path in order to use the mmap argument")
-    ckpt = open_checkpoint(source, objects=True, encoding=encoding)
+    ckpt = open_checkpoint(source, objects=True, encoding=encoding, byte_order=_assumed_byte_order())
+    if stream is not None:
+        # Where torch leaves the stream: just past the checkpoint, so the
+        # next object saved after it can be read.
+        stream[0].seek(stream[1] + ckpt.end_offset())
     if ckpt.format() == "torchscript":
-        raise Error(
+        raise UnsupportedError(
             "this is a TorchScript archive (torch.jit.save); torch.load hands it to "
             "torch.jit.load. ptload reads its tensors with ptload.safe_open"
         )
-    if unknown == "error":
-        refused = _forbidden(ckpt, allowed)
-        if refused:
-            raise UnsafeGlobalError(
-                "Weights only load failed: the file names "
-                f"{len(refused)} global(s) outside torch's weights_only allowlist: "
-                + ", ".join(refused)
-                + ". Nothing was run. Pass unknown='inert' to get them as inert "
-                "ptload.Inert records, or allow_globals=[...] for the ones you trust."
-                + "".join(
-                    f" {p} is allowed, but its module is blocked whatever is allowed, as in torch."
-                    for p in refused
-                    if p in allowed
-                ),
-                refused,
-            )
+    refused = _forbidden(ckpt, allowed)
+    if refused and unknown == "error":
+        raise UnsafeGlobalError(
+            "Weights only load failed: the file names "
+            f"{len(refused)} global(s) outside torch's weights_only allowlist: "
+            + ", ".join(refused)
+            + ". Nothing was run. Pass unknown='inert' to get them as inert "
+            "ptload.Inert records, or allow_globals=[...] for the ones you trust."
+            + "".join(
+                f" {p} is allowed, but its module is blocked whatever is allowed, as in torch."
+                for p in refused
+                if p in allowed
+            ),
+            refused,
+        )
+    inert = [p for p in refused if p not in _graph.PLAIN_TYPE_NAMES]
+    if full and inert:
+        warnings.warn(
+            f"weights_only=False: ptload ran nothing from this file; {len(inert)} global(s) "
+            f"torch would have imported come back as ptload.Inert records: {', '.join(inert)}",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
     bar = None
     if progress:
         from ._safe import _byte_bar
@@ -649,22 +730,51 @@ def _load(f, map_location, weights_only, mmap, unknown, allow_globals, strict, p
             bar.close()
 
 
+def _assumed_byte_order():
+    """How torch reads a zip file without a byteorder record:
+    ``torch.serialization.set_default_load_endianness`` (little when unset,
+    the host's for NATIVE)."""
+    get = getattr(torch.serialization, "get_default_load_endianness", None)
+    setting = get() if get is not None else None
+    if setting is None:
+        return "little"
+    name = getattr(setting, "name", str(setting)).lower()
+    if name == "native":
+        return sys.byteorder
+    return "big" if name == "big" else "little"
+
+
+def _shared_mmap():
+    """Whether torch's mmap option is MAP_SHARED
+    (``torch.serialization.set_default_mmap_options``): writes to loaded
+    tensors then reach the file."""
+    get = getattr(torch.serialization, "get_default_mmap_options", None)
+    shared = getattr(_mmap, "MAP_SHARED", None)
+    return get is not None and shared is not None and get() == shared
+
+
 def _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown):
-    storages = _Storages(ckpt, path, mmap, map_location, strict, bar)
+    data = source if path is None else None
+    storages = _Storages(ckpt, path, mmap, map_location, strict, bar, data=data)
     # Most tensors are made in one call, as DLPack views of private memory.
     made = ckpt.torch_tensors(
         _from_dlpack, source, mmap is not False, storages.on_cpu, storages.uploaded,
-        _advance(bar),
+        _advance(bar), shared=bool(mmap) and _shared_mmap(),
     )
 
     def make_leaf(kind, node, objs):
         if kind == "tensor":
             t = made[node[1]]
-            if t is not None:
-                return t
-            return _tensor(storages, tensors[node[1]], objs, node[2])
+            if t is None:
+                t = _tensor(storages, tensors[node[1]], objs, node[2])
+            if node[3] is not None:
+                _graph._set_state(t, objs[node[3]], dict_like=True)
+            return t
         if kind == "parameter":
-            return torch.nn.Parameter(objs[node[1]], requires_grad=node[2])
+            p = torch.nn.Parameter(objs[node[1]], requires_grad=node[2])
+            if node[3] is not None:
+                _graph._set_state(p, objs[node[3]], dict_like=True)
+            return p
         if kind == "sparse":
             return _sparse(node[1], objs[node[2]])
         if kind == "size":
@@ -676,8 +786,8 @@ def _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown
         if kind == "layout":
             return _LAYOUTS[node[1]]
         if kind == "storage":
-            info = storages.infos[node[1]]
-            dtype = _DTYPES.get(info[2], torch.uint8)
+            # Typed as this reference says (torch types each on its own).
+            dtype = _DTYPES.get(node[2], torch.uint8)
             untyped = storages.get(node[1], _swap_unit(dtype))
             return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
         raise Error(f"the reader gave a node of unknown kind {kind!r}")

@@ -30,11 +30,13 @@ pub(crate) enum StorageBytes {
 }
 
 /// Find the records of torch's layout in `archive`; `budget` is charged for
-/// what is inflated.
+/// what is inflated. A file without a `byteorder` record (older torch, or
+/// `_disable_byteorder_record`) is read in `assumed` order.
 pub(crate) fn torch_records<'a, 'd>(
     data: &[u8],
     archive: &'a Archive<'d>,
     budget: &mut u64,
+    assumed: ByteOrder,
 ) -> Result<TorchRecords<'a, 'd>> {
     let data_pkl = find_data_pkl(archive)?;
     let prefix = data_pkl
@@ -43,7 +45,7 @@ pub(crate) fn torch_records<'a, 'd>(
         .map(str::to_owned)
         .ok_or_else(|| Error::new(ErrorKind::Zip, "data.pkl record without its name"))?;
     let byte_order = match archive.get(&format!("{prefix}byteorder")) {
-        None => ByteOrder::Little,
+        None => assumed,
         Some(entry) => {
             let raw = record_bytes(data, entry, 64, budget)?;
             match std::str::from_utf8(&raw).map(str::trim) {

@@ -26,7 +26,8 @@ pub(crate) struct LegacyStorage<'a> {
     pub(crate) view: Option<(usize, u64)>,
 }
 
-/// The file offset of each storage's bytes, in the order of `storages`.
+/// The file offset of each storage's bytes, in the order of `storages`,
+/// and the offset just past the last one (where the stream ends).
 /// The raw part starts at `start`, just after the storage-key pickle, and
 /// holds the storages `listed` there in that order; `index_of` finds a
 /// listed key among `storages`. Views lie inside their root storage.
@@ -37,7 +38,7 @@ pub(crate) fn storage_offsets(
     listed: &[String],
     storages: &[LegacyStorage<'_>],
     index_of: impl Fn(&str) -> Option<usize>,
-) -> Result<Vec<u64>> {
+) -> Result<(Vec<u64>, u64)> {
     let mut offsets: Vec<Option<u64>> = vec![None; storages.len()];
     let mut r = ByteReader::at(data, start, ErrorKind::Legacy);
     for key in listed {
@@ -84,6 +85,7 @@ pub(crate) fn storage_offsets(
         }
         *slot = Some(start);
     }
+    let end = r.pos() as u64;
     // Views (very old files) are slices of their root storage.
     for (id, storage) in storages.iter().enumerate() {
         let Some((root_id, elem_offset)) = storage.view else {
@@ -106,7 +108,7 @@ pub(crate) fn storage_offsets(
             *slot = start;
         }
     }
-    storages
+    let offsets = storages
         .iter()
         .zip(offsets)
         .map(|(s, offset)| {
@@ -117,5 +119,6 @@ pub(crate) fn storage_offsets(
                 )
             })
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok((offsets, end))
 }

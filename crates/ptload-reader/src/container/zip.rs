@@ -90,6 +90,7 @@ pub(crate) struct Archive<'d> {
     /// Indices of `entries`, hashed by name.
     by_name: hashbrown::HashTable<u32>,
     hasher: hashbrown::DefaultHashBuilder,
+    end: usize,
 }
 
 fn zip_err(message: impl Into<String>) -> Error {
@@ -114,6 +115,45 @@ pub(crate) fn find_eocd(data: &[u8]) -> Option<usize> {
             .and_then(|end| end.checked_add(comment_len))
             .is_some_and(|end| end <= data.len())
     })
+}
+
+/// Where the first archive of bytes holding several ends: the first
+/// end-of-central-directory record, from the start, whose directory lies
+/// right before it as recorded (an archive that starts at byte 0). One pass
+/// over the bytes.
+fn first_archive_end(data: &[u8]) -> Option<usize> {
+    let mut from = 0;
+    while let Some(found) = data
+        .get(from..)?
+        .windows(4)
+        .position(|w| w == EOCD_SIG.to_le_bytes())
+    {
+        let pos = from + found;
+        from = pos + 1;
+        let Ok(dir) = read_directory_location(data, pos) else {
+            continue;
+        };
+        let starts_at_zero = dir.cd_offset.checked_add(dir.cd_size) == Some(dir.cd_end_actual);
+        let comment_len = ByteReader::at(data, pos + 20, ErrorKind::Zip).u16().ok();
+        let end = comment_len.and_then(|c| (pos + EOCD_LEN).checked_add(usize::from(c)));
+        if let (true, Some(end)) = (starts_at_zero, end) {
+            if end <= data.len() {
+                return Some(end);
+            }
+        }
+    }
+    None
+}
+
+/// Where the archive ends: just past its end-of-central-directory record
+/// and comment.
+pub(crate) fn archive_end(data: &[u8]) -> Option<usize> {
+    let eocd = find_eocd(data)?;
+    let comment_len = ByteReader::at(data, eocd.checked_add(20)?, ErrorKind::Zip)
+        .u16()
+        .ok()?;
+    eocd.checked_add(EOCD_LEN)?
+        .checked_add(usize::from(comment_len))
 }
 
 struct Directory {
@@ -253,6 +293,16 @@ impl<'d> Archive<'d> {
             ))
             .at(eocd as u64)
         })?;
+        // Bytes that start with a local header yet end with the directory
+        // of an archive further on hold several archives one after another
+        // (torch.save called twice on one stream): the archive they start
+        // with is the checkpoint, as torch's reader reads it, not the last.
+        if rules == Rules::Canonical && prefix_len > 0 && data.starts_with(b"PK\x03\x04") {
+            if let Some(end) = first_archive_end(data).filter(|&end| end < data.len()) {
+                let first = data.get(..end).unwrap_or(data);
+                return Archive::parse_with(first, headers, limits, rules);
+            }
+        }
         let cd_start = prefix_len + dir.cd_offset;
         let cd = slice(data, cd_start, dir.cd_size)
             .ok_or_else(|| zip_err("central directory lies outside the file").at(cd_start))?;
@@ -341,7 +391,14 @@ impl<'d> Archive<'d> {
             entries,
             by_name,
             hasher,
+            end: archive_end(data).unwrap_or(data.len()),
         })
+    }
+
+    /// Where the archive ends in the bytes: just past its directory's end
+    /// record and comment.
+    pub(crate) fn end(&self) -> usize {
+        self.end
     }
 
     pub(crate) fn entries(&self) -> &[Entry<'d>] {

@@ -22,6 +22,8 @@ pub enum StringEncoding {
     Utf8,
     /// Decode as Latin-1 (every byte is a character).
     Latin1,
+    /// Decode as ASCII; a byte over 0x7f is an error.
+    Ascii,
     /// Keep the raw bytes.
     Bytes,
 }
@@ -141,6 +143,11 @@ fn frame_crossed() -> Error {
 
 fn pickle_err(message: impl Into<String>) -> Error {
     Error::new(ErrorKind::Pickle, message)
+}
+
+/// A Python 2 string that does not decode in the encoding asked for.
+fn decode_err(message: String) -> Error {
+    Error::new(ErrorKind::Decode, message)
 }
 
 /// The VM; opcode budgets are shared across every pickle of one file.
@@ -364,12 +371,22 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
         match self.encoding {
             StringEncoding::Utf8 => {
                 let s = String::from_utf8(bytes).map_err(|e| {
-                    pickle_err(format!(
+                    decode_err(format!(
                         "Python 2 string is not UTF-8 ({e}); open with the Latin-1 or bytes encoding"
                     ))
                 })?;
                 self.push_new(|h| h.alloc_str(&s))
             }
+            StringEncoding::Ascii => match bytes.iter().enumerate().find(|(_, b)| !b.is_ascii()) {
+                Some((at, b)) => Err(decode_err(format!(
+                    "Python 2 string is not ASCII: byte {b:#04x} in position {at}"
+                ))),
+                // ASCII is UTF-8.
+                None => {
+                    let s = String::from_utf8_lossy(&bytes);
+                    self.push_new(|h| h.alloc_str(&s))
+                }
+            },
             StringEncoding::Latin1 => {
                 let s: String = bytes.iter().map(|&b| char::from(b)).collect();
                 self.push_new(|h| h.alloc_str(&s))

@@ -23,12 +23,16 @@ pub(crate) struct Decoded {
     pub(crate) storages: Vec<PendingStorage>,
     /// Where the bytes of each of `storages` are, in the same order.
     pub(crate) bytes: Vec<StorageBytes>,
+    /// The offset just past the checkpoint's last byte: a stream reader
+    /// (torch.load on a file object) leaves the stream there.
+    pub(crate) end: u64,
 }
 
 /// torch's zip layout (and TorchScript's).
 pub(crate) fn decode_zip(
     data: &[u8],
     file: Option<&std::fs::File>,
+    assumed: ByteOrder,
     limits: &Limits,
     heap: &mut Heap,
     interp: &mut TorchInterp<'_>,
@@ -37,7 +41,7 @@ pub(crate) fn decode_zip(
     let headers = file.map_or(Headers::Map, Headers::File);
     let archive = Archive::parse(data, headers, limits)?;
     let mut budget = limits.max_decompressed_bytes;
-    let records = layout::torch_records(data, &archive, &mut budget)?;
+    let records = layout::torch_records(data, &archive, &mut budget, assumed)?;
     let prefix = &records.prefix;
     let mut roots = Vec::new();
     let mut protocol = 0;
@@ -91,6 +95,7 @@ pub(crate) fn decode_zip(
         roots,
         storages,
         bytes: located,
+        end: archive.end() as u64,
     })
 }
 
@@ -148,9 +153,10 @@ pub(crate) fn decode_legacy(
             view: s.view.map(|v| (v.root, v.elem_offset)),
         })
         .collect();
-    let offsets = legacy::storage_offsets(data, keys.end, byte_order, &listed, &described, |k| {
-        interp.storage_by_key(k)
-    })?;
+    let (offsets, end) =
+        legacy::storage_offsets(data, keys.end, byte_order, &listed, &described, |k| {
+            interp.storage_by_key(k)
+        })?;
     // Each storage with its offset; a storage past the last offset is left
     // out (`storage_offsets` gives one per storage).
     let mut storages = std::mem::take(&mut interp.storages);
@@ -167,5 +173,6 @@ pub(crate) fn decode_legacy(
         roots: vec![(object.value, "")],
         storages,
         bytes,
+        end,
     })
 }

@@ -191,7 +191,7 @@ pub enum Quantization {
     },
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum QuantParams {
     PerTensor {
         scheme: String,
@@ -207,7 +207,7 @@ pub(crate) enum QuantParams {
 }
 
 /// A tensor as its rebuild call described it, before validation.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct TensorMeta {
     /// None for meta tensors (shape only).
     pub(crate) storage: Option<usize>,
@@ -220,6 +220,9 @@ pub(crate) struct TensorMeta {
     pub(crate) conj: bool,
     pub(crate) neg: bool,
     pub(crate) quant: Option<QuantParams>,
+    /// Python attributes saved with the tensor (`t.foo = ...`): the state
+    /// `_rebuild_from_type_v2` sets, a dict or a `(dict, slots)` tuple.
+    pub(crate) attrs: Option<Value>,
 }
 
 /// Layout of a sparse tensor.
@@ -296,7 +299,13 @@ pub(crate) struct NdArray {
 #[derive(Debug)]
 pub(crate) enum TorchObj {
     Global(Global),
-    Storage(usize),
+    /// A storage reference: the storage's index, and the dtype this
+    /// reference types it as (torch types each reference on its own: one
+    /// untyped storage can be saved as two dtypes when it is empty).
+    Storage {
+        index: usize,
+        dtype: DType,
+    },
     Tensor(TensorMeta),
     Sparse {
         layout: Layout,
@@ -308,6 +317,8 @@ pub(crate) enum TorchObj {
     Parameter {
         data: Value,
         requires_grad: bool,
+        /// Python attributes saved with it (`_rebuild_parameter_with_state`).
+        attrs: Option<Value>,
     },
     /// A numpy scalar: its dtype, raw bytes, and the Python value they
     /// hold (None when the dtype is not one the reader decodes).
@@ -327,7 +338,7 @@ impl Extension for TorchObj {
     fn kind_name(&self) -> &'static str {
         match self {
             TorchObj::Global(_) => "global",
-            TorchObj::Storage(_) => "storage",
+            TorchObj::Storage { .. } => "storage",
             TorchObj::Tensor(_) => "tensor",
             TorchObj::Sparse { .. } => "sparse tensor",
             TorchObj::Parameter { .. } => "parameter",

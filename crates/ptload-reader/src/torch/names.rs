@@ -578,7 +578,7 @@ impl<'h> Walker<'h> {
                         }
                         continue;
                     }
-                    Some(TorchObj::Storage(_)) => {
+                    Some(TorchObj::Storage { .. }) => {
                         self.tensor(None, value)?;
                         continue;
                     }

@@ -367,20 +367,27 @@ pub(crate) fn tensor_info(
 pub(crate) fn bare_storage(
     name: String,
     id: usize,
+    dtype: DType,
     storages: &[StorageInfo],
 ) -> Result<TensorInfo> {
     let s = storages
         .get(id)
         .ok_or_else(|| tensor_err(&name, "storage index"))?;
+    // Typed as the reference says: its elements of that size.
+    let numel = if dtype == s.dtype {
+        s.numel
+    } else {
+        s.nbytes / (dtype.size() as u64).max(1)
+    };
     Ok(TensorInfo {
         name,
-        dtype: s.dtype,
-        shape: vec![s.numel],
+        dtype,
+        shape: vec![numel],
         stride: vec![1],
         storage_offset: 0,
         storage: Some(id),
-        numel: s.numel,
-        nbytes: s.nbytes,
+        numel,
+        nbytes: numel.saturating_mul(dtype.size() as u64),
         requires_grad: false,
         conj: false,
         neg: false,

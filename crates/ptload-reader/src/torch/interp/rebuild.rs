@@ -23,16 +23,12 @@ impl TorchInterp<'_> {
             conj: false,
             neg: false,
             quant: None,
+            attrs: None,
         })
     }
 
     pub(super) fn storage_tensor(&self, heap: &mut Heap, args: &[Value]) -> Result<TensorMeta> {
-        let id = self.storage_of(heap, get(args, 0))?;
-        let dtype = self
-            .storages
-            .get(id)
-            .map(|s| s.dtype)
-            .ok_or_else(|| err("storage index"))?;
+        let (id, dtype) = self.storage_of(heap, get(args, 0))?;
         let offset = int(heap, get(args, 1), "storage offset")?;
         self.tensor(heap, Some(id), dtype, offset, get(args, 2), get(args, 3))
     }
@@ -96,11 +92,17 @@ impl TorchInterp<'_> {
                     },
                 )?;
                 let data = get(args, 0);
+                // (data, requires_grad, backward_hooks[, state]): the state
+                // is the parameter's Python attributes.
+                let state = get(args, 3);
+                let attrs = (which == Known::RebuildParameterWithState && has_attrs(heap, state))
+                    .then_some(state);
                 return match heap.torch(data) {
                     Some(TorchObj::Tensor(_) | TorchObj::Sparse { .. }) => {
                         heap.alloc_torch(TorchObj::Parameter {
                             data,
                             requires_grad: truthy(get(args, 1)),
+                            attrs,
                         })
                     }
                     _ => Err(err(format!(
@@ -113,10 +115,20 @@ impl TorchInterp<'_> {
                 arity(args, func, &[4])?;
                 // (func, type, args, state): the tensor is func(*args); the
                 // type and state only decorate it. func is interpreted like
-                // any callable: a foreign function stays inert.
+                // any callable: a foreign function stays inert. A state
+                // with entries is the tensor's Python attributes.
                 let inner = get(args, 0);
                 let inner_args = get(args, 2);
-                return self.call(heap, inner, inner_args);
+                let state = get(args, 3);
+                let made = self.call(heap, inner, inner_args)?;
+                return match heap.torch(made) {
+                    Some(TorchObj::Tensor(meta)) if has_attrs(heap, state) => {
+                        let mut meta = meta.clone();
+                        meta.attrs = Some(state);
+                        heap.alloc_torch(TorchObj::Tensor(meta))
+                    }
+                    _ => Ok(made),
+                };
             }
             Known::RebuildSparse => {
                 arity(args, func, &[2])?;
@@ -187,5 +199,15 @@ impl TorchInterp<'_> {
             components,
             data,
         })
+    }
+}
+
+/// Whether a `_rebuild_from_type_v2` state sets any attribute: a non-empty
+/// dict, or a `(dict, slots)` pair with one.
+fn has_attrs(heap: &Heap, state: Value) -> bool {
+    let filled = |v: Value| heap.dict(v).is_some_and(|d| !d.entries().is_empty());
+    match heap.tuple(state) {
+        Some(&[dict, slots]) => filled(dict) || filled(slots),
+        _ => filled(state),
     }
 }

@@ -78,9 +78,10 @@ impl TorchInterp<'_> {
         id
     }
 
-    pub(super) fn storage_of(&self, heap: &Heap, v: Value) -> Result<usize> {
+    /// The storage `v` references, and the dtype the reference types it as.
+    pub(super) fn storage_of(&self, heap: &Heap, v: Value) -> Result<(usize, DType)> {
         match heap.torch(v) {
-            Some(TorchObj::Storage(id)) => Ok(*id),
+            Some(TorchObj::Storage { index, dtype }) => Ok((*index, *dtype)),
             _ => Err(err(format!(
                 "expected a storage, found {}",
                 describe(heap, v)
@@ -217,6 +218,6 @@ impl TorchInterp<'_> {
         } else {
             id
         };
-        heap.alloc_torch(TorchObj::Storage(id))
+        heap.alloc_torch(TorchObj::Storage { index: id, dtype })
     }
 }

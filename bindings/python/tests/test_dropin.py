@@ -1,0 +1,308 @@
+"""ptload.torch.load where code written for torch.load takes its paths:
+torch's exceptions, weights_only=False, file objects, the default load
+endianness, storages typed per reference, tensor attributes. Each case runs
+torch.load on the same input and holds ptload to what torch did."""
+
+import io
+import mmap
+import os
+import pickle
+import sys
+import warnings
+import zipfile
+
+import pytest
+import torch
+
+import ptload
+import ptload.torch
+from conftest import fixture
+
+warnings.filterwarnings("ignore", category=UserWarning)
+
+
+def torch_raises(source, **kwargs):
+    """The exception torch.load raises on ``source`` (bytes)."""
+    try:
+        torch.load(io.BytesIO(source), **kwargs)
+    except Exception as e:  # noqa: BLE001 - whatever torch raises is the answer
+        return e
+    raise AssertionError("torch.load accepted it")
+
+
+def saved(obj, **kwargs):
+    buf = io.BytesIO()
+    torch.save(obj, buf, **kwargs)
+    return buf.getvalue()
+
+
+def legacy_with_py2_key(value):
+    """A legacy checkpoint of ``{<key>: tensor}`` whose key is a Python 2
+    str (SHORT_BINSTRING) of ``value`` bytes, as Python 2's torch wrote it."""
+    data = saved({"k": torch.arange(3.0)}, _use_new_zipfile_serialization=False)
+    key = b"X\x01\x00\x00\x00k"  # the key as Python 3 pickles it
+    assert data.count(key) == 1
+    return data.replace(key, b"U" + bytes([len(value)]) + value)
+
+
+def sparse_with_bad_indices():
+    """A sparse tensor whose saved indices break its invariants (as torch's
+    test spoofs one): torch validates it on load and raises."""
+    x = torch.zeros(3, 3)
+    x[1][1] = 1
+    x = x.to_sparse()
+
+    class Spoof:
+        def __reduce_ex__(self, proto):
+            bad = x._indices().clone()
+            bad[0][0] = 3
+            return (torch._utils._rebuild_sparse_tensor, (x.layout, (bad, x._values(), x.size())))
+
+    return saved({"s": Spoof()})
+
+
+def truncated_zip():
+    data = saved({"w": torch.ones(4)})
+    return data[: len(data) - 30]
+
+
+def bad_legacy_magic():
+    data = bytearray(saved({"w": torch.ones(4)}, _use_new_zipfile_serialization=False))
+    # The magic number is the first pickle's 10-byte long (\x8a\x0a ...).
+    at = data.index(b"\x8a\x0a") + 2
+    data[at] ^= 0xFF
+    return bytes(data)
+
+
+CASES = {
+    "not a checkpoint": (b"data that is no checkpoint at all", {}),
+    "empty": (b"", {}),
+    "truncated zip": (truncated_zip(), {}),
+    "bad legacy magic number": (bad_legacy_magic(), {}),
+    "invalid sparse tensor": (sparse_with_bad_indices(), {}),
+    "weights-only refusal": (saved({"f": pickle.dumps}), {}),
+    "python 2 str not ascii": (legacy_with_py2_key(b"\xe9t\xe9"), {"encoding": "ascii"}),
+    "python 2 str not utf-8": (legacy_with_py2_key(b"\xe9t\xe9"), {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_errors_are_what_torch_raises(case):
+    """Whatever torch raises for an input, ptload's error is an instance of
+    that class too (and a ptload.Error with its kind)."""
+    source, kwargs = CASES[case]
+    theirs = torch_raises(source, **kwargs)
+    with pytest.raises(ptload.Error) as info:
+        ptload.torch.load(io.BytesIO(source), **kwargs)
+    ours = info.value
+    assert isinstance(ours, type(theirs)), (
+        f"{case}: torch raises {type(theirs).__name__} ({theirs}); ptload's "
+        f"{type(ours).__name__} is not one"
+    )
+    assert ours.kind and type(ours).__module__ == "ptload"
+
+
+def test_invalid_objects_keep_torchs_words():
+    """A sparse tensor torch refuses: torch's message, so tests matching
+    it match ours."""
+    with pytest.raises(RuntimeError, match="size is inconsistent with indices"):
+        ptload.torch.load(io.BytesIO(CASES["invalid sparse tensor"][0]))
+
+
+def test_python2_strings_decode_as_torch_decodes_them():
+    data = legacy_with_py2_key(b"\xe9t\xe9")
+    with pytest.raises(UnicodeDecodeError) as info:
+        ptload.torch.load(io.BytesIO(data), encoding="ascii")
+    assert info.value.encoding == "ascii"
+    for encoding in ("latin1", "bytes"):
+        theirs = torch.load(io.BytesIO(data), encoding=encoding)
+        ours = ptload.torch.load(io.BytesIO(data), encoding=encoding)
+        assert list(ours) == list(theirs)
+        assert torch.equal(next(iter(ours.values())), next(iter(theirs.values())))
+    ascii_key = legacy_with_py2_key(b"key")
+    assert list(ptload.torch.load(io.BytesIO(ascii_key), encoding="ascii")) == ["key"]
+
+
+@pytest.mark.parametrize("name", ["training.ckpt", "whole_module.pt", "training_rng.ckpt"])
+def test_weights_only_false_runs_nothing_and_warns(name):
+    """torch's full unpickler would import and call these files' globals;
+    ptload's weights_only=False gives the tensors torch's full load gave
+    (recorded by fixtures/generate.py) and the rest as inert records, with
+    one warning naming them."""
+    from test_torch_load import expected_tensors, reachable_tensors
+
+    with pytest.warns(UserWarning, match="ptload ran nothing") as record:
+        ours = ptload.torch.load(fixture(name), weights_only=False)
+    assert len([w for w in record if "ptload ran nothing" in str(w.message)]) == 1
+    assert expected_tensors(name) <= reachable_tensors(ours)
+    assert expected_tensors(name)
+
+
+@pytest.mark.parametrize("legacy", [True, False])
+def test_objects_saved_one_after_another_load_in_turn(legacy):
+    """A stream holding a pickle, a checkpoint, a pickle and another
+    checkpoint: each load starts where the stream stands and leaves it just
+    past the checkpoint, so the next object reads. torch does so for legacy
+    files (and ptload stops where torch stops); for zip files torch's reader
+    refuses the first checkpoint there, ptload reads them all."""
+    a, b = torch.randn(5, 5), torch.arange(7)
+    kwargs = {"_use_new_zipfile_serialization": False} if legacy else {}
+    stream = io.BytesIO()
+    pickle.dump(41, stream)
+    torch.save(a, stream, **kwargs)
+    pickle.dump(43, stream)
+    torch.save({"b": b}, stream, **kwargs)
+    ends = {}
+    for loader in (torch.load, ptload.torch.load) if legacy else (ptload.torch.load,):
+        stream.seek(0)
+        got = [pickle.load(stream), loader(stream), pickle.load(stream)]
+        ends[loader] = stream.tell()
+        got.append(loader(stream))
+        assert got[0] == 41 and got[2] == 43
+        assert torch.equal(got[1], a) and torch.equal(got[3]["b"], b)
+        assert stream.tell() == len(stream.getvalue())
+    if legacy:
+        assert ends[torch.load] == ends[ptload.torch.load]
+
+
+def test_two_zip_archives_in_one_stream_give_the_first_as_torch_does():
+    """Two zip checkpoints one after another, read from the start: torch
+    gives the first; so does ptload (whose reader finds an archive from its
+    directory at the end), never the second. A zip followed by other bytes
+    loads, in both."""
+    a = torch.randn(3)
+    stream = io.BytesIO()
+    torch.save(a, stream)
+    torch.save({"b": torch.arange(2)}, stream)
+    data = stream.getvalue()
+    assert torch.equal(torch.load(io.BytesIO(data)), a)
+    assert torch.equal(ptload.torch.load(io.BytesIO(data)), a)
+    with ptload.safe_open(_write(data), framework="pt") as f:
+        assert torch.equal(f.get_tensor(next(iter(f.keys()))), a)
+    junk = saved(a) + b"trailing bytes"
+    assert torch.equal(ptload.torch.load(io.BytesIO(junk)), torch.load(io.BytesIO(junk)))
+
+
+def _write(data):
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".pt")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return path
+
+
+class Tracked(io.BytesIO):
+    """A stream that records which of its methods were called."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.calls = set()
+
+    def readinto(self, view):
+        self.calls.add("readinto")
+        return super().readinto(view)
+
+    def read(self, *args):
+        self.calls.add("read")
+        return super().read(*args)
+
+
+def test_file_objects_are_read_with_readinto_and_must_seek():
+    data = saved({"w": torch.arange(6.0)})
+    stream = Tracked(data)
+    assert torch.equal(ptload.torch.load(stream)["w"], torch.arange(6.0))
+    assert "readinto" in stream.calls and "read" not in stream.calls
+
+    class Unseekable:
+        def __init__(self, data):
+            self.read = io.BytesIO(data).read
+
+    with pytest.raises(AttributeError, match="seekable"):
+        torch.load(Unseekable(data))
+    with pytest.raises(AttributeError, match="You can only torch.load from a file that is seekable"):
+        ptload.torch.load(Unseekable(data))
+
+
+def without_byteorder_record(data):
+    """The archive rewritten without its byteorder record, as torch before
+    1.12 wrote files (entries stored, so storages keep their bytes)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            if not info.filename.endswith("/byteorder"):
+                dst.writestr(info.filename, src.read(info))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("setting", ["NATIVE", "LITTLE", "BIG", None])
+def test_files_without_a_byteorder_record_follow_the_default_endianness(setting):
+    """A zip checkpoint without a byteorder record is read in the order
+    torch.serialization.set_default_load_endianness says, by torch and by
+    ptload alike."""
+    from torch.serialization import LoadEndianness, get_default_load_endianness, set_default_load_endianness
+
+    values = {"d": torch.randn(3, dtype=torch.float64), "i": torch.arange(4, dtype=torch.int32)}
+    data = without_byteorder_record(saved(values))
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        assert not any(n.endswith("byteorder") for n in z.namelist())
+    before = get_default_load_endianness()
+    try:
+        set_default_load_endianness(getattr(LoadEndianness, setting) if setting else None)
+        theirs = torch.load(io.BytesIO(data))
+        ours = ptload.torch.load(io.BytesIO(data))
+    finally:
+        set_default_load_endianness(before)
+    for k in values:
+        assert torch.equal(ours[k], theirs[k]), k
+    big = setting == "BIG" or (setting == "NATIVE" and sys.byteorder == "big")
+    assert torch.equal(ours["i"], values["i"]) != big
+
+
+def test_one_storage_saved_as_two_dtypes():
+    """An empty untyped storage referenced as two dtypes (torch.save allows
+    it when empty): each reference keeps its own dtype, as in torch."""
+    for dtype, other in [(torch.float32, torch.float64), (torch.int8, torch.bool)]:
+        a = torch.tensor([], dtype=dtype)
+        s = torch.TypedStorage(wrap_storage=a.untyped_storage(), dtype=other, _internal=True)
+        for objs in ([a, s], [s, a]):
+            data = saved(objs)
+            theirs = torch.load(io.BytesIO(data))
+            ours = ptload.torch.load(io.BytesIO(data))
+            assert [x.dtype for x in ours] == [x.dtype for x in theirs]
+
+
+def test_tensor_attributes_are_set_as_torch_sets_them():
+    """Python attributes on a tensor or a parameter (t.foo = ...) are saved
+    as its state; torch sets them back, and so does ptload."""
+    t = torch.zeros(3)
+    t.foo, t.pi = "foo", 3.14
+    p = torch.nn.Parameter(torch.ones(2))
+    p.tag = {"layer": 3}
+    data = saved({"t": t, "p": p})
+    for weights_only in (True, False):
+        ours = ptload.torch.load(io.BytesIO(data), weights_only=weights_only)
+        theirs = torch.load(io.BytesIO(data), weights_only=weights_only)
+        for k in ("t", "p"):
+            assert type(ours[k]) is type(theirs[k])
+            assert ours[k].__dict__ == theirs[k].__dict__ != {}
+
+
+def test_shared_mmap_option_writes_through(tmp_path):
+    """With torch's mmap option MAP_SHARED, writing to a tensor loaded with
+    mmap=True writes the file (as torch's do); the default (private) never
+    does."""
+    from torch.serialization import get_default_mmap_options, set_default_mmap_options
+
+    path = tmp_path / "sd.pt"
+    torch.save({"w": torch.arange(4.0)}, path)
+    before = get_default_mmap_options()
+    ptload.torch.load(path, mmap=True)["w"][0] = 42
+    assert torch.load(path)["w"][0] == 0
+    try:
+        set_default_mmap_options(mmap.MAP_SHARED)
+        ptload.torch.load(path, mmap=True)["w"][0] = 42
+    finally:
+        set_default_mmap_options(before)
+    assert torch.load(path)["w"][0] == 42
+    assert os.path.getsize(path) > 0
