@@ -308,8 +308,10 @@ torch.load(sys.argv[1], weights_only=False)
 """
 
 
-@pytest.mark.parametrize("how", ["os.system", "Path.touch"])
-def test_marker_payload_never_runs(tmp_path, spy, how):
+@pytest.mark.parametrize(
+    "how, named", [("os.system", "posix.system"), ("Path.touch", "builtins.getattr")]
+)
+def test_marker_payload_never_runs(tmp_path, spy, how, named):
     model, auto = tiny_model("gpt2")
     repo = tmp_path / "repo"
     save_bin(model, repo)
@@ -321,21 +323,26 @@ def test_marker_payload_never_runs(tmp_path, spy, how):
     assert not marker.exists()
 
     with ptload.patch():
-        with pytest.raises((pickle.UnpicklingError, ptload.Error)):
+        # transformers loads with weights_only=True: refused as torch
+        # refuses it, naming the global.
+        with pytest.raises(pickle.UnpicklingError, match=named.replace(".", r"\.")):
             auto.from_pretrained(repo)
         assert not marker.exists()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                got = torch.load(path, weights_only=False)
-        except (pickle.UnpicklingError, ptload.Error):
-            pass
-        else:
-            assert isinstance(got["evil"], ptload.Inert), type(got["evil"])
-            assert torch.equal(got["transformer.wte.weight"], state["transformer.wte.weight"])
+        # weights_only=False: the object comes back as an inert record,
+        # with one warning, and the weights with it.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = torch.load(path, weights_only=False)
         assert not marker.exists()
-        # The other kwargs transformers and users pass change nothing.
-        with pytest.raises((pickle.UnpicklingError, ptload.Error)):
+        assert isinstance(got["evil"], ptload.Inert), type(got["evil"])
+        assert got["evil"].path == named
+        if how == "os.system":
+            assert got["evil"].args == (f"touch '{marker}'",)
+        said = [str(w.message) for w in caught if "ptload.Inert" in str(w.message)]
+        assert len(said) == 1 and named in said[0], [str(w.message) for w in caught]
+        assert torch.equal(got["transformer.wte.weight"], state["transformer.wte.weight"])
+        # The keywords transformers passes change nothing.
+        with pytest.raises(pickle.UnpicklingError):
             torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     assert spy.count("pytorch_model.bin") >= 3
     assert not marker.exists()
@@ -438,12 +445,21 @@ def test_lightning_checkpoint_refused_as_torch_refuses_it(tmp_path, spy):
     assert len(spy) == 1
 
 
-def test_lightning_whole_checkpoint_equals_torchs(tmp_path, spy):
+@pytest.mark.parametrize("how", ["weights_only=False", "unknown=inert"])
+def test_lightning_whole_checkpoint_equals_torchs(tmp_path, spy, how):
     """Every entry of the Trainer's checkpoint (loops, callbacks, optimizer
     state, hyperparameters) as torch's ``weights_only=False`` gives it."""
     _, _, path = lightning_checkpoint(tmp_path)
     expected = TORCH_LOAD(path, weights_only=False)
-    with ptload.patch(unknown="inert"):
-        got = torch.load(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if how == "weights_only=False":
+            with ptload.patch():
+                got = torch.load(path, weights_only=False)
+        else:
+            with ptload.patch(unknown="inert"):
+                got = torch.load(path)
     assert spy == [path.name]
     assert_same(got, expected)
+    # Nothing came back inert, so nothing was said about it.
+    assert not [w for w in caught if "ptload" in str(w.message)], [str(w.message) for w in caught]
