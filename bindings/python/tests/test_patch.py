@@ -94,7 +94,9 @@ def test_patch_and_unpatch_put_torch_load_back_exactly():
     assert torch.load is TORCH_LOAD and torch.serialization.load is TORCH_LOAD
     ptload.unpatch()  # unpatched already: nothing happens
     assert torch.load is TORCH_LOAD
-    assert isinstance(returned, object)
+    with returned:  # what patch() returned still works as a block
+        pass
+    assert torch.load is TORCH_LOAD
 
 
 def test_patching_twice_is_idempotent():
@@ -188,6 +190,19 @@ def test_patched_torch_load_is_ptloads_and_gives_torchs_answer(tmp_path, spy):
     for got in (by_path, by_str, by_file):
         assert_same(got, expected)
         assert got["tied"].untyped_storage().data_ptr() == got["w"].untyped_storage().data_ptr()
+
+
+def test_arguments_pass_through_unchanged(monkeypatch):
+    seen = []
+    monkeypatch.setattr(ptload.torch, "load", lambda *a, **k: seen.append((a, k)) or "loaded")
+    with ptload.patch(strict=True):
+        got = torch.load("a.pt", "cpu", None, weights_only=False, mmap=True, encoding="latin1")
+        torch.serialization.load("b.pt", strict=False)
+    assert got == "loaded"
+    assert seen == [
+        (("a.pt", "cpu", None), {"weights_only": False, "mmap": True, "encoding": "latin1", "strict": True}),
+        (("b.pt", None, None), {"weights_only": None, "mmap": None, "strict": False}),
+    ]
 
 
 def test_defaults_reach_every_call_and_a_calls_keywords_win(tmp_path, spy):
