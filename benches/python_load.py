@@ -8,7 +8,9 @@ environment: `pip install ./bindings/python`):
 
 Inputs: the committed 20,000-tensor fixture and the 498 MB GPT-2-small-shaped
 state_dict of benches/compare.py (written to DIR, default /tmp/ptload-bench),
-each also converted to safetensors (the tied lm_head once). Every loader is
+each also converted to safetensors (the tied lm_head once), and (CPU only)
+32 tensors of 1.2 MB in the legacy layout, where `mmap=False` is compared
+with torch.load (whose mmap=True refuses legacy files). Every loader is
 timed in this already-started Python, warm page cache, medians of N runs.
 Each load is followed by reading one element of every tensor (`t.view(-1)[0]`
 on non-empty tensors), so a lazy loader cannot win by not building them.
@@ -84,6 +86,37 @@ def cuda_row(path, st, runs):
     return row
 
 
+def legacy_file(out):
+    """32 tensors of 1.2 MB in the legacy layout
+    (``_use_new_zipfile_serialization=False``): each storage's bytes follow
+    an 8-byte header, so none is aligned in the file."""
+    path = os.path.join(out, "legacy32.pt")
+    if not os.path.exists(path):
+        g = torch.Generator().manual_seed(0)
+        sd = {f"t{i}": torch.randn(300, 1000, generator=g) for i in range(32)}
+        torch.save(sd, path, _use_new_zipfile_serialization=False)
+    return path
+
+
+def legacy_row(path, runs):
+    # torch.load(mmap=True) refuses legacy files; the columns that apply.
+    ours, theirs = ptload.torch.load(path, mmap=False), torch.load(path, weights_only=True)
+    assert list(ours) == list(theirs)
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    del ours, theirs
+    row = {
+        "torch.load(weights_only=True) ms": median_ms(
+            lambda: torch.load(path, weights_only=True), runs),
+        "ptload.torch.load ms": median_ms(lambda: ptload.torch.load(path), runs),
+        "ptload.torch.load(mmap=False) ms": median_ms(
+            lambda: ptload.torch.load(path, mmap=False), runs),
+    }
+    row["mmap=False vs torch.load"] = (
+        row["torch.load(weights_only=True) ms"] / row["ptload.torch.load(mmap=False) ms"]
+    )
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=11)
@@ -122,6 +155,9 @@ def main():
         row["vs torch mmap"] = row["torch.load(weights_only=True, mmap=True) ms"] / row["ptload.torch.load ms"]
         row["vs safetensors"] = row["safetensors.torch.load_file ms"] / row["ptload.torch.load ms"]
         results[name] = row
+    if not args.cuda:
+        results["legacy32.pt (32 tensors of 1.2 MB, legacy layout)"] = legacy_row(
+            legacy_file(args.out), args.runs)
     print(json.dumps({
         "info": {
             "date": time.strftime("%Y-%m-%d"),

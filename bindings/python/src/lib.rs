@@ -432,13 +432,15 @@ impl Checkpoint {
     /// bytes), or of a storage `uploaded` put on a GPU. One storage is one
     /// memory block, so tied tensors share it.
     /// `on_cpu`: which storages stay on the host: a list with one bool per
-    /// storage, one bool for all, or None for those saved on `cpu`. A tensor this
+    /// storage, one bool for all, or None for those saved on `cpu`; with
+    /// `host` false the caller reads host storages itself (`shared`: the
+    /// map is shared, writes reach the file). A tensor this
     /// cannot make exactly as torch would (another device, big-endian or
     /// misaligned bytes, a dtype DLPack lacks, quantized, seen as two
     /// dtypes or as a storage object) is None, and so is every other
     /// tensor of its storage: the caller makes those.
     /// `progress` is called with the bytes read so far (`mmap=False`).
-    #[pyo3(signature = (from_dlpack, source, mmap, on_cpu, uploaded=None, progress=None, shared=false))]
+    #[pyo3(signature = (from_dlpack, source, mmap, on_cpu, uploaded=None, progress=None, shared=false, host=true))]
     #[allow(clippy::too_many_arguments)]
     fn torch_tensors<'py>(
         &self,
@@ -450,6 +452,7 @@ impl Checkpoint {
         uploaded: Option<PyRef<'py, Uploaded>>,
         progress: Option<&Bound<'py, PyAny>>,
         shared: bool,
+        host: bool,
     ) -> PyResult<Bound<'py, PyList>> {
         let objects = self
             .inner
@@ -477,7 +480,8 @@ impl Checkpoint {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let on_host = on_cpu.get(i) == Some(&true) && s.file_offset.is_some() && host_order;
+                let on_host =
+                    host && on_cpu.get(i) == Some(&true) && s.file_offset.is_some() && host_order;
                 ((on_host || on_gpu(i).is_some()) && s.nbytes > 0).then(|| (s.dtype, Vec::new()))
             })
             .collect();

@@ -18,6 +18,7 @@ import torch
 
 from . import _graph, _ptload
 from ._errors import (
+    ContainerError,
     DeviceError,
     Error,
     InvalidObjectError,
@@ -199,6 +200,8 @@ class _Storages:
         self.built = {}
         self.typed = {}
         self._roots = None
+        self._file = None
+        self.legacy = ckpt.format() == "legacy"
         self.strict = strict
         self.fallbacks = []
         self.big = ckpt.byte_order() == "big"
@@ -365,6 +368,36 @@ class _Storages:
         self.built[index] = flat
         return flat
 
+    @property
+    def reads_each(self):
+        """``mmap=False`` on a legacy file: each storage is read from the
+        file into memory of its own, as torch reads them (its bytes follow
+        an 8-byte header, so they are rarely aligned, and a copy of the
+        whole file would be copied again)."""
+        return self.mmap is False and self.source_path is not None and self.legacy
+
+    def _read(self, offset, nbytes):
+        """``nbytes`` of the file from ``offset``, into a new tensor."""
+        if self._file is None:
+            self._file = open(self.source_path, "rb")
+        flat = torch.empty(nbytes, dtype=torch.uint8)
+        self._file.seek(offset)
+        done = 0
+        with memoryview(flat.numpy()) as view:
+            while done < nbytes:
+                n = self._file.readinto(view[done:])
+                if not n:
+                    raise ContainerError(f"{self.source_path}: the file shrank while it was read")
+                done += n
+        if self.bar is not None:
+            self.bar.update(nbytes)
+        return flat
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
     def _root_of(self, index):
         """``(root, byte offset)`` when storage ``index`` lies inside
         another storage's bytes: the storage views torch before 0.4 saved
@@ -395,6 +428,8 @@ class _Storages:
         mapped = self.map() if offset is not None and aligned and not swapped else None
         if mapped is not None:
             return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset)
+        if self.reads_each and offset is not None and not swapped:
+            return self._read(offset, nbytes)
         memory = self.memory() if offset is not None and not swapped else None
         if memory is not None:
             # mmap=False: the file read once; storages are views of that copy.
@@ -756,10 +791,17 @@ def _shared_mmap():
 def _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown):
     data = source if path is None else None
     storages = _Storages(ckpt, path, mmap, map_location, strict, bar, data=data)
+    try:
+        return _build_with(ckpt, storages, source, mmap, bar, allowed, unknown)
+    finally:
+        storages.close()
+
+
+def _build_with(ckpt, storages, source, mmap, bar, allowed, unknown):
     # Most tensors are made in one call, as DLPack views of private memory.
     made = ckpt.torch_tensors(
         _from_dlpack, source, mmap is not False, storages.on_cpu, storages.uploaded,
-        _advance(bar), shared=bool(mmap) and _shared_mmap(),
+        _advance(bar), shared=bool(mmap) and _shared_mmap(), host=not storages.reads_each,
     )
 
     def make_leaf(kind, node, objs):

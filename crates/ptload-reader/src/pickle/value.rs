@@ -271,12 +271,15 @@ impl Heap {
     /// that are present, never by a length the file claims.
     pub(crate) fn reserve_for(&mut self, len: usize) {
         // torch's pickles spend about 9 bytes a value.
+        // Room in all, not more room: a file of several pickles (legacy
+        // files have five) reserves once, instead of growing (and copying)
+        // every pool at each pickle.
         let len = len.min(RESERVE_MAX_LEN);
         let objects = len / 8;
-        self.objs.reserve(objects);
-        self.tags.reserve(objects);
-        self.pool.reserve(len / 6);
-        self.text.reserve(len / 4);
+        self.objs.reserve(objects.saturating_sub(self.objs.len()));
+        self.tags.reserve(objects.saturating_sub(self.tags.len()));
+        self.pool.reserve((len / 6).saturating_sub(self.pool.len()));
+        self.text.reserve((len / 4).saturating_sub(self.text.len()));
     }
 
     pub(crate) fn alloc_str(&mut self, s: &str) -> Result<Value> {
