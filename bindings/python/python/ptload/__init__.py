@@ -33,6 +33,7 @@ from ._errors import (
 )
 from ._graph import Global, Inert
 from ._safe import safe_open
+from ._patch import patch, unpatch  # noqa: F401 - torch.load made ptload's, process-wide
 
 __version__ = "0.1.0"
 
