@@ -306,3 +306,63 @@ def test_shared_mmap_option_writes_through(tmp_path):
         set_default_mmap_options(before)
     assert torch.load(path)["w"][0] == 42
     assert os.path.getsize(path) > 0
+
+
+def test_torchs_forcing_variables_are_read(monkeypatch, tmp_path):
+    """TORCH_FORCE_WEIGHTS_ONLY_LOAD makes weights_only=False a refusal, in
+    torch and in ptload; TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD makes an unset
+    weights_only the full load (inert records in ptload)."""
+    import argparse
+
+    path = tmp_path / "ns.pt"
+    torch.save({"args": argparse.Namespace(lr=0.5), "w": torch.ones(2)}, path)
+    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path, weights_only=False)
+    with pytest.raises(pickle.UnpicklingError):
+        ptload.torch.load(path, weights_only=False)
+    monkeypatch.delenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    assert torch.load(path)["args"].lr == 0.5
+    assert ptload.torch.load(path)["args"].lr == 0.5
+
+
+class _TouchPayload:
+    """Pickles as a call of ``Path.touch``, which protocol 2 writes as the
+    result of ``getattr(pathlib.Path, "touch")``."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.path),))
+
+
+def test_a_call_of_a_call_is_recorded_as_one(tmp_path):
+    """The record of ``getattr(Path, "touch")(p)`` says what was called (the
+    result of the getattr call, in ``.callee``); nothing runs."""
+    import pathlib
+
+    marker = tmp_path / "marker"
+    path = tmp_path / "payload.pt"
+    torch.save({"x": _TouchPayload(str(marker))}, path)
+    with pytest.warns(UserWarning, match="ptload ran nothing"):
+        got = ptload.torch.load(path, weights_only=False)["x"]
+    assert not marker.exists()
+    assert isinstance(got, ptload.Inert) and got.callee is not None
+    assert got.callee.path == "builtins.getattr" and got.callee.args[1] == "touch"
+    assert got.args == (pathlib.Path(marker),) and "the result of" in repr(got)
+
+
+def test_paths_come_back_as_pickle_gives_them(tmp_path):
+    import pathlib
+
+    path = tmp_path / "paths.pt"
+    saved_paths = {"p": pathlib.Path("/data/x"), "pure": pathlib.PurePosixPath("a/b"), "w": pathlib.PureWindowsPath("C:/x")}
+    torch.save(saved_paths, path)
+    ours = ptload.torch.load(path, unknown="inert")
+    theirs = torch.load(path, weights_only=False)
+    for k in saved_paths:
+        assert type(ours[k]) is type(theirs[k]) and ours[k] == theirs[k], k

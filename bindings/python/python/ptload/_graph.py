@@ -56,9 +56,9 @@ class Inert:
     called (``module``, ``name``), with what (``args``), and what would
     have been set on it (``state``, ``items``, ``list``). Never called."""
 
-    __slots__ = ("module", "name", "args", "state", "items", "list", "new")
+    __slots__ = ("module", "name", "args", "state", "items", "list", "new", "callee")
 
-    def __init__(self, module, name, args=(), new=False):
+    def __init__(self, module, name, args=(), new=False, callee=None):
         self.module = module
         self.name = name
         self.args = args
@@ -66,13 +66,17 @@ class Inert:
         self.items = {}
         self.list = []
         self.new = new
+        # What was called when it is no global but the result of another
+        # call (``getattr(Path, "touch")(p)``): that call's record.
+        self.callee = callee
 
     @property
     def path(self):
         return f"{self.module}.{self.name}"
 
     def __repr__(self):
-        return f"ptload.Inert({self.path}, args={_short(self.args)}, state={_short(self.state)})"
+        what = self.path if self.callee is None else f"the result of {self.callee!r}"
+        return f"ptload.Inert({what}, args={_short(self.args)}, state={_short(self.state)})"
 
     def __getitem__(self, key):
         return self.items[key]
@@ -123,12 +127,19 @@ def _plain_range(args):
 
 
 def _plain_path(kind):
+    """A path of ``kind``, the concrete class where this system can make it
+    (a saved ``PosixPath`` is a ``PosixPath`` here, as pickle gives it),
+    else its pure form (a ``WindowsPath`` on Linux). Making one does no I/O."""
+
     def make(args):
         import pathlib
 
-        if all(isinstance(a, str) for a in args):
+        if not all(isinstance(a, str) for a in args):
+            return None
+        try:
             return getattr(pathlib, kind)(*args)
-        return None
+        except NotImplementedError:  # WindowsPath on POSIX, PosixPath on Windows
+            return getattr(pathlib, "Pure" + kind)(*args)
 
     return make
 
@@ -211,11 +222,11 @@ PLAIN_TYPES = {
     ("builtins", "range"): _plain_range,
     ("collections", "Counter"): _plain_counter,
     ("collections", "deque"): _plain_deque,
-    ("pathlib", "PosixPath"): _plain_path("PurePosixPath"),
+    ("pathlib", "PosixPath"): _plain_path("PosixPath"),
     ("pathlib", "PurePosixPath"): _plain_path("PurePosixPath"),
-    ("pathlib", "WindowsPath"): _plain_path("PureWindowsPath"),
+    ("pathlib", "WindowsPath"): _plain_path("WindowsPath"),
     ("pathlib", "PureWindowsPath"): _plain_path("PureWindowsPath"),
-    ("pathlib", "Path"): _plain_path("PurePath"),
+    ("pathlib", "Path"): _plain_path("Path"),
     ("datetime", "datetime"): _plain_datetime("datetime"),
     ("datetime", "date"): _plain_datetime("date"),
     ("datetime", "time"): _plain_datetime("time"),
@@ -391,7 +402,7 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
                     return made
             return Inert(module, name, args, new)
         if isinstance(cls, Inert):
-            return Inert(cls.module, cls.name, args, new)
+            return Inert(cls.module, cls.name, args, new, callee=cls)
         if isinstance(cls, type) or callable(cls):
             # An allowed global, resolved: called as pickle would.
             if new:

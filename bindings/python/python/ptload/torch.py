@@ -641,7 +641,7 @@ def load(
     map_location=None,
     pickle_module=None,
     *,
-    weights_only=True,
+    weights_only=None,
     mmap=None,
     encoding=None,
     unknown="error",
@@ -788,10 +788,9 @@ def _load(
     f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding=None,
     placement=None,
 ):
-    # None is torch's default, which is True (wrappers pass None through).
     # False is torch's full unpickler; ptload still runs nothing: what torch
     # would have imported and called comes back as ptload.Inert records.
-    full = weights_only is not None and not weights_only
+    full = not _weights_only(weights_only)
     if unknown not in ("error", "inert"):
         raise ValueError("unknown must be 'error' or 'inert'")
     if full:
@@ -855,6 +854,21 @@ def _load(
     finally:
         if bar is not None:
             bar.close()
+
+
+def _env_flag(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "y", "yes", "true")
+
+
+def _weights_only(asked):
+    """torch.load's reading of ``weights_only``: None is True unless
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set; TORCH_FORCE_WEIGHTS_ONLY_LOAD
+    makes it True whatever was asked."""
+    if _env_flag("TORCH_FORCE_WEIGHTS_ONLY_LOAD"):
+        return True
+    if asked is None:
+        return not _env_flag("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    return bool(asked)
 
 
 def _assumed_byte_order():
