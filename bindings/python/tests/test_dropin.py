@@ -366,3 +366,45 @@ def test_paths_come_back_as_pickle_gives_them(tmp_path):
     theirs = torch.load(path, weights_only=False)
     for k in saved_paths:
         assert type(ours[k]) is type(theirs[k]) and ours[k] == theirs[k], k
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1)),
+    lambda: torch.nn.GRU(4, 3, num_layers=2),
+    lambda: torch.nn.BatchNorm1d(5),
+    lambda: torch.nn.ModuleDict({"a": torch.nn.Conv2d(1, 2, 3), "b": torch.nn.Embedding(4, 2)}),
+])
+def test_a_pickled_modules_record_gives_its_state_dict(make, tmp_path):
+    """torch.save(model) pickles the module; ptload keeps it inert, and the
+    record's state_dict() is the module's own, names, order and values."""
+    torch.manual_seed(0)
+    model = make()
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    with pytest.warns(UserWarning, match="ptload ran nothing"):
+        record = ptload.torch.load(path, weights_only=False)
+    assert isinstance(record, ptload.Inert)
+    ours, theirs = record.state_dict(), model.state_dict()
+    assert list(ours) == list(theirs)
+    assert all(torch.equal(ours[k], theirs[k]) and not ours[k].requires_grad for k in theirs)
+    with pytest.raises(TypeError, match="not a module"):
+        ptload.Inert("x", "y").state_dict()
+
+
+def test_a_module_of_a_class_defined_in_main_gives_torchs_state_dict():
+    """whole_module.pt: a module whose class lives in the writer's
+    __main__ (so torch itself cannot load it here); its record's
+    state_dict() has the names and bytes torch's state_dict() had when
+    fixtures/generate.py wrote the file, non-persistent buffers left out."""
+    import json
+
+    from conftest import EXPECTED
+    from test_torch_load import reachable_tensors
+
+    record = ptload.torch.load(fixture("whole_module.pt"), unknown="inert")
+    ours = record.state_dict()
+    with open(os.path.join(EXPECTED, "whole_module.pt.json")) as fh:
+        expected = json.load(fh)["tensors"]
+    assert list(ours) == [t["name"] for t in expected]
+    for t in expected:
+        assert reachable_tensors(ours[t["name"]]) == {(t["dtype"], tuple(t["shape"]), t["sha256"])}

@@ -212,3 +212,39 @@ def test_what_is_said_of_the_automatic_choices():
     assert not _changed("shard-1.bin: " + out, "model", "auto")
     assert not _changed(named, "auto", "auto")
     assert _changed(strip, None, "auto") and not _changed(strip, "auto", "module.")
+
+
+def test_the_pread_backend_reads_each_storage_into_memory_of_its_own(tmp_path):
+    """backend="pread": the tensors and arrays equal torch's, share a
+    storage as the file's tensors do, and stay as they were when the file
+    is overwritten afterwards (no map behind them)."""
+    import shutil
+
+    import numpy as np
+    import torch
+
+    import ptload
+
+    path = tmp_path / "views.pt"
+    shutil.copy(fixture("views.pt"), path)
+    theirs = torch.load(path, weights_only=True)
+    for framework in ("pt", "numpy"):
+        with ptload.safe_open(path, framework=framework, key=None, backend="pread") as f:
+            got = {k: f.get_tensor(k) for k in f.offset_keys()}
+        for k, t in theirs.items():
+            ours = got[k] if framework == "pt" else torch.from_numpy(np.ascontiguousarray(got[k]))
+            assert torch.equal(ours, t), (framework, k)
+        if framework == "pt":
+            ptrs = {k: v.untyped_storage().data_ptr() for k, v in got.items()}
+            shared = {k: t.untyped_storage().data_ptr() for k, t in theirs.items()}
+            for a in theirs:
+                for b in theirs:
+                    assert (ptrs[a] == ptrs[b]) == (shared[a] == shared[b]), (a, b)
+        with open(path, "r+b") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(0)
+            fh.write(b"\0" * size)
+        for k, t in theirs.items():
+            ours = got[k] if framework == "pt" else torch.from_numpy(np.ascontiguousarray(got[k]))
+            assert torch.equal(ours, t), (framework, k, "changed with the file")
+        shutil.copy(fixture("views.pt"), path)

@@ -87,6 +87,48 @@ class Inert:
     def __len__(self):
         return len(self.list or self.items)
 
+    def state_dict(self, prefix=""):
+        """For the record of a pickled ``nn.Module`` (a class ptload did not
+        build), what the module's ``state_dict()`` would give: parameters,
+        then persistent buffers, then each child's under its name, in the
+        module's order, tensors detached. Walked with a stack, never
+        recursively. A record that is no module raises TypeError."""
+        import collections
+
+        if not _module_state(self):
+            raise TypeError(f"{self.path} is not a module: it has no parameters, buffers or children")
+        out = collections.OrderedDict()
+        stack = [(prefix, self)]
+        seen = set()
+        while stack:
+            at, module = stack.pop()
+            if id(module) in seen:
+                continue  # a module reached twice is saved once, as torch does
+            seen.add(id(module))
+            if isinstance(module, Inert):
+                state = _module_state(module)
+                if state is None:
+                    continue
+                params = state.get("_parameters") or {}
+                buffers = state.get("_buffers") or {}
+                skip = state.get("_non_persistent_buffers_set") or set()
+                children = state.get("_modules") or {}
+                for name, value in params.items():
+                    if value is not None:
+                        out[at + name] = value.detach()
+                for name, value in buffers.items():
+                    if value is not None and name not in skip:
+                        out[at + name] = value.detach()
+                stack.extend(
+                    (f"{at}{name}.", child)
+                    for name, child in reversed(list(children.items()))
+                    if child is not None
+                )
+            elif hasattr(module, "state_dict"):
+                # A module class the caller allowed: built for real.
+                out.update(module.state_dict(prefix=at))
+        return out
+
     def __getattr__(self, attr):
         state = object.__getattribute__(self, "state")
         if isinstance(state, tuple) and len(state) == 2:
@@ -96,6 +138,18 @@ class Inert:
         if isinstance(state, dict) and attr in state:
             return state[attr]
         raise AttributeError(attr)
+
+
+def _module_state(record):
+    """The attribute dict of a pickled ``nn.Module``'s record (its BUILD
+    state, which holds ``_parameters``, ``_buffers`` and ``_modules``), or
+    None."""
+    state = record.state
+    if isinstance(state, tuple) and len(state) == 2:
+        state = state[0]
+    if isinstance(state, dict) and any(k in state for k in ("_parameters", "_buffers", "_modules")):
+        return state
+    return None
 
 
 def _short(value):

@@ -178,6 +178,12 @@ class safe_open:
     gives that tensor-parallel rank's slices, in ``torch.tensor_split``
     semantics, reading only their bytes; unmatched tensors come whole.
     Sets and slices come as copies.
+
+    ``backend``: ``"mmap"`` (tensors view a private map of the file) or
+    ``"pread"`` (each storage is read from the file into memory of its own
+    when first asked for; no tensor holds the map, so a file that changes
+    or goes away afterwards, as on a network file system, cannot reach
+    them).
     """
 
     def __init__(
@@ -205,6 +211,7 @@ class safe_open:
             framework = "pt"
         self._framework = framework
         self._device = device
+        self._pread = backend == "pread"
         self._path = os.fsdecode(os.fspath(path))
         require_file(self._path)
         # One pattern may be given as a string, as `splits` may.
@@ -242,7 +249,7 @@ class safe_open:
         self._index = dict(selected)
         self._storages = self._ckpt.storages()
         self._big = self._ckpt.byte_order() == "big"
-        if self._ckpt.is_mapped():
+        if self._ckpt.is_mapped() and not self._pread:
             with open(self._path, "rb") as fh:
                 if os.fstat(fh.fileno()).st_size:
                     access = _mmap.ACCESS_READ if framework == "numpy" else _mmap.ACCESS_COPY
@@ -357,18 +364,46 @@ class safe_open:
             return _array_from_bytes(self._ckpt.tensor_bytes(index), info)
         dtype = _array_dtype(info)
         size = dtype.itemsize
-        if storage is not None and self._map is not None and not (conj or neg) and quant is None:
+        buffer = self._map
+        if storage is not None and self._pread and not (conj or neg) and quant is None:
+            buffer, base = self._read_storage(storage)
+        else:
+            base = 0
+        if storage is not None and buffer is not None and not (conj or neg) and quant is None:
             file_offset = self._storages[storage][5]
             little = sys.byteorder == "little" and (not self._big or size == 1)
             if file_offset is not None and little and (file_offset + offset * size) % size == 0:
                 return np.ndarray(
                     tuple(shape),
                     dtype=dtype,
-                    buffer=self._map,
-                    offset=file_offset + offset * size,
+                    buffer=buffer,
+                    offset=file_offset - base + offset * size,
                     strides=tuple(s * size for s in stride),
                 )
         return _array_from_bytes(self._ckpt.tensor_bytes(index), info)
+
+    def _read_storage(self, storage):
+        """``backend="pread"``: storage ``storage``'s bytes read from the
+        file into memory of their own (once; arrays of it share them), and
+        the file offset they start at. (None, 0) for a storage whose bytes
+        are not in the file as they are (inflated)."""
+        cache = self.__dict__.setdefault("_read", {})
+        if storage not in cache:
+            _key, _loc, _dtype, _numel, nbytes, file_offset = self._storages[storage]
+            if file_offset is None:
+                cache[storage] = (None, 0)
+            else:
+                data = bytearray(nbytes)
+                with open(self._path, "rb") as fh, memoryview(data) as view:
+                    fh.seek(file_offset)
+                    done = 0
+                    while done < nbytes:
+                        n = fh.readinto(view[done:])
+                        if not n:
+                            raise Error(f"{self._path}: the file shrank while it was read")
+                        done += n
+                cache[storage] = (data, file_offset)
+        return cache[storage]
 
     def _torch(self, index, info):
         import torch
@@ -376,7 +411,12 @@ class safe_open:
         from .torch import _DTYPES, _Storages
 
         if self._torch_storages is None:
-            self._torch_storages = _Storages(self._ckpt, self._path, None, "cpu", False)
+            # pread: each storage read into memory of its own; else views
+            # of a private map.
+            mmap = False if self._pread else None
+            self._torch_storages = _Storages(
+                self._ckpt, self._path, mmap, "cpu", False, pread=self._pread
+            )
         (_name, dtype_name, shape, stride, offset, storage, _rg, conj, neg, quant) = info
         dtype = _DTYPES.get(dtype_name)
         if dtype is None:

@@ -195,9 +195,10 @@ class _Storages:
 
     def __init__(
         self, ckpt, source_path, mmap, map_location, strict, bar=None, only=None, data=None,
-        placement=None,
+        placement=None, pread=False,
     ):
         self.ckpt = ckpt
+        self.pread = pread
         self._names = None
         # The checkpoint's bytes when it came as bytes or a stream: storages
         # are views of one copy of them, as torch's storages of one file
@@ -399,11 +400,11 @@ class _Storages:
 
     @property
     def reads_each(self):
-        """``mmap=False`` on a legacy file: each storage is read from the
-        file into memory of its own, as torch reads them (its bytes follow
-        an 8-byte header, so they are rarely aligned, and a copy of the
-        whole file would be copied again)."""
-        return self.mmap is False and self.source_path is not None and self.legacy
+        """``mmap=False`` on a legacy file, or ``pread``: each storage is
+        read from the file into memory of its own, as torch reads a legacy
+        file's (their bytes follow an 8-byte header, so they are rarely
+        aligned, and a copy of the whole file would be copied again)."""
+        return self.mmap is False and self.source_path is not None and (self.legacy or self.pread)
 
     def _read(self, offset, nbytes):
         """``nbytes`` of the file from ``offset``, into a new tensor."""
