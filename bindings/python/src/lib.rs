@@ -142,58 +142,109 @@ struct Checkpoint {
     inner: Arc<ptload_reader::Checkpoint>,
 }
 
-fn tensor_tuple<'py>(py: Python<'py>, t: &TensorInfo) -> PyResult<Bound<'py, PyTuple>> {
-    let quant: PyObject = match &t.quantization {
-        None => py.None(),
+/// A tensor as the reader describes it: what Python builds it from.
+#[pyclass(frozen, get_all, module = "ptload._ptload")]
+struct TensorRecord {
+    /// Its flattened name (`<node N>` for a tensor the walk did not name).
+    name: String,
+    /// ptload's dtype name (`F32`, `BF16`, `F8_E4M3`...).
+    dtype: &'static str,
+    shape: Vec<u64>,
+    /// In elements.
+    stride: Vec<u64>,
+    /// Into its storage, in elements.
+    offset: u64,
+    /// Index into the storages; None for a meta tensor.
+    storage: Option<usize>,
+    requires_grad: bool,
+    conj: bool,
+    neg: bool,
+    /// For a quantized tensor, how its integers map to values.
+    quantization: Option<Py<QuantRecord>>,
+}
+
+/// A quantized tensor's parameters.
+#[pyclass(frozen, get_all, module = "ptload._ptload")]
+struct QuantRecord {
+    /// `tensor` (one scale and zero point) or `channel` (one per channel
+    /// along `axis`, tensors of the object graph).
+    per: &'static str,
+    /// `qint8`, `quint8`, `qint32`, `quint4x2`, `quint2x4`.
+    kind: &'static str,
+    /// torch's qscheme name.
+    scheme: String,
+    scale: Option<f64>,
+    zero_point: Option<i64>,
+    axis: Option<i64>,
+    /// For packed kinds, the shape of the values (the record's shape is
+    /// the packed bytes').
+    values_shape: Option<Vec<u64>>,
+}
+
+/// A storage: its bytes and where they are.
+#[pyclass(frozen, get_all, module = "ptload._ptload")]
+struct StorageRecord {
+    key: String,
+    /// Where it was saved (`cpu`, `cuda:1`...).
+    location: String,
+    dtype: &'static str,
+    numel: u64,
+    nbytes: u64,
+    /// Where its bytes start in the file; None where they are not there as
+    /// they are (an inflated record).
+    file_offset: Option<u64>,
+}
+
+fn tensor_record(py: Python<'_>, t: &TensorInfo) -> PyResult<TensorRecord> {
+    let quantization = match &t.quantization {
+        None => None,
         Some(Quantization::PerTensor {
             kind,
             scheme,
             scale,
             zero_point,
             values_shape,
-        }) => (
-            "tensor",
-            *kind,
-            scheme.as_str(),
-            *scale,
-            *zero_point,
-            values_shape.clone(),
-        )
-            .into_pyobject(py)?
-            .into_any()
-            .unbind(),
+        }) => Some(QuantRecord {
+            per: "tensor",
+            kind,
+            scheme: scheme.clone(),
+            scale: Some(*scale),
+            zero_point: Some(*zero_point),
+            axis: None,
+            values_shape: values_shape.clone(),
+        }),
         Some(Quantization::PerChannel {
             kind,
             scheme,
             axis,
             values_shape,
-        }) => (
-            "channel",
-            *kind,
-            scheme.as_str(),
-            *axis,
-            values_shape.clone(),
-        )
-            .into_pyobject(py)?
-            .into_any()
-            .unbind(),
-        Some(_) => py.None(),
+        }) => Some(QuantRecord {
+            per: "channel",
+            kind,
+            scheme: scheme.clone(),
+            scale: None,
+            zero_point: None,
+            axis: Some(*axis),
+            values_shape: values_shape.clone(),
+        }),
+        Some(_) => None,
     };
-    PyTuple::new(
-        py,
-        [
-            t.name.as_str().into_pyobject(py)?.into_any(),
-            t.dtype.name().into_pyobject(py)?.into_any(),
-            PyTuple::new(py, &t.shape)?.into_any(),
-            PyTuple::new(py, &t.stride)?.into_any(),
-            t.storage_offset.into_pyobject(py)?.into_any(),
-            t.storage.into_pyobject(py)?.into_any(),
-            t.requires_grad.into_pyobject(py)?.to_owned().into_any(),
-            t.conj.into_pyobject(py)?.to_owned().into_any(),
-            t.neg.into_pyobject(py)?.to_owned().into_any(),
-            quant.into_bound(py),
-        ],
-    )
+    Ok(TensorRecord {
+        name: t.name.clone(),
+        dtype: t.dtype.name(),
+        shape: t.shape.clone(),
+        stride: t.stride.clone(),
+        offset: t.storage_offset,
+        storage: t.storage,
+        requires_grad: t.requires_grad,
+        conj: t.conj,
+        neg: t.neg,
+        quantization: quantization.map(|q| Py::new(py, q)).transpose()?,
+    })
+}
+
+fn tensor_record_bound<'py>(py: Python<'py>, t: &TensorInfo) -> PyResult<Bound<'py, TensorRecord>> {
+    Bound::new(py, tensor_record(py, t)?)
 }
 
 fn node_tuple<'py>(py: Python<'py>, node: &Node) -> PyResult<Bound<'py, PyAny>> {
@@ -345,25 +396,20 @@ impl Checkpoint {
         self.inner.warnings().to_vec()
     }
 
-    /// Storages: (key, location, dtype, numel, nbytes, file_offset or None).
-    fn storages<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let items = self
-            .inner
+    /// The storages, as records.
+    fn storages(&self) -> Vec<StorageRecord> {
+        self.inner
             .storages()
             .iter()
-            .map(|s| {
-                (
-                    s.key.as_str(),
-                    s.location.as_str(),
-                    s.dtype.name(),
-                    s.numel,
-                    s.nbytes,
-                    s.file_offset,
-                )
-                    .into_pyobject(py)
+            .map(|s| StorageRecord {
+                key: s.key.clone(),
+                location: s.location.clone(),
+                dtype: s.dtype.name(),
+                numel: s.numel,
+                nbytes: s.nbytes,
+                file_offset: s.file_offset,
             })
-            .collect::<PyResult<Vec<_>>>()?;
-        PyList::new(py, items)
+            .collect()
     }
 
     /// The names of the tensors viewing each storage (the flattened names
@@ -470,7 +516,7 @@ impl Checkpoint {
         let tensors = objects
             .tensors()
             .iter()
-            .map(|t| tensor_tuple(py, t))
+            .map(|t| tensor_record_bound(py, t))
             .collect::<PyResult<Vec<_>>>()?;
         PyTuple::new(
             py,
@@ -705,7 +751,7 @@ impl Checkpoint {
         let items = self
             .inner
             .tensors()
-            .map(|t| tensor_tuple(py, t.info()))
+            .map(|t| tensor_record_bound(py, t.info()))
             .collect::<PyResult<Vec<_>>>()?;
         PyList::new(py, items)
     }
@@ -953,7 +999,7 @@ impl Selection {
                 let view = self.view(i)?;
                 let mut info = view.info().clone();
                 info.name.clone_from(&self.entries[i].name);
-                tensor_tuple(py, &info)
+                tensor_record_bound(py, &info)
             })
             .collect::<PyResult<Vec<_>>>()?;
         PyList::new(py, items)
@@ -1195,6 +1241,9 @@ fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ptload_reader::Limits::default().max_expanded_view_bytes,
     )?;
     m.add_class::<Checkpoint>()?;
+    m.add_class::<TensorRecord>()?;
+    m.add_class::<QuantRecord>()?;
+    m.add_class::<StorageRecord>()?;
     m.add_class::<Selection>()?;
     m.add_class::<Uploaded>()?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;

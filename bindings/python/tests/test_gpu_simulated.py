@@ -85,7 +85,7 @@ def test_every_storage_goes_to_the_gpu_and_reads_back_as_torch(gpus, name):
         ours = ptload.torch.load(fixture(name), map_location="cuda:0")
     assert_same_object(ours, torch_cpu(name))
     ckpt = _ptload.open(fixture(name))
-    storages = [s for s in ckpt.storages() if s[4] > 0]
+    storages = [s for s in ckpt.storages() if s.nbytes > 0]
     # Every storage that holds bytes became (at least) one device capsule.
     assert len(gpus.devices) >= len(storages) > 0
     assert set(gpus.devices) == {0}
@@ -95,7 +95,7 @@ def test_storages_go_where_they_were_saved(gpus):
     """map_location=None: multi_gpu.pt was saved on cuda:0..cuda:3; each
     storage lands on its device, or stays on the host saying why."""
     ckpt = _ptload.open(fixture("multi_gpu.pt"))
-    locations = [loc for _k, loc, _d, _n, nbytes, _o in ckpt.storages() if nbytes]
+    locations = [s.location for s in ckpt.storages() if s.nbytes]
     saved = [int(loc.split(":")[1]) for loc in locations if loc.startswith("cuda:")]
     assert len(set(saved)) == 4
     with warnings.catch_warnings(record=True) as caught:
@@ -124,7 +124,7 @@ def test_a_dict_moves_one_device_to_another(gpus):
 def test_tutorial_mapper_splits_by_size(gpus):
     """A size threshold: big storages to the GPU, small ones on the CPU."""
     ckpt = _ptload.open(fixture("llama_tiny.pt"))
-    sizes = [s[4] for s in ckpt.storages()]
+    sizes = [s.nbytes for s in ckpt.storages()]
     limit = sorted(sizes)[len(sizes) // 2]
 
     def mapper(storage, location):
@@ -166,7 +166,7 @@ def test_an_exception_while_uploading_comes_out_of_the_call(gpus):
     ``LoadOptions::cancel``, whose stopping mid-file and freeing are tested
     in Rust); the device is usable again at once."""
     ckpt = _ptload.open(fixture("many_tensors.pt"))
-    targets = [(i, 0) for i, s in enumerate(ckpt.storages()) if s[4] > 0]
+    targets = [(i, 0) for i, s in enumerate(ckpt.storages()) if s.nbytes > 0]
 
     def stop(done):
         raise KeyError(f"stopped at {done} bytes")
@@ -191,7 +191,7 @@ def test_load_file_onto_a_gpu_uploads_through_the_pipeline(gpus, name):
     assert list(ours) == list(want) and want
     assert_same_object(ours, want)
     ckpt = _ptload.open(fixture(name))
-    storages = {t[5] for t in ckpt.tensors() if t[5] is not None}
-    holding = {i for i in storages if ckpt.storages()[i][4] > 0}
+    storages = {t.storage for t in ckpt.tensors() if t.storage is not None}
+    holding = {i for i in storages if ckpt.storages()[i].nbytes > 0}
     assert 0 < len(holding) <= len(gpus.devices) <= len(storages)
     assert set(gpus.devices) == {0}

@@ -109,7 +109,7 @@ def test_place_budget_balance_decide_as_the_cli():
 
     ckpt = open_checkpoint(fixture("llama_tiny.pt"))
     names = ckpt.storage_names()
-    sizes = [s[4] for s in ckpt.storages()]
+    sizes = [s.nbytes for s in ckpt.storages()]
     rules = ckpt.placement(place=[("*embed*", "cpu"), ("model.layers.0.*", "cuda:1")])
     for storage_names, decided in zip(names, rules):
         first = storage_names[0]

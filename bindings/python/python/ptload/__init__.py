@@ -7,6 +7,9 @@
   ``ptload.torch.load_file`` and ``ptload.numpy.load_file``: safetensors'
   interface on ``.pt`` / ``.pth`` / ``.bin`` / ``.ckpt`` files.
 - ``ptload.numpy``: numpy arrays without torch installed.
+- ``ptload.patch()``: ``torch.load`` in the process goes through
+  ``ptload.torch.load`` (transformers, Lightning and old code unchanged);
+  ``ptload.unpatch()`` puts torch's back.
 
 Every error is a ``ptload.Error``, of a class per kind that is also the
 exception torch raises in the same case (``ptload.ContainerError`` is a
@@ -54,5 +57,7 @@ __all__ = [
     "Global",
     "Inert",
     "safe_open",
+    "patch",
+    "unpatch",
     "__version__",
 ]

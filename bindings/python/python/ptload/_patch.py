@@ -22,6 +22,7 @@ keeps torch's.
 import functools
 import inspect
 import threading
+from typing import Any
 
 __all__ = ["patch", "unpatch"]
 
@@ -103,7 +104,7 @@ class _Patched:
         return False
 
 
-def patch(**defaults):
+def patch(**defaults: Any) -> "_Patched":
     """Replace ``torch.load`` and ``torch.serialization.load`` with
     :func:`ptload.torch.load`, called with ``defaults`` (ptload's options,
     such as ``unknown="inert"`` or ``allow_globals=[...]``) as well as the
@@ -131,7 +132,7 @@ def _same(a, b):
         return False
 
 
-def unpatch():
+def unpatch() -> None:
     """Put torch's own ``torch.load`` and ``torch.serialization.load``
     back; nothing happens when they are not patched."""
     with _lock:

@@ -9,7 +9,34 @@ class Error(Exception):
     record: Optional[str]
     tensor: Optional[str]
 
-TensorTuple = Tuple[str, str, Tuple[int, ...], Tuple[int, ...], int, Optional[int], bool, bool, bool, Any]
+class QuantRecord:
+    per: str
+    kind: str
+    scheme: str
+    scale: Optional[float]
+    zero_point: Optional[int]
+    axis: Optional[int]
+    values_shape: Optional[List[int]]
+
+class TensorRecord:
+    name: str
+    dtype: str
+    shape: List[int]
+    stride: List[int]
+    offset: int
+    storage: Optional[int]
+    requires_grad: bool
+    conj: bool
+    neg: bool
+    quantization: Optional[QuantRecord]
+
+class StorageRecord:
+    key: str
+    location: str
+    dtype: str
+    numel: int
+    nbytes: int
+    file_offset: Optional[int]
 
 class Checkpoint:
     def format(self) -> str: ...
@@ -17,11 +44,19 @@ class Checkpoint:
     def is_mapped(self) -> bool: ...
     def globals(self) -> List[Tuple[str, str, bool, bool, bool, str, int]]: ...
     def warnings(self) -> List[str]: ...
-    def storages(self) -> List[Tuple[str, str, str, int, int, Optional[int]]]: ...
+    def storages(self) -> List[StorageRecord]: ...
+    def storage_names(self) -> List[List[str]]: ...
+    def placement(
+        self,
+        place: Sequence[Tuple[str, str]] = ...,
+        budget: Optional[Sequence[Tuple[int, int]]] = ...,
+        balance: Optional[int] = ...,
+    ) -> List[Optional[str]]: ...
+    def end_offset(self) -> int: ...
     def off_host(self) -> List[Tuple[int, str]]: ...
     def storage_bytes(self, index: int, swap_unit: int) -> bytes: ...
-    def objects(self) -> Tuple[int, List[Tuple[Any, ...]], List[TensorTuple]]: ...
-    def tensors(self) -> List[TensorTuple]: ...
+    def objects(self) -> Tuple[int, List[Tuple[Any, ...]], List[TensorRecord]]: ...
+    def tensors(self) -> List[TensorRecord]: ...
     def select(
         self, key: str = ..., strip: str = ..., include: Sequence[str] = ..., exclude: Sequence[str] = ...
     ) -> Tuple[List[Tuple[str, int]], List[str]]: ...
@@ -29,11 +64,13 @@ class Checkpoint:
     def torch_tensors(
         self,
         from_dlpack: Any,
-        source: Union[str, bytes],
+        source: Union[str, bytes, bytearray],
         mmap: bool,
         on_cpu: Union[None, bool, Sequence[bool]],
         uploaded: Optional[Uploaded] = ...,
         progress: Optional[Callable[[int], Any]] = ...,
+        shared: bool = ...,
+        host: bool = ...,
     ) -> List[Any]: ...
     def upload(
         self, targets: Sequence[Tuple[int, int]], progress: Optional[Callable[[int], Any]] = ...
@@ -48,7 +85,7 @@ class Uploaded:
 class Selection:
     def decisions(self) -> List[str]: ...
     def files(self) -> List[str]: ...
-    def tensors(self) -> List[TensorTuple]: ...
+    def tensors(self) -> List[TensorRecord]: ...
     def tensor_bytes(self, index: int) -> bytes: ...
 
 def select(
@@ -64,11 +101,12 @@ def select(
 ) -> Selection: ...
 
 def open(
-    source: Union[str, bytes, PathLike],
+    source: Union[str, bytes, bytearray, PathLike],
     *,
     objects: bool = ...,
     in_memory: bool = ...,
     encoding: Optional[str] = ...,
+    byte_order: Optional[str] = ...,
 ) -> Checkpoint: ...
 
 def cuda_device_count() -> int: ...

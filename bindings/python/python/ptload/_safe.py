@@ -11,6 +11,7 @@ torch tensors view a private map. Nothing here imports torch unless
 
 import mmap as _mmap
 import os
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import re
 import sys
 import warnings
@@ -62,29 +63,6 @@ def numpy_dtype(name):
     return None
 
 
-def _tqdm(wanted, stacklevel, **kwargs):
-    """A tqdm bar made with ``kwargs`` when asked for and tqdm is
-    installed; None otherwise (with a warning when tqdm is missing)."""
-    if not wanted:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        warnings.warn(
-            "progress=True needs tqdm: pip install tqdm", UserWarning, stacklevel=stacklevel + 1
-        )
-        return None
-    return tqdm(**kwargs)
-
-
-def _progress(names, wanted, path):
-    """``names``, through a tqdm bar when asked for and tqdm is installed."""
-    bar = _tqdm(
-        wanted, 3, iterable=names, desc=os.path.basename(os.fspath(path)), unit="tensor"
-    )
-    return names if bar is None else bar
-
-
 def _changed(decision, key, strip_prefix):
     """Whether a decision of the reader's automatic options changed what
     the caller gets: not the whole file kept, nor what an explicit key or
@@ -112,19 +90,13 @@ def _in_python(decision):
     return decision.replace("strip-prefix auto:", "strip_prefix auto:")
 
 
-def _byte_bar(wanted, total, name):
-    """A tqdm bar over ``total`` bytes when asked for and tqdm is
-    installed, else None."""
-    return _tqdm(wanted, 4, total=total, desc=name, unit="B", unit_scale=True)
-
-
 def _array_dtype(info):
     """The numpy dtype of a tensor tuple's arrays: packed float4 pairs come
     as their bytes, as torch stores them."""
-    name = info[1]
+    name = info.dtype
     dtype = numpy_dtype("U8" if name == "F4_E2M1_X2" else name)
     if dtype is None:
-        raise Error(f"{info[0]}: numpy has no dtype for {name}")
+        raise Error(f"{info.name}: numpy has no dtype for {name}")
     return dtype
 
 
@@ -133,8 +105,8 @@ def _array_from_bytes(data, info):
     which numpy lacks, widened to complex64 (exactly)."""
     import numpy as np
 
-    shape = tuple(info[2])
-    if info[1] == "C32":
+    shape = tuple(info.shape)
+    if info.dtype == "C32":
         halves = np.frombuffer(data, dtype="<f2").astype("<f4")
         return halves.view("<c8").reshape(shape)
     return np.frombuffer(data, dtype=_array_dtype(info)).reshape(shape)
@@ -147,11 +119,11 @@ class _Slice:
         self._owner = owner
         self._name = name
 
-    def get_shape(self):
-        return list(self._owner._info(self._name)[2])
+    def get_shape(self) -> List[int]:
+        return list(self._owner._info(self._name).shape)
 
-    def get_dtype(self):
-        return self._owner._info(self._name)[1]
+    def get_dtype(self) -> str:
+        return self._owner._info(self._name).dtype
 
     def __getitem__(self, key):
         view = self._owner._view(self._name)
@@ -188,19 +160,19 @@ class safe_open:
 
     def __init__(
         self,
-        path,
-        framework="pt",
-        device="cpu",
+        path: Union[str, "os.PathLike[str]"],
+        framework: str = "pt",
+        device: Any = "cpu",
         *,
-        key="auto",
-        strip_prefix="auto",
-        include=(),
-        exclude=(),
-        shard=None,
-        splits=(),
-        preset=None,
-        backend="mmap",
-    ):
+        key: Optional[str] = "auto",
+        strip_prefix: Optional[str] = "auto",
+        include: Union[str, Iterable[str]] = (),
+        exclude: Union[str, Iterable[str]] = (),
+        shard: Optional[Tuple[int, int]] = None,
+        splits: Union[str, Iterable[str]] = (),
+        preset: Optional[str] = None,
+        backend: str = "mmap",
+    ) -> None:
         if backend not in ("mmap", "pread"):
             raise ValueError(f"backend {backend!r}: 'mmap' or 'pread'")
         if framework in ("np", "numpy"):
@@ -235,7 +207,7 @@ class safe_open:
             )
             self._warn(self._sel.decisions(), key, strip_prefix)
             self._tensors = self._sel.tensors()
-            self._index = {t[0]: i for i, t in enumerate(self._tensors)}
+            self._index = {t.name: i for i, t in enumerate(self._tensors)}
             return
         self._ckpt = open_checkpoint(self._path, objects=False)
         selected, decisions = self._ckpt.select(
@@ -264,25 +236,25 @@ class safe_open:
                 stacklevel=user_stacklevel(),
             )
 
-    def __enter__(self):
+    def __enter__(self) -> "safe_open":
         return self
 
     def __exit__(self, *exc):
         return False
 
-    def keys(self):
+    def keys(self) -> List[str]:
         """The tensors' names, sorted (as safetensors gives them)."""
         return sorted(self._index)
 
-    def offset_keys(self):
+    def offset_keys(self) -> List[str]:
         """The tensors' names in the file's order."""
         return list(self._index)
 
-    def get_tensors(self):
+    def get_tensors(self) -> Dict[str, Any]:
         """Every tensor, ``{name: tensor}`` in the file's order."""
         return {name: self.get_tensor(name) for name in self.offset_keys()}
 
-    def metadata(self):
+    def metadata(self) -> Dict[str, str]:
         return {"format": "pt"}
 
     def _info(self, name):
@@ -291,11 +263,11 @@ class safe_open:
         except KeyError:
             raise KeyError(f"no tensor named {name!r}") from None
 
-    def get_slice(self, name):
+    def get_slice(self, name: str) -> "_Slice":
         self._info(name)
         return _Slice(self, name)
 
-    def get_tensor(self, name):
+    def get_tensor(self, name: str) -> Any:
         view = self._view(name)
         if self._framework == "numpy" or self._uploaded(name):
             return view
@@ -313,7 +285,7 @@ class safe_open:
             return
         import torch
 
-        from .torch import _Storages
+        from ._storages import _Storages
 
         device = self._device
         if isinstance(device, int):
@@ -321,7 +293,7 @@ class safe_open:
         device = torch.device(device)
         if device.type != "cuda":
             return
-        wanted = {self._tensors[i][5] for i in self._index.values()} - {None}
+        wanted = {self._tensors[i].storage for i in self._index.values()} - {None}
         self._torch_storages = _Storages(self._ckpt, self._path, None, device, False, only=wanted)
 
     def _uploaded(self, name):
@@ -329,7 +301,7 @@ class safe_open:
         storages = self._torch_storages
         if storages is None or storages.uploaded is None or self._sel is not None:
             return False
-        storage = self._info(name)[5]
+        storage = self._info(name).storage
         return storage is not None and storages.uploaded.on_device(storage)
 
     def _view(self, name):
@@ -343,24 +315,25 @@ class safe_open:
 
     def _copied(self, data, info):
         """A set's or a rank's tensor: its row-major bytes, as an array."""
-        dtype_name, shape = info[1], tuple(info[2])
+        dtype_name, shape = info.dtype, tuple(info.shape)
         if self._framework == "numpy":
             return _array_from_bytes(data, info)
         import torch
 
-        from .torch import _DTYPES
+        from ._storages import _DTYPES
 
         dtype = _DTYPES.get(dtype_name)
         if dtype is None:
-            raise Error(f"{info[0]}: this torch has no dtype for {dtype_name}")
+            raise Error(f"{info.name}: this torch has no dtype for {dtype_name}")
         flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
         return flat.view(dtype).reshape(shape)
 
     def _numpy(self, index, info):
         import numpy as np
 
-        (_name, dtype_name, shape, stride, offset, storage, _rg, conj, neg, quant) = info
-        if dtype_name == "C32":
+        shape, stride, offset, storage = info.shape, info.stride, info.offset, info.storage
+        conj, neg, quant = info.conj, info.neg, info.quantization
+        if info.dtype == "C32":
             return _array_from_bytes(self._ckpt.tensor_bytes(index), info)
         dtype = _array_dtype(info)
         size = dtype.itemsize
@@ -370,7 +343,7 @@ class safe_open:
         else:
             base = 0
         if storage is not None and buffer is not None and not (conj or neg) and quant is None:
-            file_offset = self._storages[storage][5]
+            file_offset = self._storages[storage].file_offset
             little = sys.byteorder == "little" and (not self._big or size == 1)
             if file_offset is not None and little and (file_offset + offset * size) % size == 0:
                 return np.ndarray(
@@ -389,7 +362,7 @@ class safe_open:
         are not in the file as they are (inflated)."""
         cache = self.__dict__.setdefault("_read", {})
         if storage not in cache:
-            _key, _loc, _dtype, _numel, nbytes, file_offset = self._storages[storage]
+            nbytes, file_offset = self._storages[storage].nbytes, self._storages[storage].file_offset
             if file_offset is None:
                 cache[storage] = (None, 0)
             else:
@@ -408,7 +381,7 @@ class safe_open:
     def _torch(self, index, info):
         import torch
 
-        from .torch import _DTYPES, _Storages
+        from ._storages import _DTYPES, _Storages
 
         if self._torch_storages is None:
             # pread: each storage read into memory of its own; else views
@@ -417,15 +390,15 @@ class safe_open:
             self._torch_storages = _Storages(
                 self._ckpt, self._path, mmap, "cpu", False, pread=self._pread
             )
-        (_name, dtype_name, shape, stride, offset, storage, _rg, conj, neg, quant) = info
-        dtype = _DTYPES.get(dtype_name)
+        shape, stride, offset, storage = info.shape, info.stride, info.offset, info.storage
+        dtype = _DTYPES.get(info.dtype)
         if dtype is None:
-            raise Error(f"{info[0]}: this torch has no dtype for {dtype_name}")
+            raise Error(f"{info.name}: this torch has no dtype for {info.dtype}")
         if storage is None:
             return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
         t = self._torch_storages.tensor(storage, dtype, shape, stride, offset)
-        if conj:
+        if info.conj:
             t = t.conj().resolve_conj()
-        if neg:
+        if info.neg:
             t = t._neg_view().resolve_neg()
         return t

@@ -7,15 +7,31 @@ copies otherwise; bf16 and float8 come as ``ml_dtypes`` arrays. This
 module never imports torch.
 """
 
-from ._safe import _progress, numpy_dtype, safe_open
+import os
+from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple, Union
+
+from ._progress import _progress
+from ._safe import numpy_dtype, safe_open
+
+if TYPE_CHECKING:
+    import numpy
 
 __all__ = ["load_file", "numpy_dtype"]
 
 
 def load_file(
-    path, *, key="auto", strip_prefix="auto", include=(), exclude=(),
-    shard=None, splits=(), preset=None, progress=False, backend="mmap",
-):
+    path: Union[str, "os.PathLike[str]"],
+    *,
+    key: Optional[str] = "auto",
+    strip_prefix: Optional[str] = "auto",
+    include: Union[str, Iterable[str]] = (),
+    exclude: Union[str, Iterable[str]] = (),
+    shard: Optional[Tuple[int, int]] = None,
+    splits: Union[str, Iterable[str]] = (),
+    preset: Optional[str] = None,
+    progress: bool = False,
+    backend: str = "mmap",
+) -> Dict[str, "numpy.ndarray"]:
     """``{name: numpy.ndarray}``, as safetensors.numpy.load_file gives; a
     directory of shards or an index file, and ``shard=(rank, world)`` with
     ``splits``/``preset``, as :class:`ptload.safe_open` takes them.

@@ -9,19 +9,29 @@ bits. Tensors view the file through a private (copy-on-write) map unless
 """
 
 import gc
-import mmap as _mmap
 import os
 import sys
 import warnings
+from typing import IO, Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import torch
 
 from . import _graph, _ptload
+from ._storages import (
+    _DTYPES,
+    _LAYOUTS,
+    _QDTYPES,
+    StorageStandIn,
+    _advance,
+    _cuda_count,
+    _from_dlpack,
+    _shared_mmap,
+    _Storages,
+    _swap_unit,
+    _torch_dtype,
+)
 from ._errors import (
-    ContainerError,
-    DeviceError,
     Error,
-    InvalidObjectError,
     UnsafeGlobalError,
     UnsupportedError,
     open_checkpoint,
@@ -31,509 +41,38 @@ from ._errors import (
 
 __all__ = ["load", "load_file", "StorageStandIn"]
 
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "C32": torch.complex32,
-    "C64": torch.complex64,
-    "C128": torch.complex128,
-    "I8": torch.int8,
-    "I16": torch.int16,
-    "I32": torch.int32,
-    "I64": torch.int64,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-for _name, _attr in [
-    ("U16", "uint16"),
-    ("U32", "uint32"),
-    ("U64", "uint64"),
-    ("F8_E4M3", "float8_e4m3fn"),
-    ("F8_E5M2", "float8_e5m2"),
-    ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
-    ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
-    ("F8_E8M0", "float8_e8m0fnu"),
-    ("F4_E2M1_X2", "float4_e2m1fn_x2"),
-]:
-    if hasattr(torch, _attr):
-        _DTYPES[_name] = getattr(torch, _attr)
-
-_QDTYPES = {
-    "qint8": torch.qint8,
-    "quint8": torch.quint8,
-    "qint32": torch.qint32,
-    "quint4x2": getattr(torch, "quint4x2", None),
-    "quint2x4": getattr(torch, "quint2x4", None),
-}
-
-_LAYOUTS = {
-    "strided": torch.strided,
-    "sparse_coo": torch.sparse_coo,
-    "sparse_csr": torch.sparse_csr,
-    "sparse_csc": torch.sparse_csc,
-    "sparse_bsr": torch.sparse_bsr,
-    "sparse_bsc": torch.sparse_bsc,
-}
-
-
-_from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
-
-
-def _torch_dtype(name):
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise Error(f"torch.{name} is not a dtype this torch knows")
-    return dtype
-
-
-class StorageStandIn:
-    """What a ``map_location`` callable receives instead of a storage: the
-    parts such functions use. Moving it only records where it should go;
-    ptload does the copy (falling back to the host when the GPU is missing
-    or full, with a warning)."""
-
-    __slots__ = ("_nbytes", "device", "_key", "tensors")
-
-    def __init__(self, nbytes, device, key, tensors=()):
-        self._nbytes = nbytes
-        self.device = torch.device(device)
-        self._key = key
-        # The names of the tensors on this storage (torch's callable sees
-        # only the location tag): a mapper can place by layer name.
-        self.tensors = tuple(tensors)
-
-    def size(self):
-        return self._nbytes
-
-    def __len__(self):
-        return self._nbytes
-
-    def nbytes(self):
-        return self._nbytes
-
-    def element_size(self):
-        return 1
-
-    @property
-    def is_cuda(self):
-        return self.device.type == "cuda"
-
-    def cuda(self, device=None, non_blocking=False):
-        if device is None:
-            device = torch.device("cuda", 0)
-        elif isinstance(device, int):
-            device = torch.device("cuda", device)
-        return StorageStandIn(self._nbytes, device, self._key, self.tensors)
-
-    def cpu(self):
-        return StorageStandIn(self._nbytes, "cpu", self._key, self.tensors)
-
-    def to(self, device=None, *args, **kwargs):
-        device = kwargs.get("device", device)
-        if device is None:
-            return self
-        return StorageStandIn(self._nbytes, device, self._key, self.tensors)
-
-    def __repr__(self):
-        return f"StorageStandIn(nbytes={self._nbytes}, device={self.device})"
-
-
-def _placer(map_location, names):
-    """A function (index, key, location, nbytes) -> the device storage
-    ``index`` should go to; ``names(index)`` gives its tensors' names."""
-    if map_location is None:
-        return lambda i, key, loc, n: loc
-    if isinstance(map_location, (str, torch.device)):
-        target = str(map_location)
-        return lambda i, key, loc, n: target
-    if isinstance(map_location, dict):
-        table = {str(k): str(v) for k, v in map_location.items()}
-        return lambda i, key, loc, n: table.get(loc, loc)
-    if callable(map_location):
-
-        def call(i, key, loc, n):
-            result = map_location(StorageStandIn(n, "cpu", key, names(i)), loc)
-            if result is None:
-                return loc
-            if isinstance(result, StorageStandIn):
-                return str(result.device)
-            if isinstance(result, (str, torch.device)):
-                return str(result)
-            if isinstance(result, torch.UntypedStorage) or hasattr(result, "device"):
-                return str(result.device)
-            raise Error(
-                f"map_location returned a {type(result).__name__}; expected the "
-                "storage it was given, a moved storage, or a device"
-            )
-
-        return call
-    raise TypeError(
-        "map_location should be None, a str, a torch.device, a dict or a callable, "
-        f"not {type(map_location).__name__}"
-    )
-
-
-def _cuda_count():
-    """CUDA devices torch can use (0 when torch has none)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _cuda_ordinal(device):
-    """The ordinal of a ``cuda`` device (``cuda`` alone: torch's current one)."""
-    if device.index is not None:
-        return device.index
-    return torch.cuda.current_device() if torch.cuda.is_available() else 0
-
-
-class _Storages:
-    """Each storage of the file once, as a torch ``UntypedStorage`` on its
-    device; built on first use, so tied tensors share one. Storages bound
-    for GPUs are uploaded together first, through ptload-device (with a
-    device as ``map_location``, only those in ``only`` when it is given)."""
-
-    def __init__(
-        self, ckpt, source_path, mmap, map_location, strict, bar=None, only=None, data=None,
-        placement=None, pread=False,
-    ):
-        self.ckpt = ckpt
-        self.pread = pread
-        self._names = None
-        # The checkpoint's bytes when it came as bytes or a stream: storages
-        # are views of one copy of them, as torch's storages of one file
-        # are of its buffer (slices of one storage share its memory).
-        self.data = data
-        self.bar = bar
-        self._infos = None
-        self.built = {}
-        self.typed = {}
-        self._roots = None
-        self._file = None
-        self.legacy = ckpt.format() == "legacy"
-        self.strict = strict
-        self.fallbacks = []
-        self.big = ckpt.byte_order() == "big"
-        self.source_path = source_path
-        self.mmap = mmap
-        self._map = self._memory = None
-        self.uploaded = None
-        self.on_host = set()  # storages kept on the host instead of a GPU
-        placer = _placer(map_location, self.names)
-        self._targets = None
-        if placement is not None:
-            # place/budget/balance decide first; map_location the rest.
-            decided = ckpt.placement(**placement)
-            self._targets = [
-                d if d is not None else placer(n, i[0], i[1], i[4])
-                for n, (d, i) in enumerate(zip(decided, self.infos))
-            ]
-            self.on_cpu = [torch.device(t).type == "cpu" for t in self._targets]
-            wanted = [(i, t) for i, t in enumerate(self._targets) if not self.on_cpu[i]]
-        elif map_location is None:
-            self.on_cpu = None  # each storage where it was saved
-            wanted = [(i, loc) for i, loc in ckpt.off_host()]
-        elif isinstance(map_location, (str, torch.device)):
-            self.on_cpu = torch.device(map_location).type == "cpu"
-            every = range(len(self.infos)) if only is None else sorted(only)
-            wanted = [] if self.on_cpu else [(i, str(map_location)) for i in every]
-        else:
-            # Asked once per storage, in the order torch asks map_location
-            # (the order storages are first met).
-            self._targets = [placer(n, i[0], i[1], i[4]) for n, i in enumerate(self.infos)]
-            self.on_cpu = [torch.device(t).type == "cpu" for t in self._targets]
-            wanted = [(i, t) for i, t in enumerate(self._targets) if not self.on_cpu[i]]
-        self.placer = placer
-        self._upload([(i, torch.device(t)) for i, t in wanted])
-        if self.on_host:
-            if not isinstance(self.on_cpu, list):
-                if self.on_cpu is None:
-                    self.on_cpu = [i[1] == "cpu" for i in self.infos]
-                else:
-                    self.on_cpu = [self.on_cpu] * len(self.infos)
-            for i in self.on_host:
-                self.on_cpu[i] = True
-
-    def _upload(self, wanted):
-        """Storages bound for GPUs: those torch can reach are uploaded at
-        once by ptload-device; the others stay on the host (with a warning,
-        or an error when strict)."""
-        wanted = [(i, d) for i, d in wanted if d.type == "cuda"]
-        if not wanted:
-            return
-        count = _cuda_count()
-        targets = []
-        for i, device in wanted:
-            ordinal = _cuda_ordinal(device)
-            if ordinal < count:
-                targets.append((i, ordinal))
-            elif count == 0:
-                self._fall_back(i, device, "no CUDA device is available")
-            else:
-                self._fall_back(i, device, f"only {count} CUDA device(s) are visible")
-        if not targets or max(o for _, o in targets) >= _ptload.cuda_device_count():
-            return  # the driver is not ptload's to use: torch copies each one
-        self.uploaded = self.ckpt.upload(targets, _advance(self.bar))
-        ordinals = dict(targets)
-        for i, why in self.uploaded.fallbacks():
-            self._fall_back(i, torch.device("cuda", ordinals[i]), why)
-
-    def _fall_back(self, index, device, why):
-        self._refuse_or_note(index, device, why)
-        self.on_host.add(index)
-
-    def _refuse_or_note(self, index, device, why):
-        """A storage that cannot go to ``device``: an error when strict,
-        else noted for the one warning, by its tensors' names."""
-        location = self.infos[index][1]
-        what = _storage_words(self.names(index), self.infos[index][0])
-        if self.strict:
-            raise DeviceError(
-                f"{what} saved on {location} cannot go to {device}: {why} "
-                "(strict=True; pass map_location to choose another device)"
-            )
-        self.fallbacks.append((what, location, str(device), why))
-
-    def names(self, index):
-        """The names of the tensors on storage ``index``."""
-        if self._names is None:
-            self._names = self.ckpt.storage_names()
-        return self._names[index]
-
-    @property
-    def infos(self):
-        """(key, location, dtype, numel, nbytes, file_offset) per storage."""
-        if self._infos is None:
-            self._infos = self.ckpt.storages()
-        return self._infos
-
-    def target(self, index):
-        """The device storage ``index`` goes to."""
-        if self._targets is not None:
-            return self._targets[index]
-        key, location, _dtype, _numel, nbytes, _offset = self.infos[index]
-        return self.placer(index, key, location, nbytes)
-
-    def map(self):
-        """A private, writable map of the file: tensors may be written in
-        place, the file never is. Made on first use."""
-        if self._map is None and self.source_path is not None and self.mmap is not False:
-            if self.ckpt.is_mapped():
-                shared = self.mmap and _shared_mmap()
-                with open(self.source_path, "r+b" if shared else "rb") as fh:
-                    if os.fstat(fh.fileno()).st_size:
-                        access = _mmap.ACCESS_WRITE if shared else _mmap.ACCESS_COPY
-                        self._map = _mmap.mmap(fh.fileno(), 0, access=access)
-        return self._map
-
-    def memory(self):
-        """``mmap=False``: the file read once; bytes or a stream: one
-        writable copy of them. Made on first use."""
-        if self._memory is None and self.data is not None:
-            data = self.data
-            self._memory = data if isinstance(data, bytearray) else bytearray(data)
-        if self._memory is None and self.source_path is not None and self.mmap is False:
-            with open(self.source_path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                memory = bytearray(size)
-                view = memoryview(memory)
-                done = 0
-                while done < size:
-                    n = fh.readinto(view[done:])
-                    if not n:
-                        raise Error(f"{self.source_path}: the file shrank while it was read")
-                    done += n
-                self._memory = memory
-        return self._memory
-
-    def tensor(self, index, dtype, shape, stride, offset):
-        """A tensor over storage ``index``: a strided view of the storage's
-        bytes seen as ``dtype``. Each storage is one torch storage, so tied
-        tensors share it as in torch."""
-        key = (index, dtype)
-        typed = self.typed.get(key)
-        if typed is None:
-            flat = self.flat(index, _swap_unit(dtype))
-            if flat.numel() % dtype.itemsize == 0 and flat.numel():
-                typed = flat.view(dtype)
-            else:
-                typed = flat.untyped_storage()
-            self.typed[key] = typed
-        if isinstance(typed, torch.Tensor):
-            return typed.as_strided(shape, stride, offset)
-        t = torch.empty((0,), dtype=dtype, device=typed.device)
-        t.set_(typed, offset, shape, stride)
-        return t
-
-    def get(self, index, elem_size):
-        """Storage ``index`` as a torch ``UntypedStorage``, on its device;
-        a view of another storage as a slice of that one's."""
-        root = self._root_of(index)
-        if root is not None:
-            start, nbytes = root[1], self.infos[index][4]
-            return self.get(root[0], elem_size)[start : start + nbytes]
-        return self.flat(index, elem_size).untyped_storage()
-
-    def flat(self, index, elem_size):
-        """Storage ``index``'s bytes as a uint8 tensor on its device."""
-        flat = self.built.get(index)
-        if flat is not None:
-            return flat
-        key, location, _dtype, _numel, nbytes, offset = self.infos[index]
-        if self.uploaded is not None and self.uploaded.on_device(index):
-            flat = _from_dlpack(self.uploaded.capsule(index))
-            self.built[index] = flat
-            return flat
-        root = self._root_of(index)
-        if root is not None:
-            # A view of another storage (legacy files): a slice of its
-            # bytes, sharing its memory as torch's storage views do.
-            start = root[1]
-            flat = self.flat(root[0], elem_size)[start : start + nbytes]
-            self.built[index] = flat
-            return flat
-        flat = self._host(index, nbytes, offset, elem_size)
-        if index not in self.on_host:
-            flat = self._place(index, flat, self.target(index))
-        self.built[index] = flat
-        return flat
-
-    @property
-    def reads_each(self):
-        """``mmap=False`` on a legacy file, or ``pread``: each storage is
-        read from the file into memory of its own, as torch reads a legacy
-        file's (their bytes follow an 8-byte header, so they are rarely
-        aligned, and a copy of the whole file would be copied again)."""
-        return self.mmap is False and self.source_path is not None and (self.legacy or self.pread)
-
-    def _read(self, offset, nbytes):
-        """``nbytes`` of the file from ``offset``, into a new tensor."""
-        if self._file is None:
-            self._file = open(self.source_path, "rb")
-        flat = torch.empty(nbytes, dtype=torch.uint8)
-        self._file.seek(offset)
-        done = 0
-        with memoryview(flat.numpy()) as view:
-            while done < nbytes:
-                n = self._file.readinto(view[done:])
-                if not n:
-                    raise ContainerError(f"{self.source_path}: the file shrank while it was read")
-                done += n
-        if self.bar is not None:
-            self.bar.update(nbytes)
-        return flat
-
-    def close(self):
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def _root_of(self, index):
-        """``(root, byte offset)`` when storage ``index`` lies inside
-        another storage's bytes: the storage views torch before 0.4 saved
-        (slices of one storage) in legacy files. None otherwise, and always
-        for zip files, whose storages are records of their own."""
-        if self._roots is None:
-            self._roots = {}
-            if self.ckpt.format() == "legacy":
-                spans = sorted(
-                    (info[5], -info[4], i)
-                    for i, info in enumerate(self.infos)
-                    if info[5] is not None and info[4] > 0
-                )
-                outer = None
-                for start, minus_len, i in spans:
-                    end = start - minus_len
-                    if outer is not None and end <= outer[1]:
-                        self._roots[i] = (outer[2], start - outer[0])
-                    else:
-                        outer = (start, end, i)
-        return self._roots.get(index)
-
-    def _host(self, index, nbytes, offset, elem_size):
-        if nbytes == 0:
-            return torch.empty((0,), dtype=torch.uint8)
-        aligned = offset is not None and offset % max(elem_size, 1) == 0
-        swapped = self.big and elem_size > 1
-        mapped = self.map() if offset is not None and aligned and not swapped else None
-        if mapped is not None:
-            return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset)
-        if self.reads_each and offset is not None and not swapped:
-            return self._read(offset, nbytes)
-        memory = self.memory() if offset is not None and not swapped else None
-        if memory is not None:
-            # mmap=False: the file read once; storages are views of that copy.
-            flat = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes, offset=offset)
-            return flat if aligned else flat.clone()
-        data = self.ckpt.storage_bytes(index, elem_size)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-    def _place(self, index, storage, target):
-        device = torch.device(target)
-        if device.type == "cpu":
-            return storage
-        if device.type == "meta":
-            return torch.empty(storage.numel(), dtype=torch.uint8, device="meta")
-        why = None
-        if device.type == "cuda":
-            if not torch.cuda.is_available():
-                why = "no CUDA device is available"
-            elif (device.index or 0) >= torch.cuda.device_count():
-                why = f"only {torch.cuda.device_count()} CUDA device(s) are visible"
-        else:
-            if device.type not in ("cuda",) and not _device_available(device):
-                why = f"device {device} is not available"
-        if why is None:
-            try:
-                return storage.to(device=device)
-            except torch.cuda.OutOfMemoryError:
-                why = f"{device} is out of memory"
-            except RuntimeError as e:  # an unusable device
-                why = str(e).splitlines()[0]
-        self._refuse_or_note(index, device, why)
-        return storage
-
-
-def _device_available(device):
-    try:
-        torch.empty(0, device=device)
-        return True
-    except (RuntimeError, AssertionError):
-        return False
-
-
-def _swap_unit(dtype):
-    """Bytes reversed together when the file's byte order is not the
-    host's: a complex number's parts one at a time."""
-    return dtype.itemsize // 2 if dtype.is_complex else dtype.itemsize
-
+PathLike = Union[str, "os.PathLike[str]"]
+FileLike = Union[PathLike, bytes, bytearray, memoryview, IO[bytes]]
+DeviceLike = Union[str, int, "torch.device"]
+MapLocation = Union[
+    None, str, "torch.device", Mapping[str, str], Callable[[StorageStandIn, str], Any]
+]
 
 def _tensor(storages, info, objs, qparams):
-    (_name, dtype_name, shape, stride, offset, storage_index, requires_grad, conj, neg, quant) = info
-    dtype = _DTYPES.get(dtype_name)
+    dtype = _DTYPES.get(info.dtype)
     if dtype is None:
-        raise Error(f"dtype {dtype_name} is not known to this torch")
-    if storage_index is None:
-        t = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        raise Error(f"dtype {info.dtype} is not known to this torch")
+    if info.storage is None:
+        t = torch.empty_strided(info.shape, info.stride, dtype=dtype, device="meta")
     else:
-        t = storages.tensor(storage_index, dtype, shape, stride, offset)
-    if quant is not None:
-        t = _quantize(t, quant, objs, qparams)
-    if conj:
+        t = storages.tensor(info.storage, dtype, info.shape, info.stride, info.offset)
+    if info.quantization is not None:
+        t = _quantize(t, info.quantization, objs, qparams)
+    if info.conj:
         t = t.conj()
-    if neg:
+    if info.neg:
         t = t._neg_view()
-    if requires_grad:
+    if info.requires_grad:
         t.requires_grad_(True)
     return t
 
 
 def _quantize(t, quant, objs, qparams):
-    kind = quant[1]
+    kind = quant.kind
     qdtype = _QDTYPES.get(kind)
     if qdtype is None:
         raise Error(f"quantized dtype {kind} is not known to this torch")
-    values_shape = quant[-1]
+    values_shape = quant.values_shape
     shape, stride = t.shape, t.stride()
     if values_shape is not None:
         # Packed kinds: the reader gives the packed bytes; torch's tensor
@@ -546,13 +85,13 @@ def _quantize(t, quant, objs, qparams):
         stride = tuple(reversed(stride))
     # Made empty (one element per channel along the axis), then set over
     # the file's storage: an overlapping view allocates nothing.
-    if quant[0] == "tensor":
-        _, _, scheme, scale, zero_point, _ = quant
+    if quant.per == "tensor":
+        scale, zero_point = quant.scale, quant.zero_point
         q = torch._empty_affine_quantized(
             (0,), scale=scale, zero_point=zero_point, dtype=qdtype, device=t.device
         )
     else:
-        _, _, scheme, axis, _ = quant
+        axis = quant.axis
         scales, zero_points = objs[qparams[0]], objs[qparams[1]]
         small = [1] * len(shape)
         if 0 <= axis < len(shape):
@@ -638,21 +177,21 @@ def _allowed_names(allow_globals):
 
 
 def load(
-    f,
-    map_location=None,
-    pickle_module=None,
+    f: FileLike,
+    map_location: MapLocation = None,
+    pickle_module: Any = None,
     *,
-    weights_only=None,
-    mmap=None,
-    encoding=None,
-    unknown="error",
-    allow_globals=(),
-    strict=False,
-    progress=False,
-    place=None,
-    budget=None,
-    balance=None,
-):
+    weights_only: Optional[bool] = None,
+    mmap: Optional[bool] = None,
+    encoding: Optional[str] = None,
+    unknown: str = "error",
+    allow_globals: Union[str, Iterable[Any]] = (),
+    strict: bool = False,
+    progress: bool = False,
+    place: Union[Mapping[str, DeviceLike], Iterable[Tuple[str, DeviceLike]], None] = None,
+    budget: Union[float, int, None] = None,
+    balance: Optional[int] = None,
+) -> Any:
     """Load a checkpoint as ``torch.load(f, map_location, weights_only=True)``
     would, without running anything the file names.
 
@@ -778,13 +317,6 @@ def _placement(map_location, place, budget, balance):
     return out
 
 
-def _advance(bar):
-    """A callable that moves ``bar`` to the bytes done so far, or None."""
-    if bar is None:
-        return None
-    return lambda done: bar.update(done - bar.n)
-
-
 def _load(
     f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding=None,
     placement=None,
@@ -846,7 +378,7 @@ def _load(
         )
     bar = None
     if progress:
-        from ._safe import _byte_bar
+        from ._progress import _byte_bar
 
         total = os.path.getsize(path) if path is not None else len(source)
         bar = _byte_bar(progress, total, os.path.basename(path) if path else "checkpoint")
@@ -884,15 +416,6 @@ def _assumed_byte_order():
     if name == "native":
         return sys.byteorder
     return "big" if name == "big" else "little"
-
-
-def _shared_mmap():
-    """Whether torch's mmap option is MAP_SHARED
-    (``torch.serialization.set_default_mmap_options``): writes to loaded
-    tensors then reach the file."""
-    get = getattr(torch.serialization, "get_default_mmap_options", None)
-    shared = getattr(_mmap, "MAP_SHARED", None)
-    return get is not None and shared is not None and get() == shared
 
 
 def _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown, placement=None):
@@ -958,15 +481,6 @@ def _build_with(ckpt, storages, source, mmap, bar, allowed, unknown):
     return result
 
 
-def _storage_words(names, key):
-    """A storage as its user knows it: by the tensors on it (a legacy
-    file's storage keys are memory addresses)."""
-    if not names:
-        return f"storage {key}"
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return f"{shown} (storage {key})" if len(names) == 1 else f"{shown} (one storage, key {key})"
-
-
 def _warn_fallbacks(fallbacks):
     first = fallbacks[0]
     more = f" (and {len(fallbacks) - 1} more storages)" if len(fallbacks) > 1 else ""
@@ -979,9 +493,19 @@ def _warn_fallbacks(fallbacks):
 
 
 def load_file(
-    path, device="cpu", *, key="auto", strip_prefix="auto", include=(), exclude=(),
-    shard=None, splits=(), preset=None, progress=False, backend="mmap",
-):
+    path: PathLike,
+    device: DeviceLike = "cpu",
+    *,
+    key: Optional[str] = "auto",
+    strip_prefix: Optional[str] = "auto",
+    include: Union[str, Iterable[str]] = (),
+    exclude: Union[str, Iterable[str]] = (),
+    shard: Optional[Tuple[int, int]] = None,
+    splits: Union[str, Iterable[str]] = (),
+    preset: Optional[str] = None,
+    progress: bool = False,
+    backend: str = "mmap",
+) -> Dict[str, "torch.Tensor"]:
     """safetensors' ``load_file`` on a torch checkpoint: ``{name: tensor}``,
     the state dict the CLI would take (``key``/``strip_prefix`` as in
     ``ptload convert``; what ``auto`` decided is printed as a warning when
@@ -991,7 +515,8 @@ def load_file(
     one file's selected storages are uploaded at once by ptload-device, as
     :func:`load` uploads them. ``progress=True``
     shows a tqdm bar over the tensors when tqdm is installed."""
-    from ._safe import _progress, safe_open
+    from ._progress import _progress
+    from ._safe import safe_open
 
     with safe_open(
         path, framework="pt", device=device, key=key, strip_prefix=strip_prefix,
