@@ -449,6 +449,10 @@ class _Storages:
             # mmap=False: the file read once; storages are views of that copy.
             flat = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes, offset=offset)
             return flat if aligned else flat.clone()
+        if offset is not None and not swapped and self.source_path is not None:
+            # Misaligned in a mapped file (a legacy file's storages): read
+            # into memory of its own, one copy.
+            return self._read(offset, nbytes)
         data = self.ckpt.storage_bytes(index, elem_size)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
