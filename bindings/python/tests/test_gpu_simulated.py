@@ -15,6 +15,7 @@ import warnings
 import pytest
 import torch
 
+import ptload._storages
 import ptload.torch
 from conftest import fixture
 from ptload import _ptload
@@ -64,8 +65,9 @@ def gpus(monkeypatch):
     count = _ptload.cuda_device_count()
     assert count >= 1, "the simulated driver was not loaded"
     consumer = Consumer()
-    monkeypatch.setattr(ptload.torch, "_cuda_count", lambda: count)
-    monkeypatch.setattr(ptload.torch, "_from_dlpack", consumer)
+    for module in (ptload.torch, ptload._storages):
+        monkeypatch.setattr(module, "_cuda_count", lambda: count)
+        monkeypatch.setattr(module, "_from_dlpack", consumer)
     consumer.count = count
     return consumer
 
