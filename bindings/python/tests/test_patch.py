@@ -7,8 +7,10 @@ the loading; a checkpoint whose pickle would touch a marker file, which
 ptload never creates while torch's own ``weights_only=False`` does; and
 ``patch``/``unpatch`` putting torch's function back exactly.
 
-transformers and Lightning are required: a missing one fails its tests
-(CI installs both); nothing here is skipped.
+diffusers' ``from_pretrained`` on a ``.bin`` model and its state-dict
+reader on a ``.ckpt`` too. transformers, Lightning and diffusers are
+required: a missing one fails its tests (CI installs them); nothing here
+is skipped.
 """
 
 import argparse
@@ -478,3 +480,41 @@ def test_lightning_whole_checkpoint_equals_torchs(tmp_path, spy, how):
     assert_same(got, expected)
     # Nothing came back inert, so nothing was said about it.
     assert not [w for w in caught if "ptload" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_diffusers_reads_bin_and_ckpt_files_through_patch(tmp_path, spy):
+    """diffusers' from_pretrained on a model saved as
+    diffusion_pytorch_model.bin, and the state-dict reader its single-file
+    loading uses on a .ckpt, go through ptload under patch(): the same
+    outputs, the same tensors, ptload did the reading."""
+    diffusers = need("diffusers")
+    from diffusers.models.model_loading_utils import load_state_dict
+
+    torch.manual_seed(0)
+    unet = diffusers.UNet2DModel(
+        sample_size=8, in_channels=1, out_channels=1, layers_per_block=1,
+        block_out_channels=(8, 16), down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"), norm_num_groups=4,
+    )
+    unet.save_pretrained(tmp_path, safe_serialization=False)
+    assert (tmp_path / "diffusion_pytorch_model.bin").exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with ptload.patch():
+            loaded = diffusers.UNet2DModel.from_pretrained(tmp_path)
+    assert spy == ["diffusion_pytorch_model.bin"]
+    x = torch.randn(1, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(loaded(x, 1).sample, unet(x, 1).sample)
+    fresh = diffusers.UNet2DModel.from_config(unet.config)
+    with torch.no_grad():
+        assert not torch.equal(fresh(x, 1).sample, unet(x, 1).sample)
+    ckpt = tmp_path / "model.ckpt"
+    torch.save({"state_dict": unet.state_dict(), "global_step": 7}, ckpt)
+    with ptload.patch():
+        state = load_state_dict(str(ckpt))
+    assert spy[-1] == "model.ckpt"
+    assert state["global_step"] == 7
+    theirs = unet.state_dict()
+    assert list(state["state_dict"]) == list(theirs)
+    assert all(torch.equal(state["state_dict"][k], theirs[k]) for k in theirs)
