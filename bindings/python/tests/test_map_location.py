@@ -172,3 +172,27 @@ def test_a_mapper_can_place_by_tensor_name():
 
     assert sorted(seen) == sorted(tuple(n) for n in open_checkpoint(fixture("llama_tiny.pt")).storage_names())
     assert all(ours[k].device.type == "cpu" for k in ours)
+
+
+@pytest.mark.parametrize("form", ["dict of devices", "callable returns str", "callable returns device", "storage.to(positional)"])
+def test_forms_torch_refuses_are_accepted_with_one_warning(form):
+    """map_location forms torch.load raises TypeError for: ptload places
+    as asked, and says once per load that torch would raise, so code
+    headed back to torch is told."""
+    mapper = {
+        "dict of devices": {"cpu": torch.device("cpu")},
+        "callable returns str": lambda s, loc: "cpu",
+        "callable returns device": lambda s, loc: torch.device("cpu"),
+        "storage.to(positional)": lambda s, loc: s.to("cpu"),
+    }[form]
+    with pytest.raises(TypeError):
+        torch.load(fixture("llama_tiny.pt"), map_location=mapper, weights_only=True)
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="torch.load raises TypeError") as record:
+            ours = ptload.torch.load(fixture("llama_tiny.pt"), map_location=mapper)
+        assert len([w for w in record if "TypeError" in str(w.message)]) == 1
+    theirs = torch.load(fixture("llama_tiny.pt"), weights_only=True)
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ptload.torch.load(fixture("llama_tiny.pt"), map_location=lambda s, loc: s.to(device="cpu"))

@@ -5,11 +5,12 @@ its placement chose, tied tensors sharing it; the dtype tables and what a
 
 import mmap as _mmap
 import os
+import warnings
 
 import torch
 
 from . import _ptload
-from ._errors import ContainerError, DeviceError, Error
+from ._errors import ContainerError, DeviceError, Error, user_stacklevel
 
 __all__ = ["StorageStandIn"]
 
@@ -112,8 +113,12 @@ class StorageStandIn:
     def cpu(self):
         return StorageStandIn(self._nbytes, "cpu", self._key, self.tensors)
 
-    def to(self, device=None, *args, **kwargs):
-        device = kwargs.get("device", device)
+    def to(self, *args, **kwargs):
+        # torch's storage.to takes the device by keyword only.
+        if args:
+            _lenient("storage.to(device) with the device given by position (torch's "
+                     "storage.to takes device= by keyword)")
+        device = kwargs.get("device", args[0] if args else None)
         if device is None:
             return self
         return StorageStandIn(self._nbytes, device, self._key, self.tensors)
@@ -131,6 +136,8 @@ def _placer(map_location, names):
         target = str(map_location)
         return lambda i, key, loc, n: target
     if isinstance(map_location, dict):
+        if not all(isinstance(v, str) for v in map_location.values()):
+            _lenient("a map_location dict whose values are not strings (torch.device values)")
         table = {str(k): str(v) for k, v in map_location.items()}
         return lambda i, key, loc, n: table.get(loc, loc)
     if callable(map_location):
@@ -142,6 +149,10 @@ def _placer(map_location, names):
             if isinstance(result, StorageStandIn):
                 return str(result.device)
             if isinstance(result, (str, torch.device)):
+                _lenient(
+                    f"a map_location callable that returns a {type(result).__name__} "
+                    "instead of a storage"
+                )
                 return str(result)
             if isinstance(result, torch.UntypedStorage) or hasattr(result, "device"):
                 return str(result.device)
@@ -155,6 +166,23 @@ def _placer(map_location, names):
         "map_location should be None, a str, a torch.device, a dict or a callable, "
         f"not {type(map_location).__name__}"
     )
+
+
+def _lenient(what):
+    """ptload accepts ``what`` where torch.load raises TypeError: said once
+    per load (``_lenient.said`` is reset at each), so code that will also
+    run under torch is told."""
+    if what in _lenient.said:
+        return
+    _lenient.said.add(what)
+    warnings.warn(
+        f"ptload accepts {what}, but torch.load raises TypeError for it",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )
+
+
+_lenient.said = set()
 
 
 def _cuda_count():

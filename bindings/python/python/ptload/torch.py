@@ -25,6 +25,7 @@ from ._storages import (
     _advance,
     _cuda_count,
     _from_dlpack,
+    _lenient,
     _shared_mmap,
     _Storages,
     _swap_unit,
@@ -420,6 +421,7 @@ def _assumed_byte_order():
 
 def _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown, placement=None):
     data = source if path is None else None
+    _lenient.said.clear()
     storages = _Storages(
         ckpt, path, mmap, map_location, strict, bar, data=data, placement=placement
     )
