@@ -171,14 +171,8 @@ impl Memory {
         // The file changing underneath changes the bytes tensors see (as
         // with torch's own map) but never the map's length or validity;
         // every view is checked against `len` before it is made.
-        let mut map = unsafe { memmap2::MmapOptions::new().map_copy(&file)? };
-        let ptr = map.as_mut_ptr();
-        let len = map.len();
-        Ok(Memory {
-            ptr,
-            len,
-            _keep: Keep::Map(map),
-        })
+        let map = unsafe { memmap2::MmapOptions::new().map_copy(&file)? };
+        Ok(Memory::of_map(map))
     }
 
     /// A shared, writable map of `path` (torch's `MAP_SHARED` mmap
@@ -191,14 +185,18 @@ impl Memory {
         // SAFETY: a MAP_SHARED map the caller asked for by choosing torch's
         // shared mmap option: writes go to the file, as torch's do. The
         // length is fixed at map time and every view is checked against it.
-        let mut map = unsafe { memmap2::MmapOptions::new().map_mut(&file)? };
+        let map = unsafe { memmap2::MmapOptions::new().map_mut(&file)? };
+        Ok(Memory::of_map(map))
+    }
+
+    fn of_map(mut map: memmap2::MmapMut) -> Memory {
         let ptr = map.as_mut_ptr();
         let len = map.len();
-        Ok(Memory {
+        Memory {
             ptr,
             len,
             _keep: Keep::Map(map),
-        })
+        }
     }
 
     /// `path` read once into aligned memory, in pieces: each one's length

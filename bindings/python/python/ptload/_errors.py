@@ -29,6 +29,7 @@ __all__ = [
     "InvalidObjectError",
     "IoError",
     "from_reader",
+    "read_at",
     "open_checkpoint",
 ]
 
@@ -254,6 +255,19 @@ def read_stream(f):
     if done < size:
         del data[done:]  # the stream ended early (it shrank)
     return data, start
+
+
+def read_at(fh, offset, view, path):
+    """Fill ``view`` (a writable buffer) from the binary file ``fh`` at
+    ``offset``; a file that ends first (it shrank while it was read) is a
+    ContainerError naming ``path``."""
+    fh.seek(offset)
+    done, size = 0, len(view)
+    while done < size:
+        n = fh.readinto(view[done:])
+        if not n:
+            raise ContainerError(f"{path}: the file shrank while it was read")
+        done += n
 
 
 def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None, byte_order=None):

@@ -16,7 +16,7 @@ import re
 import sys
 import warnings
 
-from ._errors import Error, open_checkpoint, require_file, user_stacklevel
+from ._errors import Error, open_checkpoint, read_at, require_file, user_stacklevel
 
 __all__ = ["safe_open", "numpy_dtype"]
 
@@ -368,13 +368,7 @@ class safe_open:
             else:
                 data = bytearray(nbytes)
                 with open(self._path, "rb") as fh, memoryview(data) as view:
-                    fh.seek(file_offset)
-                    done = 0
-                    while done < nbytes:
-                        n = fh.readinto(view[done:])
-                        if not n:
-                            raise Error(f"{self._path}: the file shrank while it was read")
-                        done += n
+                    read_at(fh, file_offset, view, self._path)
                 cache[storage] = (data, file_offset)
         return cache[storage]
 

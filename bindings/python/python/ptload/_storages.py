@@ -10,7 +10,7 @@ import warnings
 import torch
 
 from . import _ptload
-from ._errors import ContainerError, DeviceError, Error, user_stacklevel
+from ._errors import DeviceError, Error, read_at, user_stacklevel
 
 __all__ = ["StorageStandIn"]
 
@@ -346,15 +346,9 @@ class _Storages:
             self._memory = data if isinstance(data, bytearray) else bytearray(data)
         if self._memory is None and self.source_path is not None and self.mmap is False:
             with open(self.source_path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                memory = bytearray(size)
-                view = memoryview(memory)
-                done = 0
-                while done < size:
-                    n = fh.readinto(view[done:])
-                    if not n:
-                        raise Error(f"{self.source_path}: the file shrank while it was read")
-                    done += n
+                memory = bytearray(os.fstat(fh.fileno()).st_size)
+                with memoryview(memory) as view:
+                    read_at(fh, 0, view, self.source_path)
                 self._memory = memory
         return self._memory
 
@@ -423,14 +417,8 @@ class _Storages:
         if self._file is None:
             self._file = open(self.source_path, "rb")
         flat = torch.empty(nbytes, dtype=torch.uint8)
-        self._file.seek(offset)
-        done = 0
         with memoryview(flat.numpy()) as view:
-            while done < nbytes:
-                n = self._file.readinto(view[done:])
-                if not n:
-                    raise ContainerError(f"{self.source_path}: the file shrank while it was read")
-                done += n
+            read_at(self._file, offset, view, self.source_path)
         if self.bar is not None:
             self.bar.update(nbytes)
         return flat
