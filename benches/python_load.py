@@ -66,6 +66,21 @@ def median_ms(fn, runs, cuda=False):
     return statistics.median(times)
 
 
+def interleaved_ms(fns, runs):
+    """Median ms of each of ``fns`` (name -> loader), runs taken in turn:
+    one of each, then again; each followed by the element read."""
+    times = {name: [] for name in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            gc.collect()
+            start = time.perf_counter()
+            result = fn()
+            touch(result)
+            times[name].append((time.perf_counter() - start) * 1000)
+            del result
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def cuda_row(path, st, runs):
     ours = ptload.torch.load(path, map_location="cuda")
     theirs = torch.load(path, weights_only=True, map_location="cuda")
@@ -104,13 +119,13 @@ def legacy_row(path, runs):
     assert list(ours) == list(theirs)
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
     del ours, theirs
-    row = {
-        "torch.load(weights_only=True) ms": median_ms(
-            lambda: torch.load(path, weights_only=True), runs),
-        "ptload.torch.load ms": median_ms(lambda: ptload.torch.load(path), runs),
-        "ptload.torch.load(mmap=False) ms": median_ms(
-            lambda: ptload.torch.load(path, mmap=False), runs),
-    }
+    # A few ms each: interleaved, so a busy moment of the machine falls on
+    # every loader alike.
+    row = interleaved_ms({
+        "torch.load(weights_only=True) ms": lambda: torch.load(path, weights_only=True),
+        "ptload.torch.load ms": lambda: ptload.torch.load(path),
+        "ptload.torch.load(mmap=False) ms": lambda: ptload.torch.load(path, mmap=False),
+    }, runs)
     row["mmap=False vs torch.load"] = (
         row["torch.load(weights_only=True) ms"] / row["ptload.torch.load(mmap=False) ms"]
     )

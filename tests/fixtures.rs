@@ -370,3 +370,52 @@ fn a_huge_legacy_file_opens_like_a_small_one() {
         assert_eq!(a.data().unwrap(), b.data().unwrap(), "{}", a.name());
     }
 }
+
+/// `deflated.pt` with the deflated bytes of `record` damaged: found from
+/// the local header that names it.
+fn with_damaged_record(record: &str) -> Vec<u8> {
+    let mut bytes = std::fs::read(root().join("files/deflated.pt")).unwrap();
+    let name = record.as_bytes();
+    let at = (30..bytes.len() - name.len())
+        .find(|&i| &bytes[i..i + name.len()] == name && bytes[i - 30..i - 26] == *b"PK\x03\x04")
+        .expect("a local header names the record");
+    let header = at - 30;
+    let extra = u16::from_le_bytes([bytes[header + 28], bytes[header + 29]]) as usize;
+    let compressed =
+        u32::from_le_bytes(bytes[header + 18..header + 22].try_into().unwrap()) as usize;
+    let start = at + name.len() + extra;
+    for b in &mut bytes[start..start + compressed] {
+        *b ^= 0x5a;
+    }
+    bytes
+}
+
+#[test]
+fn deflated_storages_are_inflated_when_read_not_at_open() {
+    // A repacked archive with deflated storage records: opening it (what
+    // inspect and scan do) inflates none of them, so a damaged one is only
+    // an error for the tensors that read it.
+    let whole = Checkpoint::open(root().join("files/deflated.pt")).unwrap();
+    let victim = whole.storages()[0].record.clone().expect("a zip record");
+    let ckpt = Checkpoint::from_bytes(with_damaged_record(&victim)).expect("opens");
+    assert_eq!(ckpt.len(), whole.len());
+    let mut failed = 0;
+    for (ours, theirs) in ckpt.tensors().zip(whole.tensors()) {
+        assert_eq!(ours.name(), theirs.name());
+        assert_eq!(ours.info(), theirs.info());
+        if ours.info().storage == Some(0) {
+            let e = ours.data().expect_err("the damaged record");
+            assert_eq!(e.kind(), ErrorKind::Zip, "{e}");
+            assert_eq!(e.record(), Some(victim.as_str()), "{e}");
+            failed += 1;
+        } else {
+            assert_eq!(
+                ours.data().unwrap(),
+                theirs.data().unwrap(),
+                "{}",
+                ours.name()
+            );
+        }
+    }
+    assert!(failed > 0);
+}

@@ -144,7 +144,10 @@ impl OpenOptions {
 #[derive(Debug)]
 pub struct Checkpoint {
     source: Source,
-    owned: Vec<Vec<u8>>,
+    /// Deflated storage records (repacked archives; torch writes none),
+    /// each inflated when first read: opening, `inspect` and `scan` never
+    /// pay for data they do not read.
+    inflated: Vec<Inflated>,
     format: Format,
     byte_order: ByteOrder,
     pickle_protocol: u8,
@@ -162,6 +165,24 @@ pub struct Checkpoint {
     /// their pages before they read them.
     scattered: std::sync::atomic::AtomicBool,
     end: u64,
+}
+
+/// A deflated storage record and, once read, its bytes.
+#[derive(Debug)]
+struct Inflated {
+    record: crate::container::zip::Deflated,
+    bytes: std::sync::OnceLock<Vec<u8>>,
+}
+
+impl Inflated {
+    fn bytes(&self, file: &[u8]) -> Result<&[u8]> {
+        if let Some(done) = self.bytes.get() {
+            return Ok(done);
+        }
+        let made = self.record.inflate(file)?;
+        // Two threads may inflate at once; the first to finish is kept.
+        Ok(self.bytes.get_or_init(|| made))
+    }
 }
 
 /// Torch names the first global it refuses; a user fixing a file one
@@ -255,7 +276,7 @@ impl Checkpoint {
         if walked.tensors.len() > opts.limits.max_tensors {
             return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));
         }
-        let mut owned = Vec::new();
+        let mut inflated = Vec::new();
         let storages: Vec<StorageInfo> = decoded
             .storages
             .into_iter()
@@ -264,9 +285,12 @@ impl Checkpoint {
                 let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
                 let data = match bytes {
                     StorageBytes::File(offset) => StorageData::File(offset),
-                    StorageBytes::Inflated(bytes) => {
-                        owned.push(bytes);
-                        StorageData::Owned(owned.len() - 1)
+                    StorageBytes::Deflated(record) => {
+                        inflated.push(Inflated {
+                            record,
+                            bytes: std::sync::OnceLock::new(),
+                        });
+                        StorageData::Owned(inflated.len() - 1)
                     }
                 };
                 StorageInfo {
@@ -357,7 +381,7 @@ impl Checkpoint {
         let end = decoded.end;
         Ok(Checkpoint {
             source,
-            owned,
+            inflated,
             format,
             byte_order: decoded.byte_order,
             pickle_protocol: decoded.protocol,
@@ -504,7 +528,10 @@ impl Checkpoint {
         })?;
         let bytes = match s.data {
             StorageData::File(offset) => slice(self.source.bytes(), offset, s.nbytes),
-            StorageData::Owned(i) => self.owned.get(i).map(Vec::as_slice),
+            StorageData::Owned(i) => match self.inflated.get(i) {
+                Some(lazy) => Some(lazy.bytes(self.source.bytes())?),
+                None => None,
+            },
         };
         bytes.ok_or_else(|| {
             Error::new(

@@ -25,8 +25,8 @@ pub(crate) struct TorchRecords<'a, 'd> {
 pub(crate) enum StorageBytes {
     /// At this offset of the file, stored uncompressed.
     File(u64),
-    /// Inflated from a deflated record.
-    Inflated(Vec<u8>),
+    /// In a deflated record, inflated when first read.
+    Deflated(zip::Deflated),
 }
 
 /// Find the records of torch's layout in `archive`; `budget` is charged for
@@ -120,7 +120,7 @@ pub(crate) fn record_bytes<'d>(
 
 /// Locate the storage record `record`, which the pickle says holds `nbytes`
 /// bytes (`key` names the storage in errors). Stored records stay in the
-/// file; deflated ones are inflated against `budget`.
+/// file; deflated ones are charged to `budget` and inflated when read.
 pub(crate) fn storage_bytes(
     data: &[u8],
     archive: &Archive<'_>,
@@ -150,6 +150,6 @@ pub(crate) fn storage_bytes(
     }
     Ok(match entry.method {
         Method::Stored => StorageBytes::File(entry.data_start),
-        Method::Deflated => StorageBytes::Inflated(zip::inflate(data, entry, budget)?),
+        Method::Deflated => StorageBytes::Deflated(zip::Deflated::charge(data, entry, budget)?),
     })
 }

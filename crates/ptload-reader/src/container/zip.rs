@@ -532,46 +532,87 @@ fn read_central<'d>(
 
 /// Inflate a deflated entry, charging its size against `budget`.
 pub(crate) fn inflate(data: &[u8], entry: &Entry<'_>, budget: &mut u64) -> Result<Vec<u8>> {
-    let raw = slice(data, entry.data_start, entry.compressed_size)
-        .ok_or_else(|| zip_err("deflated data lies outside the file").at(entry.data_start))?;
-    if entry.size > *budget {
-        return Err(Error::limit("max_decompressed_bytes", *budget).in_record(entry.name));
+    let record = Deflated::charge(data, entry, budget)?;
+    record.inflate(data)
+}
+
+/// A deflated record, located and paid for: what inflating it needs, owned,
+/// so that it can be inflated when it is first read rather than at open.
+#[derive(Debug, Clone)]
+pub(crate) struct Deflated {
+    name: String,
+    data_start: u64,
+    compressed_size: u64,
+    size: u64,
+    crc32: u32,
+}
+
+impl Deflated {
+    /// `entry`, its compressed bytes checked to lie in `data` and its
+    /// declared size charged to `budget` (so every inflation a file can
+    /// cause is bounded at open, before any is done).
+    pub(crate) fn charge(data: &[u8], entry: &Entry<'_>, budget: &mut u64) -> Result<Deflated> {
+        if slice(data, entry.data_start, entry.compressed_size).is_none() {
+            return Err(zip_err("deflated data lies outside the file")
+                .at(entry.data_start)
+                .in_record(entry.name));
+        }
+        if entry.size > *budget {
+            return Err(Error::limit("max_decompressed_bytes", *budget).in_record(entry.name));
+        }
+        *budget -= entry.size;
+        Ok(Deflated {
+            name: entry.name.to_owned(),
+            data_start: entry.data_start,
+            compressed_size: entry.compressed_size,
+            size: entry.size,
+            crc32: entry.crc32,
+        })
     }
-    // Reserve only what the compressed bytes could plausibly produce; the
-    // declared size is not trusted for the allocation.
-    let reserve = entry
-        .size
-        .min(entry.compressed_size.saturating_mul(4).saturating_add(4096));
-    let mut out = Vec::with_capacity(usize::try_from(reserve).unwrap_or(0));
-    let mut decoder = flate2::read::DeflateDecoder::new(raw).take(entry.size.saturating_add(1));
-    decoder
-        .read_to_end(&mut out)
-        .map_err(|e| zip_err(format!("inflating failed: {e}")).in_record(entry.name))?;
-    if out.len() as u64 != entry.size {
-        return Err(zip_err(format!(
-            "inflated to {} bytes, the directory says {}",
-            out.len(),
-            entry.size
-        ))
-        .in_record(entry.name));
+
+    /// The record's bytes, inflated from `data` (the file it was found
+    /// in), exactly its declared size, CRC-checked.
+    pub(crate) fn inflate(&self, data: &[u8]) -> Result<Vec<u8>> {
+        let raw = slice(data, self.data_start, self.compressed_size)
+            .ok_or_else(|| zip_err("deflated data lies outside the file").at(self.data_start))?;
+        // Reserve only what the compressed bytes could plausibly produce; the
+        // declared size is not trusted for the allocation.
+        let reserve = self
+            .size
+            .min(self.compressed_size.saturating_mul(4).saturating_add(4096));
+        let mut out = Vec::with_capacity(usize::try_from(reserve).unwrap_or(0));
+        let mut decoder = flate2::read::DeflateDecoder::new(raw).take(self.size.saturating_add(1));
+        decoder
+            .read_to_end(&mut out)
+            .map_err(|e| zip_err(format!("inflating failed: {e}")).in_record(&self.name))?;
+        if out.len() as u64 != self.size {
+            return Err(zip_err(format!(
+                "inflated to {} bytes, the directory says {}",
+                out.len(),
+                self.size
+            ))
+            .in_record(&self.name));
+        }
+        crc_matches(&out, self.crc32, &self.name)?;
+        Ok(out)
     }
-    *budget -= entry.size;
-    check_crc(&out, entry)?;
-    Ok(out)
 }
 
 /// Check an entry's CRC-32 (a zero CRC means "not computed" and passes).
 pub(crate) fn check_crc(bytes: &[u8], entry: &Entry<'_>) -> Result<()> {
-    if entry.crc32 == 0 {
+    crc_matches(bytes, entry.crc32, entry.name)
+}
+
+fn crc_matches(bytes: &[u8], recorded: u32, record: &str) -> Result<()> {
+    if recorded == 0 {
         return Ok(());
     }
     let actual = crc32fast::hash(bytes);
-    if actual != entry.crc32 {
+    if actual != recorded {
         return Err(zip_err(format!(
-            "CRC-32 mismatch: computed {actual:08x}, recorded {:08x}",
-            entry.crc32
+            "CRC-32 mismatch: computed {actual:08x}, recorded {recorded:08x}"
         ))
-        .in_record(entry.name));
+        .in_record(record));
     }
     Ok(())
 }
