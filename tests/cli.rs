@@ -1641,3 +1641,20 @@ fn sliced_load_onto_a_gpu_reads_back_the_rank_share() {
     require_gpu();
     sliced_load_hashes_equal_inspect("cuda:0", "cuda:0");
 }
+
+#[test]
+fn piped_inspect_keeps_whole_names() {
+    // On a terminal the NAME column fits its width and long names lose
+    // their middle; a program reading the output gets every name whole.
+    let path = fixture("lightning.ckpt");
+    let out = ptload(&["inspect", path.as_str(), "--key", "all"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains(
+            "callbacks.ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min'}.best_model_score"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains('…'), "{text}");
+}

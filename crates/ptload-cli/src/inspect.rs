@@ -1,5 +1,6 @@
 //! `ptload inspect`: the table and the JSON document.
 
+use std::borrow::Cow;
 use std::io::{self, Write};
 
 use ptload_reader::parallel::Slice;
@@ -419,6 +420,7 @@ pub(crate) fn table(
     rows: &[Row<'_>],
     label: &str,
     hash: bool,
+    columns: Option<usize>,
 ) -> CliResult<()> {
     let Some(ckpt) = set.files().first().map(|f| &**f.checkpoint()) else {
         return Err("a set of no files".into());
@@ -470,6 +472,24 @@ pub(crate) fn table(
             *w = (*w).max(cell.chars().count());
         }
     }
+    // On a terminal the NAME column takes what the others leave of its
+    // width, and longer names are shortened, so no row wraps.
+    let others: usize = widths.iter().skip(1).map(|w| w + 2).sum();
+    if let (Some(first), Some(budget)) = (widths.first_mut(), name_budget(columns, others)) {
+        *first = (*first).min(budget);
+    }
+    let name_width = widths.first().copied().unwrap_or(0);
+    let cells: Vec<Vec<String>> = cells
+        .into_iter()
+        .map(|mut row| {
+            if let Some(name) = row.first_mut() {
+                if let Cow::Owned(short) = shorten(name, name_width) {
+                    *name = short;
+                }
+            }
+            row
+        })
+        .collect();
     match &names {
         Some(names) => writeln!(
             out,
@@ -529,7 +549,7 @@ pub(crate) fn table(
     )?;
     let checkpoints = || set.files().iter().map(|f| &**f.checkpoint());
     let values: Vec<&(String, Scalar)> = checkpoints().flat_map(|c| c.values()).collect();
-    values_table(out, &values)?;
+    values_table(out, &values, columns)?;
     let suspicious = distinct_globals(checkpoints().flat_map(|c| c.suspicious()).map(|g| g.path()));
     if !suspicious.is_empty() {
         writeln!(
@@ -552,7 +572,11 @@ pub(crate) fn table(
 const VALUES_SHOWN: usize = 40;
 
 /// The file's plain values (epoch, step, args, config), a second table.
-fn values_table(out: &mut impl Write, values: &[&(String, Scalar)]) -> io::Result<()> {
+fn values_table(
+    out: &mut impl Write,
+    values: &[&(String, Scalar)],
+    columns: Option<usize>,
+) -> io::Result<()> {
     if values.is_empty() {
         return Ok(());
     }
@@ -565,12 +589,14 @@ fn values_table(out: &mut impl Write, values: &[&(String, Scalar)]) -> io::Resul
         .max()
         .unwrap_or(0)
         .max("NAME".len());
+    // Half a terminal at most for names; values take the rest.
+    let width = name_budget(columns.map(|c| c / 2), 0).map_or(width, |b| width.min(b));
     let mut line = String::new();
     pad(&mut line, "NAME", width, false);
     writeln!(out, "{line}  VALUE")?;
     for (name, v) in shown.iter().copied() {
         let mut line = String::new();
-        pad(&mut line, display_name(name), width, false);
+        pad(&mut line, &shorten(display_name(name), width), width, false);
         writeln!(out, "{line}  {}", scalar_text(v))?;
     }
     if values.len() > shown.len() {
@@ -581,6 +607,39 @@ fn values_table(out: &mut impl Write, values: &[&(String, Scalar)]) -> io::Resul
         )?;
     }
     Ok(())
+}
+
+/// The narrowest a shortened NAME column gets, however narrow the terminal.
+const MIN_NAME_WIDTH: usize = 24;
+
+/// The width the NAME column may take on a terminal `columns` wide when
+/// the other columns take `others`; None (whole names) off a terminal.
+fn name_budget(columns: Option<usize>, others: usize) -> Option<usize> {
+    columns.map(|c| c.saturating_sub(others).max(MIN_NAME_WIDTH))
+}
+
+/// The width of the terminal standard output is, if it is one: piped
+/// output (and `--json`) keeps whole names for the programs that read it.
+pub(crate) fn terminal_columns() -> Option<usize> {
+    console::Term::stdout()
+        .size_checked()
+        .map(|(_rows, columns)| usize::from(columns))
+}
+
+/// `name` in at most `width` characters: a longer one loses its middle,
+/// marked `…`, since its start (the module) and its end (the parameter)
+/// are what tell names apart.
+pub(crate) fn shorten(name: &str, width: usize) -> Cow<'_, str> {
+    let count = name.chars().count();
+    if count <= width || width < 3 {
+        return Cow::Borrowed(name);
+    }
+    let keep = width - 1;
+    let tail = keep / 2;
+    let head = keep - tail;
+    let start: String = name.chars().take(head).collect();
+    let end: String = name.chars().skip(count - tail).collect();
+    Cow::Owned(format!("{start}…{end}"))
 }
 
 /// Append `cell` padded with spaces to `width` characters, on the left when
@@ -600,6 +659,26 @@ pub(crate) fn pad(out: &mut String, cell: &str, width: usize, right: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_names_lose_their_middle() {
+        assert_eq!(
+            shorten("encoder.layers.0.weight", 40),
+            "encoder.layers.0.weight"
+        );
+        let name =
+            "callbacks.ModelCheckpoint{'monitor': 'val_loss', 'mode': 'min'}.best_model_score";
+        let short = shorten(name, 30);
+        assert_eq!(short.chars().count(), 30);
+        assert!(
+            short.starts_with("callbacks.Model") && short.ends_with("model_score"),
+            "{short}"
+        );
+        assert_eq!(shorten("naïve.ünïcode.weight", 9), "naïv…ight");
+        assert_eq!(name_budget(None, 50), None);
+        assert_eq!(name_budget(Some(80), 50), Some(30));
+        assert_eq!(name_budget(Some(60), 50), Some(MIN_NAME_WIDTH));
+    }
 
     #[test]
     fn sizes() {

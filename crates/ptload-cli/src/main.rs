@@ -297,7 +297,8 @@ fn run(cli: Cli) -> CliResult<u8> {
                     if a.json {
                         inspect::json(&mut out, &set, &rows, &label, a.hash)?;
                     } else {
-                        inspect::table(&mut out, &set, &rows, &label, a.hash)?;
+                        let columns = inspect::terminal_columns();
+                        inspect::table(&mut out, &set, &rows, &label, a.hash, columns)?;
                     }
                     out.flush()?;
                     // The process ends soon: the OS reclaims the checkpoint's
@@ -527,7 +528,14 @@ fn demo(out: &mut impl Write) -> CliResult<()> {
     let set = CheckpointSet::of("training.ckpt", std::sync::Arc::clone(&ckpt))?;
     let sd = StateDictArgs::default().options(true)?.select_set(&set)?;
     let rows = inspect::rows(&sd, &MapArgs::default(), &MachineGpus)?;
-    inspect::table(out, &set, &rows, "training.ckpt (embedded)", false)?;
+    inspect::table(
+        out,
+        &set,
+        &rows,
+        "training.ckpt (embedded)",
+        false,
+        inspect::terminal_columns(),
+    )?;
     writeln!(
         out,
         "\nLoading the model (--key auto picks model_state_dict) with --map-location auto:"
