@@ -1658,3 +1658,20 @@ fn piped_inspect_keeps_whole_names() {
     );
     assert!(!text.contains('…'), "{text}");
 }
+
+#[test]
+fn diff_compares_the_models_as_convert_and_load_take_them() {
+    // The same weights as a plain state dict and under DataParallel: diff
+    // strips `module.` as convert would, says so, and finds them equal;
+    // asked for the files as saved, every name is on one side only.
+    let (plain, dp) = (fixture("plain_model.pt"), fixture("dataparallel.pt"));
+    let out = ptload(&["diff", &plain, &dp]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("9 equal, 0 different"), "{}", stdout(&out));
+    assert!(stderr(&out).contains("removed \"module.\""), "{}", stderr(&out));
+    let raw = ptload(&["diff", &plain, &dp, "--key", "all", "--strip-prefix", "none"]);
+    assert_eq!(raw.status.code(), Some(1));
+    assert!(stdout(&raw).contains("9 only in A, 9 only in B"), "{}", stdout(&raw));
+    let quiet = ptload(&["--quiet", "diff", &plain, &dp]);
+    assert!(stderr(&quiet).is_empty(), "{}", stderr(&quiet));
+}

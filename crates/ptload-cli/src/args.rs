@@ -281,6 +281,25 @@ pub(crate) struct StateDictArgs {
     pub(crate) split_preset: Option<String>,
 }
 
+/// `--key`'s help, with the default of the command it is on: commands
+/// that use or compare the weights take the model (`auto`); `inspect`
+/// shows the file as saved (`all`).
+pub(crate) fn key_help(default: &str) -> String {
+    format!(
+        "The sub-tree that is the state dict: a dotted path (state_dict, model.ema), `auto` \
+         (the model of a training checkpoint: state_dict, model_state_dict, model, module, net, \
+         ema...) or `all` [default here: {default}]"
+    )
+}
+
+/// `--strip-prefix`'s help, with the command's default (see [`key_help`]).
+pub(crate) fn strip_help(default: &str) -> String {
+    format!(
+        "Remove a prefix from every name: `auto` (module. and _orig_mod., when every name has \
+         them), `none`, or a literal prefix [default here: {default}]"
+    )
+}
+
 impl StateDictArgs {
     /// The rank and rules of --shard, --split and --split-preset.
     pub(crate) fn parallel(&self) -> CliResult<Option<(Shard, Splits)>> {

@@ -77,6 +77,10 @@ enum Command {
 }
 
 #[derive(Args)]
+#[command(
+    mut_arg("key", |a| a.help(args::key_help("auto"))),
+    mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
+)]
 struct ConvertArgs {
     /// The checkpoint.
     input: PathBuf,
@@ -153,7 +157,15 @@ struct ScanArgs {
     no_mmap: bool,
 }
 
+/// Compares the models two checkpoints hold, as convert and load take them
+/// (`--key auto --strip-prefix auto` unless given; each automatic choice is
+/// noted), so a plain state dict and a training or DataParallel checkpoint
+/// of the same weights compare equal.
 #[derive(Args)]
+#[command(
+    mut_arg("key", |a| a.help(args::key_help("auto"))),
+    mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
+)]
 struct DiffArgs {
     /// First checkpoint (a torch file, or a .safetensors file).
     a: PathBuf,
@@ -182,6 +194,10 @@ struct DiffArgs {
 }
 
 #[derive(Args)]
+#[command(
+    mut_arg("key", |a| a.help(args::key_help("auto"))),
+    mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
+)]
 #[command(mut_arg("strict", |a| a.help(
     "Behave like torch: refuse globals outside torch's weights_only allowlist (as \
      torch.load(weights_only=True)), and fail before copying when a planned GPU is missing \
@@ -208,6 +224,10 @@ struct LoadArgs {
 }
 
 #[derive(Args)]
+#[command(
+    mut_arg("key", |a| a.help(args::key_help("all, the file as saved"))),
+    mut_arg("strip_prefix", |a| a.help(args::strip_help("none")))
+)]
 struct InspectArgs {
     /// Checkpoints (.pt, .pth, .bin, .ckpt: the layout is detected from the content).
     #[arg(required = true)]
@@ -232,14 +252,14 @@ enum Opened {
     Safetensors(Vec<u8>),
 }
 
-/// A side of `diff` ready to compare: a torch checkpoint's selection
-/// (`key` overriding `--key`), or the safetensors file's tensors.
+/// A side of `diff` ready to compare: a torch checkpoint's model, selected
+/// as convert selects it (`key` overriding `--key`), or the safetensors
+/// file's tensors.
 fn diff_side<'o>(
     opened: &'o Opened,
     key: &Option<String>,
     path: &std::path::Path,
     state: &StateDictArgs,
-    converted: bool,
 ) -> CliResult<tools::Side<'o>> {
     match opened {
         Opened::Torch(set) => {
@@ -247,7 +267,7 @@ fn diff_side<'o>(
             if key.is_some() {
                 state.key.clone_from(key);
             }
-            let sel = state.options(!converted)?.select_set(set)?;
+            let sel = state.options(false)?.select_set(set)?;
             // Two files: each note says which.
             for d in args::cli_decisions(sel.decisions()) {
                 ui::note(&format!("{}: {d}", path.display()));
@@ -447,12 +467,8 @@ fn run(cli: Cli) -> CliResult<u8> {
                     .map_err(|e| fail(e.to_string()).into())
             };
             let (oa, ob) = (read(&a.a)?, read(&a.b)?);
-            // Against a safetensors file (a conversion), the torch side is
-            // selected as convert selects it: the model, prefixes stripped.
-            let converted =
-                matches!(oa, Opened::Safetensors(_)) || matches!(ob, Opened::Safetensors(_));
-            let sa = diff_side(&oa, &a.key_a, &a.a, &a.state, converted)?;
-            let sb = diff_side(&ob, &a.key_b, &a.b, &a.state, converted)?;
+            let sa = diff_side(&oa, &a.key_a, &a.a, &a.state)?;
+            let sb = diff_side(&ob, &a.key_b, &a.b, &a.state)?;
             let tol = tools::Tolerance {
                 atol: a.atol,
                 rtol: a.rtol,
