@@ -675,7 +675,8 @@ fn load_json_reports_every_tensor_and_its_fallback() {
             .keys()
             .map(String::as_str)
             .collect();
-        assert_eq!(tk, ["name", "target", "device", "fallback", "shape"]);
+        assert_eq!(tk, ["name", "target", "device", "fallback", "dtype", "shape"]);
+        assert_eq!(t["dtype"], w["dtype"]);
         assert_eq!(t["name"], w["name"]);
         assert_eq!(
             t["target"], w["location"],
@@ -1666,12 +1667,59 @@ fn diff_compares_the_models_as_convert_and_load_take_them() {
     // asked for the files as saved, every name is on one side only.
     let (plain, dp) = (fixture("plain_model.pt"), fixture("dataparallel.pt"));
     let out = ptload(&["diff", &plain, &dp]);
-    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
-    assert!(stdout(&out).contains("9 equal, 0 different"), "{}", stdout(&out));
-    assert!(stderr(&out).contains("removed \"module.\""), "{}", stderr(&out));
-    let raw = ptload(&["diff", &plain, &dp, "--key", "all", "--strip-prefix", "none"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("9 equal, 0 different"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stderr(&out).contains("removed \"module.\""),
+        "{}",
+        stderr(&out)
+    );
+    let raw = ptload(&[
+        "diff",
+        &plain,
+        &dp,
+        "--key",
+        "all",
+        "--strip-prefix",
+        "none",
+    ]);
     assert_eq!(raw.status.code(), Some(1));
-    assert!(stdout(&raw).contains("9 only in A, 9 only in B"), "{}", stdout(&raw));
+    assert!(
+        stdout(&raw).contains("9 only in A, 9 only in B"),
+        "{}",
+        stdout(&raw)
+    );
     let quiet = ptload(&["--quiet", "diff", &plain, &dp]);
     assert!(stderr(&quiet).is_empty(), "{}", stderr(&quiet));
+}
+
+#[test]
+fn a_budget_without_gpus_and_a_dtype_conversion_say_what_they_did() {
+    // --budget on a machine without a GPU says why everything stays on the
+    // host; load --dtype --json reports each tensor's dtype and what it was.
+    let basic = fixture("basic.pt");
+    let out = ptload(&["inspect", &basic, "--budget", "0.9"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--budget 0.9: every storage it places stays on the host"),
+        "{}",
+        stderr(&out)
+    );
+    let out = ptload(&["load", &basic, "--dtype", "bf16", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    for t in doc["tensors"].as_array().expect("tensors") {
+        assert_eq!(t["dtype"], "BF16", "{t}");
+        assert_eq!(t["converted_from"], "F32", "{t}");
+    }
 }

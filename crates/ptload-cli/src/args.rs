@@ -174,6 +174,8 @@ pub(crate) trait GpuInfo {
     fn count(&self) -> usize;
     /// `(ordinal, total bytes)` of each.
     fn totals(&self) -> Vec<(u32, u64)>;
+    /// Why there is none, when there is none.
+    fn why_none(&self) -> String;
 }
 
 impl MapArgs {
@@ -210,8 +212,14 @@ impl MapArgs {
         }
         if let Some(b) = &self.budget {
             let spec = parse_budget(b)?;
-            let devices = gpus
-                .totals()
+            let totals = gpus.totals();
+            if totals.is_empty() {
+                crate::ui::note(&format!(
+                    "--budget {b}: every storage it places stays on the host: {}",
+                    gpus.why_none()
+                ));
+            }
+            let devices = totals
                 .into_iter()
                 .map(|(i, total)| {
                     let bytes = match spec {
@@ -455,6 +463,9 @@ mod tests {
         }
         fn totals(&self) -> Vec<(u32, u64)> {
             Vec::new()
+        }
+        fn why_none(&self) -> String {
+            "none here".into()
         }
     }
 

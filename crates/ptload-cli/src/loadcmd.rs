@@ -27,6 +27,10 @@ impl GpuInfo for Probed<'_> {
             .map(|g| (g.ordinal, g.total))
             .collect()
     }
+
+    fn why_none(&self) -> String {
+        self.0.why_none()
+    }
 }
 
 pub(crate) struct Request<'a> {
@@ -98,6 +102,11 @@ struct TensorOut<'a> {
     target: String,
     device: String,
     fallback: Option<&'a str>,
+    /// The dtype as loaded (after --dtype).
+    dtype: &'static str,
+    /// With --dtype, what it was converted from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    converted_from: Option<&'static str>,
     shape: &'a [u64],
     /// Under --shard, the rank's part (the shape and sha256 are its).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -198,6 +207,8 @@ pub(crate) fn json(
                     target: t.target.to_string(),
                     device: t.device.to_string(),
                     fallback: t.fallback.as_deref(),
+                    dtype: t.info.dtype.name(),
+                    converted_from: t.converted_from.map(|d| d.name()),
                     shape: &t.info.shape,
                     slice: t
                         .slice

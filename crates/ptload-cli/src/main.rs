@@ -206,7 +206,7 @@ struct DiffArgs {
 struct LoadArgs {
     /// The checkpoint.
     file: PathBuf,
-    /// Print JSON: {"tensors": [{"name", "target", "device", "fallback"}], "devices": [...], "seconds"}.
+    /// Print JSON: {"tensors": [{"name", "target", "device", "fallback", "dtype", "converted_from"}], "devices": [...], "seconds"}.
     #[arg(long)]
     json: bool,
     /// Convert floating tensors on load: F64, F32, F16, BF16, F8_E4M3, F8_E5M2.
@@ -294,6 +294,10 @@ impl GpuInfo for MachineGpus {
             .iter()
             .map(|g| (g.ordinal, g.total))
             .collect()
+    }
+
+    fn why_none(&self) -> String {
+        ptload_device::probe().why_none()
     }
 }
 
