@@ -14,6 +14,7 @@ use crate::object::Objects;
 use crate::pickle::{Heap, StringEncoding, Value, Vm};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip};
+use crate::torch::dtype::DType;
 use crate::torch::interp::GlobalRef;
 use crate::torch::names::{walk_all, Scalar};
 use crate::torch::policy::Policy;
@@ -372,6 +373,106 @@ impl Checkpoint {
             objects,
             scattered: std::sync::atomic::AtomicBool::new(false),
             end,
+        })
+    }
+
+    /// A checkpoint of tensors put together in memory (a DCP directory's
+    /// chunks): each `(name, dtype, shape, row-major host-order bytes)` its
+    /// own storage, with the values and warnings given.
+    pub(crate) fn assembled(
+        parts: Vec<(String, DType, Vec<u64>, Vec<u8>)>,
+        values: Vec<(String, Scalar)>,
+        warnings: Vec<String>,
+    ) -> Result<Checkpoint> {
+        let hasher = hashbrown::DefaultHashBuilder::default();
+        let mut by_name: HashTable<u32> = HashTable::with_capacity(parts.len());
+        let mut storages = Vec::with_capacity(parts.len());
+        let mut tensors: Vec<TensorInfo> = Vec::with_capacity(parts.len());
+        let mut owned = Vec::with_capacity(parts.len());
+        for (i, (name, dtype, shape, bytes)) in parts.into_iter().enumerate() {
+            let at =
+                u32::try_from(i).map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+            let numel = shape
+                .iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(d))
+                .ok_or_else(|| {
+                    Error::new(ErrorKind::Tensor, "shape overflows").for_tensor(&name)
+                })?;
+            let nbytes = bytes.len() as u64;
+            if numel.checked_mul(dtype.size() as u64) != Some(nbytes) {
+                return Err(Error::new(
+                    ErrorKind::Tensor,
+                    format!("{nbytes} bytes for {numel} elements of {dtype}"),
+                )
+                .for_tensor(&name));
+            }
+            let mut stride = vec![1u64; shape.len()];
+            let mut acc = 1u64;
+            for (s, &d) in stride.iter_mut().zip(&shape).rev() {
+                *s = acc;
+                acc = acc.saturating_mul(d.max(1));
+            }
+            let hash = hasher.hash_one(name.as_str());
+            if by_name
+                .find(hash, |&j| {
+                    tensors.get(j as usize).is_some_and(|t| t.name == name)
+                })
+                .is_some()
+            {
+                return Err(
+                    Error::new(ErrorKind::DuplicateName, "two tensors of this name")
+                        .for_tensor(&name),
+                );
+            }
+            storages.push(StorageInfo {
+                key: i.to_string(),
+                location: "cpu".to_owned(),
+                dtype,
+                numel,
+                nbytes,
+                record: None,
+                file_offset: None,
+                data: StorageData::Owned(i),
+                quantized: None,
+            });
+            owned.push(bytes);
+            tensors.push(TensorInfo {
+                name,
+                dtype,
+                shape,
+                stride,
+                storage_offset: 0,
+                storage: Some(i),
+                numel,
+                nbytes,
+                requires_grad: false,
+                conj: false,
+                neg: false,
+                quantization: None,
+            });
+            by_name.insert_unique(hash, at, |&j| {
+                tensors
+                    .get(j as usize)
+                    .map_or(0, |t| hasher.hash_one(t.name.as_str()))
+            });
+        }
+        Ok(Checkpoint {
+            source: Source::owned(Vec::new(), None),
+            owned,
+            format: Format::Dcp,
+            byte_order: ByteOrder::HOST,
+            pickle_protocol: 0,
+            storages,
+            tensors,
+            values,
+            globals: Vec::new(),
+            warnings,
+            by_name,
+            hasher,
+            work: 0,
+            objects: None,
+            scattered: std::sync::atomic::AtomicBool::new(false),
+            end: 0,
         })
     }
 
