@@ -1271,6 +1271,10 @@ fn outputs_match_golden_files() {
             &["inspect", "fixtures/files/multi_gpu.pt", "--budget", "2"],
         ),
         ("bare.txt", &[]),
+        (
+            "inspect_dcp_world4.txt",
+            &["inspect", "fixtures/files/dcp/world4"],
+        ),
     ];
     let mut stale = Vec::new();
     for (golden, args) in cases {
@@ -1640,4 +1644,100 @@ fn sliced_load_on_the_host_reads_the_rank_share() {
 fn sliced_load_onto_a_gpu_reads_back_the_rank_share() {
     require_gpu();
     sliced_load_hashes_equal_inspect("cuda:0", "cuda:0");
+}
+
+/// `torch.tensor_split(t, world, 0)[rank]` of a row-major tensor.
+fn split_rows(whole: &[u8], shape: &[u64], elem: usize, rank: u32, world: u32) -> Vec<u8> {
+    let shard = ptload_reader::parallel::Shard::new(rank, world).expect("shard");
+    let (start, len) = shard.part(shape[0]);
+    let row: u64 = shape[1..].iter().product::<u64>() * elem as u64;
+    whole[(start * row) as usize..((start + len) * row) as usize].to_vec()
+}
+
+fn sha_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+#[test]
+fn dcp_directories_from_the_command_line() {
+    let doc: Json = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("dcp.json")).expect("dcp.json"),
+    )
+    .expect("json");
+    for save in ["world1", "world2", "world4", "world2_threads"] {
+        let dir = fixture(&format!("dcp/{save}"));
+        let want = doc["saves"][save]["tensors"].as_object().expect("tensors");
+        // inspect: torch's dtypes, shapes and hashes.
+        let out = ptload(&["inspect", "--json", "--hash", &dir]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let got: Json = serde_json::from_str(&stdout(&out)).expect("json");
+        assert_eq!(got["format"], "dcp");
+        let tensors = got["tensors"].as_array().expect("tensors");
+        assert_eq!(tensors.len(), want.len(), "{save}");
+        for t in tensors {
+            let w = &want[t["name"].as_str().expect("name")];
+            assert_eq!(t["dtype"], w["dtype"], "{save} {t}");
+            assert_eq!(t["shape"], w["shape"], "{save} {t}");
+            assert_eq!(t["sha256"], w["sha256"], "{save} {t}");
+        }
+        // convert: a safetensors file the safetensors library reads as torch's.
+        let out_path = std::env::temp_dir().join(format!(
+            "ptload-dcp-{save}-{}.safetensors",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&out_path);
+        let out = ptload(&["convert", &dir, out_path.to_str().expect("path")]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let bytes = std::fs::read(&out_path).expect("written");
+        let _ = std::fs::remove_file(&out_path);
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors reads it");
+        assert_eq!(st.len(), want.len());
+        for (name, w) in want {
+            let t = st.tensor(name).expect("tensor");
+            let shape: Vec<Json> = t.shape().iter().map(|&d| Json::from(d)).collect();
+            assert_eq!(Json::from(shape), w["shape"], "{save} {name}");
+            assert_eq!(
+                sha_hex(t.data()),
+                w["sha256"].as_str().expect("sha"),
+                "{save} {name}"
+            );
+        }
+        // load --shard: each rank's rows, as tensor_split cuts the whole.
+        let dcp = ptload_reader::dcp::Dcp::open(&dir).expect("open");
+        for (rank, world) in [(0, 3), (2, 3), (1, 2)] {
+            let spec = format!("{rank}/{world}");
+            let out = ptload(&[
+                "load",
+                &dir,
+                "--shard",
+                &spec,
+                "--split",
+                "norm.scale=replicate",
+                "--split",
+                "*=0",
+                "--hash",
+                "--json",
+            ]);
+            assert!(out.status.success(), "{}", stderr(&out));
+            let got: Json = serde_json::from_str(&stdout(&out)).expect("json");
+            let loaded = got["tensors"].as_array().expect("tensors");
+            assert_eq!(loaded.len(), want.len());
+            for t in loaded {
+                let name = t["name"].as_str().expect("name");
+                let d = dcp.tensor(name).expect("tensor");
+                let whole = dcp.read_tensor(name).expect("whole");
+                let part = if d.shape().is_empty() {
+                    whole
+                } else {
+                    split_rows(&whole, d.shape(), d.dtype().size(), rank, world)
+                };
+                assert_eq!(
+                    t["sha256"],
+                    Json::from(sha_hex(&part)),
+                    "{save} {spec} {name}"
+                );
+            }
+        }
+    }
 }

@@ -378,11 +378,13 @@ impl Checkpoint {
 
     /// A checkpoint of tensors put together in memory (a DCP directory's
     /// chunks): each `(name, dtype, shape, row-major host-order bytes)` its
-    /// own storage, with the values and warnings given.
+    /// own storage, with the values and warnings given; `protocol` is that
+    /// of the pickle that described them.
     pub(crate) fn assembled(
         parts: Vec<(String, DType, Vec<u64>, Vec<u8>)>,
         values: Vec<(String, Scalar)>,
         warnings: Vec<String>,
+        protocol: u8,
     ) -> Result<Checkpoint> {
         let hasher = hashbrown::DefaultHashBuilder::default();
         let mut by_name: HashTable<u32> = HashTable::with_capacity(parts.len());
@@ -461,7 +463,7 @@ impl Checkpoint {
             owned,
             format: Format::Dcp,
             byte_order: ByteOrder::HOST,
-            pickle_protocol: 0,
+            pickle_protocol: protocol,
             storages,
             tensors,
             values,

@@ -223,6 +223,8 @@ pub(crate) struct RawStorage {
 
 #[derive(Debug, Clone)]
 pub(crate) struct RawMetadata {
+    /// The pickle's protocol.
+    pub(crate) protocol: u8,
     pub(crate) items: Vec<(String, RawItem)>,
     pub(crate) storages: Vec<RawStorage>,
 }
@@ -385,7 +387,11 @@ pub(crate) fn decode(data: &[u8], limits: &Limits) -> Result<RawMetadata> {
             transforms,
         });
     }
-    Ok(RawMetadata { items, storages })
+    Ok(RawMetadata {
+        protocol: out.protocol,
+        items,
+        storages,
+    })
 }
 
 fn decode_tensor(

@@ -122,6 +122,7 @@ pub struct Dcp {
     bytes: Vec<(String, Piece)>,
     by_name: HashMap<String, usize>,
     opts: OpenOptions,
+    protocol: u8,
 }
 
 /// The memory a chunk's archive is read from: a range of a file's map.
@@ -293,7 +294,13 @@ impl Dcp {
             bytes,
             by_name,
             opts: opts.clone(),
+            protocol: raw.protocol,
         })
+    }
+
+    /// The protocol of the `.metadata` pickle.
+    pub fn pickle_protocol(&self) -> u8 {
+        self.protocol
     }
 
     /// The directory it was opened from.
@@ -487,7 +494,7 @@ impl Dcp {
             }
             warnings.extend(item.warnings().iter().map(|w| format!("{name}: {w}")));
         }
-        Checkpoint::assembled(parts, values, warnings)
+        Checkpoint::assembled(parts, values, warnings, self.protocol)
     }
 }
 
