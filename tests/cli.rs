@@ -1665,7 +1665,14 @@ fn dcp_directories_from_the_command_line() {
         &std::fs::read_to_string(fixtures().join("dcp.json")).expect("dcp.json"),
     )
     .expect("json");
-    for save in ["world1", "world2", "world4", "world2_threads"] {
+    for save in [
+        "world1",
+        "world2",
+        "world4",
+        "world2_threads",
+        "world2_safetensors",
+        "world2_zstd",
+    ] {
         let dir = fixture(&format!("dcp/{save}"));
         let want = doc["saves"][save]["tensors"].as_object().expect("tensors");
         // inspect: torch's dtypes, shapes and hashes.

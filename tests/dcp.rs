@@ -4,10 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use ptload_reader::dcp::Dcp;
+use ptload_reader::dcp::{Dcp, Transform};
 use ptload_reader::parallel::Shard;
 use ptload_reader::set::CheckpointSet;
-use ptload_reader::{DType, ErrorKind, Scalar};
+use ptload_reader::{DType, ErrorKind, Limits, OpenOptions, Scalar};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
@@ -23,8 +23,12 @@ fn answers() -> Json {
 fn saves() -> Vec<(String, Json)> {
     let doc = answers();
     let saves = doc["saves"].as_object().expect("saves");
-    assert_eq!(saves.len(), 4);
-    saves.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    assert_eq!(saves.len(), 6);
+    saves
+        .iter()
+        .filter(|(k, _)| cfg!(feature = "zstd") || k.as_str() != "world2_zstd")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 fn dir_of(name: &str) -> PathBuf {
@@ -172,7 +176,16 @@ fn every_reshard_equals_tensor_split_of_the_whole() {
 #[test]
 fn the_same_tensor_reads_alike_at_every_world_size() {
     let one = Dcp::open(dir_of("world1")).expect("open");
-    for other in ["world2", "world4", "world2_threads"] {
+    for other in [
+        "world2",
+        "world4",
+        "world2_threads",
+        "world2_safetensors",
+        "world2_zstd",
+    ] {
+        if other == "world2_zstd" && !cfg!(feature = "zstd") {
+            continue;
+        }
         let dcp = Dcp::open(dir_of(other)).expect("open");
         for t in one.tensors() {
             assert_eq!(
@@ -286,6 +299,7 @@ struct ChunkSpec {
     path: String,
     start: u64,
     length: u64,
+    transform: Option<&'static str>,
 }
 
 /// Write `.metadata` for one tensor `t` of `dtype` and `shape` with these
@@ -350,6 +364,9 @@ fn metadata(
         p.str("relative_path").str(&c.path);
         p.str("offset").int(c.start as i64);
         p.str("length").int(c.length as i64);
+        if let Some(t) = c.transform {
+            p.str("transform_descriptors").op(b"]").str(t).op(b"a");
+        }
         p.op(b"ub");
     }
     p.op(b"u");
@@ -384,6 +401,7 @@ fn chunk(offsets: &[u64], sizes: &[u64], path: &str, (start, length): (u64, u64)
         path: path.into(),
         start,
         length,
+        transform: None,
     }
 }
 
@@ -684,4 +702,82 @@ fn truncated_and_garbage_metadata_is_refused() {
     let e = open_err(&s.0);
     assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
     assert!(e.to_string().contains("__1_0.distcp"), "{e}");
+}
+
+#[test]
+fn the_safetensors_format_and_the_zstd_transform_are_what_torch_wrote() {
+    let st = Dcp::open(dir_of("world2_safetensors")).expect("open");
+    // Each file's tensor chunks share one blob: one offset per file.
+    let mut starts: Vec<(usize, u64)> = st
+        .tensors()
+        .iter()
+        .flat_map(|t| t.chunks().iter().map(|c| (c.piece.file, c.piece.offset)))
+        .collect();
+    starts.sort();
+    starts.dedup();
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    let z = Dcp::open(dir_of("world2_zstd")).expect("open");
+    assert!(z
+        .tensors()
+        .iter()
+        .flat_map(|t| t.chunks())
+        .all(|c| c.piece.transform == Transform::Zstd));
+    if !cfg!(feature = "zstd") {
+        let e = z.read_tensor("layers.0.weight").expect_err("no zstd");
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        return;
+    }
+    assert_eq!(z.read_item("step").unwrap().values()[0].1, Scalar::Int(7));
+    // Decompression stays within the limit.
+    let mut limits = Limits::default();
+    limits.max_decompressed_bytes = 64;
+    let small =
+        Dcp::open_with(dir_of("world2_zstd"), &OpenOptions::new().limits(limits)).expect("open");
+    let e = small.read_tensor("layers.0.weight").expect_err("limit");
+    assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
+    assert_eq!(e.tensor(), Some("layers.0.weight"));
+}
+
+#[test]
+fn a_safetensors_blob_that_disagrees_with_the_metadata_is_refused() {
+    let s = Scratch::new("blob");
+    for f in std::fs::read_dir(dir_of("world2_safetensors")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), s.0.join(f.file_name())).unwrap();
+    }
+    let path = s.0.join("__1_0.distcp");
+    let mut data = std::fs::read(&path).unwrap();
+    let needle = br#"\"layers.0.weight\": {\"saved_offsets\": [4, 0]}"#;
+    let at = data
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the sharding info");
+    let digit = at + needle.len() - 6;
+    assert_eq!(data[digit], b'4');
+    data[digit] = b'3';
+    std::fs::write(&path, data).unwrap();
+    let dcp = Dcp::open(&s.0).expect("open");
+    assert!(dcp.read_tensor("embed.weight").is_ok());
+    let e = dcp.read_tensor("layers.0.weight").expect_err("moved");
+    assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
+    assert!(e.to_string().contains("__1_0.distcp at offset"), "{e}");
+}
+
+#[test]
+fn an_unknown_transform_is_named() {
+    let s = Scratch::new("transform");
+    let r = two_chunks(&s.0);
+    let mut second = chunk(&[4, 0], &[4, 6], "data.distcp", r[1]);
+    second.transform = Some("stream.brotli/1");
+    let md = metadata(
+        "float32",
+        &[8, 6],
+        &[chunk(&[0, 0], &[4, 6], "data.distcp", r[0]), second],
+        &none,
+    );
+    std::fs::write(s.0.join(".metadata"), md).unwrap();
+    let e = open_err(&s.0);
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    assert!(e.to_string().contains("stream.brotli/1"), "{e}");
+    assert_eq!(e.tensor(), Some("t"));
 }

@@ -38,6 +38,7 @@ mod metadata;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::{Checkpoint, OpenOptions};
 use crate::error::{Error, ErrorKind, Result};
@@ -57,15 +58,30 @@ pub fn is_dcp_dir(dir: &Path) -> bool {
     dir.is_dir() && dir.join(METADATA_FILE).is_file()
 }
 
-/// Where one chunk's (or bytes item's) archive lies.
+/// Where one chunk's (or bytes item's) bytes lie.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Piece {
     /// Index into [`Dcp::files`].
     pub file: usize,
-    /// Byte offset of the archive in that file.
+    /// Byte offset in that file: of the chunk's archive, or of the
+    /// safetensors blob that holds it.
     pub offset: u64,
-    /// Its length in bytes.
+    /// Its length in bytes (in the safetensors format, of the chunk's
+    /// elements within the blob).
     pub length: u64,
+    /// The stream transform its bytes pass through.
+    pub transform: Transform,
+}
+
+/// A stream transform torch's `FileSystemWriter` extensions apply to each
+/// item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Transform {
+    /// Stored as written.
+    None,
+    /// `stream.zstd/1`: one zstd frame per item.
+    Zstd,
 }
 
 /// One chunk of a tensor: the box `offsets..offsets + sizes` of the global
@@ -123,6 +139,20 @@ pub struct Dcp {
     by_name: HashMap<String, usize>,
     opts: OpenOptions,
     protocol: u8,
+    /// Safetensors blobs' headers, parsed once each, by (file, offset).
+    blobs: Mutex<HashMap<(usize, u64), Arc<Blob>>>,
+}
+
+/// The header of a safetensors blob that a file's tensor chunks share
+/// (torch's `SerializationFormat.SAFETENSORS`).
+#[derive(Debug)]
+struct Blob {
+    /// Offset of the blob's data in its file.
+    data_start: u64,
+    /// Each tensor: dtype name, shape, data offsets within the data.
+    entries: HashMap<String, (String, Vec<u64>, u64, u64)>,
+    /// `DCP_SHARDING_INFO`: each tensor's chunk offsets.
+    offsets: HashMap<String, Vec<u64>>,
 }
 
 /// The memory a chunk's archive is read from: a range of a file's map.
@@ -187,16 +217,27 @@ impl Dcp {
         let mut used = 0usize;
         let mut place = |key: &str, s: &RawStorage| -> Result<Piece> {
             used += 1;
-            if let Some(t) = s.transforms.first() {
-                return Err(Error::new(
-                    ErrorKind::Unsupported,
-                    format!(
-                        "its bytes in {} pass through the stream transform {t:?}, which is not read",
-                        s.relative_path
-                    ),
-                )
-                .for_tensor(key));
-            }
+            let transform = match s.transforms.as_slice() {
+                [] => Transform::None,
+                [one]
+                    if one.split_once('/').is_some_and(|(n, v)| {
+                        n == "stream.zstd" && v.split('.').next() == Some("1")
+                    }) =>
+                {
+                    Transform::Zstd
+                }
+                more => {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        format!(
+                            "its bytes in {} pass through the stream transforms {more:?}; \
+                             only stream.zstd/1 is read",
+                            s.relative_path
+                        ),
+                    )
+                    .for_tensor(key))
+                }
+            };
             let file = match file_at.get(&s.relative_path) {
                 Some(&i) => i,
                 None => {
@@ -228,6 +269,7 @@ impl Dcp {
                 file,
                 offset: s.start,
                 length: s.length,
+                transform,
             })
         };
         let mut tensors = Vec::new();
@@ -295,6 +337,7 @@ impl Dcp {
             by_name,
             opts: opts.clone(),
             protocol: raw.protocol,
+            blobs: Mutex::new(HashMap::new()),
         })
     }
 
@@ -329,26 +372,148 @@ impl Dcp {
         self.bytes.iter().map(|(n, _)| n.as_str())
     }
 
-    fn archive(&self, piece: Piece) -> Result<Checkpoint> {
+    /// `file at offset N`, as errors name a piece.
+    fn place_of(&self, piece: Piece) -> String {
+        let file = self.files.get(piece.file).map_or("", |(n, _)| n.as_str());
+        format!("{file} at offset {}", piece.offset)
+    }
+
+    /// The file and the byte range of a piece, checked again.
+    fn range(&self, piece: Piece) -> Result<Range> {
         let (name, source) = self
             .files
             .get(piece.file)
             .ok_or_else(|| geometry("no such file"))?;
-        let (start, end) = match (
+        match (
             usize::try_from(piece.offset),
             piece.offset.checked_add(piece.length).map(usize::try_from),
         ) {
-            (Ok(s), Some(Ok(e))) if e <= source.bytes().len() => (s, e),
-            _ => return Err(geometry("the range lies outside its file").in_file(name)),
+            (Ok(start), Some(Ok(end))) if end <= source.bytes().len() => Ok(Range {
+                source: source.clone(),
+                start,
+                end,
+            }),
+            _ => Err(geometry("the range lies outside its file").in_file(name)),
+        }
+    }
+
+    /// The piece as the checkpoint its (decompressed) bytes hold.
+    fn archive(&self, piece: Piece) -> Result<Checkpoint> {
+        let range = self.range(piece)?;
+        let opened = match piece.transform {
+            Transform::None => self.opts.open_bytes(range),
+            Transform::Zstd => {
+                let bytes = unzstd(range.as_ref(), self.opts.limits_ref())?;
+                self.opts.open_bytes(bytes)
+            }
         };
-        let range = Range {
-            source: source.clone(),
-            start,
-            end,
+        opened.map_err(|e| e.in_file(&self.place_of(piece)))
+    }
+
+    /// The safetensors blob at `piece`'s offset, if the bytes there are one
+    /// (a torch archive starts with a zip header instead).
+    fn blob(&self, piece: Piece) -> Result<Option<Arc<Blob>>> {
+        if piece.transform != Transform::None {
+            return Ok(None);
+        }
+        let (_, source) = self
+            .files
+            .get(piece.file)
+            .ok_or_else(|| geometry("no such file"))?;
+        let at = usize::try_from(piece.offset).map_err(|_| geometry("offset too large"))?;
+        let rest = source.bytes().get(at..).unwrap_or_default();
+        if rest.starts_with(b"PK\x03\x04") || rest.len() < 9 {
+            return Ok(None);
+        }
+        let mut cache = self
+            .blobs
+            .lock()
+            .map_err(|_| geometry("a reader thread failed"))?;
+        if let Some(b) = cache.get(&(piece.file, piece.offset)) {
+            return Ok(Some(b.clone()));
+        }
+        let blob = parse_blob(rest, piece.offset, self.opts.limits_ref())
+            .map_err(|e| e.in_file(&self.place_of(piece)))?;
+        let Some(blob) = blob else { return Ok(None) };
+        let blob = Arc::new(blob);
+        cache.insert((piece.file, piece.offset), blob.clone());
+        Ok(Some(blob))
+    }
+
+    /// Call `f` with the row-major, host-order bytes of chunk `c` of `t`.
+    fn with_chunk(
+        &self,
+        t: &DcpTensor,
+        c: &Chunk,
+        f: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let name = t.name.as_str();
+        let chunk_err = |m: String| {
+            geometry(m)
+                .for_tensor(name)
+                .in_file(&self.place_of(c.piece))
         };
-        self.opts
-            .open_bytes(range)
-            .map_err(|e| e.in_file(&format!("{name} at offset {}", piece.offset)))
+        if let Some(blob) = self.blob(c.piece)? {
+            let Some((dtype, shape, begin, end)) = blob.entries.get(name) else {
+                return Err(chunk_err(
+                    "the safetensors blob there has no such tensor".into(),
+                ));
+            };
+            if dtype != t.dtype.name() || shape != &c.sizes {
+                return Err(chunk_err(format!(
+                    "the safetensors blob there holds it as {dtype} {shape:?}, where the metadata says {} {:?}",
+                    t.dtype, c.sizes
+                )));
+            }
+            if blob.offsets.get(name) != Some(&c.offsets) {
+                return Err(chunk_err(format!(
+                    "the safetensors blob there places it at {:?}, where the metadata says {:?}",
+                    blob.offsets.get(name),
+                    c.offsets
+                )));
+            }
+            if end - begin != c.piece.length || cfg!(target_endian = "big") {
+                return Err(chunk_err(format!(
+                    "its {} bytes in the blob disagree with the metadata's {}",
+                    end - begin,
+                    c.piece.length
+                )));
+            }
+            let (_, source) = self
+                .files
+                .get(c.piece.file)
+                .ok_or_else(|| geometry("no such file"))?;
+            let bytes = blob
+                .data_start
+                .checked_add(*begin)
+                .zip(blob.data_start.checked_add(*end))
+                .and_then(|(b, e)| Some((usize::try_from(b).ok()?, usize::try_from(e).ok()?)))
+                .and_then(|(b, e)| source.bytes().get(b..e))
+                .ok_or_else(|| chunk_err("its bytes lie outside the file".into()))?;
+            return f(bytes);
+        }
+        let ckpt = self.archive(c.piece).map_err(|e| e.for_tensor(name))?;
+        let view = match (ckpt.len(), ckpt.tensor_at(0)) {
+            (1, Some(v)) => v,
+            (n, _) => {
+                return Err(chunk_err(format!(
+                    "the chunk at {:?} holds {n} tensors, not one",
+                    c.offsets
+                )))
+            }
+        };
+        if view.dtype() != t.dtype || view.shape() != c.sizes.as_slice() {
+            return Err(chunk_err(format!(
+                "the chunk at {:?} holds a {} tensor of shape {:?}, where the metadata says {} {:?}",
+                c.offsets,
+                view.dtype(),
+                view.shape(),
+                t.dtype,
+                c.sizes
+            )));
+        }
+        let data = view.data().map_err(|e| e.for_tensor(name))?;
+        f(&data)
     }
 
     /// The non-tensor item keyed `name`, opened as the checkpoint its
@@ -432,35 +597,10 @@ impl Dcp {
             if intersection(&c.offsets, &c.sizes, offsets, sizes).is_none() {
                 continue;
             }
-            let ckpt = self.archive(c.piece).map_err(|e| e.for_tensor(name))?;
-            let chunk_err = |m: String| {
-                let file = self.files.get(c.piece.file).map_or("", |(n, _)| n.as_str());
-                geometry(m)
-                    .for_tensor(name)
-                    .in_file(&format!("{file} at offset {}", c.piece.offset))
-            };
-            let view = match (ckpt.len(), ckpt.tensor_at(0)) {
-                (1, Some(v)) => v,
-                (n, _) => {
-                    return Err(chunk_err(format!(
-                        "the chunk at {:?} holds {n} tensors, not one",
-                        c.offsets
-                    )))
-                }
-            };
-            if view.dtype() != t.dtype || view.shape() != c.sizes.as_slice() {
-                return Err(chunk_err(format!(
-                    "the chunk at {:?} holds a {} tensor of shape {:?}, where the metadata says {} {:?}",
-                    c.offsets,
-                    view.dtype(),
-                    view.shape(),
-                    t.dtype,
-                    c.sizes
-                )));
-            }
-            let data = view.data().map_err(|e| e.for_tensor(name))?;
-            copy_box(&data, &c.offsets, &c.sizes, &mut out, offsets, sizes, elem)
-                .map_err(|e| e.for_tensor(name))?;
+            self.with_chunk(t, c, &mut |data| {
+                copy_box(data, &c.offsets, &c.sizes, &mut out, offsets, sizes, elem)
+                    .map_err(|e| e.for_tensor(name))
+            })?;
         }
         Ok(out)
     }
@@ -520,6 +660,112 @@ fn plain_file(dir: &Path, name: &str) -> Result<PathBuf> {
         ));
     }
     Ok(path)
+}
+
+/// One zstd frame: this build reads none (the `zstd` feature is off).
+#[cfg(not(feature = "zstd"))]
+fn unzstd(_data: &[u8], _limits: &Limits) -> Result<Vec<u8>> {
+    Err(Error::new(
+        ErrorKind::Unsupported,
+        "zstd: this build of ptload-reader reads no stream.zstd/1 items \
+         (built without its `zstd` feature)",
+    ))
+}
+
+/// One zstd frame, decompressed within the limit on decompressed bytes.
+#[cfg(feature = "zstd")]
+fn unzstd(data: &[u8], limits: &Limits) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let zstd = |m: String| Error::new(ErrorKind::Unsupported, format!("zstd: {m}"));
+    let max = limits.max_decompressed_bytes;
+    let mut decoder =
+        ruzstd::decoding::StreamingDecoder::new(data).map_err(|e| zstd(e.to_string()))?;
+    let mut out = Vec::new();
+    (&mut decoder)
+        .take(max.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| zstd(e.to_string()))?;
+    if out.len() as u64 > max {
+        return Err(Error::limit("max_decompressed_bytes", max));
+    }
+    let rest = decoder.into_inner();
+    if !rest.is_empty() {
+        return Err(zstd(format!("{} bytes after the frame", rest.len())));
+    }
+    Ok(out)
+}
+
+/// The safetensors blob at the start of `rest` (at `offset` in its file):
+/// `None` when the bytes are not one.
+fn parse_blob(rest: &[u8], offset: u64, limits: &Limits) -> Result<Option<Blob>> {
+    let bad = |m: String| Error::new(ErrorKind::Tensor, format!("safetensors blob: {m}"));
+    let Some((len, after)) = rest.split_first_chunk::<8>() else {
+        return Ok(None);
+    };
+    let n = u64::from_le_bytes(*len);
+    if after.first() != Some(&b'{') {
+        return Ok(None);
+    }
+    if n > limits.max_index_bytes {
+        return Err(Error::limit("max_index_bytes", limits.max_index_bytes));
+    }
+    let header = usize::try_from(n)
+        .ok()
+        .and_then(|n| after.get(..n))
+        .ok_or_else(|| bad(format!("a header of {n} bytes runs past the file")))?;
+    let data_len = (after.len() as u64).saturating_sub(n);
+    let data_start = offset
+        .checked_add(8)
+        .and_then(|o| o.checked_add(n))
+        .ok_or_else(|| bad("offset overflows".into()))?;
+    let json: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(header).map_err(|e| bad(format!("header: {e}")))?;
+    let mut entries = HashMap::new();
+    let mut offsets = HashMap::new();
+    let dims = |v: &serde_json::Value| -> Option<Vec<u64>> {
+        v.as_array()?
+            .iter()
+            .map(serde_json::Value::as_u64)
+            .collect()
+    };
+    for (key, v) in &json {
+        if key == "__metadata__" {
+            let info = v
+                .get("DCP_SHARDING_INFO")
+                .and_then(serde_json::Value::as_str)
+                .ok_or_else(|| bad("no DCP_SHARDING_INFO in its metadata".into()))?;
+            let info: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(info).map_err(|e| bad(format!("DCP_SHARDING_INFO: {e}")))?;
+            for (name, v) in info {
+                let at = v
+                    .get("saved_offsets")
+                    .and_then(dims)
+                    .ok_or_else(|| bad(format!("no saved_offsets for {name}")))?;
+                offsets.insert(name, at);
+            }
+            continue;
+        }
+        let entry = (|| {
+            let dtype = v.get("dtype")?.as_str()?.to_owned();
+            let shape = dims(v.get("shape")?)?;
+            let range = dims(v.get("data_offsets")?)?;
+            match range.as_slice() {
+                &[b, e] if b <= e && e <= data_len => Some((dtype, shape, b, e)),
+                _ => None,
+            }
+        })()
+        .ok_or_else(|| {
+            bad(format!(
+                "{key}: no dtype, shape and data_offsets inside the data"
+            ))
+        })?;
+        entries.insert(key.clone(), entry);
+    }
+    Ok(Some(Blob {
+        data_start,
+        entries,
+        offsets,
+    }))
 }
 
 fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
