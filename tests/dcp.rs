@@ -508,6 +508,13 @@ fn hostile_chunk_geometry_is_refused() {
             "rank",
         ),
         (
+            "larger_than_its_bytes",
+            vec![8, 60000],
+            vec![vec![0, 0], vec![4, 0]],
+            vec![vec![4, 60000], vec![4, 60000]],
+            "more than its",
+        ),
+        (
             "huge",
             vec![1 << 62, 6],
             vec![vec![0, 0], vec![4, 0]],
@@ -728,9 +735,18 @@ fn the_safetensors_format_and_the_zstd_transform_are_what_torch_wrote() {
         return;
     }
     assert_eq!(z.read_item("step").unwrap().values()[0].1, Scalar::Int(7));
-    // Decompression stays within the limit.
+    // Decompression stays within the limit: a chunk whose elements alone
+    // exceed it is refused at open, and an archive that does when read.
     let mut limits = Limits::default();
     limits.max_decompressed_bytes = 64;
+    let e = Dcp::open_with(
+        dir_of("world2_zstd"),
+        &OpenOptions::new().limits(limits.clone()),
+    )
+    .expect_err("96 bytes of elements");
+    assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
+    assert!(e.to_string().contains("more than its 64 bytes"), "{e}");
+    limits.max_decompressed_bytes = 200;
     let small =
         Dcp::open_with(dir_of("world2_zstd"), &OpenOptions::new().limits(limits)).expect("open");
     let e = small.read_tensor("layers.0.weight").expect_err("limit");

@@ -45,6 +45,10 @@ impl OpenOptions {
         &self.limits
     }
 
+    pub(crate) fn in_memory_ref(&self) -> bool {
+        self.in_memory
+    }
+
     /// Bounds on the work the file may cause.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;

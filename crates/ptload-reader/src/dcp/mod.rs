@@ -193,10 +193,48 @@ impl Dcp {
         let meta_path = dir.join(METADATA_FILE);
         let data = read_bounded(&meta_path, limits.max_pickle_bytes)?;
         let raw = metadata::decode(&data, limits).map_err(|e| e.in_file(METADATA_FILE))?;
-        Dcp::build(dir, raw, opts).map_err(|e| e.in_file(METADATA_FILE))
+        let mut open = |name: &str| -> Result<Source> {
+            let path = dir.join(name);
+            if !path.is_file() {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!("{name} is missing from {}", dir.display()),
+                ));
+            }
+            if opts.in_memory_ref() {
+                Source::read(&path)
+            } else {
+                Source::map(&path)
+            }
+        };
+        Dcp::build(dir, raw, opts, &mut open).map_err(|e| e.in_file(METADATA_FILE))
     }
 
-    fn build(dir: &Path, raw: metadata::RawMetadata, opts: &OpenOptions) -> Result<Dcp> {
+    /// A DCP checkpoint held in memory: the bytes of its `.metadata` and
+    /// of each file it names, by name.
+    pub fn from_memory(
+        metadata: &[u8],
+        files: Vec<(String, Vec<u8>)>,
+        opts: &OpenOptions,
+    ) -> Result<Dcp> {
+        let raw =
+            metadata::decode(metadata, opts.limits_ref()).map_err(|e| e.in_file(METADATA_FILE))?;
+        let mut files: HashMap<String, Vec<u8>> = files.into_iter().collect();
+        let mut open = |name: &str| -> Result<Source> {
+            files
+                .remove(name)
+                .map(Source::given)
+                .ok_or_else(|| Error::new(ErrorKind::Io, format!("{name} is missing")))
+        };
+        Dcp::build(Path::new(""), raw, opts, &mut open).map_err(|e| e.in_file(METADATA_FILE))
+    }
+
+    fn build(
+        dir: &Path,
+        raw: metadata::RawMetadata,
+        opts: &OpenOptions,
+        open: &mut dyn FnMut(&str) -> Result<Source>,
+    ) -> Result<Dcp> {
         let limits = opts.limits_ref();
         // Storage entries by (key, chunk offsets).
         let mut entries: HashMap<(&str, Option<&[u64]>), &RawStorage> = HashMap::new();
@@ -241,11 +279,11 @@ impl Dcp {
             let file = match file_at.get(&s.relative_path) {
                 Some(&i) => i,
                 None => {
-                    let path = plain_file(dir, &s.relative_path).map_err(|e| e.for_tensor(key))?;
+                    plain_file(&s.relative_path).map_err(|e| e.for_tensor(key))?;
                     if files.len() >= limits.max_set_files {
                         return Err(Error::limit("max_set_files", limits.max_set_files as u64));
                     }
-                    let source = Source::map(&path)?;
+                    let source = open(&s.relative_path).map_err(|e| e.for_tensor(key))?;
                     files.push((s.relative_path.clone(), source));
                     file_at.insert(s.relative_path.clone(), files.len() - 1);
                     files.len() - 1
@@ -307,6 +345,22 @@ impl Dcp {
                                 .for_tensor(&name)
                             })?;
                         let piece = place(&name, s)?;
+                        // Memory is only ever allocated for bytes present:
+                        // a chunk's elements lie in its range (or, through
+                        // zstd, within the limit on decompressed bytes).
+                        let room = match piece.transform {
+                            Transform::None => piece.length,
+                            Transform::Zstd => limits.max_decompressed_bytes,
+                        };
+                        let need = volume(&c.sizes).saturating_mul(dtype.size() as u64);
+                        if need > room {
+                            return Err(geometry(format!(
+                                "the chunk at {:?} has {need} bytes of elements, more than its \
+                                 {room} bytes in {}",
+                                c.offsets, s.relative_path
+                            ))
+                            .for_tensor(&name));
+                        }
                         chunks.push(Chunk {
                             offsets: c.offsets,
                             sizes: c.sizes,
@@ -638,28 +692,22 @@ impl Dcp {
     }
 }
 
-/// The file `name` names in `dir`: a plain file name, never a path that
-/// could leave the directory.
-fn plain_file(dir: &Path, name: &str) -> Result<PathBuf> {
+/// Check that `name` is a plain file name: never a path that could leave
+/// the checkpoint's directory.
+fn plain_file(name: &str) -> Result<()> {
     let mut parts = Path::new(name).components();
     let plain = matches!(
         (parts.next(), parts.next()),
         (Some(std::path::Component::Normal(_)), None)
     ) && !name.contains(['/', '\\', '\0']);
-    if !plain {
-        return Err(Error::new(
+    if plain {
+        Ok(())
+    } else {
+        Err(Error::new(
             ErrorKind::InvalidSpec,
             format!("relative_path {name:?} is not a file in the checkpoint's directory"),
-        ));
+        ))
     }
-    let path = dir.join(name);
-    if !path.is_file() {
-        return Err(Error::new(
-            ErrorKind::Io,
-            format!("{name} is missing from {}", dir.display()),
-        ));
-    }
-    Ok(path)
 }
 
 /// One zstd frame: this build reads none (the `zstd` feature is off).
