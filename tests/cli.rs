@@ -1710,8 +1710,83 @@ fn dcp_directories_from_the_command_line() {
                 "{save} {name}"
             );
         }
-        // load --shard: each rank's rows, as tensor_split cuts the whole.
         let dcp = ptload_reader::dcp::Dcp::open(&dir).expect("open");
+        // convert --shard: the rank's rows, read from the chunks they overlap.
+        let out = ptload(&[
+            "convert",
+            &dir,
+            out_path.to_str().expect("path"),
+            "--shard",
+            "2/3",
+            "--split",
+            "norm.scale=replicate",
+            "--split",
+            "*=0",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let bytes = std::fs::read(&out_path).expect("written");
+        let _ = std::fs::remove_file(&out_path);
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors reads it");
+        for name in want.keys() {
+            let d = dcp.tensor(name).expect("tensor");
+            let whole = dcp.read_tensor(name).expect("whole");
+            let part = if d.shape().is_empty() {
+                whole
+            } else {
+                split_rows(&whole, d.shape(), d.dtype().size(), 2, 3)
+            };
+            assert_eq!(
+                st.tensor(name).expect("tensor").data(),
+                part,
+                "{save} {name}"
+            );
+        }
+        // convert --dtype: tensor by tensor from the chunks, or (with
+        // --max-shard-size) from the set put together, the same bytes.
+        let shards =
+            std::env::temp_dir().join(format!("ptload-dcp-shards-{save}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&shards);
+        let a = ptload(&[
+            "convert",
+            &dir,
+            out_path.to_str().expect("path"),
+            "--dtype",
+            "F32",
+        ]);
+        assert!(a.status.success(), "{}", stderr(&a));
+        let b = ptload(&[
+            "convert",
+            &dir,
+            shards.to_str().expect("path"),
+            "--dtype",
+            "F32",
+            "--max-shard-size",
+            "1GB",
+        ]);
+        assert!(b.status.success(), "{}", stderr(&b));
+        let one = std::fs::read(&out_path).expect("written");
+        let _ = std::fs::remove_file(&out_path);
+        let shard_file = std::fs::read_dir(&shards)
+            .expect("shards")
+            .map(|e| e.expect("entry").path())
+            .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .expect("a shard");
+        let other = std::fs::read(&shard_file).expect("shard");
+        let _ = std::fs::remove_dir_all(&shards);
+        let (x, y) = (
+            safetensors::SafeTensors::deserialize(&one).expect("one"),
+            safetensors::SafeTensors::deserialize(&other).expect("other"),
+        );
+        assert_eq!(x.len(), y.len());
+        for (name, t) in x.tensors() {
+            let u = y.tensor(&name).expect("same names");
+            assert_eq!(
+                (t.dtype(), t.shape(), t.data()),
+                (u.dtype(), u.shape(), u.data()),
+                "{save} {name}"
+            );
+        }
+        // load --shard: each rank's rows, as tensor_split cuts the whole.
         for (rank, world) in [(0, 3), (2, 3), (1, 2)] {
             let spec = format!("{rank}/{world}");
             let out = ptload(&[

@@ -144,6 +144,10 @@ impl OpenOptions {
     }
 }
 
+/// A tensor of [`Checkpoint::assembled`]: name, dtype, shape, and its
+/// row-major host-order bytes when they are held.
+pub(crate) type AssembledTensor = (String, DType, Vec<u64>, Option<Vec<u8>>);
+
 /// A decoded checkpoint: tensor metadata and values, with tensor bytes left
 /// in the (memory-mapped) file until asked for.
 #[derive(Debug)]
@@ -382,10 +386,11 @@ impl Checkpoint {
 
     /// A checkpoint of tensors put together in memory (a DCP directory's
     /// chunks): each `(name, dtype, shape, row-major host-order bytes)` its
-    /// own storage, with the values and warnings given; `protocol` is that
-    /// of the pickle that described them.
+    /// own storage (without bytes, a tensor with no storage, whose data
+    /// lies elsewhere), with the values and warnings given; `protocol` is
+    /// that of the pickle that described them.
     pub(crate) fn assembled(
-        parts: Vec<(String, DType, Vec<u64>, Vec<u8>)>,
+        parts: Vec<AssembledTensor>,
         values: Vec<(String, Scalar)>,
         warnings: Vec<String>,
         protocol: u8,
@@ -404,8 +409,10 @@ impl Checkpoint {
                 .ok_or_else(|| {
                     Error::new(ErrorKind::Tensor, "shape overflows").for_tensor(&name)
                 })?;
-            let nbytes = bytes.len() as u64;
-            if numel.checked_mul(dtype.size() as u64) != Some(nbytes) {
+            let nbytes = numel
+                .checked_mul(dtype.size() as u64)
+                .ok_or_else(|| Error::new(ErrorKind::Tensor, "size overflows").for_tensor(&name))?;
+            if bytes.as_ref().is_some_and(|b| b.len() as u64 != nbytes) {
                 return Err(Error::new(
                     ErrorKind::Tensor,
                     format!("{nbytes} bytes for {numel} elements of {dtype}"),
@@ -430,25 +437,31 @@ impl Checkpoint {
                         .for_tensor(&name),
                 );
             }
-            storages.push(StorageInfo {
-                key: i.to_string(),
-                location: "cpu".to_owned(),
-                dtype,
-                numel,
-                nbytes,
-                record: None,
-                file_offset: None,
-                data: StorageData::Owned(i),
-                quantized: None,
-            });
-            owned.push(bytes);
+            let storage = match bytes {
+                Some(bytes) => {
+                    storages.push(StorageInfo {
+                        key: storages.len().to_string(),
+                        location: "cpu".to_owned(),
+                        dtype,
+                        numel,
+                        nbytes,
+                        record: None,
+                        file_offset: None,
+                        data: StorageData::Owned(owned.len()),
+                        quantized: None,
+                    });
+                    owned.push(bytes);
+                    Some(storages.len() - 1)
+                }
+                None => None,
+            };
             tensors.push(TensorInfo {
                 name,
                 dtype,
                 shape,
                 stride,
                 storage_offset: 0,
-                storage: Some(i),
+                storage,
                 numel,
                 nbytes,
                 requires_grad: false,

@@ -395,6 +395,11 @@ impl Dcp {
         })
     }
 
+    /// The source of each file, for writers that must not overwrite them.
+    pub(crate) fn sources(&self) -> impl Iterator<Item = &Source> + '_ {
+        self.files.iter().map(|(_, s)| s)
+    }
+
     /// The protocol of the `.metadata` pickle.
     pub fn pickle_protocol(&self) -> u8 {
         self.protocol
@@ -663,11 +668,29 @@ impl Dcp {
     /// checkpoint held in memory (what [`crate::set::CheckpointSet`] opens
     /// for a DCP directory). Its size is the whole model's.
     pub fn to_checkpoint(&self) -> Result<Checkpoint> {
+        self.checkpoint(true)
+    }
+
+    /// Every tensor's name, dtype and shape without its data (tensors with
+    /// no storage, as meta tensors are), and every item's values: what
+    /// state-dict selection needs, for writers that then read each tensor
+    /// (or each rank's region) from the chunks with
+    /// [`read_region`](Self::read_region), in bounded memory
+    /// ([`crate::export::write_dcp_safetensors_file`]).
+    pub fn skeleton(&self) -> Result<Checkpoint> {
+        self.checkpoint(false)
+    }
+
+    fn checkpoint(&self, with_data: bool) -> Result<Checkpoint> {
         let mut parts = Vec::with_capacity(self.tensors.len());
         let mut values: Vec<(String, Scalar)> = Vec::new();
         let mut warnings = Vec::new();
         for t in &self.tensors {
-            let bytes = self.read_tensor(&t.name)?;
+            let bytes = if with_data {
+                Some(self.read_tensor(&t.name)?)
+            } else {
+                None
+            };
             parts.push((t.name.clone(), t.dtype, t.shape.clone(), bytes));
         }
         for (name, _) in &self.bytes {
@@ -684,7 +707,7 @@ impl Dcp {
             }
             for v in item.tensors() {
                 let bytes = v.data().map_err(|e| e.for_tensor(name))?.into_owned();
-                parts.push((join(v.name()), v.dtype(), v.shape().to_vec(), bytes));
+                parts.push((join(v.name()), v.dtype(), v.shape().to_vec(), Some(bytes)));
             }
             warnings.extend(item.warnings().iter().map(|w| format!("{name}: {w}")));
         }
