@@ -1672,6 +1672,7 @@ fn dcp_directories_from_the_command_line() {
         "world2_threads",
         "world2_safetensors",
         "world2_zstd",
+        "world2_rank_metadata",
     ] {
         let dir = fixture(&format!("dcp/{save}"));
         let want = doc["saves"][save]["tensors"].as_object().expect("tensors");

@@ -23,7 +23,7 @@ fn answers() -> Json {
 fn saves() -> Vec<(String, Json)> {
     let doc = answers();
     let saves = doc["saves"].as_object().expect("saves");
-    assert_eq!(saves.len(), 6);
+    assert_eq!(saves.len(), 7);
     saves
         .iter()
         .filter(|(k, _)| cfg!(feature = "zstd") || k.as_str() != "world2_zstd")
@@ -82,7 +82,7 @@ fn every_tensor_equals_torchs() {
             .unwrap()
             .iter()
             .map(|f| f.as_str().unwrap().to_owned())
-            .filter(|f| f != ".metadata")
+            .filter(|f| !f.ends_with(".metadata"))
             .collect();
         let mut sorted = files.clone();
         sorted.sort();
@@ -182,6 +182,7 @@ fn the_same_tensor_reads_alike_at_every_world_size() {
         "world2_threads",
         "world2_safetensors",
         "world2_zstd",
+        "world2_rank_metadata",
     ] {
         if other == "world2_zstd" && !cfg!(feature = "zstd") {
             continue;
@@ -796,4 +797,61 @@ fn an_unknown_transform_is_named() {
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     assert!(e.to_string().contains("stream.brotli/1"), "{e}");
     assert_eq!(e.tensor(), Some("t"));
+}
+
+#[test]
+fn a_save_without_collectives_reads_as_one() {
+    // Every rank wrote the replicated tensors; they are read once, from
+    // rank 0's file, and the sharded ones from both.
+    let dcp = Dcp::open(dir_of("world2_rank_metadata")).expect("open");
+    let names: Vec<&str> = dcp.files().collect();
+    let bias = dcp.tensor("layers.0.bias").unwrap();
+    assert_eq!(bias.chunks().len(), 1);
+    assert_eq!(names[bias.chunks()[0].piece.file], "__0_0.distcp");
+    let w = dcp.tensor("layers.0.weight").unwrap();
+    let files: Vec<&str> = w.chunks().iter().map(|c| names[c.piece.file]).collect();
+    assert_eq!(files, ["__0_0.distcp", "__1_0.distcp"]);
+    // Ranks that disagree on a tensor, or a lost rank, are errors.
+    let s = Scratch::new("ranks");
+    for f in std::fs::read_dir(dir_of("world2_rank_metadata")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), s.0.join(f.file_name())).unwrap();
+    }
+    let rank1 = std::fs::read(s.0.join("__1.metadata")).unwrap();
+    let mut rank1_moved = rank1.clone();
+    let needle = b"__1_0.distcp";
+    let at = rank1_moved
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap();
+    rank1_moved[at..at + needle.len()].copy_from_slice(b"__0_0.distcp");
+    std::fs::write(s.0.join("__1.metadata"), &rank1_moved).unwrap();
+    let e = open_err(&s.0);
+    assert_eq!(e.file(), Some("__0.metadata to __1.metadata"), "{e}");
+    std::fs::remove_file(s.0.join("__0.metadata")).unwrap();
+    let e = CheckpointSet::open(&s.0).expect_err("no metadata");
+    assert_ne!(e.kind(), ErrorKind::Tensor, "{e}");
+}
+
+#[test]
+fn two_chunks_reading_the_same_bytes_are_refused() {
+    let s = Scratch::new("shared");
+    let r = two_chunks(&s.0);
+    // The second chunk's entry names the first chunk's archive, whole or
+    // overlapping it.
+    for range in [r[0], (r[0].0 + 10, r[0].1)] {
+        let md = metadata(
+            "float32",
+            &[8, 6],
+            &[
+                chunk(&[0, 0], &[4, 6], "data.distcp", r[0]),
+                chunk(&[4, 0], &[4, 6], "data.distcp", range),
+            ],
+            &none,
+        );
+        std::fs::write(s.0.join(".metadata"), md).unwrap();
+        let e = open_err(&s.0);
+        assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
+        assert!(e.to_string().contains("are also those of t"), "{e}");
+    }
 }

@@ -440,13 +440,25 @@ fn dcp_records(mut data: &[u8]) -> Vec<(String, Vec<u8>)> {
 /// and every non-tensor item. Returns how many tensors read whole.
 pub fn dcp(data: &[u8]) -> usize {
     use ptload_reader::dcp::Dcp;
-    let mut records = dcp_records(data);
-    let Some(at) = records.iter().position(|(n, _)| n == ".metadata") else {
+    let records = dcp_records(data);
+    // `.metadata`, or each rank's `__R.metadata` in rank order.
+    let (mut metadata, files): (Vec<_>, Vec<_>) = records
+        .into_iter()
+        .partition(|(n, _)| n.ends_with(".metadata"));
+    metadata.sort_by_key(|(n, _)| {
+        n.strip_prefix("__")
+            .and_then(|r| r.strip_suffix(".metadata"))
+            .and_then(|r| r.parse::<u64>().ok())
+    });
+    if metadata.len() > 1 && metadata.iter().any(|(n, _)| n == ".metadata") {
+        metadata.retain(|(n, _)| n == ".metadata");
+    }
+    if metadata.is_empty() || metadata.len() > 64 {
         return 0;
-    };
-    let (_, metadata) = records.swap_remove(at);
+    }
+    let metadata: Vec<&[u8]> = metadata.iter().map(|(_, b)| b.as_slice()).collect();
     let opts = OpenOptions::new().limits(limits());
-    let dcp = match Dcp::from_memory(&metadata, records, &opts) {
+    let dcp = match Dcp::from_memory(&metadata, files, &opts) {
         Ok(d) => d,
         Err(e) => {
             check_error(&e);

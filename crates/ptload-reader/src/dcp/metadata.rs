@@ -465,3 +465,72 @@ fn decode_tensor(
         chunks,
     })
 }
+
+/// The metadata of a save without collectives, one per rank (rank order),
+/// as one: every key once (its dtype and size the same in every rank),
+/// each tensor's chunks and every storage entry once. A replicated tensor
+/// that every rank wrote is taken from the lowest rank.
+pub(crate) fn merge(ranks: Vec<RawMetadata>) -> Result<RawMetadata> {
+    use std::collections::{HashMap, HashSet};
+    let protocol = ranks.first().map_or(0, |r| r.protocol);
+    let mut items: Vec<(String, RawItem)> = Vec::new();
+    let mut at: HashMap<String, usize> = HashMap::new();
+    let mut seen_chunks: HashSet<(String, Vec<u64>, Vec<u64>)> = HashSet::new();
+    let mut storages: Vec<RawStorage> = Vec::new();
+    let mut seen_storage: HashSet<(String, Option<Vec<u64>>)> = HashSet::new();
+    for (rank, md) in ranks.into_iter().enumerate() {
+        for (name, item) in md.items {
+            let Some(&i) = at.get(&name) else {
+                if let RawItem::Tensor { chunks, .. } = &item {
+                    for c in chunks {
+                        seen_chunks.insert((name.clone(), c.offsets.clone(), c.sizes.clone()));
+                    }
+                }
+                at.insert(name.clone(), items.len());
+                items.push((name, item));
+                continue;
+            };
+            let Some((_, first)) = items.get_mut(i) else {
+                continue;
+            };
+            match (first, item) {
+                (RawItem::Bytes, RawItem::Bytes) => {}
+                (
+                    RawItem::Tensor {
+                        dtype,
+                        size,
+                        chunks,
+                    },
+                    RawItem::Tensor {
+                        dtype: d,
+                        size: z,
+                        chunks: more,
+                    },
+                ) if *dtype == d && *size == z => {
+                    for c in more {
+                        if seen_chunks.insert((name.clone(), c.offsets.clone(), c.sizes.clone())) {
+                            chunks.push(c);
+                        }
+                    }
+                }
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::Tensor,
+                        format!("rank {rank} describes it otherwise than a lower rank"),
+                    )
+                    .for_tensor(&name))
+                }
+            }
+        }
+        for s in md.storages {
+            if seen_storage.insert((s.fqn.clone(), s.offset.clone())) {
+                storages.push(s);
+            }
+        }
+    }
+    Ok(RawMetadata {
+        protocol,
+        items,
+        storages,
+    })
+}

@@ -53,9 +53,15 @@ use metadata::{RawItem, RawStorage};
 /// The name of a DCP directory's metadata file.
 pub const METADATA_FILE: &str = ".metadata";
 
-/// Whether `dir` is a DCP directory (it holds a `.metadata` file).
+/// Whether `dir` is a DCP directory: it holds a `.metadata` file, or the
+/// `__0.metadata` of a save without collectives (one per rank).
 pub fn is_dcp_dir(dir: &Path) -> bool {
-    dir.is_dir() && dir.join(METADATA_FILE).is_file()
+    dir.is_dir() && (dir.join(METADATA_FILE).is_file() || dir.join(rank_metadata(0)).is_file())
+}
+
+/// The metadata file rank `rank` writes when saved without collectives.
+fn rank_metadata(rank: usize) -> String {
+    format!("__{rank}{METADATA_FILE}")
 }
 
 /// Where one chunk's (or bytes item's) bytes lie.
@@ -191,8 +197,34 @@ impl Dcp {
         let dir = dir.as_ref();
         let limits = opts.limits_ref();
         let meta_path = dir.join(METADATA_FILE);
-        let data = read_bounded(&meta_path, limits.max_pickle_bytes)?;
-        let raw = metadata::decode(&data, limits).map_err(|e| e.in_file(METADATA_FILE))?;
+        let (raw, meta_name) = if meta_path.is_file() || !dir.join(rank_metadata(0)).is_file() {
+            let data = read_bounded(&meta_path, limits.max_pickle_bytes)?;
+            let raw = metadata::decode(&data, limits).map_err(|e| e.in_file(METADATA_FILE))?;
+            (raw, METADATA_FILE.to_owned())
+        } else {
+            // Saved without collectives: each rank described what it
+            // wrote, in __R.metadata, R = 0, 1, ...
+            let mut ranks = Vec::new();
+            while dir.join(rank_metadata(ranks.len())).is_file() {
+                if ranks.len() >= limits.max_set_files {
+                    return Err(Error::limit("max_set_files", limits.max_set_files as u64));
+                }
+                let name = rank_metadata(ranks.len());
+                let data = read_bounded(&dir.join(&name), limits.max_pickle_bytes)?;
+                ranks.push(metadata::decode(&data, limits).map_err(|e| e.in_file(&name))?);
+            }
+            let Some(last) = ranks.len().checked_sub(1) else {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!("{} is missing from {}", rank_metadata(0), dir.display()),
+                ));
+            };
+            let files = format!("{} to {}", rank_metadata(0), rank_metadata(last));
+            (
+                metadata::merge(ranks).map_err(|e| e.in_file(&files))?,
+                files,
+            )
+        };
         let mut open = |name: &str| -> Result<Source> {
             let path = dir.join(name);
             if !path.is_file() {
@@ -207,18 +239,32 @@ impl Dcp {
                 Source::map(&path)
             }
         };
-        Dcp::build(dir, raw, opts, &mut open).map_err(|e| e.in_file(METADATA_FILE))
+        Dcp::build(dir, raw, opts, &mut open).map_err(|e| e.in_file(&meta_name))
     }
 
-    /// A DCP checkpoint held in memory: the bytes of its `.metadata` and
-    /// of each file it names, by name.
+    /// A DCP checkpoint held in memory: the bytes of its `.metadata` (or,
+    /// saved without collectives, of each rank's `__R.metadata`, in rank
+    /// order) and of each file they name, by name.
     pub fn from_memory(
-        metadata: &[u8],
+        metadata: &[&[u8]],
         files: Vec<(String, Vec<u8>)>,
         opts: &OpenOptions,
     ) -> Result<Dcp> {
-        let raw =
-            metadata::decode(metadata, opts.limits_ref()).map_err(|e| e.in_file(METADATA_FILE))?;
+        let raw = match metadata {
+            [one] => {
+                metadata::decode(one, opts.limits_ref()).map_err(|e| e.in_file(METADATA_FILE))?
+            }
+            ranks => {
+                let mut decoded = Vec::with_capacity(ranks.len());
+                for (rank, data) in ranks.iter().enumerate() {
+                    decoded.push(
+                        metadata::decode(data, opts.limits_ref())
+                            .map_err(|e| e.in_file(&rank_metadata(rank)))?,
+                    );
+                }
+                metadata::merge(decoded)?
+            }
+        };
         let mut files: HashMap<String, Vec<u8>> = files.into_iter().collect();
         let mut open = |name: &str| -> Result<Source> {
             files
@@ -377,6 +423,7 @@ impl Dcp {
                 }
             }
         }
+        check_disjoint(&files, &tensors, &bytes)?;
         if used != raw.storages.len() {
             return Err(geometry(format!(
                 "{} storage entries name no chunk or item of the state dict",
@@ -713,6 +760,72 @@ impl Dcp {
         }
         Checkpoint::assembled(parts, values, warnings, self.protocol)
     }
+}
+
+/// Check that no two chunks or items read the same bytes: each torch
+/// archive (or zstd frame) has a range of its own. Tensor chunks in the
+/// safetensors format share their file's blob, so there the key tells them
+/// apart: one chunk per tensor and blob.
+fn check_disjoint(
+    files: &[(String, Source)],
+    tensors: &[DcpTensor],
+    bytes: &[(String, Piece)],
+) -> Result<()> {
+    let pieces = tensors
+        .iter()
+        .flat_map(|t| {
+            t.chunks
+                .iter()
+                .map(move |c| (t.name.as_str(), c.piece, true))
+        })
+        .chain(bytes.iter().map(|(n, p)| (n.as_str(), *p, false)));
+    // (file, start, end, key, in a blob)
+    let mut ranges: Vec<(usize, u64, u64, &str, bool)> = Vec::new();
+    for (name, piece, tensor) in pieces {
+        let data = files.get(piece.file).map_or(&[][..], |(_, s)| s.bytes());
+        let at = usize::try_from(piece.offset).unwrap_or(usize::MAX);
+        let archive = data.get(at..).is_some_and(|b| b.starts_with(b"PK\x03\x04"));
+        if tensor && piece.transform == Transform::None && !archive {
+            ranges.push((
+                piece.file,
+                piece.offset,
+                piece.offset.saturating_add(1),
+                name,
+                true,
+            ));
+        } else {
+            let end = piece.offset.saturating_add(piece.length);
+            ranges.push((piece.file, piece.offset, end, name, false));
+        }
+    }
+    ranges.sort_unstable_by(|a, b| (a.0, a.1, a.3).cmp(&(b.0, b.1, b.3)));
+    let mut last: Option<(usize, u64, u64, &str, bool)> = None;
+    for r in ranges {
+        if let Some(p) = last {
+            let same_file = p.0 == r.0;
+            let clash = if p.4 && r.4 {
+                // Two chunks of one tensor in one blob.
+                same_file && p.1 == r.1 && p.3 == r.3
+            } else {
+                same_file && r.1 < p.2
+            };
+            if clash {
+                let file = files.get(r.0).map_or("", |(n, _)| n.as_str());
+                return Err(geometry(format!(
+                    "its bytes at {} in {file} are also those of {} at {}",
+                    r.1, p.3, p.1
+                ))
+                .for_tensor(r.3));
+            }
+            // Keep the range that reaches furthest.
+            if !(same_file && p.2 >= r.2 && !(p.4 && r.4)) {
+                last = Some(r);
+            }
+        } else {
+            last = Some(r);
+        }
+    }
+    Ok(())
 }
 
 /// Check that `name` is a plain file name: never a path that could leave
