@@ -1673,6 +1673,7 @@ fn dcp_directories_from_the_command_line() {
         "world2_safetensors",
         "world2_zstd",
         "world2_rank_metadata",
+        "fsdp2_adamw",
     ] {
         let dir = fixture(&format!("dcp/{save}"));
         let want = doc["saves"][save]["tensors"].as_object().expect("tensors");
@@ -1697,6 +1698,31 @@ fn dcp_directories_from_the_command_line() {
         let _ = std::fs::remove_file(&out_path);
         let out = ptload(&["convert", &dir, out_path.to_str().expect("path")]);
         assert!(out.status.success(), "{}", stderr(&out));
+        if save == "fsdp2_adamw" {
+            // --key auto takes the model out of the training state, its
+            // `model.` prefix left off.
+            let bytes = std::fs::read(&out_path).expect("written");
+            let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors reads it");
+            let mut names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
+            names.sort();
+            assert_eq!(names, ["0.bias", "0.weight", "2.bias", "2.weight"]);
+            for name in &names {
+                let w = &want[&format!("model.{name}")];
+                assert_eq!(
+                    sha_hex(st.tensor(name).expect("tensor").data()),
+                    w["sha256"].as_str().expect("sha")
+                );
+            }
+            let _ = std::fs::remove_file(&out_path);
+            let out = ptload(&[
+                "convert",
+                "--key",
+                "all",
+                &dir,
+                out_path.to_str().expect("path"),
+            ]);
+            assert!(out.status.success(), "{}", stderr(&out));
+        }
         let bytes = std::fs::read(&out_path).expect("written");
         let _ = std::fs::remove_file(&out_path);
         let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors reads it");
@@ -1715,12 +1741,16 @@ fn dcp_directories_from_the_command_line() {
         // convert --shard: the rank's rows, read from the chunks they overlap.
         let out = ptload(&[
             "convert",
+            "--key",
+            "all",
             &dir,
             out_path.to_str().expect("path"),
             "--shard",
             "2/3",
             "--split",
             "norm.scale=replicate",
+            "--split",
+            "*.step=replicate",
             "--split",
             "*=0",
         ]);
@@ -1792,11 +1822,15 @@ fn dcp_directories_from_the_command_line() {
             let spec = format!("{rank}/{world}");
             let out = ptload(&[
                 "load",
+                "--key",
+                "all",
                 &dir,
                 "--shard",
                 &spec,
                 "--split",
                 "norm.scale=replicate",
+                "--split",
+                "*.step=replicate",
                 "--split",
                 "*=0",
                 "--hash",

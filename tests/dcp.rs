@@ -23,7 +23,7 @@ fn answers() -> Json {
 fn saves() -> Vec<(String, Json)> {
     let doc = answers();
     let saves = doc["saves"].as_object().expect("saves");
-    assert_eq!(saves.len(), 7);
+    assert_eq!(saves.len(), 8);
     saves
         .iter()
         .filter(|(k, _)| cfg!(feature = "zstd") || k.as_str() != "world2_zstd")
@@ -87,12 +87,16 @@ fn every_tensor_equals_torchs() {
         let mut sorted = files.clone();
         sorted.sort();
         assert_eq!(sorted, listed, "{name}");
-        let items: Vec<&str> = dcp.items().collect();
-        assert_eq!(
-            items,
-            ["step", "extra.note", "extra.lr", "extra.betas"],
-            "{name}"
-        );
+        let mut items: Vec<&str> = dcp.items().collect();
+        let mut want_items: Vec<&str> = save["values"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        items.sort();
+        want_items.sort();
+        assert_eq!(items, want_items, "{name}");
     }
 }
 
@@ -120,6 +124,23 @@ fn a_dcp_directory_opens_as_a_checkpoint_set() {
                 .unwrap_or_else(|| panic!("{name}: no value {k} in {values:?}"))
         };
         let w = &save["values"];
+        if name == "fsdp2_adamw" {
+            // The optimizer's param_groups, item by item.
+            assert_eq!(
+                find("optim.param_groups.0.lr"),
+                Scalar::Float(w["optim.param_groups.0.lr"].as_f64().unwrap())
+            );
+            assert_eq!(
+                find("optim.param_groups.0.params.1"),
+                Scalar::Str(
+                    w["optim.param_groups.0.params"][1]
+                        .as_str()
+                        .unwrap()
+                        .to_owned()
+                )
+            );
+            continue;
+        }
         assert_eq!(find("step"), Scalar::Int(w["step"].as_i64().unwrap()));
         assert_eq!(
             find("extra.lr"),
@@ -854,4 +875,29 @@ fn two_chunks_reading_the_same_bytes_are_refused() {
         assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
         assert!(e.to_string().contains("are also those of t"), "{e}");
     }
+}
+
+#[test]
+fn an_fsdp2_model_and_its_optimizer_state_read_as_torchs() {
+    let dcp = Dcp::open(dir_of("fsdp2_adamw")).expect("open");
+    // FSDP2 shards every parameter and its moments on dim 0 across the two
+    // ranks; the steps are plain tensors, saved once.
+    for name in [
+        "model.0.weight",
+        "optim.state.0.weight.exp_avg",
+        "optim.state.2.weight.exp_avg_sq",
+    ] {
+        let t = dcp.tensor(name).unwrap();
+        assert_eq!(t.chunks().len(), 2, "{name}");
+        assert!(t
+            .chunks()
+            .iter()
+            .all(|c| c.offsets[1..].iter().all(|&o| o == 0)));
+    }
+    assert!(dcp
+        .tensor("optim.state.0.weight.step")
+        .unwrap()
+        .shape()
+        .is_empty());
+    assert_eq!(dcp.tensors().len(), 16);
 }

@@ -191,9 +191,9 @@ fn dcp_fixture_inputs() -> Vec<Vec<u8>> {
 #[test]
 fn dcp_target() {
     let inputs = dcp_fixture_inputs();
-    assert!(inputs.len() >= 7, "{}", inputs.len());
+    assert!(inputs.len() >= 8, "{}", inputs.len());
     for (i, data) in inputs.iter().enumerate() {
-        assert_eq!(ptload_fuzz::dcp(data), 7, "fixture {i}");
+        assert!(ptload_fuzz::dcp(data) >= 7, "fixture {i}");
         // Damaged copies: every 97th byte flipped, and cut short.
         let mut flipped = data.clone();
         for b in flipped.iter_mut().skip(i).step_by(97) {
