@@ -298,6 +298,10 @@ fn run(cli: Cli) -> CliResult<u8> {
                         inspect::json(&mut out, &set, &rows, &label, a.hash)?;
                     } else {
                         inspect::table(&mut out, &set, &rows, &label, a.hash)?;
+                        if ptload_reader::dcp::is_dcp_dir(file) {
+                            let dcp = ptload_reader::dcp::Dcp::open_with(file, &a.open.options())?;
+                            inspect::dcp_chunks(&mut out, &dcp)?;
+                        }
                     }
                     out.flush()?;
                     // The process ends soon: the OS reclaims the checkpoint's
