@@ -901,3 +901,25 @@ fn an_fsdp2_model_and_its_optimizer_state_read_as_torchs() {
         .is_empty());
     assert_eq!(dcp.tensors().len(), 16);
 }
+
+#[test]
+fn many_chunks_along_a_later_dimension_cost_little_to_check() {
+    // A hundred column chunks: checked in about a hundred steps, within a
+    // budget that comparing every pair (about 5,000) would exceed.
+    let s = Scratch::new("columns");
+    let r = two_chunks(&s.0);
+    let chunks: Vec<ChunkSpec> = (0..100)
+        .map(|i| chunk(&[0, i], &[8, 1], "data.distcp", r[0]))
+        .collect();
+    std::fs::write(
+        s.0.join(".metadata"),
+        metadata("float32", &[8, 100], &chunks, &none),
+    )
+    .unwrap();
+    let mut limits = Limits::default();
+    limits.max_walk_steps = 1000;
+    let e = Dcp::open_with(&s.0, &OpenOptions::new().limits(limits)).expect_err("shared bytes");
+    // The geometry passed; what fails is the chunks sharing one archive.
+    assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
+    assert!(e.to_string().contains("are also those of"), "{e}");
+}

@@ -1019,13 +1019,36 @@ fn check_tiling(
         }
         total = total.saturating_add(volume(&c.sizes));
     }
-    // Sweep: chunks in order of their start along dim 0, each compared
-    // with the earlier ones still open there.
+    // Sweep: chunks in order of their start along one dimension, each
+    // compared with the earlier ones still open there. Along the dimension
+    // with the most distinct starts (the sharded one), few are open at a
+    // time: a tensor split among many ranks costs about one comparison a
+    // chunk, not one per pair.
+    let mut sweep = 0;
+    if size.len() > 1 && chunks.len() > 1 {
+        *work = work.saturating_add((size.len() as u64).saturating_mul(chunks.len() as u64));
+        if *work > limits.max_walk_steps {
+            return Err(Error::limit("max_walk_steps", limits.max_walk_steps).for_tensor(name));
+        }
+        let mut best = 0;
+        for d in 0..size.len() {
+            let mut starts: Vec<u64> = chunks
+                .iter()
+                .filter_map(|c| c.offsets.get(d).copied())
+                .collect();
+            starts.sort_unstable();
+            starts.dedup();
+            if starts.len() > best {
+                best = starts.len();
+                sweep = d;
+            }
+        }
+    }
     let mut order: Vec<usize> = (0..chunks.len()).collect();
     let first = |i: usize| {
         chunks
             .get(i)
-            .and_then(|c| c.offsets.first().zip(c.sizes.first()))
+            .and_then(|c| c.offsets.get(sweep).zip(c.sizes.get(sweep)))
             .map_or((0, 0), |(&o, &s)| (o, o.saturating_add(s)))
     };
     order.sort_by_key(|&i| first(i).0);
