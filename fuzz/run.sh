@@ -14,7 +14,7 @@ cd "$(dirname "$0")"
 seconds=${1:?usage: fuzz/run.sh SECONDS [TARGET...]}
 shift
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(pickle_vm container checkpoint map_location differential structured output_paths)
+[ ${#targets[@]} -gt 0 ] || targets=(pickle_vm container checkpoint map_location differential structured output_paths dcp)
 cargo +nightly fuzz build -O >/dev/null
 bin_dir=target/$(rustc +nightly -vV | sed -n "s/^host: //p")/release
 # Each target runs on a small stack (the binary is started directly, so the
@@ -29,7 +29,7 @@ for t in "${targets[@]}"; do
   case $t in
     checkpoint|container) seeds=(../fixtures/files ../tests/hostile) ;;
     pickle_vm) seeds=(seeds/pickle_vm seeds/differential) ;;
-    differential|map_location) seeds=(seeds/$t) ;;
+    differential|map_location|dcp) seeds=(seeds/$t) ;;
   esac
   [ -d "regressions/$t" ] && seeds+=("regressions/$t")
   extra=()

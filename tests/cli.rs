@@ -675,7 +675,10 @@ fn load_json_reports_every_tensor_and_its_fallback() {
             .keys()
             .map(String::as_str)
             .collect();
-        assert_eq!(tk, ["name", "target", "device", "fallback", "dtype", "shape"]);
+        assert_eq!(
+            tk,
+            ["name", "target", "device", "fallback", "dtype", "shape"]
+        );
         assert_eq!(t["dtype"], w["dtype"]);
         assert_eq!(t["name"], w["name"]);
         assert_eq!(
@@ -1272,6 +1275,10 @@ fn outputs_match_golden_files() {
             &["inspect", "fixtures/files/multi_gpu.pt", "--budget", "2"],
         ),
         ("bare.txt", &[]),
+        (
+            "inspect_dcp_world4.txt",
+            &["inspect", "fixtures/files/dcp/world4"],
+        ),
     ];
     let mut stale = Vec::new();
     for (golden, args) in cases {
@@ -1721,5 +1728,218 @@ fn a_budget_without_gpus_and_a_dtype_conversion_say_what_they_did() {
     for t in doc["tensors"].as_array().expect("tensors") {
         assert_eq!(t["dtype"], "BF16", "{t}");
         assert_eq!(t["converted_from"], "F32", "{t}");
+    }
+}
+
+/// `torch.tensor_split(t, world, 0)[rank]` of a row-major tensor.
+fn split_rows(whole: &[u8], shape: &[u64], elem: usize, rank: u32, world: u32) -> Vec<u8> {
+    let shard = ptload_reader::parallel::Shard::new(rank, world).expect("shard");
+    let (start, len) = shard.part(shape[0]);
+    let row: u64 = shape[1..].iter().product::<u64>() * elem as u64;
+    whole[(start * row) as usize..((start + len) * row) as usize].to_vec()
+}
+
+fn sha_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+#[test]
+fn dcp_directories_from_the_command_line() {
+    let doc: Json = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("dcp.json")).expect("dcp.json"),
+    )
+    .expect("json");
+    for save in [
+        "world1",
+        "world2",
+        "world4",
+        "world2_threads",
+        "world2_safetensors",
+        "world2_zstd",
+        "world2_rank_metadata",
+        "fsdp2_adamw",
+    ] {
+        let dir = fixture(&format!("dcp/{save}"));
+        let want = doc["saves"][save]["tensors"].as_object().expect("tensors");
+        // inspect: torch's dtypes, shapes and hashes.
+        let out = ptload(&["inspect", "--json", "--hash", &dir]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let got: Json = serde_json::from_str(&stdout(&out)).expect("json");
+        assert_eq!(got["format"], "dcp");
+        let tensors = got["tensors"].as_array().expect("tensors");
+        assert_eq!(tensors.len(), want.len(), "{save}");
+        for t in tensors {
+            let w = &want[t["name"].as_str().expect("name")];
+            assert_eq!(t["dtype"], w["dtype"], "{save} {t}");
+            assert_eq!(t["shape"], w["shape"], "{save} {t}");
+            assert_eq!(t["sha256"], w["sha256"], "{save} {t}");
+        }
+        // convert: a safetensors file the safetensors library reads as torch's.
+        let out_path = std::env::temp_dir().join(format!(
+            "ptload-dcp-{save}-{}.safetensors",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&out_path);
+        let out = ptload(&["convert", &dir, out_path.to_str().expect("path")]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        if save == "fsdp2_adamw" {
+            // --key auto takes the model out of the training state, its
+            // `model.` prefix left off.
+            let bytes = std::fs::read(&out_path).expect("written");
+            let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors reads it");
+            let mut names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
+            names.sort();
+            assert_eq!(names, ["0.bias", "0.weight", "2.bias", "2.weight"]);
+            for name in &names {
+                let w = &want[&format!("model.{name}")];
+                assert_eq!(
+                    sha_hex(st.tensor(name).expect("tensor").data()),
+                    w["sha256"].as_str().expect("sha")
+                );
+            }
+            let _ = std::fs::remove_file(&out_path);
+            let out = ptload(&[
+                "convert",
+                "--key",
+                "all",
+                &dir,
+                out_path.to_str().expect("path"),
+            ]);
+            assert!(out.status.success(), "{}", stderr(&out));
+        }
+        let bytes = std::fs::read(&out_path).expect("written");
+        let _ = std::fs::remove_file(&out_path);
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors reads it");
+        assert_eq!(st.len(), want.len());
+        for (name, w) in want {
+            let t = st.tensor(name).expect("tensor");
+            let shape: Vec<Json> = t.shape().iter().map(|&d| Json::from(d)).collect();
+            assert_eq!(Json::from(shape), w["shape"], "{save} {name}");
+            assert_eq!(
+                sha_hex(t.data()),
+                w["sha256"].as_str().expect("sha"),
+                "{save} {name}"
+            );
+        }
+        let dcp = ptload_reader::dcp::Dcp::open(&dir).expect("open");
+        // convert --shard: the rank's rows, read from the chunks they overlap.
+        let out = ptload(&[
+            "convert",
+            "--key",
+            "all",
+            &dir,
+            out_path.to_str().expect("path"),
+            "--shard",
+            "2/3",
+            "--split",
+            "norm.scale=replicate",
+            "--split",
+            "*.step=replicate",
+            "--split",
+            "*=0",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let bytes = std::fs::read(&out_path).expect("written");
+        let _ = std::fs::remove_file(&out_path);
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors reads it");
+        for name in want.keys() {
+            let d = dcp.tensor(name).expect("tensor");
+            let whole = dcp.read_tensor(name).expect("whole");
+            let part = if d.shape().is_empty() {
+                whole
+            } else {
+                split_rows(&whole, d.shape(), d.dtype().size(), 2, 3)
+            };
+            assert_eq!(
+                st.tensor(name).expect("tensor").data(),
+                part,
+                "{save} {name}"
+            );
+        }
+        // convert --dtype: tensor by tensor from the chunks, or (with
+        // --max-shard-size) from the set put together, the same bytes.
+        let shards =
+            std::env::temp_dir().join(format!("ptload-dcp-shards-{save}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&shards);
+        let a = ptload(&[
+            "convert",
+            &dir,
+            out_path.to_str().expect("path"),
+            "--dtype",
+            "F32",
+        ]);
+        assert!(a.status.success(), "{}", stderr(&a));
+        let b = ptload(&[
+            "convert",
+            &dir,
+            shards.to_str().expect("path"),
+            "--dtype",
+            "F32",
+            "--max-shard-size",
+            "1GB",
+        ]);
+        assert!(b.status.success(), "{}", stderr(&b));
+        let one = std::fs::read(&out_path).expect("written");
+        let _ = std::fs::remove_file(&out_path);
+        let shard_file = std::fs::read_dir(&shards)
+            .expect("shards")
+            .map(|e| e.expect("entry").path())
+            .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .expect("a shard");
+        let other = std::fs::read(&shard_file).expect("shard");
+        let _ = std::fs::remove_dir_all(&shards);
+        let (x, y) = (
+            safetensors::SafeTensors::deserialize(&one).expect("one"),
+            safetensors::SafeTensors::deserialize(&other).expect("other"),
+        );
+        assert_eq!(x.len(), y.len());
+        for (name, t) in x.tensors() {
+            let u = y.tensor(&name).expect("same names");
+            assert_eq!(
+                (t.dtype(), t.shape(), t.data()),
+                (u.dtype(), u.shape(), u.data()),
+                "{save} {name}"
+            );
+        }
+        // load --shard: each rank's rows, as tensor_split cuts the whole.
+        for (rank, world) in [(0, 3), (2, 3), (1, 2)] {
+            let spec = format!("{rank}/{world}");
+            let out = ptload(&[
+                "load",
+                "--key",
+                "all",
+                &dir,
+                "--shard",
+                &spec,
+                "--split",
+                "norm.scale=replicate",
+                "--split",
+                "*.step=replicate",
+                "--split",
+                "*=0",
+                "--hash",
+                "--json",
+            ]);
+            assert!(out.status.success(), "{}", stderr(&out));
+            let got: Json = serde_json::from_str(&stdout(&out)).expect("json");
+            let loaded = got["tensors"].as_array().expect("tensors");
+            assert_eq!(loaded.len(), want.len());
+            for t in loaded {
+                let name = t["name"].as_str().expect("name");
+                let d = dcp.tensor(name).expect("tensor");
+                let whole = dcp.read_tensor(name).expect("whole");
+                let part = if d.shape().is_empty() {
+                    whole
+                } else {
+                    split_rows(&whole, d.shape(), d.dtype().size(), rank, world)
+                };
+                assert_eq!(
+                    t["sha256"],
+                    Json::from(sha_hex(&part)),
+                    "{save} {spec} {name}"
+                );
+            }
+        }
     }
 }

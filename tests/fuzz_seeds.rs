@@ -156,3 +156,76 @@ fn output_paths_target() {
         ptload_fuzz::output_paths_bytes(&data);
     }
 }
+
+/// The fixtures' distributed checkpoints as inputs of the dcp target.
+fn dcp_fixture_inputs() -> Vec<Vec<u8>> {
+    let base = root().join("fixtures/files/dcp");
+    let mut dirs: Vec<PathBuf> = fs::read_dir(&base)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    dirs.sort();
+    dirs.iter()
+        .map(|dir| {
+            let mut names: Vec<String> = fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            let files: Vec<(String, Vec<u8>)> = names
+                .into_iter()
+                .map(|n| {
+                    let bytes = fs::read(dir.join(&n)).unwrap();
+                    (n, bytes)
+                })
+                .collect();
+            let refs: Vec<(&str, &[u8])> = files
+                .iter()
+                .map(|(n, b)| (n.as_str(), b.as_slice()))
+                .collect();
+            ptload_fuzz::dcp_input(&refs)
+        })
+        .collect()
+}
+
+#[test]
+fn dcp_target() {
+    let inputs = dcp_fixture_inputs();
+    assert!(inputs.len() >= 8, "{}", inputs.len());
+    for (i, data) in inputs.iter().enumerate() {
+        assert!(ptload_fuzz::dcp(data) >= 7, "fixture {i}");
+        // Damaged copies: every 97th byte flipped, and cut short.
+        let mut flipped = data.clone();
+        for b in flipped.iter_mut().skip(i).step_by(97) {
+            *b ^= 0x5a;
+        }
+        ptload_fuzz::dcp(&flipped);
+        ptload_fuzz::dcp(&data[..data.len() * 2 / 3]);
+        // A few bytes changed at a time, from a fixed stream.
+        for (j, noise) in generated(0x1234_5678 + i as u64, 150, 12)
+            .iter()
+            .enumerate()
+        {
+            let mut mutated = data.clone();
+            for pair in noise.chunks(3) {
+                if let [a, b, v] = pair {
+                    // Mostly in the metadata, which comes first.
+                    let span = if j % 2 == 0 { 3000 } else { mutated.len() };
+                    let at = (usize::from(*a) << 8 | usize::from(*b)) % span.min(mutated.len());
+                    mutated[at] = *v;
+                }
+            }
+            ptload_fuzz::dcp(&mutated);
+        }
+    }
+    let n = replay(
+        |data| {
+            ptload_fuzz::dcp(data);
+        },
+        &["fuzz/seeds/dcp", "fuzz/regressions/dcp"],
+    );
+    assert!(n >= 6, "only {n} seeds");
+    for data in generated(0x51_7cc1_b727_220a, 300, 600) {
+        ptload_fuzz::dcp(&data);
+    }
+}

@@ -17,6 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["parallel"],
     &["scan"],
     &["checkpoint", "view"],
+    &["dcp"],
     &["set"],
     &["convert"],
     &["placement"],

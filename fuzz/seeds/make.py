@@ -3,13 +3,16 @@
 pickle_vm: every pickle record inside the fixtures (zip and legacy files are
 seeded to the container and checkpoint targets directly from
 fixtures/files). differential: plain-data pickles written by CPython's
-pickle module at every protocol. map_location: example specs.
+pickle module at every protocol. map_location: example specs. dcp: each
+distributed checkpoint of fixtures/files/dcp as one input (records of a
+one-byte name length, the name, a little-endian u32 length and the bytes).
 
 Run with any Python 3 (stdlib only): python3 fuzz/seeds/make.py
 """
 import hashlib
 import os
 import pickle
+import struct
 import zipfile
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -48,3 +51,13 @@ for proto in range(0, pickle.HIGHEST_PROTOCOL + 1):
 for spec in ["cpu", "cuda", "cuda:3", "meta", "auto", "cuda:1=cuda:0,cuda:3=cpu", "npu:0=cpu",
              "cuda:1=", "a=b=c", "encoder.*\nencoder.layer.0.weight", "*a*b?c*\nxaxbycz"]:
     put("map_location", spec.encode())
+
+dcp = os.path.join(files, "dcp")
+os.makedirs(os.path.join(here, "dcp"), exist_ok=True)
+for save in sorted(os.listdir(dcp)):
+    out = b""
+    for name in sorted(os.listdir(os.path.join(dcp, save))):
+        with open(os.path.join(dcp, save, name), "rb") as f:
+            data = f.read()
+        out += bytes([len(name)]) + name.encode() + struct.pack("<I", len(data)) + data
+    put("dcp", out)

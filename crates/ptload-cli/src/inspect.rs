@@ -642,6 +642,73 @@ pub(crate) fn shorten(name: &str, width: usize) -> Cow<'_, str> {
     Cow::Owned(format!("{start}…{end}"))
 }
 
+/// A distributed checkpoint's layout: each key's chunks (`offsets+sizes`
+/// boxes) and the files they are in, or the file of a non-tensor item.
+pub(crate) fn dcp_chunks(out: &mut impl Write, dcp: &ptload_reader::dcp::Dcp) -> CliResult<()> {
+    let files: Vec<&str> = dcp.files().collect();
+    let mut cells: Vec<[String; 3]> = Vec::new();
+    for t in dcp.tensors() {
+        let boxes: Vec<String> = t
+            .chunks()
+            .iter()
+            .map(|c| {
+                let at: Vec<String> = c.offsets.iter().map(u64::to_string).collect();
+                format!("[{}]+{}", at.join(", "), shape_text(&c.sizes))
+            })
+            .collect();
+        let mut in_files: Vec<&str> = t
+            .chunks()
+            .iter()
+            .filter_map(|c| files.get(c.piece.file).copied())
+            .collect();
+        in_files.sort_unstable();
+        in_files.dedup();
+        cells.push([
+            display_name(t.name()).to_owned(),
+            capped(&boxes, " ", "chunks"),
+            capped(&in_files, ", ", "files"),
+        ]);
+    }
+    writeln!(
+        out,
+        "DCP chunks: {} tensors in {} files",
+        dcp.tensors().len(),
+        files.len()
+    )?;
+    let header = ["NAME", "CHUNKS (OFFSETS+SIZES)", "FILES"];
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut text = String::new();
+    for row in std::iter::once(header.map(str::to_owned)).chain(cells) {
+        for (i, (cell, &w)) in row.iter().zip(&widths).enumerate() {
+            if i > 0 {
+                text.push_str("  ");
+            }
+            let last = i + 1 == row.len();
+            pad(&mut text, cell, if last { 0 } else { w }, false);
+        }
+        text.push('\n');
+    }
+    out.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// The first few of `items` joined, and how many there are when that is
+/// not all (a checkpoint saved by a thousand ranks has a thousand chunks).
+fn capped<S: AsRef<str>>(items: &[S], sep: &str, what: &str) -> String {
+    const SHOWN: usize = 8;
+    let shown: Vec<&str> = items.iter().take(SHOWN).map(AsRef::as_ref).collect();
+    let mut text = shown.join(sep);
+    if items.len() > SHOWN {
+        text.push_str(&format!("{sep}... ({} {what})", items.len()));
+    }
+    text
+}
+
 /// Append `cell` padded with spaces to `width` characters, on the left when
 /// `right` aligns it right. Written out because `format!`'s width panics
 /// beyond 65,535, and a name from a file can be longer.

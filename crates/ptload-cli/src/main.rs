@@ -323,6 +323,10 @@ fn run(cli: Cli) -> CliResult<u8> {
                     } else {
                         let columns = inspect::terminal_columns();
                         inspect::table(&mut out, &set, &rows, &label, a.hash, columns)?;
+                        if ptload_reader::dcp::is_dcp_dir(file) {
+                            let dcp = ptload_reader::dcp::Dcp::open_with(file, &a.open.options())?;
+                            inspect::dcp_chunks(&mut out, &dcp)?;
+                        }
                     }
                     out.flush()?;
                     // The process ends soon: the OS reclaims the checkpoint's
@@ -421,7 +425,21 @@ fn run(cli: Cli) -> CliResult<u8> {
             )?;
         }
         Command::Convert(a) => {
-            let set = CheckpointSet::open_with(&a.input, &a.open.options())?;
+            // A distributed checkpoint converts tensor by tensor from its
+            // chunks (one sharded output is written from the set put
+            // together in memory).
+            let dcp = if a.max_shard_size.is_none() && ptload_reader::dcp::is_dcp_dir(&a.input) {
+                Some(ptload_reader::dcp::Dcp::open_with(
+                    &a.input,
+                    &a.open.options(),
+                )?)
+            } else {
+                None
+            };
+            let set = match &dcp {
+                Some(d) => CheckpointSet::of(&a.input, std::sync::Arc::new(d.skeleton()?))?,
+                None => CheckpointSet::open_with(&a.input, &a.open.options())?,
+            };
             let state = a.state.options(false)?;
             let request = tools::ConvertRequest {
                 output: &a.output,
@@ -439,6 +457,7 @@ fn run(cli: Cli) -> CliResult<u8> {
                         })
                     })
                     .transpose()?,
+                dcp: dcp.as_ref(),
             };
             // Standard output carries the data: the report goes to stderr.
             if a.output.as_os_str() == "-" {

@@ -29,6 +29,9 @@ pub(crate) struct ConvertRequest<'a> {
     pub(crate) json: bool,
     /// Write a directory of shards of at most this many bytes each.
     pub(crate) max_shard_size: Option<u64>,
+    /// The distributed checkpoint the set is the skeleton of: tensors are
+    /// read from its chunks as they are written.
+    pub(crate) dcp: Option<&'a ptload_reader::dcp::Dcp>,
 }
 
 /// Set by Ctrl-C (SIGINT) or SIGTERM: the write stops, removes its partial
@@ -184,13 +187,24 @@ pub(crate) fn convert(
         }
         return Ok(());
     }
-    let result = if to_stdout {
-        let mut stdout = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-        let written = ptload_reader::export::write_safetensors(&selection, &opts, &mut stdout);
-        stdout.flush()?;
-        written
-    } else {
-        ptload_reader::export::write_safetensors_file(&selection, &opts, output)
+    let result = match (request.dcp, to_stdout) {
+        (Some(dcp), true) => {
+            let mut stdout = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+            let written =
+                ptload_reader::export::write_dcp_safetensors(dcp, &selection, &opts, &mut stdout);
+            stdout.flush()?;
+            written
+        }
+        (Some(dcp), false) => {
+            ptload_reader::export::write_dcp_safetensors_file(dcp, &selection, &opts, output)
+        }
+        (None, true) => {
+            let mut stdout = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+            let written = ptload_reader::export::write_safetensors(&selection, &opts, &mut stdout);
+            stdout.flush()?;
+            written
+        }
+        (None, false) => ptload_reader::export::write_safetensors_file(&selection, &opts, output),
     };
     if let Some(bar) = bar {
         bar.finish_and_clear();

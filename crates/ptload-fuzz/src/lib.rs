@@ -401,3 +401,121 @@ pub fn plain(data: &[u8]) -> Option<Plain> {
         .ok()
         .and_then(|run| run.plain)
 }
+
+/// A distributed checkpoint as one fuzz input: records of a one-byte name
+/// length, the name, a little-endian u32 length and the bytes; the record
+/// named `.metadata` is the metadata, the others its files.
+pub fn dcp_input(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, bytes) in files {
+        out.push(name.len() as u8);
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        out.extend_from_slice(bytes);
+    }
+    out
+}
+
+/// The records of a [`dcp_input`]; a record cut short ends the list.
+fn dcp_records(mut data: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    while let Some((&n, rest)) = data.split_first() {
+        let Some((name, rest)) = rest.split_at_checked(n as usize) else {
+            break;
+        };
+        let Some((len, rest)) = rest.split_first_chunk::<4>() else {
+            break;
+        };
+        let len = (u32::from_le_bytes(*len) as usize).min(rest.len());
+        let (bytes, rest) = rest.split_at(len);
+        out.push((String::from_utf8_lossy(name).into_owned(), bytes.to_vec()));
+        data = rest;
+    }
+    out
+}
+
+/// A distributed checkpoint (`.metadata` and its files, see
+/// [`dcp_input`]): open it, read every tensor whole and as three ranks'
+/// slices along each dimension (which must put the whole back together),
+/// and every non-tensor item. Returns how many tensors read whole.
+pub fn dcp(data: &[u8]) -> usize {
+    use ptload_reader::dcp::Dcp;
+    let records = dcp_records(data);
+    // `.metadata`, or each rank's `__R.metadata` in rank order.
+    let (mut metadata, files): (Vec<_>, Vec<_>) = records
+        .into_iter()
+        .partition(|(n, _)| n.ends_with(".metadata"));
+    metadata.sort_by_key(|(n, _)| {
+        n.strip_prefix("__")
+            .and_then(|r| r.strip_suffix(".metadata"))
+            .and_then(|r| r.parse::<u64>().ok())
+    });
+    if metadata.len() > 1 && metadata.iter().any(|(n, _)| n == ".metadata") {
+        metadata.retain(|(n, _)| n == ".metadata");
+    }
+    if metadata.is_empty() || metadata.len() > 64 {
+        return 0;
+    }
+    let metadata: Vec<&[u8]> = metadata.iter().map(|(_, b)| b.as_slice()).collect();
+    let opts = OpenOptions::new().limits(limits());
+    let dcp = match Dcp::from_memory(&metadata, files, &opts) {
+        Ok(d) => d,
+        Err(e) => {
+            check_error(&e);
+            return 0;
+        }
+    };
+    let mut read = 0;
+    let items: Vec<String> = dcp.items().map(str::to_owned).collect();
+    for name in items.iter().take(64) {
+        if let Err(e) = dcp.read_item(name) {
+            check_error(&e);
+        }
+    }
+    for t in dcp.tensors().iter().take(64) {
+        // Bounded harness work: a dimension of zero makes the byte count
+        // small whatever the others say.
+        let dense = t
+            .shape()
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d.max(1)));
+        if dense.is_none_or(|n| n.saturating_mul(t.dtype().size() as u64) > 16 << 20) {
+            continue;
+        }
+        let whole = match dcp.read_tensor(t.name()) {
+            Ok(w) => w,
+            Err(e) => {
+                check_error(&e);
+                continue;
+            }
+        };
+        assert_eq!(whole.len() as u64, t.nbytes(), "{}: whole size", t.name());
+        read += 1;
+        for dim in 0..t.shape().len().min(4) {
+            let mut parts = Vec::new();
+            for rank in 0..3 {
+                let shard = Shard::new(rank, 3).expect("shard");
+                match dcp.read_slice(t.name(), dim, shard) {
+                    Ok((shape, bytes)) => parts.push((shape, bytes)),
+                    Err(e) => panic!("{}: the whole read but a slice failed: {e}", t.name()),
+                }
+            }
+            // Put the slices back together along `dim` and compare.
+            let elem = t.dtype().size();
+            let outer: u64 = t.shape()[..dim].iter().product();
+            let mut joined = Vec::with_capacity(whole.len());
+            for o in 0..outer as usize {
+                for (shape, bytes) in &parts {
+                    let run = shape[dim..].iter().product::<u64>() as usize * elem;
+                    joined.extend_from_slice(&bytes[o * run..(o + 1) * run]);
+                }
+            }
+            assert!(
+                joined == whole,
+                "{}: slices along {dim} differ from the whole",
+                t.name()
+            );
+        }
+    }
+    read
+}

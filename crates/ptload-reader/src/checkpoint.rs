@@ -14,6 +14,7 @@ use crate::object::Objects;
 use crate::pickle::{Heap, StringEncoding, Value, Vm};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip};
+use crate::torch::dtype::DType;
 use crate::torch::interp::GlobalRef;
 use crate::torch::names::{walk_all, Scalar};
 use crate::torch::policy::Policy;
@@ -42,6 +43,10 @@ impl OpenOptions {
 
     pub(crate) fn limits_ref(&self) -> &Limits {
         &self.limits
+    }
+
+    pub(crate) fn in_memory_ref(&self) -> bool {
+        self.in_memory
     }
 
     /// Bounds on the work the file may cause.
@@ -139,11 +144,18 @@ impl OpenOptions {
     }
 }
 
+/// A tensor of [`Checkpoint::assembled`]: name, dtype, shape, and its
+/// row-major host-order bytes when they are held.
+pub(crate) type AssembledTensor = (String, DType, Vec<u64>, Option<Vec<u8>>);
+
 /// A decoded checkpoint: tensor metadata and values, with tensor bytes left
 /// in the (memory-mapped) file until asked for.
 #[derive(Debug)]
 pub struct Checkpoint {
     source: Source,
+    /// Storages' bytes held in memory (tensors put together from a
+    /// distributed checkpoint's chunks).
+    owned: Vec<Vec<u8>>,
     /// Deflated storage records (repacked archives; torch writes none),
     /// each inflated when first read: opening, `inspect` and `scan` never
     /// pay for data they do not read.
@@ -290,13 +302,13 @@ impl Checkpoint {
                             record,
                             bytes: std::sync::OnceLock::new(),
                         });
-                        StorageData::Owned(inflated.len() - 1)
+                        StorageData::Deflated(inflated.len() - 1)
                     }
                 };
                 StorageInfo {
                     file_offset: match data {
                         StorageData::File(o) => Some(o),
-                        StorageData::Owned(_) => None,
+                        StorageData::Owned(_) | StorageData::Deflated(_) => None,
                     },
                     key: p.key,
                     location: p.location,
@@ -381,6 +393,7 @@ impl Checkpoint {
         let end = decoded.end;
         Ok(Checkpoint {
             source,
+            owned: Vec::new(),
             inflated,
             format,
             byte_order: decoded.byte_order,
@@ -396,6 +409,118 @@ impl Checkpoint {
             objects,
             scattered: std::sync::atomic::AtomicBool::new(false),
             end,
+        })
+    }
+
+    /// A checkpoint of tensors put together in memory (a DCP directory's
+    /// chunks): each `(name, dtype, shape, row-major host-order bytes)` its
+    /// own storage (without bytes, a tensor with no storage, whose data
+    /// lies elsewhere), with the values and warnings given; `protocol` is
+    /// that of the pickle that described them.
+    pub(crate) fn assembled(
+        parts: Vec<AssembledTensor>,
+        values: Vec<(String, Scalar)>,
+        warnings: Vec<String>,
+        protocol: u8,
+    ) -> Result<Checkpoint> {
+        let hasher = hashbrown::DefaultHashBuilder::default();
+        let mut by_name: HashTable<u32> = HashTable::with_capacity(parts.len());
+        let mut storages = Vec::with_capacity(parts.len());
+        let mut tensors: Vec<TensorInfo> = Vec::with_capacity(parts.len());
+        let mut owned = Vec::with_capacity(parts.len());
+        for (i, (name, dtype, shape, bytes)) in parts.into_iter().enumerate() {
+            let at =
+                u32::try_from(i).map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+            let numel = shape
+                .iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(d))
+                .ok_or_else(|| {
+                    Error::new(ErrorKind::Tensor, "shape overflows").for_tensor(&name)
+                })?;
+            let nbytes = numel
+                .checked_mul(dtype.size() as u64)
+                .ok_or_else(|| Error::new(ErrorKind::Tensor, "size overflows").for_tensor(&name))?;
+            if bytes.as_ref().is_some_and(|b| b.len() as u64 != nbytes) {
+                return Err(Error::new(
+                    ErrorKind::Tensor,
+                    format!("{nbytes} bytes for {numel} elements of {dtype}"),
+                )
+                .for_tensor(&name));
+            }
+            let mut stride = vec![1u64; shape.len()];
+            let mut acc = 1u64;
+            for (s, &d) in stride.iter_mut().zip(&shape).rev() {
+                *s = acc;
+                acc = acc.saturating_mul(d.max(1));
+            }
+            let hash = hasher.hash_one(name.as_str());
+            if by_name
+                .find(hash, |&j| {
+                    tensors.get(j as usize).is_some_and(|t| t.name == name)
+                })
+                .is_some()
+            {
+                return Err(
+                    Error::new(ErrorKind::DuplicateName, "two tensors of this name")
+                        .for_tensor(&name),
+                );
+            }
+            let storage = match bytes {
+                Some(bytes) => {
+                    storages.push(StorageInfo {
+                        key: storages.len().to_string(),
+                        location: "cpu".to_owned(),
+                        dtype,
+                        numel,
+                        nbytes,
+                        record: None,
+                        file_offset: None,
+                        data: StorageData::Owned(owned.len()),
+                        quantized: None,
+                    });
+                    owned.push(bytes);
+                    Some(storages.len() - 1)
+                }
+                None => None,
+            };
+            tensors.push(TensorInfo {
+                name,
+                dtype,
+                shape,
+                stride,
+                storage_offset: 0,
+                storage,
+                numel,
+                nbytes,
+                requires_grad: false,
+                conj: false,
+                neg: false,
+                quantization: None,
+            });
+            by_name.insert_unique(hash, at, |&j| {
+                tensors
+                    .get(j as usize)
+                    .map_or(0, |t| hasher.hash_one(t.name.as_str()))
+            });
+        }
+        Ok(Checkpoint {
+            source: Source::owned(Vec::new(), None),
+            owned,
+            inflated: Vec::new(),
+            format: Format::Dcp,
+            byte_order: ByteOrder::HOST,
+            pickle_protocol: protocol,
+            storages,
+            tensors,
+            values,
+            globals: Vec::new(),
+            warnings,
+            by_name,
+            hasher,
+            work: 0,
+            objects: None,
+            scattered: std::sync::atomic::AtomicBool::new(false),
+            end: 0,
         })
     }
 
@@ -528,7 +653,8 @@ impl Checkpoint {
         })?;
         let bytes = match s.data {
             StorageData::File(offset) => slice(self.source.bytes(), offset, s.nbytes),
-            StorageData::Owned(i) => match self.inflated.get(i) {
+            StorageData::Owned(i) => self.owned.get(i).map(Vec::as_slice),
+            StorageData::Deflated(i) => match self.inflated.get(i) {
                 Some(lazy) => Some(lazy.bytes(self.source.bytes())?),
                 None => None,
             },

@@ -45,6 +45,7 @@ mod bytes;
 mod checkpoint;
 mod container;
 pub mod convert;
+pub mod dcp;
 mod error;
 pub mod export;
 #[cfg(feature = "fuzzing")]

@@ -80,8 +80,9 @@ pub struct CheckpointSet {
 const EXTENSIONS: &[&str] = &["pt", "pth", "bin", "ckpt"];
 
 impl CheckpointSet {
-    /// Open `path` with default options: a directory (its `*.index.json`
-    /// if it has one, else every `.pt`, `.pth`, `.bin` and `.ckpt` file in
+    /// Open `path` with default options: a directory (a
+    /// `torch.distributed.checkpoint` save when it holds `.metadata`, see
+    /// [`open_dcp`](Self::open_dcp); its `*.index.json` if it has one, else every `.pt`, `.pth`, `.bin` and `.ckpt` file in
     /// it, in name order), an index file, or one checkpoint file (a set of
     /// one).
     pub fn open(path: impl AsRef<Path>) -> Result<CheckpointSet> {
@@ -91,6 +92,9 @@ impl CheckpointSet {
     /// [`open`](Self::open) with options for every file.
     pub fn open_with(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
         let path = path.as_ref();
+        if crate::dcp::is_dcp_dir(path) {
+            return CheckpointSet::open_dcp(path, opts);
+        }
         if path.is_dir() {
             let mut indexes = Vec::new();
             let mut files = Vec::new();
@@ -149,6 +153,20 @@ impl CheckpointSet {
             return CheckpointSet::open_index(path, opts);
         }
         CheckpointSet::open_files(&[path], opts)
+    }
+
+    /// A `torch.distributed.checkpoint` directory as a set of one: its
+    /// tensors put together from their chunks in memory, its non-tensor
+    /// items as values (see [`crate::dcp`], which reads single tensors and
+    /// rank slices without the rest). The set's one file is the directory.
+    pub fn open_dcp(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
+        let dir = dir.as_ref();
+        let dcp = crate::dcp::Dcp::open_with(dir, opts)?;
+        let file = SetFile {
+            path: dir.to_path_buf(),
+            checkpoint: Arc::new(dcp.to_checkpoint()?),
+        };
+        CheckpointSet::build(vec![file], None, opts)
     }
 
     /// A set of one checkpoint already open (from bytes, say), named

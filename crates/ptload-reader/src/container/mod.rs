@@ -18,15 +18,18 @@ pub enum Format {
     Legacy,
     /// A TorchScript archive (`torch.jit.save`): data only, code never run.
     TorchScript,
+    /// A `torch.distributed.checkpoint` directory, its chunks put together.
+    Dcp,
 }
 
 impl Format {
-    /// `zip`, `legacy` or `torchscript`.
+    /// `zip`, `legacy`, `torchscript` or `dcp`.
     pub fn name(self) -> &'static str {
         match self {
             Format::Zip => "zip",
             Format::Legacy => "legacy",
             Format::TorchScript => "torchscript",
+            Format::Dcp => "dcp",
         }
     }
 }

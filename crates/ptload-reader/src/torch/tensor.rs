@@ -13,8 +13,11 @@ use crate::pickle::{Heap, Value};
 pub(crate) enum StorageData {
     /// At this offset of the (memory-mapped) file.
     File(u64),
-    /// In an owned buffer (an inflated zip entry).
+    /// In an owned buffer (a tensor put together from a distributed
+    /// checkpoint's chunks).
     Owned(usize),
+    /// In a deflated zip record, inflated when first read.
+    Deflated(usize),
 }
 
 /// One storage: a run of bytes that tensors view.

@@ -1,0 +1,925 @@
+//! Distributed checkpoints (torch.distributed.checkpoint directories)
+//! against the saves and answers torch wrote (fixtures/generate.py --only
+//! dcp), and hostile directories made here.
+
+use std::path::{Path, PathBuf};
+
+use ptload_reader::dcp::{Dcp, Transform};
+use ptload_reader::parallel::Shard;
+use ptload_reader::set::CheckpointSet;
+use ptload_reader::{DType, ErrorKind, Limits, OpenOptions, Scalar};
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+fn answers() -> Json {
+    let text = std::fs::read_to_string(fixtures().join("dcp.json")).expect("dcp.json");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn saves() -> Vec<(String, Json)> {
+    let doc = answers();
+    let saves = doc["saves"].as_object().expect("saves");
+    assert_eq!(saves.len(), 8);
+    saves
+        .iter()
+        .filter(|(k, _)| cfg!(feature = "zstd") || k.as_str() != "world2_zstd")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn dir_of(name: &str) -> PathBuf {
+    fixtures().join("files/dcp").join(name)
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn dims(v: &Json) -> Vec<u64> {
+    v.as_array()
+        .expect("dims")
+        .iter()
+        .map(|d| d.as_u64().expect("dim"))
+        .collect()
+}
+
+#[test]
+fn every_tensor_equals_torchs() {
+    for (name, save) in saves() {
+        let dcp = Dcp::open(dir_of(&name)).expect("open");
+        let want = save["tensors"].as_object().expect("tensors");
+        assert_eq!(dcp.tensors().len(), want.len(), "{name}");
+        for (key, w) in want {
+            let t = dcp.tensor(key).unwrap_or_else(|| panic!("{name}: {key}"));
+            assert_eq!(
+                t.dtype().name(),
+                w["dtype"].as_str().unwrap(),
+                "{name} {key}"
+            );
+            assert_eq!(t.shape(), dims(&w["shape"]).as_slice(), "{name} {key}");
+            let chunks: Vec<(Vec<u64>, Vec<u64>)> = w["chunks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| (dims(&c[0]), dims(&c[1])))
+                .collect();
+            let got: Vec<(Vec<u64>, Vec<u64>)> = t
+                .chunks()
+                .iter()
+                .map(|c| (c.offsets.clone(), c.sizes.clone()))
+                .collect();
+            assert_eq!(got, chunks, "{name} {key}");
+            let bytes = dcp.read_tensor(key).expect("read");
+            assert_eq!(sha(&bytes), w["sha256"].as_str().unwrap(), "{name} {key}");
+        }
+        let files: Vec<&str> = dcp.files().collect();
+        let listed: Vec<String> = save["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap().to_owned())
+            .filter(|f| !f.ends_with(".metadata"))
+            .collect();
+        let mut sorted = files.clone();
+        sorted.sort();
+        assert_eq!(sorted, listed, "{name}");
+        let mut items: Vec<&str> = dcp.items().collect();
+        let mut want_items: Vec<&str> = save["values"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        items.sort();
+        want_items.sort();
+        assert_eq!(items, want_items, "{name}");
+    }
+}
+
+#[test]
+fn a_dcp_directory_opens_as_a_checkpoint_set() {
+    for (name, save) in saves() {
+        let set = CheckpointSet::open(dir_of(&name)).expect("open");
+        assert_eq!(set.files().len(), 1);
+        let want = save["tensors"].as_object().expect("tensors");
+        assert_eq!(set.len(), want.len(), "{name}");
+        for (key, w) in want {
+            let (_, view) = set.tensor(key).unwrap_or_else(|| panic!("{name}: {key}"));
+            assert_eq!(view.dtype().name(), w["dtype"].as_str().unwrap());
+            assert_eq!(view.shape(), dims(&w["shape"]).as_slice());
+            assert_eq!(sha(&view.data().unwrap()), w["sha256"].as_str().unwrap());
+        }
+        let ckpt = set.files()[0].checkpoint();
+        let values: Vec<(&str, &Scalar)> =
+            ckpt.values().iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let find = |k: &str| {
+            values
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).clone())
+                .unwrap_or_else(|| panic!("{name}: no value {k} in {values:?}"))
+        };
+        let w = &save["values"];
+        if name == "fsdp2_adamw" {
+            // The optimizer's param_groups, item by item.
+            assert_eq!(
+                find("optim.param_groups.0.lr"),
+                Scalar::Float(w["optim.param_groups.0.lr"].as_f64().unwrap())
+            );
+            assert_eq!(
+                find("optim.param_groups.0.params.1"),
+                Scalar::Str(
+                    w["optim.param_groups.0.params"][1]
+                        .as_str()
+                        .unwrap()
+                        .to_owned()
+                )
+            );
+            continue;
+        }
+        assert_eq!(find("step"), Scalar::Int(w["step"].as_i64().unwrap()));
+        assert_eq!(
+            find("extra.lr"),
+            Scalar::Float(w["extra.lr"].as_f64().unwrap())
+        );
+        assert_eq!(
+            find("extra.note"),
+            Scalar::Str(w["extra.note"].as_str().unwrap().to_owned())
+        );
+        assert_eq!(
+            find("extra.betas.1"),
+            Scalar::Float(w["extra.betas"][1].as_f64().unwrap())
+        );
+    }
+}
+
+/// `torch.tensor_split(t, world, dim)[rank]` of a row-major tensor.
+fn split(whole: &[u8], shape: &[u64], elem: usize, dim: usize, shard: Shard) -> Vec<u8> {
+    let (start, len) = shard.part(shape[dim]);
+    let outer: u64 = shape[..dim].iter().product();
+    let inner: u64 = shape[dim + 1..].iter().product::<u64>() * elem as u64;
+    let mut out = Vec::new();
+    for o in 0..outer {
+        let base = (o * shape[dim] + start) * inner;
+        out.extend_from_slice(&whole[base as usize..(base + len * inner) as usize]);
+    }
+    out
+}
+
+#[test]
+fn every_reshard_equals_tensor_split_of_the_whole() {
+    let mut checked = 0;
+    for (name, _) in saves() {
+        let dcp = Dcp::open(dir_of(&name)).expect("open");
+        for t in dcp.tensors() {
+            let whole = dcp.read_tensor(t.name()).expect("whole");
+            for dim in 0..t.shape().len() {
+                for world in [1u32, 2, 3, 4, 8] {
+                    for rank in 0..world {
+                        let shard = Shard::new(rank, world).unwrap();
+                        let (shape, part) = dcp.read_slice(t.name(), dim, shard).expect("slice");
+                        let want = split(&whole, t.shape(), t.dtype().size(), dim, shard);
+                        assert_eq!(part, want, "{name} {} dim {dim} {rank}/{world}", t.name());
+                        assert_eq!(shape[dim], shard.part(t.shape()[dim]).1);
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 500, "{checked}");
+}
+
+#[test]
+fn the_same_tensor_reads_alike_at_every_world_size() {
+    let one = Dcp::open(dir_of("world1")).expect("open");
+    for other in [
+        "world2",
+        "world4",
+        "world2_threads",
+        "world2_safetensors",
+        "world2_zstd",
+        "world2_rank_metadata",
+    ] {
+        if other == "world2_zstd" && !cfg!(feature = "zstd") {
+            continue;
+        }
+        let dcp = Dcp::open(dir_of(other)).expect("open");
+        for t in one.tensors() {
+            assert_eq!(
+                one.read_tensor(t.name()).unwrap(),
+                dcp.read_tensor(t.name()).unwrap(),
+                "{other} {}",
+                t.name()
+            );
+        }
+    }
+}
+
+// --- hostile directories -----------------------------------------------------
+
+/// A scratch directory, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("ptload-dcp-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch");
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A field of a record and what writes its value.
+type Field<'a> = (&'a str, &'a dyn Fn(&mut Pickle));
+
+/// A geometry case: name, tensor shape, chunk offsets, chunk sizes, what
+/// the error says.
+type GeometryCase = (
+    &'static str,
+    Vec<u64>,
+    Vec<Vec<u64>>,
+    Vec<Vec<u64>>,
+    &'static str,
+);
+
+/// A storage case: name, relative path, byte range, error kind, what the
+/// error says.
+type StorageCase = (
+    &'static str,
+    &'static str,
+    (u64, u64),
+    ErrorKind,
+    &'static str,
+);
+
+/// A hand-written `.metadata` pickle (protocol 2), shaped as torch writes it.
+#[derive(Default)]
+struct Pickle(Vec<u8>);
+
+const MD: &str = "torch.distributed.checkpoint.metadata";
+
+impl Pickle {
+    fn op(&mut self, b: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(b);
+        self
+    }
+    fn global(&mut self, module: &str, name: &str) -> &mut Self {
+        self.op(format!("c{module}\n{name}\n").as_bytes())
+    }
+    fn str(&mut self, s: &str) -> &mut Self {
+        self.op(b"X");
+        self.op(&(s.len() as u32).to_le_bytes());
+        self.op(s.as_bytes())
+    }
+    fn int(&mut self, i: i64) -> &mut Self {
+        self.op(b"\x8a\x08");
+        self.op(&i.to_le_bytes())
+    }
+    fn size(&mut self, dims: &[u64]) -> &mut Self {
+        self.global("torch", "Size").op(b"(");
+        for &d in dims {
+            self.int(d as i64);
+        }
+        self.op(b"t\x85R")
+    }
+    /// `cls()` then BUILD with a dict whose values `fields` write.
+    fn record(&mut self, cls: &str, fields: &[Field<'_>]) -> &mut Self {
+        self.global(MD, cls).op(b")\x81}(");
+        for (k, f) in fields {
+            self.str(k);
+            f(self);
+        }
+        self.op(b"ub")
+    }
+    fn properties(&mut self, dtype: &str) -> &mut Self {
+        self.global(MD, "TensorProperties").op(b")\x81(");
+        self.global("torch", dtype);
+        self.global("torch.serialization", "_get_layout")
+            .str("torch.strided")
+            .op(b"\x85R\x89");
+        self.global(MD, "_MEM_FORMAT_ENCODING")
+            .int(0)
+            .op(b"\x85R\x89Ntb")
+    }
+}
+
+/// One chunk of a hand-made checkpoint: box, and the file range holding it.
+struct ChunkSpec {
+    offsets: Vec<u64>,
+    sizes: Vec<u64>,
+    path: String,
+    start: u64,
+    length: u64,
+    transform: Option<&'static str>,
+}
+
+/// Write `.metadata` for one tensor `t` of `dtype` and `shape` with these
+/// chunks; `planner` writes the planner_data value.
+fn metadata(
+    dtype: &str,
+    shape: &[u64],
+    chunks: &[ChunkSpec],
+    planner: &dyn Fn(&mut Pickle),
+) -> Vec<u8> {
+    let mut p = Pickle::default();
+    p.op(b"\x80\x02");
+    p.global(MD, "Metadata").op(b")\x81}(");
+    p.str("state_dict_metadata").op(b"}(");
+    p.str("t");
+    p.record(
+        "TensorStorageMetadata",
+        &[
+            ("properties", &|p: &mut Pickle| {
+                p.properties(dtype);
+            }),
+            ("size", &|p: &mut Pickle| {
+                p.size(shape);
+            }),
+            ("chunks", &|p: &mut Pickle| {
+                p.op(b"](");
+                for c in chunks {
+                    p.record(
+                        "ChunkStorageMetadata",
+                        &[
+                            ("offsets", &|p: &mut Pickle| {
+                                p.size(&c.offsets);
+                            }),
+                            ("sizes", &|p: &mut Pickle| {
+                                p.size(&c.sizes);
+                            }),
+                        ],
+                    );
+                }
+                p.op(b"e");
+            }),
+        ],
+    );
+    p.op(b"u");
+    p.str("planner_data");
+    planner(&mut p);
+    p.str("storage_data").op(b"}(");
+    for c in chunks {
+        p.record(
+            "MetadataIndex",
+            &[
+                ("fqn", &|p: &mut Pickle| {
+                    p.str("t");
+                }),
+                ("offset", &|p: &mut Pickle| {
+                    p.size(&c.offsets);
+                }),
+            ],
+        );
+        p.global("torch.distributed.checkpoint.filesystem", "_StorageInfo")
+            .op(b")\x81}(");
+        p.str("relative_path").str(&c.path);
+        p.str("offset").int(c.start as i64);
+        p.str("length").int(c.length as i64);
+        if let Some(t) = c.transform {
+            p.str("transform_descriptors").op(b"]").str(t).op(b"a");
+        }
+        p.op(b"ub");
+    }
+    p.op(b"u");
+    p.op(b"ub.");
+    p.0
+}
+
+/// The archives of world2's `layers.0.weight` ([8, 6] F32, two chunks of
+/// four rows), copied end to end into `dir/data.distcp`: their ranges.
+fn two_chunks(dir: &Path) -> Vec<(u64, u64)> {
+    let src = Dcp::open(dir_of("world2")).expect("open");
+    let t = src.tensor("layers.0.weight").unwrap();
+    let names: Vec<&str> = src.files().collect();
+    let mut out = Vec::new();
+    let mut ranges = Vec::new();
+    for c in t.chunks() {
+        let file = std::fs::read(dir_of("world2").join(names[c.piece.file])).unwrap();
+        let at = out.len() as u64;
+        out.extend_from_slice(
+            &file[c.piece.offset as usize..(c.piece.offset + c.piece.length) as usize],
+        );
+        ranges.push((at, c.piece.length));
+    }
+    std::fs::write(dir.join("data.distcp"), out).unwrap();
+    ranges
+}
+
+fn chunk(offsets: &[u64], sizes: &[u64], path: &str, (start, length): (u64, u64)) -> ChunkSpec {
+    ChunkSpec {
+        offsets: offsets.to_vec(),
+        sizes: sizes.to_vec(),
+        path: path.into(),
+        start,
+        length,
+        transform: None,
+    }
+}
+
+fn none(p: &mut Pickle) {
+    p.op(b"N");
+}
+
+fn open_err(dir: &Path) -> ptload_reader::Error {
+    let e = Dcp::open(dir).expect_err("must fail");
+    let set = CheckpointSet::open(dir).expect_err("the set must fail too");
+    assert_eq!(set.kind(), e.kind());
+    e
+}
+
+#[test]
+fn a_hand_made_checkpoint_reads_as_torchs() {
+    let s = Scratch::new("good");
+    let r = two_chunks(&s.0);
+    let md = metadata(
+        "float32",
+        &[8, 6],
+        &[
+            chunk(&[0, 0], &[4, 6], "data.distcp", r[0]),
+            chunk(&[4, 0], &[4, 6], "data.distcp", r[1]),
+        ],
+        &none,
+    );
+    std::fs::write(s.0.join(".metadata"), md).unwrap();
+    let dcp = Dcp::open(&s.0).expect("open");
+    let torch = Dcp::open(dir_of("world2")).expect("open");
+    assert_eq!(
+        dcp.read_tensor("t").unwrap(),
+        torch.read_tensor("layers.0.weight").unwrap()
+    );
+    assert_eq!(dcp.tensor("t").unwrap().dtype(), DType::F32);
+}
+
+#[test]
+fn a_slice_reads_only_the_chunks_it_overlaps() {
+    let s = Scratch::new("lazy");
+    let r = two_chunks(&s.0);
+    // The second chunk's archive is spoiled: rank 0 of 2 along dim 0 never
+    // reads it, the whole tensor must.
+    let mut data = std::fs::read(s.0.join("data.distcp")).unwrap();
+    let end = (r[1].0 + r[1].1) as usize;
+    data[end - 40..end].fill(0xee);
+    std::fs::write(s.0.join("data.distcp"), data).unwrap();
+    let md = metadata(
+        "float32",
+        &[8, 6],
+        &[
+            chunk(&[0, 0], &[4, 6], "data.distcp", r[0]),
+            chunk(&[4, 0], &[4, 6], "data.distcp", r[1]),
+        ],
+        &none,
+    );
+    std::fs::write(s.0.join(".metadata"), md).unwrap();
+    let dcp = Dcp::open(&s.0).expect("open");
+    let (shape, part) = dcp
+        .read_slice("t", 0, Shard::new(0, 2).unwrap())
+        .expect("rank 0");
+    assert_eq!(shape, [4, 6]);
+    let torch = Dcp::open(dir_of("world2")).expect("open");
+    let whole = torch.read_tensor("layers.0.weight").unwrap();
+    assert_eq!(part, whole[..4 * 6 * 4]);
+    let e = dcp.read_tensor("t").expect_err("the spoiled chunk");
+    let text = e.to_string();
+    assert!(
+        text.contains("data.distcp") && text.contains(&r[1].0.to_string()),
+        "{text}"
+    );
+    assert_eq!(e.tensor(), Some("t"));
+}
+
+#[test]
+fn hostile_chunk_geometry_is_refused() {
+    let cases: Vec<GeometryCase> = vec![
+        (
+            "overlap",
+            vec![8, 6],
+            vec![vec![0, 0], vec![3, 0]],
+            vec![vec![4, 6], vec![4, 6]],
+            "overlap",
+        ),
+        (
+            "gap",
+            vec![9, 6],
+            vec![vec![0, 0], vec![4, 0]],
+            vec![vec![4, 6], vec![4, 6]],
+            "cover",
+        ),
+        (
+            "outside",
+            vec![8, 6],
+            vec![vec![0, 0], vec![5, 0]],
+            vec![vec![4, 6], vec![4, 6]],
+            "past",
+        ),
+        (
+            "rank",
+            vec![8, 6],
+            vec![vec![0], vec![4, 0]],
+            vec![vec![4], vec![4, 6]],
+            "rank",
+        ),
+        (
+            "larger_than_its_bytes",
+            vec![8, 60000],
+            vec![vec![0, 0], vec![4, 0]],
+            vec![vec![4, 60000], vec![4, 60000]],
+            "more than its",
+        ),
+        (
+            "huge",
+            vec![1 << 62, 6],
+            vec![vec![0, 0], vec![4, 0]],
+            vec![vec![4, 6], vec![4, 6]],
+            "overflows",
+        ),
+    ];
+    for (name, shape, offsets, sizes, says) in cases {
+        let s = Scratch::new(name);
+        let r = two_chunks(&s.0);
+        let chunks: Vec<ChunkSpec> = (0..2)
+            .map(|i| chunk(&offsets[i], &sizes[i], "data.distcp", r[i]))
+            .collect();
+        std::fs::write(
+            s.0.join(".metadata"),
+            metadata("float32", &shape, &chunks, &none),
+        )
+        .unwrap();
+        let e = open_err(&s.0);
+        assert_eq!(e.kind(), ErrorKind::Tensor, "{name}: {e}");
+        assert!(e.to_string().contains(says), "{name}: {e}");
+        assert_eq!(e.tensor(), Some("t"), "{name}");
+        assert_eq!(e.file(), Some(".metadata"), "{name}");
+    }
+}
+
+#[test]
+fn hostile_storage_entries_are_refused() {
+    let cases: Vec<StorageCase> = vec![
+        ("escape", "../x", (0, 10), ErrorKind::InvalidSpec, "../x"),
+        (
+            "absolute",
+            "/etc/passwd",
+            (0, 10),
+            ErrorKind::InvalidSpec,
+            "/etc/passwd",
+        ),
+        (
+            "subdir",
+            "a/data.distcp",
+            (0, 10),
+            ErrorKind::InvalidSpec,
+            "a/data.distcp",
+        ),
+        (
+            "missing",
+            "other.distcp",
+            (0, 10),
+            ErrorKind::Io,
+            "other.distcp",
+        ),
+        (
+            "past_end",
+            "data.distcp",
+            (0, 1 << 40),
+            ErrorKind::Tensor,
+            "outside",
+        ),
+        (
+            "far",
+            "data.distcp",
+            (1 << 62, (1 << 62) + 10),
+            ErrorKind::Tensor,
+            "outside",
+        ),
+    ];
+    for (name, path, range, kind, says) in cases {
+        let s = Scratch::new(name);
+        let r = two_chunks(&s.0);
+        let md = metadata(
+            "float32",
+            &[8, 6],
+            &[
+                chunk(&[0, 0], &[4, 6], "data.distcp", r[0]),
+                chunk(&[4, 0], &[4, 6], path, range),
+            ],
+            &none,
+        );
+        std::fs::write(s.0.join(".metadata"), md).unwrap();
+        let e = open_err(&s.0);
+        assert_eq!(e.kind(), kind, "{name}: {e}");
+        assert!(e.to_string().contains(says), "{name}: {e}");
+        assert_eq!(e.tensor(), Some("t"), "{name}");
+    }
+}
+
+#[test]
+fn a_global_outside_the_dcp_classes_is_refused() {
+    for (module, name) in [
+        ("os", "system"),
+        ("builtins", "eval"),
+        ("torch._utils", "_rebuild_tensor_v2"),
+        ("torch.distributed.checkpoint.metadata", "os"),
+    ] {
+        let s = Scratch::new("global");
+        let r = two_chunks(&s.0);
+        let planner = |p: &mut Pickle| {
+            p.global(module, name).str("echo").op(b"\x85R");
+        };
+        let md = metadata(
+            "float32",
+            &[8, 6],
+            &[
+                chunk(&[0, 0], &[4, 6], "data.distcp", r[0]),
+                chunk(&[4, 0], &[4, 6], "data.distcp", r[1]),
+            ],
+            &planner,
+        );
+        std::fs::write(s.0.join(".metadata"), md).unwrap();
+        let e = open_err(&s.0);
+        assert_eq!(
+            e.kind(),
+            ErrorKind::UnsupportedGlobal,
+            "{module}.{name}: {e}"
+        );
+        assert!(e.to_string().contains(&format!("{module}.{name}")), "{e}");
+        assert!(e.offset().is_some(), "{e}");
+    }
+}
+
+#[test]
+fn deeply_nested_metadata_gives_an_answer_not_a_crash() {
+    let depth = 200_000;
+    // Nested lists in planner_data (which is not read) and as a chunk's
+    // sizes (which is).
+    let nest = |p: &mut Pickle| {
+        p.op(&vec![b'('; depth]).op(b"]").op(&vec![b'l'; depth]);
+    };
+    let s = Scratch::new("deep");
+    let r = two_chunks(&s.0);
+    let md = metadata(
+        "float32",
+        &[8, 6],
+        &[
+            chunk(&[0, 0], &[4, 6], "data.distcp", r[0]),
+            chunk(&[4, 0], &[4, 6], "data.distcp", r[1]),
+        ],
+        &nest,
+    );
+    std::fs::write(s.0.join(".metadata"), md).unwrap();
+    let dcp = Dcp::open(&s.0).expect("planner_data is not read");
+    assert_eq!(dcp.tensor("t").unwrap().shape(), [8, 6]);
+
+    let mut p = Pickle::default();
+    p.op(b"\x80\x02");
+    p.global(MD, "Metadata").op(b")\x81}(");
+    p.str("state_dict_metadata").op(b"}(");
+    p.str("t");
+    p.record(
+        "TensorStorageMetadata",
+        &[
+            ("properties", &|p: &mut Pickle| {
+                p.properties("float32");
+            }),
+            ("size", &nest),
+            ("chunks", &|p: &mut Pickle| {
+                p.op(b"]");
+            }),
+        ],
+    );
+    p.op(b"uub.");
+    std::fs::write(s.0.join(".metadata"), &p.0).unwrap();
+    let e = open_err(&s.0);
+    assert_eq!(e.kind(), ErrorKind::Pickle, "{e}");
+
+    // Nesting past the stack limit.
+    let mut p = Pickle::default();
+    p.op(b"\x80\x02").op(&vec![b'('; 2_000_000]);
+    std::fs::write(s.0.join(".metadata"), &p.0).unwrap();
+    let e = open_err(&s.0);
+    assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
+}
+
+#[test]
+fn truncated_and_garbage_metadata_is_refused() {
+    let s = Scratch::new("truncated");
+    let good = std::fs::read(dir_of("world2").join(".metadata")).unwrap();
+    for f in std::fs::read_dir(dir_of("world2")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), s.0.join(f.file_name())).unwrap();
+    }
+    for cut in [0, 1, 2, 10, good.len() / 2, good.len() - 1] {
+        std::fs::write(s.0.join(".metadata"), &good[..cut]).unwrap();
+        let e = open_err(&s.0);
+        assert!(matches!(e.kind(), ErrorKind::Pickle), "{cut}: {e}");
+    }
+    // A file cut short: its chunks no longer fit.
+    std::fs::write(s.0.join(".metadata"), &good).unwrap();
+    let f = s.0.join("__1_0.distcp");
+    let data = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &data[..data.len() - 100]).unwrap();
+    let e = open_err(&s.0);
+    assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
+    assert!(e.to_string().contains("__1_0.distcp"), "{e}");
+}
+
+#[test]
+fn the_safetensors_format_and_the_zstd_transform_are_what_torch_wrote() {
+    let st = Dcp::open(dir_of("world2_safetensors")).expect("open");
+    // Each file's tensor chunks share one blob: one offset per file.
+    let mut starts: Vec<(usize, u64)> = st
+        .tensors()
+        .iter()
+        .flat_map(|t| t.chunks().iter().map(|c| (c.piece.file, c.piece.offset)))
+        .collect();
+    starts.sort();
+    starts.dedup();
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    let z = Dcp::open(dir_of("world2_zstd")).expect("open");
+    assert!(z
+        .tensors()
+        .iter()
+        .flat_map(|t| t.chunks())
+        .all(|c| c.piece.transform == Transform::Zstd));
+    if !cfg!(feature = "zstd") {
+        let e = z.read_tensor("layers.0.weight").expect_err("no zstd");
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        return;
+    }
+    assert_eq!(z.read_item("step").unwrap().values()[0].1, Scalar::Int(7));
+    // Decompression stays within the limit: a chunk whose elements alone
+    // exceed it is refused at open, and an archive that does when read.
+    let mut limits = Limits::default();
+    limits.max_decompressed_bytes = 64;
+    let e = Dcp::open_with(
+        dir_of("world2_zstd"),
+        &OpenOptions::new().limits(limits.clone()),
+    )
+    .expect_err("96 bytes of elements");
+    assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
+    assert!(e.to_string().contains("more than its 64 bytes"), "{e}");
+    limits.max_decompressed_bytes = 200;
+    let small =
+        Dcp::open_with(dir_of("world2_zstd"), &OpenOptions::new().limits(limits)).expect("open");
+    let e = small.read_tensor("layers.0.weight").expect_err("limit");
+    assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
+    assert_eq!(e.tensor(), Some("layers.0.weight"));
+}
+
+#[test]
+fn a_safetensors_blob_that_disagrees_with_the_metadata_is_refused() {
+    let s = Scratch::new("blob");
+    for f in std::fs::read_dir(dir_of("world2_safetensors")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), s.0.join(f.file_name())).unwrap();
+    }
+    let path = s.0.join("__1_0.distcp");
+    let mut data = std::fs::read(&path).unwrap();
+    let needle = br#"\"layers.0.weight\": {\"saved_offsets\": [4, 0]}"#;
+    let at = data
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the sharding info");
+    let digit = at + needle.len() - 6;
+    assert_eq!(data[digit], b'4');
+    data[digit] = b'3';
+    std::fs::write(&path, data).unwrap();
+    let dcp = Dcp::open(&s.0).expect("open");
+    assert!(dcp.read_tensor("embed.weight").is_ok());
+    let e = dcp.read_tensor("layers.0.weight").expect_err("moved");
+    assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
+    assert!(e.to_string().contains("__1_0.distcp at offset"), "{e}");
+}
+
+#[test]
+fn an_unknown_transform_is_named() {
+    let s = Scratch::new("transform");
+    let r = two_chunks(&s.0);
+    let mut second = chunk(&[4, 0], &[4, 6], "data.distcp", r[1]);
+    second.transform = Some("stream.brotli/1");
+    let md = metadata(
+        "float32",
+        &[8, 6],
+        &[chunk(&[0, 0], &[4, 6], "data.distcp", r[0]), second],
+        &none,
+    );
+    std::fs::write(s.0.join(".metadata"), md).unwrap();
+    let e = open_err(&s.0);
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    assert!(e.to_string().contains("stream.brotli/1"), "{e}");
+    assert_eq!(e.tensor(), Some("t"));
+}
+
+#[test]
+fn a_save_without_collectives_reads_as_one() {
+    // Every rank wrote the replicated tensors; they are read once, from
+    // rank 0's file, and the sharded ones from both.
+    let dcp = Dcp::open(dir_of("world2_rank_metadata")).expect("open");
+    let names: Vec<&str> = dcp.files().collect();
+    let bias = dcp.tensor("layers.0.bias").unwrap();
+    assert_eq!(bias.chunks().len(), 1);
+    assert_eq!(names[bias.chunks()[0].piece.file], "__0_0.distcp");
+    let w = dcp.tensor("layers.0.weight").unwrap();
+    let files: Vec<&str> = w.chunks().iter().map(|c| names[c.piece.file]).collect();
+    assert_eq!(files, ["__0_0.distcp", "__1_0.distcp"]);
+    // Ranks that disagree on a tensor, or a lost rank, are errors.
+    let s = Scratch::new("ranks");
+    for f in std::fs::read_dir(dir_of("world2_rank_metadata")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), s.0.join(f.file_name())).unwrap();
+    }
+    let rank1 = std::fs::read(s.0.join("__1.metadata")).unwrap();
+    let mut rank1_moved = rank1.clone();
+    let needle = b"__1_0.distcp";
+    let at = rank1_moved
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap();
+    rank1_moved[at..at + needle.len()].copy_from_slice(b"__0_0.distcp");
+    std::fs::write(s.0.join("__1.metadata"), &rank1_moved).unwrap();
+    let e = open_err(&s.0);
+    assert_eq!(e.file(), Some("__0.metadata to __1.metadata"), "{e}");
+    std::fs::remove_file(s.0.join("__0.metadata")).unwrap();
+    let e = CheckpointSet::open(&s.0).expect_err("no metadata");
+    assert_ne!(e.kind(), ErrorKind::Tensor, "{e}");
+}
+
+#[test]
+fn two_chunks_reading_the_same_bytes_are_refused() {
+    let s = Scratch::new("shared");
+    let r = two_chunks(&s.0);
+    // The second chunk's entry names the first chunk's archive, whole or
+    // overlapping it.
+    for range in [r[0], (r[0].0 + 10, r[0].1)] {
+        let md = metadata(
+            "float32",
+            &[8, 6],
+            &[
+                chunk(&[0, 0], &[4, 6], "data.distcp", r[0]),
+                chunk(&[4, 0], &[4, 6], "data.distcp", range),
+            ],
+            &none,
+        );
+        std::fs::write(s.0.join(".metadata"), md).unwrap();
+        let e = open_err(&s.0);
+        assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
+        assert!(e.to_string().contains("are also those of t"), "{e}");
+    }
+}
+
+#[test]
+fn an_fsdp2_model_and_its_optimizer_state_read_as_torchs() {
+    let dcp = Dcp::open(dir_of("fsdp2_adamw")).expect("open");
+    // FSDP2 shards every parameter and its moments on dim 0 across the two
+    // ranks; the steps are plain tensors, saved once.
+    for name in [
+        "model.0.weight",
+        "optim.state.0.weight.exp_avg",
+        "optim.state.2.weight.exp_avg_sq",
+    ] {
+        let t = dcp.tensor(name).unwrap();
+        assert_eq!(t.chunks().len(), 2, "{name}");
+        assert!(t
+            .chunks()
+            .iter()
+            .all(|c| c.offsets[1..].iter().all(|&o| o == 0)));
+    }
+    assert!(dcp
+        .tensor("optim.state.0.weight.step")
+        .unwrap()
+        .shape()
+        .is_empty());
+    assert_eq!(dcp.tensors().len(), 16);
+}
+
+#[test]
+fn many_chunks_along_a_later_dimension_cost_little_to_check() {
+    // A hundred column chunks: checked in about a hundred steps, within a
+    // budget that comparing every pair (about 5,000) would exceed.
+    let s = Scratch::new("columns");
+    let r = two_chunks(&s.0);
+    let chunks: Vec<ChunkSpec> = (0..100)
+        .map(|i| chunk(&[0, i], &[8, 1], "data.distcp", r[0]))
+        .collect();
+    std::fs::write(
+        s.0.join(".metadata"),
+        metadata("float32", &[8, 100], &chunks, &none),
+    )
+    .unwrap();
+    let mut limits = Limits::default();
+    limits.max_walk_steps = 1000;
+    let e = Dcp::open_with(&s.0, &OpenOptions::new().limits(limits)).expect_err("shared bytes");
+    // The geometry passed; what fails is the chunks sharing one archive.
+    assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
+    assert!(e.to_string().contains("are also those of"), "{e}");
+}
