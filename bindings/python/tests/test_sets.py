@@ -76,3 +76,45 @@ def test_progress_through_tqdm(capsys):
     sd = ptload.torch.load_file(SHARDED, key="all", progress=True)
     err = capsys.readouterr().err
     assert f"{len(sd)}/{len(sd)}" in err and "tensor" in err
+
+
+DCP_SAVES = ["world1", "world2", "world4", "world2_threads", "world2_safetensors", "world2_rank_metadata", "fsdp2_adamw"]
+
+
+def _dcp_answers():
+    import json
+
+    from conftest import ROOT
+
+    with open(os.path.join(ROOT, "fixtures", "dcp.json")) as fh:
+        return json.load(fh)["saves"]
+
+
+def _sha(t):
+    import hashlib
+
+    return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("save", DCP_SAVES)
+def test_a_distributed_checkpoint_reads_as_torch_wrote_it(save):
+    """A torch.distributed.checkpoint directory (written by torch on gloo)
+    through load_file and safe_open: every tensor's dtype, shape and
+    sha256 as torch's own dcp_to_torch_save gave them, and each rank of
+    another world size gets torch.tensor_split of the whole."""
+    answers = _dcp_answers()[save]["tensors"]
+    path = fixture(os.path.join("dcp", save))
+    whole = ptload.torch.load_file(path, key="all")
+    assert sorted(whole) == sorted(answers)
+    dtype_names = {v: k for k, v in ptload.torch._DTYPES.items()}
+    for name, want in answers.items():
+        t = whole[name]
+        assert list(t.shape) == want["shape"], name
+        assert dtype_names[t.dtype] == want["dtype"], name
+        assert _sha(t) == want["sha256"], name
+    split = [n for n, w in answers.items() if len(w["shape"]) >= 1]
+    for rank in range(3):
+        rules = [f"{n}=0" for n in split] + ["*=replicate"]
+        with ptload.safe_open(path, framework="pt", key="all", shard=(rank, 3), splits=rules) as f:
+            for name in split:
+                assert torch.equal(f.get_tensor(name), torch.tensor_split(whole[name], 3, 0)[rank]), (save, name, rank)
