@@ -1,9 +1,11 @@
 """Tensor-parallel ranks reading a sharded checkpoint through ptload.
 
-    torchrun --nproc_per_node 4 examples/python/tp_gather.py DIR_OR_INDEX [PRESET]
+    torchrun --nproc_per_node 4 examples/python/tp_gather.py DIR_OR_INDEX [PRESET | RULES]
 
-Each rank reads only its own slices (``shard=(rank, world)`` with the split
-preset, default ``llama``), then the ranks exchange them with
+DIR_OR_INDEX is a directory of shards, an index file, or a
+torch.distributed.checkpoint directory (saved at any world size). Each rank
+reads only its own slices (``shard=(rank, world)`` with a split preset,
+default ``llama``, or comma-separated ``GLOB=DIM`` rules), then the ranks exchange them with
 ``torch.distributed`` collectives (gloo on CPU, NCCL on GPUs) and every
 rank checks that the gathered tensors equal the whole state dict read
 without slicing. Exits non-zero on any difference.
@@ -31,11 +33,12 @@ def gather(part, world):
 
 def main():
     path = sys.argv[1]
-    preset = sys.argv[2] if len(sys.argv) > 2 else "llama"
+    how = sys.argv[2] if len(sys.argv) > 2 else "llama"
+    rules = {"splits": how.split(",")} if "=" in how else {"preset": how}
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine = ptload.torch.load_file(path, key="all", shard=(rank, world), preset=preset)
+    mine = ptload.torch.load_file(path, key="all", shard=(rank, world), **rules)
     whole = ptload.torch.load_file(path, key="all")
     assert list(mine) == list(whole), "ranks and the whole name different tensors"
     split = 0
