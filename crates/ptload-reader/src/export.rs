@@ -835,6 +835,11 @@ fn write_dcp_with<W: Write>(
                 } else {
                     out.write_all(&bytes).map_err(io)?;
                 }
+                // The slab is copied out: its pages of the mapped files
+                // need not stay in this process's resident memory.
+                for source in dcp.sources() {
+                    source.release();
+                }
                 done += take;
                 if done >= rows {
                     break;

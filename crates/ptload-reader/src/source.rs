@@ -128,6 +128,22 @@ impl Source {
         }
     }
 
+    /// Let the kernel take back the map's resident pages (they stay in the
+    /// page cache, and come back from the file if read again): a streaming
+    /// conversion keeps only what it is copying resident, not every page
+    /// it has read.
+    pub(crate) fn release(&self) {
+        #[cfg(unix)]
+        if let Inner::Mapped(m, ..) = &*self.inner {
+            // SAFETY: `m` is a read-only map of a file, never written
+            // through: MADV_DONTNEED drops its pages from this process, and
+            // reading them again faults them back in from the file, so
+            // every borrow of the map stays valid and sees the file's bytes.
+            // Only a hint: failure changes memory use, never results.
+            let _ = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
+    }
+
     /// Ask the kernel to start reading `len` bytes at `offset` of the map
     /// (whole pages around them), without waiting: the reads of a
     /// scattered map come in as few, large requests.
