@@ -64,7 +64,7 @@ def files_in(path):
 def scan_corpus_intent():
     """tests/scan's expected verdicts, from tests/scan.rs."""
     text = open(os.path.join(ROOT, "tests", "scan.rs")).read()
-    found = re.findall(r'\(\s*"([^"]+)",\s*(Clean|Dangerous|UnknownCallable|Unreadable)\b', text)
+    found = re.findall(r'\(\s*"([^"]+)",\s*(Clean|NeedsCode|Dangerous|Ambiguous|UnknownCall|Unreadable)\b', text)
     return {name: verdict for name, verdict in found}
 
 
@@ -85,7 +85,7 @@ def corpus(args):
         verdict = verdicts.get(os.path.basename(path))
         if verdict is None:
             continue
-        items.append((path, "ptload tests/scan", "harmless" if verdict == "Clean" else "payload"))
+        items.append((path, "ptload tests/scan", "harmless" if verdict in ("Clean", "NeedsCode") else "payload"))
     for path in files_in(os.path.join(ROOT, "tests", "hostile")):
         name = os.path.basename(path)
         if name.startswith("x_") or name.startswith("torch_payload_"):

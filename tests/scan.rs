@@ -10,17 +10,18 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use ptload_reader::scan::{scan_file, Verdict};
+use ptload_reader::scan::{scan_file, Level, Verdict};
 use ptload_reader::Limits;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-use Verdict::{Clean, Dangerous, UnknownCallable, Unreadable};
+use Verdict::{Ambiguous, Clean, Dangerous, NeedsCode, UnknownCall, Unreadable};
 
-/// The finding that must make a verdict: the global, and whether
-/// torch.load reaches the pickle it is in.
+/// The finding that must make a verdict: the global (for an ambiguous
+/// verdict, words of the ambiguity), and whether torch.load reaches the
+/// pickle it is in.
 type Finding = Option<(&'static str, bool)>;
 
 /// Each file, its verdict, and the finding that makes it.
@@ -109,40 +110,42 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("numpy.dtypes._add_dtype_helper.__builtins__.get", true)),
     ),
-    // Calls that do not look like calls.
+    // Calls that do not look like calls: OBJ and INST call the class;
+    // NEWOBJ only runs its `__new__`, and BUILD fills the instance (a
+    // construction, not a call: the class's code must be installed).
     (
         "obj_file_handler.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("logging.FileHandler", true)),
     ),
     (
         "inst_file_handler.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("logging.FileHandler", true)),
     ),
     (
         "newobj_file_handler.pt",
-        UnknownCallable,
+        NeedsCode,
         Some(("logging.FileHandler", true)),
     ),
     (
         "newobj_ex_file_handler.pt",
-        UnknownCallable,
+        NeedsCode,
         Some(("logging.FileHandler", true)),
     ),
     (
         "reconstructor_runs_base_init.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("mylib.hooks.Installer", true)),
     ),
     (
         "rebuild_from_type_calls_func.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("mylib.hooks.make_tensor", true)),
     ),
     (
         "build_setstate_of_unknown_class.pt",
-        UnknownCallable,
+        NeedsCode,
         Some(("mylib.state.Restorer", true)),
     ),
     // A pickle stored as bytes inside the checkpoint.
@@ -173,22 +176,22 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     // id; and a later pickle of a tar member.
     (
         "torchscript_wrapper_returns_global.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("mypkg.tools.helper", true)),
     ),
     (
         "builtins_map_calls_its_function.pkl",
-        UnknownCallable,
+        UnknownCall,
         Some(("mypkg.tools.helper", true)),
     ),
     (
         "builtins_next_returns_its_member.pkl",
-        UnknownCallable,
+        UnknownCall,
         Some(("mypkg.tools.helper", true)),
     ),
     (
         "legacy_persistent_id_returns_global.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("mypkg.tools.helper", true)),
     ),
     (
@@ -198,8 +201,153 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ),
     (
         "frame_read_crosses_boundary.pkl",
+        Ambiguous,
+        Some(("past the end of its FRAME", true)),
+    ),
+    // Benign look-alikes written by torch.save (fixtures/generate.py
+    // --only scan_levels): full models and training checkpoints only
+    // construct and fill their classes. They need the classes' code, and
+    // are not payloads.
+    (
+        "benign_full_sequential.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.container.Sequential", true)),
+    ),
+    (
+        "benign_full_conv2d.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.conv.Conv2d", true)),
+    ),
+    (
+        "benign_full_gru.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.rnn.GRU", true)),
+    ),
+    (
+        "benign_full_main_class.pt",
+        NeedsCode,
+        Some(("__main__.ScanNet", true)),
+    ),
+    (
+        "benign_full_legacy.pt",
+        NeedsCode,
+        Some(("__main__.ScanNet", true)),
+    ),
+    (
+        "benign_full_partial_attribute.pt",
+        NeedsCode,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "benign_dict_of_modules.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.linear.Linear", true)),
+    ),
+    (
+        "benign_lightning_style.ckpt",
+        NeedsCode,
+        Some(("lightning.fabric.utilities.data.AttributeDict", true)),
+    ),
+    (
+        "benign_yolo_style.pt",
+        NeedsCode,
+        Some(("models.yolo.DetectionModel", true)),
+    ),
+    // 2025-2026 techniques, each made as its write-up makes it.
+    ("t_pip_main.pkl", Dangerous, Some(("pip.main", true))),
+    (
+        "t_ensurepip_run_pip.pkl",
         Dangerous,
-        Some(("<pickle>.<opcode past the end of its FRAME>", true)),
+        Some(("ensurepip._run_pip", true)),
+    ),
+    (
+        "t_pkgutil_resolve_name.pkl",
+        Dangerous,
+        Some(("pkgutil.resolve_name", true)),
+    ),
+    (
+        "t_importlib_chain.pkl",
+        Dangerous,
+        Some(("importlib.import_module", true)),
+    ),
+    (
+        "t_marshal_function.pkl",
+        Dangerous,
+        Some(("types.FunctionType", true)),
+    ),
+    (
+        "t_collect_env_run.pkl",
+        Dangerous,
+        Some(("torch.utils.collect_env.run", true)),
+    ),
+    (
+        "t_collect_env_run_and_read_all.pkl",
+        Dangerous,
+        Some(("torch.utils.collect_env.run_and_read_all", true)),
+    ),
+    (
+        "t_spawnv_passfds.pkl",
+        Dangerous,
+        Some(("multiprocessing.util.spawnv_passfds", true)),
+    ),
+    (
+        "t_fx_graph_module_exec.pkl",
+        Dangerous,
+        Some(("torch.fx.graph_module.reduce_graph_module", true)),
+    ),
+    (
+        "t_config_module_pickle_loads.pkl",
+        Dangerous,
+        Some(("torch.utils._config_module.ConfigModule", true)),
+    ),
+    (
+        "t_numpy_load_allow_pickle.pkl",
+        Dangerous,
+        Some(("numpy.load", true)),
+    ),
+    ("t_io_private_open.pkl", Dangerous, Some(("_io.open", true))),
+    ("t_ssl_private.pkl", Dangerous, Some(("_ssl.RAND_status", true))),
+    (
+        "t_posixsubprocess.pkl",
+        Dangerous,
+        Some(("_posixsubprocess.fork_exec", true)),
+    ),
+    (
+        "t_argparse_os_system.pkl",
+        Dangerous,
+        Some(("argparse._os.system", true)),
+    ),
+    (
+        "t_torch_utils_os_system.pkl",
+        Dangerous,
+        Some(("torch._utils.os.system", true)),
+    ),
+    (
+        "t_payload_before_unhashable_stack_global.pkl",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "t_build_sets_setstate.pkl",
+        Dangerous,
+        Some(("mypkg.tools.Holder", true)),
+    ),
+    // A partial that is called runs its function: the partial is the
+    // gadget, and what it wraps is called.
+    (
+        "t_partial_called.pkl",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "t_plain_pickle_renamed.bin",
+        Dangerous,
+        Some(("posix.system", true)),
+    ),
+    (
+        "t_protocol_0_in_zip.pt",
+        Dangerous,
+        Some(("os.system", true)),
     ),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
@@ -226,20 +374,41 @@ fn verdicts() {
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(report.verdict(), *verdict, "{name}: {report:#?}");
-        let findings: Vec<(String, bool)> = report
-            .pickles
-            .iter()
-            .flat_map(|p| p.globals.iter().map(move |g| (g, p.reachable)))
-            .filter(|(g, _)| g.is_finding())
-            .map(|(g, reachable)| (g.path(), reachable))
-            .collect();
-        match finding {
-            Some((path, reachable)) => assert!(
-                findings.contains(&((*path).to_owned(), *reachable)),
-                "{name}: {path} (reachable: {reachable}) not in {findings:?}"
-            ),
-            None => assert!(findings.is_empty(), "{name}: {findings:?}"),
-        }
+        check_finding(name, &report, *verdict, *finding);
+    }
+}
+
+/// The finding that makes `verdict` is in `report`, at the verdict's
+/// level; with none, nothing fails the default line.
+fn check_finding(
+    name: &str,
+    report: &ptload_reader::scan::ScanReport,
+    verdict: Verdict,
+    finding: Finding,
+) {
+    let level = verdict.level().unwrap_or(Level::Clean);
+    let findings: Vec<(String, bool)> = report
+        .pickles
+        .iter()
+        .flat_map(|p| p.globals.iter().map(move |g| (g, p.reachable)))
+        .filter(|(g, _)| g.level() == level && level > Level::Clean)
+        .map(|(g, reachable)| (g.path(), reachable))
+        .collect();
+    match finding {
+        Some((what, _)) if level == Level::Ambiguous => assert!(
+            report.ambiguities.iter().any(|a| a.what.contains(what)),
+            "{name}: {what:?} not in {:?}",
+            report.ambiguities
+        ),
+        Some((path, reachable)) => assert!(
+            findings.contains(&(path.to_owned(), reachable)),
+            "{name}: {path} (reachable: {reachable}) at {level:?} not in {findings:?}"
+        ),
+        None => assert!(
+            report.level() < Level::UnknownCall,
+            "{name}: {:?}",
+            report.level()
+        ),
     }
 }
 
@@ -339,7 +508,7 @@ fn torch_written_fixtures_are_clean() {
         let report = scan_file(&dir.join(&name), &Limits::default(), false)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let want = match name.as_str() {
-            "whole_module.pt" => UnknownCallable,
+            "whole_module.pt" => NeedsCode,
             // No pickle torch could reach: what torch.load fails on.
             "download.html.pt"
             | "empty.pt"
@@ -362,4 +531,53 @@ fn torch_written_fixtures_are_clean() {
             assert!(found.is_empty(), "{name}: {found:?}");
         }
     }
+}
+
+/// What torch 2.15 did with each file (`tests/scan/torch_levels.json`):
+/// every benign file loads with `weights_only=False` and is refused with
+/// `weights_only=True`; the scanner passes each at the default line, and
+/// reports no call in it. A called partial's function is called.
+#[test]
+fn benign_look_alikes_pass_and_calls_stay_calls() {
+    use ptload_reader::scan::Usage;
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_levels.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = doc.as_object().unwrap();
+    let benign: Vec<&String> = files.keys().filter(|n| n.starts_with("benign_")).collect();
+    assert!(benign.len() >= 9, "{benign:?}");
+    for name in benign {
+        assert_eq!(files[name]["weights_only_false"], "loads", "{name}");
+        assert_ne!(files[name]["weights_only_true"], "loads", "{name}");
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(report.level(), Level::NeedsCode, "{name}");
+        let called: Vec<String> = report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .filter(|g| g.usage == Usage::Called && g.level() > Level::Clean)
+            .map(|g| g.path())
+            .collect();
+        assert!(called.is_empty(), "{name}: {called:?}");
+    }
+    let report = scan_file(
+        &root().join("tests/scan/t_partial_called.pkl"),
+        &Limits::default(),
+        false,
+    )
+    .unwrap();
+    let linear = report
+        .pickles
+        .iter()
+        .flat_map(|p| &p.globals)
+        .find(|g| g.path() == "torch.nn.modules.linear.Linear")
+        .unwrap();
+    assert_eq!(
+        (linear.usage, linear.level()),
+        (Usage::Called, Level::UnknownCall)
+    );
 }

@@ -20,7 +20,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::{classify, Danger, GlobalClass};
+use super::{classify, wrapper_class, Danger, GlobalClass, Level};
 use crate::container::zip::{self, Archive, Headers, Method, Rules};
 use crate::error::Result;
 use crate::limits::Limits;
@@ -32,12 +32,16 @@ use crate::pickle::{Heap, Interpreter, Obj, ObjId, Object, StringEncoding, Value
 pub enum Usage {
     /// Named only (imported by `find_class`, never called).
     Referenced,
-    /// Instantiated: OBJ, INST, NEWOBJ(_EX), `copyreg._reconstructor`'s
-    /// class, `copyreg.__newobj__`, the type of `_rebuild_from_type_v2`.
+    /// Constructed without a call the file chose: NEWOBJ(_EX) (the class's
+    /// `__new__`), `copyreg._reconstructor`'s class over `object`,
+    /// `copyreg.__newobj__`, the type of `_rebuild_from_type_v2`; then
+    /// filled by BUILD (its `__setstate__` or `__dict__`). A
+    /// `functools.partial` made and kept, never called, counts here too.
     Instantiated,
-    /// Called: REDUCE, `copyreg._reconstructor`'s base (its `__init__`),
-    /// the function of `_rebuild_from_type_v2`, calling an instance (its
-    /// class's `__call__`), BUILD on an instance (its `__setstate__`).
+    /// Called: REDUCE, OBJ and INST (`cls(*args)`: `__init__` runs, or the
+    /// function), `copyreg._reconstructor`'s base (its `__init__`), the
+    /// function of `_rebuild_from_type_v2`, calling an instance (its
+    /// class's `__call__`) or a partial (its function), `instance.__new__`.
     Called,
 }
 
@@ -75,18 +79,30 @@ impl GlobalUse {
         format!("{}.{}", self.module, self.name)
     }
 
-    /// Whether this use makes a file dangerous or untrusted: a dangerous
-    /// global in any use, or an unknown one that is called or instantiated.
-    /// TorchScript's own types (`__torch__.*`) are built by the TorchScript
-    /// loader from the archive, not imported.
-    pub fn is_finding(&self) -> bool {
+    /// What this use lets the file make happen: a dangerous global is
+    /// dangerous in any use (a wrapper such as `functools.partial` only once
+    /// called); an unknown one is an unknown call when called, and needs its
+    /// code otherwise. TorchScript's own types (`__torch__.*`) are built by
+    /// the TorchScript loader from the archive, not imported.
+    pub fn level(&self) -> Level {
         match self.class {
-            GlobalClass::Dangerous(_) => true,
-            GlobalClass::Unknown => {
-                self.usage != Usage::Referenced && !self.module.starts_with("__torch__")
+            GlobalClass::Dangerous(_)
+                if self.usage < Usage::Called && wrapper_class(&self.module, &self.name) =>
+            {
+                Level::NeedsCode
             }
-            _ => false,
+            GlobalClass::Dangerous(_) => Level::Dangerous,
+            GlobalClass::Unknown if self.module.starts_with("__torch__") => Level::Clean,
+            GlobalClass::Unknown if self.usage == Usage::Called => Level::UnknownCall,
+            GlobalClass::Unknown => Level::NeedsCode,
+            _ => Level::Clean,
         }
+    }
+
+    /// Whether this use fails a gate at the default line
+    /// ([`Level::UnknownCall`]).
+    pub fn is_finding(&self) -> bool {
+        self.level() >= Level::UnknownCall
     }
 }
 
@@ -138,6 +154,10 @@ pub struct ScannedPickle {
     pub source: PickleSource,
     /// Whether `torch.load(weights_only=False)` would unpickle it.
     pub reachable: bool,
+    /// Where its bytes start in the file, when they lie there as they are
+    /// (not inflated, not nested): a global's offset plus this is its
+    /// offset in the file.
+    pub base: Option<u64>,
     /// Every global it names, once each, in order of first appearance.
     pub globals: Vec<GlobalUse>,
     /// Whether it ran to its STOP.
@@ -147,30 +167,71 @@ pub struct ScannedPickle {
     pub error: Option<String>,
 }
 
-/// The scanner's judgement of a file.
+/// Structure that other readers read differently from these bytes: where
+/// it is and what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Ambiguity {
+    /// The record (zip entry, pickle) it concerns, or the file's layout
+    /// for the container as a whole.
+    pub record: String,
+    /// Byte offset: in the file for container structure, in the pickle
+    /// for a pickle's opcodes.
+    pub offset: u64,
+    /// What other readers would see differently.
+    pub what: String,
+}
+
+/// The scanner's judgement of a file: its [`Level`], or unreadable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Verdict {
-    /// A dangerous global, anywhere in the file.
+    /// A dangerous global, anywhere in the file, or a gadget that reaches
+    /// a call.
     Dangerous,
-    /// An unknown global that is called or instantiated.
-    UnknownCallable,
-    /// Nothing that would run code.
+    /// Structure other readers read differently.
+    Ambiguous,
+    /// An unknown global that is called.
+    UnknownCall,
+    /// Classes that are only named or constructed: loading needs their
+    /// code, not a payload.
+    NeedsCode,
+    /// Nothing but tensors and plain data.
     Clean,
     /// No pickle torch.load would unpickle could be read (not a
-    /// checkpoint, or too broken for torch to unpickle anything either);
-    /// pickles it would not reach may still be listed.
+    /// checkpoint, or too broken for torch to unpickle anything either),
+    /// and nothing at or above [`Level::UnknownCall`] was found.
     Unreadable,
 }
 
 impl Verdict {
-    /// `dangerous`, `unknown callable`, `clean`, `unreadable`.
+    /// The level's name, or `unreadable`.
     pub fn name(self) -> &'static str {
+        match self.level() {
+            Some(level) => level.name(),
+            None => "unreadable",
+        }
+    }
+
+    /// The level, `None` when unreadable.
+    pub fn level(self) -> Option<Level> {
         match self {
-            Verdict::Dangerous => "dangerous",
-            Verdict::UnknownCallable => "unknown callable",
-            Verdict::Clean => "clean",
-            Verdict::Unreadable => "unreadable",
+            Verdict::Dangerous => Some(Level::Dangerous),
+            Verdict::Ambiguous => Some(Level::Ambiguous),
+            Verdict::UnknownCall => Some(Level::UnknownCall),
+            Verdict::NeedsCode => Some(Level::NeedsCode),
+            Verdict::Clean => Some(Level::Clean),
+            Verdict::Unreadable => None,
+        }
+    }
+
+    fn of(level: Level) -> Verdict {
+        match level {
+            Level::Dangerous => Verdict::Dangerous,
+            Level::Ambiguous => Verdict::Ambiguous,
+            Level::UnknownCall => Verdict::UnknownCall,
+            Level::NeedsCode => Verdict::NeedsCode,
+            Level::Clean => Verdict::Clean,
         }
     }
 }
@@ -183,35 +244,41 @@ pub struct ScanReport {
     pub layout: &'static str,
     /// Every pickle found, reachable ones first.
     pub pickles: Vec<ScannedPickle>,
+    /// Structure other readers read differently (each makes the file
+    /// [`Level::Ambiguous`] at least).
+    pub ambiguities: Vec<Ambiguity>,
     /// Problems with the container itself (a zip directory torch could not
     /// read either, ...).
     pub notes: Vec<String>,
 }
 
 impl ScanReport {
-    /// The verdict: dangerous and unknown-callable findings count wherever
-    /// they are (a broken file included); unreadable only when no pickle
-    /// could be read and nothing was found.
-    pub fn verdict(&self) -> Verdict {
-        let findings = self
-            .pickles
-            .iter()
-            .flat_map(|p| &p.globals)
-            .filter(|g| g.is_finding());
-        let mut verdict = None;
-        for g in findings {
-            if matches!(g.class, GlobalClass::Dangerous(_)) {
-                return Verdict::Dangerous;
-            }
-            verdict = Some(Verdict::UnknownCallable);
-        }
-        if let Some(v) = verdict {
-            return v;
-        }
-        if self.pickles.iter().any(|p| p.complete && p.reachable) {
-            Verdict::Clean
+    /// The highest level of the file's findings, wherever they are (a
+    /// pickle torch.load would not reach, or a broken file, included).
+    pub fn level(&self) -> Level {
+        let globals = self.pickles.iter().flat_map(|p| &p.globals);
+        let level = globals.map(GlobalUse::level).max().unwrap_or(Level::Clean);
+        if self.ambiguities.is_empty() {
+            level
         } else {
+            level.max(Level::Ambiguous)
+        }
+    }
+
+    /// Whether a pickle torch.load would unpickle was read to its end.
+    pub fn readable(&self) -> bool {
+        self.pickles.iter().any(|p| p.complete && p.reachable)
+    }
+
+    /// The verdict: a level at or above [`Level::UnknownCall`] wherever it
+    /// was found (a broken file included); else unreadable when no pickle
+    /// torch.load would reach could be read; else the level.
+    pub fn verdict(&self) -> Verdict {
+        let level = self.level();
+        if level < Level::UnknownCall && !self.readable() {
             Verdict::Unreadable
+        } else {
+            Verdict::of(level)
         }
     }
 }
@@ -235,6 +302,14 @@ pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
         scan.stream(data);
         // A zip behind the stream: torch never reads it, other tools may.
         if zip::find_eocd(data).is_some() {
+            let read = scan.report.pickles.first().is_some_and(|p| p.complete);
+            if read {
+                scan.report.ambiguities.push(Ambiguity {
+                    record: "file".into(),
+                    offset: 0,
+                    what: "a pickle stream before a zip archive: torch runs the stream, zip readers see the archive".into(),
+                });
+            }
             scan.zip(data, false);
         }
     }
@@ -283,6 +358,7 @@ impl Scanner<'_> {
         source: PickleSource,
         reachable: bool,
         depth: usize,
+        base: Option<u64>,
     ) -> Option<(usize, bool)> {
         if self.report.pickles.len() >= MAX_PICKLES {
             if self.report.pickles.len() == MAX_PICKLES {
@@ -295,22 +371,20 @@ impl Scanner<'_> {
         let mut heap = Heap::new(self.limits);
         let mut recorder = Recorder::default();
         let outcome = self.vm.run(&mut heap, &mut recorder, data, start);
+        let parent = source.to_string();
         if self.vm.frame_crossed {
-            // Not a global, but the same verdict: what CPython runs here is
-            // not what the bytes show.
-            recorder.globals.push(GlobalUse {
-                module: "<pickle>".into(),
-                name: "<opcode past the end of its FRAME>".into(),
+            // CPython's C unpickler and its Python one read different
+            // opcodes here: what runs is not what the bytes show.
+            self.report.ambiguities.push(Ambiguity {
+                record: parent.clone(),
                 offset: outcome
                     .as_ref()
                     .err()
                     .and_then(|e| e.offset())
                     .unwrap_or(start as u64),
-                usage: Usage::Called,
-                class: GlobalClass::Dangerous(Danger::CodeExecution),
+                what: "an opcode reads past the end of its FRAME".into(),
             });
         }
-        let parent = source.to_string();
         let result = match &outcome {
             Ok(out) => Some((out.end, heap.bigint(out.value) == Some(&MAGIC[..]))),
             Err(_) => None,
@@ -331,6 +405,7 @@ impl Scanner<'_> {
         self.report.pickles.push(ScannedPickle {
             source,
             reachable,
+            base,
             globals: recorder.globals,
             complete: outcome.is_ok(),
             error: outcome.err().map(|e| e.to_string()),
@@ -350,7 +425,8 @@ impl Scanner<'_> {
                 index,
                 offset: offset as u64,
             };
-            let Some((end, magic)) = self.run(data, offset, source, index < reached, 0) else {
+            let Some((end, magic)) = self.run(data, offset, source, index < reached, 0, Some(0))
+            else {
                 break;
             };
             if index == 0 && magic {
@@ -379,6 +455,17 @@ impl Scanner<'_> {
                 return;
             }
         };
+        // What a strict zip reader refuses, torch's reads: duplicate names,
+        // local and central names that differ, encryption flags, overlaps.
+        if reachable {
+            if let Err(e) = Archive::parse_with(data, Headers::Map, self.limits, Rules::Canonical) {
+                self.report.ambiguities.push(Ambiguity {
+                    record: "zip directory".into(),
+                    offset: e.offset().unwrap_or(0),
+                    what: format!("{e}; torch reads it anyway"),
+                });
+            }
+        }
         // torch's reader takes the folder of the first entry as the archive
         // name, and looks records up under it.
         let prefix = archive
@@ -425,8 +512,20 @@ impl Scanner<'_> {
                     continue;
                 }
             };
+            // torch does not check CRCs; Python's zipfile refuses the entry.
+            if let Err(e) = zip::check_crc(&bytes, entry) {
+                self.report.ambiguities.push(Ambiguity {
+                    record: entry.name.to_owned(),
+                    offset: entry.data_start,
+                    what: format!("{e}; torch reads it anyway"),
+                });
+            }
             let source = PickleSource::Entry(entry.name.to_owned());
-            self.run(&bytes, 0, source, reach, 0);
+            let base = match entry.method {
+                Method::Stored => Some(entry.data_start),
+                Method::Deflated => None,
+            };
+            self.run(&bytes, 0, source, reach, 0, base);
         }
     }
 
@@ -457,7 +556,7 @@ impl Scanner<'_> {
             let start = name_start + name_len + extra_len;
             if start < data.len() {
                 let source = PickleSource::Entry(String::from_utf8_lossy(name).into_owned());
-                self.run(data, start, source, false, 0);
+                self.run(data, start, source, false, 0, Some(0));
             }
         }
     }
@@ -493,14 +592,16 @@ impl Scanner<'_> {
             };
             let name = String::from_utf8_lossy(name).into_owned();
             if matches!(name.as_str(), "sys_info" | "pickle") {
-                self.run(member, 0, PickleSource::TarMember(name), true, 0);
+                let source = PickleSource::TarMember(name);
+                self.run(member, 0, source, true, 0, Some(start as u64));
             } else if matches!(name.as_str(), "storages" | "tensors") {
                 // A count, then that many pickles, each unpickled by torch;
                 // raw tensor data may follow, so only what parses is read.
                 let mut offset = 0;
                 while self.report.pickles.len() < MAX_PICKLES {
                     let source = PickleSource::TarMember(name.clone());
-                    let Some((end, _)) = self.run(member, offset, source, true, 0) else {
+                    let base = Some(start as u64);
+                    let Some((end, _)) = self.run(member, offset, source, true, 0, base) else {
                         break;
                     };
                     if end <= offset || end >= member.len() {
@@ -523,7 +624,7 @@ impl Scanner<'_> {
             let (parent, index, depth, bytes) = std::mem::take(slot);
             next += 1;
             let source = PickleSource::Nested { parent, index };
-            self.run(&bytes, 0, source, false, depth);
+            self.run(&bytes, 0, source, false, depth, None);
         }
     }
 }
@@ -580,6 +681,9 @@ struct Recorder {
     globals: Vec<GlobalUse>,
     by_path: HashMap<(String, String), usize>,
     origins: HashMap<ObjId, Origin>,
+    /// What calling a wrapper (a `functools.partial`) calls: the function
+    /// it was made with, and any its BUILD state put in.
+    wrapped: HashMap<ObjId, Vec<Value>>,
 }
 
 impl Recorder {
@@ -637,6 +741,38 @@ impl Recorder {
         let g = self.globals.get(self.global_index(v)?)?;
         Some((g.module.as_str(), g.name.as_str()))
     }
+
+    /// `v` is called: the global it is or came from, and through a
+    /// wrapper what the wrapper holds (each wrapper opened once, so a
+    /// cycle of wrappers ends).
+    fn calls(&mut self, heap: &Heap, v: Value) -> Result<()> {
+        let mut stack = vec![v];
+        while let Some(v) = stack.pop() {
+            heap.charge_work(1)?;
+            if let Some(Origin::Global(g) | Origin::Made(g)) = self.origin(v) {
+                self.mark(Some(g), Usage::Called);
+            }
+            if let Value::Obj(id) = v {
+                stack.extend(self.wrapped.remove(&id).unwrap_or_default());
+            }
+        }
+        Ok(())
+    }
+
+    /// The wrapper `made` holds `func`: calling it calls `func`.
+    fn wrap(&mut self, made: Value, func: Value) {
+        if let Value::Obj(id) = made {
+            self.wrapped.entry(id).or_default().push(func);
+        }
+    }
+}
+
+/// Whether `key` names a dunder attribute (`__setstate__`, `__reduce__`,
+/// `__class__`...): set on an instance by BUILD, it changes what a later
+/// opcode calls.
+fn dunder(heap: &Heap, key: Value) -> bool {
+    heap.str(key)
+        .is_some_and(|k| k.len() > 4 && k.starts_with("__") && k.ends_with("__"))
 }
 
 impl Interpreter for Recorder {
@@ -666,13 +802,21 @@ impl Interpreter for Recorder {
         heap.charge_work(items.len() as u64)?;
         let arg = |i: usize| items.get(i).copied().unwrap_or(Value::None);
         match self.origin(callable) {
+            // A partial made and kept calls nothing; calling it later calls
+            // its function (see `calls`).
+            Some(Origin::Global(g)) if self.path_of(callable) == Some(("functools", "partial")) => {
+                self.mark(Some(g), Usage::Instantiated);
+                let made = self.inert(heap, Some(Origin::Made(g)))?;
+                self.wrap(made, arg(0));
+                Ok(made)
+            }
             Some(Origin::Global(g)) => {
                 self.mark(Some(g), Usage::Called);
                 // Calls that call or instantiate what they are given.
                 match self.path_of(callable) {
                     Some(("torch._tensor", "_rebuild_from_type_v2")) => {
                         let (func, new_type) = (arg(0), arg(1));
-                        self.mark(self.global_index(func), Usage::Called);
+                        self.calls(heap, func)?;
                         self.mark(self.global_index(new_type), Usage::Instantiated);
                     }
                     Some(("copyreg" | "copy_reg", "_reconstructor")) => {
@@ -680,7 +824,7 @@ impl Interpreter for Recorder {
                         self.mark(self.global_index(cls), Usage::Instantiated);
                         let plain_object = self.path_of(base) == Some(("builtins", "object"));
                         if !plain_object {
-                            self.mark(self.global_index(base), Usage::Called);
+                            self.calls(heap, base)?;
                         }
                     }
                     Some(("copyreg" | "copy_reg", "__newobj__" | "__newobj_ex__")) => {
@@ -704,7 +848,7 @@ impl Interpreter for Recorder {
                     Some(("builtins" | "__builtin__", name)) => {
                         if matches!(name, "map" | "filter") || (name == "iter" && items.len() == 2)
                         {
-                            self.mark(self.global_index(arg(0)), Usage::Called);
+                            self.calls(heap, arg(0))?;
                         }
                         if let Some(o) = self.origin_within(heap, &items)? {
                             return self.inert(heap, Some(o));
@@ -714,9 +858,10 @@ impl Interpreter for Recorder {
                 }
                 self.inert(heap, Some(Origin::Made(g)))
             }
-            // Calling an instance runs its class's `__call__`.
+            // Calling an instance runs its class's `__call__` (a partial's
+            // function).
             Some(Origin::Made(g)) => {
-                self.mark(Some(g), Usage::Called);
+                self.calls(heap, callable)?;
                 self.inert(heap, Some(Origin::Made(g)))
             }
             None => self.inert(heap, None),
@@ -739,10 +884,57 @@ impl Interpreter for Recorder {
         self.inert(heap, g)
     }
 
-    fn build(&mut self, _heap: &mut Heap, obj: Value, _state: Value) -> Result<()> {
+    fn instantiate(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value> {
+        // OBJ and INST call `cls(*args)`: its `__init__` runs, or the
+        // function.
+        self.call(heap, cls, args)
+    }
+
+    fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()> {
         match self.origin(obj) {
-            // BUILD calls the instance's `__setstate__` when its class has one.
-            Some(Origin::Made(g)) => self.mark(Some(g), Usage::Called),
+            // BUILD fills the instance: its class's `__setstate__` (code
+            // of the class, not of the file) or its `__dict__`. A partial
+            // takes its function from the state. A dunder attribute set
+            // here (`__setstate__`, `__reduce__`...) changes what a later
+            // BUILD or call runs: a gadget, and its value is called.
+            Some(Origin::Made(g)) => {
+                self.mark(Some(g), Usage::Instantiated);
+                let parts = match heap.tuple(state) {
+                    Some(items) => items.to_vec(),
+                    None => vec![state],
+                };
+                heap.charge_work(parts.len() as u64)?;
+                if self
+                    .globals
+                    .get(g)
+                    .is_some_and(|u| wrapper_class(&u.module, &u.name))
+                {
+                    if let Some(&func) = parts.first() {
+                        self.wrap(obj, func);
+                    }
+                }
+                let mut smuggled = Vec::new();
+                for part in parts {
+                    let Some(dict) = heap.dict(part) else {
+                        continue;
+                    };
+                    heap.charge_work(dict.entries().len() as u64)?;
+                    smuggled.extend(
+                        dict.entries()
+                            .iter()
+                            .filter(|(k, _)| dunder(heap, *k))
+                            .map(|&(_, v)| v),
+                    );
+                }
+                if !smuggled.is_empty() {
+                    if let Some(u) = self.globals.get_mut(g) {
+                        u.class = GlobalClass::Dangerous(Danger::Gadget);
+                    }
+                }
+                for v in smuggled {
+                    self.calls(heap, v)?;
+                }
+            }
             // BUILD on a module, class or function itself sets its
             // attributes: whatever is looked up there later (a rebuild
             // function, a method) can be replaced. Dangerous whatever it is.
