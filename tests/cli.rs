@@ -1752,6 +1752,18 @@ fn scan_walks_directories_and_names_archives_torch_cannot_load() {
     std::fs::write(nested.join("weights.7z"), b"7z\xbc\xaf\x27\x1c\x00\x04rest").expect("7z");
     std::fs::write(dir.join("a/run.tar.gz"), b"\x1f\x8b\x08\x00rest").expect("gz");
     std::fs::write(dir.join("a/README.md"), b"# not a model").expect("readme");
+    // A safetensors file holds no pickle; a pickle named .safetensors is
+    // scanned as what it is.
+    std::fs::copy(
+        fixture("weights.safetensors.pt"),
+        nested.join("model.safetensors"),
+    )
+    .expect("st");
+    std::fs::write(
+        dir.join("a/fake.safetensors"),
+        b"\x80\x02cos\nsystem\nq\x00.",
+    )
+    .expect("fake");
     // No extension, but pickle bytes: scanned.
     std::fs::write(dir.join("a/blob"), b"\x80\x02cos\nsystem\nq\x00.").expect("blob");
     let out = ptload(&["scan", "--json", &dir.display().to_string()]);
@@ -1772,8 +1784,10 @@ fn scan_walks_directories_and_names_archives_torch_cannot_load() {
         .collect();
     let want: Vec<(String, String)> = [
         ("a/b/model.pt", "clean"),
+        ("a/b/model.safetensors", "not-loadable"),
         ("a/b/weights.7z", "not-loadable"),
         ("a/blob", "dangerous"),
+        ("a/fake.safetensors", "dangerous"),
         ("a/run.tar.gz", "not-loadable"),
         (
             Path::new(&payload)
@@ -1794,7 +1808,7 @@ fn scan_walks_directories_and_names_archives_torch_cannot_load() {
         doc["summary"]
             .as_str()
             .expect("summary")
-            .contains("2 dangerous, 1 clean, 2 not-loadable"),
+            .contains("3 dangerous, 1 clean, 3 not-loadable"),
         "{}",
         doc["summary"]
     );
@@ -1810,7 +1824,7 @@ fn scan_walks_directories_and_names_archives_torch_cannot_load() {
             .lines()
             .last()
             .expect("summary")
-            .starts_with("scanned 5 files"),
+            .starts_with("scanned 7 files"),
         "{shown}"
     );
     // Archives alone do not fail a gate.

@@ -219,6 +219,16 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
             ),
         );
     }
+    // safetensors holds no pickle: torch.load fails on it (it reads it as a
+    // pickle stream), and nothing in it can run. A pickle named
+    // `.safetensors` has no such header, and is scanned.
+    if crate::tools::is_safetensors(path) {
+        return FileScan::bare(
+            file,
+            "not-loadable",
+            "a safetensors file: it holds no pickle, and torch.load cannot read it".into(),
+        );
+    }
     let report = match scan::scan_file(path, &Limits::default(), request.in_memory) {
         Ok(r) => r,
         Err(e) => return FileScan::bare(file, "unreadable", e.to_string()),
@@ -284,8 +294,8 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
 
 /// Exit code: 1 if any file is at or above the line (even next to an
 /// unreadable one: a gate must not read "error" as "not flagged"), else 2
-/// if any file is unreadable, else 0. Archives torch cannot load are
-/// named, and do not fail.
+/// if any file is unreadable, else 0. Archives torch cannot load and
+/// safetensors files are named, and do not fail.
 fn exit_code(scans: &[FileScan]) -> u8 {
     if scans.iter().any(|s| s.fails) {
         1
