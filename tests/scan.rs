@@ -349,6 +349,55 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("os.system", true)),
     ),
+    // Duplicate data.pkl entries in three orders (torch reads the last in
+    // the central directory) and flag bits on the payload's data.pkl
+    // (torch loads 0x8, 0x800, 0x4000, refuses 0x1, 0x40, 0x2000; the
+    // payload is reported either way). See torch_levels.json.
+    (
+        "z_duplicate_payload_first.pt",
+        Ambiguous,
+        Some(("duplicate entry name", true)),
+    ),
+    (
+        "z_duplicate_payload_second.pt",
+        Ambiguous,
+        Some(("duplicate entry name", true)),
+    ),
+    (
+        "z_duplicate_payload_at_end.pt",
+        Ambiguous,
+        Some(("duplicate entry name", true)),
+    ),
+    (
+        "z_flag_0x0001_payload.pt",
+        Ambiguous,
+        Some(("is encrypted", true)),
+    ),
+    (
+        "z_flag_0x0040_payload.pt",
+        Ambiguous,
+        Some(("is encrypted", true)),
+    ),
+    (
+        "z_flag_0x0008_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    (
+        "z_flag_0x0800_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    (
+        "z_flag_0x2000_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    (
+        "z_flag_0x4000_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
 ];
@@ -580,4 +629,46 @@ fn benign_look_alikes_pass_and_calls_stay_calls() {
         (linear.usage, linear.level()),
         (Usage::Called, Level::UnknownCall)
     );
+}
+
+/// Which data.pkl torch read, by experiment (`torch_levels.json`, both
+/// weights_only modes): the scanner marks that one as read by torch.load,
+/// and reports the payload wherever it is.
+#[test]
+fn the_data_pkl_torch_reads_is_the_one_marked_reachable() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_levels.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut checked = 0;
+    for (name, facts) in doc.as_object().unwrap() {
+        if !name.starts_with("z_") {
+            continue;
+        }
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        let print: Vec<bool> = report
+            .pickles
+            .iter()
+            .filter(|p| p.globals.iter().any(|g| g.path() == "builtins.print"))
+            .map(|p| p.reachable)
+            .collect();
+        assert_eq!(print.len(), 1, "{name}: the payload is reported once");
+        let reached = report.pickles.iter().filter(|p| p.reachable).count();
+        assert_eq!(reached, 1, "{name}: one data.pkl is read by torch.load");
+        match facts["weights_only_false"].as_str().unwrap() {
+            "reads the payload" => assert_eq!(print, [true], "{name}"),
+            "reads the clean data.pkl" => {
+                assert_eq!(print, [false], "{name}");
+                // weights_only=True reads the same entry, and loads it.
+                assert_eq!(facts["weights_only_true"], "reads the clean data.pkl");
+            }
+            // torch refuses the archive: the payload is still reported.
+            _ => assert!(report.level() >= Level::UnknownCall, "{name}"),
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 9);
 }

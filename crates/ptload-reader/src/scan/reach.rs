@@ -462,7 +462,7 @@ impl Scanner<'_> {
                 self.report.ambiguities.push(Ambiguity {
                     record: "zip directory".into(),
                     offset: e.offset().unwrap_or(0),
-                    what: format!("{e}; torch reads it anyway"),
+                    what: format!("{e}: zip readers disagree on this archive"),
                 });
             }
         }
