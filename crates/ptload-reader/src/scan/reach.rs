@@ -455,16 +455,23 @@ impl Scanner<'_> {
                 return;
             }
         };
-        // What a strict zip reader refuses, torch's reads: duplicate names,
-        // local and central names that differ, encryption flags, overlaps.
+        // What a strict zip reader refuses and torch's tolerates: duplicate
+        // names, local and central names that differ, encryption flags,
+        // overlaps. Entries without a local header are left out: torch
+        // fails on one only if it reads it.
         if reachable {
-            if let Err(e) = Archive::parse_with(data, Headers::Map, self.limits, Rules::Canonical) {
+            for (what, offset) in archive.disagreements() {
                 self.report.ambiguities.push(Ambiguity {
                     record: "zip directory".into(),
-                    offset: e.offset().unwrap_or(0),
-                    what: format!("{e}: zip readers disagree on this archive"),
+                    offset: *offset,
+                    what: format!("zip: {what}: zip readers disagree on this archive"),
                 });
             }
+        }
+        for (name, offset) in archive.broken_locals() {
+            self.report.notes.push(format!(
+                "{name}: no local header at {offset:#x}; torch fails on this entry only if it reads it"
+            ));
         }
         // torch's reader takes the folder of the first entry as the archive
         // name, and looks records up under it.
