@@ -679,3 +679,42 @@ fn the_data_pkl_torch_reads_is_the_one_marked_reachable() {
     }
     assert_eq!(checked, 10);
 }
+
+/// A partial calls what it holds when it is called, however it was made
+/// (REDUCE or NEWOBJ) and whatever BUILD put in it; kept, it calls nothing.
+#[test]
+fn a_partial_calls_its_function_only_when_called() {
+    use ptload_reader::scan::{scan_bytes, Usage};
+    let usage = |pickle: &[u8], path: &str| {
+        let report = scan_bytes(pickle, &Limits::default());
+        let g = report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .find(|g| g.path() == path)
+            .map(|g| (g.usage, g.level()));
+        (g, report.level())
+    };
+    // partial(helper) kept: a construction.
+    let kept: &[u8] = b"\x80\x02cfunctools\npartial\ncmypkg.tools\nhelper\n\x85R.";
+    assert_eq!(
+        usage(kept, "mypkg.tools.helper"),
+        (
+            Some((Usage::Referenced, Level::NeedsCode)),
+            Level::NeedsCode
+        )
+    );
+    // partial.__new__(partial, helper), then called.
+    let newobj: &[u8] = b"\x80\x02cfunctools\npartial\ncmypkg.tools\nhelper\n\x85\x81)R.";
+    assert_eq!(
+        usage(newobj, "mypkg.tools.helper"),
+        (Some((Usage::Called, Level::UnknownCall)), Level::Dangerous)
+    );
+    // partial(helper) whose BUILD state swaps in other, then called.
+    let swapped: &[u8] =
+        b"\x80\x02cfunctools\npartial\ncmypkg.tools\nhelper\n\x85R(cmypkg.tools\nother\n)NNtb)R.";
+    assert_eq!(
+        usage(swapped, "mypkg.tools.other"),
+        (Some((Usage::Called, Level::UnknownCall)), Level::Dangerous)
+    );
+}

@@ -875,20 +875,25 @@ impl Interpreter for Recorder {
         }
     }
 
-    fn new_object(&mut self, heap: &mut Heap, cls: Value, _args: Value) -> Result<Value> {
-        let g = match self.origin(cls) {
+    fn new_object(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value> {
+        match self.origin(cls) {
             Some(Origin::Global(g)) => {
                 self.mark(Some(g), Usage::Instantiated);
-                Some(Origin::Made(g))
+                let made = self.inert(heap, Some(Origin::Made(g)))?;
+                // `partial.__new__(partial, func, ...)` holds `func`.
+                if self.path_of(cls) == Some(("functools", "partial")) {
+                    let func = heap.tuple(args).and_then(|a| a.first().copied());
+                    self.wrap(made, func.unwrap_or(Value::None));
+                }
+                Ok(made)
             }
             // `instance.__new__`: whatever made the instance runs again.
             Some(Origin::Made(g)) => {
-                self.mark(Some(g), Usage::Called);
-                Some(Origin::Made(g))
+                self.calls(heap, cls)?;
+                self.inert(heap, Some(Origin::Made(g)))
             }
-            None => None,
-        };
-        self.inert(heap, g)
+            None => self.inert(heap, None),
+        }
     }
 
     fn instantiate(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value> {
