@@ -427,7 +427,63 @@ const PURE_BUILTINS: &[&str] = &[
     "Ellipsis",
 ];
 
+/// Enum classes that training libraries pickle into ordinary checkpoints
+/// (`training_args.bin`, Lightning's trainer state): an enum member pickles
+/// as a call of its class with its value, which only looks the member up.
+const KNOWN_ENUMS: &[(&str, &[&str])] = &[
+    (
+        "transformers.trainer_utils",
+        &[
+            "FSDPOption",
+            "HPSearchBackend",
+            "HubStrategy",
+            "IntervalStrategy",
+            "SaveStrategy",
+            "SchedulerType",
+            "EvaluationStrategy",
+        ],
+    ),
+    (
+        "transformers.training_args",
+        &["OptimizerNames", "ParallelMode"],
+    ),
+    ("transformers.debug_utils", &["DebugOption"]),
+    (
+        "transformers.utils.generic",
+        &["PaddingStrategy", "TensorType"],
+    ),
+    (
+        "accelerate.utils.dataclasses",
+        &[
+            "ComputeEnvironment",
+            "CustomDtype",
+            "DDPCommunicationHookType",
+            "DistributedType",
+            "DynamoBackend",
+            "FP8BackendType",
+            "LoggerType",
+            "PrecisionType",
+            "RNGType",
+            "SageMakerDistributedType",
+        ],
+    ),
+    (
+        "lightning.pytorch.trainer.states",
+        &["TrainerStatus", "TrainerFn", "RunningStage"],
+    ),
+    (
+        "pytorch_lightning.trainer.states",
+        &["TrainerStatus", "TrainerFn", "RunningStage"],
+    ),
+];
+
 fn known_data(module: &str, name: &str) -> bool {
+    if KNOWN_ENUMS
+        .iter()
+        .any(|(m, names)| *m == module && names.contains(&name))
+    {
+        return true;
+    }
     match module {
         "builtins" | "__builtin__" => PURE_BUILTINS.contains(&name),
         "numpy" => matches!(name, "dtype" | "ndarray"),
@@ -653,6 +709,18 @@ mod tests {
             GlobalClass::Tensor
         );
         assert_eq!(classify("types", "SimpleNamespace"), GlobalClass::Data);
+        assert_eq!(
+            classify("transformers.trainer_utils", "IntervalStrategy"),
+            GlobalClass::Data
+        );
+        assert_eq!(
+            classify("transformers.trainer_utils", "IntervalStrategy.__call__"),
+            GlobalClass::Dangerous(Danger::Gadget)
+        );
+        assert_eq!(
+            classify("transformers.trainer_utils", "get_last_checkpoint"),
+            GlobalClass::Unknown
+        );
         assert_eq!(classify("uuid", "UUID"), GlobalClass::Data);
     }
 
