@@ -725,3 +725,29 @@ fn a_partial_calls_its_function_only_when_called() {
         (Some((Usage::Called, Level::UnknownCall)), Level::Dangerous)
     );
 }
+
+/// An instance made by a constructor helper is an instance of the class it
+/// was given: calling it runs that class's `__call__`, an unknown call.
+#[test]
+fn calling_a_reconstructed_instance_calls_its_class() {
+    use ptload_reader::scan::{scan_bytes, Usage};
+    for pickle in [
+        // copyreg._reconstructor(Hook, object, None)("id")
+        &b"\x80\x02ccopyreg\n_reconstructor\ncmypkg.tools\nHook\ncbuiltins\nobject\nN\x87R(X\x02\x00\x00\x00idtR."[..],
+        // copyreg.__newobj__(Hook)("id")
+        &b"\x80\x02ccopyreg\n__newobj__\ncmypkg.tools\nHook\n\x85R(X\x02\x00\x00\x00idtR."[..],
+    ] {
+        let report = scan_bytes(pickle, &Limits::default());
+        let hook = report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .find(|g| g.path() == "mypkg.tools.Hook")
+            .unwrap();
+        assert_eq!((hook.usage, hook.level()), (Usage::Called, Level::UnknownCall));
+        assert_eq!(report.verdict(), UnknownCall);
+    }
+    // Constructed and kept: needs its code only.
+    let kept: &[u8] = b"\x80\x02ccopyreg\n__newobj__\ncmypkg.tools\nHook\n\x85R.";
+    assert_eq!(scan_bytes(kept, &Limits::default()).verdict(), NeedsCode);
+}

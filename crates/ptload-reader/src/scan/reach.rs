@@ -819,26 +819,31 @@ impl Interpreter for Recorder {
             }
             Some(Origin::Global(g)) => {
                 self.mark(Some(g), Usage::Called);
+                // What comes out: an instance of the class a constructor is
+                // given (so that calling it, or its `__new__`, counts against
+                // that class), else something the callable made.
+                let mut made = g;
                 // Calls that call or instantiate what they are given.
                 match self.path_of(callable) {
                     Some(("torch._tensor", "_rebuild_from_type_v2")) => {
                         let (func, new_type) = (arg(0), arg(1));
                         self.calls(heap, func)?;
                         self.mark(self.global_index(new_type), Usage::Instantiated);
+                        made = self.global_index(new_type).unwrap_or(g);
                     }
                     Some(("copyreg" | "copy_reg", "_reconstructor")) => {
                         let (cls, base) = (arg(0), arg(1));
                         self.mark(self.global_index(cls), Usage::Instantiated);
+                        made = self.global_index(cls).unwrap_or(g);
                         let plain_object = self.path_of(base) == Some(("builtins", "object"));
                         if !plain_object {
                             self.calls(heap, base)?;
                         }
                     }
-                    Some(("copyreg" | "copy_reg", "__newobj__" | "__newobj_ex__")) => {
+                    Some(("copyreg" | "copy_reg", "__newobj__" | "__newobj_ex__"))
+                    | Some(("torch._utils", "_rebuild_wrapper_subclass")) => {
                         self.mark(self.global_index(arg(0)), Usage::Instantiated);
-                    }
-                    Some(("torch._utils", "_rebuild_wrapper_subclass")) => {
-                        self.mark(self.global_index(arg(0)), Usage::Instantiated);
+                        made = self.global_index(arg(0)).unwrap_or(g);
                     }
                     // TorchScript's wrappers return their argument: whatever
                     // it is, it comes out as itself.
@@ -863,7 +868,7 @@ impl Interpreter for Recorder {
                     }
                     _ => {}
                 }
-                self.inert(heap, Some(Origin::Made(g)))
+                self.inert(heap, Some(Origin::Made(made)))
             }
             // Calling an instance runs its class's `__call__` (a partial's
             // function).
