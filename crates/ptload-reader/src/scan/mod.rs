@@ -497,6 +497,22 @@ fn known_data(module: &str, name: &str) -> bool {
             "OrderedDict" | "Counter" | "defaultdict" | "deque" | "namedtuple"
         ),
         "types" => name == "SimpleNamespace",
+        // A compiled pattern pickles as `re._compile(pattern, flags)`.
+        "re" => name == "_compile",
+        // numpy's random generators: the constructors call the bit
+        // generator class or constructor they are given (see the scanner),
+        // and numpy's own bit generators.
+        "numpy.random._pickle" => matches!(
+            name,
+            "__randomstate_ctor" | "__generator_ctor" | "__bit_generator_ctor"
+        ),
+        "numpy.random.bit_generator" => {
+            matches!(name, "SeedSequence" | "__pyx_unpickle_SeedSequence")
+        }
+        "numpy.random._mt19937" => name == "MT19937",
+        "numpy.random._pcg64" => matches!(name, "PCG64" | "PCG64DXSM"),
+        "numpy.random._philox" => name == "Philox",
+        "numpy.random._sfc64" => name == "SFC64",
         "copyreg" | "copy_reg" => matches!(name, "_reconstructor" | "__newobj__" | "__newobj_ex__"),
         "datetime" => matches!(
             name,
@@ -709,6 +725,14 @@ mod tests {
             GlobalClass::Tensor
         );
         assert_eq!(classify("types", "SimpleNamespace"), GlobalClass::Data);
+        assert_eq!(
+            classify("numpy.random._pickle", "__generator_ctor"),
+            GlobalClass::Data
+        );
+        assert_eq!(
+            classify("numpy.random._pickle", "__builtins__"),
+            GlobalClass::Dangerous(Danger::Gadget)
+        );
         assert_eq!(
             classify("transformers.trainer_utils", "IntervalStrategy"),
             GlobalClass::Data

@@ -845,6 +845,15 @@ impl Interpreter for Recorder {
                         self.mark(self.global_index(arg(0)), Usage::Instantiated);
                         made = self.global_index(arg(0)).unwrap_or(g);
                     }
+                    // numpy's generator constructors call the bit generator
+                    // class (or constructor) they are given.
+                    Some((
+                        "numpy.random._pickle",
+                        "__randomstate_ctor" | "__generator_ctor" | "__bit_generator_ctor",
+                    )) => {
+                        self.calls(heap, arg(0))?;
+                        self.calls(heap, arg(1))?;
+                    }
                     // TorchScript's wrappers return their argument: whatever
                     // it is, it comes out as itself.
                     Some((
