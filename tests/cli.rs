@@ -888,6 +888,9 @@ fn scan_flags_payloads_and_passes_clean_checkpoints() {
         "scanned 2 files: 1 dangerous, 1 clean; 1 at or above unknown-call"
     );
     assert!(stderr(&out).contains("scanned 2 files"), "{}", stderr(&out));
+    // --quiet keeps stderr for errors and warnings only.
+    let quiet = ptload(&["scan", "-q", "--json", &fixture("basic.pt")]);
+    assert_eq!(stderr(&quiet), "");
 
     for clean in ["basic.pt", "training.ckpt", "torchscript.pt", "legacy.pt"] {
         let out = ptload(&["scan", &fixture(clean)]);

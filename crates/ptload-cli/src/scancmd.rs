@@ -354,12 +354,12 @@ pub(crate) fn run(out: &mut impl Write, files: &[PathBuf], request: &ScanRequest
             };
             serde_json::to_writer(&mut *out, &doc)?;
             writeln!(out)?;
-            eprintln!("ptload: {summary}");
+            crate::ui::note(&summary);
         }
         ScanFormat::Sarif => {
             serde_json::to_writer(&mut *out, &sarif(&scans, request.fail_on))?;
             writeln!(out)?;
-            eprintln!("ptload: {summary}");
+            crate::ui::note(&summary);
         }
         ScanFormat::Text => {
             text(out, &scans)?;
