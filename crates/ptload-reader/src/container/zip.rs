@@ -40,6 +40,10 @@ pub(crate) struct Entry<'d> {
     pub(crate) size: u64,
     /// 0 means "not computed".
     pub(crate) crc32: u32,
+    /// The central directory marks it encrypted (flag bits 0x1, 0x40) or
+    /// its header masked (0x2000): torch's reader refuses it. Kept only
+    /// under [`Rules::Tolerant`].
+    pub(crate) encrypted: bool,
 }
 
 /// How local headers are read. Each sits just before its record's data,
@@ -498,8 +502,11 @@ fn read_central<'d>(
     let extra = r.bytes(extra_len)?;
     r.bytes(comment_len)?;
     let name = std::str::from_utf8(name_bytes).map_err(|_| zip_err("entry name is not UTF-8"))?;
-    if flags & 0x0041 != 0 {
-        refuse(format!("entry {name:?} is encrypted"), central_at)?;
+    // Tolerant rules keep an encrypted entry, marked: torch refuses it,
+    // so its bytes are no disagreement with torch.
+    let encrypted = flags & 0x2041 != 0;
+    if flags & 0x0041 != 0 && canonical {
+        return Err(zip_err(format!("entry {name:?} is encrypted")));
     }
     let method = match method {
         0 => Method::Stored,
@@ -511,7 +518,8 @@ fn read_central<'d>(
         }
     };
     apply_zip64_extra(extra, &mut size, &mut csize, &mut local)?;
-    if method == Method::Stored && csize != size {
+    // An encrypted stored entry carries its encryption header.
+    if method == Method::Stored && csize != size && (canonical || !encrypted) {
         refuse(
             format!("stored entry {name:?} has compressed size {csize} != size {size}"),
             central_at,
@@ -550,7 +558,8 @@ fn read_central<'d>(
     let _size = h.u32()?;
     let local_name_len = u64::from(h.u16()?);
     let local_extra_len = u64::from(h.u16()?);
-    if local_flags & 0x0041 != 0 {
+    // Both headers marking it encrypted agree: torch refuses it.
+    if local_flags & 0x0041 != 0 && (canonical || !encrypted) {
         refuse(
             format!("entry {name:?} is encrypted (local header)"),
             local_abs,
@@ -590,6 +599,7 @@ fn read_central<'d>(
             compressed_size: csize,
             size,
             crc32,
+            encrypted,
         },
         local_abs,
     ))

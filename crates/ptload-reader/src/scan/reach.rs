@@ -480,14 +480,21 @@ impl Scanner<'_> {
             .first()
             .and_then(|e| e.name.split_once('/'))
             .map(|(p, _)| p.to_owned());
+        // torch's reader refuses an entry marked encrypted.
         let reached: Vec<String> = match &prefix {
             Some(p) if reachable => ["data.pkl", "constants.pkl"]
                 .iter()
                 .map(|r| format!("{p}/{r}"))
-                .filter(|n| archive.get(n).is_some())
+                .filter(|n| archive.get(n).is_some_and(|e| !e.encrypted))
                 .collect(),
             _ => Vec::new(),
         };
+        for e in archive.entries().iter().filter(|e| e.encrypted) {
+            self.report.notes.push(format!(
+                "{}: marked encrypted; torch refuses to read it",
+                e.name
+            ));
+        }
         if reachable && reached.is_empty() {
             self.report
                 .notes
