@@ -1767,10 +1767,23 @@ fn scan_walks_directories_and_names_archives_torch_cannot_load() {
         b"\x80\x02cos\nsystem\nq\x00.",
     )
     .expect("fake");
+    // A link to a checkpoint is followed (a Hugging Face cache is links
+    // into its blobs); a link to a directory is not.
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(&payload, dir.join("a/linked.bin")).expect("link");
+        std::os::unix::fs::symlink(&dir, nested.join("loop")).expect("dir link");
+    }
     // No extension, but pickle bytes: scanned.
     std::fs::write(dir.join("a/blob"), b"\x80\x02cos\nsystem\nq\x00.").expect("blob");
     let out = ptload(&["scan", "--json", &dir.display().to_string()]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    #[cfg(unix)]
+    assert!(
+        stderr(&out).contains("loop: a link to a directory, not followed"),
+        "{}",
+        stderr(&out)
+    );
     let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
     let verdicts: Vec<(String, String)> = doc["files"]
         .as_array()
@@ -1791,6 +1804,7 @@ fn scan_walks_directories_and_names_archives_torch_cannot_load() {
         ("a/b/weights.7z", "not-loadable"),
         ("a/blob", "dangerous"),
         ("a/fake.safetensors", "dangerous"),
+        ("a/linked.bin", "dangerous"),
         ("a/run.tar.gz", "not-loadable"),
         (
             Path::new(&payload)
@@ -1811,7 +1825,7 @@ fn scan_walks_directories_and_names_archives_torch_cannot_load() {
         doc["summary"]
             .as_str()
             .expect("summary")
-            .contains("3 dangerous, 1 clean, 3 not-loadable"),
+            .contains("4 dangerous, 1 clean, 3 not-loadable"),
         "{}",
         doc["summary"]
     );
@@ -1827,7 +1841,7 @@ fn scan_walks_directories_and_names_archives_torch_cannot_load() {
             .lines()
             .last()
             .expect("summary")
-            .starts_with("scanned 7 files"),
+            .starts_with("scanned 8 files"),
         "{shown}"
     );
     // Archives alone do not fail a gate.

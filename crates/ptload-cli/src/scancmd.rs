@@ -109,7 +109,8 @@ fn worth_scanning(path: &Path) -> bool {
 }
 
 /// The files to scan: each named file, and each directory walked
-/// recursively (an explicit stack; links are not followed), in name order.
+/// recursively (an explicit stack; links to files followed, links to
+/// directories not), in name order.
 pub(crate) fn files_to_scan(paths: &[PathBuf]) -> CliResult<Vec<PathBuf>> {
     let mut out = Vec::new();
     for p in paths {
@@ -123,13 +124,29 @@ pub(crate) fn files_to_scan(paths: &[PathBuf]) -> CliResult<Vec<PathBuf>> {
             let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             for e in entries {
                 let e = e.map_err(|e| format!("{}: {e}", dir.display()))?;
+                let path = e.path();
                 let kind = e
                     .file_type()
-                    .map_err(|err| format!("{}: {err}", e.path().display()))?;
+                    .map_err(|err| format!("{}: {err}", path.display()))?;
+                // Links to files are followed (a Hugging Face cache holds
+                // links into its blobs); links to directories are not (a
+                // cycle would never end), and are said so.
+                let is_file = if kind.is_symlink() {
+                    let target = std::fs::metadata(&path);
+                    if target.as_ref().is_ok_and(|m| m.is_dir()) {
+                        crate::ui::note(&format!(
+                            "{}: a link to a directory, not followed",
+                            path.display()
+                        ));
+                    }
+                    target.is_ok_and(|m| m.is_file())
+                } else {
+                    kind.is_file()
+                };
                 if kind.is_dir() {
-                    stack.push(e.path());
-                } else if kind.is_file() && worth_scanning(&e.path()) {
-                    found.push(e.path());
+                    stack.push(path);
+                } else if is_file && worth_scanning(&path) {
+                    found.push(path);
                 }
             }
         }
