@@ -361,6 +361,18 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("os.system", true)),
     ),
+    // numpy.load(allow_pickle=True) runs an object array's pickle; torch.load
+    // reads neither file.
+    (
+        "t_npy_object_array.npy",
+        Dangerous,
+        Some(("posix.system", false)),
+    ),
+    (
+        "t_npz_object_array.npz",
+        Dangerous,
+        Some(("posix.system", false)),
+    ),
     // Duplicate data.pkl entries in three orders (torch reads the last in
     // the central directory) and flag bits on the payload's data.pkl
     // (torch loads 0x8, 0x800, 0x4000, refuses 0x1, 0x40, 0x2000; the

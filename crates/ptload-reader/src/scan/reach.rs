@@ -122,6 +122,10 @@ pub enum PickleSource {
     },
     /// A member of a pre-1.0 tar checkpoint.
     TarMember(String),
+    /// The data of a numpy object array (a `.npy` file, or an entry of a
+    /// `.npz` zip), which `numpy.load(allow_pickle=True)` unpickles: the
+    /// file, or the entry's name.
+    NumpyArray(String),
     /// Bytes inside another pickle, at the offset of the bytes value.
     Nested {
         /// The pickle holding it.
@@ -139,6 +143,7 @@ impl std::fmt::Display for PickleSource {
                 write!(f, "stream pickle {index} at offset {offset:#x}")
             }
             PickleSource::TarMember(name) => write!(f, "tar member {name}"),
+            PickleSource::NumpyArray(name) => write!(f, "numpy object array {name}"),
             PickleSource::Nested { parent, index } => {
                 write!(f, "bytes value {index} inside {parent}")
             }
@@ -300,6 +305,10 @@ pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
     } else {
         scan.report.layout = "legacy";
         scan.stream(data);
+        if let Some(start) = npy_pickle(data) {
+            let source = PickleSource::NumpyArray("file".into());
+            scan.run(data, start, source, false, 0, Some(0));
+        }
         // A zip behind the stream: torch never reads it, other tools may.
         if zip::find_eocd(data).is_some() {
             let read = scan.report.pickles.first().is_some_and(|p| p.complete);
@@ -512,7 +521,7 @@ impl Scanner<'_> {
             let is_reached = order
                 .iter()
                 .any(|(r, _)| std::ptr::eq(*r, e) || r.data_start == e.data_start);
-            if e.name.ends_with(".pkl") && !is_reached {
+            if (e.name.ends_with(".pkl") || e.name.ends_with(".npy")) && !is_reached {
                 order.push((e, false));
             }
         }
@@ -534,11 +543,19 @@ impl Scanner<'_> {
                     what: format!("{e}; torch reads it anyway"),
                 });
             }
-            let source = PickleSource::Entry(entry.name.to_owned());
             let base = match entry.method {
                 Method::Stored => Some(entry.data_start),
                 Method::Deflated => None,
             };
+            // An `.npz` member: only an object array holds a pickle.
+            if entry.name.ends_with(".npy") {
+                if let Some(start) = npy_pickle(&bytes) {
+                    let source = PickleSource::NumpyArray(entry.name.to_owned());
+                    self.run(&bytes, start, source, false, 0, base);
+                }
+                continue;
+            }
+            let source = PickleSource::Entry(entry.name.to_owned());
             self.run(&bytes, 0, source, reach, 0, base);
         }
     }
@@ -668,6 +685,31 @@ fn record<'d>(
             }),
         Method::Deflated => zip::inflate(data, entry, budget).map(Cow::Owned),
     }
+}
+
+/// Where the pickle of a numpy object array starts in a `.npy` file: after
+/// the magic, the version and the header, when the header's dtype is
+/// `object` (`'|O'`).
+fn npy_pickle(data: &[u8]) -> Option<usize> {
+    let rest = data.strip_prefix(b"\x93NUMPY")?;
+    let le = |at: usize, n: usize| -> Option<usize> {
+        let bytes = rest.get(at..at.checked_add(n)?)?;
+        Some(
+            bytes
+                .iter()
+                .rev()
+                .fold(0usize, |acc, &b| (acc << 8) | usize::from(b)),
+        )
+    };
+    // Version 1: a 2-byte header length; 2 and 3: 4 bytes.
+    let (len, header_start): (usize, usize) = match rest.first()? {
+        1 => (le(2, 2)?, 10),
+        2 | 3 => (le(2, 4)?, 12),
+        _ => return None,
+    };
+    let end = header_start.checked_add(len)?;
+    find(data.get(header_start..end)?, b"'|O'")?;
+    Some(end)
 }
 
 /// A pickle starts with PROTO 2 to 5 (protocols 0 and 1 have no header to
