@@ -1,4 +1,4 @@
-"""ptload scan against picklescan, fickling and modelscan, on the same files.
+"""ptload scan against picklescan, fickling, modelscan and modelaudit, on the same files.
 
 Each file gets two facts that do not depend on any scanner:
 - its intent, from the corpus that holds it (a payload or a harmless file:
@@ -14,9 +14,10 @@ Then every scanner judges every file: flagged, clean, or an error (a tool
 that cannot read a file has not flagged it; errors are counted apart).
 
 Setup (outside the repository):
-    python3 -m venv ~/scanenv && ~/scanenv/bin/pip install picklescan fickling modelscan typing_extensions
+    python3 -m venv ~/scanenv && ~/scanenv/bin/pip install picklescan fickling modelscan modelaudit typing_extensions
     the corpora: picklescan's tests/data and tests/data2, modelscan's
-    tests/data, fickling's test/fixtures (their public repositories)
+    tests/data, fickling's test/fixtures (their public repositories); each
+    is optional: without them, the run covers this project's corpora only
 Run, with torch installed (~/torchenv):
     cargo build --release -p ptload-cli
     ~/torchenv/bin/python benches/scanner_compare.py --tools ~/scanenv/bin \\
@@ -50,6 +51,8 @@ PICKLESCAN_HARMLESS = {
     "int_arrays_compressed.npz",
 }
 MODELSCAN_HARMLESS = {"password_protected.zip"}
+# ptload's verdicts, most severe first.
+LEVELS = ["dangerous", "ambiguous", "unknown-call", "needs-code", "clean", "unreadable", "not-loadable", "error"]
 
 
 def files_in(path):
@@ -64,7 +67,7 @@ def files_in(path):
 def scan_corpus_intent():
     """tests/scan's expected verdicts, from tests/scan.rs."""
     text = open(os.path.join(ROOT, "tests", "scan.rs")).read()
-    found = re.findall(r'\(\s*"([^"]+)",\s*(Clean|Dangerous|UnknownCallable|Unreadable)\b', text)
+    found = re.findall(r'\(\s*"([^"]+)",\s*(Clean|NeedsCode|Dangerous|Ambiguous|UnknownCall|Unreadable)\b', text)
     return {name: verdict for name, verdict in found}
 
 
@@ -85,7 +88,7 @@ def corpus(args):
         verdict = verdicts.get(os.path.basename(path))
         if verdict is None:
             continue
-        items.append((path, "ptload tests/scan", "harmless" if verdict == "Clean" else "payload"))
+        items.append((path, "ptload tests/scan", "harmless" if verdict in ("Clean", "NeedsCode") else "payload"))
     for path in files_in(os.path.join(ROOT, "tests", "hostile")):
         name = os.path.basename(path)
         if name.startswith("x_") or name.startswith("torch_payload_"):
@@ -103,9 +106,10 @@ def allowed_globals():
     return allowed
 
 
-def run(cmd, timeout=300):
+def run(cmd, timeout=300, env=None):
     try:
-        p = subprocess.run(cmd, capture_output=True, timeout=timeout)
+        full_env = dict(os.environ, **(env or {}))
+        p = subprocess.run(cmd, capture_output=True, timeout=timeout, env=full_env)
         return p.returncode, p.stdout.decode("utf-8", "replace") + p.stderr.decode("utf-8", "replace")
     except subprocess.TimeoutExpired:
         return None, "timeout"
@@ -131,6 +135,12 @@ def judge_picklescan(path, tools):
 
 def judge_modelscan(path, tools):
     rc, _ = run([os.path.join(tools, "modelscan"), "-p", path])
+    return {0: "clean", 1: "flagged"}.get(rc, "error")
+
+
+def judge_modelaudit(path, tools):
+    # modelaudit scan: 0 no issues, 1 issues found, 2 scan errors.
+    rc, _ = run([os.path.join(tools, "modelaudit"), "scan", path], env={"PROMPTFOO_DISABLE_TELEMETRY": "1"})
     return {0: "clean", 1: "flagged"}.get(rc, "error")
 
 
@@ -163,7 +173,7 @@ def judge_fickling_all(paths, tools):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tools", required=True, help="bin/ of a venv with picklescan, fickling, modelscan")
+    parser.add_argument("--tools", required=True, help="bin/ of a venv with picklescan, fickling, modelscan, modelaudit")
     parser.add_argument("--ptload", default=os.path.join(ROOT, "target", "release", "ptload"))
     parser.add_argument("--picklescan", help="picklescan's test data folder(s) parent")
     parser.add_argument("--modelscan", help="modelscan's tests/data")
@@ -190,13 +200,14 @@ def main():
             "picklescan": judge_picklescan(path, args.tools),
             "fickling": fickling.get(path, "error"),
             "modelscan": judge_modelscan(path, args.tools),
+            "modelaudit": judge_modelaudit(path, args.tools),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
 
-    tools = ["ptload", "picklescan", "fickling", "modelscan"]
+    tools = ["ptload", "picklescan", "fickling", "modelscan", "modelaudit"]
     print()
     print("| tool | reached payloads flagged | all payloads flagged | false alarms on harmless files | errors |")
     print("| --- | --- | --- | --- | --- |")
@@ -223,6 +234,17 @@ def main():
     for r in harmless:
         if r["ptload"] == "flagged":
             print("ptload false alarm", r["file"], r["ptload_verdict"])
+    # ptload's verdicts (levels) by corpus and intent: what a different
+    # --fail-on line would flag.
+    print()
+    print("| corpus | intent | " + " | ".join(LEVELS) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in LEVELS) + " |")
+    groups = collections.defaultdict(collections.Counter)
+    for r in rows:
+        intent = r["intent"] + (" (reached)" if r["reached"] else "")
+        groups[(r["corpus"], intent)][r["ptload_verdict"]] += 1
+    for (source, intent), counts in sorted(groups.items()):
+        print(f"| {source} | {intent} | " + " | ".join(str(counts.get(v, 0)) for v in LEVELS) + " |")
 
 
 if __name__ == "__main__":

@@ -881,22 +881,53 @@ fn scan_flags_payloads_and_passes_clean_checkpoints() {
     assert_eq!(evil["pickle"], "payload/data.pkl");
     assert_eq!(evil["reachable"], true);
     assert_eq!(evil["finding"], true);
+    assert_eq!(evil["level"], "dangerous");
     assert_eq!(evil["offset"], 17, "the GLOBAL opcode's position");
+    assert_eq!(files[0]["fails"], true);
     assert_eq!(files[1]["verdict"], "clean");
+    assert_eq!(files[1]["fails"], false);
+    assert_eq!(doc["fail_on"], "unknown-call");
+    assert_eq!(
+        doc["summary"],
+        "scanned 2 files: 1 dangerous, 1 clean; 1 at or above unknown-call"
+    );
+    assert!(stderr(&out).contains("scanned 2 files"), "{}", stderr(&out));
+    // --quiet keeps stderr for errors and warnings only.
+    let quiet = ptload(&["scan", "-q", "--json", &fixture("basic.pt")]);
+    assert_eq!(stderr(&quiet), "");
 
     for clean in ["basic.pt", "training.ckpt", "torchscript.pt", "legacy.pt"] {
         let out = ptload(&["scan", &fixture(clean)]);
         assert_eq!(out.status.code(), Some(0), "{clean}: {}", stdout(&out));
     }
-    // A whole pickled model instantiates classes outside torch's allowlist:
-    // torch.load(weights_only=False) would run their construction, so the
-    // gate flags it (weights_only=True refuses it).
+    // A whole pickled model only constructs and fills its classes: it
+    // needs their code (weights_only=True refuses it) but is no payload,
+    // so the default line passes it and `--fail-on needs-code` fails it.
     let whole = ptload(&["scan", &fixture("whole_module.pt")]);
-    assert_eq!(whole.status.code(), Some(1), "{}", stdout(&whole));
+    assert_eq!(whole.status.code(), Some(0), "{}", stdout(&whole));
     assert!(
         stdout(&whole).contains("__main__.WholeNet"),
         "{}",
         stdout(&whole)
+    );
+    assert!(stdout(&whole).contains("NEEDS-CODE"), "{}", stdout(&whole));
+    let strict = ptload(&[
+        "scan",
+        "--fail-on",
+        "needs-code",
+        &fixture("whole_module.pt"),
+    ]);
+    assert_eq!(strict.status.code(), Some(1), "{}", stdout(&strict));
+    // And the line moves up: a payload passes `--fail-on` above its level
+    // only when it is below it.
+    let lenient = ptload(&["scan", "--fail-on", "dangerous", &payload]);
+    assert_eq!(lenient.status.code(), Some(1));
+    let bad = ptload(&["scan", "--fail-on", "bad", &payload]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("needs-code, unknown-call"),
+        "{}",
+        stderr(&bad)
     );
     let unreadable = ptload(&["scan", &fixture("basic.pt"), &fixture("lfs_pointer.pt")]);
     assert_eq!(unreadable.status.code(), Some(2));
@@ -1942,4 +1973,181 @@ fn dcp_directories_from_the_command_line() {
             }
         }
     }
+}
+
+/// SARIF 2.1.0 for CI gates: one result per finding, each with the file,
+/// the record and the byte offset (in the file for a stored record).
+#[test]
+fn scan_writes_sarif_with_one_result_per_finding() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let scan = |name: &str| root.join("tests/scan").join(name).display().to_string();
+    let files = [
+        scan("bare_protocol_2.pkl"),
+        scan("zip_bad_crc.pt"),
+        scan("benign_full_sequential.pt"),
+        fixture("basic.pt"),
+    ];
+    let mut args = vec!["scan", "--format", "sarif"];
+    args.extend(files.iter().map(String::as_str));
+    let out = ptload(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("sarif");
+    assert_eq!(doc["version"], "2.1.0");
+    let run = &doc["runs"][0];
+    assert_eq!(run["tool"]["driver"]["name"], "ptload");
+    let results = run["results"].as_array().expect("results");
+    let of = |file: &str, rule: &str| -> Vec<&Json> {
+        results
+            .iter()
+            .filter(|r| {
+                r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == file
+                    && r["ruleId"] == rule
+            })
+            .collect()
+    };
+    // The bare pickle: os.system at byte 2 of the file.
+    let bare = of(&files[0], "dangerous");
+    assert_eq!(bare.len(), 1, "{results:?}");
+    assert_eq!(bare[0]["level"], "error");
+    assert_eq!(bare[0]["properties"]["global"], "os.system");
+    let region = &bare[0]["locations"][0]["physicalLocation"]["region"];
+    assert_eq!(region["byteOffset"], 2);
+    // The zip: the payload in its stored record (file offset = the
+    // record's start + the opcode's offset), and the bad CRC.
+    let payload = of(&files[1], "dangerous");
+    assert_eq!(payload.len(), 1, "{results:?}");
+    assert_eq!(payload[0]["properties"]["record"], "archive/data.pkl");
+    let record_offset = payload[0]["properties"]["recordOffset"]
+        .as_u64()
+        .expect("offset");
+    let file_offset = payload[0]["locations"][0]["physicalLocation"]["region"]["byteOffset"]
+        .as_u64()
+        .expect("file offset");
+    assert!(file_offset > record_offset, "{file_offset} {record_offset}");
+    let bytes = std::fs::read(&files[1]).expect("read");
+    assert_eq!(
+        bytes[usize::try_from(file_offset).expect("offset")],
+        b'c',
+        "a GLOBAL opcode"
+    );
+    assert_eq!(of(&files[1], "ambiguous").len(), 1, "{results:?}");
+    // A full model: notes, not errors; a clean file: nothing.
+    let model = of(&files[2], "needs-code");
+    assert!(!model.is_empty());
+    assert!(model.iter().all(|r| r["level"] == "note"));
+    assert!(results.iter().all(
+        |r| r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] != files[3].as_str()
+    ));
+    assert!(
+        stderr(&out).contains("scanned 4 files: 2 dangerous, 1 needs-code, 1 clean"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A directory is walked recursively; archives torch cannot load are
+/// named, not skipped; files that are no checkpoint are left out.
+#[test]
+fn scan_walks_directories_and_names_archives_torch_cannot_load() {
+    let dir = temp_dir("scan-walk");
+    let nested = dir.join("a/b");
+    std::fs::create_dir_all(&nested).expect("dirs");
+    std::fs::copy(fixture("basic.pt"), nested.join("model.pt")).expect("copy");
+    let payload = payload_checkpoint(&dir);
+    std::fs::write(nested.join("weights.7z"), b"7z\xbc\xaf\x27\x1c\x00\x04rest").expect("7z");
+    std::fs::write(dir.join("a/run.tar.gz"), b"\x1f\x8b\x08\x00rest").expect("gz");
+    std::fs::write(dir.join("a/README.md"), b"# not a model").expect("readme");
+    // A safetensors file holds no pickle; a pickle named .safetensors is
+    // scanned as what it is.
+    std::fs::copy(
+        fixture("weights.safetensors.pt"),
+        nested.join("model.safetensors"),
+    )
+    .expect("st");
+    std::fs::write(
+        dir.join("a/fake.safetensors"),
+        b"\x80\x02cos\nsystem\nq\x00.",
+    )
+    .expect("fake");
+    // A link to a checkpoint is followed (a Hugging Face cache is links
+    // into its blobs); a link to a directory is not.
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(&payload, dir.join("a/linked.bin")).expect("link");
+        std::os::unix::fs::symlink(&dir, nested.join("loop")).expect("dir link");
+    }
+    // No extension, but pickle bytes: scanned.
+    std::fs::write(dir.join("a/blob"), b"\x80\x02cos\nsystem\nq\x00.").expect("blob");
+    let out = ptload(&["scan", "--json", &dir.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    #[cfg(unix)]
+    assert!(
+        stderr(&out).contains("loop: a link to a directory, not followed"),
+        "{}",
+        stderr(&out)
+    );
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    let verdicts: Vec<(String, String)> = doc["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .map(|f| {
+            let file = f["file"].as_str().expect("file");
+            let rel = Path::new(file).strip_prefix(&dir).expect("under dir");
+            (
+                rel.display().to_string(),
+                f["verdict"].as_str().expect("verdict").to_owned(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = [
+        ("a/b/model.pt", "clean"),
+        ("a/b/model.safetensors", "not-loadable"),
+        ("a/b/weights.7z", "not-loadable"),
+        ("a/blob", "dangerous"),
+        ("a/fake.safetensors", "dangerous"),
+        ("a/linked.bin", "dangerous"),
+        ("a/run.tar.gz", "not-loadable"),
+        (
+            Path::new(&payload)
+                .strip_prefix(&dir)
+                .expect("payload")
+                .to_str()
+                .expect("utf8"),
+            "dangerous",
+        ),
+    ]
+    .iter()
+    .map(|(f, v)| ((*f).to_owned(), (*v).to_owned()))
+    .collect();
+    let mut want = want;
+    want.sort();
+    assert_eq!(verdicts, want);
+    assert!(
+        doc["summary"]
+            .as_str()
+            .expect("summary")
+            .contains("4 dangerous, 1 clean, 3 not-loadable"),
+        "{}",
+        doc["summary"]
+    );
+    // Text output names them too, with the summary last.
+    let text = ptload(&["scan", &dir.display().to_string()]);
+    let shown = stdout(&text);
+    assert!(
+        shown.contains("weights.7z: NOT-LOADABLE: a 7z archive"),
+        "{shown}"
+    );
+    assert!(
+        shown
+            .lines()
+            .last()
+            .expect("summary")
+            .starts_with("scanned 8 files"),
+        "{shown}"
+    );
+    // Archives alone do not fail a gate.
+    let archives = ptload(&["scan", &dir.join("a/run.tar.gz").display().to_string()]);
+    assert_eq!(archives.status.code(), Some(0), "{}", stdout(&archives));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,17 +10,18 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use ptload_reader::scan::{scan_file, Verdict};
+use ptload_reader::scan::{scan_file, Level, Verdict};
 use ptload_reader::Limits;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-use Verdict::{Clean, Dangerous, UnknownCallable, Unreadable};
+use Verdict::{Ambiguous, Clean, Dangerous, NeedsCode, UnknownCall, Unreadable};
 
-/// The finding that must make a verdict: the global, and whether
-/// torch.load reaches the pickle it is in.
+/// The finding that must make a verdict: the global (for an ambiguous
+/// verdict, words of the ambiguity), and whether torch.load reaches the
+/// pickle it is in.
 type Finding = Option<(&'static str, bool)>;
 
 /// Each file, its verdict, and the finding that makes it.
@@ -93,10 +94,12 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("os.system", true)),
     ),
+    // Marked encrypted: torch refuses the entry (torch_reach.json lists
+    // nothing for it); the payload is still reported.
     (
         "zip_encrypted_flag.pt",
         Dangerous,
-        Some(("os.system", true)),
+        Some(("os.system", false)),
     ),
     // Attribute paths from allowed starts.
     (
@@ -109,40 +112,42 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("numpy.dtypes._add_dtype_helper.__builtins__.get", true)),
     ),
-    // Calls that do not look like calls.
+    // Calls that do not look like calls: OBJ and INST call the class;
+    // NEWOBJ only runs its `__new__`, and BUILD fills the instance (a
+    // construction, not a call: the class's code must be installed).
     (
         "obj_file_handler.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("logging.FileHandler", true)),
     ),
     (
         "inst_file_handler.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("logging.FileHandler", true)),
     ),
     (
         "newobj_file_handler.pt",
-        UnknownCallable,
+        NeedsCode,
         Some(("logging.FileHandler", true)),
     ),
     (
         "newobj_ex_file_handler.pt",
-        UnknownCallable,
+        NeedsCode,
         Some(("logging.FileHandler", true)),
     ),
     (
         "reconstructor_runs_base_init.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("mylib.hooks.Installer", true)),
     ),
     (
         "rebuild_from_type_calls_func.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("mylib.hooks.make_tensor", true)),
     ),
     (
         "build_setstate_of_unknown_class.pt",
-        UnknownCallable,
+        NeedsCode,
         Some(("mylib.state.Restorer", true)),
     ),
     // A pickle stored as bytes inside the checkpoint.
@@ -173,22 +178,22 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     // id; and a later pickle of a tar member.
     (
         "torchscript_wrapper_returns_global.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("mypkg.tools.helper", true)),
     ),
     (
         "builtins_map_calls_its_function.pkl",
-        UnknownCallable,
+        UnknownCall,
         Some(("mypkg.tools.helper", true)),
     ),
     (
         "builtins_next_returns_its_member.pkl",
-        UnknownCallable,
+        UnknownCall,
         Some(("mypkg.tools.helper", true)),
     ),
     (
         "legacy_persistent_id_returns_global.pt",
-        UnknownCallable,
+        UnknownCall,
         Some(("mypkg.tools.helper", true)),
     ),
     (
@@ -198,8 +203,231 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ),
     (
         "frame_read_crosses_boundary.pkl",
+        Ambiguous,
+        Some(("past the end of its FRAME", true)),
+    ),
+    // Benign look-alikes written by torch.save (fixtures/generate.py
+    // --only scan_levels): full models and training checkpoints only
+    // construct and fill their classes. They need the classes' code, and
+    // are not payloads.
+    (
+        "benign_full_sequential.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.container.Sequential", true)),
+    ),
+    (
+        "benign_full_conv2d.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.conv.Conv2d", true)),
+    ),
+    (
+        "benign_full_gru.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.rnn.GRU", true)),
+    ),
+    (
+        "benign_full_main_class.pt",
+        NeedsCode,
+        Some(("__main__.ScanNet", true)),
+    ),
+    (
+        "benign_full_legacy.pt",
+        NeedsCode,
+        Some(("__main__.ScanNet", true)),
+    ),
+    (
+        "benign_full_partial_attribute.pt",
+        NeedsCode,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "benign_dict_of_modules.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.linear.Linear", true)),
+    ),
+    (
+        "benign_lightning_style.ckpt",
+        NeedsCode,
+        Some(("lightning.fabric.utilities.data.AttributeDict", true)),
+    ),
+    (
+        "benign_yolo_style.pt",
+        NeedsCode,
+        Some(("models.yolo.DetectionModel", true)),
+    ),
+    // transformers' training_args.bin: a dataclass constructed, its enum
+    // fields (a call of the enum class with the value: known data).
+    (
+        "benign_hf_training_args.bin",
+        NeedsCode,
+        Some(("transformers.training_args.TrainingArguments", true)),
+    ),
+    // numpy generators (whose constructors are given their bit generator
+    // class), a compiled pattern, RNG states: plain data.
+    ("benign_rng_states.pth", Clean, None),
+    // 2025-2026 techniques, each made as its write-up makes it.
+    ("t_pip_main.pkl", Dangerous, Some(("pip.main", true))),
+    (
+        "t_ensurepip_run_pip.pkl",
         Dangerous,
-        Some(("<pickle>.<opcode past the end of its FRAME>", true)),
+        Some(("ensurepip._run_pip", true)),
+    ),
+    (
+        "t_pkgutil_resolve_name.pkl",
+        Dangerous,
+        Some(("pkgutil.resolve_name", true)),
+    ),
+    (
+        "t_importlib_chain.pkl",
+        Dangerous,
+        Some(("importlib.import_module", true)),
+    ),
+    (
+        "t_marshal_function.pkl",
+        Dangerous,
+        Some(("types.FunctionType", true)),
+    ),
+    (
+        "t_collect_env_run.pkl",
+        Dangerous,
+        Some(("torch.utils.collect_env.run", true)),
+    ),
+    (
+        "t_collect_env_run_and_read_all.pkl",
+        Dangerous,
+        Some(("torch.utils.collect_env.run_and_read_all", true)),
+    ),
+    (
+        "t_spawnv_passfds.pkl",
+        Dangerous,
+        Some(("multiprocessing.util.spawnv_passfds", true)),
+    ),
+    (
+        "t_fx_graph_module_exec.pkl",
+        Dangerous,
+        Some(("torch.fx.graph_module.reduce_graph_module", true)),
+    ),
+    (
+        "t_config_module_pickle_loads.pkl",
+        Dangerous,
+        Some(("torch.utils._config_module.ConfigModule", true)),
+    ),
+    (
+        "t_numpy_load_allow_pickle.pkl",
+        Dangerous,
+        Some(("numpy.load", true)),
+    ),
+    ("t_io_private_open.pkl", Dangerous, Some(("_io.open", true))),
+    ("t_ssl_private.pkl", Dangerous, Some(("_ssl.RAND_status", true))),
+    (
+        "t_posixsubprocess.pkl",
+        Dangerous,
+        Some(("_posixsubprocess.fork_exec", true)),
+    ),
+    (
+        "t_argparse_os_system.pkl",
+        Dangerous,
+        Some(("argparse._os.system", true)),
+    ),
+    (
+        "t_torch_utils_os_system.pkl",
+        Dangerous,
+        Some(("torch._utils.os.system", true)),
+    ),
+    (
+        "t_payload_before_unhashable_stack_global.pkl",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "t_build_sets_setstate.pkl",
+        Dangerous,
+        Some(("mypkg.tools.Holder", true)),
+    ),
+    // A partial that is called runs its function: the partial is the
+    // gadget, and what it wraps is called.
+    (
+        "t_partial_called.pkl",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "t_plain_pickle_renamed.bin",
+        Dangerous,
+        Some(("posix.system", true)),
+    ),
+    (
+        "t_protocol_0_in_zip.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    // numpy.load(allow_pickle=True) runs an object array's pickle; torch.load
+    // reads neither file.
+    (
+        "t_npy_object_array.npy",
+        Dangerous,
+        Some(("posix.system", false)),
+    ),
+    (
+        "t_npz_object_array.npz",
+        Dangerous,
+        Some(("posix.system", false)),
+    ),
+    // Duplicate data.pkl entries in three orders (torch reads the last in
+    // the central directory) and flag bits on the payload's data.pkl
+    // (torch loads 0x8, 0x800, 0x4000, refuses 0x1, 0x40, 0x2000; the
+    // payload is reported either way). See torch_levels.json.
+    (
+        "z_duplicate_payload_first.pt",
+        Ambiguous,
+        Some(("duplicate entry name", true)),
+    ),
+    (
+        "z_duplicate_payload_second.pt",
+        Ambiguous,
+        Some(("duplicate entry name", true)),
+    ),
+    (
+        "z_duplicate_payload_at_end.pt",
+        Ambiguous,
+        Some(("duplicate entry name", true)),
+    ),
+    (
+        "z_flag_0x0001_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", false)),
+    ),
+    (
+        "z_flag_0x0040_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", false)),
+    ),
+    (
+        "z_flag_0x0008_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    (
+        "z_flag_0x0800_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    (
+        "z_flag_0x2000_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", false)),
+    ),
+    (
+        "z_flag_0x4000_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    // torch loads an archive whose unrelated entry has a broken local
+    // header: the scan reads it too, and reaches the payload.
+    (
+        "z_unrelated_broken_local_header_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
     ),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
@@ -226,20 +454,41 @@ fn verdicts() {
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(report.verdict(), *verdict, "{name}: {report:#?}");
-        let findings: Vec<(String, bool)> = report
-            .pickles
-            .iter()
-            .flat_map(|p| p.globals.iter().map(move |g| (g, p.reachable)))
-            .filter(|(g, _)| g.is_finding())
-            .map(|(g, reachable)| (g.path(), reachable))
-            .collect();
-        match finding {
-            Some((path, reachable)) => assert!(
-                findings.contains(&((*path).to_owned(), *reachable)),
-                "{name}: {path} (reachable: {reachable}) not in {findings:?}"
-            ),
-            None => assert!(findings.is_empty(), "{name}: {findings:?}"),
-        }
+        check_finding(name, &report, *verdict, *finding);
+    }
+}
+
+/// The finding that makes `verdict` is in `report`, at the verdict's
+/// level; with none, nothing fails the default line.
+fn check_finding(
+    name: &str,
+    report: &ptload_reader::scan::ScanReport,
+    verdict: Verdict,
+    finding: Finding,
+) {
+    let level = verdict.level().unwrap_or(Level::Clean);
+    let findings: Vec<(String, bool)> = report
+        .pickles
+        .iter()
+        .flat_map(|p| p.globals.iter().map(move |g| (g, p.reachable)))
+        .filter(|(g, _)| g.level() == level && level > Level::Clean)
+        .map(|(g, reachable)| (g.path(), reachable))
+        .collect();
+    match finding {
+        Some((what, _)) if level == Level::Ambiguous => assert!(
+            report.ambiguities.iter().any(|a| a.what.contains(what)),
+            "{name}: {what:?} not in {:?}",
+            report.ambiguities
+        ),
+        Some((path, reachable)) => assert!(
+            findings.contains(&(path.to_owned(), reachable)),
+            "{name}: {path} (reachable: {reachable}) at {level:?} not in {findings:?}"
+        ),
+        None => assert!(
+            report.level() < Level::UnknownCall,
+            "{name}: {:?}",
+            report.level()
+        ),
     }
 }
 
@@ -339,7 +588,7 @@ fn torch_written_fixtures_are_clean() {
         let report = scan_file(&dir.join(&name), &Limits::default(), false)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let want = match name.as_str() {
-            "whole_module.pt" => UnknownCallable,
+            "whole_module.pt" => NeedsCode,
             // No pickle torch could reach: what torch.load fails on.
             "download.html.pt"
             | "empty.pt"
@@ -362,4 +611,174 @@ fn torch_written_fixtures_are_clean() {
             assert!(found.is_empty(), "{name}: {found:?}");
         }
     }
+}
+
+/// What torch 2.15 did with each file (`tests/scan/torch_levels.json`):
+/// every benign file loads with `weights_only=False`; the scanner passes
+/// each at the default line (clean or needs-code), and reports no call of
+/// anything beyond plain data in it. A called partial's function is called.
+#[test]
+fn benign_look_alikes_pass_and_calls_stay_calls() {
+    use ptload_reader::scan::Usage;
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_levels.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = doc.as_object().unwrap();
+    let benign: Vec<&String> = files.keys().filter(|n| n.starts_with("benign_")).collect();
+    assert!(benign.len() >= 11, "{benign:?}");
+    for name in benign {
+        assert_eq!(files[name]["weights_only_false"], "loads", "{name}");
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        assert!(report.level() <= Level::NeedsCode, "{name}");
+        let called: Vec<String> = report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .filter(|g| g.usage == Usage::Called && g.level() > Level::Clean)
+            .map(|g| g.path())
+            .collect();
+        assert!(called.is_empty(), "{name}: {called:?}");
+    }
+    let report = scan_file(
+        &root().join("tests/scan/t_partial_called.pkl"),
+        &Limits::default(),
+        false,
+    )
+    .unwrap();
+    let linear = report
+        .pickles
+        .iter()
+        .flat_map(|p| &p.globals)
+        .find(|g| g.path() == "torch.nn.modules.linear.Linear")
+        .unwrap();
+    assert_eq!(
+        (linear.usage, linear.level()),
+        (Usage::Called, Level::UnknownCall)
+    );
+}
+
+/// Which data.pkl torch read, by experiment (`torch_levels.json`, both
+/// weights_only modes): the scanner marks that one as read by torch.load,
+/// and reports the payload wherever it is.
+#[test]
+fn the_data_pkl_torch_reads_is_the_one_marked_reachable() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_levels.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut checked = 0;
+    for (name, facts) in doc.as_object().unwrap() {
+        if !name.starts_with("z_") {
+            continue;
+        }
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        let print: Vec<bool> = report
+            .pickles
+            .iter()
+            .filter(|p| p.globals.iter().any(|g| g.path() == "builtins.print"))
+            .map(|p| p.reachable)
+            .collect();
+        assert_eq!(print.len(), 1, "{name}: the payload is reported once");
+        let reached = report.pickles.iter().filter(|p| p.reachable).count();
+        match facts["weights_only_false"].as_str().unwrap() {
+            "reads the payload" => assert_eq!((print, reached), (vec![true], 1), "{name}"),
+            "reads the clean data.pkl" => {
+                assert_eq!((print, reached), (vec![false], 1), "{name}");
+                // weights_only=True reads the same entry, and loads it.
+                assert_eq!(facts["weights_only_true"], "reads the clean data.pkl");
+            }
+            // torch refuses the entry: nothing is read by torch.load, and
+            // the payload is still reported.
+            _ => {
+                assert_eq!((print, reached), (vec![false], 0), "{name}");
+                assert!(report.level() >= Level::UnknownCall, "{name}");
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 10);
+}
+
+/// A partial calls what it holds when it is called, however it was made
+/// (REDUCE or NEWOBJ) and whatever BUILD put in it; kept, it calls nothing.
+#[test]
+fn a_partial_calls_its_function_only_when_called() {
+    use ptload_reader::scan::{scan_bytes, Usage};
+    let usage = |pickle: &[u8], path: &str| {
+        let report = scan_bytes(pickle, &Limits::default());
+        let g = report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .find(|g| g.path() == path)
+            .map(|g| (g.usage, g.level()));
+        (g, report.level())
+    };
+    // partial(helper) kept: a construction.
+    let kept: &[u8] = b"\x80\x02cfunctools\npartial\ncmypkg.tools\nhelper\n\x85R.";
+    assert_eq!(
+        usage(kept, "mypkg.tools.helper"),
+        (
+            Some((Usage::Referenced, Level::NeedsCode)),
+            Level::NeedsCode
+        )
+    );
+    // partial.__new__(partial, helper), then called.
+    let newobj: &[u8] = b"\x80\x02cfunctools\npartial\ncmypkg.tools\nhelper\n\x85\x81)R.";
+    assert_eq!(
+        usage(newobj, "mypkg.tools.helper"),
+        (Some((Usage::Called, Level::UnknownCall)), Level::Dangerous)
+    );
+    // partial(helper) whose BUILD state swaps in other, then called.
+    let swapped: &[u8] =
+        b"\x80\x02cfunctools\npartial\ncmypkg.tools\nhelper\n\x85R(cmypkg.tools\nother\n)NNtb)R.";
+    assert_eq!(
+        usage(swapped, "mypkg.tools.other"),
+        (Some((Usage::Called, Level::UnknownCall)), Level::Dangerous)
+    );
+}
+
+/// An instance made by a constructor helper is an instance of the class it
+/// was given: calling it runs that class's `__call__`, an unknown call.
+#[test]
+fn calling_a_reconstructed_instance_calls_its_class() {
+    use ptload_reader::scan::{scan_bytes, Usage};
+    for pickle in [
+        // copyreg._reconstructor(Hook, object, None)("id")
+        &b"\x80\x02ccopyreg\n_reconstructor\ncmypkg.tools\nHook\ncbuiltins\nobject\nN\x87R(X\x02\x00\x00\x00idtR."[..],
+        // copyreg.__newobj__(Hook)("id")
+        &b"\x80\x02ccopyreg\n__newobj__\ncmypkg.tools\nHook\n\x85R(X\x02\x00\x00\x00idtR."[..],
+    ] {
+        let report = scan_bytes(pickle, &Limits::default());
+        let hook = report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .find(|g| g.path() == "mypkg.tools.Hook")
+            .unwrap();
+        assert_eq!((hook.usage, hook.level()), (Usage::Called, Level::UnknownCall));
+        assert_eq!(report.verdict(), UnknownCall);
+    }
+    // Constructed and kept: needs its code only.
+    let kept: &[u8] = b"\x80\x02ccopyreg\n__newobj__\ncmypkg.tools\nHook\n\x85R.";
+    assert_eq!(scan_bytes(kept, &Limits::default()).verdict(), NeedsCode);
+}
+
+/// numpy's generator constructors are data, but call what they are given.
+#[test]
+fn numpy_generator_constructors_call_their_bit_generator() {
+    use ptload_reader::scan::scan_bytes;
+    let evil: &[u8] =
+        b"\x80\x02cnumpy.random._pickle\n__bit_generator_ctor\ncmypkg.tools\nEvil\n\x85R.";
+    assert_eq!(scan_bytes(evil, &Limits::default()).verdict(), UnknownCall);
+    let numpy: &[u8] =
+        b"\x80\x02cnumpy.random._pickle\n__bit_generator_ctor\ncnumpy.random._pcg64\nPCG64\n\x85R.";
+    assert_eq!(scan_bytes(numpy, &Limits::default()).verdict(), Clean);
 }

@@ -15,6 +15,7 @@ use ptload_reader::Checkpoint;
 mod args;
 mod inspect;
 mod loadcmd;
+mod scancmd;
 mod tools;
 mod ui;
 
@@ -56,7 +57,7 @@ enum Command {
     Load(Box<LoadArgs>),
     /// Write the state dict as a safetensors file, streamed from the file.
     Convert(Box<ConvertArgs>),
-    /// List every global the pickles reference, classified; exit 1 if any is dangerous or an unknown callable.
+    /// List every global the pickles torch.load would run reference, with its level; exit 1 at --fail-on or above.
     Scan(ScanArgs),
     /// Compare two checkpoints tensor by tensor; exit 1 if they differ.
     Diff(Box<DiffArgs>),
@@ -146,12 +147,19 @@ struct PlanArgs {
 
 #[derive(Args)]
 struct ScanArgs {
-    /// Checkpoints to scan (a directory: each checkpoint file in it, such as a sharded set's).
+    /// Checkpoints to scan (a directory: every checkpoint, pickle or archive in it, recursively).
     #[arg(required = true)]
     files: Vec<PathBuf>,
-    /// Print JSON.
-    #[arg(long)]
+    /// Output format: text, json, or sarif (SARIF 2.1.0, one result per finding).
+    #[arg(long, value_enum, default_value = "text")]
+    format: scancmd::ScanFormat,
+    /// Print JSON (as --format json).
+    #[arg(long, conflicts_with = "format")]
     json: bool,
+    /// Exit 1 when a file reaches this level or above: needs-code, unknown-call, ambiguous,
+    /// dangerous.
+    #[arg(long = "fail-on", value_name = "LEVEL", default_value = "unknown-call", value_parser = scancmd::parse_level)]
+    fail_on: ptload_reader::scan::Level,
     /// Read each file into memory instead of mapping it.
     #[arg(long = "no-mmap")]
     no_mmap: bool,
@@ -467,8 +475,17 @@ fn run(cli: Cli) -> CliResult<u8> {
             tools::convert(&mut out, &set, &state, &request)?;
         }
         Command::Scan(a) => {
-            let files = tools::expand_dirs(&a.files)?;
-            let verdict = tools::scan(&mut out, &files, a.no_mmap, a.json)?;
+            let files = scancmd::files_to_scan(&a.files)?;
+            let request = scancmd::ScanRequest {
+                format: if a.json {
+                    scancmd::ScanFormat::Json
+                } else {
+                    a.format
+                },
+                fail_on: a.fail_on,
+                in_memory: a.no_mmap,
+            };
+            let verdict = scancmd::run(&mut out, &files, &request)?;
             out.flush()?;
             return Ok(verdict);
         }

@@ -1,14 +1,14 @@
-//! `convert`, `scan` and `diff`.
+//! `convert` and `diff`.
 
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use ptload_reader::export::{Metadata, SafetensorsOptions};
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::StateDictOptions;
-use ptload_reader::{scan, DType, ErrorKind, Limits, OpenOptions};
+use ptload_reader::{DType, ErrorKind};
 use serde::Serialize;
 
 use crate::args::{parse_dtype, CliResult};
@@ -57,36 +57,6 @@ fn cancel_flag() -> Arc<AtomicBool> {
 pub(crate) fn cancelled(e: &(dyn std::error::Error + 'static)) -> bool {
     e.downcast_ref::<ptload_reader::Error>()
         .is_some_and(|e| e.kind() == ErrorKind::Cancelled)
-}
-
-/// Each path, with a directory replaced by its checkpoint files (`.pt`,
-/// `.pth`, `.bin`, `.ckpt`), in name order.
-pub(crate) fn expand_dirs(paths: &[PathBuf]) -> CliResult<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    for p in paths {
-        if !p.is_dir() {
-            out.push(p.clone());
-            continue;
-        }
-        let mut found: Vec<PathBuf> = std::fs::read_dir(p)
-            .map_err(|e| format!("{}: {e}", p.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|f| {
-                f.is_file()
-                    && f.extension().is_some_and(|x| {
-                        ["pt", "pth", "bin", "ckpt"]
-                            .iter()
-                            .any(|c| x.eq_ignore_ascii_case(c))
-                    })
-            })
-            .collect();
-        if found.is_empty() {
-            return Err(format!("{}: no .pt, .pth, .bin or .ckpt file in it", p.display()).into());
-        }
-        found.sort();
-        out.extend(found);
-    }
-    Ok(out)
 }
 
 /// A write's error, with the flag that gets past an existing output.
@@ -251,179 +221,6 @@ pub(crate) fn convert(
         )?;
     }
     Ok(())
-}
-
-// ---- scan -------------------------------------------------------------
-
-#[derive(Serialize)]
-struct GlobalOut {
-    global: String,
-    #[serde(rename = "use")]
-    usage: &'static str,
-    class: String,
-    /// The pickle it is in (a zip entry, a stream pickle, a nested pickle).
-    pickle: String,
-    /// Whether torch.load would unpickle that pickle.
-    reachable: bool,
-    offset: u64,
-    finding: bool,
-}
-
-#[derive(Serialize)]
-struct PickleOut {
-    pickle: String,
-    reachable: bool,
-    complete: bool,
-    error: Option<String>,
-}
-
-#[derive(Serialize)]
-struct FileScan {
-    file: String,
-    layout: Option<&'static str>,
-    verdict: &'static str,
-    globals: Vec<GlobalOut>,
-    pickles: Vec<PickleOut>,
-    notes: Vec<String>,
-    error: Option<String>,
-}
-
-/// Scan one file as torch.load would read it.
-fn scan_file(path: &Path, in_memory: bool) -> FileScan {
-    let file = path.display().to_string();
-    let report = match scan::scan_file(path, &Limits::default(), in_memory) {
-        Ok(r) => r,
-        Err(e) => {
-            return FileScan {
-                file,
-                layout: None,
-                verdict: "unreadable",
-                globals: Vec::new(),
-                pickles: Vec::new(),
-                notes: Vec::new(),
-                error: Some(e.to_string()),
-            };
-        }
-    };
-    let verdict = report.verdict();
-    // An unreadable file: say what it is, as opening it would.
-    let error = (verdict == scan::Verdict::Unreadable).then(|| {
-        OpenOptions::new()
-            .in_memory(in_memory)
-            .open(path)
-            .err()
-            .map(|e| e.to_string())
-            .or_else(|| report.pickles.iter().find_map(|p| p.error.clone()))
-            .unwrap_or_else(|| "no pickle torch could read".into())
-    });
-    let mut globals = Vec::new();
-    for p in &report.pickles {
-        for g in &p.globals {
-            globals.push(GlobalOut {
-                global: g.path(),
-                usage: g.usage.name(),
-                class: g.class.label(),
-                pickle: p.source.to_string(),
-                reachable: p.reachable,
-                offset: g.offset,
-                finding: g.is_finding(),
-            });
-        }
-    }
-    FileScan {
-        file,
-        layout: Some(report.layout),
-        verdict: verdict.name(),
-        globals,
-        pickles: report
-            .pickles
-            .iter()
-            .map(|p| PickleOut {
-                pickle: p.source.to_string(),
-                reachable: p.reachable,
-                complete: p.complete,
-                error: p.error.clone(),
-            })
-            .collect(),
-        notes: report.notes,
-        error,
-    }
-}
-
-/// Exit code of `scan`: 1 if any file has a finding (even next to an
-/// unreadable one: a gate must not read "error" as "not flagged"), else 2
-/// if any file is unreadable, else 0.
-fn scan_exit(scans: &[FileScan]) -> Verdict {
-    if scans
-        .iter()
-        .any(|s| matches!(s.verdict, "dangerous" | "unknown callable"))
-    {
-        1
-    } else if scans.iter().any(|s| s.verdict == "unreadable") {
-        2
-    } else {
-        0
-    }
-}
-
-pub(crate) fn scan(
-    out: &mut impl Write,
-    files: &[PathBuf],
-    in_memory: bool,
-    json: bool,
-) -> CliResult<Verdict> {
-    let scans: Vec<FileScan> = files.iter().map(|f| scan_file(f, in_memory)).collect();
-    let verdict = scan_exit(&scans);
-    if json {
-        #[derive(Serialize)]
-        struct ScanOut<'a> {
-            files: &'a [FileScan],
-        }
-        serde_json::to_writer(&mut *out, &ScanOut { files: &scans })?;
-        writeln!(out)?;
-        return Ok(verdict);
-    }
-    for s in &scans {
-        if let Some(e) = &s.error {
-            eprintln!("ptload: {}: cannot be read: {e}", s.file);
-            continue;
-        }
-        let reachable = s.pickles.iter().filter(|p| p.reachable).count();
-        let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-        writeln!(
-            out,
-            "{}: {} ({}, {} in {}, {reachable} read by torch.load)",
-            s.file,
-            s.verdict.to_uppercase(),
-            s.layout.unwrap_or("?"),
-            plural(s.globals.len(), "global"),
-            plural(s.pickles.len(), "pickle"),
-        )?;
-        let width = s.globals.iter().map(|g| g.global.chars().count()).max();
-        for g in &s.globals {
-            let mut line = String::from(if g.finding { "! " } else { "  " });
-            crate::inspect::pad(&mut line, &g.global, width.unwrap_or(0), false);
-            line.push_str("  ");
-            crate::inspect::pad(&mut line, g.usage, 12, false);
-            line.push_str("  ");
-            crate::inspect::pad(&mut line, &g.class, 32, false);
-            let unreached = if g.reachable {
-                ""
-            } else {
-                " (not read by torch.load)"
-            };
-            writeln!(out, "{line}  {} +{:#x}{unreached}", g.pickle, g.offset)?;
-        }
-        for p in &s.pickles {
-            if let Some(e) = &p.error {
-                writeln!(out, "  {}: stopped: {e}", p.pickle)?;
-            }
-        }
-        for n in &s.notes {
-            writeln!(out, "  note: {n}")?;
-        }
-    }
-    Ok(verdict)
 }
 
 // ---- diff -------------------------------------------------------------

@@ -40,6 +40,10 @@ pub(crate) struct Entry<'d> {
     pub(crate) size: u64,
     /// 0 means "not computed".
     pub(crate) crc32: u32,
+    /// The central directory marks it encrypted (flag bits 0x1, 0x40) or
+    /// its header masked (0x2000): torch's reader refuses it. Kept only
+    /// under [`Rules::Tolerant`].
+    pub(crate) encrypted: bool,
 }
 
 /// How local headers are read. Each sits just before its record's data,
@@ -91,6 +95,19 @@ pub(crate) struct Archive<'d> {
     by_name: hashbrown::HashTable<u32>,
     hasher: hashbrown::DefaultHashBuilder,
     end: usize,
+    /// Under [`Rules::Tolerant`], what [`Rules::Canonical`] would have
+    /// refused, each with its offset.
+    disagreements: Vec<(String, u64)>,
+    /// Under [`Rules::Tolerant`], entries left out because their local
+    /// header is not there (torch fails on them only if it reads them).
+    broken_locals: Vec<(&'d str, u64)>,
+}
+
+/// What `read_central` found: an entry, or (tolerant rules only) a central
+/// entry whose local header is missing.
+enum Central<'d> {
+    Entry(Entry<'d>, u64),
+    BrokenLocal(&'d str, u64),
 }
 
 fn zip_err(message: impl Into<String>) -> Error {
@@ -334,19 +351,28 @@ impl<'d> Archive<'d> {
             h => h,
         };
         let mut scratch = Vec::new();
+        let mut disagreements = Vec::new();
+        let mut broken_locals = Vec::new();
         let mut r = ByteReader::new(cd, ErrorKind::Zip);
         for _ in 0..count {
             let at = cd_start + r.pos() as u64;
-            let (entry, local) = read_central(
+            let read = read_central(
                 &mut r,
                 data,
                 headers,
                 &mut scratch,
                 prefix_len,
                 cd_start,
-                rules,
+                (rules == Rules::Tolerant).then_some(&mut disagreements),
             )
             .map_err(|e| e.at(at))?;
+            let (entry, local) = match read {
+                Central::Entry(entry, local) => (entry, local),
+                Central::BrokenLocal(name, local) => {
+                    broken_locals.push((name, local));
+                    continue;
+                }
+            };
             let hash = hasher.hash_one(entry.name);
             let index = u32::try_from(entries.len()).map_err(|_| zip_err("too many entries"))?;
             match by_name.entry(
@@ -360,6 +386,7 @@ impl<'d> Archive<'d> {
                             zip_err(format!("duplicate entry name {:?}", entry.name)).at(at)
                         );
                     }
+                    disagreements.push((format!("duplicate entry name {:?}", entry.name), at));
                     // Lookups find the last of duplicates.
                     *slot.get_mut() = index;
                 }
@@ -372,18 +399,16 @@ impl<'d> Archive<'d> {
         }
         // No two entries may share bytes: each entry's data must end before
         // the next local header starts.
-        if rules == Rules::Tolerant {
-            locals.clear();
-        }
         locals.sort_unstable();
         for pair in locals.windows(2) {
             if let [(_, a), (next_local, _)] = pair {
                 let a = entries.get(*a).ok_or_else(|| zip_err("entry index"))?;
                 if a.data_start.saturating_add(a.compressed_size) > *next_local {
-                    return Err(
-                        zip_err(format!("entry {:?} overlaps the next entry", a.name))
-                            .at(a.data_start),
-                    );
+                    let message = format!("entry {:?} overlaps the next entry", a.name);
+                    if rules == Rules::Canonical {
+                        return Err(zip_err(message).at(a.data_start));
+                    }
+                    disagreements.push((message, a.data_start));
                 }
             }
         }
@@ -392,6 +417,8 @@ impl<'d> Archive<'d> {
             by_name,
             hasher,
             end: archive_end(data).unwrap_or(data.len()),
+            disagreements,
+            broken_locals,
         })
     }
 
@@ -403,6 +430,18 @@ impl<'d> Archive<'d> {
 
     pub(crate) fn entries(&self) -> &[Entry<'d>] {
         &self.entries
+    }
+
+    /// Under [`Rules::Tolerant`]: what canonical rules would refuse (a
+    /// message and its offset), in the order met.
+    pub(crate) fn disagreements(&self) -> &[(String, u64)] {
+        &self.disagreements
+    }
+
+    /// Under [`Rules::Tolerant`]: the entries left out because their local
+    /// header is missing (name, where it should be).
+    pub(crate) fn broken_locals(&self) -> &[(&'d str, u64)] {
+        &self.broken_locals
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<&Entry<'d>> {
@@ -425,9 +464,22 @@ fn read_central<'d>(
     scratch: &mut Vec<u8>,
     prefix_len: u64,
     cd_start: u64,
-    rules: Rules,
-) -> Result<(Entry<'d>, u64)> {
-    let canonical = rules == Rules::Canonical;
+    // `None` under canonical rules; under tolerant ones, where what
+    // canonical rules refuse is noted.
+    mut disagreements: Option<&mut Vec<(String, u64)>>,
+) -> Result<Central<'d>> {
+    let canonical = disagreements.is_none();
+    // Canonical rules refuse what tolerant ones note and read on.
+    let mut refuse = |message: String, at: u64| -> Result<()> {
+        match disagreements.as_deref_mut() {
+            Some(noted) => {
+                noted.push((message, at));
+                Ok(())
+            }
+            None => Err(zip_err(message).at(at)),
+        }
+    };
+    let central_at = cd_start + r.pos() as u64;
     if r.u32()? != CENTRAL_SIG {
         return Err(zip_err("bad central directory entry signature"));
     }
@@ -450,6 +502,9 @@ fn read_central<'d>(
     let extra = r.bytes(extra_len)?;
     r.bytes(comment_len)?;
     let name = std::str::from_utf8(name_bytes).map_err(|_| zip_err("entry name is not UTF-8"))?;
+    // Tolerant rules keep an encrypted entry, marked: torch refuses it,
+    // so its bytes are no disagreement with torch.
+    let encrypted = flags & 0x2041 != 0;
     if flags & 0x0041 != 0 && canonical {
         return Err(zip_err(format!("entry {name:?} is encrypted")));
     }
@@ -463,10 +518,12 @@ fn read_central<'d>(
         }
     };
     apply_zip64_extra(extra, &mut size, &mut csize, &mut local)?;
-    if method == Method::Stored && csize != size && canonical {
-        return Err(zip_err(format!(
-            "stored entry {name:?} has compressed size {csize} != size {size}"
-        )));
+    // An encrypted stored entry carries its encryption header.
+    if method == Method::Stored && csize != size && (canonical || !encrypted) {
+        refuse(
+            format!("stored entry {name:?} has compressed size {csize} != size {size}"),
+            central_at,
+        )?;
     }
     // The local header must agree with the central directory on the name:
     // two readers must never see two different archives in the same bytes.
@@ -477,12 +534,20 @@ fn read_central<'d>(
     scratch.clear();
     scratch.resize(LOCAL_LEN as usize + name.len(), 0);
     let read = headers.read(data, local_abs, scratch);
-    let header = read
-        .get(..LOCAL_LEN as usize)
-        .ok_or_else(|| zip_err(format!("local header of {name:?} lies outside the file")))?;
+    let Some(header) = read.get(..LOCAL_LEN as usize) else {
+        if canonical {
+            return Err(zip_err(format!(
+                "local header of {name:?} lies outside the file"
+            )));
+        }
+        return Ok(Central::BrokenLocal(name, local_abs));
+    };
     let mut h = ByteReader::new(header, ErrorKind::Zip);
     if h.u32()? != LOCAL_SIG {
-        return Err(zip_err(format!("bad local header signature for {name:?}")).at(local_abs));
+        if canonical {
+            return Err(zip_err(format!("bad local header signature for {name:?}")).at(local_abs));
+        }
+        return Ok(Central::BrokenLocal(name, local_abs));
     }
     let _needed = h.u16()?;
     let local_flags = h.u16()?;
@@ -493,31 +558,40 @@ fn read_central<'d>(
     let _size = h.u32()?;
     let local_name_len = u64::from(h.u16()?);
     let local_extra_len = u64::from(h.u16()?);
-    if local_flags & 0x0041 != 0 && canonical {
-        return Err(zip_err(format!("entry {name:?} is encrypted (local header)")).at(local_abs));
+    // Both headers marking it encrypted agree: torch refuses it.
+    if local_flags & 0x0041 != 0 && (canonical || !encrypted) {
+        refuse(
+            format!("entry {name:?} is encrypted (local header)"),
+            local_abs,
+        )?;
     }
     let local_name = read
         .get(LOCAL_LEN as usize..)
         .and_then(|n| n.get(..usize::try_from(local_name_len).unwrap_or(usize::MAX)))
         .or_else(|| slice(data, local_abs + LOCAL_LEN, local_name_len))
         .ok_or_else(|| zip_err(format!("local name of {name:?} lies outside the file")))?;
-    if local_name != name.as_bytes() && canonical {
-        return Err(zip_err(format!(
-            "local header name {:?} differs from central directory name {name:?}",
-            String::from_utf8_lossy(local_name)
-        ))
-        .at(local_abs));
+    if local_name != name.as_bytes() {
+        refuse(
+            format!(
+                "local header name {:?} differs from central directory name {name:?}",
+                String::from_utf8_lossy(local_name)
+            ),
+            local_abs,
+        )?;
     }
     let data_start = local_abs + LOCAL_LEN + local_name_len + local_extra_len;
     let data_end = data_start
         .checked_add(csize)
         .ok_or_else(|| zip_err(format!("size of {name:?} overflows")))?;
-    if data_end > cd_start && canonical {
-        return Err(zip_err(format!(
-            "data of {name:?} ({csize} bytes at {data_start:#x}) runs past the central directory"
-        )));
+    if data_end > cd_start {
+        refuse(
+            format!(
+                "data of {name:?} ({csize} bytes at {data_start:#x}) runs past the central directory"
+            ),
+            central_at,
+        )?;
     }
-    Ok((
+    Ok(Central::Entry(
         Entry {
             name,
             method,
@@ -525,6 +599,7 @@ fn read_central<'d>(
             compressed_size: csize,
             size,
             crc32,
+            encrypted,
         },
         local_abs,
     ))

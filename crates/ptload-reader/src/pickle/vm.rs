@@ -46,8 +46,13 @@ pub(crate) trait Interpreter {
     }
     /// REDUCE: `callable(*args)`.
     fn call(&mut self, heap: &mut Heap, callable: Value, args: Value) -> Result<Value>;
-    /// NEWOBJ / NEWOBJ_EX / INST / OBJ: `cls.__new__(cls, *args)`.
+    /// NEWOBJ / NEWOBJ_EX: `cls.__new__(cls, *args)`.
     fn new_object(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value>;
+    /// INST / OBJ: `cls(*args)`, which Python runs as a call (`__init__`
+    /// runs, or a function). By default, as NEWOBJ.
+    fn instantiate(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value> {
+        self.new_object(heap, cls, args)
+    }
     /// BUILD: `obj.__setstate__(state)`.
     fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()>;
     /// PERSID / BINPERSID.
@@ -812,7 +817,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 let base = self.pop_mark_base()?;
                 let args = self.tuple_from(base)?;
                 let cls = self.global(&module, &name, offset)?;
-                let v = self.interp.new_object(self.heap, cls, args)?;
+                let v = self.interp.instantiate(self.heap, cls, args)?;
                 self.push(v)?;
             }
             b'o' => {
@@ -823,7 +828,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                     .ok_or_else(|| pickle_err("OBJ without a class"))?;
                 let args = self.tuple_from(base + 1)?;
                 self.stack.truncate(base);
-                let v = self.interp.new_object(self.heap, cls, args)?;
+                let v = self.interp.instantiate(self.heap, cls, args)?;
                 self.push(v)?;
             }
             b'b' => {

@@ -27,8 +27,68 @@ use crate::torch::policy::torch_allows;
 mod reach;
 
 pub use reach::{
-    scan_bytes, scan_file, GlobalUse, PickleSource, ScanReport, ScannedPickle, Usage, Verdict,
+    scan_bytes, scan_file, Ambiguity, GlobalUse, PickleSource, ScanReport, ScannedPickle, Usage,
+    Verdict,
 };
+
+/// What a finding lets a file make happen when `torch.load` (with
+/// `weights_only=False`) reads it, least to most: a file's level is the
+/// highest of its findings'. A gate fails at a line ([`Level::UnknownCall`]
+/// by default, as `ptload scan` does): everything at or above it fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Level {
+    /// Tensor machinery and plain data only.
+    Clean,
+    /// Classes that are only named, or constructed (`cls.__new__`) and
+    /// filled (BUILD): loading needs their code installed (a full model's
+    /// `torch.nn` and `__main__` classes), and calls nothing the file
+    /// chose. Not a payload.
+    NeedsCode,
+    /// A call (REDUCE, OBJ, INST, a base class's `__init__`, an instance
+    /// called) of a callable outside the known-safe set.
+    UnknownCall,
+    /// Structure other readers read differently from these bytes (zip
+    /// directory tricks, bad CRCs, a pickle that reads past its frame).
+    Ambiguous,
+    /// Code execution, processes, files, network or import by name: a
+    /// dangerous global in any use, or a gadget that reaches a call.
+    Dangerous,
+}
+
+impl Level {
+    /// Every level, least first.
+    pub const ALL: [Level; 5] = [
+        Level::Clean,
+        Level::NeedsCode,
+        Level::UnknownCall,
+        Level::Ambiguous,
+        Level::Dangerous,
+    ];
+
+    /// `clean`, `needs-code`, `unknown-call`, `ambiguous`, `dangerous`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Clean => "clean",
+            Level::NeedsCode => "needs-code",
+            Level::UnknownCall => "unknown-call",
+            Level::Ambiguous => "ambiguous",
+            Level::Dangerous => "dangerous",
+        }
+    }
+
+    /// The level named `name` (as [`Level::name`] spells it).
+    pub fn from_name(name: &str) -> Option<Level> {
+        Level::ALL.into_iter().find(|l| l.name() == name)
+    }
+}
+
+/// Gadget classes whose construction only stores what it is given (a
+/// `functools.partial` kept as a model attribute, as timm keeps
+/// `partial(nn.LayerNorm, eps=1e-6)`): dangerous only once called.
+fn wrapper_class(module: &str, name: &str) -> bool {
+    module == "functools" && name == "partial"
+}
 
 /// What a dangerous global can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -122,6 +182,11 @@ fn dangerous(module: &str, name: &str) -> Option<Danger> {
         "_posixsubprocess",
         "signal",
         "asyncio",
+        "pydoc",
+        "platform",
+        "venv",
+        "_osx_support",
+        "torch.utils.collect_env",
     ]) {
         return Some(Process);
     }
@@ -138,6 +203,7 @@ fn dangerous(module: &str, name: &str) -> Option<Danger> {
         "ctypes",
         "_ctypes",
         "pip",
+        "ensurepip",
         "setuptools",
         "distutils",
         "timeit",
@@ -147,8 +213,53 @@ fn dangerous(module: &str, name: &str) -> Option<Danger> {
         "cProfile",
         "profile",
         "doctest",
+        "idlelib",
+        // torch's own eval/exec wrappers: FX graph modules exec source from
+        // the file, symbolic-shape guards are evaluated, config modules and
+        // datapipes unpickle bytes, packages and extensions load code.
+        "torch.fx",
+        "torch._dynamo",
+        "torch._inductor",
+        "torch.utils._config_module",
+        "torch.utils.data.datapipes",
+        "torch.utils.cpp_extension",
+        "torch.package",
+        "torch.testing",
+        // numpy's readers: `load` unpickles with allow_pickle=True.
+        "numpy.lib.npyio",
+        "numpy.lib._npyio_impl",
+        "numpy.lib.format",
+        "numpy.lib._format_impl",
+        "numpy.ctypeslib",
+        "numpy.f2py",
+        "numpy.distutils",
     ]) {
         return Some(CodeExecution);
+    }
+    if (matches!(module, "torch" | "torch.serialization")
+        && matches!(name, "load" | "_load" | "_legacy_load"))
+        || (module == "torch.storage" && name == "_load_from_bytes")
+        || (module == "numpy" && matches!(name, "load" | "loads"))
+    {
+        return Some(CodeExecution);
+    }
+    if module == "numpy"
+        && matches!(
+            name,
+            "fromfile"
+                | "memmap"
+                | "save"
+                | "savez"
+                | "savez_compressed"
+                | "savetxt"
+                | "loadtxt"
+                | "genfromtxt"
+        )
+    {
+        return Some(FileSystem);
+    }
+    if module == "uuid" && name.starts_with('_') {
+        return Some(Process);
     }
     if module == "types"
         && matches!(
@@ -188,6 +299,7 @@ fn dangerous(module: &str, name: &str) -> Option<Danger> {
         "socket",
         "_socket",
         "ssl",
+        "_ssl",
         "urllib",
         "urllib2",
         "urllib3",
@@ -315,7 +427,63 @@ const PURE_BUILTINS: &[&str] = &[
     "Ellipsis",
 ];
 
+/// Enum classes that training libraries pickle into ordinary checkpoints
+/// (`training_args.bin`, Lightning's trainer state): an enum member pickles
+/// as a call of its class with its value, which only looks the member up.
+const KNOWN_ENUMS: &[(&str, &[&str])] = &[
+    (
+        "transformers.trainer_utils",
+        &[
+            "FSDPOption",
+            "HPSearchBackend",
+            "HubStrategy",
+            "IntervalStrategy",
+            "SaveStrategy",
+            "SchedulerType",
+            "EvaluationStrategy",
+        ],
+    ),
+    (
+        "transformers.training_args",
+        &["OptimizerNames", "ParallelMode"],
+    ),
+    ("transformers.debug_utils", &["DebugOption"]),
+    (
+        "transformers.utils.generic",
+        &["PaddingStrategy", "TensorType"],
+    ),
+    (
+        "accelerate.utils.dataclasses",
+        &[
+            "ComputeEnvironment",
+            "CustomDtype",
+            "DDPCommunicationHookType",
+            "DistributedType",
+            "DynamoBackend",
+            "FP8BackendType",
+            "LoggerType",
+            "PrecisionType",
+            "RNGType",
+            "SageMakerDistributedType",
+        ],
+    ),
+    (
+        "lightning.pytorch.trainer.states",
+        &["TrainerStatus", "TrainerFn", "RunningStage"],
+    ),
+    (
+        "pytorch_lightning.trainer.states",
+        &["TrainerStatus", "TrainerFn", "RunningStage"],
+    ),
+];
+
 fn known_data(module: &str, name: &str) -> bool {
+    if KNOWN_ENUMS
+        .iter()
+        .any(|(m, names)| *m == module && names.contains(&name))
+    {
+        return true;
+    }
     match module {
         "builtins" | "__builtin__" => PURE_BUILTINS.contains(&name),
         "numpy" => matches!(name, "dtype" | "ndarray"),
@@ -328,6 +496,23 @@ fn known_data(module: &str, name: &str) -> bool {
             name,
             "OrderedDict" | "Counter" | "defaultdict" | "deque" | "namedtuple"
         ),
+        "types" => name == "SimpleNamespace",
+        // A compiled pattern pickles as `re._compile(pattern, flags)`.
+        "re" => name == "_compile",
+        // numpy's random generators: the constructors call the bit
+        // generator class or constructor they are given (see the scanner),
+        // and numpy's own bit generators.
+        "numpy.random._pickle" => matches!(
+            name,
+            "__randomstate_ctor" | "__generator_ctor" | "__bit_generator_ctor"
+        ),
+        "numpy.random.bit_generator" => {
+            matches!(name, "SeedSequence" | "__pyx_unpickle_SeedSequence")
+        }
+        "numpy.random._mt19937" => name == "MT19937",
+        "numpy.random._pcg64" => matches!(name, "PCG64" | "PCG64DXSM"),
+        "numpy.random._philox" => name == "Philox",
+        "numpy.random._sfc64" => name == "SFC64",
         "copyreg" | "copy_reg" => matches!(name, "_reconstructor" | "__newobj__" | "__newobj_ex__"),
         "datetime" => matches!(
             name,
@@ -505,5 +690,75 @@ mod tests {
             classify("torch.jit", "load"),
             GlobalClass::Dangerous(Danger::CodeExecution)
         );
+        // 2025-2026 write-ups: installers, torch's own exec/eval wrappers,
+        // numpy's pickle reader, private stdlib modules.
+        for (m, n, d) in [
+            ("ensurepip", "_run_pip", Danger::CodeExecution),
+            ("torch.utils.collect_env", "run", Danger::Process),
+            (
+                "torch.fx.graph_module",
+                "reduce_graph_module",
+                Danger::CodeExecution,
+            ),
+            (
+                "torch.fx.experimental.symbolic_shapes",
+                "ShapeEnv",
+                Danger::CodeExecution,
+            ),
+            (
+                "torch.utils._config_module",
+                "ConfigModule",
+                Danger::CodeExecution,
+            ),
+            ("torch.serialization", "load", Danger::CodeExecution),
+            ("numpy", "load", Danger::CodeExecution),
+            ("numpy.lib.format", "read_array", Danger::CodeExecution),
+            ("numpy", "fromfile", Danger::FileSystem),
+            ("_ssl", "RAND_status", Danger::Network),
+            ("uuid", "_get_command_stdout", Danger::Process),
+        ] {
+            assert_eq!(classify(m, n), GlobalClass::Dangerous(d), "{m}.{n}");
+        }
+        // What torch itself allows stays allowed.
+        assert_eq!(
+            classify("torch.serialization", "_get_layout"),
+            GlobalClass::Tensor
+        );
+        assert_eq!(classify("types", "SimpleNamespace"), GlobalClass::Data);
+        assert_eq!(
+            classify("numpy.random._pickle", "__generator_ctor"),
+            GlobalClass::Data
+        );
+        assert_eq!(
+            classify("numpy.random._pickle", "__builtins__"),
+            GlobalClass::Dangerous(Danger::Gadget)
+        );
+        assert_eq!(
+            classify("transformers.trainer_utils", "IntervalStrategy"),
+            GlobalClass::Data
+        );
+        assert_eq!(
+            classify("transformers.trainer_utils", "IntervalStrategy.__call__"),
+            GlobalClass::Dangerous(Danger::Gadget)
+        );
+        assert_eq!(
+            classify("transformers.trainer_utils", "get_last_checkpoint"),
+            GlobalClass::Unknown
+        );
+        assert_eq!(classify("uuid", "UUID"), GlobalClass::Data);
+    }
+
+    #[test]
+    fn levels_are_ordered_and_named() {
+        assert!(Level::Clean < Level::NeedsCode);
+        assert!(Level::NeedsCode < Level::UnknownCall);
+        assert!(Level::UnknownCall < Level::Ambiguous);
+        assert!(Level::Ambiguous < Level::Dangerous);
+        for l in Level::ALL {
+            assert_eq!(Level::from_name(l.name()), Some(l));
+        }
+        assert_eq!(Level::from_name("unknown callable"), None);
+        assert!(wrapper_class("functools", "partial"));
+        assert!(!wrapper_class("functools", "reduce"));
     }
 }

@@ -20,7 +20,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::{classify, Danger, GlobalClass};
+use super::{classify, wrapper_class, Danger, GlobalClass, Level};
 use crate::container::zip::{self, Archive, Headers, Method, Rules};
 use crate::error::Result;
 use crate::limits::Limits;
@@ -32,12 +32,16 @@ use crate::pickle::{Heap, Interpreter, Obj, ObjId, Object, StringEncoding, Value
 pub enum Usage {
     /// Named only (imported by `find_class`, never called).
     Referenced,
-    /// Instantiated: OBJ, INST, NEWOBJ(_EX), `copyreg._reconstructor`'s
-    /// class, `copyreg.__newobj__`, the type of `_rebuild_from_type_v2`.
+    /// Constructed without a call the file chose: NEWOBJ(_EX) (the class's
+    /// `__new__`), `copyreg._reconstructor`'s class over `object`,
+    /// `copyreg.__newobj__`, the type of `_rebuild_from_type_v2`; then
+    /// filled by BUILD (its `__setstate__` or `__dict__`). A
+    /// `functools.partial` made and kept, never called, counts here too.
     Instantiated,
-    /// Called: REDUCE, `copyreg._reconstructor`'s base (its `__init__`),
-    /// the function of `_rebuild_from_type_v2`, calling an instance (its
-    /// class's `__call__`), BUILD on an instance (its `__setstate__`).
+    /// Called: REDUCE, OBJ and INST (`cls(*args)`: `__init__` runs, or the
+    /// function), `copyreg._reconstructor`'s base (its `__init__`), the
+    /// function of `_rebuild_from_type_v2`, calling an instance (its
+    /// class's `__call__`) or a partial (its function), `instance.__new__`.
     Called,
 }
 
@@ -75,18 +79,30 @@ impl GlobalUse {
         format!("{}.{}", self.module, self.name)
     }
 
-    /// Whether this use makes a file dangerous or untrusted: a dangerous
-    /// global in any use, or an unknown one that is called or instantiated.
-    /// TorchScript's own types (`__torch__.*`) are built by the TorchScript
-    /// loader from the archive, not imported.
-    pub fn is_finding(&self) -> bool {
+    /// What this use lets the file make happen: a dangerous global is
+    /// dangerous in any use (a wrapper such as `functools.partial` only once
+    /// called); an unknown one is an unknown call when called, and needs its
+    /// code otherwise. TorchScript's own types (`__torch__.*`) are built by
+    /// the TorchScript loader from the archive, not imported.
+    pub fn level(&self) -> Level {
         match self.class {
-            GlobalClass::Dangerous(_) => true,
-            GlobalClass::Unknown => {
-                self.usage != Usage::Referenced && !self.module.starts_with("__torch__")
+            GlobalClass::Dangerous(_)
+                if self.usage < Usage::Called && wrapper_class(&self.module, &self.name) =>
+            {
+                Level::NeedsCode
             }
-            _ => false,
+            GlobalClass::Dangerous(_) => Level::Dangerous,
+            GlobalClass::Unknown if self.module.starts_with("__torch__") => Level::Clean,
+            GlobalClass::Unknown if self.usage == Usage::Called => Level::UnknownCall,
+            GlobalClass::Unknown => Level::NeedsCode,
+            _ => Level::Clean,
         }
+    }
+
+    /// Whether this use fails a gate at the default line
+    /// ([`Level::UnknownCall`]).
+    pub fn is_finding(&self) -> bool {
+        self.level() >= Level::UnknownCall
     }
 }
 
@@ -106,6 +122,10 @@ pub enum PickleSource {
     },
     /// A member of a pre-1.0 tar checkpoint.
     TarMember(String),
+    /// The data of a numpy object array (a `.npy` file, or an entry of a
+    /// `.npz` zip), which `numpy.load(allow_pickle=True)` unpickles: the
+    /// file, or the entry's name.
+    NumpyArray(String),
     /// Bytes inside another pickle, at the offset of the bytes value.
     Nested {
         /// The pickle holding it.
@@ -123,6 +143,7 @@ impl std::fmt::Display for PickleSource {
                 write!(f, "stream pickle {index} at offset {offset:#x}")
             }
             PickleSource::TarMember(name) => write!(f, "tar member {name}"),
+            PickleSource::NumpyArray(name) => write!(f, "numpy object array {name}"),
             PickleSource::Nested { parent, index } => {
                 write!(f, "bytes value {index} inside {parent}")
             }
@@ -138,6 +159,10 @@ pub struct ScannedPickle {
     pub source: PickleSource,
     /// Whether `torch.load(weights_only=False)` would unpickle it.
     pub reachable: bool,
+    /// Where its bytes start in the file, when they lie there as they are
+    /// (not inflated, not nested): a global's offset plus this is its
+    /// offset in the file.
+    pub base: Option<u64>,
     /// Every global it names, once each, in order of first appearance.
     pub globals: Vec<GlobalUse>,
     /// Whether it ran to its STOP.
@@ -147,30 +172,71 @@ pub struct ScannedPickle {
     pub error: Option<String>,
 }
 
-/// The scanner's judgement of a file.
+/// Structure that other readers read differently from these bytes: where
+/// it is and what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Ambiguity {
+    /// The record (zip entry, pickle) it concerns, or the file's layout
+    /// for the container as a whole.
+    pub record: String,
+    /// Byte offset: in the file for container structure, in the pickle
+    /// for a pickle's opcodes.
+    pub offset: u64,
+    /// What other readers would see differently.
+    pub what: String,
+}
+
+/// The scanner's judgement of a file: its [`Level`], or unreadable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Verdict {
-    /// A dangerous global, anywhere in the file.
+    /// A dangerous global, anywhere in the file, or a gadget that reaches
+    /// a call.
     Dangerous,
-    /// An unknown global that is called or instantiated.
-    UnknownCallable,
-    /// Nothing that would run code.
+    /// Structure other readers read differently.
+    Ambiguous,
+    /// An unknown global that is called.
+    UnknownCall,
+    /// Classes that are only named or constructed: loading needs their
+    /// code, not a payload.
+    NeedsCode,
+    /// Nothing but tensors and plain data.
     Clean,
     /// No pickle torch.load would unpickle could be read (not a
-    /// checkpoint, or too broken for torch to unpickle anything either);
-    /// pickles it would not reach may still be listed.
+    /// checkpoint, or too broken for torch to unpickle anything either),
+    /// and nothing at or above [`Level::UnknownCall`] was found.
     Unreadable,
 }
 
 impl Verdict {
-    /// `dangerous`, `unknown callable`, `clean`, `unreadable`.
+    /// The level's name, or `unreadable`.
     pub fn name(self) -> &'static str {
+        match self.level() {
+            Some(level) => level.name(),
+            None => "unreadable",
+        }
+    }
+
+    /// The level, `None` when unreadable.
+    pub fn level(self) -> Option<Level> {
         match self {
-            Verdict::Dangerous => "dangerous",
-            Verdict::UnknownCallable => "unknown callable",
-            Verdict::Clean => "clean",
-            Verdict::Unreadable => "unreadable",
+            Verdict::Dangerous => Some(Level::Dangerous),
+            Verdict::Ambiguous => Some(Level::Ambiguous),
+            Verdict::UnknownCall => Some(Level::UnknownCall),
+            Verdict::NeedsCode => Some(Level::NeedsCode),
+            Verdict::Clean => Some(Level::Clean),
+            Verdict::Unreadable => None,
+        }
+    }
+
+    fn of(level: Level) -> Verdict {
+        match level {
+            Level::Dangerous => Verdict::Dangerous,
+            Level::Ambiguous => Verdict::Ambiguous,
+            Level::UnknownCall => Verdict::UnknownCall,
+            Level::NeedsCode => Verdict::NeedsCode,
+            Level::Clean => Verdict::Clean,
         }
     }
 }
@@ -183,35 +249,41 @@ pub struct ScanReport {
     pub layout: &'static str,
     /// Every pickle found, reachable ones first.
     pub pickles: Vec<ScannedPickle>,
+    /// Structure other readers read differently (each makes the file
+    /// [`Level::Ambiguous`] at least).
+    pub ambiguities: Vec<Ambiguity>,
     /// Problems with the container itself (a zip directory torch could not
     /// read either, ...).
     pub notes: Vec<String>,
 }
 
 impl ScanReport {
-    /// The verdict: dangerous and unknown-callable findings count wherever
-    /// they are (a broken file included); unreadable only when no pickle
-    /// could be read and nothing was found.
-    pub fn verdict(&self) -> Verdict {
-        let findings = self
-            .pickles
-            .iter()
-            .flat_map(|p| &p.globals)
-            .filter(|g| g.is_finding());
-        let mut verdict = None;
-        for g in findings {
-            if matches!(g.class, GlobalClass::Dangerous(_)) {
-                return Verdict::Dangerous;
-            }
-            verdict = Some(Verdict::UnknownCallable);
-        }
-        if let Some(v) = verdict {
-            return v;
-        }
-        if self.pickles.iter().any(|p| p.complete && p.reachable) {
-            Verdict::Clean
+    /// The highest level of the file's findings, wherever they are (a
+    /// pickle torch.load would not reach, or a broken file, included).
+    pub fn level(&self) -> Level {
+        let globals = self.pickles.iter().flat_map(|p| &p.globals);
+        let level = globals.map(GlobalUse::level).max().unwrap_or(Level::Clean);
+        if self.ambiguities.is_empty() {
+            level
         } else {
+            level.max(Level::Ambiguous)
+        }
+    }
+
+    /// Whether a pickle torch.load would unpickle was read to its end.
+    pub fn readable(&self) -> bool {
+        self.pickles.iter().any(|p| p.complete && p.reachable)
+    }
+
+    /// The verdict: a level at or above [`Level::UnknownCall`] wherever it
+    /// was found (a broken file included); else unreadable when no pickle
+    /// torch.load would reach could be read; else the level.
+    pub fn verdict(&self) -> Verdict {
+        let level = self.level();
+        if level < Level::UnknownCall && !self.readable() {
             Verdict::Unreadable
+        } else {
+            Verdict::of(level)
         }
     }
 }
@@ -233,8 +305,20 @@ pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
     } else {
         scan.report.layout = "legacy";
         scan.stream(data);
+        if let Some(start) = npy_pickle(data) {
+            let source = PickleSource::NumpyArray("file".into());
+            scan.run(data, start, source, false, 0, Some(0));
+        }
         // A zip behind the stream: torch never reads it, other tools may.
         if zip::find_eocd(data).is_some() {
+            let read = scan.report.pickles.first().is_some_and(|p| p.complete);
+            if read {
+                scan.report.ambiguities.push(Ambiguity {
+                    record: "file".into(),
+                    offset: 0,
+                    what: "a pickle stream before a zip archive: torch runs the stream, zip readers see the archive".into(),
+                });
+            }
             scan.zip(data, false);
         }
     }
@@ -283,6 +367,7 @@ impl Scanner<'_> {
         source: PickleSource,
         reachable: bool,
         depth: usize,
+        base: Option<u64>,
     ) -> Option<(usize, bool)> {
         if self.report.pickles.len() >= MAX_PICKLES {
             if self.report.pickles.len() == MAX_PICKLES {
@@ -295,22 +380,20 @@ impl Scanner<'_> {
         let mut heap = Heap::new(self.limits);
         let mut recorder = Recorder::default();
         let outcome = self.vm.run(&mut heap, &mut recorder, data, start);
+        let parent = source.to_string();
         if self.vm.frame_crossed {
-            // Not a global, but the same verdict: what CPython runs here is
-            // not what the bytes show.
-            recorder.globals.push(GlobalUse {
-                module: "<pickle>".into(),
-                name: "<opcode past the end of its FRAME>".into(),
+            // CPython's C unpickler and its Python one read different
+            // opcodes here: what runs is not what the bytes show.
+            self.report.ambiguities.push(Ambiguity {
+                record: parent.clone(),
                 offset: outcome
                     .as_ref()
                     .err()
                     .and_then(|e| e.offset())
                     .unwrap_or(start as u64),
-                usage: Usage::Called,
-                class: GlobalClass::Dangerous(Danger::CodeExecution),
+                what: "an opcode reads past the end of its FRAME".into(),
             });
         }
-        let parent = source.to_string();
         let result = match &outcome {
             Ok(out) => Some((out.end, heap.bigint(out.value) == Some(&MAGIC[..]))),
             Err(_) => None,
@@ -331,6 +414,7 @@ impl Scanner<'_> {
         self.report.pickles.push(ScannedPickle {
             source,
             reachable,
+            base,
             globals: recorder.globals,
             complete: outcome.is_ok(),
             error: outcome.err().map(|e| e.to_string()),
@@ -350,7 +434,8 @@ impl Scanner<'_> {
                 index,
                 offset: offset as u64,
             };
-            let Some((end, magic)) = self.run(data, offset, source, index < reached, 0) else {
+            let Some((end, magic)) = self.run(data, offset, source, index < reached, 0, Some(0))
+            else {
                 break;
             };
             if index == 0 && magic {
@@ -379,6 +464,24 @@ impl Scanner<'_> {
                 return;
             }
         };
+        // What a strict zip reader refuses and torch's tolerates: duplicate
+        // names, local and central names that differ, encryption flags,
+        // overlaps. Entries without a local header are left out: torch
+        // fails on one only if it reads it.
+        if reachable {
+            for (what, offset) in archive.disagreements() {
+                self.report.ambiguities.push(Ambiguity {
+                    record: "zip directory".into(),
+                    offset: *offset,
+                    what: format!("zip: {what}: zip readers disagree on this archive"),
+                });
+            }
+        }
+        for (name, offset) in archive.broken_locals() {
+            self.report.notes.push(format!(
+                "{name}: no local header at {offset:#x}; torch fails on this entry only if it reads it"
+            ));
+        }
         // torch's reader takes the folder of the first entry as the archive
         // name, and looks records up under it.
         let prefix = archive
@@ -386,14 +489,21 @@ impl Scanner<'_> {
             .first()
             .and_then(|e| e.name.split_once('/'))
             .map(|(p, _)| p.to_owned());
+        // torch's reader refuses an entry marked encrypted.
         let reached: Vec<String> = match &prefix {
             Some(p) if reachable => ["data.pkl", "constants.pkl"]
                 .iter()
                 .map(|r| format!("{p}/{r}"))
-                .filter(|n| archive.get(n).is_some())
+                .filter(|n| archive.get(n).is_some_and(|e| !e.encrypted))
                 .collect(),
             _ => Vec::new(),
         };
+        for e in archive.entries().iter().filter(|e| e.encrypted) {
+            self.report.notes.push(format!(
+                "{}: marked encrypted; torch refuses to read it",
+                e.name
+            ));
+        }
         if reachable && reached.is_empty() {
             self.report
                 .notes
@@ -411,7 +521,7 @@ impl Scanner<'_> {
             let is_reached = order
                 .iter()
                 .any(|(r, _)| std::ptr::eq(*r, e) || r.data_start == e.data_start);
-            if e.name.ends_with(".pkl") && !is_reached {
+            if (e.name.ends_with(".pkl") || e.name.ends_with(".npy")) && !is_reached {
                 order.push((e, false));
             }
         }
@@ -425,8 +535,28 @@ impl Scanner<'_> {
                     continue;
                 }
             };
+            // torch does not check CRCs; Python's zipfile refuses the entry.
+            if let Err(e) = zip::check_crc(&bytes, entry) {
+                self.report.ambiguities.push(Ambiguity {
+                    record: entry.name.to_owned(),
+                    offset: entry.data_start,
+                    what: format!("{e}; torch reads it anyway"),
+                });
+            }
+            let base = match entry.method {
+                Method::Stored => Some(entry.data_start),
+                Method::Deflated => None,
+            };
+            // An `.npz` member: only an object array holds a pickle.
+            if entry.name.ends_with(".npy") {
+                if let Some(start) = npy_pickle(&bytes) {
+                    let source = PickleSource::NumpyArray(entry.name.to_owned());
+                    self.run(&bytes, start, source, false, 0, base);
+                }
+                continue;
+            }
             let source = PickleSource::Entry(entry.name.to_owned());
-            self.run(&bytes, 0, source, reach, 0);
+            self.run(&bytes, 0, source, reach, 0, base);
         }
     }
 
@@ -457,7 +587,7 @@ impl Scanner<'_> {
             let start = name_start + name_len + extra_len;
             if start < data.len() {
                 let source = PickleSource::Entry(String::from_utf8_lossy(name).into_owned());
-                self.run(data, start, source, false, 0);
+                self.run(data, start, source, false, 0, Some(0));
             }
         }
     }
@@ -493,14 +623,16 @@ impl Scanner<'_> {
             };
             let name = String::from_utf8_lossy(name).into_owned();
             if matches!(name.as_str(), "sys_info" | "pickle") {
-                self.run(member, 0, PickleSource::TarMember(name), true, 0);
+                let source = PickleSource::TarMember(name);
+                self.run(member, 0, source, true, 0, Some(start as u64));
             } else if matches!(name.as_str(), "storages" | "tensors") {
                 // A count, then that many pickles, each unpickled by torch;
                 // raw tensor data may follow, so only what parses is read.
                 let mut offset = 0;
                 while self.report.pickles.len() < MAX_PICKLES {
                     let source = PickleSource::TarMember(name.clone());
-                    let Some((end, _)) = self.run(member, offset, source, true, 0) else {
+                    let base = Some(start as u64);
+                    let Some((end, _)) = self.run(member, offset, source, true, 0, base) else {
                         break;
                     };
                     if end <= offset || end >= member.len() {
@@ -523,7 +655,7 @@ impl Scanner<'_> {
             let (parent, index, depth, bytes) = std::mem::take(slot);
             next += 1;
             let source = PickleSource::Nested { parent, index };
-            self.run(&bytes, 0, source, false, depth);
+            self.run(&bytes, 0, source, false, depth, None);
         }
     }
 }
@@ -555,6 +687,31 @@ fn record<'d>(
     }
 }
 
+/// Where the pickle of a numpy object array starts in a `.npy` file: after
+/// the magic, the version and the header, when the header's dtype is
+/// `object` (`'|O'`).
+fn npy_pickle(data: &[u8]) -> Option<usize> {
+    let rest = data.strip_prefix(b"\x93NUMPY")?;
+    let le = |at: usize, n: usize| -> Option<usize> {
+        let bytes = rest.get(at..at.checked_add(n)?)?;
+        Some(
+            bytes
+                .iter()
+                .rev()
+                .fold(0usize, |acc, &b| (acc << 8) | usize::from(b)),
+        )
+    };
+    // Version 1: a 2-byte header length; 2 and 3: 4 bytes.
+    let (len, header_start): (usize, usize) = match rest.first()? {
+        1 => (le(2, 2)?, 10),
+        2 | 3 => (le(2, 4)?, 12),
+        _ => return None,
+    };
+    let end = header_start.checked_add(len)?;
+    find(data.get(header_start..end)?, b"'|O'")?;
+    Some(end)
+}
+
 /// A pickle starts with PROTO 2 to 5 (protocols 0 and 1 have no header to
 /// tell them from other bytes).
 fn looks_like_pickle(bytes: &[u8]) -> bool {
@@ -580,6 +737,9 @@ struct Recorder {
     globals: Vec<GlobalUse>,
     by_path: HashMap<(String, String), usize>,
     origins: HashMap<ObjId, Origin>,
+    /// What calling a wrapper (a `functools.partial`) calls: the function
+    /// it was made with, and any its BUILD state put in.
+    wrapped: HashMap<ObjId, Vec<Value>>,
 }
 
 impl Recorder {
@@ -637,6 +797,38 @@ impl Recorder {
         let g = self.globals.get(self.global_index(v)?)?;
         Some((g.module.as_str(), g.name.as_str()))
     }
+
+    /// `v` is called: the global it is or came from, and through a
+    /// wrapper what the wrapper holds (each wrapper opened once, so a
+    /// cycle of wrappers ends).
+    fn calls(&mut self, heap: &Heap, v: Value) -> Result<()> {
+        let mut stack = vec![v];
+        while let Some(v) = stack.pop() {
+            heap.charge_work(1)?;
+            if let Some(Origin::Global(g) | Origin::Made(g)) = self.origin(v) {
+                self.mark(Some(g), Usage::Called);
+            }
+            if let Value::Obj(id) = v {
+                stack.extend(self.wrapped.remove(&id).unwrap_or_default());
+            }
+        }
+        Ok(())
+    }
+
+    /// The wrapper `made` holds `func`: calling it calls `func`.
+    fn wrap(&mut self, made: Value, func: Value) {
+        if let Value::Obj(id) = made {
+            self.wrapped.entry(id).or_default().push(func);
+        }
+    }
+}
+
+/// Whether `key` names a dunder attribute (`__setstate__`, `__reduce__`,
+/// `__class__`...): set on an instance by BUILD, it changes what a later
+/// opcode calls.
+fn dunder(heap: &Heap, key: Value) -> bool {
+    heap.str(key)
+        .is_some_and(|k| k.len() > 4 && k.starts_with("__") && k.ends_with("__"))
 }
 
 impl Interpreter for Recorder {
@@ -666,28 +858,50 @@ impl Interpreter for Recorder {
         heap.charge_work(items.len() as u64)?;
         let arg = |i: usize| items.get(i).copied().unwrap_or(Value::None);
         match self.origin(callable) {
+            // A partial made and kept calls nothing; calling it later calls
+            // its function (see `calls`).
+            Some(Origin::Global(g)) if self.path_of(callable) == Some(("functools", "partial")) => {
+                self.mark(Some(g), Usage::Instantiated);
+                let made = self.inert(heap, Some(Origin::Made(g)))?;
+                self.wrap(made, arg(0));
+                Ok(made)
+            }
             Some(Origin::Global(g)) => {
                 self.mark(Some(g), Usage::Called);
+                // What comes out: an instance of the class a constructor is
+                // given (so that calling it, or its `__new__`, counts against
+                // that class), else something the callable made.
+                let mut made = g;
                 // Calls that call or instantiate what they are given.
                 match self.path_of(callable) {
                     Some(("torch._tensor", "_rebuild_from_type_v2")) => {
                         let (func, new_type) = (arg(0), arg(1));
-                        self.mark(self.global_index(func), Usage::Called);
+                        self.calls(heap, func)?;
                         self.mark(self.global_index(new_type), Usage::Instantiated);
+                        made = self.global_index(new_type).unwrap_or(g);
                     }
                     Some(("copyreg" | "copy_reg", "_reconstructor")) => {
                         let (cls, base) = (arg(0), arg(1));
                         self.mark(self.global_index(cls), Usage::Instantiated);
+                        made = self.global_index(cls).unwrap_or(g);
                         let plain_object = self.path_of(base) == Some(("builtins", "object"));
                         if !plain_object {
-                            self.mark(self.global_index(base), Usage::Called);
+                            self.calls(heap, base)?;
                         }
                     }
-                    Some(("copyreg" | "copy_reg", "__newobj__" | "__newobj_ex__")) => {
+                    Some(("copyreg" | "copy_reg", "__newobj__" | "__newobj_ex__"))
+                    | Some(("torch._utils", "_rebuild_wrapper_subclass")) => {
                         self.mark(self.global_index(arg(0)), Usage::Instantiated);
+                        made = self.global_index(arg(0)).unwrap_or(g);
                     }
-                    Some(("torch._utils", "_rebuild_wrapper_subclass")) => {
-                        self.mark(self.global_index(arg(0)), Usage::Instantiated);
+                    // numpy's generator constructors call the bit generator
+                    // class (or constructor) they are given.
+                    Some((
+                        "numpy.random._pickle",
+                        "__randomstate_ctor" | "__generator_ctor" | "__bit_generator_ctor",
+                    )) => {
+                        self.calls(heap, arg(0))?;
+                        self.calls(heap, arg(1))?;
                     }
                     // TorchScript's wrappers return their argument: whatever
                     // it is, it comes out as itself.
@@ -704,7 +918,7 @@ impl Interpreter for Recorder {
                     Some(("builtins" | "__builtin__", name)) => {
                         if matches!(name, "map" | "filter") || (name == "iter" && items.len() == 2)
                         {
-                            self.mark(self.global_index(arg(0)), Usage::Called);
+                            self.calls(heap, arg(0))?;
                         }
                         if let Some(o) = self.origin_within(heap, &items)? {
                             return self.inert(heap, Some(o));
@@ -712,37 +926,90 @@ impl Interpreter for Recorder {
                     }
                     _ => {}
                 }
-                self.inert(heap, Some(Origin::Made(g)))
+                self.inert(heap, Some(Origin::Made(made)))
             }
-            // Calling an instance runs its class's `__call__`.
+            // Calling an instance runs its class's `__call__` (a partial's
+            // function).
             Some(Origin::Made(g)) => {
-                self.mark(Some(g), Usage::Called);
+                self.calls(heap, callable)?;
                 self.inert(heap, Some(Origin::Made(g)))
             }
             None => self.inert(heap, None),
         }
     }
 
-    fn new_object(&mut self, heap: &mut Heap, cls: Value, _args: Value) -> Result<Value> {
-        let g = match self.origin(cls) {
+    fn new_object(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value> {
+        match self.origin(cls) {
             Some(Origin::Global(g)) => {
                 self.mark(Some(g), Usage::Instantiated);
-                Some(Origin::Made(g))
+                let made = self.inert(heap, Some(Origin::Made(g)))?;
+                // `partial.__new__(partial, func, ...)` holds `func`.
+                if self.path_of(cls) == Some(("functools", "partial")) {
+                    let func = heap.tuple(args).and_then(|a| a.first().copied());
+                    self.wrap(made, func.unwrap_or(Value::None));
+                }
+                Ok(made)
             }
             // `instance.__new__`: whatever made the instance runs again.
             Some(Origin::Made(g)) => {
-                self.mark(Some(g), Usage::Called);
-                Some(Origin::Made(g))
+                self.calls(heap, cls)?;
+                self.inert(heap, Some(Origin::Made(g)))
             }
-            None => None,
-        };
-        self.inert(heap, g)
+            None => self.inert(heap, None),
+        }
     }
 
-    fn build(&mut self, _heap: &mut Heap, obj: Value, _state: Value) -> Result<()> {
+    fn instantiate(&mut self, heap: &mut Heap, cls: Value, args: Value) -> Result<Value> {
+        // OBJ and INST call `cls(*args)`: its `__init__` runs, or the
+        // function.
+        self.call(heap, cls, args)
+    }
+
+    fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()> {
         match self.origin(obj) {
-            // BUILD calls the instance's `__setstate__` when its class has one.
-            Some(Origin::Made(g)) => self.mark(Some(g), Usage::Called),
+            // BUILD fills the instance: its class's `__setstate__` (code
+            // of the class, not of the file) or its `__dict__`. A partial
+            // takes its function from the state. A dunder attribute set
+            // here (`__setstate__`, `__reduce__`...) changes what a later
+            // BUILD or call runs: a gadget, and its value is called.
+            Some(Origin::Made(g)) => {
+                self.mark(Some(g), Usage::Instantiated);
+                let parts = match heap.tuple(state) {
+                    Some(items) => items.to_vec(),
+                    None => vec![state],
+                };
+                heap.charge_work(parts.len() as u64)?;
+                if self
+                    .globals
+                    .get(g)
+                    .is_some_and(|u| wrapper_class(&u.module, &u.name))
+                {
+                    if let Some(&func) = parts.first() {
+                        self.wrap(obj, func);
+                    }
+                }
+                let mut smuggled = Vec::new();
+                for part in parts {
+                    let Some(dict) = heap.dict(part) else {
+                        continue;
+                    };
+                    heap.charge_work(dict.entries().len() as u64)?;
+                    smuggled.extend(
+                        dict.entries()
+                            .iter()
+                            .filter(|(k, _)| dunder(heap, *k))
+                            .map(|&(_, v)| v),
+                    );
+                }
+                if !smuggled.is_empty() {
+                    if let Some(u) = self.globals.get_mut(g) {
+                        u.class = GlobalClass::Dangerous(Danger::Gadget);
+                    }
+                }
+                for v in smuggled {
+                    self.calls(heap, v)?;
+                }
+            }
             // BUILD on a module, class or function itself sets its
             // attributes: whatever is looked up there later (a rebuild
             // function, a method) can be replaced. Dangerous whatever it is.
