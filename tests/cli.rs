@@ -65,6 +65,7 @@ fn inspect_json_has_exactly_the_documented_keys() {
             "values",
             "globals",
             "suspicious",
+            "dangerous",
             "bytes_read"
         ]
     );
@@ -2150,4 +2151,34 @@ fn scan_walks_directories_and_names_archives_torch_cannot_load() {
     let archives = ptload(&["scan", &dir.join("a/run.tar.gz").display().to_string()]);
     assert_eq!(archives.status.code(), Some(0), "{}", stdout(&archives));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn inspect_makes_dangerous_globals_stand_out() {
+    // A file naming os.system: inspect reads it (nothing runs) and says, in
+    // scan's words, which global is dangerous and that scan is the gate.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let path = root
+        .join("tests/hostile/x_os_system.pt")
+        .display()
+        .to_string();
+    let out = ptload(&["inspect", &path]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("DANGEROUS globals"), "{text}");
+    assert!(
+        text.contains("(process)") && text.contains("ptload scan"),
+        "{text}"
+    );
+    let out = ptload(&["inspect", "--json", &path]);
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    let dangerous = doc["dangerous"].as_array().expect("dangerous");
+    assert!(
+        dangerous
+            .iter()
+            .any(|g| g.as_str().is_some_and(|g| g.ends_with("system (process)"))),
+        "{doc}"
+    );
+    let plain = inspect_json("basic.pt", &[]);
+    assert_eq!(plain["dangerous"], serde_json::json!([]));
 }

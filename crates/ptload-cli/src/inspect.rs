@@ -118,6 +118,28 @@ fn distinct_globals<'a>(paths: impl Iterator<Item = String> + 'a) -> Vec<String>
     paths.filter(|p| seen.insert(p.clone())).collect()
 }
 
+/// The globals outside torch's allowlist, in scan's vocabulary: the
+/// dangerous ones with what they can do (`posix.system: process`), and
+/// the others. `inspect` lists them; `scan` is the gate that judges how
+/// the file uses them.
+fn outside_allowlist(set: &CheckpointSet) -> (Vec<String>, Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    let (mut dangerous, mut others) = (Vec::new(), Vec::new());
+    for g in set.files().iter().flat_map(|f| f.checkpoint().suspicious()) {
+        let path = g.path();
+        if !seen.insert(path.clone()) {
+            continue;
+        }
+        match ptload_reader::scan::classify(&g.module, &g.name) {
+            ptload_reader::scan::GlobalClass::Dangerous(d) => {
+                dangerous.push(format!("{path} ({})", d.name()));
+            }
+            _ => others.push(path),
+        }
+    }
+    (dangerous, others)
+}
+
 /// One tensor of `inspect --json`, borrowing from the checkpoint.
 #[derive(Serialize)]
 struct TensorJson<'a> {
@@ -220,6 +242,9 @@ struct InspectJson<'r, 'a> {
     values: Vec<ValueJson<'a>>,
     globals: Vec<String>,
     suspicious: Vec<String>,
+    /// Those of `suspicious` that scan calls dangerous, with what they can
+    /// do (`posix.system (process)`).
+    dangerous: Vec<String>,
     /// The files of a set, in order.
     #[serde(skip_serializing_if = "Option::is_none")]
     files: Option<&'r [String]>,
@@ -406,6 +431,7 @@ pub(crate) fn json(
             .collect(),
         globals: distinct_globals(checkpoints().flat_map(|c| c.globals()).map(|g| g.path())),
         suspicious: distinct_globals(checkpoints().flat_map(|c| c.suspicious()).map(|g| g.path())),
+        dangerous: outside_allowlist(set).0,
         files: names.as_deref(),
         bytes_read: BytesRead,
     };
@@ -550,12 +576,21 @@ pub(crate) fn table(
     let checkpoints = || set.files().iter().map(|f| &**f.checkpoint());
     let values: Vec<&(String, Scalar)> = checkpoints().flat_map(|c| c.values()).collect();
     values_table(out, &values, columns)?;
-    let suspicious = distinct_globals(checkpoints().flat_map(|c| c.suspicious()).map(|g| g.path()));
-    if !suspicious.is_empty() {
+    let (dangerous, others) = outside_allowlist(set);
+    if !dangerous.is_empty() {
         writeln!(
             out,
-            "globals outside torch's weights_only allowlist (read, never run): {}",
-            suspicious.join(", ")
+            "DANGEROUS globals (read, never run; torch.load(weights_only=False) would \
+             reach them): {}. Run `ptload scan` on the file: it is the gate.",
+            dangerous.join(", ")
+        )?;
+    }
+    if !others.is_empty() {
+        writeln!(
+            out,
+            "{}globals outside torch's weights_only allowlist (read, never run): {}",
+            if dangerous.is_empty() { "" } else { "other " },
+            others.join(", ")
         )?;
     }
     for w in set
