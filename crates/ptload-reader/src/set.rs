@@ -32,6 +32,7 @@ use rayon::prelude::*;
 
 use crate::checkpoint::{Checkpoint, OpenOptions};
 use crate::error::{Error, ErrorKind, Result};
+use crate::source::read_bounded;
 use crate::view::TensorView;
 
 /// One file of a set.
@@ -281,7 +282,8 @@ impl CheckpointSet {
     /// files relative to the index's directory.
     pub fn open_index(index: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
         let index = index.as_ref();
-        let text = read_bounded(index, opts.limits_ref().max_index_bytes)?;
+        let text = read_bounded(index, opts.limits_ref().max_index_bytes, "max_index_bytes")
+            .map_err(|e| e.in_file(&file_name(index)))?;
         #[derive(serde::Deserialize)]
         struct Index {
             weight_map: BTreeMap<String, String>,
@@ -515,20 +517,6 @@ fn file_name(p: &Path) -> String {
         || p.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     )
-}
-
-fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
-    use std::io::Read;
-    let file = std::fs::File::open(path)
-        .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
-    let mut out = Vec::new();
-    file.take(max.saturating_add(1))
-        .read_to_end(&mut out)
-        .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
-    if out.len() as u64 > max {
-        return Err(Error::limit("max_index_bytes", max).in_file(&file_name(path)));
-    }
-    Ok(out)
 }
 
 /// Open every file, in parallel; the first failure (in set order) names

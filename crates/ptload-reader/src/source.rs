@@ -8,6 +8,23 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
+/// The whole of a small file (an index, a metadata pickle), refused with
+/// the limit `limit` when it holds more than `max` bytes: read up to one
+/// byte past `max`, never more, whatever the file's size.
+pub(crate) fn read_bounded(path: &Path, max: u64, limit: &str) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let file =
+        File::open(path).map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+    let mut out = Vec::new();
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
+    if out.len() as u64 > max {
+        return Err(Error::limit(limit, max));
+    }
+    Ok(out)
+}
+
 /// The whole file's bytes. Cloning is cheap (shared).
 #[derive(Clone)]
 pub(crate) struct Source {

@@ -44,7 +44,7 @@ use crate::checkpoint::{Checkpoint, OpenOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::parallel::Shard;
-use crate::source::Source;
+use crate::source::{read_bounded, Source};
 use crate::torch::dtype::DType;
 use crate::torch::names::Scalar;
 
@@ -198,7 +198,8 @@ impl Dcp {
         let limits = opts.limits_ref();
         let meta_path = dir.join(METADATA_FILE);
         let (raw, meta_name) = if meta_path.is_file() || !dir.join(rank_metadata(0)).is_file() {
-            let data = read_bounded(&meta_path, limits.max_pickle_bytes)?;
+            let data = read_bounded(&meta_path, limits.max_pickle_bytes, "max_pickle_bytes")
+                .map_err(|e| e.in_file(METADATA_FILE))?;
             let raw = metadata::decode(&data, limits).map_err(|e| e.in_file(METADATA_FILE))?;
             (raw, METADATA_FILE.to_owned())
         } else {
@@ -210,7 +211,12 @@ impl Dcp {
                     return Err(Error::limit("max_set_files", limits.max_set_files as u64));
                 }
                 let name = rank_metadata(ranks.len());
-                let data = read_bounded(&dir.join(&name), limits.max_pickle_bytes)?;
+                let data = read_bounded(
+                    &dir.join(&name),
+                    limits.max_pickle_bytes,
+                    "max_pickle_bytes",
+                )
+                .map_err(|e| e.in_file(&name))?;
                 ranks.push(metadata::decode(&data, limits).map_err(|e| e.in_file(&name))?);
             }
             let Some(last) = ranks.len().checked_sub(1) else {
@@ -950,20 +956,6 @@ fn parse_blob(rest: &[u8], offset: u64, limits: &Limits) -> Result<Option<Blob>>
         entries,
         offsets,
     }))
-}
-
-fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
-    use std::io::Read;
-    let file = std::fs::File::open(path)
-        .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
-    let mut out = Vec::new();
-    file.take(max.saturating_add(1))
-        .read_to_end(&mut out)
-        .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
-    if out.len() as u64 > max {
-        return Err(Error::limit("max_pickle_bytes", max).in_file(METADATA_FILE));
-    }
-    Ok(out)
 }
 
 /// The box two boxes share, as `(start, end)` per dimension; `None` when
