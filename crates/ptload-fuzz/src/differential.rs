@@ -13,10 +13,13 @@ const MAX_SERDE_REUSES: usize = 16;
 
 /// DUP and memo GET opcodes in the first pickle of `data`, found by
 /// walking the opcodes by their argument sizes alone (whatever either VM
-/// would make of them), up to STOP, an unknown opcode or the end.
-fn reuse_opcodes(data: &[u8]) -> usize {
+/// would make of them), up to STOP, an unknown opcode or the end; and
+/// whether a container-filling opcode (APPEND(S), SETITEM(S), ADDITEMS,
+/// BUILD) comes after a reuse, where sharing decides the value.
+fn reuse_opcodes(data: &[u8]) -> (usize, bool) {
     let mut i = 0usize;
     let mut reuses = 0usize;
+    let mut filled_after = false;
     let le = |at: usize, n: usize| -> Option<usize> {
         let b = data.get(at..at.checked_add(n)?)?;
         let mut v = 0u64;
@@ -28,8 +31,11 @@ fn reuse_opcodes(data: &[u8]) -> usize {
     let line_end = |at: usize| data.get(at..)?.iter().position(|&b| b == b'\n');
     while let Some(&op) = data.get(i) {
         i += 1;
+        if reuses > 0 && matches!(op, b'a' | b'e' | b's' | b'u' | 0x90 | b'b') {
+            filled_after = true;
+        }
         let skip = match op {
-            b'.' => return reuses,
+            b'.' => return (reuses, filled_after),
             b'2' | b'g' | b'h' | b'j' => {
                 reuses += 1;
                 match op {
@@ -54,14 +60,14 @@ fn reuse_opcodes(data: &[u8]) -> usize {
             b'(' | b')' | b']' | b'}' | b'0' | b'1' | b'N' | b'R' | b'a' | b'b' | b'd' | b'e'
             | b'l' | b'o' | b's' | b't' | b'u' | b'Q' | 0x81 | 0x85 | 0x86 | 0x87 | 0x88 | 0x89
             | 0x8f | 0x90 | 0x91 | 0x92 | 0x93 | 0x94 | 0x97 | 0x98 => Some(0),
-            _ => return reuses,
+            _ => return (reuses, filled_after),
         };
         match skip.and_then(|n| i.checked_add(n)) {
             Some(next) => i = next,
-            None => return reuses,
+            None => return (reuses, filled_after),
         }
     }
-    reuses
+    (reuses, filled_after)
 }
 
 /// Decode `data` with both VMs. `Ok` when they agree: both give the same
@@ -75,8 +81,11 @@ pub fn serde_pickle_agrees(data: &[u8]) -> Result<(), String> {
     let mut end = data.len();
     // serde-pickle copies a value on DUP and memo GET where Python shares
     // it: nested reuse makes its memory grow exponentially, whatever our
-    // own answer is.
-    if reuse_opcodes(data) > MAX_SERDE_REUSES {
+    // own answer is; and a container filled after it was reused is seen
+    // filled through every reference in Python (and by us), but only
+    // through the last copy by serde-pickle.
+    let (reuses, filled_after_reuse) = reuse_opcodes(data);
+    if reuses > MAX_SERDE_REUSES || filled_after_reuse {
         return Ok(());
     }
     let ours = match run_pickle(data, &limits(), StringEncoding::Bytes) {
