@@ -15,7 +15,9 @@ const MAX_SERDE_REUSES: usize = 16;
 /// walking the opcodes by their argument sizes alone (whatever either VM
 /// would make of them), up to STOP, an unknown opcode or the end; and
 /// whether a container-filling opcode (APPEND(S), SETITEM(S), ADDITEMS,
-/// BUILD) comes after a reuse, where sharing decides the value.
+/// BUILD) comes after a reuse, where sharing decides the value; or a
+/// global outside the plain-data constructors is named (GLOBAL, INST,
+/// STACK_GLOBAL), which Python would import.
 fn reuse_opcodes(data: &[u8]) -> (usize, bool) {
     let mut i = 0usize;
     let mut reuses = 0usize;
@@ -32,6 +34,9 @@ fn reuse_opcodes(data: &[u8]) -> (usize, bool) {
     while let Some(&op) = data.get(i) {
         i += 1;
         if reuses > 0 && matches!(op, b'a' | b'e' | b's' | b'u' | 0x90 | b'b') {
+            filled_after = true;
+        }
+        if op == 0x93 || (matches!(op, b'c' | b'i') && !plain_global_at(data, i)) {
             filled_after = true;
         }
         let skip = match op {
@@ -70,6 +75,26 @@ fn reuse_opcodes(data: &[u8]) -> (usize, bool) {
     (reuses, filled_after)
 }
 
+/// Whether the two newline-ended lines at `at` (GLOBAL's and INST's
+/// arguments) name a plain-data constructor.
+fn plain_global_at(data: &[u8], at: usize) -> bool {
+    let mut lines = data
+        .get(at..)
+        .unwrap_or_default()
+        .splitn(3, |&b| b == b'\n');
+    match (lines.next(), lines.next()) {
+        (Some(module), Some(name)) => {
+            let path = format!(
+                "{}.{}",
+                String::from_utf8_lossy(module),
+                String::from_utf8_lossy(name)
+            );
+            PLAIN_GLOBALS.contains(&path.as_str())
+        }
+        _ => false,
+    }
+}
+
 /// Decode `data` with both VMs. `Ok` when they agree: both give the same
 /// value, both refuse, or the input is outside what the comparison covers
 /// (objects and globals, which serde-pickle cannot represent; inputs that
@@ -84,8 +109,9 @@ pub fn serde_pickle_agrees(data: &[u8]) -> Result<(), String> {
     // own answer is; and a container filled after it was reused is seen
     // filled through every reference in Python (and by us), but only
     // through the last copy by serde-pickle.
-    let (reuses, filled_after_reuse) = reuse_opcodes(data);
-    if reuses > MAX_SERDE_REUSES || filled_after_reuse {
+    // A foreign global is no plain data either: Python would import it.
+    let (reuses, outside) = reuse_opcodes(data);
+    if reuses > MAX_SERDE_REUSES || outside {
         return Ok(());
     }
     let ours = match run_pickle(data, &limits(), StringEncoding::Bytes) {
