@@ -416,6 +416,21 @@ fn two_chunks(dir: &Path) -> Vec<(u64, u64)> {
     ranges
 }
 
+/// A `.metadata` in `dir` for tensor `t`, F32 [8, 6], as the two row
+/// halves `two_chunks` wrote (`extra` adds to the pickle).
+fn write_two_chunk_metadata(dir: &Path, r: &[(u64, u64)], extra: &dyn Fn(&mut Pickle)) {
+    let md = metadata(
+        "float32",
+        &[8, 6],
+        &[
+            chunk(&[0, 0], &[4, 6], "data.distcp", r[0]),
+            chunk(&[4, 0], &[4, 6], "data.distcp", r[1]),
+        ],
+        extra,
+    );
+    std::fs::write(dir.join(".metadata"), md).unwrap();
+}
+
 fn chunk(offsets: &[u64], sizes: &[u64], path: &str, (start, length): (u64, u64)) -> ChunkSpec {
     ChunkSpec {
         offsets: offsets.to_vec(),
@@ -442,16 +457,7 @@ fn open_err(dir: &Path) -> ptload_reader::Error {
 fn a_hand_made_checkpoint_reads_as_torchs() {
     let s = Scratch::new("good");
     let r = two_chunks(&s.0);
-    let md = metadata(
-        "float32",
-        &[8, 6],
-        &[
-            chunk(&[0, 0], &[4, 6], "data.distcp", r[0]),
-            chunk(&[4, 0], &[4, 6], "data.distcp", r[1]),
-        ],
-        &none,
-    );
-    std::fs::write(s.0.join(".metadata"), md).unwrap();
+    write_two_chunk_metadata(&s.0, &r, &none);
     let dcp = Dcp::open(&s.0).expect("open");
     let torch = Dcp::open(dir_of("world2")).expect("open");
     assert_eq!(
@@ -471,16 +477,7 @@ fn a_slice_reads_only_the_chunks_it_overlaps() {
     let end = (r[1].0 + r[1].1) as usize;
     data[end - 40..end].fill(0xee);
     std::fs::write(s.0.join("data.distcp"), data).unwrap();
-    let md = metadata(
-        "float32",
-        &[8, 6],
-        &[
-            chunk(&[0, 0], &[4, 6], "data.distcp", r[0]),
-            chunk(&[4, 0], &[4, 6], "data.distcp", r[1]),
-        ],
-        &none,
-    );
-    std::fs::write(s.0.join(".metadata"), md).unwrap();
+    write_two_chunk_metadata(&s.0, &r, &none);
     let dcp = Dcp::open(&s.0).expect("open");
     let (shape, part) = dcp
         .read_slice("t", 0, Shard::new(0, 2).unwrap())
@@ -667,16 +664,7 @@ fn deeply_nested_metadata_gives_an_answer_not_a_crash() {
     };
     let s = Scratch::new("deep");
     let r = two_chunks(&s.0);
-    let md = metadata(
-        "float32",
-        &[8, 6],
-        &[
-            chunk(&[0, 0], &[4, 6], "data.distcp", r[0]),
-            chunk(&[4, 0], &[4, 6], "data.distcp", r[1]),
-        ],
-        &nest,
-    );
-    std::fs::write(s.0.join(".metadata"), md).unwrap();
+    write_two_chunk_metadata(&s.0, &r, &nest);
     let dcp = Dcp::open(&s.0).expect("planner_data is not read");
     assert_eq!(dcp.tensor("t").unwrap().shape(), [8, 6]);
 
