@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["error"],
     &["limits"],
-    &["bytes", "source", "glob"],
+    &["bytes", "source", "ranged", "http", "glob"],
     &["container"],
     &["pickle"],
     &["torch"],

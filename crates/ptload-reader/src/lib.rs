@@ -58,6 +58,7 @@ pub mod object;
 pub mod parallel;
 mod pickle;
 pub mod placement;
+pub mod ranged;
 pub mod reads;
 pub mod scan;
 pub mod set;
