@@ -148,6 +148,15 @@ impl OpenOptions {
         .map_err(|e| e.in_file(fetcher.name()))
     }
 
+    /// Open the checkpoint at an `http://` or `https://` URL by ranged
+    /// requests (see [`open_ranged`](Self::open_ranged) and
+    /// [`http::HttpFile`](crate::http::HttpFile)).
+    #[cfg(feature = "http")]
+    pub fn open_url(&self, url: &str) -> Result<Checkpoint> {
+        let file = crate::http::HttpFile::open(url)?;
+        self.open_ranged(std::sync::Arc::new(file))
+    }
+
     /// Read a checkpoint held in memory, without copying it: `bytes` may be
     /// a `Vec<u8>`, a `&'static [u8]` (`include_bytes!`), an `Arc<[u8]>`
     /// shared with the caller, or any other owner of bytes; the checkpoint

@@ -52,6 +52,8 @@ pub mod export;
 #[doc(hidden)]
 pub mod fuzzing;
 pub(crate) mod glob;
+#[cfg(feature = "http")]
+pub mod http;
 mod limits;
 pub mod merge;
 pub mod object;
