@@ -212,3 +212,64 @@ fn pad_zip(zip: &[u8], pad: usize) -> Vec<u8> {
     out.extend_from_slice(&end);
     out
 }
+
+#[test]
+fn every_fixture_scans_alike_by_ranges() {
+    let limits = ptload_reader::Limits::default();
+    for path in files() {
+        let bytes = std::fs::read(&path).unwrap();
+        let local = ptload_reader::scan::scan_bytes(&bytes, &limits);
+        let reader = logged(bytes);
+        let (ranged, (fetched, _)) =
+            ptload_reader::scan::scan_ranged(reader.clone(), &limits).unwrap();
+        assert_eq!(
+            format!("{local:?}"),
+            format!("{ranged:?}"),
+            "{}",
+            path.display()
+        );
+        let logged: u64 = reader.reads.lock().unwrap().iter().map(|r| r.1).sum();
+        assert_eq!(fetched, logged);
+    }
+}
+
+/// Scanning a large zip fetches its directory and pickles, not its records.
+#[test]
+fn a_large_file_scans_from_a_few_ranges() {
+    let base = std::fs::read(files().iter().find(|p| p.ends_with("basic.pt")).unwrap()).unwrap();
+    let big = pad_zip(&base, 64 << 20);
+    let limits = ptload_reader::Limits::default();
+    let local = ptload_reader::scan::scan_bytes(&big, &limits);
+    let (ranged, (fetched, _)) = ptload_reader::scan::scan_ranged(logged(big), &limits).unwrap();
+    assert_eq!(format!("{local:?}"), format!("{ranged:?}"));
+    assert!(fetched < 1 << 20, "{fetched}");
+}
+
+/// A legacy stream longer than the first fetch: the pickles run over the
+/// bytes fetched from the start, and ask for more when they run out.
+#[test]
+fn a_long_legacy_stream_is_fetched_as_it_runs() {
+    let mut file = vec![0x80, 0x02, 0x8a, 0x0a];
+    file.extend_from_slice(&[0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19]);
+    file.push(b'.');
+    file.extend_from_slice(b"\x80\x02M\xe9\x03.");
+    file.extend_from_slice(b"\x80\x02}.");
+    let long = "x".repeat(3 << 20);
+    file.extend_from_slice(b"\x80\x02}X\x04\x00\x00\x00noteX");
+    file.extend_from_slice(&(long.len() as u32).to_le_bytes());
+    file.extend_from_slice(long.as_bytes());
+    file.extend_from_slice(b"s.");
+    file.extend_from_slice(b"\x80\x02].");
+    let local = Checkpoint::from_bytes(file.clone()).unwrap();
+    let reader = logged(file.clone());
+    let ranged = OpenOptions::new().open_ranged(reader.clone()).unwrap();
+    assert_eq!(local.values(), ranged.values());
+    assert_eq!(local.values().len(), 1);
+    let (fetched, requests) = ranged.fetched_bytes().unwrap();
+    assert_eq!(fetched, file.len() as u64);
+    assert!(requests > 2, "{requests}");
+    let limits = ptload_reader::Limits::default();
+    let (scanned, _) = ptload_reader::scan::scan_ranged(logged(file.clone()), &limits).unwrap();
+    let scanned_locally = ptload_reader::scan::scan_bytes(&file, &limits);
+    assert_eq!(format!("{scanned:?}"), format!("{scanned_locally:?}"));
+}

@@ -379,6 +379,14 @@ impl<'d> FileView<'d> {
     }
 }
 
+/// Whether `e` is a read that ran out of bytes (a pickle run over a
+/// prefix of the file that may be too short): the byte reader's end of
+/// data, or a length past the bytes left.
+pub(crate) fn ran_out(e: &Error) -> bool {
+    let m = e.message();
+    m.starts_with("unexpected end of data") || m.contains("bytes left")
+}
+
 /// Run `attempt` over the extents fetched so far, fetching what it missed
 /// and running it again, until it misses nothing; its answer is then the
 /// file's. The first round has the head and the tail of the file;

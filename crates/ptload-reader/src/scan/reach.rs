@@ -25,6 +25,7 @@ use crate::container::zip::{self, Archive, Headers, Method, Rules};
 use crate::error::Result;
 use crate::limits::Limits;
 use crate::pickle::{Heap, Interpreter, Obj, ObjId, Object, StringEncoding, Value, Vm};
+use crate::ranged::{fetch_until, Fetcher, FileView, RangeRead};
 
 /// How a global is used by the pickle that names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -290,27 +291,69 @@ impl ScanReport {
 
 /// Scan the bytes of a file as `torch.load` would read them.
 pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
+    scan_view(FileView::Whole(data), limits)
+}
+
+/// Scan a file read by ranges (a URL): only the parts the scan reads are
+/// fetched (a zip's directory, its pickles and their neighbourhood; a
+/// legacy file's pickle stream), at most
+/// [`Limits::max_open_fetch_bytes`]. The report, and the bytes and reads
+/// fetched.
+pub fn scan_ranged(
+    reader: std::sync::Arc<dyn RangeRead>,
+    limits: &Limits,
+) -> Result<(ScanReport, (u64, u64))> {
+    let fetcher = Fetcher::new(reader);
+    let report = fetch_until(&fetcher, limits.max_open_fetch_bytes, |extents| {
+        scan_view(FileView::Fetched(&extents), limits)
+    })
+    .map_err(|e| e.in_file(fetcher.name()))?;
+    Ok((report, (fetcher.bytes_read(), fetcher.requests())))
+}
+
+/// Scan the file at an `http://` or `https://` URL by ranged requests
+/// (see [`scan_ranged`]).
+#[cfg(feature = "http")]
+pub fn scan_url(url: &str, limits: &Limits) -> Result<(ScanReport, (u64, u64))> {
+    scan_ranged(
+        std::sync::Arc::new(crate::http::HttpFile::open(url)?),
+        limits,
+    )
+}
+
+/// [`scan_bytes`] over the whole file or the ranges fetched of it: what
+/// is not fetched is noted as missed (see `ranged`), and a pickle stream
+/// that ran out of fetched bytes asks for more.
+fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
     let mut scan = Scanner {
         limits,
         vm: Vm::new(limits, StringEncoding::Bytes),
         report: ScanReport::default(),
         nested: Vec::new(),
+        ran_out: false,
     };
-    if data.starts_with(b"PK\x03\x04") {
+    let head = view.up_to(0, 512);
+    if head.starts_with(b"PK\x03\x04") {
         scan.report.layout = "zip";
-        scan.zip(data, true);
-    } else if data.len() > 262 && data.get(257..262) == Some(b"ustar") {
+        scan.zip(view, true);
+    } else if view.len() > 262 && head.get(257..262) == Some(b"ustar") {
         scan.report.layout = "tar";
-        scan.tar(data);
+        if let Some(all) = view.get(0..view.len()) {
+            scan.tar(all);
+        }
     } else {
         scan.report.layout = "legacy";
+        let data = view.prefix();
         scan.stream(data);
+        if scan.ran_out {
+            view.grow();
+        }
         if let Some(start) = npy_pickle(data) {
             let source = PickleSource::NumpyArray("file".into());
             scan.run(data, start, source, false, 0, Some(0));
         }
         // A zip behind the stream: torch never reads it, other tools may.
-        if zip::find_eocd(data).is_some() {
+        if zip::find_eocd_in(view).is_some() {
             let read = scan.report.pickles.first().is_some_and(|p| p.complete);
             if read {
                 scan.report.ambiguities.push(Ambiguity {
@@ -319,7 +362,7 @@ pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
                     what: "a pickle stream before a zip archive: torch runs the stream, zip readers see the archive".into(),
                 });
             }
-            scan.zip(data, false);
+            scan.zip(view, false);
         }
     }
     scan.nested_pickles();
@@ -355,6 +398,9 @@ struct Scanner<'l> {
     report: ScanReport,
     /// Bytes values that look like pickles: (parent, index, depth, bytes).
     nested: Vec<(String, usize, usize, Vec<u8>)>,
+    /// A pickle ran to the end of the bytes it was given: of a file read
+    /// by ranges, more may need fetching.
+    ran_out: bool,
 }
 
 impl Scanner<'_> {
@@ -396,7 +442,12 @@ impl Scanner<'_> {
         }
         let result = match &outcome {
             Ok(out) => Some((out.end, heap.bigint(out.value) == Some(&MAGIC[..]))),
-            Err(_) => None,
+            Err(e) => {
+                // Only a pickle read from the file's first bytes (a
+                // stream) is read over a prefix that may be too short.
+                self.ran_out |= base == Some(0) && crate::ranged::ran_out(e);
+                None
+            }
         };
         if depth < MAX_NESTING {
             for (index, bytes) in heap.byte_strings().enumerate() {
@@ -453,14 +504,16 @@ impl Scanner<'_> {
     /// A zip: with `reachable`, the `data.pkl` torch would read (and
     /// `constants.pkl` of a TorchScript archive); every other `.pkl` entry
     /// as not reachable.
-    fn zip(&mut self, data: &[u8], reachable: bool) {
+    fn zip(&mut self, data: FileView<'_>, reachable: bool) {
         let archive = match Archive::parse_with(data, Headers::Map, self.limits, Rules::Tolerant) {
             Ok(a) => a,
             Err(e) => {
                 self.report.notes.push(format!(
                     "zip directory unreadable ({e}); torch cannot read it either"
                 ));
-                self.local_headers(data);
+                if let Some(all) = data.get(0..data.len()) {
+                    self.local_headers(all);
+                }
                 return;
             }
         };
@@ -663,7 +716,7 @@ impl Scanner<'_> {
 /// The bytes of a zip record, inflated if need be; the CRC is not checked
 /// (torch does not check it either).
 fn record<'d>(
-    data: &'d [u8],
+    data: FileView<'d>,
     entry: &zip::Entry<'_>,
     limits: &Limits,
     budget: &mut u64,
@@ -675,7 +728,8 @@ fn record<'d>(
         ));
     }
     match entry.method {
-        Method::Stored => crate::bytes::slice(data, entry.data_start, entry.compressed_size)
+        Method::Stored => data
+            .slice(entry.data_start, entry.compressed_size)
             .map(Cow::Borrowed)
             .ok_or_else(|| {
                 crate::error::Error::new(

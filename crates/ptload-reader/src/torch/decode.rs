@@ -116,7 +116,9 @@ pub(crate) fn decode_legacy<'d>(
     let mut run = |heap: &mut Heap, interp: &mut TorchInterp<'_>, start: usize, section: &str| {
         interp.enter(&format!("legacy {section} pickle"), None);
         vm.run(heap, interp, data, start).map_err(|e| {
-            view.grow();
+            if crate::ranged::ran_out(&e) {
+                view.grow();
+            }
             e.in_record(&interp.record)
         })
     };
