@@ -15,6 +15,7 @@ use ptload_reader::Checkpoint;
 mod args;
 mod inspect;
 mod loadcmd;
+mod remote;
 mod scancmd;
 mod tools;
 mod ui;
@@ -83,7 +84,7 @@ enum Command {
     mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
 )]
 struct ConvertArgs {
-    /// The checkpoint.
+    /// The checkpoint (a path, or an http(s):// URL read by ranged requests).
     input: PathBuf,
     /// The safetensors file to write (through a symbolic link to its target), or `-`
     /// for standard output; with --max-shard-size, a directory. Never the input; an
@@ -147,7 +148,8 @@ struct PlanArgs {
 
 #[derive(Args)]
 struct ScanArgs {
-    /// Checkpoints to scan (a directory: every checkpoint, pickle or archive in it, recursively).
+    /// Checkpoints to scan (a directory: every checkpoint, pickle or archive in it, recursively;
+    /// an http(s):// URL: only its directory and pickles are fetched).
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// Output format: text, json, or sarif (SARIF 2.1.0, one result per finding).
@@ -175,9 +177,9 @@ struct ScanArgs {
     mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
 )]
 struct DiffArgs {
-    /// First checkpoint (a torch file, or a .safetensors file).
+    /// First checkpoint (a torch file or http(s):// URL, or a .safetensors file).
     a: PathBuf,
-    /// Second checkpoint (a torch file, or a .safetensors file).
+    /// Second checkpoint (a torch file or http(s):// URL, or a .safetensors file).
     b: PathBuf,
     /// Print JSON.
     #[arg(long)]
@@ -212,7 +214,7 @@ struct DiffArgs {
      instead of falling back to the host"
 )))]
 struct LoadArgs {
-    /// The checkpoint.
+    /// The checkpoint (a path, or an http(s):// URL read by ranged requests).
     file: PathBuf,
     /// Print JSON: {"tensors": [{"name", "target", "device", "fallback", "dtype", "converted_from"}], "devices": [...], "seconds"}.
     #[arg(long)]
@@ -237,7 +239,8 @@ struct LoadArgs {
     mut_arg("strip_prefix", |a| a.help(args::strip_help("none")))
 )]
 struct InspectArgs {
-    /// Checkpoints (.pt, .pth, .bin, .ckpt: the layout is detected from the content).
+    /// Checkpoints (.pt, .pth, .bin, .ckpt: the layout is detected from the content), or
+    /// http(s):// URLs read by ranged requests (the directory and pickles; tensors when read).
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// Print JSON instead of a table (one document per line, one line per file).
@@ -323,7 +326,7 @@ fn run(cli: Cli) -> CliResult<u8> {
                     writeln!(out)?;
                 }
                 let result = (|| -> CliResult<()> {
-                    let set = CheckpointSet::open_with(file, &a.open.options())?;
+                    let set = remote::open_set(file, &a.open.options())?;
                     let sd = a.state.options(true)?.select_set(&set)?;
                     let rows = inspect::rows(&sd, &a.map, &MachineGpus)?;
                     if a.json {
@@ -367,7 +370,7 @@ fn run(cli: Cli) -> CliResult<u8> {
         }
         Command::Load(a) => {
             let started = std::time::Instant::now();
-            let set = CheckpointSet::open_with(&a.file, &a.open.options())?;
+            let set = remote::open_set(&a.file, &a.open.options())?;
             let open_seconds = started.elapsed().as_secs_f64();
             let gpus = ptload_device::probe();
             let request = loadcmd::Request {
@@ -446,7 +449,7 @@ fn run(cli: Cli) -> CliResult<u8> {
             };
             let set = match &dcp {
                 Some(d) => CheckpointSet::of(&a.input, std::sync::Arc::new(d.skeleton()?))?,
-                None => CheckpointSet::open_with(&a.input, &a.open.options())?,
+                None => remote::open_set(&a.input, &a.open.options())?,
             };
             let state = a.state.options(false)?;
             let request = tools::ConvertRequest {
@@ -502,7 +505,7 @@ fn run(cli: Cli) -> CliResult<u8> {
                     let bytes = std::fs::read(path).map_err(|e| fail(format!("io: {e}")))?;
                     return Ok(Opened::Safetensors(bytes));
                 }
-                CheckpointSet::open_with(path, &opts)
+                remote::open_set(path, &opts)
                     .map(Opened::Torch)
                     .map_err(|e| fail(e.to_string()).into())
             };

@@ -205,6 +205,9 @@ struct FileScan {
     ambiguities: Vec<AmbiguityOut>,
     notes: Vec<String>,
     error: Option<String>,
+    /// For a URL: the bytes and requests the scan fetched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fetched: Option<crate::remote::Fetched>,
 }
 
 impl FileScan {
@@ -220,12 +223,34 @@ impl FileScan {
             ambiguities: Vec::new(),
             notes: Vec::new(),
             error: Some(error),
+            fetched: None,
         }
     }
 }
 
+/// Scan the file at `url` by ranged requests: its directory and pickles
+/// (a legacy file's stream), not its tensors.
+fn scan_url(url: &str, request: &ScanRequest) -> FileScan {
+    let (report, (bytes, requests)) = match scan::scan_url(url, &Limits::default()) {
+        Ok(r) => r,
+        Err(e) => return FileScan::bare(url.to_owned(), "unreadable", e.to_string()),
+    };
+    let unreadable = || {
+        OpenOptions::new()
+            .open_url(url)
+            .err()
+            .map(|e| e.to_string())
+    };
+    let mut scan = file_scan(url.to_owned(), report, request, unreadable);
+    scan.fetched = Some(crate::remote::Fetched { bytes, requests });
+    scan
+}
+
 /// Scan one file as torch.load would read it.
 fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
+    if let Some(url) = crate::remote::url_of(path) {
+        return scan_url(url, request);
+    }
     let file = path.display().to_string();
     if let Some(kind) = not_loadable(&head_of(path)) {
         return FileScan::bare(
@@ -250,15 +275,29 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
         Ok(r) => r,
         Err(e) => return FileScan::bare(file, "unreadable", e.to_string()),
     };
-    let verdict = report.verdict();
-    let level = report.level();
-    // An unreadable file: say what it is, as opening it would.
-    let error = (verdict == Verdict::Unreadable).then(|| {
+    let opened = || {
         OpenOptions::new()
             .in_memory(request.in_memory)
             .open(path)
             .err()
             .map(|e| e.to_string())
+    };
+    file_scan(file, report, request, opened)
+}
+
+/// The scan of `file` from its report; `open_error` opens the file (for
+/// an unreadable one, to say what it is).
+fn file_scan(
+    file: String,
+    report: scan::ScanReport,
+    request: &ScanRequest,
+    open_error: impl FnOnce() -> Option<String>,
+) -> FileScan {
+    let verdict = report.verdict();
+    let level = report.level();
+    // An unreadable file: say what it is, as opening it would.
+    let error = (verdict == Verdict::Unreadable).then(|| {
+        open_error()
             .or_else(|| report.pickles.iter().find_map(|p| p.error.clone()))
             .unwrap_or_else(|| "no pickle torch could read".into())
     });
@@ -306,6 +345,7 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
             .collect(),
         notes: report.notes,
         error,
+        fetched: None,
     }
 }
 
