@@ -141,6 +141,8 @@ impl Drop for Nginx {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
+        // The large file is hundreds of megabytes: not left behind.
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -809,6 +809,18 @@ impl Checkpoint {
             end = new_end;
         }
         let bytes = fetcher.read(offset, end - offset)?;
+        // One storage keeps the buffer as read: no second copy of it.
+        if let [(i, _, n)] = run[..] {
+            if bytes.len() as u64 == n {
+                if let Some(c) = cell(i) {
+                    let _ = c.set(bytes);
+                }
+                return cell(index)
+                    .and_then(|c| c.get())
+                    .map(Vec::as_slice)
+                    .ok_or_else(missing);
+            }
+        }
         for (i, o, n) in run {
             let from = usize::try_from(o - offset).map_err(|_| missing())?;
             let to = usize::try_from(n).ok().and_then(|n| from.checked_add(n));

@@ -213,20 +213,33 @@ impl HttpFile {
                 ));
             }
         }
-        // Never more than asked: one byte over is enough to tell.
-        let body = resp
-            .body_mut()
-            .with_config()
-            .limit(want.saturating_add(1))
-            .read_to_vec()
-            .map_err(|e| {
-                (
-                    http_err(format!(
-                        "GET {url}: reading bytes {start}-{end} failed (truncated?): {e}"
-                    )),
-                    true,
-                )
-            })?;
+        // Held once, at its size (a size the memory cannot hold is an
+        // error, not an abort); never more than asked is read: one byte
+        // over is enough to tell.
+        let mut body = Vec::new();
+        let size = usize::try_from(want).map_err(|_| (http_err("range too large"), false))?;
+        body.try_reserve_exact(size).map_err(|_| {
+            (
+                http_err(format!("GET {url}: cannot hold {want} bytes in memory")),
+                false,
+            )
+        })?;
+        {
+            use std::io::Read;
+            let reader = resp.body_mut().with_config().limit(want.saturating_add(1));
+            reader
+                .reader()
+                .take(want.saturating_add(1))
+                .read_to_end(&mut body)
+                .map_err(|e| {
+                    (
+                        http_err(format!(
+                            "GET {url}: reading bytes {start}-{end} failed (truncated?): {e}"
+                        )),
+                        true,
+                    )
+                })?;
+        }
         if body.len() as u64 != want {
             return Err((
                 http_err(format!(
