@@ -49,14 +49,17 @@
 
 #[allow(unsafe_code)]
 mod cuda;
+#[allow(unsafe_code)]
+mod driver;
+mod error;
 mod load;
+mod loaded;
 mod probe;
 
 pub use cuda::{Arena, Staging};
-pub use load::{
-    load, upload_storages, CudaStorage, DeviceReport, HostStorage, LoadError, LoadOptions, Loaded,
-    LoadedTensor, Placed,
-};
+pub use error::LoadError;
+pub use load::{load, upload_storages, LoadOptions};
+pub use loaded::{CudaStorage, DeviceReport, HostStorage, Loaded, LoadedTensor, Placed};
 pub use probe::{device_count, probe, Gpu, Gpus};
 
 /// The CUDA binding ptload uses, for engines that launch work on the
