@@ -20,7 +20,7 @@ use crate::torch::names::{walk_all, Scalar};
 use crate::torch::policy::Policy;
 use crate::torch::tensor::{bare_storage, tensor_info, StorageData, StorageInfo, TensorInfo};
 use crate::torch::{TorchHeap, TorchInterp, TorchObj};
-use crate::view::TensorView;
+use crate::view::{Storages, TensorView};
 
 /// Options for opening a checkpoint.
 #[derive(Debug, Clone, Default)]
@@ -177,6 +177,28 @@ pub struct Checkpoint {
     /// their pages before they read them.
     scattered: std::sync::atomic::AtomicBool,
     end: u64,
+}
+
+impl Storages for Checkpoint {
+    fn storages(&self) -> &[StorageInfo] {
+        Checkpoint::storages(self)
+    }
+
+    fn storage_bytes(&self, index: usize) -> Result<&[u8]> {
+        Checkpoint::storage_bytes(self, index)
+    }
+
+    fn byte_order(&self) -> ByteOrder {
+        Checkpoint::byte_order(self)
+    }
+
+    fn is_scattered(&self) -> bool {
+        Checkpoint::is_scattered(self)
+    }
+
+    fn source(&self) -> &Source {
+        Checkpoint::source(self)
+    }
 }
 
 /// A deflated storage record and, once read, its bytes.
