@@ -1765,7 +1765,7 @@ fn a_budget_without_gpus_and_a_dtype_conversion_say_what_they_did() {
 
 /// `torch.tensor_split(t, world, 0)[rank]` of a row-major tensor.
 fn split_rows(whole: &[u8], shape: &[u64], elem: usize, rank: u32, world: u32) -> Vec<u8> {
-    let shard = ptload_reader::parallel::Shard::new(rank, world).expect("shard");
+    let shard = ptload_reader::tp::Shard::new(rank, world).expect("shard");
     let (start, len) = shard.part(shape[0]);
     let row: u64 = shape[1..].iter().product::<u64>() * elem as u64;
     whole[(start * row) as usize..((start + len) * row) as usize].to_vec()

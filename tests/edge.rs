@@ -495,7 +495,7 @@ fn sparse_archives_read_headers_with_pread() {
 /// mapping for it; then the error is torch's, naming the tensor.
 #[test]
 fn unknown_location_fails_only_when_restored() {
-    use ptload_reader::placement::{Device, Keep, Location, Plan, Table, To};
+    use ptload_reader::placement::{Device, DeviceMap, Keep, Location, Table, To};
     let pickle = P::default()
         .proto(2)
         .op(b"}(")
@@ -504,18 +504,18 @@ fn unknown_location_fails_only_when_restored() {
         .stop();
     let ckpt = open(checkpoint(&pickle)).expect("an unknown tag is fine to read");
     assert_eq!(ckpt.tensor("w").expect("w").location(), "npu:0");
-    let e = Plan::new(&ckpt, &mut Keep).expect_err("cannot restore npu:0");
+    let e = DeviceMap::new(&ckpt, &mut Keep).expect_err("cannot restore npu:0");
     assert_eq!(
         e.message(),
         "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:0): \
          map it with a Mapper, e.g. placement::MapLocation \"npu:0=cpu\""
     );
     assert_eq!(e.tensor(), Some("w"));
-    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("mapped");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("mapped");
     assert_eq!(plan.target(0), Some(Device::Host));
     let mut table = Table(vec![(Location::parse("npu:0"), Device::Cuda(1))]);
     assert_eq!(
-        Plan::new(&ckpt, &mut table).expect("mapped").target(0),
+        DeviceMap::new(&ckpt, &mut table).expect("mapped").target(0),
         Some(Device::Cuda(1))
     );
 }

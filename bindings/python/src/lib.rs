@@ -17,7 +17,7 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 
 use ptload_reader::object::Node;
-use ptload_reader::parallel::{Shard, Splits};
+use ptload_reader::tp::{Shard, Splits};
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::{KeySelect, Selected, StateDictOptions, Strip};
 use ptload_reader::{ByteOrder, DType, OpenOptions, Quantization, TensorInfo, TensorView};
@@ -436,7 +436,7 @@ impl Checkpoint {
         budget: Option<Vec<(u32, u64)>>,
         balance: Option<u32>,
     ) -> PyResult<Vec<Option<String>>> {
-        use ptload_reader::placement::{Balanced, Budget, ByName, Device, First, Mapper, Plan};
+        use ptload_reader::placement::{Balanced, Budget, ByName, Device, First, Mapper, DeviceMap};
         let mut chain: Vec<Box<dyn Mapper>> = Vec::new();
         let mut rules = Vec::with_capacity(place.len());
         for (pattern, device) in place {
@@ -459,7 +459,7 @@ impl Checkpoint {
             let gpus = (0..n).map(Device::Cuda).collect();
             chain.push(Box::new(Balanced::new(&self.inner, gpus)));
         }
-        let plan = Plan::new(&self.inner, &mut First(chain)).map_err(to_py)?;
+        let plan = DeviceMap::new(&self.inner, &mut First(chain)).map_err(to_py)?;
         let mut chosen = vec![None; self.inner.storages().len()];
         for p in plan.placements().iter().filter(|p| p.mapped) {
             if let Some(slot) = chosen.get_mut(p.storage) {

@@ -3,10 +3,10 @@
 use std::borrow::Cow;
 use std::io::{self, Write};
 
-use ptload_reader::parallel::Slice;
-use ptload_reader::placement::Plan;
+use ptload_reader::placement::DeviceMap;
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::StateDict;
+use ptload_reader::tp::Slice;
 use ptload_reader::{Quantization, Scalar, TensorView};
 use serde::Serialize;
 
@@ -34,7 +34,7 @@ pub(crate) fn rows<'a>(
     for ckpt in sd.checkpoints() {
         plans.push(if map.is_set() {
             let mut mapper = map.mapper(ckpt, gpus)?;
-            Some(Plan::new(ckpt, mapper.as_mut())?)
+            Some(DeviceMap::new(ckpt, mapper.as_mut())?)
         } else {
             None
         });

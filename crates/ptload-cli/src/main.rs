@@ -398,17 +398,17 @@ fn run(cli: Cli) -> CliResult<u8> {
         Command::Convert(a) if a.merge_ranks => {
             let opts = a.open.options();
             let set = CheckpointSet::open_ranks(&a.input, &opts)?;
-            let mut splits = ptload_reader::parallel::Splits::parse(&a.state.split)?;
+            let mut splits = ptload_reader::tp::Splits::parse(&a.state.split)?;
             if let Some(p) = &a.state.split_preset {
-                splits = splits.then(ptload_reader::parallel::Splits::preset(p)?);
+                splits = splits.then(ptload_reader::tp::Splits::preset(p)?);
             }
             if splits.rules().is_empty() {
                 return Err("--merge-ranks needs the rules the files were cut by: --split GLOB=DIM or --split-preset NAME".into());
             }
             let shard = match a.state.shard.as_deref() {
                 None => None,
-                Some("env") => Some(ptload_reader::parallel::Shard::from_env()?),
-                Some(s) => Some(ptload_reader::parallel::Shard::parse(s)?),
+                Some("env") => Some(ptload_reader::tp::Shard::from_env()?),
+                Some(s) => Some(ptload_reader::tp::Shard::parse(s)?),
             };
             let merged = ptload_reader::merge::merge(&set, &splits)?;
             let sopts = ptload_reader::export::SafetensorsOptions {
@@ -523,16 +523,18 @@ fn run(cli: Cli) -> CliResult<u8> {
             let state = StateDictArgs::default().options(false)?;
             let limits = ptload_reader::Limits::default();
             let plan = if a.read_once {
-                ptload_reader::reads::ReadPlan::read_once(&set, &state, a.world, a.nodes, &limits)?
+                ptload_reader::read_plan::ReadPlan::read_once(
+                    &set, &state, a.world, a.nodes, &limits,
+                )?
             } else {
-                let mut splits = ptload_reader::parallel::Splits::parse(&a.split)?;
+                let mut splits = ptload_reader::tp::Splits::parse(&a.split)?;
                 if let Some(p) = &a.split_preset {
-                    splits = splits.then(ptload_reader::parallel::Splits::preset(p)?);
+                    splits = splits.then(ptload_reader::tp::Splits::preset(p)?);
                 }
                 if splits.rules().is_empty() {
                     return Err("a sliced plan needs rules: --split GLOB=DIM or --split-preset NAME (or --read-once)".into());
                 }
-                ptload_reader::reads::ReadPlan::sliced(
+                ptload_reader::read_plan::ReadPlan::sliced(
                     &set, &state, &splits, a.world, a.nodes, &limits,
                 )?
             };

@@ -10,7 +10,7 @@
 //! ```
 //! use ptload_device::{load, probe, LoadOptions};
 //! use ptload_reader::Checkpoint;
-//! use ptload_reader::placement::{Device, Plan, StorageRequest};
+//! use ptload_reader::placement::{Device, DeviceMap, StorageRequest};
 //! use ptload_reader::state_dict::StateDictOptions;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -22,7 +22,7 @@
 //! let mut mapper = |s: &StorageRequest<'_>| {
 //!     Some(if s.tensors.iter().any(|n| n.contains("embed")) { Device::Host } else { Device::Cuda(0) })
 //! };
-//! let plan = Plan::new(&ckpt, &mut mapper)?;
+//! let plan = DeviceMap::new(&ckpt, &mut mapper)?;
 //! let loaded = load(ckpt.clone(), &selection, &plan, &probe(), &LoadOptions::default())?;
 //! for t in loaded.tensors() {
 //!     println!("{} -> {} {}", t.info.name, t.device, t.fallback.as_deref().unwrap_or(""));

@@ -1,4 +1,4 @@
-//! Executing a plan: every storage once, where the plan says, or on the
+//! Executing a device map: every storage once, where the map says, or on the
 //! host with the reason when its device is missing or full. The result is
 //! a [`Loaded`].
 
@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use ptload_reader::placement::{Device, Plan};
+use ptload_reader::placement::{Device, DeviceMap};
 use ptload_reader::state_dict::Selected;
 use ptload_reader::{ByteOrder, Checkpoint, DType};
 
@@ -124,12 +124,12 @@ struct DeviceWork {
     copied: Copied,
 }
 
-/// Load the `selection` of `ckpt` where `plan` says. The result shares
+/// Load the `selection` of `ckpt` where the device map `plan` says. The result shares
 /// `ckpt`: host storages that need no change stay slices of its map.
 pub fn load(
     ckpt: Arc<Checkpoint>,
     selection: &[Selected],
-    plan: &Plan,
+    plan: &DeviceMap,
     gpus: &Gpus,
     opts: &LoadOptions,
 ) -> Result<Loaded, LoadError> {
@@ -254,7 +254,7 @@ pub fn upload_storages(
 fn check_strict(
     ckpt: &Checkpoint,
     selection: &[Selected],
-    plan: &Plan,
+    plan: &DeviceMap,
     gpus: &Gpus,
 ) -> Result<(), LoadError> {
     for s in selection {
@@ -313,7 +313,7 @@ fn tensor<'c>(
 fn resolve(
     ckpt: &Checkpoint,
     selection: &[Selected],
-    plan: &Plan,
+    plan: &DeviceMap,
     gpus: &Gpus,
     opts: &LoadOptions,
 ) -> Result<(Vec<Source>, Vec<LoadedTensor>), LoadError> {
@@ -334,7 +334,7 @@ fn resolve(
             },
             other => (other, None),
         };
-        let convert = ptload_reader::convert::target(info.dtype, opts.dtype);
+        let convert = ptload_reader::cast::target(info.dtype, opts.dtype);
         // A pending conj/neg bit is applied on the host, like a conversion:
         // what lands anywhere holds the tensor's values.
         let bits = (info.conj && info.dtype.is_complex()) || info.neg;
@@ -384,7 +384,7 @@ fn resolve(
                         let bytes = if to == info.dtype {
                             data.into_owned()
                         } else {
-                            ptload_reader::convert::convert(&data, info.dtype, to)?
+                            ptload_reader::cast::convert(&data, info.dtype, to)?
                         };
                         // Conversion is most of such a load's time: it
                         // counts the bytes it read.

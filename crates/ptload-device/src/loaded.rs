@@ -123,7 +123,7 @@ pub struct LoadedTensor {
     pub index: usize,
     /// The part of the saved tensor a tensor-parallel rank holds, when it
     /// was sliced (its `info` is then the slice's).
-    pub slice: Option<ptload_reader::parallel::Slice>,
+    pub slice: Option<ptload_reader::tp::Slice>,
     /// Where the plan put it.
     pub target: Device,
     /// Where it is.

@@ -42,9 +42,9 @@
 )]
 
 mod bytes;
+pub mod cast;
 mod checkpoint;
 mod container;
-pub mod convert;
 pub mod dcp;
 mod error;
 pub mod export;
@@ -55,16 +55,16 @@ pub(crate) mod glob;
 mod limits;
 pub mod merge;
 pub mod object;
-pub mod parallel;
 mod pickle;
 pub mod placement;
-pub mod reads;
+pub mod read_plan;
 pub mod scan;
 pub mod set;
 #[allow(unsafe_code)]
 pub(crate) mod source;
 pub mod state_dict;
 mod torch;
+pub mod tp;
 mod view;
 
 pub use bytes::ByteOrder;

@@ -21,7 +21,7 @@
 //! ```
 //! # fn main() -> Result<(), ptload_reader::Error> {
 //! use ptload_reader::dcp::Dcp;
-//! use ptload_reader::parallel::Shard;
+//! use ptload_reader::tp::Shard;
 //!
 //! let dcp = Dcp::open("../../fixtures/files/dcp/world4")?;
 //! let t = dcp.tensor("layers.0.weight").unwrap();
@@ -43,10 +43,10 @@ use std::sync::{Arc, Mutex};
 use crate::checkpoint::{Checkpoint, OpenOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
-use crate::parallel::Shard;
 use crate::source::{read_bounded, Source};
 use crate::torch::dtype::DType;
 use crate::torch::names::Scalar;
+use crate::tp::Shard;
 
 use metadata::{RawItem, RawStorage};
 

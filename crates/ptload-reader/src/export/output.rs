@@ -182,7 +182,7 @@ fn put_set_in_place(
 pub fn write_merged_file(
     set: &crate::set::CheckpointSet,
     merged: &[crate::merge::Merged],
-    shard: Option<crate::parallel::Shard>,
+    shard: Option<crate::tp::Shard>,
     opts: &SafetensorsOptions,
     path: &Path,
 ) -> Result<Written> {

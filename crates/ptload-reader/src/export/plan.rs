@@ -82,7 +82,7 @@ fn tensors(
             continue;
         };
         let info = view.info();
-        let cast = crate::convert::target(info.dtype, opts.dtype);
+        let cast = crate::cast::target(info.dtype, opts.dtype);
         let dtype = cast.unwrap_or(info.dtype);
         let reason = if info.storage.is_none() && !elsewhere {
             Some("a meta tensor has no data".to_owned())
@@ -211,7 +211,7 @@ pub(super) fn shards(planned: &[Planned], max_shard_bytes: u64) -> Vec<Vec<usize
 /// [`SafetensorsOptions::skip_unsupported`], refused otherwise.
 pub(super) fn merged<'m>(
     merged: &'m [crate::merge::Merged],
-    shard: Option<crate::parallel::Shard>,
+    shard: Option<crate::tp::Shard>,
     opts: &SafetensorsOptions,
     written: &mut Written,
 ) -> Result<MergedLayout<'m>> {
@@ -219,7 +219,7 @@ pub(super) fn merged<'m>(
     let mut plans = Vec::with_capacity(merged.len());
     let mut shapes = Vec::with_capacity(merged.len());
     for m in merged {
-        let to = crate::convert::target(m.dtype, opts.dtype);
+        let to = crate::cast::target(m.dtype, opts.dtype);
         let dtype = to.unwrap_or(m.dtype);
         if safetensors_dtype(dtype).is_none() {
             if opts.skip_unsupported {

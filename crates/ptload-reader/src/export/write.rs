@@ -213,7 +213,7 @@ fn write_dcp_tensor<W: Write>(
         }
         let bytes = dcp.read_region(source, &offsets, &sizes)?;
         if p.cast {
-            out.write_all(&crate::convert::convert(&bytes, t.dtype(), p.dtype)?)
+            out.write_all(&crate::cast::convert(&bytes, t.dtype(), p.dtype)?)
                 .map_err(io)?;
         } else {
             out.write_all(&bytes).map_err(io)?;
@@ -235,7 +235,7 @@ fn write_dcp_tensor<W: Write>(
 pub(super) fn write_merged_with<W: Write>(
     set: &crate::set::CheckpointSet,
     layout: &MergedLayout<'_>,
-    shard: Option<crate::parallel::Shard>,
+    shard: Option<crate::tp::Shard>,
     opts: &SafetensorsOptions,
     out: &mut W,
     written: &mut Written,
@@ -254,7 +254,7 @@ pub(super) fn write_merged_with<W: Write>(
                 return;
             }
             let done = match p.cast {
-                Some(to) => crate::convert::convert(chunk, m.dtype, to)
+                Some(to) => crate::cast::convert(chunk, m.dtype, to)
                     .and_then(|c| out.write_all(&c).map_err(io).map(|()| c.len())),
                 None => out.write_all(chunk).map_err(io).map(|()| chunk.len()),
             };
@@ -287,7 +287,7 @@ fn write_tensor_bytes(
     let io = |e: std::io::Error| Error::io("cannot write the safetensors file", e);
     if p.cast {
         let data = view.data()?;
-        let bytes = crate::convert::convert(&data, view.dtype(), p.dtype)?;
+        let bytes = crate::cast::convert(&data, view.dtype(), p.dtype)?;
         return out.write_all(&bytes).map_err(io);
     }
     let mut failure = None;
@@ -304,8 +304,8 @@ fn write_tensor_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parallel::{Shard, Splits};
     use crate::state_dict::{KeySelect, StateDictOptions, Strip};
+    use crate::tp::{Shard, Splits};
 
     /// A distributed checkpoint written a row at a time gives the same
     /// file as in one slab per tensor, whole and as a rank's slices.
