@@ -296,7 +296,7 @@ fn gpu_round_trip() {
             };
             let back = c.read_back().expect("read back");
             let storage = view.storage_bytes().expect("storage");
-            if ckpt.byte_order() == ptload_reader::ByteOrder::Little {
+            if ckpt.byte_order() == ptload_reader::checkpoint::ByteOrder::Little {
                 assert_eq!(back, storage, "{name}: {}", t.info.name);
             } else {
                 assert_eq!(back.len(), storage.len(), "{name}: {}", t.info.name);

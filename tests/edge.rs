@@ -4,7 +4,8 @@
 //! explicit bytes, so the rule it checks is visible here.
 
 use ptload_fuzz::craft::{zip, ZipEntry};
-use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions, Policy, Scalar, StringEncoding};
+use ptload_reader::checkpoint::{Scalar, StringEncoding};
+use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions, Policy};
 
 /// A pickle assembler: opcodes with their arguments, nothing implicit.
 #[derive(Default)]

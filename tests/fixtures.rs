@@ -5,7 +5,8 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use ptload_reader::{Checkpoint, DType, Element, ErrorKind, Quantization, Scalar, TensorView};
+use ptload_reader::checkpoint::{Quantization, Scalar};
+use ptload_reader::{Checkpoint, DType, Element, ErrorKind, TensorView};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 

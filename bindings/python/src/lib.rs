@@ -20,7 +20,8 @@ use ptload_reader::object::Node;
 use ptload_reader::tp::{Shard, Splits};
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::{KeySelect, Selected, StateDictOptions, Strip};
-use ptload_reader::{ByteOrder, DType, OpenOptions, Quantization, TensorInfo, TensorView};
+use ptload_reader::{DType, OpenOptions, TensorInfo, TensorView};
+use ptload_reader::checkpoint::{ByteOrder, Quantization};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -1176,10 +1177,10 @@ fn open(
 ) -> PyResult<Checkpoint> {
     // Python 2 strings, decoded as torch.load's `encoding` says.
     let encoding = match encoding.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("utf-8" | "utf8") => ptload_reader::StringEncoding::Utf8,
-        Some("latin1" | "latin-1" | "iso-8859-1" | "l1") => ptload_reader::StringEncoding::Latin1,
-        Some("ascii" | "us-ascii" | "646") => ptload_reader::StringEncoding::Ascii,
-        Some("bytes") => ptload_reader::StringEncoding::Bytes,
+        None | Some("utf-8" | "utf8") => ptload_reader::checkpoint::StringEncoding::Utf8,
+        Some("latin1" | "latin-1" | "iso-8859-1" | "l1") => ptload_reader::checkpoint::StringEncoding::Latin1,
+        Some("ascii" | "us-ascii" | "646") => ptload_reader::checkpoint::StringEncoding::Ascii,
+        Some("bytes") => ptload_reader::checkpoint::StringEncoding::Bytes,
         Some(other) => {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "encoding {other:?}: ptload decodes Python 2 strings as 'utf-8', 'latin1', \

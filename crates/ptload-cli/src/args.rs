@@ -3,12 +3,13 @@
 //! stands for; malformed specs are errors that show the grammar.
 
 use clap::{Args, ValueEnum};
+use ptload_reader::checkpoint::StringEncoding;
 use ptload_reader::placement::{
     Balanced, Budget, ByName, Device, First, Keep, MapLocation, Mapper,
 };
 use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
 use ptload_reader::tp::{Shard, Splits};
-use ptload_reader::{Checkpoint, DType, OpenOptions, Policy, StringEncoding};
+use ptload_reader::{Checkpoint, DType, OpenOptions, Policy};
 
 pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 

@@ -3,11 +3,12 @@
 use std::borrow::Cow;
 use std::io::{self, Write};
 
+use ptload_reader::checkpoint::{Quantization, Scalar};
 use ptload_reader::placement::DeviceMap;
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::StateDict;
 use ptload_reader::tp::Slice;
-use ptload_reader::{Quantization, Scalar, TensorView};
+use ptload_reader::TensorView;
 use serde::Serialize;
 
 use crate::args::{CliResult, GpuInfo, MapArgs};

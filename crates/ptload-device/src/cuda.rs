@@ -18,7 +18,7 @@ use cudarc::driver::{
     PinnedHostSlice,
 };
 
-use ptload_reader::ByteOrder;
+use ptload_reader::checkpoint::ByteOrder;
 
 use crate::driver::{guarded, make_current, text, KeepCurrent};
 use crate::probe::Gpu;

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use ptload_reader::checkpoint::ByteOrder;
 use ptload_reader::placement::{Device, DeviceMap};
 use ptload_reader::state_dict::Selected;
-use ptload_reader::{ByteOrder, Checkpoint, DType};
+use ptload_reader::{Checkpoint, DType};
 
 use crate::cuda::{self, Arena, Copied, Staging, Upload, UploadError};
 use crate::error::LoadError;

@@ -8,13 +8,14 @@
 //! promises is broken, which is what the fuzzer reports.
 
 use arbitrary::{Arbitrary, Unstructured};
+use ptload_reader::checkpoint::StringEncoding;
 use ptload_reader::export::SafetensorsOptions;
 use ptload_reader::fuzzing::{read_container, run_pickle, Plain};
 use ptload_reader::placement::{Device, DeviceMap, Keep, MapLocation, To};
 use ptload_reader::scan::{classify, GlobalClass};
 use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
 use ptload_reader::tp::{Shard, Splits};
-use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions, Policy, StringEncoding};
+use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions, Policy};
 
 pub mod craft;
 mod differential;
@@ -263,7 +264,7 @@ pub fn exercise(ckpt: &Checkpoint) {
                 // The same view over a copy of its storage, where no swap
                 // or conj/neg bit changes the bytes.
                 let info = t.info();
-                let plain = ckpt.byte_order() == ptload_reader::ByteOrder::HOST
+                let plain = ckpt.byte_order() == ptload_reader::checkpoint::ByteOrder::HOST
                     && !info.neg
                     && !(info.conj && info.dtype.is_complex());
                 if let (true, Ok(storage)) = (plain, t.storage_bytes()) {

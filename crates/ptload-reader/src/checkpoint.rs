@@ -1,26 +1,37 @@
-//! The public facade: open a checkpoint, list its tensors and values.
+//! Opening a checkpoint ([`Checkpoint`], [`OpenOptions`], both also at
+//! the crate root) and what it holds besides tensors: its plain values
+//! ([`Scalar`]), the globals its pickles name ([`GlobalRef`]), a quantized
+//! tensor's parameters ([`Quantization`]), the file's layout ([`Format`])
+//! and byte order ([`ByteOrder`]), and how protocol-0-2 strings are
+//! decoded ([`StringEncoding`]).
 
 use std::hash::BuildHasher;
 use std::path::Path;
 
 use hashbrown::HashTable;
 
-use crate::bytes::{slice, ByteOrder};
+use crate::bytes::slice;
 use crate::container::layout::StorageBytes;
-use crate::container::{detect, Detected, Format};
+use crate::container::{detect, Detected};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::object::Objects;
-use crate::pickle::{Heap, StringEncoding, Value, Vm};
+use crate::pickle::{Heap, Value, Vm};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip};
 use crate::torch::dtype::DType;
-use crate::torch::interp::GlobalRef;
-use crate::torch::names::{walk_all, Scalar};
+use crate::torch::names::walk_all;
 use crate::torch::policy::Policy;
 use crate::torch::tensor::{bare_storage, tensor_info, StorageData, StorageInfo, TensorInfo};
 use crate::torch::{TorchHeap, TorchInterp, TorchObj};
 use crate::view::{Storages, TensorView};
+
+pub use crate::bytes::ByteOrder;
+pub use crate::container::Format;
+pub use crate::pickle::StringEncoding;
+pub use crate::torch::interp::GlobalRef;
+pub use crate::torch::names::Scalar;
+pub use crate::torch::Quantization;
 
 /// Options for opening a checkpoint.
 #[derive(Debug, Clone, Default)]

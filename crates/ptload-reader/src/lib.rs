@@ -43,7 +43,7 @@
 
 mod bytes;
 pub mod cast;
-mod checkpoint;
+pub mod checkpoint;
 mod container;
 pub mod dcp;
 mod error;
@@ -67,16 +67,14 @@ mod torch;
 pub mod tp;
 mod view;
 
-pub use bytes::ByteOrder;
+// The root: what reading a checkpoint needs. Everything else is a public
+// module: what a checkpoint holds besides tensors (`checkpoint`),
+// placement, state-dict selection, export, casts, scanning, sets,
+// distributed checkpoints, tensor parallelism.
 pub use checkpoint::{Checkpoint, OpenOptions};
-pub use container::Format;
 pub use error::{Error, ErrorKind, Result};
 pub use limits::Limits;
-pub use pickle::StringEncoding;
 pub use torch::dtype::{DType, Element};
-pub use torch::interp::GlobalRef;
-pub use torch::names::Scalar;
 pub use torch::policy::Policy;
 pub use torch::tensor::{StorageInfo, TensorInfo};
-pub use torch::Quantization;
 pub use view::TensorView;
