@@ -465,14 +465,13 @@ fn upload_all(
             members_of.entry(i).or_default().push(k);
         }
     }
-    let mut ordinals: Vec<u32> = members_of.keys().copied().collect();
-    ordinals.sort_unstable();
+    let mut by_device: Vec<(u32, Vec<usize>)> = members_of.into_iter().collect();
+    by_device.sort_unstable_by_key(|&(ordinal, _)| ordinal);
     let mut prepared: Vec<(u32, &Gpu, Arena, Vec<usize>, Vec<usize>)> = Vec::new();
-    for ordinal in ordinals {
+    for (ordinal, members) in by_device {
         let Some(gpu) = gpus.get(ordinal) else {
             continue;
         };
-        let members = members_of.remove(&ordinal).unwrap_or_default();
         if let Some((arena, members, offsets)) = allocate(ckpt, sources, gpu, ordinal, members)? {
             prepared.push((ordinal, gpu, arena, members, offsets));
         }

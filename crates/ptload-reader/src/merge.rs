@@ -203,7 +203,9 @@ impl Merged {
         // Row-major: for each index of the dimensions before `d`, each
         // piece's block in turn, streamed from the files (as many indices
         // as elements, at most: no piece is empty).
-        let outer = self.shape.get(..d).unwrap_or_default();
+        let outer = self.shape.get(..d).ok_or_else(|| {
+            Error::new(ErrorKind::Tensor, "split dimension past the shape").for_tensor(&self.name)
+        })?;
         let mut index = vec![0u64; outer.len()];
         loop {
             for (part, info) in &pieces {

@@ -350,7 +350,8 @@ impl CheckpointSet {
             match set.tensor(tensor) {
                 Some((at, _)) if set.files.get(at).is_some_and(|f| f.name() == *shard) => {}
                 Some((at, _)) => {
-                    let found = set.files.get(at).map(SetFile::name).unwrap_or_default();
+                    // `at` is the set's own answer: always one of its files.
+                    let found = set.files.get(at).map_or_else(String::new, SetFile::name);
                     return Err(Error::new(
                         ErrorKind::Tensor,
                         format!("the index places it in {shard}, but it is in {found}"),
@@ -421,8 +422,8 @@ impl CheckpointSet {
                 if let Some(&(first, _)) = by_name.find(hash, same) {
                     let first = files
                         .get(first as usize)
-                        .map(SetFile::name)
-                        .unwrap_or_default();
+                        // Indices of files already read: always there.
+                        .map_or_else(String::new, SetFile::name);
                     return Err(Error::new(
                         ErrorKind::DuplicateName,
                         format!(

@@ -173,7 +173,8 @@ impl AsRef<[u8]> for Range {
         self.source
             .bytes()
             .get(self.start..self.end)
-            .unwrap_or_default()
+            // Checked against the file when the range was made.
+            .unwrap_or(&[])
     }
 }
 
@@ -297,7 +298,8 @@ impl Dcp {
             {
                 return Err(geometry(format!(
                     "two storage entries for the chunk at {:?}",
-                    s.offset.as_deref().unwrap_or_default()
+                    // No offsets: the chunk starts at the origin.
+                    s.offset.as_deref().unwrap_or(&[])
                 ))
                 .for_tensor(&s.fqn));
             }
@@ -533,7 +535,7 @@ impl Dcp {
             .get(piece.file)
             .ok_or_else(|| geometry("no such file"))?;
         let at = usize::try_from(piece.offset).map_err(|_| geometry("offset too large"))?;
-        let rest = source.bytes().get(at..).unwrap_or_default();
+        let rest = crate::bytes::after(source.bytes(), at);
         if rest.starts_with(b"PK\x03\x04") || rest.len() < 9 {
             return Ok(None);
         }

@@ -51,7 +51,8 @@ impl DeviceMap {
         for i in order {
             let Some(s) = storages.get(i) else { continue };
             let location = Location::parse(&s.location);
-            let tensors = names.get(i).map(Vec::as_slice).unwrap_or_default();
+            // One list per storage: a storage no tensor views has none.
+            let tensors: &[&str] = names.get(i).map_or(&[], Vec::as_slice);
             let request = StorageRequest {
                 index: i,
                 key: &s.key,

@@ -232,7 +232,9 @@ fn quantized_conv(class: &str) -> bool {
     let mut parts = path
         .split('.')
         .filter(|p| !p.starts_with("___torch_mangle_"));
-    let name = parts.next_back().unwrap_or_default();
+    let Some(name) = parts.next_back() else {
+        return false;
+    };
     let module: Vec<&str> = parts.collect();
     let module = module.join(".");
     let known_module = [
@@ -670,11 +672,15 @@ impl<'h> Walker<'h> {
     /// `nn.Module.state_dict()` order: parameters, persistent buffers, children.
     fn module_children(&mut self, state: &crate::pickle::Dict) {
         let heap = self.heap;
-        let non_persistent: Vec<&str> = state
+        // A module without the set (saved before torch had it) keeps
+        // every buffer.
+        let non_persistent: Vec<&str> = match state
             .get_str(heap, "_non_persistent_buffers_set")
             .and_then(|s| heap.members(s))
-            .map(|items| items.iter().filter_map(|&i| heap.text(i)).collect())
-            .unwrap_or_default();
+        {
+            Some(items) => items.iter().filter_map(|&i| heap.text(i)).collect(),
+            None => Vec::new(),
+        };
         for (field, skip) in [("_parameters", false), ("_buffers", true)] {
             if let Some(d) = state.get_str(heap, field).and_then(|v| heap.dict(v)) {
                 for &(k, v) in d.entries() {

@@ -365,7 +365,8 @@ impl Interpreter for TorchInterp<'_> {
             Known::Reconstructor | Known::NewObj => {
                 let a = args_of(heap, args, func)?;
                 let cls = get(&a, 0);
-                let rest = heap.alloc_tuple(a.get(1..).unwrap_or_default())?;
+                // No arguments after the class: it is called with none.
+                let rest = heap.alloc_tuple(a.get(1..).unwrap_or(&[]))?;
                 return self.new_object(heap, cls, rest);
             }
             _ => None,
@@ -414,7 +415,11 @@ impl Interpreter for TorchInterp<'_> {
 
     fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()> {
         // Numpy objects take their real content from BUILD.
-        let numpy_state = heap.tuple(state).map(<[Value]>::to_vec).unwrap_or_default();
+        // Numpy's state is a tuple; any other state holds none of it.
+        let numpy_state = match heap.tuple(state) {
+            Some(items) => items.to_vec(),
+            None => Vec::new(),
+        };
         heap.charge_work(numpy_state.len() as u64)?;
         let numpy_dtype = match heap.torch(get(&numpy_state, 2)) {
             Some(TorchObj::NumpyDtype(d)) => {
