@@ -101,6 +101,10 @@ pub struct Written {
     pub metadata: usize,
     /// One line per skipped tensor: name and reason.
     pub skipped: Vec<String>,
+    /// Values left out of `__metadata__` because they are arguments of a
+    /// call the file asks for (`os.system("...")`), not plain data: each
+    /// `(name, callable)` ([`Checkpoint::value_call`](crate::Checkpoint::value_call)).
+    pub metadata_left_out: Vec<(String, String)>,
 }
 
 /// Whether safetensors has a dtype for `d` (0.8 names match ptload's).

@@ -34,7 +34,7 @@ pub(super) struct Layout {
 /// distributed checkpoint's chunks) rather than refused as meta tensors.
 pub(super) fn plan(sd: &StateDict, opts: &SafetensorsOptions, elsewhere: bool) -> Result<Layout> {
     let (planned, mut written) = tensors(sd, opts, elsewhere)?;
-    let metadata = metadata(sd, opts, &planned)?;
+    let metadata = metadata(sd, opts, &planned, &mut written)?;
     let mut offset = 0u64;
     let mut entries = Vec::with_capacity(planned.len());
     let mut shapes = Vec::with_capacity(planned.len());
@@ -125,29 +125,48 @@ fn tensors(
 }
 
 /// `__metadata__`: the format marker first, the plain values `opts` asks
-/// for, then each quantized tensor's parameters.
+/// for (those the file hands to a call that may act are left out, and
+/// listed in `written`), then each quantized tensor's parameters.
 fn metadata(
     sd: &StateDict,
     opts: &SafetensorsOptions,
     planned: &[Planned],
+    written: &mut Written,
 ) -> Result<Vec<(String, String)>> {
     let mut metadata: Vec<(String, String)> = vec![("format".to_owned(), "pt".to_owned())];
-    let values = sd
-        .checkpoints()
-        .iter()
-        .flat_map(|c| c.values())
-        .filter_map(|(name, v)| plain_json(v).map(|j| (name.as_str(), j)));
-    match &opts.metadata {
-        Metadata::None => {}
-        Metadata::All | Metadata::Selected { key: None } => {
-            metadata.extend(values.map(|(n, j)| (n.to_owned(), j)));
-        }
+    // The selected values under the names they are written with, each
+    // with the call it is an argument of, if any.
+    let selected = sd.checkpoints().iter().flat_map(|c| {
+        c.values()
+            .iter()
+            .enumerate()
+            .map(move |(i, (name, v))| (name.as_str(), v, c.value_call(i)))
+    });
+    let selected: Vec<_> = match &opts.metadata {
+        Metadata::None => Vec::new(),
+        Metadata::All | Metadata::Selected { key: None } => selected.collect(),
         Metadata::Selected { key: Some(key) } => {
             let key = key.trim_end_matches('.');
-            metadata.extend(values.filter_map(|(n, j)| {
-                let rest = n.strip_prefix(key)?.strip_prefix('.')?;
-                Some((rest.to_owned(), j))
-            }));
+            selected
+                .filter_map(|(n, v, call)| {
+                    let rest = n.strip_prefix(key)?.strip_prefix('.')?;
+                    Some((rest, v, call))
+                })
+                .collect()
+        }
+    };
+    for (name, value, call) in selected {
+        let Some(json) = plain_json(value) else {
+            continue;
+        };
+        match call.filter(|c| !plain_call(c)) {
+            // What the file would hand to a call that may act (a command
+            // line, a file to open) is not a setting of the model: never
+            // copied silently.
+            Some(callable) => written
+                .metadata_left_out
+                .push((name.to_owned(), callable.to_owned())),
+            None => metadata.push((name.to_owned(), json)),
         }
     }
     // A quantized tensor's integers mean nothing without their scale and
@@ -164,6 +183,19 @@ fn metadata(
         }
     }
     Ok(metadata)
+}
+
+/// Whether calling `callable` (`module.name`) only makes plain data or
+/// tensor machinery (a path, a date, a numpy scalar, torch's rebuild
+/// functions): the scanner's classes, so the two never disagree.
+fn plain_call(callable: &str) -> bool {
+    let Some((module, name)) = callable.rsplit_once('.') else {
+        return false;
+    };
+    matches!(
+        crate::scan::classify(module, name),
+        crate::scan::GlobalClass::Data | crate::scan::GlobalClass::Tensor
+    )
 }
 
 /// The view a planned tensor writes.
