@@ -329,7 +329,7 @@ fn bytes_handed_over_are_read_in_place() {
     let data = ckpt.tensor("0.weight").unwrap().data().unwrap();
     assert!(matches!(data, Cow::Borrowed(_)));
     assert!(inside(&shared, &data));
-    static BASIC: &[u8] = include_bytes!("../fixtures/files/basic.pt");
+    static BASIC: &[u8] = include_bytes!("../../../fixtures/files/basic.pt");
     let ckpt = Checkpoint::from_bytes(BASIC).unwrap();
     let weight = ckpt.tensor("0.weight").unwrap();
     assert!(inside(BASIC, &weight.data().unwrap()));
