@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 
+use ptload_reader::checkpoint::{ByteOrder, Quantization};
 use ptload_reader::object::Node;
-use ptload_reader::tp::{Shard, Splits};
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::{KeySelect, Selected, StateDictOptions, Strip};
+use ptload_reader::tp::{Shard, Splits};
 use ptload_reader::{DType, OpenOptions, TensorInfo, TensorView};
-use ptload_reader::checkpoint::{ByteOrder, Quantization};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -437,7 +437,9 @@ impl Checkpoint {
         budget: Option<Vec<(u32, u64)>>,
         balance: Option<u32>,
     ) -> PyResult<Vec<Option<String>>> {
-        use ptload_reader::placement::{Balanced, Budget, ByName, Device, First, Mapper, DeviceMap};
+        use ptload_reader::placement::{
+            Balanced, Budget, ByName, Device, DeviceMap, First, Mapper,
+        };
         let mut chain: Vec<Box<dyn Mapper>> = Vec::new();
         let mut rules = Vec::with_capacity(place.len());
         for (pattern, device) in place {
@@ -1178,7 +1180,9 @@ fn open(
     // Python 2 strings, decoded as torch.load's `encoding` says.
     let encoding = match encoding.map(str::to_ascii_lowercase).as_deref() {
         None | Some("utf-8" | "utf8") => ptload_reader::checkpoint::StringEncoding::Utf8,
-        Some("latin1" | "latin-1" | "iso-8859-1" | "l1") => ptload_reader::checkpoint::StringEncoding::Latin1,
+        Some("latin1" | "latin-1" | "iso-8859-1" | "l1") => {
+            ptload_reader::checkpoint::StringEncoding::Latin1
+        }
         Some("ascii" | "us-ascii" | "646") => ptload_reader::checkpoint::StringEncoding::Ascii,
         Some("bytes") => ptload_reader::checkpoint::StringEncoding::Bytes,
         Some(other) => {
