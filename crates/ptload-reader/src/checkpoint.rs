@@ -20,6 +20,7 @@ use crate::pickle::{Heap, Value, Vm};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip};
 use crate::torch::dtype::DType;
+use crate::torch::interp::PendingStorage;
 use crate::torch::names::walk_all;
 use crate::torch::policy::Policy;
 use crate::torch::tensor::{bare_storage, tensor_info, StorageData, StorageInfo, TensorInfo};
@@ -194,6 +195,69 @@ pub struct Checkpoint {
     end: u64,
 }
 
+/// The storages as the checkpoint keeps them, and the deflated records
+/// among them (inflated when first read).
+fn storage_infos(
+    pending: Vec<PendingStorage>,
+    bytes: Vec<StorageBytes>,
+) -> (Vec<StorageInfo>, Vec<Inflated>) {
+    let mut inflated = Vec::new();
+    let storages = pending
+        .into_iter()
+        .zip(bytes)
+        .map(|(p, bytes)| {
+            let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
+            let data = match bytes {
+                StorageBytes::File(offset) => StorageData::File(offset),
+                StorageBytes::Deflated(record) => {
+                    inflated.push(Inflated {
+                        record,
+                        bytes: std::sync::OnceLock::new(),
+                    });
+                    StorageData::Deflated(inflated.len() - 1)
+                }
+            };
+            StorageInfo {
+                file_offset: match data {
+                    StorageData::File(o) => Some(o),
+                    StorageData::Owned(_) | StorageData::Deflated(_) => None,
+                },
+                key: p.key,
+                location: p.location,
+                dtype: p.dtype,
+                numel: p.numel,
+                nbytes,
+                record: p.record,
+                data,
+                quantized: p.quantized,
+            }
+        })
+        .collect();
+    (storages, inflated)
+}
+
+/// A tensor the walk named, checked against its storage: a rebuilt
+/// tensor, or a storage pickled on its own.
+fn walked_tensor(
+    heap: &Heap,
+    name: String,
+    value: Value,
+    storages: &[StorageInfo],
+    limits: &Limits,
+) -> Result<TensorInfo> {
+    match heap.torch(value) {
+        Some(TorchObj::Tensor(meta)) => tensor_info(heap, name, meta, storages, limits),
+        Some(TorchObj::Storage { index, dtype }) => bare_storage(name, *index, *dtype, storages),
+        _ => Err(Error::new(
+            ErrorKind::Tensor,
+            format!(
+                "'{name}' is a tensor component but holds a {}",
+                crate::torch::interp::describe(heap, value)
+            ),
+        )),
+    }
+}
+
 impl Storages for Checkpoint {
     fn storages(&self) -> &[StorageInfo] {
         Checkpoint::storages(self)
@@ -325,39 +389,7 @@ impl Checkpoint {
         if walked.tensors.len() > opts.limits.max_tensors {
             return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));
         }
-        let mut inflated = Vec::new();
-        let storages: Vec<StorageInfo> = decoded
-            .storages
-            .into_iter()
-            .zip(decoded.bytes)
-            .map(|(p, bytes)| {
-                let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
-                let data = match bytes {
-                    StorageBytes::File(offset) => StorageData::File(offset),
-                    StorageBytes::Deflated(record) => {
-                        inflated.push(Inflated {
-                            record,
-                            bytes: std::sync::OnceLock::new(),
-                        });
-                        StorageData::Deflated(inflated.len() - 1)
-                    }
-                };
-                StorageInfo {
-                    file_offset: match data {
-                        StorageData::File(o) => Some(o),
-                        StorageData::Owned(_) | StorageData::Deflated(_) => None,
-                    },
-                    key: p.key,
-                    location: p.location,
-                    dtype: p.dtype,
-                    numel: p.numel,
-                    nbytes,
-                    record: p.record,
-                    data,
-                    quantized: p.quantized,
-                }
-            })
-            .collect();
+        let (storages, inflated) = storage_infos(decoded.storages, decoded.bytes);
         let mut tensors = Vec::with_capacity(walked.tensors.len());
         // For the object graph: the first walked entry of each heap value,
         // by object id (`NOT_WALKED` where none).
@@ -376,24 +408,7 @@ impl Checkpoint {
         }
         for (name, value) in walked.tensors {
             // Indices must stay those of `by_name`: nothing is skipped.
-            let info = match heap.torch(value) {
-                Some(TorchObj::Tensor(meta)) => {
-                    tensor_info(&heap, name, meta, &storages, &opts.limits)?
-                }
-                Some(TorchObj::Storage { index, dtype }) => {
-                    bare_storage(name, *index, *dtype, &storages)?
-                }
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::Tensor,
-                        format!(
-                            "'{name}' is a tensor component but holds a {}",
-                            crate::torch::interp::describe(&heap, value)
-                        ),
-                    ))
-                }
-            };
-            tensors.push(info);
+            tensors.push(walked_tensor(&heap, name, value, &storages, &opts.limits)?);
         }
         let objects = match objects_root.filter(|_| opts.objects) {
             None => None,
