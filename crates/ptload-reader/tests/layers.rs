@@ -321,10 +321,18 @@ fn circles(src: &Path) -> Vec<String> {
     found
 }
 
+/// In the reader, and in the device crate beside it (its pipeline, driver
+/// helpers and probe).
 #[test]
 fn no_two_files_import_each_other() {
     let found = circles(&src_dir());
     assert!(found.is_empty(), "import circles: {found:?}");
+    let device = repo().join("crates/ptload-device/src");
+    let found = circles(&device);
+    assert!(
+        found.is_empty(),
+        "import circles in ptload-device: {found:?}"
+    );
     // The check sees one: a copy of the reader whose pickle VM names the
     // value module that already names it.
     let dir = std::env::temp_dir().join(format!("ptload-circles-{}", std::process::id()));
