@@ -431,6 +431,54 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
+    // Two archives end to end: torch reads what the second's recorded
+    // offsets land on, counted from byte 0 (torch_concat.json); readers
+    // that shift them, or take the first archive, read another.
+    (
+        "zc_same_layout_clean_clean.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_sizes_differ_clean_clean.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_sizes_differ_payload_first.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_sizes_differ_payload_second.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_same_layout_payload_first.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_same_layout_payload_second.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_same_layout_payload_both.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_offsets_from_start_payload_first.pt",
+        Ambiguous,
+        Some(("a second archive follows", true)),
+    ),
+    (
+        "zc_offsets_from_start_payload_second.pt",
+        Ambiguous,
+        Some(("a second archive follows", true)),
+    ),
 ];
 
 #[test]
@@ -781,4 +829,83 @@ fn numpy_generator_constructors_call_their_bit_generator() {
     let numpy: &[u8] =
         b"\x80\x02cnumpy.random._pickle\n__bit_generator_ctor\ncnumpy.random._pcg64\nPCG64\n\x85R.";
     assert_eq!(scan_bytes(numpy, &Limits::default()).verdict(), Clean);
+}
+
+/// Two zip archives end to end (`torch_concat.json`, by experiment in both
+/// weights_only modes): the scanner marks as read by torch.load the
+/// data.pkl torch read (none where torch failed), reports a payload in
+/// either archive, and calls the file ambiguous; opening it as a
+/// checkpoint reads the archive torch reads.
+#[test]
+fn two_archives_end_to_end_are_read_as_torch_reads_them() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_concat.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut checked = 0;
+    for (name, facts) in doc.as_object().unwrap() {
+        let path = root().join("tests/scan").join(name);
+        let report = scan_file(&path, &Limits::default(), false).unwrap();
+        assert_eq!(report.verdict(), Ambiguous, "{name}: {report:#?}");
+        let payloads = if name.contains("payload_both") {
+            2
+        } else if name.contains("payload") {
+            1
+        } else {
+            0
+        };
+        let with_print: Vec<bool> = report
+            .pickles
+            .iter()
+            .filter(|p| p.globals.iter().any(|g| g.path() == "builtins.print"))
+            .map(|p| p.reachable)
+            .collect();
+        assert_eq!(with_print.len(), payloads, "{name}: every payload reported");
+        let reached: Vec<_> = report.pickles.iter().filter(|p| p.reachable).collect();
+        // Where each data.pkl scanned starts: the first archive's is the
+        // lowest.
+        let bases: Vec<u64> = report.pickles.iter().filter_map(|p| p.base).collect();
+        let (low, high) = (bases.iter().min().copied(), bases.iter().max().copied());
+        let torch = facts["weights_only_false"].as_str().unwrap();
+        match torch {
+            "reads the payload" => {
+                assert_eq!(reached.len(), 1, "{name}");
+                assert!(with_print.contains(&true), "{name}");
+                assert_eq!(facts["weights_only_true"], "UnpicklingError", "{name}");
+            }
+            "reads the first archive" | "reads the second archive" => {
+                assert_eq!(reached.len(), 1, "{name}");
+                assert!(!with_print.contains(&true), "{name}");
+                assert_eq!(facts["weights_only_true"], torch, "{name}");
+                let want = if torch.contains("first") { low } else { high };
+                assert_eq!(reached[0].base, want, "{name}");
+                // The loader opens the same archive: zeros in the first,
+                // ones in the second.
+                let ckpt = ptload_reader::Checkpoint::open(&path).unwrap();
+                let data = ckpt.tensor("w").unwrap().data().unwrap().to_vec();
+                let one = if torch.contains("first") { 0.0f32 } else { 1.0 };
+                let want: Vec<u8> = [one, one].iter().flat_map(|v| v.to_le_bytes()).collect();
+                assert_eq!(data, want, "{name}");
+            }
+            _ => {
+                assert_eq!(torch, "RuntimeError", "{name}");
+                assert_eq!(facts["weights_only_true"], "RuntimeError", "{name}");
+                assert!(reached.is_empty(), "{name}: torch reads nothing");
+                assert!(
+                    report.notes.iter().any(|n| n.contains("torch.load fails")),
+                    "{name}: {:?}",
+                    report.notes
+                );
+            }
+        }
+        for stand_in in facts["stand_ins"].as_array().unwrap() {
+            let stand_in = stand_in.as_str().unwrap();
+            assert!(
+                reached
+                    .iter()
+                    .any(|p| p.globals.iter().any(|g| g.path() == stand_in)),
+                "{name}: {stand_in}"
+            );
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 9);
 }

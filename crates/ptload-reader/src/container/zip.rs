@@ -95,6 +95,14 @@ pub(crate) struct Archive<'d> {
     by_name: hashbrown::HashTable<u32>,
     hasher: hashbrown::DefaultHashBuilder,
     end: usize,
+    /// Where the central directory starts in the bytes.
+    cd_start: u64,
+    /// How far every recorded offset was shifted to find the directory
+    /// (bytes before the archive).
+    prefix_len: u64,
+    /// Where the first local header of an entry read lies (the length of
+    /// the file when there is none).
+    first_local: u64,
     /// Under [`Rules::Tolerant`], what [`Rules::Canonical`] would have
     /// refused, each with its offset.
     disagreements: Vec<(String, u64)>,
@@ -138,7 +146,7 @@ pub(crate) fn find_eocd(data: &[u8]) -> Option<usize> {
 /// end-of-central-directory record, from the start, whose directory lies
 /// right before it as recorded (an archive that starts at byte 0). One pass
 /// over the bytes.
-fn first_archive_end(data: &[u8]) -> Option<usize> {
+pub(crate) fn first_archive_end(data: &[u8]) -> Option<usize> {
     let mut from = 0;
     while let Some(found) = data
         .get(from..)?
@@ -147,7 +155,7 @@ fn first_archive_end(data: &[u8]) -> Option<usize> {
     {
         let pos = from + found;
         from = pos + 1;
-        let Ok(dir) = read_directory_location(data, pos) else {
+        let Ok(dir) = read_directory_location(data, pos, true) else {
             continue;
         };
         let starts_at_zero = dir.cd_offset.checked_add(dir.cd_size) == Some(dir.cd_end_actual);
@@ -181,7 +189,11 @@ struct Directory {
     cd_end_actual: u64,
 }
 
-fn read_directory_location(data: &[u8], eocd: usize) -> Result<Directory> {
+/// The directory the end record at `eocd` describes. With `adjacent`, a
+/// ZIP64 end record right before its locator is taken even where the
+/// locator records another offset (an archive after a prefix); without,
+/// only the recorded offset counts, as torch's reader (miniz) reads it.
+fn read_directory_location(data: &[u8], eocd: usize, adjacent: bool) -> Result<Directory> {
     let mut r = ByteReader::at(data, eocd + 4, ErrorKind::Zip);
     let disk = r.u16()?;
     let cd_disk = r.u16()?;
@@ -214,7 +226,13 @@ fn read_directory_location(data: &[u8], eocd: usize) -> Result<Directory> {
     let recorded = l.u64()?;
     // The ZIP64 EOCD normally ends where the locator starts; with a prefix,
     // the recorded offset is shifted, so try the adjacent position first.
-    let candidates = [locator.checked_sub(56).map(|p| p as u64), Some(recorded)];
+    let candidates = [
+        locator
+            .checked_sub(56)
+            .map(|p| p as u64)
+            .filter(|_| adjacent),
+        Some(recorded),
+    ];
     let z64 = candidates
         .into_iter()
         .flatten()
@@ -296,20 +314,49 @@ impl<'d> Archive<'d> {
         limits: &Limits,
         rules: Rules,
     ) -> Result<Archive<'d>> {
+        Archive::parse_inner(data, headers, limits, rules, false)
+    }
+
+    /// The archive as torch's reader (miniz) finds it: tolerant rules, the
+    /// end record searched from the end of the bytes, and every offset it
+    /// records counted from byte 0, never shifted. In bytes holding two
+    /// archives whose second counts its offsets from its own start, those
+    /// offsets land in the first: on its directory when both have the same
+    /// layout (torch then reads the first archive), elsewhere on bytes that
+    /// are no directory (torch fails: "invalid header").
+    pub(crate) fn parse_as_torch(
+        data: &'d [u8],
+        headers: Headers<'_>,
+        limits: &Limits,
+    ) -> Result<Archive<'d>> {
+        Archive::parse_inner(data, headers, limits, Rules::Tolerant, true)
+    }
+
+    fn parse_inner(
+        data: &'d [u8],
+        headers: Headers<'_>,
+        limits: &Limits,
+        rules: Rules,
+        absolute: bool,
+    ) -> Result<Archive<'d>> {
         let eocd = find_eocd(data)
             .ok_or_else(|| zip_err("no end-of-central-directory record (truncated archive?)"))?;
-        let dir = read_directory_location(data, eocd)?;
+        let dir = read_directory_location(data, eocd, !absolute)?;
         let recorded_end = dir
             .cd_offset
             .checked_add(dir.cd_size)
             .ok_or_else(|| zip_err("central directory offset overflows"))?;
-        let prefix_len = dir.cd_end_actual.checked_sub(recorded_end).ok_or_else(|| {
-            zip_err(format!(
-                "central directory (offset {:#x}, {} bytes) lies outside the file",
-                dir.cd_offset, dir.cd_size
-            ))
-            .at(eocd as u64)
-        })?;
+        let prefix_len = if absolute {
+            0
+        } else {
+            dir.cd_end_actual.checked_sub(recorded_end).ok_or_else(|| {
+                zip_err(format!(
+                    "central directory (offset {:#x}, {} bytes) lies outside the file",
+                    dir.cd_offset, dir.cd_size
+                ))
+                .at(eocd as u64)
+            })?
+        };
         // Bytes that start with a local header yet end with the directory
         // of an archive further on hold several archives one after another
         // (torch.save called twice on one stream): the archive they start
@@ -317,7 +364,7 @@ impl<'d> Archive<'d> {
         if rules == Rules::Canonical && prefix_len > 0 && data.starts_with(b"PK\x03\x04") {
             if let Some(end) = first_archive_end(data).filter(|&end| end < data.len()) {
                 let first = data.get(..end).unwrap_or(data);
-                return Archive::parse_with(first, headers, limits, rules);
+                return Archive::parse_inner(first, headers, limits, rules, false);
             }
         }
         let cd_start = prefix_len + dir.cd_offset;
@@ -400,6 +447,7 @@ impl<'d> Archive<'d> {
         // No two entries may share bytes: each entry's data must end before
         // the next local header starts.
         locals.sort_unstable();
+        let first_local = locals.first().map_or(data.len() as u64, |&(at, _)| at);
         for pair in locals.windows(2) {
             if let [(_, a), (next_local, _)] = pair {
                 let a = entries.get(*a).ok_or_else(|| zip_err("entry index"))?;
@@ -417,6 +465,9 @@ impl<'d> Archive<'d> {
             by_name,
             hasher,
             end: archive_end(data).unwrap_or(data.len()),
+            cd_start,
+            prefix_len,
+            first_local,
             disagreements,
             broken_locals,
         })
@@ -426,6 +477,23 @@ impl<'d> Archive<'d> {
     /// record and comment.
     pub(crate) fn end(&self) -> usize {
         self.end
+    }
+
+    /// Where the central directory starts in the bytes.
+    pub(crate) fn cd_start(&self) -> u64 {
+        self.cd_start
+    }
+
+    /// How far the recorded offsets were shifted to find the directory: 0
+    /// for an archive that starts at byte 0 (or read as torch reads it).
+    pub(crate) fn prefix_len(&self) -> u64 {
+        self.prefix_len
+    }
+
+    /// Where the first local header of an entry lies: bytes before it
+    /// are no part of the entries read.
+    pub(crate) fn first_local(&self) -> u64 {
+        self.first_local
     }
 
     pub(crate) fn entries(&self) -> &[Entry<'d>] {

@@ -18,7 +18,7 @@
 //! recorded before the break: the scan fails closed.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::{classify, wrapper_class, Danger, GlobalClass, Level};
 use crate::container::zip::{self, Archive, Headers, Method, Rules};
@@ -298,7 +298,7 @@ pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
     };
     if data.starts_with(b"PK\x03\x04") {
         scan.report.layout = "zip";
-        scan.zip(data, true);
+        scan.zip_file(data);
     } else if data.len() > 262 && data.get(257..262) == Some(b"ustar") {
         scan.report.layout = "tar";
         scan.tar(data);
@@ -319,7 +319,8 @@ pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
                     what: "a pickle stream before a zip archive: torch runs the stream, zip readers see the archive".into(),
                 });
             }
-            scan.zip(data, false);
+            let mut seen = HashSet::new();
+            scan.zip(data, false, &mut seen);
         }
     }
     scan.nested_pickles();
@@ -450,18 +451,116 @@ impl Scanner<'_> {
         }
     }
 
-    /// A zip: with `reachable`, the `data.pkl` torch would read (and
+    /// A file torch reads as a zip (it starts with a local header). Zip
+    /// readers find the directory in different ways: torch's (miniz) takes
+    /// every recorded offset from byte 0; Python's zipfile and most others
+    /// shift them by where the directory really is; bytes holding two
+    /// archives end to end also hold the first one whole. Each archive
+    /// these find is scanned once, only the one torch reads as reachable,
+    /// and two readable archives in one file are an ambiguity.
+    fn zip_file(&mut self, data: &[u8]) {
+        let limits = self.limits;
+        let shifted = Archive::parse_with(data, Headers::Map, limits, Rules::Tolerant);
+        let Some(prefix) = shifted
+            .as_ref()
+            .ok()
+            .map(Archive::prefix_len)
+            .filter(|&p| p > 0)
+        else {
+            // Offsets counted from byte 0 (or no directory at all): torch's
+            // reader and the others agree. Entries that start past byte 0
+            // may follow another archive.
+            let after = shifted.as_ref().is_ok_and(|a| a.first_local() > 0);
+            let mut seen = HashSet::new();
+            let first = self.zip_archive(data, shifted, true, &mut seen);
+            if after {
+                self.other_archive(data, first, &mut seen);
+            }
+            return;
+        };
+        let mut seen = HashSet::new();
+        let torch = Archive::parse_as_torch(data, Headers::Map, limits);
+        let torch_start = torch.as_ref().ok().map(Archive::cd_start);
+        if let Err(e) = &torch {
+            self.report.notes.push(format!(
+                "torch's reader counts the directory's offsets from the first byte and finds no archive there ({e}): torch.load fails"
+            ));
+        }
+        if torch.is_ok() {
+            self.zip_archive(data, torch, true, &mut seen);
+        }
+        if let Ok(archive) = shifted {
+            let start = archive.cd_start();
+            if torch_start != Some(start) {
+                self.report.ambiguities.push(Ambiguity {
+                    record: "zip directory".into(),
+                    offset: start,
+                    what: format!(
+                        "zip: the directory found from the end records offsets {prefix} bytes before it: readers that shift them (Python's zipfile) read the archive whose directory is at {start:#x}; torch reads {}",
+                        match torch_start {
+                            Some(t) => format!("the one whose directory is at {t:#x}"),
+                            None => "none".into(),
+                        }
+                    ),
+                });
+                self.zip_archive(data, Ok(archive), false, &mut seen);
+            }
+        }
+        self.other_archive(data, torch_start, &mut seen);
+    }
+
+    /// Bytes that begin with a whole archive and go on past its end: the
+    /// first archive, scanned unless it is one already scanned (whose
+    /// directory starts at `scanned`), and reported as a second archive.
+    fn other_archive(&mut self, data: &[u8], scanned: Option<u64>, seen: &mut HashSet<u64>) {
+        let Some(end) = zip::first_archive_end(data).filter(|&end| end < data.len()) else {
+            return;
+        };
+        let Some(first) = data.get(..end) else {
+            return;
+        };
+        let Ok(archive) = Archive::parse_with(first, Headers::Map, self.limits, Rules::Tolerant)
+        else {
+            return;
+        };
+        self.report.ambiguities.push(Ambiguity {
+            record: "zip directory".into(),
+            offset: end as u64,
+            what: format!(
+                "zip: a second archive follows the one that ends at {end:#x}: readers that take the first and readers that take the last read different archives"
+            ),
+        });
+        if scanned != Some(archive.cd_start()) {
+            self.zip_archive(first, Ok(archive), false, seen);
+        }
+    }
+
+    /// A zip behind a pickle stream: torch never reads it.
+    fn zip(&mut self, data: &[u8], reachable: bool, seen: &mut HashSet<u64>) {
+        let archive = Archive::parse_with(data, Headers::Map, self.limits, Rules::Tolerant);
+        self.zip_archive(data, archive, reachable, seen);
+    }
+
+    /// One archive: with `reachable`, the `data.pkl` torch would read (and
     /// `constants.pkl` of a TorchScript archive); every other `.pkl` entry
-    /// as not reachable.
-    fn zip(&mut self, data: &[u8], reachable: bool) {
-        let archive = match Archive::parse_with(data, Headers::Map, self.limits, Rules::Tolerant) {
+    /// as not reachable. Entries whose data starts at an offset in `seen`
+    /// were scanned already (by another reading of the same bytes); the
+    /// others are added to it. Returns where the directory starts.
+    fn zip_archive(
+        &mut self,
+        data: &[u8],
+        archive: Result<Archive<'_>>,
+        reachable: bool,
+        seen: &mut HashSet<u64>,
+    ) -> Option<u64> {
+        let archive = match archive {
             Ok(a) => a,
             Err(e) => {
                 self.report.notes.push(format!(
                     "zip directory unreadable ({e}); torch cannot read it either"
                 ));
                 self.local_headers(data);
-                return;
+                return None;
             }
         };
         // What a strict zip reader refuses and torch's tolerates: duplicate
@@ -526,6 +625,9 @@ impl Scanner<'_> {
             }
         }
         for (entry, reach) in order {
+            if !seen.insert(entry.data_start) {
+                continue;
+            }
             let bytes = match record(data, entry, self.limits, &mut budget) {
                 Ok(b) => b,
                 Err(e) => {
@@ -558,6 +660,7 @@ impl Scanner<'_> {
             let source = PickleSource::Entry(entry.name.to_owned());
             self.run(&bytes, 0, source, reach, 0, base);
         }
+        Some(archive.cd_start())
     }
 
     /// A zip whose directory torch cannot read: every local header that
