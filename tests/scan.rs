@@ -431,8 +431,23 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
+    // An entry torch never reads whose local header is broken: torch
+    // loads the file, and so do scan and open (torch_zip.json).
+    ("zb_benign_unrelated_broken_local_header.pt", Clean, None),
+    // A shadow data.pkl only local headers show: torch goes by the central
+    // directory and reads the clean one (torch_zip.json).
+    (
+        "zh_shadow_data_pkl_between_entries.pt",
+        Ambiguous,
+        Some(("the central directory does not list", true)),
+    ),
+    (
+        "zh_shadow_data_pkl_first.pt",
+        Ambiguous,
+        Some(("the central directory does not list", true)),
+    ),
     // Two archives end to end: torch reads what the second's recorded
-    // offsets land on, counted from byte 0 (torch_concat.json); readers
+    // offsets land on, counted from byte 0 (torch_zip.json); readers
     // that shift them, or take the first archive, read another.
     (
         "zc_same_layout_clean_clean.pt",
@@ -831,17 +846,20 @@ fn numpy_generator_constructors_call_their_bit_generator() {
     assert_eq!(scan_bytes(numpy, &Limits::default()).verdict(), Clean);
 }
 
-/// Two zip archives end to end (`torch_concat.json`, by experiment in both
+/// Two zip archives end to end (`torch_zip.json`, by experiment in both
 /// weights_only modes): the scanner marks as read by torch.load the
 /// data.pkl torch read (none where torch failed), reports a payload in
 /// either archive, and calls the file ambiguous; opening it as a
 /// checkpoint reads the archive torch reads.
 #[test]
 fn two_archives_end_to_end_are_read_as_torch_reads_them() {
-    let text = std::fs::read_to_string(root().join("tests/scan/torch_concat.json")).unwrap();
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_zip.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut checked = 0;
     for (name, facts) in doc.as_object().unwrap() {
+        if !name.starts_with("zc_") {
+            continue;
+        }
         let path = root().join("tests/scan").join(name);
         let report = scan_file(&path, &Limits::default(), false).unwrap();
         assert_eq!(report.verdict(), Ambiguous, "{name}: {report:#?}");
@@ -908,4 +926,135 @@ fn two_archives_end_to_end_are_read_as_torch_reads_them() {
         checked += 1;
     }
     assert_eq!(checked, 9);
+}
+
+/// The local header of `name` in `data` (a zip) overwritten, as a broken
+/// local header.
+fn break_local_header(data: &mut [u8], name: &str) {
+    let eocd = (0..=data.len() - 22)
+        .rev()
+        .find(|&i| data[i..i + 4] == *b"PK\x05\x06")
+        .unwrap();
+    let count = u16::from_le_bytes([data[eocd + 10], data[eocd + 11]]) as usize;
+    let mut at = u32::from_le_bytes(data[eocd + 16..eocd + 20].try_into().unwrap()) as usize;
+    for _ in 0..count {
+        let le16 = |i: usize| u16::from_le_bytes([data[i], data[i + 1]]) as usize;
+        let (name_len, extra_len, comment_len) = (le16(at + 28), le16(at + 30), le16(at + 32));
+        if &data[at + 46..at + 46 + name_len] == name.as_bytes() {
+            let local = u32::from_le_bytes(data[at + 42..at + 46].try_into().unwrap()) as usize;
+            data[local..local + 4].copy_from_slice(b"XXXX");
+            return;
+        }
+        at += 46 + name_len + extra_len + comment_len;
+    }
+    panic!("{name} not in the directory");
+}
+
+/// An entry torch never reads whose local header is broken: torch loads
+/// the file (`torch_zip.json`), and opening it reads the checkpoint, the
+/// entry named in a warning. A record the load needs, or one torch reads
+/// (and fails on: `version`, `.format_version`, ...), fails the open with
+/// the record named.
+#[test]
+fn an_unrelated_broken_local_header_fails_only_what_needs_it() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_zip.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let name = "zb_benign_unrelated_broken_local_header.pt";
+    let facts = &doc[name];
+    for mode in ["weights_only_false", "weights_only_true"] {
+        assert_eq!(facts[mode], "reads w = [0.0, 1.0, 2.0, 3.0]", "{mode}");
+    }
+    let path = root().join("tests/scan").join(name);
+    let ckpt = ptload_reader::Checkpoint::open(&path).unwrap();
+    let data = ckpt.tensor("w").unwrap().data().unwrap().to_vec();
+    let want: Vec<u8> = [0.0f32, 1.0, 2.0, 3.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    assert_eq!(data, want);
+    assert!(
+        ckpt.warnings()
+            .iter()
+            .any(|w| w.contains("archive/extra/notes.txt") && w.contains("no local header")),
+        "{:?}",
+        ckpt.warnings()
+    );
+    let bytes = std::fs::read(&path).unwrap();
+    let dir = std::env::temp_dir().join(format!("ptload-scan-broken-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for needed in [
+        "archive/data.pkl",
+        "archive/data/0",
+        "archive/byteorder",
+        "archive/version",
+        "archive/.format_version",
+    ] {
+        let mut broken = bytes.clone();
+        break_local_header(&mut broken, needed);
+        let file = dir.join("broken.pt");
+        std::fs::write(&file, &broken).unwrap();
+        let err = ptload_reader::Checkpoint::open(&file)
+            .err()
+            .unwrap_or_else(|| panic!("{needed}: opened"));
+        let text = err.to_string();
+        assert!(
+            text.contains("no local header") && text.contains(needed),
+            "{needed}: {text}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A local header the central directory does not list (a shadow
+/// data.pkl): torch reads the listed one (`torch_zip.json`); the scanner
+/// marks that one as read by torch.load, reports the shadow's payload as
+/// not read, and names the hidden header with its offset.
+#[test]
+fn a_shadow_data_pkl_in_local_headers_is_reported_not_reached() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_zip.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (name, shadow_at) in [
+        ("zh_shadow_data_pkl_between_entries.pt", None),
+        ("zh_shadow_data_pkl_first.pt", Some(0)),
+    ] {
+        for mode in ["weights_only_false", "weights_only_true"] {
+            assert_eq!(doc[name][mode], "reads w = [0.0, 0.0]", "{name} {mode}");
+        }
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        let reached: Vec<_> = report.pickles.iter().filter(|p| p.reachable).collect();
+        assert_eq!(reached.len(), 1, "{name}");
+        assert!(reached[0]
+            .globals
+            .iter()
+            .all(|g| g.path() != "builtins.print"));
+        let shadow: Vec<_> = report
+            .pickles
+            .iter()
+            .filter(|p| p.globals.iter().any(|g| g.path() == "builtins.print"))
+            .collect();
+        assert_eq!(shadow.len(), 1, "{name}");
+        assert!(!shadow[0].reachable, "{name}");
+        let hidden: Vec<u64> = report
+            .ambiguities
+            .iter()
+            .filter(|a| a.what.contains("does not list"))
+            .map(|a| a.offset)
+            .collect();
+        assert_eq!(hidden.len(), 1, "{name}: {:?}", report.ambiguities);
+        // The shadow's data follows its header: header, name, then bytes.
+        let base = shadow[0].base.unwrap();
+        assert_eq!(
+            base,
+            hidden[0] + 30 + "archive/data.pkl".len() as u64,
+            "{name}"
+        );
+        if let Some(at) = shadow_at {
+            assert_eq!(hidden[0], at, "{name}");
+        }
+    }
 }

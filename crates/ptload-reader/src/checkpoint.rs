@@ -391,6 +391,8 @@ impl Checkpoint {
         };
         let format = decoded.format;
         let end = decoded.end;
+        let mut warnings = decoded.notes;
+        warnings.extend(walked.warnings);
         Ok(Checkpoint {
             source,
             owned: Vec::new(),
@@ -402,7 +404,7 @@ impl Checkpoint {
             tensors,
             values: walked.values,
             globals: leading.into_iter().chain(interp.globals).collect(),
-            warnings: walked.warnings,
+            warnings,
             by_name: walked.by_name,
             hasher: walked.hasher,
             work: heap.work().saturating_add(walked.steps),

@@ -660,7 +660,73 @@ impl Scanner<'_> {
             let source = PickleSource::Entry(entry.name.to_owned());
             self.run(&bytes, 0, source, reach, 0, base);
         }
+        self.hidden_locals(data, &archive, seen, &mut budget);
         Some(archive.cd_start())
+    }
+
+    /// Local headers the central directory does not list (a shadow
+    /// `data.pkl` between entries): torch goes by the directory and never
+    /// reads them; readers that walk local headers (streaming unzip) do.
+    /// Each is an ambiguity at its offset, and a pickle among them is
+    /// scanned as not read by torch.load.
+    fn hidden_locals(
+        &mut self,
+        data: &[u8],
+        archive: &Archive<'_>,
+        seen: &mut HashSet<u64>,
+        budget: &mut u64,
+    ) {
+        let (hidden, more) = archive.hidden_locals(data, MAX_PICKLES);
+        if more {
+            self.report.notes.push(format!(
+                "more than {MAX_PICKLES} local headers the directory does not list: the rest were not looked at"
+            ));
+        }
+        for h in hidden {
+            let entry = &h.entry;
+            self.report.ambiguities.push(Ambiguity {
+                record: entry.name.to_owned(),
+                offset: entry.local,
+                what: "zip: a local header the central directory does not list: torch does not read it; readers that walk local headers do".into(),
+            });
+            let pickle = entry.name.ends_with(".pkl") || entry.name.ends_with(".npy");
+            if !pickle || !seen.insert(entry.data_start) {
+                continue;
+            }
+            if h.sizes_unknown {
+                // Its end is in a data descriptor: read as far as a pickle
+                // goes from its start (fail closed).
+                if let Ok(start) = usize::try_from(entry.data_start) {
+                    if start < data.len() {
+                        let source = PickleSource::Entry(entry.name.to_owned());
+                        self.run(data, start, source, false, 0, Some(0));
+                    }
+                }
+                continue;
+            }
+            let bytes = match record(data, entry, self.limits, budget) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.report
+                        .notes
+                        .push(format!("{}: cannot be read ({e})", entry.name));
+                    continue;
+                }
+            };
+            let base = match entry.method {
+                Method::Stored => Some(entry.data_start),
+                Method::Deflated => None,
+            };
+            if entry.name.ends_with(".npy") {
+                if let Some(start) = npy_pickle(&bytes) {
+                    let source = PickleSource::NumpyArray(entry.name.to_owned());
+                    self.run(&bytes, start, source, false, 0, base);
+                }
+                continue;
+            }
+            let source = PickleSource::Entry(entry.name.to_owned());
+            self.run(&bytes, 0, source, false, 0, base);
+        }
     }
 
     /// A zip whose directory torch cannot read: every local header that
