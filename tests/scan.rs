@@ -1058,3 +1058,112 @@ fn a_shadow_data_pkl_in_local_headers_is_reported_not_reached() {
         }
     }
 }
+
+/// Calls that are plain data only for some arguments: an enum member
+/// looked up by one constant (`Class(value)`, as an enum pickles), an item
+/// taken from a container the pickle built by a constant key. Every other
+/// call of the same callables, and whatever comes out of them and is
+/// called, stays a call (hand-made pickles).
+#[test]
+fn enum_lookups_and_plain_getitem_are_data_and_nothing_else_is() {
+    const ENUM: &[u8] = b"ctorchvision.transforms.functional\nInterpolationMode\n";
+    const GETITEM: &[u8] = b"coperator\ngetitem\n";
+    let pickle = |parts: &[&[u8]]| {
+        let mut out = b"\x80\x02".to_vec();
+        for p in parts {
+            out.extend_from_slice(p);
+        }
+        out.push(b'.');
+        out
+    };
+    let s = |text: &str| {
+        let mut out = b"X".to_vec();
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out
+    };
+    let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
+        // Plain data.
+        (
+            "enum member",
+            pickle(&[ENUM, &s("bilinear"), b"\x85R"]),
+            Clean,
+        ),
+        (
+            "enum member by a tuple value",
+            pickle(&[ENUM, b"K\x01K\x02\x86\x85R"]),
+            Clean,
+        ),
+        (
+            "item of a list",
+            pickle(&[GETITEM, b"](K\x01K\x02K\x03eK\x01\x86R"]),
+            Clean,
+        ),
+        (
+            "item of a dict",
+            pickle(&[GETITEM, b"}", &s("a"), b"K\x01s", &s("a"), b"\x86R"]),
+            Clean,
+        ),
+        // Calls.
+        (
+            "enum class given a list",
+            pickle(&[ENUM, b"]\x85R"]),
+            UnknownCall,
+        ),
+        (
+            "enum class given two values",
+            pickle(&[ENUM, &s("a"), &s("b"), b"\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "enum member called",
+            pickle(&[ENUM, &s("bilinear"), b"\x85R)R"]),
+            UnknownCall,
+        ),
+        (
+            "item of an instance (its __getitem__)",
+            pickle(&[GETITEM, b"csomepkg\nThing\n)\x81", &s("k"), b"\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "item of a call's result",
+            pickle(&[GETITEM, b"csomepkg\nmake\n)R", &s("k"), b"\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "getitem with a key that is no constant",
+            pickle(&[GETITEM, b"]]\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "getitem called by map",
+            pickle(&[b"cbuiltins\nmap\n", GETITEM, b"]\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "an unknown function taken from a list and called",
+            pickle(&[GETITEM, b"]csomepkg\nrun\naK\x00\x86R", &s("id"), b"\x85R"]),
+            UnknownCall,
+        ),
+        (
+            "os.system taken from a list and called",
+            pickle(&[GETITEM, b"]cos\nsystem\naK\x00\x86R", &s("id"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "attrgetter stays dangerous",
+            pickle(&[b"coperator\nattrgetter\n", &s("system"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "methodcaller stays dangerous",
+            pickle(&[b"coperator\nmethodcaller\n", &s("system"), b"\x85R"]),
+            Dangerous,
+        ),
+    ];
+    for (what, bytes, verdict) in cases {
+        let report = ptload_reader::scan::scan_bytes(&bytes, &Limits::default());
+        assert!(report.pickles[0].complete, "{what}: {report:#?}");
+        assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
+    }
+}

@@ -20,7 +20,7 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
-use super::{classify, wrapper_class, Danger, GlobalClass, Level};
+use super::{classify, conditional_data, known_enum, wrapper_class, Danger, GlobalClass, Level};
 use crate::container::zip::{self, Archive, Headers, Method, Rules};
 use crate::error::Result;
 use crate::limits::Limits;
@@ -959,7 +959,24 @@ impl Recorder {
     fn mark(&mut self, global: Option<usize>, usage: Usage) {
         if let Some(g) = global.and_then(|i| self.globals.get_mut(i)) {
             g.usage = g.usage.max(usage);
+            // Plain data only for the arguments `call` checks: called any
+            // other way (by `map`, a wrapper, as what a call made), it is
+            // a call of an unknown callable.
+            if usage == Usage::Called
+                && g.class == GlobalClass::Data
+                && conditional_data(&g.module, &g.name)
+            {
+                g.class = GlobalClass::Unknown;
+            }
         }
+    }
+
+    /// Whether `v` is a global that is plain data for some arguments only
+    /// (and not yet seen called with others).
+    fn conditional(&self, v: Value) -> bool {
+        self.global_index(v)
+            .and_then(|i| self.globals.get(i))
+            .is_some_and(|g| g.class == GlobalClass::Data && conditional_data(&g.module, &g.name))
     }
 
     fn path_of(&self, v: Value) -> Option<(&str, &str)> {
@@ -990,6 +1007,30 @@ impl Recorder {
             self.wrapped.entry(id).or_default().push(func);
         }
     }
+}
+
+/// A constant: None, a bool, a number, a string or bytes, or a tuple of
+/// those (an enum's value may be a tuple).
+fn constant(heap: &Heap, v: Value) -> bool {
+    let scalar = |v: Value| match v {
+        Value::Obj(_) => matches!(
+            heap.get(v),
+            Some(Obj::Str(_) | Obj::Bytes(_) | Obj::BigInt(_))
+        ),
+        _ => true,
+    };
+    scalar(v)
+        || heap
+            .tuple(v)
+            .is_some_and(|items| items.iter().all(|&i| scalar(i)))
+}
+
+/// A list, tuple or dict the pickle built (not an object a global made).
+fn container(heap: &Heap, v: Value) -> bool {
+    matches!(
+        heap.get(v),
+        Some(Obj::List(_) | Obj::Tuple(_) | Obj::Dict(_))
+    )
 }
 
 /// Whether `key` names a dunder attribute (`__setstate__`, `__reduce__`,
@@ -1034,6 +1075,37 @@ impl Interpreter for Recorder {
                 let made = self.inert(heap, Some(Origin::Made(g)))?;
                 self.wrap(made, arg(0));
                 Ok(made)
+            }
+            // An enum member looked up by its value, an item taken from a
+            // container the pickle built: plain data. Any other call of
+            // these is a call of an unknown callable.
+            Some(Origin::Global(g)) if self.conditional(callable) => {
+                let (module, name) = self.path_of(callable).unwrap_or_default();
+                let plain = if known_enum(module, name) {
+                    items.len() == 1 && constant(heap, arg(0))
+                } else {
+                    items.len() == 2 && container(heap, arg(0)) && constant(heap, arg(1))
+                };
+                if !plain {
+                    self.mark(Some(g), Usage::Called);
+                    return self.inert(heap, Some(Origin::Made(g)));
+                }
+                if known_enum(module, name) {
+                    self.mark(Some(g), Usage::Instantiated);
+                    return self.inert(heap, Some(Origin::Made(g)));
+                }
+                // The item itself when it can be found; else whatever the
+                // container holds that has an origin.
+                let (seq, key) = (heap.sequence(arg(0)), arg(1));
+                if let (Some(seq), Value::Int(i)) = (seq, key) {
+                    let len = i64::try_from(seq.len()).unwrap_or(i64::MAX);
+                    let at = if i < 0 { i.saturating_add(len) } else { i };
+                    if let Some(&item) = usize::try_from(at).ok().and_then(|at| seq.get(at)) {
+                        return Ok(item);
+                    }
+                }
+                let o = self.origin_within(heap, &[arg(0)])?;
+                self.inert(heap, o)
             }
             Some(Origin::Global(g)) => {
                 self.mark(Some(g), Usage::Called);
