@@ -1167,3 +1167,26 @@ fn enum_lookups_and_plain_getitem_are_data_and_nothing_else_is() {
         assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
     }
 }
+
+/// A FRAME that declares more bytes than are left: Python's C unpickler
+/// stops at it, its pure-Python unpickler (which does not check the
+/// length) runs what it holds. The scanner reads on and calls the file
+/// ambiguous; the global inside is reported (hand-made).
+#[test]
+fn a_frame_longer_than_the_bytes_left_is_read_on() {
+    let mut pickle = b"\x80\x04\x95".to_vec();
+    let body = b"\x8c\x02os\x94\x8c\x06system\x94\x93\x94.";
+    pickle.extend_from_slice(&(body.len() as u64 + 3).to_le_bytes());
+    pickle.extend_from_slice(body);
+    let report = ptload_reader::scan::scan_bytes(&pickle, &Limits::default());
+    assert_eq!(report.verdict(), Dangerous, "{report:#?}");
+    assert!(report
+        .ambiguities
+        .iter()
+        .any(|a| a.what.contains("FRAME declares more bytes")));
+    // The same pickle with its true length is no ambiguity.
+    pickle[3..11].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    let report = ptload_reader::scan::scan_bytes(&pickle, &Limits::default());
+    assert_eq!(report.verdict(), Dangerous);
+    assert!(report.ambiguities.is_empty(), "{report:#?}");
+}

@@ -290,9 +290,11 @@ impl ScanReport {
 
 /// Scan the bytes of a file as `torch.load` would read them.
 pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
+    let mut vm = Vm::new(limits, StringEncoding::Bytes);
+    vm.read_short_frames = true;
     let mut scan = Scanner {
         limits,
-        vm: Vm::new(limits, StringEncoding::Bytes),
+        vm,
         report: ScanReport::default(),
         nested: Vec::new(),
     };
@@ -393,6 +395,14 @@ impl Scanner<'_> {
                     .and_then(|e| e.offset())
                     .unwrap_or(start as u64),
                 what: "an opcode reads past the end of its FRAME".into(),
+            });
+        }
+        if self.vm.frame_short {
+            // Read on, fail closed: what the frame holds is recorded.
+            self.report.ambiguities.push(Ambiguity {
+                record: parent.clone(),
+                offset: start as u64,
+                what: "a FRAME declares more bytes than are left: Python's C unpickler stops there, its pure-Python unpickler runs what the frame holds".into(),
             });
         }
         let result = match &outcome {
