@@ -1002,6 +1002,21 @@ fn an_unrelated_broken_local_header_fails_only_what_needs_it() {
             "{needed}: {text}"
         );
     }
+    // The broken entry named like a listed one (same length, renamed in
+    // the central directory): a duplicate name, refused.
+    let mut renamed = bytes.clone();
+    let at = renamed
+        .windows(4)
+        .enumerate()
+        .filter(|(_, w)| *w == b"PK\x01\x02")
+        .map(|(i, _)| i + 46)
+        .find(|&i| renamed[i..].starts_with(b"archive/extra/notes.txt"))
+        .unwrap();
+    renamed[at..at + 23].copy_from_slice(b"archive/.format_version");
+    let file = dir.join("renamed.pt");
+    std::fs::write(&file, &renamed).unwrap();
+    let err = ptload_reader::Checkpoint::open(&file).expect_err("opened");
+    assert!(err.to_string().contains("duplicate entry name"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
