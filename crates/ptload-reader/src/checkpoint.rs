@@ -184,6 +184,8 @@ pub struct Checkpoint {
     callables: Vec<String>,
     globals: Vec<GlobalRef>,
     warnings: Vec<String>,
+    /// The limits it was opened with, for [`Checkpoint::suspicious`].
+    limits: Limits,
     /// Indices into `tensors`, hashed by name with `hasher`.
     by_name: HashTable<u32>,
     hasher: hashbrown::DefaultHashBuilder,
@@ -443,6 +445,8 @@ impl Checkpoint {
         };
         let format = decoded.format;
         let end = decoded.end;
+        let mut warnings = decoded.notes;
+        warnings.extend(walked.warnings);
         Ok(Checkpoint {
             source,
             owned: Vec::new(),
@@ -456,7 +460,8 @@ impl Checkpoint {
             value_calls: walked.value_calls,
             callables: walked.callables,
             globals: leading.into_iter().chain(interp.globals).collect(),
-            warnings: walked.warnings,
+            warnings,
+            limits: opts.limits.clone(),
             by_name: walked.by_name,
             hasher: walked.hasher,
             work: heap.work().saturating_add(walked.steps),
@@ -571,6 +576,7 @@ impl Checkpoint {
             callables: Vec::new(),
             globals: Vec::new(),
             warnings,
+            limits: Limits::default(),
             by_name,
             hasher,
             work: 0,
@@ -751,9 +757,42 @@ impl Checkpoint {
         &self.globals
     }
 
-    /// The globals outside torch's `weights_only=True` allowlist.
-    pub fn suspicious(&self) -> impl Iterator<Item = &GlobalRef> {
+    /// The globals outside torch's `weights_only=True` allowlist: what
+    /// [`Policy::Strict`] refuses (and `allow_global` admits).
+    pub fn outside_allowlist(&self) -> impl Iterator<Item = &GlobalRef> {
         self.globals.iter().filter(|g| !g.torch_allowed)
+    }
+
+    /// The globals [`scan`](crate::scan) reports at
+    /// [`Level::UnknownCall`](crate::scan::Level::UnknownCall) or above in
+    /// this file, the same decision as `ptload scan`: each once, with its
+    /// strongest use (its [`level`](crate::scan::GlobalUse::level) is the
+    /// highest seen), in order of first appearance. The file's bytes are
+    /// scanned again, within the limits it was opened with; a file put
+    /// together from parts (a distributed checkpoint) has none.
+    pub fn suspicious(&self) -> impl Iterator<Item = crate::scan::GlobalUse> {
+        let report = crate::scan::scan_bytes(self.source.bytes(), &self.limits);
+        let mut found: Vec<crate::scan::GlobalUse> = Vec::new();
+        let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        for g in report.pickles.into_iter().flat_map(|p| p.globals) {
+            if g.level() < crate::scan::Level::UnknownCall {
+                continue;
+            }
+            match at.get(&g.path()) {
+                Some(&i) => {
+                    if let Some(seen) = found.get_mut(i) {
+                        if g.level() > seen.level() {
+                            *seen = g;
+                        }
+                    }
+                }
+                None => {
+                    at.insert(g.path(), found.len());
+                    found.push(g);
+                }
+            }
+        }
+        found.into_iter()
     }
 
     /// Things the reader saw but does not expose (e.g. tensors of a kind it
