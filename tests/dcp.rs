@@ -911,3 +911,223 @@ fn many_chunks_along_a_later_dimension_cost_little_to_check() {
     assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
     assert!(e.to_string().contains("are also those of"), "{e}");
 }
+
+// ---- FSDP rank files (fixtures/generate.py --only fsdp) --------------------
+
+fn fsdp_answers() -> Json {
+    let text = std::fs::read_to_string(fixtures().join("fsdp.json")).expect("fsdp.json");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn fsdp_dir(name: &str) -> PathBuf {
+    fixtures().join("files/fsdp").join(name)
+}
+
+fn rank_files(name: &str, world: usize) -> Vec<PathBuf> {
+    (0..world)
+        .map(|r| fsdp_dir(name).join(format!("model_world_size_{world}_rank_{r}.pt")))
+        .collect()
+}
+
+fn assert_fsdp_as_torch(set: &CheckpointSet, want: &Json, what: &str) {
+    let tensors = want["tensors"].as_object().expect("tensors");
+    assert_eq!(set.files().len(), 1, "{what}");
+    assert_eq!(set.len(), tensors.len(), "{what}");
+    for (key, w) in tensors {
+        let (_, view) = set.tensor(key).unwrap_or_else(|| panic!("{what}: {key}"));
+        assert_eq!(
+            view.dtype().name(),
+            w["dtype"].as_str().unwrap(),
+            "{what} {key}"
+        );
+        assert_eq!(view.shape(), dims(&w["shape"]).as_slice(), "{what} {key}");
+        assert_eq!(
+            sha(&view.data().unwrap()),
+            w["sha256"].as_str().unwrap(),
+            "{what} {key}"
+        );
+    }
+    let ckpt = set.files()[0].checkpoint();
+    assert_eq!(ckpt.format().name(), "ranks");
+    let values = want["values"].as_object().expect("values");
+    assert_eq!(ckpt.values().len(), values.len(), "{what}");
+    for (k, v) in ckpt.values() {
+        let w = &values[k.as_str()];
+        match v {
+            Scalar::Float(f) => assert_eq!(Some(*f), w.as_f64(), "{what} {k}"),
+            Scalar::Int(i) => assert_eq!(Some(*i), w.as_i64(), "{what} {k}"),
+            Scalar::Bool(b) => assert_eq!(Some(*b), w.as_bool(), "{what} {k}"),
+            Scalar::None => assert!(w.is_null(), "{what} {k}"),
+            other => panic!("{what} {k}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn fsdp_rank_files_read_as_torchs_full_tensors() {
+    let doc = fsdp_answers();
+    for name in ["world2", "world4", "local2"] {
+        let want = &doc["sets"][name];
+        // torch itself loads these files with weights_only=True.
+        let types = want["weights_only_true_types"].as_array().unwrap();
+        assert_eq!(types.len(), if name == "local2" { 1 } else { 2 }, "{name}");
+        // The directory (local shards: with its placements sidecar).
+        let set = CheckpointSet::open(fsdp_dir(name)).expect(name);
+        assert_fsdp_as_torch(&set, want, name);
+        // The same under the strict policy: torch admits the DTensor
+        // classes once torch.distributed.tensor is imported.
+        let strict = OpenOptions::new().policy(ptload_reader::Policy::Strict);
+        let set = CheckpointSet::open_with(fsdp_dir(name), &strict).expect(name);
+        assert_fsdp_as_torch(&set, want, name);
+    }
+    // A list of DTensor files, in any order: each file records its place.
+    let mut files = rank_files("world4", 4);
+    files.reverse();
+    let set = CheckpointSet::open_files(&files, &OpenOptions::new()).expect("list");
+    assert_fsdp_as_torch(&set, &doc["sets"]["world4"], "world4 reversed");
+}
+
+#[test]
+fn one_fsdp_rank_file_lists_its_local_parts_with_their_spec() {
+    use ptload_reader::dcp::fsdp::MeshPlacement;
+    let ckpt = ptload_reader::Checkpoint::open(&rank_files("world4", 4)[3]).expect("open");
+    let at = ckpt.position("model.fc1.weight").unwrap();
+    let view = ckpt.tensor_at(at).unwrap();
+    // Shard(0) of 10 rows among 4 ranks, as torch.chunk cuts: 3, 3, 3, 1.
+    assert_eq!(view.shape(), &[1, 6]);
+    let spec = ckpt.dtensor_at(at).expect("a DTensor");
+    assert_eq!(spec.global_shape, vec![10, 6]);
+    assert_eq!(spec.mesh, vec![4]);
+    assert_eq!(spec.coordinate, vec![3]);
+    assert_eq!(spec.rank, Some(3));
+    assert_eq!(spec.placements, vec![MeshPlacement::Shard(0)]);
+    // 3 rows of fc2 among 4 ranks: the last rank's part is empty.
+    let at = ckpt.position("model.fc2.weight").unwrap();
+    assert_eq!(ckpt.tensor_at(at).unwrap().shape(), &[0, 10]);
+    // The buffer is a plain tensor, not a DTensor.
+    assert!(ckpt
+        .dtensor_at(ckpt.position("model.scale").unwrap())
+        .is_none());
+    assert!(ckpt.warnings().iter().any(|w| w.contains("are DTensors")));
+    assert!(ckpt.suspicious().next().is_none(), "{:?}", ckpt.globals());
+}
+
+fn fsdp_err(paths: &[PathBuf]) -> String {
+    CheckpointSet::open_files(paths, &OpenOptions::new())
+        .expect_err("must be refused")
+        .to_string()
+}
+
+#[test]
+fn fsdp_rank_files_that_do_not_make_one_tensor_are_refused() {
+    // Partial: a reduction not yet done.
+    let e = CheckpointSet::open(fsdp_dir("partial2"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Partial(sum)") && e.contains("'weight'"), "{e}");
+    // Replicated copies that differ name the key and the ranks.
+    let e = CheckpointSet::open(fsdp_dir("replicate_mismatch2"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rank 0 and rank 1 hold different values") && e.contains("'weight'"),
+        "{e}"
+    );
+    // Parts that do not have the shape their placements give.
+    let e = CheckpointSet::open(fsdp_dir("bad_tiling2"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("do not tile") && e.contains("[5, 2]"), "{e}");
+    // A rank missing.
+    let mut three = rank_files("world4", 4);
+    three.remove(2);
+    let e = fsdp_err(&three);
+    assert!(e.contains("no file holds the part at [2]"), "{e}");
+    // The same rank twice.
+    let twice = vec![
+        rank_files("world2", 2)[0].clone(),
+        rank_files("world2", 2)[0].clone(),
+    ];
+    let e = fsdp_err(&twice);
+    assert!(e.contains("both hold the part at [0]"), "{e}");
+    // Files of two meshes.
+    let mixed = vec![
+        rank_files("world2", 2)[0].clone(),
+        rank_files("world4", 4)[1].clone(),
+    ];
+    let e = fsdp_err(&mixed);
+    assert!(e.contains("the files disagree: a mesh of [4]"), "{e}");
+    // A DTensor in one file, a plain local shard in the other.
+    let mixed = vec![
+        rank_files("world2", 2)[0].clone(),
+        rank_files("local2", 2)[1].clone(),
+    ];
+    let e = fsdp_err(&mixed);
+    assert!(
+        e.contains("a DTensor in") && e.contains("a plain tensor in"),
+        "{e}"
+    );
+    // Local shards without their placements are not concatenated: as a
+    // list of files they name each tensor twice; as rank files, plain
+    // tensors must be equal on every rank, and are not.
+    let local = rank_files("local2", 2);
+    let e = fsdp_err(&local);
+    assert!(e.contains("in two files of the set"), "{e}");
+    let e = CheckpointSet::open_fsdp_files(&local, None, &OpenOptions::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rank 0 and rank 1 hold different values"), "{e}");
+}
+
+#[test]
+fn the_placements_sidecar_is_checked() {
+    use ptload_reader::dcp::fsdp::{LocalLayout, MeshPlacement};
+    let text = std::fs::read(fsdp_dir("local2").join("ptload-placements.json")).unwrap();
+    let layout = LocalLayout::from_json(&text).expect("sidecar");
+    assert_eq!(layout.mesh(), &[2]);
+    assert_eq!(
+        layout.placements_for("optim.state.3.step"),
+        Some(&[MeshPlacement::Replicate][..])
+    );
+    assert_eq!(
+        layout.placements_for("model.fc1.weight"),
+        Some(&[MeshPlacement::Shard(0)][..])
+    );
+    for bad in [
+        &br#"{"mesh": [2], "placements": [{"match": "*", "placements": ["Shard(0)", "Replicate()"]}]}"#[..],
+        br#"{"mesh": [0], "placements": []}"#,
+        br#"{"mesh": [2], "placements": [{"match": "*", "placements": ["Partial()"]}]}"#,
+        br#"{"mesh": [2]}"#,
+        b"not json",
+    ] {
+        let e = LocalLayout::from_json(bad).expect_err("refused");
+        assert_eq!(e.kind(), ErrorKind::InvalidSpec, "{e}");
+    }
+    // A layout whose rules leave a tensor out, or shard a scalar.
+    let files = rank_files("local2", 2);
+    let partial = LocalLayout::new(
+        vec![2],
+        vec![("model.*".into(), vec![MeshPlacement::Shard(0)])],
+    )
+    .unwrap();
+    let e = CheckpointSet::open_fsdp_files(&files, Some(&partial), &OpenOptions::new())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no rule of ptload-placements.json matches"),
+        "{e}"
+    );
+    let scalar =
+        LocalLayout::new(vec![2], vec![("*".into(), vec![MeshPlacement::Shard(0)])]).unwrap();
+    let e = CheckpointSet::open_fsdp_files(&files, Some(&scalar), &OpenOptions::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Shard(0) of a tensor of 0 dimensions"), "{e}");
+    // A mesh of another size than the files given.
+    let four =
+        LocalLayout::new(vec![4], vec![("*".into(), vec![MeshPlacement::Replicate])]).unwrap();
+    let e = CheckpointSet::open_fsdp_files(&files, Some(&four), &OpenOptions::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("has 4 ranks, and 2 files were given"), "{e}");
+}

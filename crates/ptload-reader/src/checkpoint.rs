@@ -14,6 +14,7 @@ use crate::object::Objects;
 use crate::pickle::{Heap, StringEncoding, Value, Vm};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip};
+use crate::torch::dtensor::DTensorSpec;
 use crate::torch::dtype::DType;
 use crate::torch::interp::GlobalRef;
 use crate::torch::names::{walk_all, Scalar};
@@ -165,6 +166,9 @@ pub struct Checkpoint {
     pickle_protocol: u8,
     storages: Vec<StorageInfo>,
     tensors: Vec<TensorInfo>,
+    /// The DTensor specs of the tensors that are a DTensor's local part,
+    /// by tensor index, in index order.
+    dtensors: Vec<(u32, DTensorSpec)>,
     values: Vec<(String, Scalar)>,
     globals: Vec<GlobalRef>,
     warnings: Vec<String>,
@@ -337,10 +341,17 @@ impl Checkpoint {
                 }
             }
         }
+        let mut dtensors = Vec::new();
+        let mut warnings = walked.warnings;
         for (name, value) in walked.tensors {
             // Indices must stay those of `by_name`: nothing is skipped.
             let info = match heap.torch(value) {
                 Some(TorchObj::Tensor(meta)) => {
+                    if let Some(spec) = &meta.dtensor {
+                        let at = u32::try_from(tensors.len())
+                            .map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+                        dtensors.push((at, (**spec).clone()));
+                    }
                     tensor_info(&heap, name, meta, &storages, &opts.limits)?
                 }
                 Some(TorchObj::Storage { index, dtype }) => {
@@ -389,6 +400,16 @@ impl Checkpoint {
                 )?)
             }
         };
+        if let Some((_, spec)) = dtensors.first() {
+            warnings.push(format!(
+                "{} tensors are DTensors: each is listed as this file's local part (rank {} at \
+                 {:?} on a mesh of {:?}); open every rank's file as one set for whole tensors",
+                dtensors.len(),
+                spec.rank.map_or_else(|| "?".to_owned(), |r| r.to_string()),
+                spec.coordinate,
+                spec.mesh
+            ));
+        }
         let format = decoded.format;
         let end = decoded.end;
         Ok(Checkpoint {
@@ -400,9 +421,10 @@ impl Checkpoint {
             pickle_protocol: decoded.protocol,
             storages,
             tensors,
+            dtensors,
             values: walked.values,
             globals: leading.into_iter().chain(interp.globals).collect(),
-            warnings: walked.warnings,
+            warnings,
             by_name: walked.by_name,
             hasher: walked.hasher,
             work: heap.work().saturating_add(walked.steps),
@@ -422,6 +444,7 @@ impl Checkpoint {
         values: Vec<(String, Scalar)>,
         warnings: Vec<String>,
         protocol: u8,
+        format: Format,
     ) -> Result<Checkpoint> {
         let hasher = hashbrown::DefaultHashBuilder::default();
         let mut by_name: HashTable<u32> = HashTable::with_capacity(parts.len());
@@ -507,11 +530,12 @@ impl Checkpoint {
             source: Source::owned(Vec::new(), None),
             owned,
             inflated: Vec::new(),
-            format: Format::Dcp,
+            format,
             byte_order: ByteOrder::HOST,
             pickle_protocol: protocol,
             storages,
             tensors,
+            dtensors: Vec::new(),
             values,
             globals: Vec::new(),
             warnings,
@@ -682,6 +706,25 @@ impl Checkpoint {
     /// The globals outside torch's `weights_only=True` allowlist.
     pub fn suspicious(&self) -> impl Iterator<Item = &GlobalRef> {
         self.globals.iter().filter(|g| !g.torch_allowed)
+    }
+
+    /// The DTensor spec of the tensor at `index` (see
+    /// [`tensor_at`](Self::tensor_at)), when it is the local part of a
+    /// DTensor (`torch.save` of an FSDP2 model's state dict): the whole
+    /// tensor's shape, the mesh, this rank's place on it and the
+    /// placements. [`crate::dcp::fsdp`] puts every rank's parts together.
+    pub fn dtensor_at(&self, index: usize) -> Option<&DTensorSpec> {
+        let index = u32::try_from(index).ok()?;
+        let at = self
+            .dtensors
+            .binary_search_by_key(&index, |&(i, _)| i)
+            .ok()?;
+        self.dtensors.get(at).map(|(_, s)| s)
+    }
+
+    /// Whether any tensor is a DTensor's local part.
+    pub fn has_dtensors(&self) -> bool {
+        !self.dtensors.is_empty()
     }
 
     /// Things the reader saw but does not expose (e.g. tensors of a kind it

@@ -34,6 +34,7 @@
 //! # }
 //! ```
 
+pub mod fsdp;
 mod metadata;
 
 use std::collections::HashMap;
@@ -41,6 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::{Checkpoint, OpenOptions};
+use crate::container::Format;
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::parallel::Shard;
@@ -764,7 +766,7 @@ impl Dcp {
             }
             warnings.extend(item.warnings().iter().map(|w| format!("{name}: {w}")));
         }
-        Checkpoint::assembled(parts, values, warnings, self.protocol)
+        Checkpoint::assembled(parts, values, warnings, self.protocol, Format::Dcp)
     }
 }
 
