@@ -843,6 +843,39 @@ fn a_save_without_collectives_reads_as_one() {
 }
 
 #[test]
+fn replicated_copies_saved_without_collectives_are_compared() {
+    // Both ranks wrote layers.0.bias (replicated); rank 1's copy is
+    // compared with rank 0's whenever the tensor is read.
+    let dcp = Dcp::open(dir_of("world2_rank_metadata")).expect("open");
+    let bias = dcp.read_tensor("layers.0.bias").expect("equal copies");
+    let s = Scratch::new("copies");
+    for f in std::fs::read_dir(dir_of("world2_rank_metadata")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), s.0.join(f.file_name())).unwrap();
+    }
+    let path = s.0.join("__1_0.distcp");
+    let mut rank1 = std::fs::read(&path).unwrap();
+    let at = rank1
+        .windows(bias.len())
+        .position(|w| w == bias.as_slice())
+        .expect("rank 1's copy of the bias");
+    rank1[at] ^= 0x01;
+    std::fs::write(&path, &rank1).unwrap();
+    let dcp = Dcp::open(&s.0).expect("open: nothing is read yet");
+    let e = dcp.read_tensor("layers.0.bias").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("replicated, but rank 0 and rank 1 wrote different values"),
+        "{e}"
+    );
+    assert_eq!(e.tensor(), Some("layers.0.bias"));
+    // The tensors only rank 0 or only rank 1 wrote read as before.
+    dcp.read_tensor("layers.0.weight").expect("sharded");
+    let e = CheckpointSet::open(&s.0).unwrap_err();
+    assert!(e.to_string().contains("wrote different values"), "{e}");
+}
+
+#[test]
 fn two_chunks_reading_the_same_bytes_are_refused() {
     let s = Scratch::new("shared");
     let r = two_chunks(&s.0);
