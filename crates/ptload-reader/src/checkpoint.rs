@@ -157,6 +157,8 @@ pub struct Checkpoint {
     /// Storages' bytes held in memory (tensors put together from a
     /// distributed checkpoint's chunks).
     owned: Vec<Vec<u8>>,
+    /// Storages read on demand (a distributed checkpoint's tensors).
+    lazy: Option<Lazy>,
     /// Deflated storage records (repacked archives; torch writes none),
     /// each inflated when first read: opening, `inspect` and `scan` never
     /// pay for data they do not read.
@@ -181,6 +183,19 @@ pub struct Checkpoint {
     /// their pages before they read them.
     scattered: std::sync::atomic::AtomicBool,
     end: u64,
+}
+
+/// Where the bytes of storages read on demand come from: each call reads
+/// (puts together) storage `index` of the lazy ones afresh.
+pub(crate) trait LazyStorages: std::fmt::Debug + Send + Sync {
+    fn read(&self, index: usize) -> Result<Vec<u8>>;
+}
+
+/// Storages read on demand, and those a borrowing reader asked for, kept.
+#[derive(Debug)]
+struct Lazy {
+    source: std::sync::Arc<dyn LazyStorages>,
+    kept: Vec<std::sync::OnceLock<Vec<u8>>>,
 }
 
 /// A deflated storage record and, once read, its bytes.
@@ -312,7 +327,9 @@ impl Checkpoint {
                 StorageInfo {
                     file_offset: match data {
                         StorageData::File(o) => Some(o),
-                        StorageData::Owned(_) | StorageData::Deflated(_) => None,
+                        StorageData::Owned(_) | StorageData::Deflated(_) | StorageData::Lazy(_) => {
+                            None
+                        }
                     },
                     key: p.key,
                     location: p.location,
@@ -415,6 +432,7 @@ impl Checkpoint {
         Ok(Checkpoint {
             source,
             owned: Vec::new(),
+            lazy: None,
             inflated,
             format,
             byte_order: decoded.byte_order,
@@ -529,6 +547,7 @@ impl Checkpoint {
         Ok(Checkpoint {
             source: Source::owned(Vec::new(), None),
             owned,
+            lazy: None,
             inflated: Vec::new(),
             format,
             byte_order: ByteOrder::HOST,
@@ -682,12 +701,76 @@ impl Checkpoint {
                 Some(lazy) => Some(lazy.bytes(self.source.bytes())?),
                 None => None,
             },
+            // A borrowing reader keeps what it asked for; views read
+            // their data afresh (`lazy_read`), so a pass over every tensor
+            // holds one at a time.
+            StorageData::Lazy(i) => match &self.lazy {
+                Some(lazy) => match lazy.kept.get(i) {
+                    Some(kept) => match kept.get() {
+                        Some(done) => Some(done.as_slice()),
+                        None => {
+                            let made = lazy.source.read(i)?;
+                            Some(kept.get_or_init(|| made).as_slice())
+                        }
+                    },
+                    None => None,
+                },
+                None => None,
+            },
         };
         bytes.ok_or_else(|| {
             Error::new(
                 ErrorKind::Tensor,
                 format!("storage {:?}: its bytes are not in the file", s.key),
             )
+        })
+    }
+
+    /// This checkpoint (of [`assembled`](Self::assembled) tensors) with
+    /// the tensors at `tensors`, which have no storage, given one each
+    /// whose bytes `source` reads on demand: storage `k` of `source` is
+    /// that of `tensors[k]`.
+    pub(crate) fn with_lazy(
+        mut self,
+        source: std::sync::Arc<dyn LazyStorages>,
+        tensors: &[usize],
+    ) -> Result<Checkpoint> {
+        let mut kept = Vec::with_capacity(tensors.len());
+        for (k, &t) in tensors.iter().enumerate() {
+            let storage = self.storages.len();
+            let info = self
+                .tensors
+                .get_mut(t)
+                .filter(|i| i.storage.is_none())
+                .ok_or_else(|| Error::new(ErrorKind::Tensor, "no such tensor without data"))?;
+            info.storage = Some(storage);
+            self.storages.push(StorageInfo {
+                key: storage.to_string(),
+                location: "cpu".to_owned(),
+                dtype: info.dtype,
+                numel: info.numel,
+                nbytes: info.nbytes,
+                record: None,
+                file_offset: None,
+                data: StorageData::Lazy(k),
+                quantized: None,
+            });
+            kept.push(std::sync::OnceLock::new());
+        }
+        self.lazy = Some(Lazy { source, kept });
+        Ok(self)
+    }
+
+    /// The bytes of storage `index` when it is read on demand: those kept,
+    /// or read afresh (and not kept); `None` for any other storage.
+    pub(crate) fn lazy_read(&self, index: usize) -> Option<Result<std::borrow::Cow<'_, [u8]>>> {
+        let StorageData::Lazy(i) = self.storages.get(index)?.data else {
+            return None;
+        };
+        let lazy = self.lazy.as_ref()?;
+        Some(match lazy.kept.get(i).and_then(std::sync::OnceLock::get) {
+            Some(kept) => Ok(std::borrow::Cow::Borrowed(kept.as_slice())),
+            None => lazy.source.read(i).map(std::borrow::Cow::Owned),
         })
     }
 

@@ -169,15 +169,16 @@ impl CheckpointSet {
     }
 
     /// A `torch.distributed.checkpoint` directory as a set of one: its
-    /// tensors put together from their chunks in memory, its non-tensor
-    /// items as values (see [`crate::dcp`], which reads single tensors and
-    /// rank slices without the rest). The set's one file is the directory.
+    /// tensors put together from their chunks when their data is read
+    /// (each read afresh, so a pass over the set holds one tensor at a
+    /// time; see [`crate::dcp::Dcp::into_checkpoint`]), its non-tensor
+    /// items as values. The set's one file is the directory.
     pub fn open_dcp(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
         let dir = dir.as_ref();
-        let dcp = crate::dcp::Dcp::open_with(dir, opts)?;
+        let dcp = Arc::new(crate::dcp::Dcp::open_with(dir, opts)?);
         let file = SetFile {
             path: dir.to_path_buf(),
-            checkpoint: Arc::new(dcp.to_checkpoint()?),
+            checkpoint: Arc::new(dcp.into_checkpoint()?),
         };
         CheckpointSet::build(vec![file], None, opts)
     }

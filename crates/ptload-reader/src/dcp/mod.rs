@@ -791,10 +791,24 @@ impl Dcp {
     }
 
     /// Every tensor put together and every item's values, as one
-    /// checkpoint held in memory (what [`crate::set::CheckpointSet`] opens
-    /// for a DCP directory). Its size is the whole model's.
+    /// checkpoint held in memory. Its size is the whole model's.
     pub fn to_checkpoint(&self) -> Result<Checkpoint> {
         self.checkpoint(true)
+    }
+
+    /// Every tensor and every item's values, as one checkpoint whose
+    /// tensors are put together from their chunks when their data is
+    /// asked for (what [`crate::set::CheckpointSet`] opens for a DCP
+    /// directory): a view's `data()` and `visit_bytes` read the tensor
+    /// afresh each time and keep nothing, so a pass over every tensor
+    /// holds one at a time; readers that borrow the storage's bytes
+    /// (`storage_bytes`, `as_slice`) keep what they read.
+    pub fn into_checkpoint(self: Arc<Self>) -> Result<Checkpoint> {
+        let skeleton = self.checkpoint(false)?;
+        // The metadata's tensors come first, in order; the items' tensors
+        // after them hold their bytes already.
+        let lazy: Vec<usize> = (0..self.tensors.len()).collect();
+        skeleton.with_lazy(self, &lazy)
     }
 
     /// Every tensor's name, dtype and shape without its data (tensors with
@@ -1227,5 +1241,24 @@ fn copy_box(
             }
             *v = lo;
         }
+    }
+}
+
+/// The tensors of a DCP checkpoint, read on demand: storage `k` is the
+/// `k`th tensor of the metadata.
+impl crate::checkpoint::LazyStorages for Dcp {
+    fn read(&self, index: usize) -> Result<Vec<u8>> {
+        let name = self
+            .tensors
+            .get(index)
+            .map(|t| t.name.clone())
+            .ok_or_else(|| geometry(format!("no tensor {index}")))?;
+        let bytes = self.read_tensor(&name);
+        // The tensor is copied out: the pages of the mapped files it was
+        // read from need not stay in this process's resident memory.
+        for source in self.sources() {
+            source.release();
+        }
+        bytes
     }
 }
