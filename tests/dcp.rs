@@ -1166,3 +1166,116 @@ fn the_placements_sidecar_is_checked() {
         .to_string();
     assert!(e.contains("has 4 ranks, and 2 files were given"), "{e}");
 }
+
+/// `file` (a stored torch zip, as torch writes it: sizes and CRC-32 in a
+/// data descriptor after each record and in the central directory) with
+/// `from` replaced by `to` (the same length) in its `data.pkl`, and that
+/// record's CRC-32 made right again wherever it is recorded.
+fn patch_pickle(file: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let mut out = file.to_vec();
+    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as usize;
+    let u32_at =
+        |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+    let find = |out: &[u8], sig: &[u8; 4], name_at: usize, len_at: usize| {
+        out.windows(4)
+            .enumerate()
+            .filter(|(_, w)| w == sig)
+            .map(|(i, _)| i)
+            .find(|&i| {
+                let n = u16_at(out, i + len_at);
+                out[i + name_at..i + name_at + n].ends_with(b"data.pkl")
+            })
+            .expect("data.pkl")
+    };
+    let local = find(&out, b"PK\x03\x04", 30, 26);
+    let central = find(&out, b"PK\x01\x02", 46, 28);
+    let size = u32_at(&out, central + 20);
+    let start = local + 30 + u16_at(&out, local + 26) + u16_at(&out, local + 28);
+    let data = &mut out[start..start + size];
+    let at = data
+        .windows(from.len())
+        .position(|w| w == from)
+        .unwrap_or_else(|| panic!("{:?} not in the pickle", String::from_utf8_lossy(from)));
+    data[at..at + to.len()].copy_from_slice(to);
+    let crc = crc32fast::hash(data).to_le_bytes();
+    if u16_at(&out, local + 6) & 0x8 == 0 {
+        out[local + 14..local + 18].copy_from_slice(&crc);
+    }
+    out[central + 16..central + 20].copy_from_slice(&crc);
+    let mut descriptor = start + size;
+    if out[descriptor..].starts_with(b"PK\x07\x08") {
+        descriptor += 4;
+    }
+    out[descriptor..descriptor + 4].copy_from_slice(&crc);
+    out
+}
+
+#[test]
+fn hostile_dtensor_specs_are_refused() {
+    let rank1 = std::fs::read(&rank_files("world2", 2)[1]).unwrap();
+    let open = |bytes: Vec<u8>, policy| {
+        OpenOptions::new()
+            .policy(policy)
+            .open_bytes(bytes)
+            .map(|c| format!("opened with {} tensors", c.len()))
+            .unwrap_or_else(|e| e.to_string())
+    };
+    // The untouched file opens; the patch keeps what it does not change.
+    let same = patch_pickle(
+        &rank1,
+        b"_coordinate_on_dimqTK\x01",
+        b"_coordinate_on_dimqTK\x01",
+    );
+    assert_eq!(
+        open(same, ptload_reader::Policy::Strict),
+        "opened with 17 tensors"
+    );
+    let cases: &[(&[u8], &[u8], &str)] = &[
+        // A coordinate off the mesh.
+        (
+            b"_coordinate_on_dimqTK\x01",
+            b"_coordinate_on_dimqTK\x07",
+            "is not on its mesh",
+        ),
+        // A placement of a class that is not one of torch's.
+        (
+            b"placement_types\nShard\n",
+            b"placement_types\nShord\n",
+            "not Shard, Replicate or Partial",
+        ),
+        // No local tensor in the state.
+        (
+            b"_local_tensor",
+            b"_local_tensoR",
+            "no _local_tensor in its state",
+        ),
+        // A spec of another class.
+        (
+            b"_dtensor_spec\nDTensorSpec\n",
+            b"_dtensor_spec\nDTensorSpex\n",
+            "expected a torch.distributed.tensor._dtensor_spec.DTensorSpec",
+        ),
+    ];
+    for (from, to, want) in cases {
+        let got = open(
+            patch_pickle(&rank1, from, to),
+            ptload_reader::Policy::Default,
+        );
+        assert!(got.contains(want), "{}: {got}", String::from_utf8_lossy(to));
+    }
+    // Under the strict policy a class outside the DTensor ones is refused
+    // as a global before anything is read.
+    let got = open(
+        patch_pickle(
+            &rank1,
+            b"placement_types\nShard\n",
+            b"placement_types\nShord\n",
+        ),
+        ptload_reader::Policy::Strict,
+    );
+    assert!(
+        got.contains("Unsupported global") && got.contains("Shord"),
+        "{got}"
+    );
+}
