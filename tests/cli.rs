@@ -2251,5 +2251,34 @@ fn distributed_checkpoints_diff_equal_to_their_conversions() {
     let out = ptload(&["inspect", &fixture("fsdp/replicate_mismatch2")]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("rank 0 and rank 1 hold different values"));
+    // Even with --force, no output overwrites a file the set was read
+    // from: a rank file, or a .distcp file (one output, or shards).
+    for (set, file) in [
+        ("fsdp/world2", "model_world_size_2_rank_0.pt"),
+        ("dcp/world2", "__0_0.distcp"),
+    ] {
+        let copy = tmp.join(set.replace('/', "-"));
+        std::fs::create_dir_all(&copy).expect("copy");
+        for f in std::fs::read_dir(fixture(set)).expect("fixture") {
+            let f = f.expect("entry");
+            std::fs::copy(f.path(), copy.join(f.file_name())).expect("copy");
+        }
+        let before = std::fs::read(copy.join(file)).expect("input");
+        let target = copy.join(file);
+        for extra in [None, Some("1GB")] {
+            let mut args = vec!["convert", "--key", "all", "--force"];
+            args.extend([copy.to_str().expect("path"), target.to_str().expect("path")]);
+            if let Some(size) = extra {
+                args.extend(["--max-shard-size", size]);
+            }
+            let out = ptload(&args);
+            assert_eq!(out.status.code(), Some(2), "{set} {extra:?}");
+            assert_eq!(
+                std::fs::read(&target).expect("kept"),
+                before,
+                "{set} {extra:?}"
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -159,6 +159,9 @@ pub struct Checkpoint {
     owned: Vec<Vec<u8>>,
     /// Storages read on demand (a distributed checkpoint's tensors).
     lazy: Option<Lazy>,
+    /// The files a checkpoint put together from others was read from
+    /// (DCP `.distcp` files, FSDP rank files): outputs never overwrite them.
+    inputs: Vec<Source>,
     /// Deflated storage records (repacked archives; torch writes none),
     /// each inflated when first read: opening, `inspect` and `scan` never
     /// pay for data they do not read.
@@ -433,6 +436,7 @@ impl Checkpoint {
             source,
             owned: Vec::new(),
             lazy: None,
+            inputs: Vec::new(),
             inflated,
             format,
             byte_order: decoded.byte_order,
@@ -548,6 +552,7 @@ impl Checkpoint {
             source: Source::owned(Vec::new(), None),
             owned,
             lazy: None,
+            inputs: Vec::new(),
             inflated: Vec::new(),
             format,
             byte_order: ByteOrder::HOST,
@@ -621,6 +626,18 @@ impl Checkpoint {
 
     pub(crate) fn source(&self) -> &Source {
         &self.source
+    }
+
+    /// Every file this checkpoint's data comes from: its own, and those a
+    /// checkpoint put together from others was read from.
+    pub(crate) fn inputs(&self) -> impl Iterator<Item = &Source> + '_ {
+        std::iter::once(&self.source).chain(&self.inputs)
+    }
+
+    /// This checkpoint, recording `inputs` as files its data came from.
+    pub(crate) fn read_from(mut self, inputs: Vec<Source>) -> Checkpoint {
+        self.inputs = inputs;
+        self
     }
 
     /// Whether the tensor bytes come from a memory map of the file.

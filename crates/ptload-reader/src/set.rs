@@ -321,7 +321,11 @@ impl CheckpointSet {
             .iter()
             .map(|f| (f.name(), f.checkpoint.as_ref()))
             .collect();
-        let merged = crate::dcp::fsdp::merge(&named, layout, opts.limits_ref())?;
+        let inputs = files
+            .iter()
+            .flat_map(|f| f.checkpoint.inputs().cloned())
+            .collect();
+        let merged = crate::dcp::fsdp::merge(&named, layout, opts.limits_ref())?.read_from(inputs);
         let folder = files
             .first()
             .and_then(|f| f.path.parent())

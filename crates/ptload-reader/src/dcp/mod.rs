@@ -808,7 +808,8 @@ impl Dcp {
         // The metadata's tensors come first, in order; the items' tensors
         // after them hold their bytes already.
         let lazy: Vec<usize> = (0..self.tensors.len()).collect();
-        skeleton.with_lazy(self, &lazy)
+        let inputs = self.sources().cloned().collect();
+        Ok(skeleton.with_lazy(self, &lazy)?.read_from(inputs))
     }
 
     /// Every tensor's name, dtype and shape without its data (tensors with
