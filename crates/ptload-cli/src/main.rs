@@ -257,7 +257,8 @@ struct InspectArgs {
 /// One side of `diff`, as read.
 enum Opened {
     Torch(CheckpointSet),
-    Safetensors(Vec<u8>),
+    /// A safetensors file, or the files of a sharded set, in name order.
+    Safetensors(Vec<Vec<u8>>),
 }
 
 /// A side of `diff` ready to compare: a torch checkpoint's model, selected
@@ -282,9 +283,25 @@ fn diff_side<'o>(
             }
             Ok(tools::Side::Torch(sel))
         }
-        Opened::Safetensors(bytes) => safetensors::SafeTensors::deserialize(bytes)
-            .map(tools::Side::Safetensors)
-            .map_err(|e| format!("{}: safetensors: {e}", path.display()).into()),
+        Opened::Safetensors(files) => {
+            let mut read = Vec::with_capacity(files.len());
+            let mut names = std::collections::HashSet::new();
+            for bytes in files {
+                let st = safetensors::SafeTensors::deserialize(bytes)
+                    .map_err(|e| format!("{}: safetensors: {e}", path.display()))?;
+                for name in st.names() {
+                    if !names.insert(name.to_owned()) {
+                        return Err(format!(
+                            "{}: {name} is in two files of the safetensors set",
+                            path.display()
+                        )
+                        .into());
+                    }
+                }
+                read.push(st);
+            }
+            Ok(tools::Side::Safetensors(read))
+        }
     }
 }
 
@@ -500,7 +517,17 @@ fn run(cli: Cli) -> CliResult<u8> {
                 let fail = |e: String| format!("{}: {}", path.display(), in_cli_terms(&e));
                 if tools::is_safetensors(path) {
                     let bytes = std::fs::read(path).map_err(|e| fail(format!("io: {e}")))?;
-                    return Ok(Opened::Safetensors(bytes));
+                    return Ok(Opened::Safetensors(vec![bytes]));
+                }
+                // A sharded safetensors set (what convert --max-shard-size
+                // writes): every .safetensors file of the directory.
+                if let Some(shards) = tools::safetensors_shards(path) {
+                    let files = shards
+                        .iter()
+                        .map(std::fs::read)
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| fail(format!("io: {e}")))?;
+                    return Ok(Opened::Safetensors(files));
                 }
                 CheckpointSet::open_with(path, &opts)
                     .map(Opened::Torch)

@@ -297,6 +297,27 @@ impl Tolerance {
     }
 }
 
+/// The `.safetensors` files of the directory `path`, in name order, when
+/// it holds some and no torch checkpoint (`None` otherwise).
+pub(crate) fn safetensors_shards(path: &Path) -> Option<Vec<std::path::PathBuf>> {
+    if !path.is_dir() || ptload_reader::dcp::is_dcp_dir(path) {
+        return None;
+    }
+    let mut shards = Vec::new();
+    for entry in std::fs::read_dir(path).ok()? {
+        let p = entry.ok()?.path();
+        let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+        if ["pt", "pth", "bin", "ckpt"].contains(&ext) {
+            return None;
+        }
+        if ext == "safetensors" && is_safetensors(&p) {
+            shards.push(p);
+        }
+    }
+    shards.sort();
+    (!shards.is_empty()).then_some(shards)
+}
+
 /// Whether `path` holds a safetensors file: an 8-byte little-endian
 /// header length that fits the file, then `{`.
 pub(crate) fn is_safetensors(path: &Path) -> bool {
@@ -316,10 +337,19 @@ pub(crate) fn is_safetensors(path: &Path) -> bool {
 }
 
 /// One side of a diff: a torch checkpoint's selection, or a safetensors
-/// file (read whole; its names as they are).
+/// file or sharded set (read whole; its names as they are, each in one
+/// file).
 pub(crate) enum Side<'a> {
     Torch(ptload_reader::state_dict::StateDict<'a>),
-    Safetensors(safetensors::SafeTensors<'a>),
+    Safetensors(Vec<safetensors::SafeTensors<'a>>),
+}
+
+/// The file of a safetensors set that holds `name`.
+fn holding<'s, 'a>(
+    files: &'s [safetensors::SafeTensors<'a>],
+    name: &str,
+) -> Option<safetensors::tensor::TensorView<'s>> {
+    files.iter().find_map(|st| st.tensor(name).ok())
 }
 
 /// A tensor of either side.
@@ -334,16 +364,19 @@ impl<'a> Side<'a> {
     fn names(&self) -> Vec<String> {
         match self {
             Side::Torch(sel) => sel.iter().map(|s| s.name.clone()).collect(),
-            Side::Safetensors(st) => {
-                // The header's order is the data's (offsets ascending).
-                let mut named: Vec<(usize, String)> = st
-                    .tensors()
-                    .into_iter()
-                    .map(|(n, v)| (v.data().as_ptr() as usize, n))
-                    .collect();
-                named.sort();
-                named.into_iter().map(|(_, n)| n).collect()
-            }
+            Side::Safetensors(files) => files
+                .iter()
+                .flat_map(|st| {
+                    // The header's order is the data's (offsets ascending).
+                    let mut named: Vec<(usize, String)> = st
+                        .tensors()
+                        .into_iter()
+                        .map(|(n, v)| (v.data().as_ptr() as usize, n))
+                        .collect();
+                    named.sort();
+                    named.into_iter().map(|(_, n)| n)
+                })
+                .collect(),
         }
     }
 
@@ -351,14 +384,14 @@ impl<'a> Side<'a> {
     fn nbytes(&self, name: &str) -> Option<u64> {
         match self {
             Side::Torch(sel) => sel.get(name).map(|t| t.info().nbytes),
-            Side::Safetensors(st) => st.tensor(name).ok().map(|v| v.data().len() as u64),
+            Side::Safetensors(files) => holding(files, name).map(|v| v.data().len() as u64),
         }
     }
 
     fn contains(&self, name: &str) -> bool {
         match self {
             Side::Torch(sel) => sel.contains(name),
-            Side::Safetensors(st) => st.tensor(name).is_ok(),
+            Side::Safetensors(files) => holding(files, name).is_some(),
         }
     }
 
@@ -374,8 +407,8 @@ impl<'a> Side<'a> {
                     data: t.storage().map(|_| t.data()).transpose()?,
                 }))
             }
-            Side::Safetensors(st) => {
-                let Ok(view) = st.tensor(name) else {
+            Side::Safetensors(files) => {
+                let Some(view) = holding(files, name) else {
                     return Ok(None);
                 };
                 let dtype_name = format!("{:?}", view.dtype());

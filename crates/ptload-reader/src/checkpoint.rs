@@ -14,6 +14,7 @@ use crate::object::Objects;
 use crate::pickle::{Heap, StringEncoding, Value, Vm};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip};
+use crate::torch::dtensor::DTensorSpec;
 use crate::torch::dtype::DType;
 use crate::torch::interp::GlobalRef;
 use crate::torch::names::{walk_all, Scalar};
@@ -156,6 +157,11 @@ pub struct Checkpoint {
     /// Storages' bytes held in memory (tensors put together from a
     /// distributed checkpoint's chunks).
     owned: Vec<Vec<u8>>,
+    /// Storages read on demand (a distributed checkpoint's tensors).
+    lazy: Option<Lazy>,
+    /// The files a checkpoint put together from others was read from
+    /// (DCP `.distcp` files, FSDP rank files): outputs never overwrite them.
+    inputs: Vec<Source>,
     /// Deflated storage records (repacked archives; torch writes none),
     /// each inflated when first read: opening, `inspect` and `scan` never
     /// pay for data they do not read.
@@ -165,6 +171,9 @@ pub struct Checkpoint {
     pickle_protocol: u8,
     storages: Vec<StorageInfo>,
     tensors: Vec<TensorInfo>,
+    /// The DTensor specs of the tensors that are a DTensor's local part,
+    /// by tensor index, in index order.
+    dtensors: Vec<(u32, DTensorSpec)>,
     values: Vec<(String, Scalar)>,
     /// Values found inside call records: (index into `values`, index into
     /// `callables`), by value index.
@@ -183,6 +192,19 @@ pub struct Checkpoint {
     /// their pages before they read them.
     scattered: std::sync::atomic::AtomicBool,
     end: u64,
+}
+
+/// Where the bytes of storages read on demand come from: each call reads
+/// (puts together) storage `index` of the lazy ones afresh.
+pub(crate) trait LazyStorages: std::fmt::Debug + Send + Sync {
+    fn read(&self, index: usize) -> Result<Vec<u8>>;
+}
+
+/// Storages read on demand, and those a borrowing reader asked for, kept.
+#[derive(Debug)]
+struct Lazy {
+    source: std::sync::Arc<dyn LazyStorages>,
+    kept: Vec<std::sync::OnceLock<Vec<u8>>>,
 }
 
 /// A deflated storage record and, once read, its bytes.
@@ -314,7 +336,9 @@ impl Checkpoint {
                 StorageInfo {
                     file_offset: match data {
                         StorageData::File(o) => Some(o),
-                        StorageData::Owned(_) | StorageData::Deflated(_) => None,
+                        StorageData::Owned(_) | StorageData::Deflated(_) | StorageData::Lazy(_) => {
+                            None
+                        }
                     },
                     key: p.key,
                     location: p.location,
@@ -343,10 +367,18 @@ impl Checkpoint {
                 }
             }
         }
+        let mut dtensors = Vec::new();
+        let mut warnings = decoded.notes;
+        warnings.extend(walked.warnings);
         for (name, value) in walked.tensors {
             // Indices must stay those of `by_name`: nothing is skipped.
             let info = match heap.torch(value) {
                 Some(TorchObj::Tensor(meta)) => {
+                    if let Some(spec) = &meta.dtensor {
+                        let at = u32::try_from(tensors.len())
+                            .map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+                        dtensors.push((at, (**spec).clone()));
+                    }
                     tensor_info(&heap, name, meta, &storages, &opts.limits)?
                 }
                 Some(TorchObj::Storage { index, dtype }) => {
@@ -395,19 +427,30 @@ impl Checkpoint {
                 )?)
             }
         };
+        if let Some((_, spec)) = dtensors.first() {
+            warnings.push(format!(
+                "{} tensors are DTensors: each is listed as this file's local part (rank {} at \
+                 {:?} on a mesh of {:?}); open every rank's file as one set for whole tensors",
+                dtensors.len(),
+                spec.rank.map_or_else(|| "?".to_owned(), |r| r.to_string()),
+                spec.coordinate,
+                spec.mesh
+            ));
+        }
         let format = decoded.format;
         let end = decoded.end;
-        let mut warnings = decoded.notes;
-        warnings.extend(walked.warnings);
         Ok(Checkpoint {
             source,
             owned: Vec::new(),
+            lazy: None,
+            inputs: Vec::new(),
             inflated,
             format,
             byte_order: decoded.byte_order,
             pickle_protocol: decoded.protocol,
             storages,
             tensors,
+            dtensors,
             values: walked.values,
             value_calls: walked.value_calls,
             callables: walked.callables,
@@ -433,6 +476,7 @@ impl Checkpoint {
         values: Vec<(String, Scalar)>,
         warnings: Vec<String>,
         protocol: u8,
+        format: Format,
     ) -> Result<Checkpoint> {
         let hasher = hashbrown::DefaultHashBuilder::default();
         let mut by_name: HashTable<u32> = HashTable::with_capacity(parts.len());
@@ -517,12 +561,15 @@ impl Checkpoint {
         Ok(Checkpoint {
             source: Source::owned(Vec::new(), None),
             owned,
+            lazy: None,
+            inputs: Vec::new(),
             inflated: Vec::new(),
-            format: Format::Dcp,
+            format,
             byte_order: ByteOrder::HOST,
             pickle_protocol: protocol,
             storages,
             tensors,
+            dtensors: Vec::new(),
             values,
             value_calls: Vec::new(),
             callables: Vec::new(),
@@ -592,6 +639,18 @@ impl Checkpoint {
 
     pub(crate) fn source(&self) -> &Source {
         &self.source
+    }
+
+    /// Every file this checkpoint's data comes from: its own, and those a
+    /// checkpoint put together from others was read from.
+    pub(crate) fn inputs(&self) -> impl Iterator<Item = &Source> + '_ {
+        std::iter::once(&self.source).chain(&self.inputs)
+    }
+
+    /// This checkpoint, recording `inputs` as files its data came from.
+    pub(crate) fn read_from(mut self, inputs: Vec<Source>) -> Checkpoint {
+        self.inputs = inputs;
+        self
     }
 
     /// Whether the tensor bytes come from a memory map of the file.
@@ -672,12 +731,76 @@ impl Checkpoint {
                 Some(lazy) => Some(lazy.bytes(self.source.bytes())?),
                 None => None,
             },
+            // A borrowing reader keeps what it asked for; views read
+            // their data afresh (`lazy_read`), so a pass over every tensor
+            // holds one at a time.
+            StorageData::Lazy(i) => match &self.lazy {
+                Some(lazy) => match lazy.kept.get(i) {
+                    Some(kept) => match kept.get() {
+                        Some(done) => Some(done.as_slice()),
+                        None => {
+                            let made = lazy.source.read(i)?;
+                            Some(kept.get_or_init(|| made).as_slice())
+                        }
+                    },
+                    None => None,
+                },
+                None => None,
+            },
         };
         bytes.ok_or_else(|| {
             Error::new(
                 ErrorKind::Tensor,
                 format!("storage {:?}: its bytes are not in the file", s.key),
             )
+        })
+    }
+
+    /// This checkpoint (of [`assembled`](Self::assembled) tensors) with
+    /// the tensors at `tensors`, which have no storage, given one each
+    /// whose bytes `source` reads on demand: storage `k` of `source` is
+    /// that of `tensors[k]`.
+    pub(crate) fn with_lazy(
+        mut self,
+        source: std::sync::Arc<dyn LazyStorages>,
+        tensors: &[usize],
+    ) -> Result<Checkpoint> {
+        let mut kept = Vec::with_capacity(tensors.len());
+        for (k, &t) in tensors.iter().enumerate() {
+            let storage = self.storages.len();
+            let info = self
+                .tensors
+                .get_mut(t)
+                .filter(|i| i.storage.is_none())
+                .ok_or_else(|| Error::new(ErrorKind::Tensor, "no such tensor without data"))?;
+            info.storage = Some(storage);
+            self.storages.push(StorageInfo {
+                key: storage.to_string(),
+                location: "cpu".to_owned(),
+                dtype: info.dtype,
+                numel: info.numel,
+                nbytes: info.nbytes,
+                record: None,
+                file_offset: None,
+                data: StorageData::Lazy(k),
+                quantized: None,
+            });
+            kept.push(std::sync::OnceLock::new());
+        }
+        self.lazy = Some(Lazy { source, kept });
+        Ok(self)
+    }
+
+    /// The bytes of storage `index` when it is read on demand: those kept,
+    /// or read afresh (and not kept); `None` for any other storage.
+    pub(crate) fn lazy_read(&self, index: usize) -> Option<Result<std::borrow::Cow<'_, [u8]>>> {
+        let StorageData::Lazy(i) = self.storages.get(index)?.data else {
+            return None;
+        };
+        let lazy = self.lazy.as_ref()?;
+        Some(match lazy.kept.get(i).and_then(std::sync::OnceLock::get) {
+            Some(kept) => Ok(std::borrow::Cow::Borrowed(kept.as_slice())),
+            None => lazy.source.read(i).map(std::borrow::Cow::Owned),
         })
     }
 
@@ -745,6 +868,25 @@ impl Checkpoint {
             }
         }
         found.into_iter()
+    }
+
+    /// The DTensor spec of the tensor at `index` (see
+    /// [`tensor_at`](Self::tensor_at)), when it is the local part of a
+    /// DTensor (`torch.save` of an FSDP2 model's state dict): the whole
+    /// tensor's shape, the mesh, this rank's place on it and the
+    /// placements. [`crate::dcp::fsdp`] puts every rank's parts together.
+    pub fn dtensor_at(&self, index: usize) -> Option<&DTensorSpec> {
+        let index = u32::try_from(index).ok()?;
+        let at = self
+            .dtensors
+            .binary_search_by_key(&index, |&(i, _)| i)
+            .ok()?;
+        self.dtensors.get(at).map(|(_, s)| s)
+    }
+
+    /// Whether any tensor is a DTensor's local part.
+    pub fn has_dtensors(&self) -> bool {
+        !self.dtensors.is_empty()
     }
 
     /// Things the reader saw but does not expose (e.g. tensors of a kind it

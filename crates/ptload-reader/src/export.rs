@@ -404,8 +404,8 @@ pub fn write_safetensors_file(
     path: &std::path::Path,
 ) -> Result<Written> {
     let target = output::target(path)?;
-    for ckpt in sd.checkpoints() {
-        output::check(&target, ckpt.source().identity(), opts.overwrite)?;
+    for source in sd.checkpoints().iter().flat_map(|c| c.inputs()) {
+        output::check(&target, source.identity(), opts.overwrite)?;
     }
     let (tmp, file) = output::create_beside(&target)?;
     let written = write_to_file(sd, opts, file, &target);
@@ -483,8 +483,8 @@ pub fn write_safetensors_set(
         .then(|| output::target(&dir.join("model.safetensors.index.json")))
         .transpose()?;
     for t in targets.iter().chain(&index_target) {
-        for ckpt in sd.checkpoints() {
-            output::check(t, ckpt.source().identity(), opts.overwrite)?;
+        for source in sd.checkpoints().iter().flat_map(|c| c.inputs()) {
+            output::check(t, source.identity(), opts.overwrite)?;
         }
     }
     let mut done: Vec<(std::path::PathBuf, std::path::PathBuf, Written)> = Vec::new();
@@ -581,8 +581,8 @@ pub fn write_merged_file(
     path: &std::path::Path,
 ) -> Result<Written> {
     let target = output::target(path)?;
-    for f in set.files() {
-        output::check(&target, f.checkpoint().source().identity(), opts.overwrite)?;
+    for source in set.files().iter().flat_map(|f| f.checkpoint().inputs()) {
+        output::check(&target, source.identity(), opts.overwrite)?;
     }
     let mut header = String::from("{\"__metadata__\":{\"format\":\"pt\"}");
     let mut offset = 0u64;

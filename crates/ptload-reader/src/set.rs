@@ -138,7 +138,19 @@ impl CheckpointSet {
                     ));
                 }
             }
-            files.sort();
+            files.sort_by_cached_key(|p| (rank_in_name(p), p.clone()));
+            let sidecar = path.join(crate::dcp::fsdp::SIDECAR);
+            if sidecar.is_file() && !files.is_empty() {
+                let text = read_bounded(
+                    &sidecar,
+                    opts.limits_ref().max_index_bytes,
+                    "max_index_bytes",
+                )
+                .map_err(|e| e.in_file(crate::dcp::fsdp::SIDECAR))?;
+                let layout = crate::dcp::fsdp::LocalLayout::from_json(&text)
+                    .map_err(|e| e.in_file(crate::dcp::fsdp::SIDECAR))?;
+                return CheckpointSet::open_fsdp_files(&files, Some(&layout), opts);
+            }
             if files.is_empty() {
                 return Err(Error::new(
                     ErrorKind::NotACheckpoint,
@@ -157,15 +169,16 @@ impl CheckpointSet {
     }
 
     /// A `torch.distributed.checkpoint` directory as a set of one: its
-    /// tensors put together from their chunks in memory, its non-tensor
-    /// items as values (see [`crate::dcp`], which reads single tensors and
-    /// rank slices without the rest). The set's one file is the directory.
+    /// tensors put together from their chunks when their data is read
+    /// (each read afresh, so a pass over the set holds one tensor at a
+    /// time; see [`crate::dcp::Dcp::into_checkpoint`]), its non-tensor
+    /// items as values. The set's one file is the directory.
     pub fn open_dcp(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
         let dir = dir.as_ref();
-        let dcp = crate::dcp::Dcp::open_with(dir, opts)?;
+        let dcp = Arc::new(crate::dcp::Dcp::open_with(dir, opts)?);
         let file = SetFile {
             path: dir.to_path_buf(),
-            checkpoint: Arc::new(dcp.to_checkpoint()?),
+            checkpoint: Arc::new(dcp.into_checkpoint()?),
         };
         CheckpointSet::build(vec![file], None, opts)
     }
@@ -269,13 +282,59 @@ impl CheckpointSet {
         self.ranks
     }
 
-    /// These files as one set, opened in parallel.
+    /// These files as one set, opened in parallel. Per-rank files of
+    /// DTensors (`torch.save` of an FSDP2 model's state dict on each rank)
+    /// are put together as one state dict (see
+    /// [`open_fsdp_files`](Self::open_fsdp_files)).
     pub fn open_files<P: AsRef<Path> + Sync>(
         paths: &[P],
         opts: &OpenOptions,
     ) -> Result<CheckpointSet> {
         let files = open_all(paths, opts)?;
+        if files.len() > 1 && files.iter().any(|f| f.checkpoint.has_dtensors()) {
+            return CheckpointSet::merge_ranks(files, None, opts);
+        }
         CheckpointSet::build(files, None, opts)
+    }
+
+    /// FSDP rank files (one `torch.save` per rank, in rank order) as one
+    /// set of whole tensors, put together in memory by
+    /// [`crate::dcp::fsdp::merge`]: DTensors by the mesh and placements
+    /// they record, plain local shards by `layout`, other tensors taken
+    /// once and checked equal on every rank. The set's one file is the
+    /// folder of the first.
+    pub fn open_fsdp_files<P: AsRef<Path> + Sync>(
+        paths: &[P],
+        layout: Option<&crate::dcp::fsdp::LocalLayout>,
+        opts: &OpenOptions,
+    ) -> Result<CheckpointSet> {
+        let files = open_all(paths, opts)?;
+        CheckpointSet::merge_ranks(files, layout, opts)
+    }
+
+    fn merge_ranks(
+        files: Vec<SetFile>,
+        layout: Option<&crate::dcp::fsdp::LocalLayout>,
+        opts: &OpenOptions,
+    ) -> Result<CheckpointSet> {
+        let named: Vec<(String, &Checkpoint)> = files
+            .iter()
+            .map(|f| (f.name(), f.checkpoint.as_ref()))
+            .collect();
+        let inputs = files
+            .iter()
+            .flat_map(|f| f.checkpoint.inputs().cloned())
+            .collect();
+        let merged = crate::dcp::fsdp::merge(&named, layout, opts.limits_ref())?.read_from(inputs);
+        let folder = files
+            .first()
+            .and_then(|f| f.path.parent())
+            .map_or_else(PathBuf::new, Path::to_path_buf);
+        let file = SetFile {
+            path: folder,
+            checkpoint: Arc::new(merged),
+        };
+        CheckpointSet::build(vec![file], None, opts)
     }
 
     /// The set a Hugging Face index names: `{"weight_map": {tensor: file}}`,
@@ -510,6 +569,23 @@ fn ranks_hint(files: &[SetFile]) -> &'static str {
     } else {
         ""
     }
+}
+
+/// The rank a file's name gives (`model_world_size_4_rank_2.pt`: 2), to
+/// order rank files by; `u64::MAX` when it names none.
+fn rank_in_name(p: &Path) -> u64 {
+    let name = p
+        .file_stem()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    name.rfind("rank")
+        .and_then(|at| name.get(at + 4..))
+        .map(|rest| rest.trim_start_matches(['_', '-']))
+        .and_then(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .unwrap_or(u64::MAX)
 }
 
 fn file_name(p: &Path) -> String {

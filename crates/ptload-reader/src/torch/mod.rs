@@ -3,6 +3,7 @@
 //! else as inert values. Nothing is ever imported or called.
 
 pub(crate) mod decode;
+pub(crate) mod dtensor;
 pub(crate) mod dtype;
 pub(crate) mod interp;
 pub(crate) mod names;
@@ -223,6 +224,8 @@ pub(crate) struct TensorMeta {
     /// Python attributes saved with the tensor (`t.foo = ...`): the state
     /// `_rebuild_from_type_v2` sets, a dict or a `(dict, slots)` tuple.
     pub(crate) attrs: Option<Value>,
+    /// A DTensor's spec, when this is the local tensor of one.
+    pub(crate) dtensor: Option<Box<dtensor::DTensorSpec>>,
 }
 
 /// Layout of a sparse tensor.

@@ -237,7 +237,10 @@ impl<'p> TorchInterp<'p> {
 
 impl Interpreter for TorchInterp<'_> {
     fn global(&mut self, heap: &mut Heap, module: &str, name: &str, offset: u64) -> Result<Value> {
-        let torch_allowed = torch_allows(module, name);
+        // torch admits the DTensor classes once `torch.distributed.tensor`
+        // is imported, as it must be to load one.
+        let torch_allowed =
+            torch_allows(module, name) || crate::torch::dtensor::dtensor_class(module, name);
         if self.policy == Policy::Strict && !torch_allowed {
             let path = format!("{module}.{name}");
             let user_allowed = crate::torch::policy::user_allows(self.allowed, module, name);
