@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top. Modules in one layer may use each other.
 const LAYERS: &[&[&str]] = &[
-    &["error"],
+    &["error", "advice"],
     &["limits"],
     &["bytes", "source", "glob"],
     &["container"],

@@ -318,7 +318,7 @@ fn auto_key_reads_real_training_layouts() {
     assert_eq!(sd.len(), 9);
     assert!(sd.get("head.bias").is_some());
     assert_eq!(
-        sd.decisions()[1],
+        sd.decisions()[1].to_string(),
         "left out 10 tensors outside \"model\" (optimizer: 9, rng_state: 1)"
     );
 
@@ -352,7 +352,8 @@ fn auto_key_reads_real_training_layouts() {
     let sd = StateDictOptions::default().select(&dp).expect("select");
     assert!(sd
         .decisions()
-        .contains(&"strip-prefix auto: removed \"module.\" from every name".to_owned()));
+        .iter()
+        .any(|d| d.to_string() == "strip-prefix auto: removed \"module.\" from every name"));
 }
 
 #[test]

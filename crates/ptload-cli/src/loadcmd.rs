@@ -93,7 +93,7 @@ pub(crate) fn run(
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    Ok((loaded, crate::args::cli_decisions(selection.decisions())))
+    Ok((loaded, crate::terms::decisions(selection.decisions())))
 }
 
 #[derive(Serialize)]
@@ -101,7 +101,7 @@ struct TensorOut<'a> {
     name: &'a str,
     target: String,
     device: String,
-    fallback: Option<&'a str>,
+    fallback: Option<String>,
     /// The dtype as loaded (after --dtype).
     dtype: &'static str,
     /// With --dtype, what it was converted from.
@@ -206,7 +206,7 @@ pub(crate) fn json(
                     name: &t.info.name,
                     target: t.target.to_string(),
                     device: t.device.to_string(),
-                    fallback: t.fallback.as_deref(),
+                    fallback: t.fallback.as_ref().map(ToString::to_string),
                     dtype: t.info.dtype.name(),
                     converted_from: t.converted_from.map(|d| d.name()),
                     shape: &t.info.shape,
@@ -293,9 +293,9 @@ pub(crate) fn summary(
         )?;
     }
     // Fallbacks by reason: one line each, with a few of the tensors.
-    let mut reasons: Vec<(&str, Vec<&LoadedTensor>)> = Vec::new();
+    let mut reasons: Vec<(&ptload_device::Fallback, Vec<&LoadedTensor>)> = Vec::new();
     for t in loaded.tensors() {
-        if let Some(why) = t.fallback.as_deref() {
+        if let Some(why) = t.fallback.as_ref() {
             match reasons.iter_mut().find(|(r, _)| *r == why) {
                 Some((_, ts)) => ts.push(t),
                 None => reasons.push((why, vec![t])),

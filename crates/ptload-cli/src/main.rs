@@ -16,6 +16,7 @@ mod args;
 mod inspect;
 mod loadcmd;
 mod scancmd;
+mod terms;
 mod tools;
 mod ui;
 
@@ -277,7 +278,7 @@ fn diff_side<'o>(
             }
             let sel = state.options(false)?.select_set(set)?;
             // Two files: each note says which.
-            for d in args::cli_decisions(sel.decisions()) {
+            for d in terms::decisions(sel.decisions()) {
                 ui::note(&format!("{}: {d}", path.display()));
             }
             Ok(tools::Side::Torch(sel))
@@ -355,7 +356,7 @@ fn run(cli: Cli) -> CliResult<u8> {
                             }
                         }
                         out.flush()?;
-                        eprintln!("ptload: {label}: {}", in_cli_terms(&e.to_string()));
+                        eprintln!("ptload: {label}: {}", terms::error_text(&*e));
                         failed = true;
                     }
                 }
@@ -398,10 +399,10 @@ fn run(cli: Cli) -> CliResult<u8> {
         Command::Convert(a) if a.merge_ranks => {
             let opts = a.open.options();
             let set = CheckpointSet::open_ranks(&a.input, &opts)?;
-            let mut splits = ptload_reader::parallel::Splits::parse(&a.state.split)?;
-            if let Some(p) = &a.state.split_preset {
-                splits = splits.then(ptload_reader::parallel::Splits::preset(p)?);
-            }
+            let splits = ptload_reader::parallel::Splits::with_preset(
+                &a.state.split,
+                a.state.split_preset.as_deref(),
+            )?;
             if splits.rules().is_empty() {
                 return Err("--merge-ranks needs the rules the files were cut by: --split GLOB=DIM or --split-preset NAME".into());
             }
@@ -497,14 +498,14 @@ fn run(cli: Cli) -> CliResult<u8> {
             // Each side is a torch checkpoint or a safetensors file; an
             // error says which side failed.
             let read = |path: &PathBuf| -> CliResult<Opened> {
-                let fail = |e: String| format!("{}: {}", path.display(), in_cli_terms(&e));
+                let fail = |e: String| format!("{}: {e}", path.display());
                 if tools::is_safetensors(path) {
                     let bytes = std::fs::read(path).map_err(|e| fail(format!("io: {e}")))?;
                     return Ok(Opened::Safetensors(bytes));
                 }
                 CheckpointSet::open_with(path, &opts)
                     .map(Opened::Torch)
-                    .map_err(|e| fail(e.to_string()).into())
+                    .map_err(|e| fail(e.render(&terms::Flags)).into())
             };
             let (oa, ob) = (read(&a.a)?, read(&a.b)?);
             let sa = diff_side(&oa, &a.key_a, &a.a, &a.state)?;
@@ -525,10 +526,10 @@ fn run(cli: Cli) -> CliResult<u8> {
             let plan = if a.read_once {
                 ptload_reader::reads::ReadPlan::read_once(&set, &state, a.world, a.nodes, &limits)?
             } else {
-                let mut splits = ptload_reader::parallel::Splits::parse(&a.split)?;
-                if let Some(p) = &a.split_preset {
-                    splits = splits.then(ptload_reader::parallel::Splits::preset(p)?);
-                }
+                let splits = ptload_reader::parallel::Splits::with_preset(
+                    &a.split,
+                    a.split_preset.as_deref(),
+                )?;
                 if splits.rules().is_empty() {
                     return Err("a sliced plan needs rules: --split GLOB=DIM or --split-preset NAME (or --read-once)".into());
                 }
@@ -645,90 +646,11 @@ fn main() -> ExitCode {
                     return ExitCode::SUCCESS;
                 }
             }
-            eprintln!("ptload: {}", in_cli_terms(&e.to_string()));
+            eprintln!("ptload: {}", terms::error_text(&*e));
             if tools::cancelled(&*e) {
                 return ExitCode::from(130);
             }
             ExitCode::from(2)
         }
-    }
-}
-
-/// The libraries' advice names their own API (`OpenOptions::allow_global`,
-/// a `Mapper`); the command's user reads the flag that does the same.
-fn in_cli_terms(text: &str) -> String {
-    let mut out = text
-        .replace(
-            "set SafetensorsOptions::skip_unsupported to leave them out",
-            "use --skip-unsupported to leave them out",
-        )
-        .replace(
-            "with a Mapper (placement::To(Device::Host), or placement::MapLocation \"cpu\")",
-            "with --map-location cpu",
-        )
-        .replace(
-            "with a Mapper (placement::MapLocation is torch's map_location)",
-            "with --map-location",
-        )
-        .replace(
-            "allow each one you trust with OpenOptions::allow_global)",
-            "allow those you trust with --allow-global, which takes a comma-separated list \
-             and globs)",
-        );
-    args::as_flag(
-        &mut out,
-        "a Mapper, e.g. placement::MapLocation \"",
-        "\"",
-        "--map-location",
-    );
-    args::as_flag(
-        &mut out,
-        "OpenOptions::allow_global(\"",
-        "\")",
-        "--allow-global",
-    );
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::in_cli_terms;
-
-    #[test]
-    fn library_advice_becomes_flags() {
-        assert_eq!(
-            in_cli_terms(
-                "policy: Unsupported global: GLOBAL a.B was not an allowed global by default. \
-                 Allow it with OpenOptions::allow_global(\"a.B\") only if you trust this \
-                 class/function at offset 0x4 in x/data.pkl"
-            ),
-            "policy: Unsupported global: GLOBAL a.B was not an allowed global by default. \
-             Allow it with --allow-global a.B only if you trust this class/function at offset \
-             0x4 in x/data.pkl"
-        );
-        assert_eq!(
-            in_cli_terms("c32 (set SafetensorsOptions::skip_unsupported to leave them out)"),
-            "c32 (use --skip-unsupported to leave them out)"
-        );
-        assert_eq!(
-            in_cli_terms(
-                "map your storages to the CPU with a Mapper (placement::To(Device::Host), or \
-                 placement::MapLocation \"cpu\")."
-            ),
-            "map your storages to the CPU with --map-location cpu."
-        );
-        assert_eq!(
-            in_cli_terms(
-                "don't know how to restore data location of torch.storage.UntypedStorage \
-                 (tagged with xla:0): map it with a Mapper, e.g. placement::MapLocation \
-                 \"xla:0=cpu\""
-            ),
-            "don't know how to restore data location of torch.storage.UntypedStorage \
-             (tagged with xla:0): map it with --map-location xla:0=cpu"
-        );
-        assert_eq!(
-            in_cli_terms("OpenOptions::allow_global(\"x"),
-            "OpenOptions::allow_global(\"x"
-        );
     }
 }

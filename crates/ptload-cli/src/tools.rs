@@ -62,7 +62,11 @@ pub(crate) fn cancelled(e: &(dyn std::error::Error + 'static)) -> bool {
 /// A write's error, with the flag that gets past an existing output.
 pub(crate) fn output_error(e: ptload_reader::Error) -> Box<dyn std::error::Error> {
     if e.kind() == ErrorKind::OutputExists {
-        format!("{e} (pass --force to replace it)").into()
+        format!(
+            "{} (pass --force to replace it)",
+            e.render(&crate::terms::Flags)
+        )
+        .into()
     } else {
         e.into()
     }
@@ -131,7 +135,7 @@ pub(crate) fn convert(
                 "tensors": tensors,
                 "bytes": bytes,
                 "skipped": set.skipped,
-                "decisions": crate::args::cli_decisions(selection.decisions()),
+                "decisions": crate::terms::decisions(selection.decisions()),
             });
             serde_json::to_writer(&mut *out, &doc)?;
             writeln!(out)?;
@@ -201,7 +205,7 @@ pub(crate) fn convert(
                 bytes: written.bytes,
                 metadata: written.metadata,
                 skipped: &written.skipped,
-                decisions: crate::args::cli_decisions(selection.decisions()),
+                decisions: crate::terms::decisions(selection.decisions()),
             },
         )?;
         writeln!(out)?;

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use hashbrown::HashTable;
 
+use crate::advice::Hint;
 use crate::bytes::{slice, ByteOrder};
 use crate::container::layout::StorageBytes;
 use crate::container::{detect, Detected, Format};
@@ -221,12 +222,12 @@ fn every_refusal(first: Error, source: &Source, opts: &OpenOptions) -> Error {
     if refused.len() < 2 {
         return first;
     }
-    first.with_note(format!(
-        "The file names {} globals outside the allowlist: {} (allow each one you trust with \
-         OpenOptions::allow_global)",
+    let note = format!(
+        "The file names {} globals outside the allowlist: {}",
         refused.len(),
         refused.join(", ")
-    ))
+    );
+    first.with_note(note, Some(Hint::AllowGlobals(refused)))
 }
 
 impl Checkpoint {

@@ -3,6 +3,7 @@
 
 use std::io::Write;
 
+use crate::advice::Hint;
 use crate::dcp::Dcp;
 use crate::error::{Error, ErrorKind, Result};
 use crate::state_dict::{Selected, StateDict};
@@ -248,12 +249,9 @@ fn plan(
     if !refused.is_empty() {
         return Err(Error::new(
             ErrorKind::Unsupported,
-            format!(
-                "cannot write to safetensors: {} (set SafetensorsOptions::skip_unsupported to leave \
-                 them out)",
-                refused.join(", ")
-            ),
-        ));
+            format!("cannot write to safetensors: {}", refused.join(", ")),
+        )
+        .with_hint(Hint::SkipUnsupported));
     }
     let mut header = String::from("{");
     let mut metadata: Vec<(String, String)> = vec![("format".to_owned(), "pt".to_owned())];

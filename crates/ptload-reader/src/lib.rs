@@ -41,6 +41,7 @@
     )
 )]
 
+pub mod advice;
 mod bytes;
 mod checkpoint;
 mod container;

@@ -6,6 +6,7 @@ use std::ops::Deref;
 
 use hashbrown::HashTable;
 
+use crate::advice::{Hint, Neutral, Setting, Terms};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::glob::{glob, glob_captures};
@@ -85,6 +86,32 @@ pub enum Strip {
     Auto,
     /// This prefix, from every name that has it.
     Prefix(String),
+}
+
+impl std::str::FromStr for KeySelect {
+    type Err = std::convert::Infallible;
+
+    /// `auto`, `all` (or empty: the whole file), or a dotted path.
+    fn from_str(text: &str) -> std::result::Result<KeySelect, Self::Err> {
+        Ok(match text {
+            "auto" => KeySelect::Auto,
+            "all" | "" => KeySelect::All,
+            path => KeySelect::Path(path.to_owned()),
+        })
+    }
+}
+
+impl std::str::FromStr for Strip {
+    type Err = std::convert::Infallible;
+
+    /// `auto`, `none` (or empty), or a literal prefix.
+    fn from_str(text: &str) -> std::result::Result<Strip, Self::Err> {
+        Ok(match text {
+            "auto" => Strip::Auto,
+            "none" | "" => Strip::None,
+            prefix => Strip::Prefix(prefix.to_owned()),
+        })
+    }
 }
 
 /// How to turn a checkpoint's flattened names into a state dict.
@@ -179,8 +206,8 @@ pub struct StateDict<'c> {
     files: Vec<&'c Checkpoint>,
     /// The sub-tree taken, if not the whole file.
     key: Option<String>,
-    /// What the automatic options decided, one line each.
-    decisions: Vec<String>,
+    /// What the selection decided, in order.
+    decisions: Vec<Decision>,
     entries: Vec<Selected>,
     /// Indices into `entries`, hashed by their name with `hasher`.
     index: HashTable<u32>,
@@ -283,10 +310,10 @@ impl<'c> StateDict<'c> {
         self.key.as_deref()
     }
 
-    /// What the automatic options decided, one line each, for the user:
-    /// the key `auto` took and why (or why it kept the whole file), the
-    /// tensors left out, the prefix `auto` stripped.
-    pub fn decisions(&self) -> &[String] {
+    /// What the selection decided, for the user: the key `auto` took and
+    /// why (or why it kept the whole file), the tensors left out, the
+    /// prefix `auto` stripped.
+    pub fn decisions(&self) -> &[Decision] {
         &self.decisions
     }
 
@@ -341,13 +368,172 @@ pub struct AutoKey {
     /// dict (nothing to decide).
     pub candidate: Option<&'static str>,
     /// Why, for the user: what else the file holds, or why it could not
-    /// decide.
+    /// decide (the [`decision`](Self::decision)'s reason, in the reader's
+    /// words).
     pub why: String,
+    /// The decision to report; `None` for a plain state dict.
+    pub decision: Option<Decision>,
+}
+
+/// What a selection decided, as data: each front end words it in its own
+/// terms ([`Decision::render`]); `Display` gives the reader's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Decision {
+    /// [`KeySelect::Auto`] took the sub-tree under `key`: a training
+    /// checkpoint's model.
+    KeyChosen {
+        /// The key taken.
+        key: String,
+        /// The other top-level entries (training state, plain values).
+        beside: Vec<String>,
+        /// Other model keys the file has, not taken.
+        other_models: Vec<String>,
+    },
+    /// [`KeySelect::Auto`] kept the whole file although it has a model key.
+    WholeFile {
+        /// The model key the file has.
+        candidate: String,
+        /// Top-level entries holding tensors that are not training state;
+        /// empty when every tensor is under `candidate` and nothing else
+        /// is saved (the key is part of the names).
+        foreign: Vec<String>,
+    },
+    /// Taking `key` left out the tensors outside it: how many per
+    /// top-level group.
+    GroupsLeftOut {
+        /// The key taken.
+        key: String,
+        /// `(group, tensors)`, in file order.
+        groups: Vec<(String, usize)>,
+    },
+    /// Include/exclude patterns left out this many tensors.
+    Filtered {
+        /// How many.
+        left_out: usize,
+    },
+    /// [`Strip::Auto`] removed `prefix` from every name.
+    PrefixStripped {
+        /// The prefix removed.
+        prefix: String,
+    },
+    /// A decision about one file of a set.
+    InFile {
+        /// The file's name in the set.
+        file: String,
+        /// What was decided for it.
+        decision: Box<Decision>,
+    },
+}
+
+impl Decision {
+    /// The decision itself, without the file of a set it concerns.
+    pub fn inner(&self) -> &Decision {
+        let mut d = self;
+        while let Decision::InFile { decision, .. } = d {
+            d = decision;
+        }
+        d
+    }
+
+    /// Whether an automatic option ([`KeySelect::Auto`], [`Strip::Auto`])
+    /// made this decision, rather than an explicit key or pattern.
+    pub fn is_automatic(&self) -> bool {
+        matches!(
+            self.inner(),
+            Decision::KeyChosen { .. }
+                | Decision::WholeFile { .. }
+                | Decision::PrefixStripped { .. }
+        )
+    }
+
+    /// The hint the decision carries (the key to pass to take only the
+    /// model the file has).
+    pub fn hint(&self) -> Option<Hint> {
+        match self.inner() {
+            Decision::KeyChosen { other_models, .. } if !other_models.is_empty() => {
+                Some(Hint::PassKey(None))
+            }
+            Decision::WholeFile { candidate, foreign } if !foreign.is_empty() => {
+                Some(Hint::PassKey(Some(candidate.clone())))
+            }
+            _ => None,
+        }
+    }
+
+    /// The reason [`KeySelect::Auto`] gave, without naming the setting.
+    fn why(&self, terms: &dyn Terms) -> String {
+        let hint = self.hint().map(|h| h.clause(terms)).unwrap_or_default();
+        match self.inner() {
+            Decision::KeyChosen {
+                key,
+                beside,
+                other_models,
+            } => {
+                let mut why = format!(
+                    "{key:?}: a training checkpoint's model (beside it: {})",
+                    some_of(beside)
+                );
+                if !other_models.is_empty() {
+                    why.push_str(&format!(
+                        "; {} also hold{} a model{hint}",
+                        other_models.join(", "),
+                        if other_models.len() == 1 { "s" } else { "" }
+                    ));
+                }
+                why
+            }
+            Decision::WholeFile { candidate, foreign } if foreign.is_empty() => format!(
+                "the whole file: every tensor is under {candidate:?} and nothing else is saved, \
+                 so {candidate:?} is part of the names"
+            ),
+            Decision::WholeFile { candidate, foreign } => format!(
+                "the whole file: {candidate:?} holds tensors, but so does {}, which is not \
+                 training state{hint}",
+                some_of(foreign)
+            ),
+            other => other.render(terms),
+        }
+    }
+
+    /// The decision in `terms`: a front end's words for its settings and
+    /// hints in the reader's sentence.
+    pub fn render(&self, terms: &dyn Terms) -> String {
+        match self {
+            Decision::KeyChosen { .. } | Decision::WholeFile { .. } => {
+                format!("{} auto: {}", terms.setting(Setting::Key), self.why(terms))
+            }
+            Decision::GroupsLeftOut { key, groups } => {
+                let left: usize = groups.iter().map(|(_, n)| n).sum();
+                let groups: Vec<String> = groups.iter().map(|(g, n)| format!("{g}: {n}")).collect();
+                format!(
+                    "left out {left} tensor{} outside {key:?} ({})",
+                    if left == 1 { "" } else { "s" },
+                    some_of(&groups)
+                )
+            }
+            Decision::Filtered { left_out } => format!(
+                "left out {left_out} tensor{} by name (include/exclude)",
+                if *left_out == 1 { "" } else { "s" }
+            ),
+            Decision::PrefixStripped { prefix } => format!(
+                "{} auto: removed {prefix:?} from every name",
+                terms.setting(Setting::StripPrefix)
+            ),
+            Decision::InFile { file, decision } => format!("{file}: {}", decision.render(terms)),
+        }
+    }
+}
+
+impl std::fmt::Display for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render(&Neutral))
+    }
 }
 
 /// Up to three items, then how many more.
-fn some_of(items: &[&str]) -> String {
-    let shown: Vec<&str> = items.iter().take(3).copied().collect();
+fn some_of<S: AsRef<str>>(items: &[S]) -> String {
+    let shown: Vec<&str> = items.iter().take(3).map(AsRef::as_ref).collect();
     match items.len().saturating_sub(3) {
         0 => shown.join(", "),
         more => format!("{} and {more} more", shown.join(", ")),
@@ -389,8 +575,10 @@ fn auto_key_of(files: &[&Checkpoint]) -> AutoKey {
                 "the whole file: no training-checkpoint key ({}) holds the tensors",
                 some_of(MODEL_KEYS)
             ),
+            decision: None,
         };
     };
+    let owned = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let others: Vec<&str> = tops.iter().copied().filter(|t| *t != pick).collect();
     let foreign: Vec<&str> = others
         .iter()
@@ -398,15 +586,14 @@ fn auto_key_of(files: &[&Checkpoint]) -> AutoKey {
         .filter(|t| !TRAINING_STATE.contains(t) && !MODEL_KEYS.contains(t))
         .collect();
     if !foreign.is_empty() {
-        return AutoKey {
-            key: None,
-            candidate: Some(pick),
-            why: format!(
-                "the whole file: {pick:?} holds tensors, but so does {}, which is not \
-                 training state; to take only {pick:?}, select KeySelect::Path(\"{pick}\")",
-                some_of(&foreign)
-            ),
-        };
+        return AutoKey::decided(
+            None,
+            pick,
+            Decision::WholeFile {
+                candidate: pick.to_owned(),
+                foreign: owned(&foreign),
+            },
+        );
     }
     // Top-level entries holding only plain values (epoch, args, ...).
     let mut plain: Vec<&str> = Vec::new();
@@ -418,33 +605,35 @@ fn auto_key_of(files: &[&Checkpoint]) -> AutoKey {
         }
     }
     if others.is_empty() && plain.is_empty() {
-        return AutoKey {
-            key: None,
-            candidate: Some(pick),
-            why: format!(
-                "the whole file: every tensor is under {pick:?} and nothing else is saved, so \
-                 {pick:?} is part of the names"
-            ),
-        };
+        return AutoKey::decided(
+            None,
+            pick,
+            Decision::WholeFile {
+                candidate: pick.to_owned(),
+                foreign: Vec::new(),
+            },
+        );
     }
     let beside: Vec<&str> = others.iter().chain(&plain).copied().collect();
-    let mut why = format!(
-        "{pick:?}: a training checkpoint's model (beside it: {})",
-        some_of(&beside)
-    );
-    if let [_, rest @ ..] = models.as_slice() {
-        if !rest.is_empty() {
-            why.push_str(&format!(
-                "; {} also hold{} a model: select it with KeySelect::Path",
-                rest.join(", "),
-                if rest.len() == 1 { "s" } else { "" }
-            ));
+    AutoKey::decided(
+        Some(pick),
+        pick,
+        Decision::KeyChosen {
+            key: pick.to_owned(),
+            beside: owned(&beside),
+            other_models: owned(models.get(1..).unwrap_or_default()),
+        },
+    )
+}
+
+impl AutoKey {
+    fn decided(key: Option<&'static str>, candidate: &'static str, decision: Decision) -> AutoKey {
+        AutoKey {
+            key,
+            candidate: Some(candidate),
+            why: decision.why(&Neutral),
+            decision: Some(decision),
         }
-    }
-    AutoKey {
-        key: Some(pick),
-        candidate: Some(pick),
-        why,
     }
 }
 
@@ -509,9 +698,7 @@ impl StateDictOptions {
             KeySelect::Auto => {
                 let auto = auto_key(ckpt);
                 // A plain state dict: nothing was decided.
-                if auto.candidate.is_some() {
-                    decisions.push(format!("key auto: {}", auto.why));
-                }
+                decisions.extend(auto.decision);
                 auto.key.map(str::to_owned)
             }
             KeySelect::Path(p) => Some(p.trim_end_matches('.').to_owned()),
@@ -556,13 +743,10 @@ impl StateDictOptions {
                         }
                     }
                 }
-                let groups: Vec<String> = groups.iter().map(|(g, n)| format!("{g}: {n}")).collect();
-                let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-                decisions.push(format!(
-                    "left out {left} tensor{} outside {k:?} ({})",
-                    if left == 1 { "" } else { "s" },
-                    some_of(&groups)
-                ));
+                decisions.push(Decision::GroupsLeftOut {
+                    key: k.clone(),
+                    groups: groups.into_iter().map(|(g, n)| (g.to_owned(), n)).collect(),
+                });
             }
         }
         match &self.strip {
@@ -573,9 +757,9 @@ impl StateDictOptions {
                 if let (Some(before), Some(after)) = (before, names.first()) {
                     if let Some(prefix) = before.strip_suffix(after.as_str()) {
                         if !prefix.is_empty() {
-                            decisions.push(format!(
-                                "strip-prefix auto: removed {prefix:?} from every name"
-                            ));
+                            decisions.push(Decision::PrefixStripped {
+                                prefix: prefix.to_owned(),
+                            });
                         }
                     }
                 }
@@ -616,10 +800,7 @@ impl StateDictOptions {
             names = kept_names;
             let dropped = before - names.len();
             if dropped > 0 {
-                decisions.push(format!(
-                    "left out {dropped} tensor{} by name (include/exclude)",
-                    if dropped == 1 { "" } else { "s" }
-                ));
+                decisions.push(Decision::Filtered { left_out: dropped });
             }
         }
         let hasher = hashbrown::DefaultHashBuilder::default();
@@ -635,7 +816,7 @@ impl StateDictOptions {
                         .map_or("?", |t| t.name())
                 };
                 return Err(Error::new(
-                    ErrorKind::Unsupported,
+                    ErrorKind::DuplicateName,
                     format!(
                         "keys {:?} and {:?} would both become {n:?}",
                         original(first as usize),
@@ -686,16 +867,14 @@ impl StateDictOptions {
             return Err(Error::new(ErrorKind::InvalidSpec, "a set of no files"));
         };
         let mut entries: Vec<Selected> = Vec::with_capacity(set.len());
-        let mut decisions: Vec<String> = Vec::new();
+        let mut decisions: Vec<Decision> = Vec::new();
         let mut key = None;
         // The automatic options decide once, for the set as a whole.
         let mut per_file = self.clone();
         let several = files.len() > 1;
         if several && self.key == KeySelect::Auto {
             let auto = auto_key_of(&files);
-            if auto.candidate.is_some() {
-                decisions.push(format!("key auto: {}", auto.why));
-            }
+            decisions.extend(auto.decision);
             per_file.key = auto
                 .key
                 .map_or(KeySelect::All, |k| KeySelect::Path(k.to_owned()));
@@ -720,9 +899,9 @@ impl StateDictOptions {
             if prefix.is_empty() {
                 per_file.strip = Strip::None;
             } else {
-                decisions.push(format!(
-                    "strip-prefix auto: removed {prefix:?} from every name"
-                ));
+                decisions.push(Decision::PrefixStripped {
+                    prefix: prefix.clone(),
+                });
                 per_file.strip = Strip::Prefix(prefix);
             }
         }
@@ -741,7 +920,10 @@ impl StateDictOptions {
             let sd = per_file.select(ckpt).map_err(|e| e.in_file(&name()))?;
             for d in sd.decisions {
                 let d = if several {
-                    format!("{}: {d}", name())
+                    Decision::InFile {
+                        file: name().to_owned(),
+                        decision: Box::new(d),
+                    }
                 } else {
                     d
                 };

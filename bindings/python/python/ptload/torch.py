@@ -115,7 +115,7 @@ def _bounded(t, what):
     limit = _ptload.MAX_EXPANDED_VIEW_BYTES
     if nbytes > limit and nbytes > t.untyped_storage().nbytes():
         raise Error(
-            f"{what}: limit: Limits::max_expanded_view_bytes ({limit}) exceeded: an "
+            f"{what}: limit: max_expanded_view_bytes ({limit}) exceeded: an "
             f"overlapping view of {nbytes} bytes over a {t.untyped_storage().nbytes()}-byte storage"
         )
 
