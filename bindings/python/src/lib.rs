@@ -1219,6 +1219,13 @@ fn open(
     })
 }
 
+/// Whether the caller's `allow_globals` entries (names or globs) admit
+/// `module.name`: the reader's one rule, as the CLI's `--allow-global`.
+#[pyfunction]
+fn global_allowed(allowed: Vec<String>, module: &str, name: &str) -> bool {
+    ptload_reader::Policy::allowlist_admits(&allowed, module, name)
+}
+
 #[pymodule]
 fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", m.py().get_type::<Error>())?;
@@ -1234,6 +1241,7 @@ fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Uploaded>()?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(terms::fallback_text, m)?)?;
+    m.add_function(wrap_pyfunction!(global_allowed, m)?)?;
     m.add_function(wrap_pyfunction!(describe_capsule, m)?)?;
     m.add_function(wrap_pyfunction!(open, m)?)?;
     m.add_function(wrap_pyfunction!(module_blocked, m)?)?;

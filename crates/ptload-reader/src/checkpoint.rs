@@ -79,8 +79,9 @@ impl OpenOptions {
     }
 
     /// Allow `module.name` under [`Policy::Strict`] (torch's
-    /// `add_safe_globals`). Globals of `sys`, `os`, `posix` and `nt` stay
-    /// refused.
+    /// `add_safe_globals`), or every global a glob matches (`mymodels.*`,
+    /// see [`Policy::allowlist_admits`]). Globals of `sys`, `os`, `posix`
+    /// and `nt` stay refused.
     pub fn allow_global(mut self, path: impl Into<String>) -> Self {
         self.allowed_globals.push(path.into());
         self

@@ -136,9 +136,10 @@ def _sparse(layout, data):
 
 
 def _usable(allowed, module, name):
-    """Whether the caller's trust admits ``module.name``: never for the
-    modules torch blocks whatever is allowed (sys, os, posix, nt)."""
-    return f"{module}.{name}" in allowed and not _ptload.module_blocked(module)
+    """Whether the caller's trust admits ``module.name`` (a name or a glob
+    of ``allow_globals``, the reader's rule): never for the modules torch
+    blocks whatever is allowed (sys, os, posix, nt)."""
+    return bool(allowed) and _ptload.global_allowed(list(allowed), module, name)
 
 
 def _forbidden(ckpt, allowed):
@@ -212,7 +213,8 @@ def load(
     each such object as a :class:`ptload.Inert` record, never called, and
     builds plain types (``argparse.Namespace``, ``collections`` containers,
     numpy scalars, dtypes and arrays, paths, datetimes) as the real objects
-    from their data. ``allow_globals``: names (``"module.name"``) or
+    from their data. ``allow_globals``: names (``"module.name"``), globs
+    over them (``"mymodels.*"``, as the CLI's ``--allow-global``) or
     objects trusted as ``torch.serialization.add_safe_globals`` trusts them:
     imported and called as pickle would.
 
