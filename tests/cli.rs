@@ -947,6 +947,42 @@ fn scan_flags_payloads_and_passes_clean_checkpoints() {
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
 
+/// `convert` of the payload file keeps the plain value and leaves the
+/// command string out of the metadata, saying so; `inspect` still shows
+/// it (it describes the file, it does not copy it).
+#[test]
+fn convert_leaves_call_arguments_out_of_the_metadata() {
+    let dir = temp_dir("convert-call-arguments");
+    let payload = payload_checkpoint(&dir);
+    let output = dir.join("out.safetensors").display().to_string();
+    let out = ptload(&["convert", "--json", &payload, &output]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(doc["metadata"], 1);
+    assert_eq!(
+        doc["metadata_left_out"],
+        serde_json::json!([{"name": "evil.0", "call": "os.system"}])
+    );
+    assert!(
+        stderr(&out).contains("evil.0 (an argument of os.system)"),
+        "{}",
+        stderr(&out)
+    );
+    let bytes = std::fs::read(&output).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors reads it");
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).expect("header");
+    let metadata = header.metadata().clone().expect("metadata");
+    assert_eq!(metadata.get("epoch").map(String::as_str), Some("7"));
+    assert!(
+        !metadata.values().any(|v| v.contains("echo pwned")),
+        "{metadata:?}"
+    );
+    assert_eq!(st.len(), 0);
+    let doc = inspect_json_path(&payload);
+    assert!(doc.to_string().contains("echo pwned"), "{doc}");
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
 fn inspect_json_path(path: &str) -> Json {
     let out = ptload(&["inspect", "--json", path]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

@@ -120,6 +120,12 @@ pub(crate) fn convert(
         for s in &set.skipped {
             eprintln!("ptload: warning: skipped {s}");
         }
+        let left_out: Vec<(String, String)> = set
+            .files
+            .iter()
+            .flat_map(|(_, w)| w.metadata_left_out.iter().cloned())
+            .collect();
+        note_left_out(&left_out);
         let tensors: usize = set.files.iter().map(|(_, w)| w.tensors).sum();
         let bytes: u64 = set.files.iter().map(|(_, w)| w.bytes).sum();
         if request.json {
@@ -135,6 +141,7 @@ pub(crate) fn convert(
                 "tensors": tensors,
                 "bytes": bytes,
                 "skipped": set.skipped,
+                "metadata_left_out": left_out_json(&left_out),
                 "decisions": crate::terms::decisions(selection.decisions()),
             });
             serde_json::to_writer(&mut *out, &doc)?;
@@ -187,6 +194,7 @@ pub(crate) fn convert(
     for s in &written.skipped {
         eprintln!("ptload: warning: skipped {s}");
     }
+    note_left_out(&written.metadata_left_out);
     if request.json {
         #[derive(Serialize)]
         struct ConvertOut<'a> {
@@ -195,6 +203,7 @@ pub(crate) fn convert(
             bytes: u64,
             metadata: usize,
             skipped: &'a [String],
+            metadata_left_out: Vec<serde_json::Value>,
             decisions: Vec<String>,
         }
         serde_json::to_writer(
@@ -205,6 +214,7 @@ pub(crate) fn convert(
                 bytes: written.bytes,
                 metadata: written.metadata,
                 skipped: &written.skipped,
+                metadata_left_out: left_out_json(&written.metadata_left_out),
                 decisions: crate::terms::decisions(selection.decisions()),
             },
         )?;
@@ -225,6 +235,30 @@ pub(crate) fn convert(
         )?;
     }
     Ok(())
+}
+
+/// Say which values `convert` kept out of the metadata, and why: they are
+/// what the file hands to a call it asks for (a command line, a path).
+fn note_left_out(left_out: &[(String, String)]) {
+    if left_out.is_empty() {
+        return;
+    }
+    let list: Vec<String> = left_out
+        .iter()
+        .map(|(name, call)| format!("{name} (an argument of {call})"))
+        .collect();
+    crate::ui::note(&format!(
+        "left out of the metadata, as arguments of calls the file asks for rather than plain \
+         values: {}; `ptload scan` judges those calls",
+        list.join(", ")
+    ));
+}
+
+fn left_out_json(left_out: &[(String, String)]) -> Vec<serde_json::Value> {
+    left_out
+        .iter()
+        .map(|(name, call)| serde_json::json!({"name": name, "call": call}))
+        .collect()
 }
 
 // ---- diff -------------------------------------------------------------

@@ -168,6 +168,10 @@ pub struct Checkpoint {
     storages: Vec<StorageInfo>,
     tensors: Vec<TensorInfo>,
     values: Vec<(String, Scalar)>,
+    /// Values found inside call records: (index into `values`, index into
+    /// `callables`), by value index.
+    value_calls: Vec<(usize, usize)>,
+    callables: Vec<String>,
     globals: Vec<GlobalRef>,
     warnings: Vec<String>,
     /// Indices into `tensors`, hashed by name with `hasher`.
@@ -403,6 +407,8 @@ impl Checkpoint {
             storages,
             tensors,
             values: walked.values,
+            value_calls: walked.value_calls,
+            callables: walked.callables,
             globals: leading.into_iter().chain(interp.globals).collect(),
             warnings: walked.warnings,
             by_name: walked.by_name,
@@ -515,6 +521,8 @@ impl Checkpoint {
             storages,
             tensors,
             values,
+            value_calls: Vec::new(),
+            callables: Vec::new(),
             globals: Vec::new(),
             warnings,
             by_name,
@@ -673,6 +681,22 @@ impl Checkpoint {
     /// flattening convention.
     pub fn values(&self) -> &[(String, Scalar)] {
         &self.values
+    }
+
+    /// The global that the value at `index` of [`values`](Self::values) is
+    /// an argument of, when the value lies inside an object the file makes
+    /// by calling a global (`os.system("...")`, `pathlib.PosixPath("...")`)
+    /// rather than in plain data or in an instance it constructs and fills.
+    /// Such a value is what the file would hand to that call, not a setting
+    /// of the model: `export` leaves it out of the metadata, unless the
+    /// scanner knows the call only makes plain data (a path, a date).
+    pub fn value_call(&self, index: usize) -> Option<&str> {
+        let at = self
+            .value_calls
+            .binary_search_by_key(&index, |&(value, _)| value)
+            .ok()?;
+        let &(_, callable) = self.value_calls.get(at)?;
+        self.callables.get(callable).map(String::as_str)
     }
 
     /// Every global the pickles reference, once per record, in order of

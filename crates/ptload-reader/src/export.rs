@@ -90,6 +90,10 @@ pub struct Written {
     pub metadata: usize,
     /// One line per skipped tensor: name and reason.
     pub skipped: Vec<String>,
+    /// Values left out of `__metadata__` because they are arguments of a
+    /// call the file asks for (`os.system("...")`), not plain data: each
+    /// `(name, callable)` ([`Checkpoint::value_call`](crate::Checkpoint::value_call)).
+    pub metadata_left_out: Vec<(String, String)>,
 }
 
 /// Whether safetensors has a dtype for `d` (0.8 names match ptload's).
@@ -196,22 +200,39 @@ fn plan(
     }
     let mut header = String::from("{");
     let mut metadata: Vec<(String, String)> = vec![("format".to_owned(), "pt".to_owned())];
-    let values = sd
-        .checkpoints()
-        .iter()
-        .flat_map(|c| c.values())
-        .filter_map(|(name, v)| plain_json(v).map(|j| (name.as_str(), j)));
-    match &opts.metadata {
-        Metadata::None => {}
-        Metadata::All | Metadata::Selected { key: None } => {
-            metadata.extend(values.map(|(n, j)| (n.to_owned(), j)));
-        }
+    // The selected values under the names they are written with, each
+    // with the call it is an argument of, if any.
+    let selected = sd.checkpoints().iter().flat_map(|c| {
+        c.values()
+            .iter()
+            .enumerate()
+            .map(move |(i, (name, v))| (name.as_str(), v, c.value_call(i)))
+    });
+    let selected: Vec<_> = match &opts.metadata {
+        Metadata::None => Vec::new(),
+        Metadata::All | Metadata::Selected { key: None } => selected.collect(),
         Metadata::Selected { key: Some(key) } => {
             let key = key.trim_end_matches('.');
-            metadata.extend(values.filter_map(|(n, j)| {
-                let rest = n.strip_prefix(key)?.strip_prefix('.')?;
-                Some((rest.to_owned(), j))
-            }));
+            selected
+                .filter_map(|(n, v, call)| {
+                    let rest = n.strip_prefix(key)?.strip_prefix('.')?;
+                    Some((rest, v, call))
+                })
+                .collect()
+        }
+    };
+    for (name, value, call) in selected {
+        let Some(json) = plain_json(value) else {
+            continue;
+        };
+        match call.filter(|c| !plain_call(c)) {
+            // What the file would hand to a call that may act (a command
+            // line, a file to open) is not a setting of the model: never
+            // copied silently.
+            Some(callable) => written
+                .metadata_left_out
+                .push((name.to_owned(), callable.to_owned())),
+            None => metadata.push((name.to_owned(), json)),
         }
     }
     // A quantized tensor's integers mean nothing without their scale and
@@ -263,6 +284,19 @@ fn plan(
     // The format marker is not a value of the file.
     written.metadata = metadata.len() - 1;
     Ok((header, planned, written))
+}
+
+/// Whether calling `callable` (`module.name`) only makes plain data or
+/// tensor machinery (a path, a date, a numpy scalar, torch's rebuild
+/// functions): the scanner's classes, so the two never disagree.
+fn plain_call(callable: &str) -> bool {
+    let Some((module, name)) = callable.rsplit_once('.') else {
+        return false;
+    };
+    matches!(
+        crate::scan::classify(module, name),
+        crate::scan::GlobalClass::Data | crate::scan::GlobalClass::Tensor
+    )
 }
 
 /// The view a planned tensor writes.

@@ -15,7 +15,7 @@ use hashbrown::{HashSet, HashTable};
 use super::{Known, QuantParams, TorchHeap, TorchObj};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
-use crate::pickle::{Heap, Obj, ObjId, Value};
+use crate::pickle::{Heap, Obj, ObjId, Tag, Value};
 
 /// A heap value whose accessor disagrees with its kind: never made by the
 /// VM, but an error rather than an empty value if it were.
@@ -65,6 +65,13 @@ pub enum Scalar {
 pub(crate) struct Walked {
     pub(crate) tensors: Vec<(String, Value)>,
     pub(crate) values: Vec<(String, Scalar)>,
+    /// For each value found inside a call record (an object the file asks
+    /// to make by calling a global with arguments, `callable(*args)`, not
+    /// by constructing a class): its index in `values` and the callable's
+    /// index in `callables`, in value order.
+    pub(crate) value_calls: Vec<(usize, usize)>,
+    /// The callables of `value_calls`, as `module.name`.
+    pub(crate) callables: Vec<String>,
     pub(crate) warnings: Vec<String>,
     /// Indices into `tensors`, hashed by name with `hasher`.
     pub(crate) by_name: HashTable<u32>,
@@ -139,6 +146,9 @@ enum Frame {
         seg: Option<Seg>,
         depth: usize,
         in_module: bool,
+        /// The innermost call record around `value` (an index into
+        /// `Walked::callables`).
+        call: Option<usize>,
     },
     Leave(ObjId),
 }
@@ -282,6 +292,8 @@ pub(crate) struct Walker<'h> {
     /// what is emitted, so walking a node costs no allocation.
     path: Vec<Seg>,
     children: Vec<(Option<Seg>, Value, bool)>,
+    /// The innermost call record around the node being visited.
+    call: Option<usize>,
     out: Walked,
 }
 
@@ -305,6 +317,7 @@ impl<'h> Walker<'h> {
             rename_duplicates: false,
             path: Vec::new(),
             children: Vec::new(),
+            call: None,
             out: Walked::default(),
         }
     }
@@ -358,6 +371,9 @@ impl<'h> Walker<'h> {
             self.name_bytes = self.name_bytes.saturating_add(copied as u64);
             if self.name_bytes > self.max_name_bytes {
                 return Err(Error::limit("max_name_bytes", self.max_name_bytes));
+            }
+            if let Some(call) = self.call {
+                self.out.value_calls.push((self.out.values.len(), call));
             }
             self.out.values.push((name, scalar));
         }
@@ -428,6 +444,7 @@ impl<'h> Walker<'h> {
             seg: (!prefix.is_empty()).then_some(Seg::Word(prefix)),
             depth: 0,
             in_module: false,
+            call: None,
         }];
         while let Some(frame) = stack.pop() {
             self.steps += 1;
@@ -444,9 +461,11 @@ impl<'h> Walker<'h> {
                     seg,
                     depth,
                     in_module,
+                    call,
                 } => {
                     self.path.truncate(depth);
                     self.path.extend(seg);
+                    self.call = call;
                     (value, in_module)
                 }
             };
@@ -509,6 +528,13 @@ impl<'h> Walker<'h> {
                     } else {
                         let class = global_path(heap, o.class).unwrap_or_else(|| "?".into());
                         let inside = in_module || class.starts_with("__torch__.");
+                        // Made by calling `class` (REDUCE), not by constructing
+                        // it: what it holds are the call's arguments and what
+                        // was set on its result.
+                        if heap.tag_of(value) != Some(Tag::NewObj) && !inside {
+                            self.call = Some(self.out.callables.len());
+                            self.out.callables.push(class.clone());
+                        }
                         if let Some(state) = o.state {
                             match heap.tuple(state) {
                                 // (state, slotstate) from __reduce_ex__.
@@ -630,6 +656,7 @@ impl<'h> Walker<'h> {
                 self.on_path.insert(id);
                 stack.push(Frame::Leave(id));
                 let depth = self.path.len();
+                let call = self.call;
                 stack.extend(
                     self.children
                         .drain(..)
@@ -639,6 +666,7 @@ impl<'h> Walker<'h> {
                             seg,
                             depth,
                             in_module,
+                            call,
                         }),
                 );
             }
