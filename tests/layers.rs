@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["error", "advice"],
     &["limits"],
-    &["bytes", "source", "glob"],
+    &["bytes", "source", "glob", "name_index"],
     &["container"],
     &["pickle"],
     &["torch"],

@@ -1,9 +1,6 @@
 //! The public facade: open a checkpoint, list its tensors and values.
 
-use std::hash::BuildHasher;
 use std::path::Path;
-
-use hashbrown::HashTable;
 
 use crate::advice::Hint;
 use crate::bytes::{slice, ByteOrder};
@@ -11,6 +8,7 @@ use crate::container::layout::StorageBytes;
 use crate::container::{detect, Detected, Format};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
+use crate::name_index::NameIndex;
 use crate::object::Objects;
 use crate::pickle::{Heap, StringEncoding, Value, Vm};
 use crate::source::Source;
@@ -174,9 +172,8 @@ pub struct Checkpoint {
     callables: Vec<String>,
     globals: Vec<GlobalRef>,
     warnings: Vec<String>,
-    /// Indices into `tensors`, hashed by name with `hasher`.
-    by_name: HashTable<u32>,
-    hasher: hashbrown::DefaultHashBuilder,
+    /// Indices into `tensors`, by name.
+    by_name: NameIndex,
     work: u64,
     objects: Option<Objects>,
     /// Read in scattered pieces (see `advise_scattered`): views ask for
@@ -412,7 +409,6 @@ impl Checkpoint {
             globals: leading.into_iter().chain(interp.globals).collect(),
             warnings: walked.warnings,
             by_name: walked.by_name,
-            hasher: walked.hasher,
             work: heap.work().saturating_add(walked.steps),
             objects,
             scattered: std::sync::atomic::AtomicBool::new(false),
@@ -431,8 +427,7 @@ impl Checkpoint {
         warnings: Vec<String>,
         protocol: u8,
     ) -> Result<Checkpoint> {
-        let hasher = hashbrown::DefaultHashBuilder::default();
-        let mut by_name: HashTable<u32> = HashTable::with_capacity(parts.len());
+        let mut by_name = NameIndex::with_capacity(parts.len());
         let mut storages = Vec::with_capacity(parts.len());
         let mut tensors: Vec<TensorInfo> = Vec::with_capacity(parts.len());
         let mut owned = Vec::with_capacity(parts.len());
@@ -461,13 +456,9 @@ impl Checkpoint {
                 *s = acc;
                 acc = acc.saturating_mul(d.max(1));
             }
-            let hash = hasher.hash_one(name.as_str());
-            if by_name
-                .find(hash, |&j| {
-                    tensors.get(j as usize).is_some_and(|t| t.name == name)
-                })
-                .is_some()
-            {
+            let hash = by_name.hash(name.as_str());
+            let name_of = |j: u32| tensors.get(j as usize).map(|t| t.name.as_str());
+            if by_name.find_hashed(hash, &name, name_of).is_some() {
                 return Err(
                     Error::new(ErrorKind::DuplicateName, "two tensors of this name")
                         .for_tensor(&name),
@@ -505,10 +496,8 @@ impl Checkpoint {
                 neg: false,
                 quantization: None,
             });
-            by_name.insert_unique(hash, at, |&j| {
-                tensors
-                    .get(j as usize)
-                    .map_or(0, |t| hasher.hash_one(t.name.as_str()))
+            by_name.insert_hashed(hash, at, |j| {
+                tensors.get(j as usize).map(|t| t.name.as_str())
             });
         }
         Ok(Checkpoint {
@@ -526,7 +515,6 @@ impl Checkpoint {
             globals: Vec::new(),
             warnings,
             by_name,
-            hasher,
             work: 0,
             objects: None,
             scattered: std::sync::atomic::AtomicBool::new(false),
@@ -611,12 +599,11 @@ impl Checkpoint {
     /// The index in [`tensors`](Self::tensors) order of the tensor named
     /// `name`.
     pub fn position(&self, name: &str) -> Option<usize> {
-        let hash = self.hasher.hash_one(name);
         self.by_name
-            .find(hash, |&i| {
-                self.tensors.get(i as usize).is_some_and(|t| t.name == name)
+            .find(name, |i| {
+                self.tensors.get(i as usize).map(|t| t.name.as_str())
             })
-            .map(|&i| i as usize)
+            .map(|i| i as usize)
     }
 
     /// The work opening took, in the units of

@@ -55,6 +55,7 @@ pub mod fuzzing;
 pub(crate) mod glob;
 mod limits;
 pub mod merge;
+mod name_index;
 pub mod object;
 pub mod parallel;
 mod pickle;
