@@ -18,7 +18,7 @@ use crate::torch::interp::GlobalRef;
 use crate::torch::names::{walk_all, Scalar};
 use crate::torch::policy::Policy;
 use crate::torch::tensor::{bare_storage, tensor_info, StorageData, StorageInfo, TensorInfo};
-use crate::torch::{TorchHeap, TorchInterp, TorchObj};
+use crate::torch::{PendingStorage, TorchHeap, TorchInterp, TorchObj};
 use crate::view::TensorView;
 
 /// Options for opening a checkpoint.
@@ -232,6 +232,47 @@ fn every_refusal(first: Error, source: &Source, opts: &OpenOptions) -> Error {
     first.with_note(note, Some(Hint::AllowGlobals(refused)))
 }
 
+/// The decoded storages as the checkpoint describes them, and the
+/// deflated records whose bytes are inflated on first use.
+fn storage_infos(
+    pending: Vec<PendingStorage>,
+    bytes: Vec<StorageBytes>,
+) -> (Vec<StorageInfo>, Vec<Inflated>) {
+    let mut inflated = Vec::new();
+    let storages = pending
+        .into_iter()
+        .zip(bytes)
+        .map(|(p, bytes)| {
+            let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
+            let data = match bytes {
+                StorageBytes::File(offset) => StorageData::File(offset),
+                StorageBytes::Deflated(record) => {
+                    inflated.push(Inflated {
+                        record,
+                        bytes: std::sync::OnceLock::new(),
+                    });
+                    StorageData::Deflated(inflated.len() - 1)
+                }
+            };
+            StorageInfo {
+                file_offset: match data {
+                    StorageData::File(o) => Some(o),
+                    StorageData::Owned(_) | StorageData::Deflated(_) => None,
+                },
+                key: p.key,
+                location: p.location,
+                dtype: p.dtype,
+                numel: p.numel,
+                nbytes,
+                record: p.record,
+                data,
+                quantized: p.quantized,
+            }
+        })
+        .collect();
+    (storages, inflated)
+}
+
 impl Checkpoint {
     /// Open the checkpoint at `path` with default options.
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
@@ -291,39 +332,7 @@ impl Checkpoint {
         if walked.tensors.len() > opts.limits.max_tensors {
             return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));
         }
-        let mut inflated = Vec::new();
-        let storages: Vec<StorageInfo> = decoded
-            .storages
-            .into_iter()
-            .zip(decoded.bytes)
-            .map(|(p, bytes)| {
-                let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
-                let data = match bytes {
-                    StorageBytes::File(offset) => StorageData::File(offset),
-                    StorageBytes::Deflated(record) => {
-                        inflated.push(Inflated {
-                            record,
-                            bytes: std::sync::OnceLock::new(),
-                        });
-                        StorageData::Deflated(inflated.len() - 1)
-                    }
-                };
-                StorageInfo {
-                    file_offset: match data {
-                        StorageData::File(o) => Some(o),
-                        StorageData::Owned(_) | StorageData::Deflated(_) => None,
-                    },
-                    key: p.key,
-                    location: p.location,
-                    dtype: p.dtype,
-                    numel: p.numel,
-                    nbytes,
-                    record: p.record,
-                    data,
-                    quantized: p.quantized,
-                }
-            })
-            .collect();
+        let (storages, inflated) = storage_infos(decoded.storages, decoded.bytes);
         let mut tensors = Vec::with_capacity(walked.tensors.len());
         // For the object graph: the first walked entry of each heap value,
         // by object id (`NOT_WALKED` where none).
