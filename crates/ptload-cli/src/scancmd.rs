@@ -239,7 +239,7 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
     // safetensors holds no pickle: torch.load fails on it (it reads it as a
     // pickle stream), and nothing in it can run. A pickle named
     // `.safetensors` has no such header, and is scanned.
-    if crate::tools::is_safetensors(path) {
+    if crate::cmd::diff::is_safetensors(path) {
         return FileScan::bare(
             file,
             "not-loadable",
