@@ -392,4 +392,12 @@ fn renames_prefixes_and_collisions() {
             .contains("\"encoder.0.weight\" and \"encoder.0.bias\" would both become \"x\""),
         "{e}"
     );
+    // The same cause as a name in two files of a set (select_set).
+    assert_eq!(e.kind(), ptload_reader::ErrorKind::DuplicateName);
+    let stars = StateDictOptions {
+        renames: vec![("encoder.*".into(), "*.*".into())],
+        ..Default::default()
+    };
+    let e = stars.select(&ckpt).expect_err("more stars than captures");
+    assert_eq!(e.kind(), ptload_reader::ErrorKind::InvalidSpec, "{e}");
 }

@@ -369,8 +369,15 @@ impl Checkpoint {
         self.inner.is_mapped()
     }
 
+    /// The globals (`module.name`, once each) the strict policy refuses
+    /// with the caller's `allowed` names and globs: the reader's list.
+    fn refused_globals(&self, allowed: Vec<String>) -> Vec<String> {
+        self.inner.refused_globals(&allowed)
+    }
+
     /// Every global the pickles name: (module, name, torch_allowed, called,
     /// instantiated, record, offset).
+
     fn globals<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let items = self
             .inner

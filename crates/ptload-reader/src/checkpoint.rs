@@ -210,17 +210,7 @@ fn every_refusal(first: Error, source: &Source, opts: &OpenOptions) -> Error {
     let Ok(ckpt) = Checkpoint::decode(source.clone(), &lenient) else {
         return first;
     };
-    let mut refused: Vec<String> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for g in ckpt.globals() {
-        let path = g.path();
-        if !g.torch_allowed
-            && !crate::torch::policy::user_allows(&opts.allowed_globals, &g.module, &g.name)
-            && seen.insert(path.clone())
-        {
-            refused.push(path);
-        }
-    }
+    let refused = ckpt.refused_globals(&opts.allowed_globals);
     if refused.len() < 2 {
         return first;
     }
@@ -704,6 +694,24 @@ impl Checkpoint {
     /// The globals outside torch's `weights_only=True` allowlist.
     pub fn suspicious(&self) -> impl Iterator<Item = &GlobalRef> {
         self.globals.iter().filter(|g| !g.torch_allowed)
+    }
+
+    /// Each global (`module.name`, once, in the file's order) that
+    /// [`Policy::Strict`] refuses with the caller's allowlist `allowed`
+    /// (names and globs, see [`Policy::allowlist_admits`]): outside
+    /// torch's allowlist and not admitted by `allowed`.
+    pub fn refused_globals<S: AsRef<str>>(&self, allowed: &[S]) -> Vec<String> {
+        let mut refused: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for g in self.suspicious() {
+            if !Policy::allowlist_admits(allowed, &g.module, &g.name) {
+                let path = g.path();
+                if seen.insert(path.clone()) {
+                    refused.push(path);
+                }
+            }
+        }
+        refused
     }
 
     /// Things the reader saw but does not expose (e.g. tensors of a kind it

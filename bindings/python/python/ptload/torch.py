@@ -135,20 +135,10 @@ def _sparse(layout, data):
     return torch.sparse_compressed_tensor(compressed, plain, values, size, layout=layout, check_invariants=True)
 
 
-def _usable(allowed, module, name):
-    """Whether the caller's trust admits ``module.name`` (a name or a glob
-    of ``allow_globals``, the reader's rule): never for the modules torch
-    blocks whatever is allowed (sys, os, posix, nt)."""
-    return bool(allowed) and _ptload.global_allowed(list(allowed), module, name)
-
-
 def _forbidden(ckpt, allowed):
-    refused = []
-    for module, name, torch_allowed, *_ in ckpt.globals():
-        path = f"{module}.{name}"
-        if not torch_allowed and not _usable(allowed, module, name) and path not in refused:
-            refused.append(path)
-    return refused
+    """The globals the file names that neither torch's allowlist nor the
+    caller's names and globs admit: the reader's list."""
+    return ckpt.refused_globals(list(allowed))
 
 
 def _allowed_names(allow_globals):

@@ -40,7 +40,7 @@ fn rename(name: &str, from: &str, to: &str) -> Result<Option<String>> {
     let stars = to.matches('*').count();
     if stars > captures.len() {
         return Err(Error::new(
-            ErrorKind::Unsupported,
+            ErrorKind::InvalidSpec,
             format!(
                 "rename {from}={to}: the target has {stars} '*' but the pattern only {}",
                 captures.len()
