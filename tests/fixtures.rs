@@ -420,6 +420,12 @@ fn deflated_storages_are_inflated_when_read_not_at_open() {
     assert!(failed > 0);
 }
 
+fn ckpt_len(file: &str) -> u64 {
+    Checkpoint::open(root().join("files").join(file))
+        .expect("open")
+        .len() as u64
+}
+
 /// Advice is data: a refused file's error carries the globals to allow, a
 /// limit's error the limit and its value; the reader's own text names no
 /// front end's option, and `Display` leaves the source to a chain printer
@@ -463,7 +469,8 @@ fn errors_carry_their_advice_as_data() {
         e.hint(),
         Some(&Hint::RaiseLimit {
             limit: "max_tensors",
-            value: 1
+            value: 1,
+            needed: Some(ckpt_len("plain_model.pt")),
         })
     );
 

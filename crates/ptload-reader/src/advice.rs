@@ -26,6 +26,10 @@ pub enum Hint {
         limit: &'static str,
         /// Its value when it was exceeded.
         value: u64,
+        /// A value that would do, when the reader knows it (the size of
+        /// the record, the number of tensors); `None` when it stopped
+        /// before it could know.
+        needed: Option<u64>,
     },
     /// Place storages with a map location (torch's `map_location`, see
     /// [`placement::MapLocation`](crate::placement::MapLocation)): those

@@ -320,7 +320,11 @@ impl Checkpoint {
         )?;
         let objects_root = decoded.roots.first().map(|&(v, _)| v);
         if walked.tensors.len() > opts.limits.max_tensors {
-            return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));
+            return Err(Error::limit_needing(
+                "max_tensors",
+                opts.limits.max_tensors as u64,
+                walked.tensors.len() as u64,
+            ));
         }
         let (storages, inflated) = storage_infos(decoded.storages, decoded.bytes);
         let mut tensors = Vec::with_capacity(walked.tensors.len());

@@ -123,7 +123,20 @@ impl Error {
             ErrorKind::LimitExceeded,
             format!("{name} ({value}) exceeded"),
         )
-        .with_hint(Hint::RaiseLimit { limit: name, value })
+        .with_hint(Hint::RaiseLimit {
+            limit: name,
+            value,
+            needed: None,
+        })
+    }
+
+    /// [`Error::limit`] where the value that would do is known.
+    pub(crate) fn limit_needing(name: &'static str, value: u64, needed: u64) -> Self {
+        Error::limit(name, value).with_hint(Hint::RaiseLimit {
+            limit: name,
+            value,
+            needed: Some(needed),
+        })
     }
 
     /// End the message with `hint` (see [`Terms`] for where it goes).
