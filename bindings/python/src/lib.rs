@@ -377,7 +377,6 @@ impl Checkpoint {
 
     /// Every global the pickles name: (module, name, torch_allowed, called,
     /// instantiated, record, offset).
-
     fn globals<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let items = self
             .inner
