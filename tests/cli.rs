@@ -64,6 +64,7 @@ fn inspect_json_has_exactly_the_documented_keys() {
             "totals",
             "values",
             "globals",
+            "outside_allowlist",
             "suspicious",
             "dangerous",
             "bytes_read"
@@ -176,11 +177,16 @@ fn strict_refuses_what_torch_weights_only_refuses() {
 
     // The default policy loads it and reports what torch would refuse.
     let doc = inspect_json("training.ckpt", &[]);
-    let suspicious = doc["suspicious"].as_array().expect("suspicious");
+    // Outside the allowlist; scan calls it plain data, so it is no
+    // finding.
+    let suspicious = doc["outside_allowlist"]
+        .as_array()
+        .expect("outside_allowlist");
     assert!(
         suspicious.contains(&Json::from("argparse.Namespace")),
         "{suspicious:?}"
     );
+    assert_eq!(doc["suspicious"], serde_json::json!([]));
     let out = ptload(&["inspect", "--strict", &fixture("training.ckpt")]);
     assert_eq!(out.status.code(), Some(2));
 
@@ -943,7 +949,11 @@ fn scan_flags_payloads_and_passes_clean_checkpoints() {
     assert_eq!(strict.status.code(), Some(2));
     assert!(stderr(&strict).contains("Unsupported global: GLOBAL os.system"));
     let doc = inspect_json_path(&payload);
-    assert_eq!(doc["suspicious"], serde_json::json!(["os.system"]));
+    assert_eq!(
+        doc["suspicious"],
+        serde_json::json!([{"global": "os.system", "level": "dangerous", "use": "called"}])
+    );
+    assert_eq!(doc["outside_allowlist"], serde_json::json!(["os.system"]));
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
 
@@ -2203,8 +2213,32 @@ fn inspect_makes_dangerous_globals_stand_out() {
     let text = stdout(&out);
     assert!(text.contains("DANGEROUS globals"), "{text}");
     assert!(
-        text.contains("(process)") && text.contains("ptload scan"),
+        text.contains("os.system (process, called)") && text.contains("ptload scan"),
         "{text}"
+    );
+    // An unknown call is named with its level; a TorchScript archive, which
+    // scan calls clean, has no finding (its classes are only outside the
+    // allowlist, which --strict refuses).
+    let script = inspect_json("torchscript.pt", &[]);
+    assert_eq!(script["suspicious"], serde_json::json!([]));
+    assert!(
+        !script["outside_allowlist"]
+            .as_array()
+            .expect("outside_allowlist")
+            .is_empty(),
+        "{script}"
+    );
+    let call = root
+        .join("tests/scan/z_flag_0x0008_payload.pt")
+        .display()
+        .to_string();
+    let out = ptload(&["inspect", &call]);
+    assert!(
+        stdout(&out).contains(
+            "scan would also report (read, never run): builtins.print (unknown-call, called)"
+        ),
+        "{}",
+        stdout(&out)
     );
     let out = ptload(&["inspect", "--json", &path]);
     let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");

@@ -18,8 +18,8 @@ use ptload_reader::{Checkpoint, ErrorKind};
 const PWNED: &str = "/tmp/ptload-hostile-pwned";
 
 enum Expect {
-    /// Opens; every tensor reads; these globals are reported as dangerous
-    /// or unknown callables (empty: nothing to report).
+    /// Opens; every tensor reads; these globals are reported outside
+    /// torch's allowlist (empty: nothing to report).
     Opens {
         tensors: usize,
         flagged: &'static [&'static str],
@@ -446,19 +446,39 @@ fn library_outcomes() {
                     "{name}: work {} over {bound}",
                     ckpt.work()
                 );
-                let suspicious: Vec<String> = ckpt
-                    .suspicious()
+                let outside: Vec<String> = ckpt
+                    .outside_allowlist()
                     .map(|g| format!("{}.{}", g.module, g.name))
                     .collect();
                 for g in *flagged {
                     assert!(
-                        suspicious.iter().any(|s| s == g),
-                        "{name}: {g} not reported in {suspicious:?}"
+                        outside.iter().any(|s| s == g),
+                        "{name}: {g} not reported in {outside:?}"
                     );
                 }
                 if flagged.is_empty() {
-                    assert!(suspicious.is_empty(), "{name}: unexpected {suspicious:?}");
+                    assert!(outside.is_empty(), "{name}: unexpected {outside:?}");
                 }
+                // Its findings are scan's: what `scan` reports at
+                // unknown-call and above, each once.
+                let findings: std::collections::BTreeSet<String> = ckpt
+                    .suspicious()
+                    .map(|g| format!("{} {:?}", g.path(), g.level()))
+                    .collect();
+                let report = ptload_reader::scan::scan_file(
+                    &corpus().join(name),
+                    &ptload_reader::Limits::default(),
+                    false,
+                )
+                .unwrap();
+                let scanned: std::collections::BTreeSet<String> = report
+                    .pickles
+                    .iter()
+                    .flat_map(|p| &p.globals)
+                    .filter(|g| g.level() >= ptload_reader::scan::Level::UnknownCall)
+                    .map(|g| format!("{} {:?}", g.path(), g.level()))
+                    .collect();
+                assert_eq!(findings, scanned, "{name}");
             }
             (Fails(kind, text), Err(e)) => {
                 assert_eq!(e.kind(), *kind, "{name}: {e}");

@@ -431,6 +431,69 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
+    // An entry torch never reads whose local header is broken: torch
+    // loads the file, and so do scan and open (torch_zip.json).
+    ("zb_benign_unrelated_broken_local_header.pt", Clean, None),
+    // A shadow data.pkl only local headers show: torch goes by the central
+    // directory and reads the clean one (torch_zip.json).
+    (
+        "zh_shadow_data_pkl_between_entries.pt",
+        Ambiguous,
+        Some(("the central directory does not list", true)),
+    ),
+    (
+        "zh_shadow_data_pkl_first.pt",
+        Ambiguous,
+        Some(("the central directory does not list", true)),
+    ),
+    // Two archives end to end: torch reads what the second's recorded
+    // offsets land on, counted from byte 0 (torch_zip.json); readers
+    // that shift them, or take the first archive, read another.
+    (
+        "zc_same_layout_clean_clean.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_sizes_differ_clean_clean.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_sizes_differ_payload_first.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_sizes_differ_payload_second.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_same_layout_payload_first.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_same_layout_payload_second.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_same_layout_payload_both.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_offsets_from_start_payload_first.pt",
+        Ambiguous,
+        Some(("a second archive follows", true)),
+    ),
+    (
+        "zc_offsets_from_start_payload_second.pt",
+        Ambiguous,
+        Some(("a second archive follows", true)),
+    ),
 ];
 
 #[test]
@@ -781,4 +844,364 @@ fn numpy_generator_constructors_call_their_bit_generator() {
     let numpy: &[u8] =
         b"\x80\x02cnumpy.random._pickle\n__bit_generator_ctor\ncnumpy.random._pcg64\nPCG64\n\x85R.";
     assert_eq!(scan_bytes(numpy, &Limits::default()).verdict(), Clean);
+}
+
+/// Two zip archives end to end (`torch_zip.json`, by experiment in both
+/// weights_only modes): the scanner marks as read by torch.load the
+/// data.pkl torch read (none where torch failed), reports a payload in
+/// either archive, and calls the file ambiguous; opening it as a
+/// checkpoint reads the archive torch reads.
+#[test]
+fn two_archives_end_to_end_are_read_as_torch_reads_them() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_zip.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut checked = 0;
+    for (name, facts) in doc.as_object().unwrap() {
+        if !name.starts_with("zc_") {
+            continue;
+        }
+        let path = root().join("tests/scan").join(name);
+        let report = scan_file(&path, &Limits::default(), false).unwrap();
+        assert_eq!(report.verdict(), Ambiguous, "{name}: {report:#?}");
+        let payloads = if name.contains("payload_both") {
+            2
+        } else if name.contains("payload") {
+            1
+        } else {
+            0
+        };
+        let with_print: Vec<bool> = report
+            .pickles
+            .iter()
+            .filter(|p| p.globals.iter().any(|g| g.path() == "builtins.print"))
+            .map(|p| p.reachable)
+            .collect();
+        assert_eq!(with_print.len(), payloads, "{name}: every payload reported");
+        let reached: Vec<_> = report.pickles.iter().filter(|p| p.reachable).collect();
+        // Where each data.pkl scanned starts: the first archive's is the
+        // lowest.
+        let bases: Vec<u64> = report.pickles.iter().filter_map(|p| p.base).collect();
+        let (low, high) = (bases.iter().min().copied(), bases.iter().max().copied());
+        let torch = facts["weights_only_false"].as_str().unwrap();
+        match torch {
+            "reads the payload" => {
+                assert_eq!(reached.len(), 1, "{name}");
+                assert!(with_print.contains(&true), "{name}");
+                assert_eq!(facts["weights_only_true"], "UnpicklingError", "{name}");
+            }
+            "reads the first archive" | "reads the second archive" => {
+                assert_eq!(reached.len(), 1, "{name}");
+                assert!(!with_print.contains(&true), "{name}");
+                assert_eq!(facts["weights_only_true"], torch, "{name}");
+                let want = if torch.contains("first") { low } else { high };
+                assert_eq!(reached[0].base, want, "{name}");
+                // The loader opens the same archive: zeros in the first,
+                // ones in the second.
+                let ckpt = ptload_reader::Checkpoint::open(&path).unwrap();
+                let data = ckpt.tensor("w").unwrap().data().unwrap().to_vec();
+                let one = if torch.contains("first") { 0.0f32 } else { 1.0 };
+                let want: Vec<u8> = [one, one].iter().flat_map(|v| v.to_le_bytes()).collect();
+                assert_eq!(data, want, "{name}");
+            }
+            _ => {
+                assert_eq!(torch, "RuntimeError", "{name}");
+                assert_eq!(facts["weights_only_true"], "RuntimeError", "{name}");
+                assert!(reached.is_empty(), "{name}: torch reads nothing");
+                assert!(
+                    report.notes.iter().any(|n| n.contains("torch.load fails")),
+                    "{name}: {:?}",
+                    report.notes
+                );
+            }
+        }
+        for stand_in in facts["stand_ins"].as_array().unwrap() {
+            let stand_in = stand_in.as_str().unwrap();
+            assert!(
+                reached
+                    .iter()
+                    .any(|p| p.globals.iter().any(|g| g.path() == stand_in)),
+                "{name}: {stand_in}"
+            );
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 9);
+}
+
+/// The local header of `name` in `data` (a zip) overwritten, as a broken
+/// local header.
+fn break_local_header(data: &mut [u8], name: &str) {
+    let eocd = (0..=data.len() - 22)
+        .rev()
+        .find(|&i| data[i..i + 4] == *b"PK\x05\x06")
+        .unwrap();
+    let count = u16::from_le_bytes([data[eocd + 10], data[eocd + 11]]) as usize;
+    let mut at = u32::from_le_bytes(data[eocd + 16..eocd + 20].try_into().unwrap()) as usize;
+    for _ in 0..count {
+        let le16 = |i: usize| u16::from_le_bytes([data[i], data[i + 1]]) as usize;
+        let (name_len, extra_len, comment_len) = (le16(at + 28), le16(at + 30), le16(at + 32));
+        if &data[at + 46..at + 46 + name_len] == name.as_bytes() {
+            let local = u32::from_le_bytes(data[at + 42..at + 46].try_into().unwrap()) as usize;
+            data[local..local + 4].copy_from_slice(b"XXXX");
+            return;
+        }
+        at += 46 + name_len + extra_len + comment_len;
+    }
+    panic!("{name} not in the directory");
+}
+
+/// An entry torch never reads whose local header is broken: torch loads
+/// the file (`torch_zip.json`), and opening it reads the checkpoint, the
+/// entry named in a warning. A record the load needs, or one torch reads
+/// (and fails on: `version`, `.format_version`, ...), fails the open with
+/// the record named.
+#[test]
+fn an_unrelated_broken_local_header_fails_only_what_needs_it() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_zip.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let name = "zb_benign_unrelated_broken_local_header.pt";
+    let facts = &doc[name];
+    for mode in ["weights_only_false", "weights_only_true"] {
+        assert_eq!(facts[mode], "reads w = [0.0, 1.0, 2.0, 3.0]", "{mode}");
+    }
+    let path = root().join("tests/scan").join(name);
+    let ckpt = ptload_reader::Checkpoint::open(&path).unwrap();
+    let data = ckpt.tensor("w").unwrap().data().unwrap().to_vec();
+    let want: Vec<u8> = [0.0f32, 1.0, 2.0, 3.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    assert_eq!(data, want);
+    assert!(
+        ckpt.warnings()
+            .iter()
+            .any(|w| w.contains("archive/extra/notes.txt") && w.contains("no local header")),
+        "{:?}",
+        ckpt.warnings()
+    );
+    let bytes = std::fs::read(&path).unwrap();
+    let dir = std::env::temp_dir().join(format!("ptload-scan-broken-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for needed in [
+        "archive/data.pkl",
+        "archive/data/0",
+        "archive/byteorder",
+        "archive/version",
+        "archive/.format_version",
+    ] {
+        let mut broken = bytes.clone();
+        break_local_header(&mut broken, needed);
+        let file = dir.join("broken.pt");
+        std::fs::write(&file, &broken).unwrap();
+        let err = ptload_reader::Checkpoint::open(&file)
+            .err()
+            .unwrap_or_else(|| panic!("{needed}: opened"));
+        let text = err.to_string();
+        assert!(
+            text.contains("no local header") && text.contains(needed),
+            "{needed}: {text}"
+        );
+    }
+    // The broken entry named like a listed one (same length, renamed in
+    // the central directory): a duplicate name, refused.
+    let mut renamed = bytes.clone();
+    let at = renamed
+        .windows(4)
+        .enumerate()
+        .filter(|(_, w)| *w == b"PK\x01\x02")
+        .map(|(i, _)| i + 46)
+        .find(|&i| renamed[i..].starts_with(b"archive/extra/notes.txt"))
+        .unwrap();
+    renamed[at..at + 23].copy_from_slice(b"archive/.format_version");
+    let file = dir.join("renamed.pt");
+    std::fs::write(&file, &renamed).unwrap();
+    let err = ptload_reader::Checkpoint::open(&file).expect_err("opened");
+    assert!(err.to_string().contains("duplicate entry name"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A local header the central directory does not list (a shadow
+/// data.pkl): torch reads the listed one (`torch_zip.json`); the scanner
+/// marks that one as read by torch.load, reports the shadow's payload as
+/// not read, and names the hidden header with its offset.
+#[test]
+fn a_shadow_data_pkl_in_local_headers_is_reported_not_reached() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_zip.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (name, shadow_at) in [
+        ("zh_shadow_data_pkl_between_entries.pt", None),
+        ("zh_shadow_data_pkl_first.pt", Some(0)),
+    ] {
+        for mode in ["weights_only_false", "weights_only_true"] {
+            assert_eq!(doc[name][mode], "reads w = [0.0, 0.0]", "{name} {mode}");
+        }
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        let reached: Vec<_> = report.pickles.iter().filter(|p| p.reachable).collect();
+        assert_eq!(reached.len(), 1, "{name}");
+        assert!(reached[0]
+            .globals
+            .iter()
+            .all(|g| g.path() != "builtins.print"));
+        let shadow: Vec<_> = report
+            .pickles
+            .iter()
+            .filter(|p| p.globals.iter().any(|g| g.path() == "builtins.print"))
+            .collect();
+        assert_eq!(shadow.len(), 1, "{name}");
+        assert!(!shadow[0].reachable, "{name}");
+        let hidden: Vec<u64> = report
+            .ambiguities
+            .iter()
+            .filter(|a| a.what.contains("does not list"))
+            .map(|a| a.offset)
+            .collect();
+        assert_eq!(hidden.len(), 1, "{name}: {:?}", report.ambiguities);
+        // The shadow's data follows its header: header, name, then bytes.
+        let base = shadow[0].base.unwrap();
+        assert_eq!(
+            base,
+            hidden[0] + 30 + "archive/data.pkl".len() as u64,
+            "{name}"
+        );
+        if let Some(at) = shadow_at {
+            assert_eq!(hidden[0], at, "{name}");
+        }
+    }
+}
+
+/// Calls that are plain data only for some arguments: an enum member
+/// looked up by one constant (`Class(value)`, as an enum pickles), an item
+/// taken from a container the pickle built by a constant key. Every other
+/// call of the same callables, and whatever comes out of them and is
+/// called, stays a call (hand-made pickles).
+#[test]
+fn enum_lookups_and_plain_getitem_are_data_and_nothing_else_is() {
+    const ENUM: &[u8] = b"ctorchvision.transforms.functional\nInterpolationMode\n";
+    const GETITEM: &[u8] = b"coperator\ngetitem\n";
+    let pickle = |parts: &[&[u8]]| {
+        let mut out = b"\x80\x02".to_vec();
+        for p in parts {
+            out.extend_from_slice(p);
+        }
+        out.push(b'.');
+        out
+    };
+    let s = |text: &str| {
+        let mut out = b"X".to_vec();
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out
+    };
+    let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
+        // Plain data.
+        (
+            "enum member",
+            pickle(&[ENUM, &s("bilinear"), b"\x85R"]),
+            Clean,
+        ),
+        (
+            "enum member by a tuple value",
+            pickle(&[ENUM, b"K\x01K\x02\x86\x85R"]),
+            Clean,
+        ),
+        (
+            "item of a list",
+            pickle(&[GETITEM, b"](K\x01K\x02K\x03eK\x01\x86R"]),
+            Clean,
+        ),
+        (
+            "item of a dict",
+            pickle(&[GETITEM, b"}", &s("a"), b"K\x01s", &s("a"), b"\x86R"]),
+            Clean,
+        ),
+        // Calls.
+        (
+            "enum class given a list",
+            pickle(&[ENUM, b"]\x85R"]),
+            UnknownCall,
+        ),
+        (
+            "enum class given two values",
+            pickle(&[ENUM, &s("a"), &s("b"), b"\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "enum member called",
+            pickle(&[ENUM, &s("bilinear"), b"\x85R)R"]),
+            UnknownCall,
+        ),
+        (
+            "item of an instance (its __getitem__)",
+            pickle(&[GETITEM, b"csomepkg\nThing\n)\x81", &s("k"), b"\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "item of a call's result",
+            pickle(&[GETITEM, b"csomepkg\nmake\n)R", &s("k"), b"\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "getitem with a key that is no constant",
+            pickle(&[GETITEM, b"]]\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "getitem called by map",
+            pickle(&[b"cbuiltins\nmap\n", GETITEM, b"]\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "an unknown function taken from a list and called",
+            pickle(&[GETITEM, b"]csomepkg\nrun\naK\x00\x86R", &s("id"), b"\x85R"]),
+            UnknownCall,
+        ),
+        (
+            "os.system taken from a list and called",
+            pickle(&[GETITEM, b"]cos\nsystem\naK\x00\x86R", &s("id"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "attrgetter stays dangerous",
+            pickle(&[b"coperator\nattrgetter\n", &s("system"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "methodcaller stays dangerous",
+            pickle(&[b"coperator\nmethodcaller\n", &s("system"), b"\x85R"]),
+            Dangerous,
+        ),
+    ];
+    for (what, bytes, verdict) in cases {
+        let report = ptload_reader::scan::scan_bytes(&bytes, &Limits::default());
+        assert!(report.pickles[0].complete, "{what}: {report:#?}");
+        assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
+    }
+}
+
+/// A FRAME that declares more bytes than are left: Python's C unpickler
+/// stops at it, its pure-Python unpickler (which does not check the
+/// length) runs what it holds. The scanner reads on and calls the file
+/// ambiguous; the global inside is reported (hand-made).
+#[test]
+fn a_frame_longer_than_the_bytes_left_is_read_on() {
+    let mut pickle = b"\x80\x04\x95".to_vec();
+    let body = b"\x8c\x02os\x94\x8c\x06system\x94\x93\x94.";
+    pickle.extend_from_slice(&(body.len() as u64 + 3).to_le_bytes());
+    pickle.extend_from_slice(body);
+    let report = ptload_reader::scan::scan_bytes(&pickle, &Limits::default());
+    assert_eq!(report.verdict(), Dangerous, "{report:#?}");
+    assert!(report
+        .ambiguities
+        .iter()
+        .any(|a| a.what.contains("FRAME declares more bytes")));
+    // The same pickle with its true length is no ambiguity.
+    pickle[3..11].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    let report = ptload_reader::scan::scan_bytes(&pickle, &Limits::default());
+    assert_eq!(report.verdict(), Dangerous);
+    assert!(report.ambiguities.is_empty(), "{report:#?}");
 }

@@ -172,6 +172,8 @@ pub struct Checkpoint {
     callables: Vec<String>,
     globals: Vec<GlobalRef>,
     warnings: Vec<String>,
+    /// The limits it was opened with, for [`Checkpoint::suspicious`].
+    limits: Limits,
     /// Indices into `tensors`, by name.
     by_name: NameIndex,
     work: u64,
@@ -397,6 +399,8 @@ impl Checkpoint {
         };
         let format = decoded.format;
         let end = decoded.end;
+        let mut warnings = decoded.notes;
+        warnings.extend(walked.warnings);
         Ok(Checkpoint {
             source,
             owned: Vec::new(),
@@ -410,7 +414,8 @@ impl Checkpoint {
             value_calls: walked.value_calls,
             callables: walked.callables,
             globals: leading.into_iter().chain(interp.globals).collect(),
-            warnings: walked.warnings,
+            warnings,
+            limits: opts.limits.clone(),
             by_name: walked.by_name,
             work: heap.work().saturating_add(walked.steps),
             objects,
@@ -517,6 +522,7 @@ impl Checkpoint {
             callables: Vec::new(),
             globals: Vec::new(),
             warnings,
+            limits: Limits::default(),
             by_name,
             work: 0,
             objects: None,
@@ -695,8 +701,9 @@ impl Checkpoint {
         &self.globals
     }
 
-    /// The globals outside torch's `weights_only=True` allowlist.
-    pub fn suspicious(&self) -> impl Iterator<Item = &GlobalRef> {
+    /// The globals outside torch's `weights_only=True` allowlist: what
+    /// [`Policy::Strict`] refuses (and `allow_global` admits).
+    pub fn outside_allowlist(&self) -> impl Iterator<Item = &GlobalRef> {
         self.globals.iter().filter(|g| !g.torch_allowed)
     }
 
@@ -707,7 +714,7 @@ impl Checkpoint {
     pub fn refused_globals<S: AsRef<str>>(&self, allowed: &[S]) -> Vec<String> {
         let mut refused: Vec<String> = Vec::new();
         let mut seen = std::collections::HashSet::new();
-        for g in self.suspicious() {
+        for g in self.outside_allowlist() {
             if !Policy::allowlist_admits(allowed, &g.module, &g.name) {
                 let path = g.path();
                 if seen.insert(path.clone()) {
@@ -716,6 +723,38 @@ impl Checkpoint {
             }
         }
         refused
+    }
+
+    /// The globals [`scan`](crate::scan) reports at
+    /// [`Level::UnknownCall`](crate::scan::Level::UnknownCall) or above in
+    /// this file, the same decision as `ptload scan`: each once, with its
+    /// strongest use (its [`level`](crate::scan::GlobalUse::level) is the
+    /// highest seen), in order of first appearance. The file's bytes are
+    /// scanned again, within the limits it was opened with; a file put
+    /// together from parts (a distributed checkpoint) has none.
+    pub fn suspicious(&self) -> impl Iterator<Item = crate::scan::GlobalUse> {
+        let report = crate::scan::scan_bytes(self.source.bytes(), &self.limits);
+        let mut found: Vec<crate::scan::GlobalUse> = Vec::new();
+        let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        for g in report.pickles.into_iter().flat_map(|p| p.globals) {
+            if g.level() < crate::scan::Level::UnknownCall {
+                continue;
+            }
+            match at.get(&g.path()) {
+                Some(&i) => {
+                    if let Some(seen) = found.get_mut(i) {
+                        if g.level() > seen.level() {
+                            *seen = g;
+                        }
+                    }
+                }
+                None => {
+                    at.insert(g.path(), found.len());
+                    found.push(g);
+                }
+            }
+        }
+        found.into_iter()
     }
 
     /// Things the reader saw but does not expose (e.g. tensors of a kind it

@@ -191,6 +191,13 @@ pub(crate) struct Vm<'l> {
     /// file, drops and re-reads bytes there, so it runs other opcodes than
     /// the bytes show.
     pub(crate) frame_crossed: bool,
+    /// With this set (the scanner), a FRAME that declares more bytes than
+    /// are left is read to the end of the bytes instead of refused:
+    /// Python's C unpickler stops there, its pure-Python one (which does
+    /// not check the length) runs what the frame holds.
+    pub(crate) read_short_frames: bool,
+    /// Whether the last run met such a FRAME.
+    pub(crate) frame_short: bool,
     /// Set by another thread to stop the run ([`crate::OpenOptions::cancel`]).
     pub(crate) cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
@@ -209,6 +216,9 @@ struct Machine<'a, 'h, I> {
     frame_end: Option<usize>,
     /// A FRAME began before the current one ended.
     frame_crossed: bool,
+    /// See `Vm::read_short_frames` and `Vm::frame_short`.
+    read_short_frames: bool,
+    frame_short: bool,
     protocol: Option<u8>,
     binary_seen: bool,
     encoding: StringEncoding,
@@ -223,6 +233,8 @@ impl<'l> Vm<'l> {
             encoding,
             opcodes: 0,
             frame_crossed: false,
+            read_short_frames: false,
+            frame_short: false,
             cancel: None,
         }
     }
@@ -238,6 +250,7 @@ impl<'l> Vm<'l> {
         heap.reserve_for(data.len().saturating_sub(start));
         heap.allow_work_for(data.len().saturating_sub(start));
         self.frame_crossed = false;
+        self.frame_short = false;
         let mut m = Machine {
             r: ByteReader::at(data, start, ErrorKind::Pickle),
             heap,
@@ -250,6 +263,8 @@ impl<'l> Vm<'l> {
             ),
             frame_end: None,
             frame_crossed: false,
+            read_short_frames: self.read_short_frames,
+            frame_short: false,
             protocol: None,
             binary_seen: false,
             encoding: self.encoding,
@@ -270,6 +285,7 @@ impl<'l> Vm<'l> {
                     }
                 }
             }
+            self.frame_short |= m.frame_short;
             m.heap.charge_work(1).map_err(|e| e.at(offset as u64))?;
             let op =
                 m.r.u8()
@@ -516,7 +532,13 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             }
             0x95 => {
                 let n = self.r.u64()?;
-                let n = self.len_from(n)?;
+                let n = match self.len_from(n) {
+                    Err(_) if self.read_short_frames => {
+                        self.frame_short = true;
+                        self.r.remaining()
+                    }
+                    n => n?,
+                };
                 if self.frame_end.is_some() {
                     // A new frame before the current one ends.
                     self.frame_crossed = true;

@@ -8,7 +8,7 @@ use super::dtype::DType;
 #[non_exhaustive]
 pub enum Policy {
     /// Load the tensors of any checkpoint; globals outside torch's allowlist
-    /// are kept as inert values and listed in [`Checkpoint::suspicious`](crate::Checkpoint::suspicious).
+    /// are kept as inert values and listed in [`Checkpoint::outside_allowlist`](crate::Checkpoint::outside_allowlist).
     #[default]
     Default,
     /// Match torch's `weights_only=True`: a global outside its allowlist (or
