@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top. Modules in one layer may use each other.
 const LAYERS: &[&[&str]] = &[
-    &["error"],
+    &["error", "advice"],
     &["limits"],
-    &["bytes", "source", "glob"],
+    &["bytes", "source", "glob", "name_index"],
     &["container"],
     &["pickle"],
     &["torch"],

@@ -25,7 +25,8 @@
 //! let plan = Plan::new(&ckpt, &mut mapper)?;
 //! let loaded = load(ckpt.clone(), &selection, &plan, &probe(), &LoadOptions::default())?;
 //! for t in loaded.tensors() {
-//!     println!("{} -> {} {}", t.info.name, t.device, t.fallback.as_deref().unwrap_or(""));
+//!     let why = t.fallback.as_ref().map(ToString::to_string).unwrap_or_default();
+//!     println!("{} -> {} {why}", t.info.name, t.device);
 //! }
 //! // By name; on the host, row-major with offset and strides applied.
 //! let embed = loaded.get("embed.weight").expect("tensor");
@@ -49,10 +50,12 @@
 
 #[allow(unsafe_code)]
 mod cuda;
+mod error;
 mod load;
 mod probe;
 
 pub use cuda::{Arena, Staging};
+pub use error::{DeviceError, DeviceErrorKind, Fallback, NoGpu};
 pub use load::{
     load, upload_storages, CudaStorage, DeviceReport, HostStorage, LoadError, LoadOptions, Loaded,
     LoadedTensor, Placed,

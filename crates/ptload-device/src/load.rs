@@ -5,6 +5,8 @@
 //! (host storages that need no change stay slices of its memory map), so an
 //! engine can keep it in a struct of its own.
 
+use crate::error::{DeviceError, DeviceErrorKind, Fallback};
+use ptload_reader::advice::{Hint, Neutral, Terms};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,9 +69,17 @@ impl std::fmt::Debug for LoadOptions {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
-    /// Strict mode: a planned device does not exist.
-    #[error("{0}")]
-    Strict(String),
+    /// Strict mode: a planned device does not exist, with what to do.
+    #[error("{}", render_strict(message, hint.as_ref(), &Neutral))]
+    Strict {
+        /// What is missing.
+        message: String,
+        /// What the caller could do about it.
+        hint: Option<Hint>,
+    },
+    /// Strict mode: a planned device could not be opened.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     /// Reading the checkpoint failed.
     #[error(transparent)]
     Reader(#[from] ptload_reader::Error),
@@ -169,17 +179,21 @@ impl CudaStorage {
     }
 
     /// Copy the bytes back to the host.
-    pub fn read_back(&self) -> Result<Vec<u8>, String> {
+    pub fn read_back(&self) -> Result<Vec<u8>, DeviceError> {
         self.arena.read_back(self.offset, self.len)
     }
 
     /// Copy `len` bytes from byte `start` of the storage back to the host.
-    pub fn read_range(&self, start: usize, len: usize) -> Result<Vec<u8>, String> {
+    pub fn read_range(&self, start: usize, len: usize) -> Result<Vec<u8>, DeviceError> {
         match start.checked_add(len) {
             Some(end) if end <= self.len => self.arena.read_back(self.offset + start, len),
-            _ => Err(format!(
-                "bytes {start}..+{len} are outside a {}-byte storage",
-                self.len
+            _ => Err(DeviceError::new(
+                DeviceErrorKind::OutOfRange,
+                Some(self.ordinal),
+                format!(
+                    "bytes {start}..+{len} are outside a {}-byte storage",
+                    self.len
+                ),
             )),
         }
     }
@@ -206,7 +220,7 @@ pub struct LoadedTensor {
     /// Where it is.
     pub device: Device,
     /// Why `device` differs from `target`, or `None`.
-    pub fallback: Option<String>,
+    pub fallback: Option<Fallback>,
     /// `Some(original dtype)` when converted.
     pub converted_from: Option<DType>,
     /// Placed as its own row-major buffer, read on the host (a conversion,
@@ -342,7 +356,9 @@ impl Loaded {
         let (Some(start), Some(span)) = (start, span) else {
             return Err(fail("its extent overflows".into()));
         };
-        let bytes = cuda.read_range(start, span).map_err(fail)?;
+        let bytes = cuda
+            .read_range(start, span)
+            .map_err(|e| fail(e.message().to_owned()))?;
         let mut from_start = info.clone();
         from_start.storage_offset = 0;
         Ok(Cow::Owned(from_start.gather(&bytes)?))
@@ -407,7 +423,7 @@ struct Source {
     order: ByteOrder,
     unit: usize,
     device: Device,
-    fallback: Option<String>,
+    fallback: Option<Fallback>,
 }
 
 enum SourceBytes {
@@ -435,20 +451,45 @@ impl Source {
     }
 }
 
-fn strict_message(gpus: &Gpus, ordinal: u32) -> String {
-    match gpus {
-        Gpus::Devices(d) if !d.is_empty() => format!(
-            "Attempting to deserialize object on CUDA device {ordinal} but this machine has {} CUDA device(s). \
-             Map your storages to an existing device with a Mapper (placement::MapLocation \
-             is torch's map_location).",
-            d.len()
+fn strict_error(gpus: &Gpus, ordinal: u32) -> LoadError {
+    let (message, to) = match gpus {
+        Gpus::Devices(d) if !d.is_empty() => (
+            format!(
+                "Attempting to deserialize object on CUDA device {ordinal} but this machine has {} \
+                 CUDA device(s). Map your storages to an existing device",
+                d.len()
+            ),
+            None,
         ),
-        _ => format!(
-            "Attempting to deserialize object on a CUDA device but no CUDA device is usable ({}). \
-             If you are running on a CPU-only machine, map your storages to the CPU with a \
-             Mapper (placement::To(Device::Host), or placement::MapLocation \"cpu\").",
-            gpus.why_none()
+        _ => (
+            format!(
+                "Attempting to deserialize object on a CUDA device but no CUDA device is usable \
+                 ({}). If you are running on a CPU-only machine, map your storages to the CPU",
+                gpus.why_none()
+            ),
+            Some("cpu".to_owned()),
         ),
+    };
+    LoadError::Strict {
+        message,
+        hint: Some(Hint::MapLocation { from: None, to }),
+    }
+}
+
+fn render_strict(message: &str, hint: Option<&Hint>, terms: &dyn Terms) -> String {
+    let clause = hint.map(|h| h.clause(terms)).unwrap_or_default();
+    format!("{message}{clause}")
+}
+
+impl LoadError {
+    /// The error for a user, with hints in `terms` (a front end's words)
+    /// and each source after a colon.
+    pub fn render(&self, terms: &dyn Terms) -> String {
+        match self {
+            LoadError::Strict { message, hint } => render_strict(message, hint.as_ref(), terms),
+            LoadError::Reader(e) => e.render(terms),
+            other => other.to_string(),
+        }
     }
 }
 
@@ -542,7 +583,7 @@ pub fn upload_storages(
     targets: &[(usize, u32)],
     gpus: &Gpus,
     opts: &LoadOptions,
-) -> Result<Vec<Result<CudaStorage, String>>, LoadError> {
+) -> Result<Vec<Result<CudaStorage, Fallback>>, LoadError> {
     let mut sources = Vec::with_capacity(targets.len());
     let mut seen = vec![false; ckpt.storages().len()];
     for &(index, ordinal) in targets {
@@ -577,9 +618,7 @@ pub fn upload_storages(
         .map(
             |(k, source)| match placed.get_mut(k).and_then(Option::take) {
                 Some(Placed::Cuda(c)) => Ok(c),
-                _ => Err(source
-                    .fallback
-                    .unwrap_or_else(|| "it was not uploaded".to_owned())),
+                _ => Err(source.fallback.unwrap_or(Fallback::NotUploaded)),
             },
         )
         .collect())
@@ -596,9 +635,9 @@ fn check_strict(
         let t = tensor(ckpt, s)?;
         if let Device::Cuda(i) = plan.tensor_target(t.info()) {
             match gpus.get(i) {
-                None => return Err(LoadError::Strict(strict_message(gpus, i))),
+                None => return Err(strict_error(gpus, i)),
                 Some(gpu) => {
-                    gpu.context().map_err(LoadError::Strict)?;
+                    gpu.context()?;
                 }
             }
         }
@@ -608,16 +647,17 @@ fn check_strict(
 
 /// The device `cuda:ordinal`, opened; or why a tensor planned there goes
 /// to the host instead.
-fn usable(gpus: &Gpus, ordinal: u32) -> Result<&Gpu, String> {
+fn usable(gpus: &Gpus, ordinal: u32) -> Result<&Gpu, Fallback> {
     let Some(gpu) = gpus.get(ordinal) else {
-        return Err(match gpus {
-            Gpus::Devices(d) if !d.is_empty() => {
-                format!("cuda:{ordinal} does not exist ({} CUDA device(s))", d.len())
-            }
-            _ => gpus.why_none(),
+        return Err(match gpus.none() {
+            Some(why) => Fallback::NoDevice(why),
+            None => Fallback::NoSuchDevice {
+                ordinal,
+                count: gpus.devices().len(),
+            },
         });
     };
-    gpu.context()?;
+    gpu.context().map_err(|e| Fallback::Unopened(e.clone()))?;
     Ok(gpu)
 }
 
@@ -900,11 +940,11 @@ fn allocate(
     members: Vec<usize>,
 ) -> Result<Option<(Arena, Vec<usize>, Vec<usize>)>, LoadError> {
     let (offsets, total) = layout(ckpt, sources, &members);
-    let fall_back = |sources: &mut [Source], ks: &[usize], why: &str| {
+    let fall_back = |sources: &mut [Source], ks: &[usize], why: Fallback| {
         for &k in ks {
             if let Some(s) = sources.get_mut(k) {
                 s.device = Device::Host;
-                s.fallback = Some(why.to_owned());
+                s.fallback = Some(why.clone());
             }
         }
     };
@@ -926,21 +966,23 @@ fn allocate(
                 .take_while(|(&o, &k)| o + sources.get(k).map_or(0, |s| s.len(ckpt)) <= budget)
                 .count();
             let (kept, rest) = members.split_at(fits.min(members.len()));
-            fall_back(
-                sources,
-                rest,
-                &format!("out of memory on cuda:{ordinal} ({free} bytes free)"),
-            );
+            let why = Fallback::OutOfMemory {
+                ordinal,
+                free: Some(free as u64),
+                message: None,
+            };
+            fall_back(sources, rest, why);
             let kept = kept.to_vec();
             let (offsets, total) = layout(ckpt, sources, &kept);
             match cuda::allocate(gpu, total) {
                 Ok(a) => Ok(Some((a, kept, offsets))),
                 Err(UploadError::OutOfMemory(m) | UploadError::Driver(m)) => {
-                    fall_back(
-                        sources,
-                        &kept,
-                        &format!("out of memory on cuda:{ordinal}: {m}"),
-                    );
+                    let why = Fallback::OutOfMemory {
+                        ordinal,
+                        free: Some(free as u64),
+                        message: Some(m),
+                    };
+                    fall_back(sources, &kept, why);
                     Ok(None)
                 }
                 Err(UploadError::Cancelled) => Err(LoadError::Cancelled),

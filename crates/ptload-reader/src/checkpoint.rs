@@ -1,15 +1,14 @@
 //! The public facade: open a checkpoint, list its tensors and values.
 
-use std::hash::BuildHasher;
 use std::path::Path;
 
-use hashbrown::HashTable;
-
+use crate::advice::Hint;
 use crate::bytes::{slice, ByteOrder};
 use crate::container::layout::StorageBytes;
 use crate::container::{detect, Detected, Format};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
+use crate::name_index::NameIndex;
 use crate::object::Objects;
 use crate::pickle::{Heap, StringEncoding, Value, Vm};
 use crate::source::Source;
@@ -20,7 +19,7 @@ use crate::torch::interp::GlobalRef;
 use crate::torch::names::{walk_all, Scalar};
 use crate::torch::policy::Policy;
 use crate::torch::tensor::{bare_storage, tensor_info, StorageData, StorageInfo, TensorInfo};
-use crate::torch::{TorchHeap, TorchInterp, TorchObj};
+use crate::torch::{PendingStorage, TorchHeap, TorchInterp, TorchObj};
 use crate::view::TensorView;
 
 /// Options for opening a checkpoint.
@@ -79,8 +78,9 @@ impl OpenOptions {
     }
 
     /// Allow `module.name` under [`Policy::Strict`] (torch's
-    /// `add_safe_globals`). Globals of `sys`, `os`, `posix` and `nt` stay
-    /// refused.
+    /// `add_safe_globals`), or every global a glob matches (`mymodels.*`,
+    /// see [`Policy::allowlist_admits`]). Globals of `sys`, `os`, `posix`
+    /// and `nt` stay refused.
     pub fn allow_global(mut self, path: impl Into<String>) -> Self {
         self.allowed_globals.push(path.into());
         self
@@ -183,9 +183,8 @@ pub struct Checkpoint {
     warnings: Vec<String>,
     /// The limits it was opened with, for [`Checkpoint::suspicious`].
     limits: Limits,
-    /// Indices into `tensors`, hashed by name with `hasher`.
-    by_name: HashTable<u32>,
-    hasher: hashbrown::DefaultHashBuilder,
+    /// Indices into `tensors`, by name.
+    by_name: NameIndex,
     work: u64,
     objects: Option<Objects>,
     /// Read in scattered pieces (see `advise_scattered`): views ask for
@@ -235,26 +234,57 @@ fn every_refusal(first: Error, source: &Source, opts: &OpenOptions) -> Error {
     let Ok(ckpt) = Checkpoint::decode(source.clone(), &lenient) else {
         return first;
     };
-    let mut refused: Vec<String> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for g in ckpt.globals() {
-        let path = g.path();
-        if !g.torch_allowed
-            && !crate::torch::policy::user_allows(&opts.allowed_globals, &g.module, &g.name)
-            && seen.insert(path.clone())
-        {
-            refused.push(path);
-        }
-    }
+    let refused = ckpt.refused_globals(&opts.allowed_globals);
     if refused.len() < 2 {
         return first;
     }
-    first.with_note(format!(
-        "The file names {} globals outside the allowlist: {} (allow each one you trust with \
-         OpenOptions::allow_global)",
+    let note = format!(
+        "The file names {} globals outside the allowlist: {}",
         refused.len(),
         refused.join(", ")
-    ))
+    );
+    first.with_note(note, Some(Hint::AllowGlobals(refused)))
+}
+
+/// The decoded storages as the checkpoint describes them, and the
+/// deflated records whose bytes are inflated on first use.
+fn storage_infos(
+    pending: Vec<PendingStorage>,
+    bytes: Vec<StorageBytes>,
+) -> (Vec<StorageInfo>, Vec<Inflated>) {
+    let mut inflated = Vec::new();
+    let storages = pending
+        .into_iter()
+        .zip(bytes)
+        .map(|(p, bytes)| {
+            let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
+            let data = match bytes {
+                StorageBytes::File(offset) => StorageData::File(offset),
+                StorageBytes::Deflated(record) => {
+                    inflated.push(Inflated {
+                        record,
+                        bytes: std::sync::OnceLock::new(),
+                    });
+                    StorageData::Deflated(inflated.len() - 1)
+                }
+            };
+            StorageInfo {
+                file_offset: match data {
+                    StorageData::File(o) => Some(o),
+                    StorageData::Owned(_) | StorageData::Deflated(_) | StorageData::Lazy(_) => None,
+                },
+                key: p.key,
+                location: p.location,
+                dtype: p.dtype,
+                numel: p.numel,
+                nbytes,
+                record: p.record,
+                data,
+                quantized: p.quantized,
+            }
+        })
+        .collect();
+    (storages, inflated)
 }
 
 impl Checkpoint {
@@ -314,43 +344,13 @@ impl Checkpoint {
         )?;
         let objects_root = decoded.roots.first().map(|&(v, _)| v);
         if walked.tensors.len() > opts.limits.max_tensors {
-            return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));
+            return Err(Error::limit_needing(
+                "max_tensors",
+                opts.limits.max_tensors as u64,
+                walked.tensors.len() as u64,
+            ));
         }
-        let mut inflated = Vec::new();
-        let storages: Vec<StorageInfo> = decoded
-            .storages
-            .into_iter()
-            .zip(decoded.bytes)
-            .map(|(p, bytes)| {
-                let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
-                let data = match bytes {
-                    StorageBytes::File(offset) => StorageData::File(offset),
-                    StorageBytes::Deflated(record) => {
-                        inflated.push(Inflated {
-                            record,
-                            bytes: std::sync::OnceLock::new(),
-                        });
-                        StorageData::Deflated(inflated.len() - 1)
-                    }
-                };
-                StorageInfo {
-                    file_offset: match data {
-                        StorageData::File(o) => Some(o),
-                        StorageData::Owned(_) | StorageData::Deflated(_) | StorageData::Lazy(_) => {
-                            None
-                        }
-                    },
-                    key: p.key,
-                    location: p.location,
-                    dtype: p.dtype,
-                    numel: p.numel,
-                    nbytes,
-                    record: p.record,
-                    data,
-                    quantized: p.quantized,
-                }
-            })
-            .collect();
+        let (storages, inflated) = storage_infos(decoded.storages, decoded.bytes);
         let mut tensors = Vec::with_capacity(walked.tensors.len());
         // For the object graph: the first walked entry of each heap value,
         // by object id (`NOT_WALKED` where none).
@@ -458,7 +458,6 @@ impl Checkpoint {
             warnings,
             limits: opts.limits.clone(),
             by_name: walked.by_name,
-            hasher: walked.hasher,
             work: heap.work().saturating_add(walked.steps),
             objects,
             scattered: std::sync::atomic::AtomicBool::new(false),
@@ -478,8 +477,7 @@ impl Checkpoint {
         protocol: u8,
         format: Format,
     ) -> Result<Checkpoint> {
-        let hasher = hashbrown::DefaultHashBuilder::default();
-        let mut by_name: HashTable<u32> = HashTable::with_capacity(parts.len());
+        let mut by_name = NameIndex::with_capacity(parts.len());
         let mut storages = Vec::with_capacity(parts.len());
         let mut tensors: Vec<TensorInfo> = Vec::with_capacity(parts.len());
         let mut owned = Vec::with_capacity(parts.len());
@@ -508,13 +506,9 @@ impl Checkpoint {
                 *s = acc;
                 acc = acc.saturating_mul(d.max(1));
             }
-            let hash = hasher.hash_one(name.as_str());
-            if by_name
-                .find(hash, |&j| {
-                    tensors.get(j as usize).is_some_and(|t| t.name == name)
-                })
-                .is_some()
-            {
+            let hash = by_name.hash(name.as_str());
+            let name_of = |j: u32| tensors.get(j as usize).map(|t| t.name.as_str());
+            if by_name.find_hashed(hash, &name, name_of).is_some() {
                 return Err(
                     Error::new(ErrorKind::DuplicateName, "two tensors of this name")
                         .for_tensor(&name),
@@ -552,10 +546,8 @@ impl Checkpoint {
                 neg: false,
                 quantization: None,
             });
-            by_name.insert_unique(hash, at, |&j| {
-                tensors
-                    .get(j as usize)
-                    .map_or(0, |t| hasher.hash_one(t.name.as_str()))
+            by_name.insert_hashed(hash, at, |j| {
+                tensors.get(j as usize).map(|t| t.name.as_str())
             });
         }
         Ok(Checkpoint {
@@ -577,7 +569,6 @@ impl Checkpoint {
             warnings,
             limits: Limits::default(),
             by_name,
-            hasher,
             work: 0,
             objects: None,
             scattered: std::sync::atomic::AtomicBool::new(false),
@@ -674,12 +665,11 @@ impl Checkpoint {
     /// The index in [`tensors`](Self::tensors) order of the tensor named
     /// `name`.
     pub fn position(&self, name: &str) -> Option<usize> {
-        let hash = self.hasher.hash_one(name);
         self.by_name
-            .find(hash, |&i| {
-                self.tensors.get(i as usize).is_some_and(|t| t.name == name)
+            .find(name, |i| {
+                self.tensors.get(i as usize).map(|t| t.name.as_str())
             })
-            .map(|&i| i as usize)
+            .map(|i| i as usize)
     }
 
     /// The work opening took, in the units of
@@ -836,6 +826,24 @@ impl Checkpoint {
     /// [`Policy::Strict`] refuses (and `allow_global` admits).
     pub fn outside_allowlist(&self) -> impl Iterator<Item = &GlobalRef> {
         self.globals.iter().filter(|g| !g.torch_allowed)
+    }
+
+    /// Each global (`module.name`, once, in the file's order) that
+    /// [`Policy::Strict`] refuses with the caller's allowlist `allowed`
+    /// (names and globs, see [`Policy::allowlist_admits`]): outside
+    /// torch's allowlist and not admitted by `allowed`.
+    pub fn refused_globals<S: AsRef<str>>(&self, allowed: &[S]) -> Vec<String> {
+        let mut refused: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for g in self.outside_allowlist() {
+            if !Policy::allowlist_admits(allowed, &g.module, &g.name) {
+                let path = g.path();
+                if seen.insert(path.clone()) {
+                    refused.push(path);
+                }
+            }
+        }
+        refused
     }
 
     /// The globals [`scan`](crate::scan) reports at

@@ -3,6 +3,7 @@
 
 use std::io::Write;
 
+use crate::advice::Hint;
 use crate::dcp::Dcp;
 use crate::error::{Error, ErrorKind, Result};
 use crate::state_dict::{Selected, StateDict};
@@ -134,65 +135,6 @@ fn plain_json(v: &Scalar) -> Option<String> {
     })
 }
 
-/// `,"values_shape":[..]` for packed kinds.
-fn push_values_shape(shape: Option<&[u64]>, out: &mut String) {
-    if let Some(shape) = shape {
-        let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
-        out.push_str(&format!(",\"values_shape\":[{}]", dims.join(",")));
-    }
-}
-
-/// A tensor's quantization as JSON text: `{"kind", "scheme", "scale",
-/// "zero_point"}`, or for per-channel schemes `{"kind", "scheme", "axis",
-/// "scales", "zero_points"}` naming the tensors that hold them; packed
-/// kinds add `"values_shape"`.
-fn quantization_json(name: &str, q: &crate::torch::Quantization) -> String {
-    use crate::torch::Quantization;
-    let mut out = String::from("{\"kind\":");
-    let number = |f: f64| {
-        if f.is_finite() {
-            format!("{f:?}")
-        } else {
-            "null".into()
-        }
-    };
-    match q {
-        Quantization::PerTensor {
-            kind,
-            scheme,
-            scale,
-            zero_point,
-            values_shape,
-        } => {
-            json_string(kind, &mut out);
-            out.push_str(",\"scheme\":");
-            json_string(scheme, &mut out);
-            out.push_str(&format!(
-                ",\"scale\":{},\"zero_point\":{zero_point}",
-                number(*scale)
-            ));
-            push_values_shape(values_shape.as_deref(), &mut out);
-        }
-        Quantization::PerChannel {
-            kind,
-            scheme,
-            axis,
-            values_shape,
-        } => {
-            json_string(kind, &mut out);
-            out.push_str(",\"scheme\":");
-            json_string(scheme, &mut out);
-            out.push_str(&format!(",\"axis\":{axis},\"scales\":"));
-            json_string(&format!("{name}.scales"), &mut out);
-            out.push_str(",\"zero_points\":");
-            json_string(&format!("{name}.zero_points"), &mut out);
-            push_values_shape(values_shape.as_deref(), &mut out);
-        }
-    }
-    out.push('}');
-    out
-}
-
 const PAGE: u64 = 4096;
 
 struct Planned {
@@ -252,12 +194,9 @@ fn plan(
     if !refused.is_empty() {
         return Err(Error::new(
             ErrorKind::Unsupported,
-            format!(
-                "cannot write to safetensors: {} (set SafetensorsOptions::skip_unsupported to leave \
-                 them out)",
-                refused.join(", ")
-            ),
-        ));
+            format!("cannot write to safetensors: {}", refused.join(", ")),
+        )
+        .with_hint(Hint::SkipUnsupported));
     }
     let mut header = String::from("{");
     let mut metadata: Vec<(String, String)> = vec![("format".to_owned(), "pt".to_owned())];
@@ -303,10 +242,9 @@ fn plan(
             .ok()
             .and_then(|v| v.info().quantization.clone());
         if let Some(q) = quantization {
-            metadata.push((
-                format!("{}.quantization", p.name),
-                quantization_json(&p.name, &q),
-            ));
+            let record = serde_json::to_string(&q.record(&p.name))
+                .map_err(|e| Error::new(ErrorKind::Tensor, e.to_string()).for_tensor(&p.name))?;
+            metadata.push((format!("{}.quantization", p.name), record));
         }
     }
     if !metadata.is_empty() {

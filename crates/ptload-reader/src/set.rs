@@ -23,15 +23,14 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use hashbrown::HashTable;
 use rayon::prelude::*;
 
 use crate::checkpoint::{Checkpoint, OpenOptions};
 use crate::error::{Error, ErrorKind, Result};
+use crate::name_index::NameIndex;
 use crate::source::read_bounded;
 use crate::view::TensorView;
 
@@ -69,9 +68,8 @@ impl SetFile {
 pub struct CheckpointSet {
     files: Vec<SetFile>,
     index: Option<PathBuf>,
-    /// `(file, tensor)` pairs, hashed by the tensor's name with `hasher`.
-    by_name: HashTable<(u32, u32)>,
-    hasher: hashbrown::DefaultHashBuilder,
+    /// `(file, tensor)` pairs, by the tensor's name.
+    by_name: NameIndex<(u32, u32)>,
     warnings: Vec<String>,
     /// Model-parallel rank files: names repeat, `by_name` is rank 0's.
     ranks: bool,
@@ -271,7 +269,6 @@ impl CheckpointSet {
             files,
             index: None,
             by_name: single.by_name,
-            hasher: single.hasher,
             warnings: Vec::new(),
             ranks: true,
         })
@@ -455,13 +452,10 @@ impl CheckpointSet {
                 opts.limits_ref().max_tensors as u64,
             ));
         }
-        let hasher = hashbrown::DefaultHashBuilder::default();
-        let mut by_name: HashTable<(u32, u32)> = HashTable::with_capacity(total);
-        let name_of = |files: &[SetFile], (f, t): (u32, u32)| -> String {
-            files
-                .get(f as usize)
-                .and_then(|file| file.checkpoint.tensor_at(t as usize))
-                .map_or_else(String::new, |v| v.name().to_owned())
+        let mut by_name = NameIndex::with_capacity(total);
+        let name_of = |(f, t): (u32, u32)| {
+            let file = files.get(f as usize)?;
+            Some(file.checkpoint.tensor_at(t as usize)?.info().name.as_str())
         };
         for (f, file) in files.iter().enumerate() {
             let f =
@@ -470,14 +464,7 @@ impl CheckpointSet {
                 let t = u32::try_from(t)
                     .map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
                 let name = view.name();
-                let hash = hasher.hash_one(name);
-                let same = |&(of, ot): &(u32, u32)| {
-                    files
-                        .get(of as usize)
-                        .and_then(|x| x.checkpoint.tensor_at(ot as usize))
-                        .is_some_and(|v| v.name() == name)
-                };
-                if let Some(&(first, _)) = by_name.find(hash, same) {
+                if let Err((first, _)) = by_name.insert(name, (f, t), name_of) {
                     let first = files
                         .get(first as usize)
                         .map(SetFile::name)
@@ -492,14 +479,12 @@ impl CheckpointSet {
                     )
                     .for_tensor(name));
                 }
-                by_name.insert_unique(hash, (f, t), |&k| hasher.hash_one(name_of(&files, k)));
             }
         }
         Ok(CheckpointSet {
             files,
             index,
             by_name,
-            hasher,
             warnings: Vec::new(),
             ranks: false,
         })
@@ -518,10 +503,9 @@ impl CheckpointSet {
     /// The tensor named `name`, and the position of its file in
     /// [`files`](Self::files).
     pub fn tensor(&self, name: &str) -> Option<(usize, TensorView<'_>)> {
-        let hash = self.hasher.hash_one(name);
-        let &(f, t) = self.by_name.find(hash, |&(f, t)| {
-            self.view(f as usize, t as usize)
-                .is_some_and(|v| v.name() == name)
+        let (f, t) = self.by_name.find(name, |(f, t)| {
+            let file = self.files.get(f as usize)?;
+            Some(file.checkpoint.tensor_at(t as usize)?.info().name.as_str())
         })?;
         Some((f as usize, self.view(f as usize, t as usize)?))
     }

@@ -192,6 +192,69 @@ pub enum Quantization {
     },
 }
 
+impl Quantization {
+    /// What this quantization says of the tensor named `name`, as a record
+    /// for JSON (a safetensors file's `<name>.quantization` metadata,
+    /// `ptload inspect --json`): `{"kind", "scheme", "scale",
+    /// "zero_point"}`, or for per-channel schemes `{"kind", "scheme",
+    /// "axis", "scales", "zero_points"}` naming the tensors that hold them;
+    /// packed kinds add `"values_shape"`. A scale that is not finite is
+    /// `null`.
+    pub fn record(&self, name: &str) -> impl serde::Serialize {
+        match self {
+            Quantization::PerTensor {
+                kind,
+                scheme,
+                scale,
+                zero_point,
+                values_shape,
+            } => QuantRecord::PerTensor {
+                kind,
+                scheme: scheme.clone(),
+                scale: *scale,
+                zero_point: *zero_point,
+                values_shape: values_shape.clone(),
+            },
+            Quantization::PerChannel {
+                kind,
+                scheme,
+                axis,
+                values_shape,
+            } => QuantRecord::PerChannel {
+                kind,
+                scheme: scheme.clone(),
+                axis: *axis,
+                scales: format!("{name}.scales"),
+                zero_points: format!("{name}.zero_points"),
+                values_shape: values_shape.clone(),
+            },
+        }
+    }
+}
+
+/// [`Quantization::record`]'s fields, in their order.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum QuantRecord {
+    PerTensor {
+        kind: &'static str,
+        scheme: String,
+        scale: f64,
+        zero_point: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        values_shape: Option<Vec<u64>>,
+    },
+    PerChannel {
+        kind: &'static str,
+        scheme: String,
+        axis: i64,
+        scales: String,
+        zero_points: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        values_shape: Option<Vec<u64>>,
+    },
+}
+
 #[derive(Debug, Clone)]
 pub(crate) enum QuantParams {
     PerTensor {

@@ -14,6 +14,7 @@ use super::policy::{always_blocked, torch_allows, Policy};
 use super::{
     Global, Known, Layout, NdArray, NumpyDtype, QuantParams, TensorMeta, TorchHeap, TorchObj,
 };
+use crate::advice::Hint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::pickle::{Heap, Interpreter, Obj, Object, Tag, Value};
 
@@ -245,18 +246,17 @@ impl Interpreter for TorchInterp<'_> {
             let path = format!("{module}.{name}");
             let user_allowed = crate::torch::policy::user_allows(self.allowed, module, name);
             if !user_allowed {
-                let advice = if always_blocked(module) {
-                    format!("globals of `{module}` are never allowed")
-                } else {
-                    format!(
-                        "Allow it with OpenOptions::allow_global(\"{path}\") only if you trust \
-                         this class/function"
-                    )
-                };
-                return Err(Error::new(
-                    ErrorKind::UnsupportedGlobal,
-                    format!("Unsupported global: GLOBAL {path} was not an allowed global by default. {advice}"),
-                ));
+                let refused = format!(
+                    "Unsupported global: GLOBAL {path} was not an allowed global by default"
+                );
+                if always_blocked(module) {
+                    return Err(Error::new(
+                        ErrorKind::UnsupportedGlobal,
+                        format!("{refused}. globals of `{module}` are never allowed"),
+                    ));
+                }
+                return Err(Error::new(ErrorKind::UnsupportedGlobal, refused)
+                    .with_hint(Hint::AllowGlobals(vec![path])));
             }
         }
         let key = (module.to_owned(), name.to_owned(), self.record.clone());
