@@ -227,7 +227,9 @@ fn ptload_run(file: &Path, gpus: &ptload_device::Gpus) -> Result<Run, String> {
                 "{} on {}: {}",
                 t.name(),
                 t.device,
-                t.fallback.as_deref().unwrap_or("no reason given")
+                t.fallback
+                    .as_ref()
+                    .map_or_else(|| "no reason given".to_owned(), ToString::to_string)
             )
         })
         .collect();

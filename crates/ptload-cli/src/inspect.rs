@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::io::{self, Write};
 
-use ptload_reader::checkpoint::{Quantization, Scalar};
+use ptload_reader::checkpoint::Scalar;
 use ptload_reader::placement::DeviceMap;
 use ptload_reader::scan::Level;
 use ptload_reader::set::CheckpointSet;
@@ -169,7 +169,7 @@ struct TensorJson<'a> {
     target: &'a str,
     nbytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    quantization: Option<QuantJson>,
+    quantization: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sha256: Option<Option<String>>,
     /// The file of a set holding it.
@@ -185,65 +185,6 @@ struct SliceJson {
     dim: usize,
     start: u64,
     len: u64,
-}
-
-/// What makes a quantized tensor's integers meaningful.
-#[derive(Serialize)]
-#[serde(untagged)]
-enum QuantJson {
-    PerTensor {
-        kind: &'static str,
-        scheme: String,
-        scale: f64,
-        zero_point: i64,
-        /// Packed kinds: the shape of the values (the tensor is their bytes).
-        #[serde(skip_serializing_if = "Option::is_none")]
-        values_shape: Option<Vec<u64>>,
-    },
-    PerChannel {
-        kind: &'static str,
-        scheme: String,
-        axis: i64,
-        /// The tensors holding them.
-        scales: String,
-        zero_points: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        values_shape: Option<Vec<u64>>,
-    },
-}
-
-impl QuantJson {
-    fn of(name: &str, q: &Quantization) -> Option<QuantJson> {
-        Some(match q {
-            Quantization::PerTensor {
-                kind,
-                scheme,
-                scale,
-                zero_point,
-                values_shape,
-            } => QuantJson::PerTensor {
-                kind,
-                scheme: scheme.clone(),
-                scale: *scale,
-                zero_point: *zero_point,
-                values_shape: values_shape.clone(),
-            },
-            Quantization::PerChannel {
-                kind,
-                scheme,
-                axis,
-                values_shape,
-            } => QuantJson::PerChannel {
-                kind,
-                scheme: scheme.clone(),
-                axis: *axis,
-                scales: format!("{name}.scales"),
-                zero_points: format!("{name}.zero_points"),
-                values_shape: values_shape.clone(),
-            },
-            _ => return None,
-        })
-    }
 }
 
 /// The document `inspect --json` prints.
@@ -405,7 +346,7 @@ fn tensor_json<'r>(row: &'r Row<'_>, hash: bool) -> Result<TensorJson<'r>, ptloa
             .info()
             .quantization
             .as_ref()
-            .and_then(|q| QuantJson::of(&row.name, q)),
+            .and_then(|q| serde_json::to_value(q.record(&row.name)).ok()),
         sha256,
         file: None,
         slice: row.slice.map(|s| SliceJson {

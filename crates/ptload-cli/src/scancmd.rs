@@ -239,7 +239,7 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
     // safetensors holds no pickle: torch.load fails on it (it reads it as a
     // pickle stream), and nothing in it can run. A pickle named
     // `.safetensors` has no such header, and is scanned.
-    if crate::tools::is_safetensors(path) {
+    if crate::cmd::diff::is_safetensors(path) {
         return FileScan::bare(
             file,
             "not-loadable",
@@ -248,7 +248,7 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
     }
     let report = match scan::scan_file(path, &Limits::default(), request.in_memory) {
         Ok(r) => r,
-        Err(e) => return FileScan::bare(file, "unreadable", e.to_string()),
+        Err(e) => return FileScan::bare(file, "unreadable", crate::terms::error_text(&e)),
     };
     let verdict = report.verdict();
     let level = report.level();
@@ -258,7 +258,7 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
             .in_memory(request.in_memory)
             .open(path)
             .err()
-            .map(|e| e.to_string())
+            .map(|e| crate::terms::error_text(&e))
             .or_else(|| report.pickles.iter().find_map(|p| p.error.clone()))
             .unwrap_or_else(|| "no pickle torch could read".into())
     });

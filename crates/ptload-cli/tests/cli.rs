@@ -2280,3 +2280,103 @@ fn inspect_makes_dangerous_globals_stand_out() {
     let plain = inspect_json("basic.pt", &[]);
     assert_eq!(plain["dangerous"], serde_json::json!([]));
 }
+
+/// A DCP directory (and FSDP rank files) diff equal to what convert wrote
+/// from them: one safetensors file, or a sharded set's directory.
+#[test]
+fn distributed_checkpoints_diff_equal_to_their_conversions() {
+    let tmp = std::env::temp_dir().join(format!("ptload-dcp-diff-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).expect("tmp");
+    for input in [
+        "dcp/world4",
+        "dcp/world2_safetensors",
+        "fsdp/world4",
+        "fsdp/local2",
+    ] {
+        let dir = fixture(input);
+        let tag = input.replace('/', "-");
+        let one = tmp.join(format!("{tag}.safetensors"));
+        let sharded = tmp.join(format!("{tag}-shards"));
+        for (out, extra) in [(&one, None), (&sharded, Some("200B"))] {
+            let mut args = vec!["convert", "--key", "all", &dir, out.to_str().expect("path")];
+            if let Some(size) = extra {
+                args.extend(["--max-shard-size", size]);
+            }
+            let made = ptload(&args);
+            assert!(made.status.success(), "{input}: {}", stderr(&made));
+            let diff = ptload(&["diff", "--key", "all", &dir, out.to_str().expect("path")]);
+            assert_eq!(diff.status.code(), Some(0), "{input}: {}", stdout(&diff));
+            assert!(stdout(&diff).contains(" 0 different, 0 only in A, 0 only in B"));
+        }
+        let files = std::fs::read_dir(&sharded).expect("shards").count();
+        assert!(files > 2, "{input}: a set of several files and its index");
+        // A tensor changed in the conversion is found.
+        let mut bytes = std::fs::read(&one).expect("written");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        std::fs::write(&one, &bytes).expect("write");
+        let diff = ptload(&["diff", "--key", "all", &dir, one.to_str().expect("path")]);
+        assert_eq!(diff.status.code(), Some(1), "{input}: {}", stdout(&diff));
+    }
+    // FSDP rank files from the command line: torch's whole tensors.
+    let doc: Json = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("fsdp.json")).expect("fsdp.json"),
+    )
+    .expect("json");
+    for set in ["world2", "world4", "local2"] {
+        let out = ptload(&[
+            "inspect",
+            "--json",
+            "--hash",
+            &fixture(&format!("fsdp/{set}")),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let got: Json = serde_json::from_str(&stdout(&out)).expect("json");
+        assert_eq!(got["format"], "ranks");
+        let want = doc["sets"][set]["tensors"].as_object().expect("tensors");
+        let tensors = got["tensors"].as_array().expect("tensors");
+        assert_eq!(tensors.len(), want.len());
+        for t in tensors {
+            let w = &want[t["name"].as_str().expect("name")];
+            assert_eq!(
+                (&t["shape"], &t["sha256"]),
+                (&w["shape"], &w["sha256"]),
+                "{set}"
+            );
+        }
+    }
+    let out = ptload(&["inspect", &fixture("fsdp/replicate_mismatch2")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("rank 0 and rank 1 hold different values"));
+    // Even with --force, no output overwrites a file the set was read
+    // from: a rank file, or a .distcp file (one output, or shards).
+    for (set, file) in [
+        ("fsdp/world2", "model_world_size_2_rank_0.pt"),
+        ("dcp/world2", "__0_0.distcp"),
+    ] {
+        let copy = tmp.join(set.replace('/', "-"));
+        std::fs::create_dir_all(&copy).expect("copy");
+        for f in std::fs::read_dir(fixture(set)).expect("fixture") {
+            let f = f.expect("entry");
+            std::fs::copy(f.path(), copy.join(f.file_name())).expect("copy");
+        }
+        let before = std::fs::read(copy.join(file)).expect("input");
+        let target = copy.join(file);
+        for extra in [None, Some("1GB")] {
+            let mut args = vec!["convert", "--key", "all", "--force"];
+            args.extend([copy.to_str().expect("path"), target.to_str().expect("path")]);
+            if let Some(size) = extra {
+                args.extend(["--max-shard-size", size]);
+            }
+            let out = ptload(&args);
+            assert_eq!(out.status.code(), Some(2), "{set} {extra:?}");
+            assert_eq!(
+                std::fs::read(&target).expect("kept"),
+                before,
+                "{set} {extra:?}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}

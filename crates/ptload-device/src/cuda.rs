@@ -10,6 +10,7 @@
 //! and a blocking event per buffer guards its reuse. Many small storages
 //! make few copies; the pool is no larger than the work.
 
+use crate::error::{DeviceError, DeviceErrorKind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -143,14 +144,19 @@ impl Arena {
 
     /// Copy `len` bytes at `offset` back to the host (for checks). The
     /// calling thread's current context is left as it was.
-    pub fn read_back(&self, offset: usize, len: usize) -> Result<Vec<u8>, String> {
-        let inner = self.inner.as_ref().ok_or("the arena was freed")?;
+    pub fn read_back(&self, offset: usize, len: usize) -> Result<Vec<u8>, DeviceError> {
+        let range = |m: &str| DeviceError::new(DeviceErrorKind::OutOfRange, None, m.to_owned());
+        let inner = self
+            .inner
+            .as_ref()
+            .ok_or_else(|| range("the arena was freed"))?;
         let view = inner
             .slice
             .try_slice(offset..offset.saturating_add(len))
-            .ok_or_else(|| "range outside the arena".to_owned())?;
+            .ok_or_else(|| range("range outside the arena"))?;
         let _keep = KeepCurrent::new();
         guarded(|| inner.stream.clone_dtoh(&view).map_err(text))
+            .map_err(|e| DeviceError::new(DeviceErrorKind::Driver, None, e))
     }
 }
 
@@ -167,7 +173,9 @@ pub(crate) enum UploadError {
 
 /// Allocate `total` bytes on `gpu` (the caller keeps its current context).
 pub(crate) fn allocate(gpu: &Gpu, total: usize) -> Result<Arena, UploadError> {
-    let ctx = gpu.context().map_err(UploadError::Driver)?;
+    let ctx = gpu
+        .context()
+        .map_err(|e| UploadError::Driver(e.to_string()))?;
     let _keep = KeepCurrent::new();
     let (inner, ptr) = guarded(|| {
         let stream = ctx.new_stream().map_err(text)?;
@@ -274,7 +282,9 @@ pub(crate) fn upload(
         )));
     }
     let pool = Pool::for_work(staging, end);
-    let ctx = gpu.context().map_err(UploadError::Driver)?;
+    let ctx = gpu
+        .context()
+        .map_err(|e| UploadError::Driver(e.to_string()))?;
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let copies = AtomicUsize::new(0);

@@ -25,7 +25,10 @@
 //! let plan = DeviceMap::new(&ckpt, &mut mapper)?;
 //! let loaded = load(ckpt.clone(), &selection, &plan, &probe(), &LoadOptions::default())?;
 //! for t in loaded.tensors() {
-//!     println!("{} -> {} {}", t.info.name, t.device, t.fallback.as_deref().unwrap_or(""));
+//!     match &t.fallback {
+//!         Some(why) => println!("{} -> {} ({why})", t.info.name, t.device),
+//!         None => println!("{} -> {}", t.info.name, t.device),
+//!     }
 //! }
 //! // By name; on the host, row-major with offset and strides applied.
 //! let embed = loaded.get("embed.weight").expect("tensor");
@@ -57,7 +60,7 @@ mod loaded;
 mod probe;
 
 pub use cuda::{Arena, Staging};
-pub use error::LoadError;
+pub use error::{DeviceError, DeviceErrorKind, Fallback, LoadError, NoGpu};
 pub use load::{load, upload_storages, LoadOptions};
 pub use loaded::{CudaStorage, DeviceReport, HostStorage, Loaded, LoadedTensor, Placed};
 pub use probe::{device_count, probe, Gpu, Gpus};

@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use ptload_reader::advice::Hint;
 use ptload_reader::checkpoint::ByteOrder;
 use ptload_reader::placement::{Device, DeviceMap};
 use ptload_reader::state_dict::Selected;
 use ptload_reader::{Checkpoint, DType};
 
 use crate::cuda::{self, Arena, Copied, Staging, Upload, UploadError};
-use crate::error::LoadError;
+use crate::error::{Fallback, LoadError};
 use crate::loaded::{
     CudaStorage, DeviceReport, HostRepr, HostStorage, Loaded, LoadedTensor, Placed,
 };
@@ -73,7 +74,7 @@ struct Source {
     order: ByteOrder,
     unit: usize,
     device: Device,
-    fallback: Option<String>,
+    fallback: Option<Fallback>,
 }
 
 enum SourceBytes {
@@ -101,20 +102,28 @@ impl Source {
     }
 }
 
-fn strict_message(gpus: &Gpus, ordinal: u32) -> String {
-    match gpus {
-        Gpus::Devices(d) if !d.is_empty() => format!(
-            "Attempting to deserialize object on CUDA device {ordinal} but this machine has {} CUDA device(s). \
-             Map your storages to an existing device with a Mapper (placement::MapLocation \
-             is torch's map_location).",
-            d.len()
+fn strict_error(gpus: &Gpus, ordinal: u32) -> LoadError {
+    let (message, to) = match gpus {
+        Gpus::Devices(d) if !d.is_empty() => (
+            format!(
+                "Attempting to deserialize object on CUDA device {ordinal} but this machine has {} \
+                 CUDA device(s). Map your storages to an existing device",
+                d.len()
+            ),
+            None,
         ),
-        _ => format!(
-            "Attempting to deserialize object on a CUDA device but no CUDA device is usable ({}). \
-             If you are running on a CPU-only machine, map your storages to the CPU with a \
-             Mapper (placement::To(Device::Host), or placement::MapLocation \"cpu\").",
-            gpus.why_none()
+        _ => (
+            format!(
+                "Attempting to deserialize object on a CUDA device but no CUDA device is usable \
+                 ({}). If you are running on a CPU-only machine, map your storages to the CPU",
+                gpus.why_none()
+            ),
+            Some("cpu".to_owned()),
         ),
+    };
+    LoadError::Strict {
+        message,
+        hint: Some(Hint::MapLocation { from: None, to }),
     }
 }
 
@@ -208,7 +217,7 @@ pub fn upload_storages(
     targets: &[(usize, u32)],
     gpus: &Gpus,
     opts: &LoadOptions,
-) -> Result<Vec<Result<CudaStorage, String>>, LoadError> {
+) -> Result<Vec<Result<CudaStorage, Fallback>>, LoadError> {
     let mut sources = Vec::with_capacity(targets.len());
     let mut seen = vec![false; ckpt.storages().len()];
     for &(index, ordinal) in targets {
@@ -243,9 +252,7 @@ pub fn upload_storages(
         .map(
             |(k, source)| match placed.get_mut(k).and_then(Option::take) {
                 Some(Placed::Cuda(c)) => Ok(c),
-                _ => Err(source
-                    .fallback
-                    .unwrap_or_else(|| "it was not uploaded".to_owned())),
+                _ => Err(source.fallback.unwrap_or(Fallback::NotUploaded)),
             },
         )
         .collect())
@@ -262,9 +269,9 @@ fn check_strict(
         let t = tensor(ckpt, s)?;
         if let Device::Cuda(i) = plan.tensor_target(t.info()) {
             match gpus.get(i) {
-                None => return Err(LoadError::Strict(strict_message(gpus, i))),
+                None => return Err(strict_error(gpus, i)),
                 Some(gpu) => {
-                    gpu.context().map_err(LoadError::Strict)?;
+                    gpu.context()?;
                 }
             }
         }
@@ -274,16 +281,17 @@ fn check_strict(
 
 /// The device `cuda:ordinal`, opened; or why a tensor planned there goes
 /// to the host instead.
-fn usable(gpus: &Gpus, ordinal: u32) -> Result<&Gpu, String> {
+fn usable(gpus: &Gpus, ordinal: u32) -> Result<&Gpu, Fallback> {
     let Some(gpu) = gpus.get(ordinal) else {
-        return Err(match gpus {
-            Gpus::Devices(d) if !d.is_empty() => {
-                format!("cuda:{ordinal} does not exist ({} CUDA device(s))", d.len())
-            }
-            _ => gpus.why_none(),
+        return Err(match gpus.none() {
+            Some(why) => Fallback::NoDevice(why),
+            None => Fallback::NoSuchDevice {
+                ordinal,
+                count: gpus.devices().len(),
+            },
         });
     };
-    gpu.context()?;
+    gpu.context().map_err(|e| Fallback::Unopened(e.clone()))?;
     Ok(gpu)
 }
 
@@ -565,11 +573,11 @@ fn allocate(
     members: Vec<usize>,
 ) -> Result<Option<(Arena, Vec<usize>, Vec<usize>)>, LoadError> {
     let (offsets, total) = layout(ckpt, sources, &members);
-    let fall_back = |sources: &mut [Source], ks: &[usize], why: &str| {
+    let fall_back = |sources: &mut [Source], ks: &[usize], why: Fallback| {
         for &k in ks {
             if let Some(s) = sources.get_mut(k) {
                 s.device = Device::Host;
-                s.fallback = Some(why.to_owned());
+                s.fallback = Some(why.clone());
             }
         }
     };
@@ -591,21 +599,23 @@ fn allocate(
                 .take_while(|(&o, &k)| o + sources.get(k).map_or(0, |s| s.len(ckpt)) <= budget)
                 .count();
             let (kept, rest) = members.split_at(fits.min(members.len()));
-            fall_back(
-                sources,
-                rest,
-                &format!("out of memory on cuda:{ordinal} ({free} bytes free)"),
-            );
+            let why = Fallback::OutOfMemory {
+                ordinal,
+                free: Some(free as u64),
+                message: None,
+            };
+            fall_back(sources, rest, why);
             let kept = kept.to_vec();
             let (offsets, total) = layout(ckpt, sources, &kept);
             match cuda::allocate(gpu, total) {
                 Ok(a) => Ok(Some((a, kept, offsets))),
                 Err(UploadError::OutOfMemory(m) | UploadError::Driver(m)) => {
-                    fall_back(
-                        sources,
-                        &kept,
-                        &format!("out of memory on cuda:{ordinal}: {m}"),
-                    );
+                    let why = Fallback::OutOfMemory {
+                        ordinal,
+                        free: Some(free as u64),
+                        message: Some(m),
+                    };
+                    fall_back(sources, &kept, why);
                     Ok(None)
                 }
                 Err(UploadError::Cancelled) => Err(LoadError::Cancelled),

@@ -11,7 +11,7 @@ use ptload_reader::placement::Device;
 use ptload_reader::{Checkpoint, DType, Element, TensorInfo};
 
 use crate::cuda::Arena;
-use crate::error::LoadError;
+use crate::error::{DeviceError, DeviceErrorKind, Fallback, LoadError};
 
 /// Where a storage's bytes are after the load.
 #[derive(Debug)]
@@ -92,17 +92,21 @@ impl CudaStorage {
     }
 
     /// Copy the bytes back to the host.
-    pub fn read_back(&self) -> Result<Vec<u8>, String> {
+    pub fn read_back(&self) -> Result<Vec<u8>, DeviceError> {
         self.arena.read_back(self.offset, self.len)
     }
 
     /// Copy `len` bytes from byte `start` of the storage back to the host.
-    pub fn read_range(&self, start: usize, len: usize) -> Result<Vec<u8>, String> {
+    pub fn read_range(&self, start: usize, len: usize) -> Result<Vec<u8>, DeviceError> {
         match start.checked_add(len) {
             Some(end) if end <= self.len => self.arena.read_back(self.offset + start, len),
-            _ => Err(format!(
-                "bytes {start}..+{len} are outside a {}-byte storage",
-                self.len
+            _ => Err(DeviceError::new(
+                DeviceErrorKind::OutOfRange,
+                Some(self.ordinal),
+                format!(
+                    "bytes {start}..+{len} are outside a {}-byte storage",
+                    self.len
+                ),
             )),
         }
     }
@@ -129,7 +133,7 @@ pub struct LoadedTensor {
     /// Where it is.
     pub device: Device,
     /// Why `device` differs from `target`, or `None`.
-    pub fallback: Option<String>,
+    pub fallback: Option<Fallback>,
     /// `Some(original dtype)` when converted.
     pub converted_from: Option<DType>,
     /// Placed as its own row-major buffer, read on the host (a conversion,
@@ -265,7 +269,9 @@ impl Loaded {
         let (Some(start), Some(span)) = (start, span) else {
             return Err(fail("its extent overflows".into()));
         };
-        let bytes = cuda.read_range(start, span).map_err(fail)?;
+        let bytes = cuda
+            .read_range(start, span)
+            .map_err(|e| fail(e.message().to_owned()))?;
         let mut from_start = info.clone();
         from_start.storage_offset = 0;
         Ok(Cow::Owned(from_start.gather(&bytes)?))

@@ -297,7 +297,7 @@ pub fn exercise(ckpt: &Checkpoint) {
                     entry.name
                 );
             }
-            assert!(sd.decisions().iter().all(|d| !d.is_empty()));
+            assert!(sd.decisions().iter().all(|d| !d.to_string().is_empty()));
             key = sd.key().map(str::to_owned);
         }
         Err(e) => check_error(&e),

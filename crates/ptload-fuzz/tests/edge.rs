@@ -508,8 +508,20 @@ fn unknown_location_fails_only_when_restored() {
     let e = DeviceMap::new(&ckpt, &mut Keep).expect_err("cannot restore npu:0");
     assert_eq!(
         e.message(),
-        "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:0): \
-         map it with a Mapper, e.g. placement::MapLocation \"npu:0=cpu\""
+        "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:0)"
+    );
+    // The advice as data, for each front end to word.
+    assert_eq!(
+        e.hint(),
+        Some(&ptload_reader::advice::Hint::MapLocation {
+            from: Some("npu:0".into()),
+            to: Some("cpu".into())
+        })
+    );
+    assert!(
+        e.to_string()
+            .contains(": map it with a map location \"npu:0=cpu\""),
+        "{e}"
     );
     assert_eq!(e.tensor(), Some("w"));
     let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("mapped");

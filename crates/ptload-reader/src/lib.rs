@@ -41,6 +41,7 @@
     )
 )]
 
+pub mod advice;
 mod bytes;
 pub mod cast;
 pub mod checkpoint;
@@ -54,6 +55,7 @@ pub mod fuzzing;
 pub(crate) mod glob;
 mod limits;
 pub mod merge;
+mod name_index;
 pub mod object;
 mod pickle;
 pub mod placement;

@@ -278,6 +278,17 @@ impl Splits {
         })
     }
 
+    /// The given rules ([`Splits::parse`]), then those of `preset` when
+    /// one is named ([`Splits::preset`]): what a front end's rules and
+    /// preset options make.
+    pub fn with_preset<S: AsRef<str>>(rules: &[S], preset: Option<&str>) -> Result<Splits> {
+        let given = Splits::parse(rules)?;
+        Ok(match preset {
+            Some(name) => given.then(Splits::preset(name)?),
+            None => given,
+        })
+    }
+
     /// These rules, then `other`'s (given rules first, a preset after:
     /// the first match decides).
     pub fn then(mut self, other: Splits) -> Splits {

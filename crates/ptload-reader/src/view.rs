@@ -30,6 +30,9 @@ pub(crate) trait Storages: std::fmt::Debug + Sync {
     fn is_scattered(&self) -> bool;
     /// The file's bytes.
     fn source(&self) -> &Source;
+    /// The bytes of storage `index` when it is read on demand; `None` for
+    /// any other storage.
+    fn lazy_read(&self, index: usize) -> Option<Result<Cow<'_, [u8]>>>;
 }
 
 /// Row-major chunks are handed out in pieces of at most this many bytes
@@ -153,6 +156,9 @@ impl<'a> TensorView<'a> {
     /// from the file when contiguous and already in host order, gathered and
     /// swapped into an owned buffer otherwise.
     pub fn data(&self) -> Result<Cow<'a, [u8]>> {
+        if let Some(read) = self.lazy() {
+            return read;
+        }
         if let Ok(bytes) = self.borrowed() {
             return Ok(Cow::Borrowed(bytes));
         }
@@ -280,6 +286,10 @@ impl<'a> TensorView<'a> {
     /// Hand the elements, row-major and in host byte order, to `f` in
     /// chunks, without materializing the whole tensor.
     pub fn visit_bytes(&self, mut f: impl FnMut(&[u8])) -> Result<()> {
+        if let Some(read) = self.lazy() {
+            f(&read?);
+            return Ok(());
+        }
         let storage = self.require_storage()?;
         let info = self.info;
         self.prefetch(storage.len() as u64);
@@ -360,6 +370,26 @@ impl<'a> TensorView<'a> {
                 self.transform(fresh);
             }
         }
+    }
+
+    /// A tensor read on demand (its storage row-major, in host order): its
+    /// bytes read afresh, not kept; a part of it (a rank's slice) gathered
+    /// from them.
+    fn lazy(&self) -> Option<Result<Cow<'a, [u8]>>> {
+        let read = self.ckpt.lazy_read(self.info.storage?)?;
+        let whole = self.info.storage_offset == 0
+            && self.is_contiguous()
+            && self.storage().is_some_and(|s| s.nbytes == self.info.nbytes);
+        Some(
+            read.and_then(|bytes| {
+                if whole {
+                    Ok(bytes)
+                } else {
+                    self.info.gather(&bytes).map(Cow::Owned)
+                }
+            })
+            .map_err(|e| e.for_tensor(&self.info.name)),
+        )
     }
 
     fn require_storage(&self) -> Result<&'a [u8]> {

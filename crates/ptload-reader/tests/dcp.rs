@@ -844,6 +844,41 @@ fn a_save_without_collectives_reads_as_one() {
 }
 
 #[test]
+fn replicated_copies_saved_without_collectives_are_compared() {
+    // Both ranks wrote layers.0.bias (replicated); rank 1's copy is
+    // compared with rank 0's whenever the tensor is read.
+    let dcp = Dcp::open(dir_of("world2_rank_metadata")).expect("open");
+    let bias = dcp.read_tensor("layers.0.bias").expect("equal copies");
+    let s = Scratch::new("copies");
+    for f in std::fs::read_dir(dir_of("world2_rank_metadata")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), s.0.join(f.file_name())).unwrap();
+    }
+    let path = s.0.join("__1_0.distcp");
+    let mut rank1 = std::fs::read(&path).unwrap();
+    let at = rank1
+        .windows(bias.len())
+        .position(|w| w == bias.as_slice())
+        .expect("rank 1's copy of the bias");
+    rank1[at] ^= 0x01;
+    std::fs::write(&path, &rank1).unwrap();
+    let dcp = Dcp::open(&s.0).expect("open: nothing is read yet");
+    let e = dcp.read_tensor("layers.0.bias").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("replicated, but rank 0 and rank 1 wrote different values"),
+        "{e}"
+    );
+    assert_eq!(e.tensor(), Some("layers.0.bias"));
+    // The tensors only rank 0 or only rank 1 wrote read as before.
+    dcp.read_tensor("layers.0.weight").expect("sharded");
+    // As a set, the copies are compared when the tensor's data is read.
+    let set = CheckpointSet::open(&s.0).expect("open: nothing is read yet");
+    let e = set.tensor("layers.0.bias").unwrap().1.data().unwrap_err();
+    assert!(e.to_string().contains("wrote different values"), "{e}");
+}
+
+#[test]
 fn two_chunks_reading_the_same_bytes_are_refused() {
     let s = Scratch::new("shared");
     let r = two_chunks(&s.0);
@@ -911,4 +946,337 @@ fn many_chunks_along_a_later_dimension_cost_little_to_check() {
     // The geometry passed; what fails is the chunks sharing one archive.
     assert_eq!(e.kind(), ErrorKind::Tensor, "{e}");
     assert!(e.to_string().contains("are also those of"), "{e}");
+}
+
+// ---- FSDP rank files (fixtures/generate.py --only fsdp) --------------------
+
+fn fsdp_answers() -> Json {
+    let text = std::fs::read_to_string(fixtures().join("fsdp.json")).expect("fsdp.json");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn fsdp_dir(name: &str) -> PathBuf {
+    fixtures().join("files/fsdp").join(name)
+}
+
+fn rank_files(name: &str, world: usize) -> Vec<PathBuf> {
+    (0..world)
+        .map(|r| fsdp_dir(name).join(format!("model_world_size_{world}_rank_{r}.pt")))
+        .collect()
+}
+
+fn assert_fsdp_as_torch(set: &CheckpointSet, want: &Json, what: &str) {
+    let tensors = want["tensors"].as_object().expect("tensors");
+    assert_eq!(set.files().len(), 1, "{what}");
+    assert_eq!(set.len(), tensors.len(), "{what}");
+    for (key, w) in tensors {
+        let (_, view) = set.tensor(key).unwrap_or_else(|| panic!("{what}: {key}"));
+        assert_eq!(
+            view.dtype().name(),
+            w["dtype"].as_str().unwrap(),
+            "{what} {key}"
+        );
+        assert_eq!(view.shape(), dims(&w["shape"]).as_slice(), "{what} {key}");
+        assert_eq!(
+            sha(&view.data().unwrap()),
+            w["sha256"].as_str().unwrap(),
+            "{what} {key}"
+        );
+    }
+    let ckpt = set.files()[0].checkpoint();
+    assert_eq!(ckpt.format().name(), "ranks");
+    let values = want["values"].as_object().expect("values");
+    assert_eq!(ckpt.values().len(), values.len(), "{what}");
+    for (k, v) in ckpt.values() {
+        let w = &values[k.as_str()];
+        match v {
+            Scalar::Float(f) => assert_eq!(Some(*f), w.as_f64(), "{what} {k}"),
+            Scalar::Int(i) => assert_eq!(Some(*i), w.as_i64(), "{what} {k}"),
+            Scalar::Bool(b) => assert_eq!(Some(*b), w.as_bool(), "{what} {k}"),
+            Scalar::None => assert!(w.is_null(), "{what} {k}"),
+            other => panic!("{what} {k}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn fsdp_rank_files_read_as_torchs_full_tensors() {
+    let doc = fsdp_answers();
+    for name in ["world2", "world4", "local2"] {
+        let want = &doc["sets"][name];
+        // torch itself loads these files with weights_only=True.
+        let types = want["weights_only_true_types"].as_array().unwrap();
+        assert_eq!(types.len(), if name == "local2" { 1 } else { 2 }, "{name}");
+        // The directory (local shards: with its placements sidecar).
+        let set = CheckpointSet::open(fsdp_dir(name)).expect(name);
+        assert_fsdp_as_torch(&set, want, name);
+        // The same under the strict policy: torch admits the DTensor
+        // classes once torch.distributed.tensor is imported.
+        let strict = OpenOptions::new().policy(ptload_reader::Policy::Strict);
+        let set = CheckpointSet::open_with(fsdp_dir(name), &strict).expect(name);
+        assert_fsdp_as_torch(&set, want, name);
+    }
+    // A list of DTensor files, in any order: each file records its place.
+    let mut files = rank_files("world4", 4);
+    files.reverse();
+    let set = CheckpointSet::open_files(&files, &OpenOptions::new()).expect("list");
+    assert_fsdp_as_torch(&set, &doc["sets"]["world4"], "world4 reversed");
+}
+
+#[test]
+fn one_fsdp_rank_file_lists_its_local_parts_with_their_spec() {
+    use ptload_reader::dcp::fsdp::MeshPlacement;
+    let ckpt = ptload_reader::Checkpoint::open(&rank_files("world4", 4)[3]).expect("open");
+    let at = ckpt.position("model.fc1.weight").unwrap();
+    let view = ckpt.tensor_at(at).unwrap();
+    // Shard(0) of 10 rows among 4 ranks, as torch.chunk cuts: 3, 3, 3, 1.
+    assert_eq!(view.shape(), &[1, 6]);
+    let spec = ckpt.dtensor_at(at).expect("a DTensor");
+    assert_eq!(spec.global_shape, vec![10, 6]);
+    assert_eq!(spec.mesh, vec![4]);
+    assert_eq!(spec.coordinate, vec![3]);
+    assert_eq!(spec.rank, Some(3));
+    assert_eq!(spec.placements, vec![MeshPlacement::Shard(0)]);
+    // 3 rows of fc2 among 4 ranks: the last rank's part is empty.
+    let at = ckpt.position("model.fc2.weight").unwrap();
+    assert_eq!(ckpt.tensor_at(at).unwrap().shape(), &[0, 10]);
+    // The buffer is a plain tensor, not a DTensor.
+    assert!(ckpt
+        .dtensor_at(ckpt.position("model.scale").unwrap())
+        .is_none());
+    assert!(ckpt.warnings().iter().any(|w| w.contains("are DTensors")));
+    assert!(ckpt.suspicious().next().is_none(), "{:?}", ckpt.globals());
+}
+
+fn fsdp_err(paths: &[PathBuf]) -> String {
+    CheckpointSet::open_files(paths, &OpenOptions::new())
+        .expect_err("must be refused")
+        .to_string()
+}
+
+#[test]
+fn fsdp_rank_files_that_do_not_make_one_tensor_are_refused() {
+    // Partial: a reduction not yet done.
+    let e = CheckpointSet::open(fsdp_dir("partial2"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Partial(sum)") && e.contains("'weight'"), "{e}");
+    // Replicated copies that differ name the key and the ranks.
+    let e = CheckpointSet::open(fsdp_dir("replicate_mismatch2"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rank 0 and rank 1 hold different values") && e.contains("'weight'"),
+        "{e}"
+    );
+    // Parts that do not have the shape their placements give.
+    let e = CheckpointSet::open(fsdp_dir("bad_tiling2"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("do not tile") && e.contains("[5, 2]"), "{e}");
+    // A rank missing.
+    let mut three = rank_files("world4", 4);
+    three.remove(2);
+    let e = fsdp_err(&three);
+    assert!(e.contains("no file holds the part at [2]"), "{e}");
+    // The same rank twice.
+    let twice = vec![
+        rank_files("world2", 2)[0].clone(),
+        rank_files("world2", 2)[0].clone(),
+    ];
+    let e = fsdp_err(&twice);
+    assert!(e.contains("both hold the part at [0]"), "{e}");
+    // Files of two meshes.
+    let mixed = vec![
+        rank_files("world2", 2)[0].clone(),
+        rank_files("world4", 4)[1].clone(),
+    ];
+    let e = fsdp_err(&mixed);
+    assert!(e.contains("the files disagree: a mesh of [4]"), "{e}");
+    // A DTensor in one file, a plain local shard in the other.
+    let mixed = vec![
+        rank_files("world2", 2)[0].clone(),
+        rank_files("local2", 2)[1].clone(),
+    ];
+    let e = fsdp_err(&mixed);
+    assert!(
+        e.contains("a DTensor in") && e.contains("a plain tensor in"),
+        "{e}"
+    );
+    // Local shards without their placements are not concatenated: as a
+    // list of files they name each tensor twice; as rank files, plain
+    // tensors must be equal on every rank, and are not.
+    let local = rank_files("local2", 2);
+    let e = fsdp_err(&local);
+    assert!(e.contains("in two files of the set"), "{e}");
+    let e = CheckpointSet::open_fsdp_files(&local, None, &OpenOptions::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rank 0 and rank 1 hold different values"), "{e}");
+}
+
+#[test]
+fn the_placements_sidecar_is_checked() {
+    use ptload_reader::dcp::fsdp::{LocalLayout, MeshPlacement};
+    let text = std::fs::read(fsdp_dir("local2").join("ptload-placements.json")).unwrap();
+    let layout = LocalLayout::from_json(&text).expect("sidecar");
+    assert_eq!(layout.mesh(), &[2]);
+    assert_eq!(
+        layout.placements_for("optim.state.3.step"),
+        Some(&[MeshPlacement::Replicate][..])
+    );
+    assert_eq!(
+        layout.placements_for("model.fc1.weight"),
+        Some(&[MeshPlacement::Shard(0)][..])
+    );
+    for bad in [
+        &br#"{"mesh": [2], "placements": [{"match": "*", "placements": ["Shard(0)", "Replicate()"]}]}"#[..],
+        br#"{"mesh": [0], "placements": []}"#,
+        br#"{"mesh": [2], "placements": [{"match": "*", "placements": ["Partial()"]}]}"#,
+        br#"{"mesh": [2]}"#,
+        b"not json",
+    ] {
+        let e = LocalLayout::from_json(bad).expect_err("refused");
+        assert_eq!(e.kind(), ErrorKind::InvalidSpec, "{e}");
+    }
+    // A layout whose rules leave a tensor out, or shard a scalar.
+    let files = rank_files("local2", 2);
+    let partial = LocalLayout::new(
+        vec![2],
+        vec![("model.*".into(), vec![MeshPlacement::Shard(0)])],
+    )
+    .unwrap();
+    let e = CheckpointSet::open_fsdp_files(&files, Some(&partial), &OpenOptions::new())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no rule of ptload-placements.json matches"),
+        "{e}"
+    );
+    let scalar =
+        LocalLayout::new(vec![2], vec![("*".into(), vec![MeshPlacement::Shard(0)])]).unwrap();
+    let e = CheckpointSet::open_fsdp_files(&files, Some(&scalar), &OpenOptions::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Shard(0) of a tensor of 0 dimensions"), "{e}");
+    // A mesh of another size than the files given.
+    let four =
+        LocalLayout::new(vec![4], vec![("*".into(), vec![MeshPlacement::Replicate])]).unwrap();
+    let e = CheckpointSet::open_fsdp_files(&files, Some(&four), &OpenOptions::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("has 4 ranks, and 2 files were given"), "{e}");
+}
+
+/// `file` (a stored torch zip, as torch writes it: sizes and CRC-32 in a
+/// data descriptor after each record and in the central directory) with
+/// `from` replaced by `to` (the same length) in its `data.pkl`, and that
+/// record's CRC-32 made right again wherever it is recorded.
+fn patch_pickle(file: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let mut out = file.to_vec();
+    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as usize;
+    let u32_at =
+        |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+    let find = |out: &[u8], sig: &[u8; 4], name_at: usize, len_at: usize| {
+        out.windows(4)
+            .enumerate()
+            .filter(|(_, w)| w == sig)
+            .map(|(i, _)| i)
+            .find(|&i| {
+                let n = u16_at(out, i + len_at);
+                out[i + name_at..i + name_at + n].ends_with(b"data.pkl")
+            })
+            .expect("data.pkl")
+    };
+    let local = find(&out, b"PK\x03\x04", 30, 26);
+    let central = find(&out, b"PK\x01\x02", 46, 28);
+    let size = u32_at(&out, central + 20);
+    let start = local + 30 + u16_at(&out, local + 26) + u16_at(&out, local + 28);
+    let data = &mut out[start..start + size];
+    let at = data
+        .windows(from.len())
+        .position(|w| w == from)
+        .unwrap_or_else(|| panic!("{:?} not in the pickle", String::from_utf8_lossy(from)));
+    data[at..at + to.len()].copy_from_slice(to);
+    let crc = crc32fast::hash(data).to_le_bytes();
+    if u16_at(&out, local + 6) & 0x8 == 0 {
+        out[local + 14..local + 18].copy_from_slice(&crc);
+    }
+    out[central + 16..central + 20].copy_from_slice(&crc);
+    let mut descriptor = start + size;
+    if out[descriptor..].starts_with(b"PK\x07\x08") {
+        descriptor += 4;
+    }
+    out[descriptor..descriptor + 4].copy_from_slice(&crc);
+    out
+}
+
+#[test]
+fn hostile_dtensor_specs_are_refused() {
+    let rank1 = std::fs::read(&rank_files("world2", 2)[1]).unwrap();
+    let open = |bytes: Vec<u8>, policy| {
+        OpenOptions::new()
+            .policy(policy)
+            .open_bytes(bytes)
+            .map(|c| format!("opened with {} tensors", c.len()))
+            .unwrap_or_else(|e| e.to_string())
+    };
+    // The untouched file opens; the patch keeps what it does not change.
+    let same = patch_pickle(
+        &rank1,
+        b"_coordinate_on_dimqTK\x01",
+        b"_coordinate_on_dimqTK\x01",
+    );
+    assert_eq!(
+        open(same, ptload_reader::Policy::Strict),
+        "opened with 17 tensors"
+    );
+    let cases: &[(&[u8], &[u8], &str)] = &[
+        // A coordinate off the mesh.
+        (
+            b"_coordinate_on_dimqTK\x01",
+            b"_coordinate_on_dimqTK\x07",
+            "is not on its mesh",
+        ),
+        // A placement of a class that is not one of torch's.
+        (
+            b"placement_types\nShard\n",
+            b"placement_types\nShord\n",
+            "not Shard, Replicate or Partial",
+        ),
+        // No local tensor in the state.
+        (
+            b"_local_tensor",
+            b"_local_tensoR",
+            "no _local_tensor in its state",
+        ),
+        // A spec of another class.
+        (
+            b"_dtensor_spec\nDTensorSpec\n",
+            b"_dtensor_spec\nDTensorSpex\n",
+            "expected a torch.distributed.tensor._dtensor_spec.DTensorSpec",
+        ),
+    ];
+    for (from, to, want) in cases {
+        let got = open(
+            patch_pickle(&rank1, from, to),
+            ptload_reader::Policy::Default,
+        );
+        assert!(got.contains(want), "{}: {got}", String::from_utf8_lossy(to));
+    }
+    // Under the strict policy a class outside the DTensor ones is refused
+    // as a global before anything is read.
+    let got = open(
+        patch_pickle(
+            &rank1,
+            b"placement_types\nShard\n",
+            b"placement_types\nShord\n",
+        ),
+        ptload_reader::Policy::Strict,
+    );
+    assert!(
+        got.contains("Unsupported global") && got.contains("Shord"),
+        "{got}"
+    );
 }

@@ -420,3 +420,65 @@ fn deflated_storages_are_inflated_when_read_not_at_open() {
     }
     assert!(failed > 0);
 }
+
+fn ckpt_len(file: &str) -> u64 {
+    Checkpoint::open(root().join("files").join(file))
+        .expect("open")
+        .len() as u64
+}
+
+/// Advice is data: a refused file's error carries the globals to allow, a
+/// limit's error the limit and its value; the reader's own text names no
+/// front end's option, and `Display` leaves the source to a chain printer
+/// (`render` gives the whole chain).
+#[test]
+fn errors_carry_their_advice_as_data() {
+    use ptload_reader::advice::{Hint, Neutral};
+    use ptload_reader::{Limits, OpenOptions, Policy};
+
+    let files = root().join("files");
+    let e = OpenOptions::new()
+        .policy(Policy::Strict)
+        .open(files.join("whole_module.pt"))
+        .expect_err("refused");
+    assert_eq!(e.kind(), ErrorKind::UnsupportedGlobal);
+    match e.hint() {
+        Some(Hint::AllowGlobals(names)) => {
+            assert_eq!(names.len(), 7, "{names:?}");
+            assert_eq!(names[0], "__main__.WholeNet");
+        }
+        other => panic!("{other:?}: {e}"),
+    }
+    let text = e.to_string();
+    assert!(
+        !text.contains("--") && !text.contains("OpenOptions::"),
+        "{text}"
+    );
+    assert!(
+        text.contains("allow those you trust with the allowlist"),
+        "{text}"
+    );
+
+    let mut limits = Limits::default();
+    limits.max_tensors = 1;
+    let e = OpenOptions::new()
+        .limits(limits)
+        .open(files.join("plain_model.pt"))
+        .expect_err("over the limit");
+    assert_eq!(e.kind(), ErrorKind::LimitExceeded);
+    assert_eq!(
+        e.hint(),
+        Some(&Hint::RaiseLimit {
+            limit: "max_tensors",
+            value: 1,
+            needed: Some(ckpt_len("plain_model.pt")),
+        })
+    );
+
+    let e = Checkpoint::open(files.join("no such file.pt")).expect_err("missing");
+    let source = std::error::Error::source(&e)
+        .expect("the io error")
+        .to_string();
+    assert!(!e.to_string().contains(&source), "{e}");
+    assert!(e.render(&Neutral).ends_with(&format!(": {source}")), "{e}");
+}

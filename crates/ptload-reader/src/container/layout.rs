@@ -128,7 +128,9 @@ pub(crate) fn record_bytes<'d>(
     budget: &mut u64,
 ) -> Result<Cow<'d, [u8]>> {
     if entry.size > limit {
-        return Err(Error::limit("max_pickle_bytes", limit).in_record(entry.name));
+        return Err(
+            Error::limit_needing("max_pickle_bytes", limit, entry.size).in_record(entry.name)
+        );
     }
     match entry.method {
         Method::Stored => {

@@ -10,7 +10,6 @@ use serde_json::ser::{CharEscape, CompactFormatter, Formatter, PrettyFormatter, 
 use crate::error::{Error, ErrorKind, Result};
 use crate::torch::dtype::DType;
 use crate::torch::names::Scalar;
-use crate::torch::Quantization;
 
 /// A safetensors header: `__metadata__` (when not empty) first, then one
 /// entry per tensor in the order written. Keys keep their order.
@@ -115,54 +114,6 @@ pub(super) fn plain_json(v: &Scalar) -> Option<String> {
         Scalar::Str(s) => compact(s).ok(),
         _ => None,
     }
-}
-
-/// A tensor's quantization as JSON text: `{"kind", "scheme", "scale",
-/// "zero_point"}`, or for per-channel schemes `{"kind", "scheme", "axis",
-/// "scales", "zero_points"}` naming the tensors that hold them; packed
-/// kinds add `"values_shape"`. The scale keeps its float text (a number
-/// that is not finite is `null`).
-pub(super) fn quantization_json(name: &str, q: &Quantization) -> Result<String> {
-    let mut out = String::from("{\"kind\":");
-    let values_shape = |shape: &Option<Vec<u64>>| -> Result<String> {
-        match shape {
-            Some(shape) => Ok(format!(",\"values_shape\":{}", compact(shape)?)),
-            None => Ok(String::new()),
-        }
-    };
-    match q {
-        Quantization::PerTensor {
-            kind,
-            scheme,
-            scale,
-            zero_point,
-            values_shape: shape,
-        } => {
-            out.push_str(&compact(kind)?);
-            out.push_str(",\"scheme\":");
-            out.push_str(&compact(scheme)?);
-            let scale = float_text(*scale).unwrap_or_else(|| "null".into());
-            out.push_str(&format!(",\"scale\":{scale},\"zero_point\":{zero_point}"));
-            out.push_str(&values_shape(shape)?);
-        }
-        Quantization::PerChannel {
-            kind,
-            scheme,
-            axis,
-            values_shape: shape,
-        } => {
-            out.push_str(&compact(kind)?);
-            out.push_str(",\"scheme\":");
-            out.push_str(&compact(scheme)?);
-            out.push_str(&format!(",\"axis\":{axis},\"scales\":"));
-            out.push_str(&compact(&format!("{name}.scales"))?);
-            out.push_str(",\"zero_points\":");
-            out.push_str(&compact(&format!("{name}.zero_points"))?);
-            out.push_str(&values_shape(shape)?);
-        }
-    }
-    out.push('}');
-    Ok(out)
 }
 
 /// serde_json's layout (`F`), with backspace and form feed escaped as

@@ -37,8 +37,8 @@ pub fn write_safetensors_file(
     path: &Path,
 ) -> Result<Written> {
     let target = target(path)?;
-    for ckpt in sd.checkpoints() {
-        check(&target, ckpt.source().identity(), opts.overwrite)?;
+    for source in sd.checkpoints().iter().flat_map(|c| c.inputs()) {
+        check(&target, source.identity(), opts.overwrite)?;
     }
     let (tmp, file) = create_beside(&target)?;
     let written = write_to_file(sd, opts, file, &target);
@@ -87,8 +87,8 @@ pub fn write_safetensors_set(
         .then(|| target(&dir.join("model.safetensors.index.json")))
         .transpose()?;
     for t in targets.iter().chain(&index_target) {
-        for ckpt in sd.checkpoints() {
-            check(t, ckpt.source().identity(), opts.overwrite)?;
+        for source in sd.checkpoints().iter().flat_map(|c| c.inputs()) {
+            check(t, source.identity(), opts.overwrite)?;
         }
     }
     // Each file beside its target: (temporary, target, what it holds).
@@ -187,8 +187,8 @@ pub fn write_merged_file(
     path: &Path,
 ) -> Result<Written> {
     let target = target(path)?;
-    for f in set.files() {
-        check(&target, f.checkpoint().source().identity(), opts.overwrite)?;
+    for source in set.files().iter().flat_map(|f| f.checkpoint().inputs()) {
+        check(&target, source.identity(), opts.overwrite)?;
     }
     let mut written = Written::default();
     let layout = super::plan::merged(merged, shard, opts, &mut written)?;

@@ -1,8 +1,9 @@
 //! What a write will put where, decided and checked before any byte is
 //! written: each tensor's output dtype and size, the header, the shards.
 
-use super::header::{plain_json, quantization_json, Entry, Header};
+use super::header::{plain_json, Entry, Header};
 use super::{safetensors_dtype, Metadata, SafetensorsOptions, Written};
+use crate::advice::Hint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::state_dict::{Selected, StateDict};
 use crate::torch::dtype::DType;
@@ -114,12 +115,9 @@ fn tensors(
     if !refused.is_empty() {
         return Err(Error::new(
             ErrorKind::Unsupported,
-            format!(
-                "cannot write to safetensors: {} (set SafetensorsOptions::skip_unsupported to leave \
-                 them out)",
-                refused.join(", ")
-            ),
-        ));
+            format!("cannot write to safetensors: {}", refused.join(", ")),
+        )
+        .with_hint(Hint::SkipUnsupported));
     }
     Ok((planned, written))
 }
@@ -176,10 +174,9 @@ fn metadata(
             .ok()
             .and_then(|v| v.info().quantization.clone());
         if let Some(q) = quantization {
-            metadata.push((
-                format!("{}.quantization", p.name),
-                quantization_json(&p.name, &q)?,
-            ));
+            let record = serde_json::to_string(&q.record(&p.name))
+                .map_err(|e| Error::new(ErrorKind::Tensor, e.to_string()).for_tensor(&p.name))?;
+            metadata.push((format!("{}.quantization", p.name), record));
         }
     }
     Ok(metadata)

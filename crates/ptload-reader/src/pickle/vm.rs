@@ -28,6 +28,31 @@ pub enum StringEncoding {
     Bytes,
 }
 
+impl std::str::FromStr for StringEncoding {
+    type Err = Error;
+
+    /// Python's names for the encodings (any case): `utf-8`/`utf8`,
+    /// `latin1`/`latin-1`/`iso-8859-1`/`l1`, `ascii`/`us-ascii`/`646`,
+    /// `bytes`.
+    fn from_str(text: &str) -> Result<StringEncoding> {
+        Ok(match text.to_ascii_lowercase().as_str() {
+            "utf-8" | "utf8" => StringEncoding::Utf8,
+            "latin1" | "latin-1" | "iso-8859-1" | "l1" => StringEncoding::Latin1,
+            "ascii" | "us-ascii" | "646" => StringEncoding::Ascii,
+            "bytes" => StringEncoding::Bytes,
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidSpec,
+                    format!(
+                        "encoding {text:?}: ptload decodes Python 2 strings as 'utf-8', \
+                         'latin1', 'ascii' or 'bytes'"
+                    ),
+                ))
+            }
+        })
+    }
+}
+
 /// Gives meaning to the operations that would call code in Python.
 pub(crate) trait Interpreter {
     /// GLOBAL / STACK_GLOBAL / INST: a reference to `module.name`.

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::advice::Hint;
 use crate::error::{Error, ErrorKind, Result};
 
 /// A storage's saved location tag, parsed.
@@ -70,17 +71,24 @@ impl Location {
                 ErrorKind::Unsupported,
                 format!(
                     "don't know how to restore data location of torch.storage.UntypedStorage \
-                     (tagged with {tag}): map it with a Mapper, e.g. \
-                     placement::MapLocation \"{tag}=cpu\""
+                     (tagged with {tag})"
                 ),
-            )),
+            )
+            .with_hint(Hint::MapLocation {
+                from: Some(tag.clone()),
+                to: Some("cpu".to_owned()),
+            })),
             other => Err(Error::new(
                 ErrorKind::Unsupported,
                 format!(
                     "storages tagged {other} can only be placed on the host or a CUDA device by \
-                     ptload: map them with a Mapper, e.g. placement::MapLocation \"{other}=cpu\""
+                     ptload"
                 ),
-            )),
+            )
+            .with_hint(Hint::MapLocation {
+                from: Some(other.to_string()),
+                to: Some("cpu".to_owned()),
+            })),
         }
     }
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::checkpoint::Checkpoint;
+use crate::error::{Error, ErrorKind, Result};
 use crate::torch::dtype::DType;
 
 use super::location::{Device, Location, MapLocation};
@@ -92,6 +93,35 @@ impl Mapper for Table {
 /// Patterns are globs: `*` matches any run of characters, `?` one.
 #[derive(Debug, Clone, Default)]
 pub struct ByName(pub Vec<(String, Device)>);
+
+impl ByName {
+    /// Rules as `PATTERN=DEVICE`, each string a comma-separated list of
+    /// them (`encoder.*=cuda:0,*embed*=cpu`); devices as [`Device`] parses
+    /// them.
+    pub fn parse<S: AsRef<str>>(lists: &[S]) -> Result<ByName> {
+        let mut rules = Vec::new();
+        for list in lists {
+            for rule in list.as_ref().split(',').filter(|r| !r.trim().is_empty()) {
+                let bad = |what: String| Error::new(ErrorKind::InvalidSpec, what);
+                let (pattern, target) = rule
+                    .rsplit_once('=')
+                    .filter(|(p, _)| !p.trim().is_empty())
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "rule {rule:?}: expected PATTERN=DEVICE (encoder.*=cuda:0)"
+                        ))
+                    })?;
+                let device = target.parse::<Device>().map_err(|_| {
+                    bad(format!(
+                        "device {target:?}: expected cpu, cuda, cuda:N or meta"
+                    ))
+                })?;
+                rules.push((pattern.trim().to_owned(), device));
+            }
+        }
+        Ok(ByName(rules))
+    }
+}
 
 impl Mapper for ByName {
     fn map(&mut self, s: &StorageRequest<'_>) -> Option<Device> {

@@ -37,8 +37,14 @@ mod tests {
         let e = Location::parse("npu:2").restore().expect_err("unknown");
         assert_eq!(
             e.message(),
-            "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:2): \
-         map it with a Mapper, e.g. placement::MapLocation \"npu:2=cpu\""
+            "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:2)"
+        );
+        assert_eq!(
+            e.hint(),
+            Some(&crate::advice::Hint::MapLocation {
+                from: Some("npu:2".into()),
+                to: Some("cpu".into())
+            })
         );
         assert!(Location::Mps.restore().is_err());
     }

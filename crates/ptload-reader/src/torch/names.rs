@@ -8,13 +8,12 @@
 //! deep the graph), skips cycles, and charges every step against
 //! `Limits::max_walk_steps`, so shared references cannot explode it.
 
-use std::hash::BuildHasher;
-
-use hashbrown::{HashSet, HashTable};
+use hashbrown::HashSet;
 
 use super::{Known, QuantParams, TorchHeap, TorchObj};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
+use crate::name_index::NameIndex;
 use crate::pickle::{Heap, Obj, ObjId, Tag, Value};
 
 /// A heap value whose accessor disagrees with its kind: never made by the
@@ -73,9 +72,8 @@ pub(crate) struct Walked {
     /// The callables of `value_calls`, as `module.name`.
     pub(crate) callables: Vec<String>,
     pub(crate) warnings: Vec<String>,
-    /// Indices into `tensors`, hashed by name with `hasher`.
-    pub(crate) by_name: HashTable<u32>,
-    pub(crate) hasher: hashbrown::DefaultHashBuilder,
+    /// Indices into `tensors`, by name.
+    pub(crate) by_name: NameIndex,
     /// Steps the walk took.
     pub(crate) steps: u64,
 }
@@ -94,8 +92,8 @@ pub(crate) fn walk_all(
     let mut walker = Walker::new(heap, limits);
     walker.rename_duplicates = rename_duplicates;
     walker.out.tensors.reserve(tensors_hint);
-    // The table is empty: the rehash closure has nothing to rehash.
-    walker.by_name.reserve(tensors_hint, |_| 0);
+    // The index is empty: nothing to look up while it grows.
+    walker.by_name.reserve(tensors_hint, |_| None);
     for &(root, prefix) in roots {
         if let Err(e) = walker.walk(root, prefix) {
             let Some(dup) = walker.duplicate.take() else {
@@ -278,9 +276,8 @@ pub(crate) struct Walker<'h> {
     shared_visits: u64,
     max_shared_visits: u64,
     on_path: HashSet<ObjId>,
-    /// Indices into `out.tensors`, hashed by name: names must be unique.
-    by_name: HashTable<u32>,
-    hasher: hashbrown::DefaultHashBuilder,
+    /// Indices into `out.tensors`, by name: names must be unique.
+    by_name: NameIndex,
     /// When set, the Python path of the tensor emitted at this index is
     /// kept in `captured` (to explain a name collision).
     capture: Option<usize>,
@@ -311,8 +308,7 @@ impl<'h> Walker<'h> {
             shared_visits: 0,
             max_shared_visits: limits.max_shared_visits,
             on_path: HashSet::new(),
-            by_name: HashTable::new(),
-            hasher: Default::default(),
+            by_name: NameIndex::default(),
             capture: None,
             captured: None,
             duplicate: None,
@@ -326,7 +322,6 @@ impl<'h> Walker<'h> {
 
     pub(crate) fn finish(mut self) -> Walked {
         self.out.by_name = self.by_name;
-        self.out.hasher = self.hasher;
         self.out.steps = self.steps;
         self.out
     }
@@ -393,15 +388,12 @@ impl<'h> Walker<'h> {
             return Err(Error::new(ErrorKind::DuplicateName, name));
         }
         let mut name = name;
-        let mut hash = self.hasher.hash_one(name.as_str());
+        let mut hash = self.by_name.hash(name.as_str());
         let taken = |walker: &Self, hash: u64, name: &str| {
             let tensors = &walker.out.tensors;
-            walker
-                .by_name
-                .find(hash, |&i: &u32| {
-                    tensors.get(i as usize).is_some_and(|(n, _)| n == name)
-                })
-                .copied()
+            walker.by_name.find_hashed(hash, name, |i| {
+                tensors.get(i as usize).map(|(n, _)| n.as_str())
+            })
         };
         if self.rename_duplicates && taken(self, hash, &name).is_some() {
             // `['a.b']` and `['a']['b']` both flatten to `a.b`: the later
@@ -411,7 +403,7 @@ impl<'h> Walker<'h> {
             if self.name_bytes > self.max_name_bytes {
                 return Err(Error::limit("max_name_bytes", self.max_name_bytes));
             }
-            hash = self.hasher.hash_one(path.as_str());
+            hash = self.by_name.hash(path.as_str());
             name = path;
         }
         if let Some(first) = taken(self, hash, &name) {
@@ -427,12 +419,9 @@ impl<'h> Walker<'h> {
         }
         let i =
             u32::try_from(index).map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
-        let hasher = &self.hasher;
         let tensors = &self.out.tensors;
-        self.by_name.insert_unique(hash, i, |&j| {
-            tensors
-                .get(j as usize)
-                .map_or(0, |(n, _)| hasher.hash_one(n.as_str()))
+        self.by_name.insert_hashed(hash, i, |j| {
+            tensors.get(j as usize).map(|(n, _)| n.as_str())
         });
         self.out.tensors.push((name, value));
         Ok(())

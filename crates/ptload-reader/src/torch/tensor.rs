@@ -18,6 +18,10 @@ pub(crate) enum StorageData {
     Owned(usize),
     /// In a deflated zip record, inflated when first read.
     Deflated(usize),
+    /// Read on demand from elsewhere (a distributed checkpoint's chunks,
+    /// put together when asked for): the index among the checkpoint's
+    /// lazy storages.
+    Lazy(usize),
 }
 
 /// One storage: a run of bytes that tensors view.

@@ -12,8 +12,10 @@ use std::hash::BuildHasher;
 use super::dtype::DType;
 use super::policy::{always_blocked, torch_allows, Policy};
 use super::{
-    Global, Known, Layout, NdArray, NumpyDtype, QuantParams, TensorMeta, TorchHeap, TorchObj,
+    describe, Global, Known, Layout, NdArray, NumpyDtype, QuantParams, TensorMeta, TorchHeap,
+    TorchObj,
 };
+use crate::advice::Hint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::pickle::{Heap, Interpreter, Obj, Object, Tag, Value};
 
@@ -110,20 +112,6 @@ fn truthy(v: Value) -> bool {
         Value::Bool(b) => b,
         Value::Int(i) => i != 0,
         _ => false,
-    }
-}
-
-pub(crate) fn describe(heap: &Heap, v: Value) -> String {
-    match v {
-        Value::None => "None".into(),
-        Value::Bool(_) => "bool".into(),
-        Value::Int(_) => "int".into(),
-        Value::Float(_) => "float".into(),
-        Value::Obj(_) => match (heap.torch(v), heap.get(v)) {
-            (Some(TorchObj::Global(g)), _) => format!("global {}.{}", g.module, g.name),
-            (_, Some(o)) => crate::pickle::kind_name_of(o).into(),
-            (_, None) => "?".into(),
-        },
     }
 }
 
@@ -237,23 +225,25 @@ impl<'p> TorchInterp<'p> {
 
 impl Interpreter for TorchInterp<'_> {
     fn global(&mut self, heap: &mut Heap, module: &str, name: &str, offset: u64) -> Result<Value> {
-        let torch_allowed = torch_allows(module, name);
+        // torch admits the DTensor classes once `torch.distributed.tensor`
+        // is imported, as it must be to load one.
+        let torch_allowed =
+            torch_allows(module, name) || crate::torch::dtensor::dtensor_class(module, name);
         if self.policy == Policy::Strict && !torch_allowed {
             let path = format!("{module}.{name}");
             let user_allowed = crate::torch::policy::user_allows(self.allowed, module, name);
             if !user_allowed {
-                let advice = if always_blocked(module) {
-                    format!("globals of `{module}` are never allowed")
-                } else {
-                    format!(
-                        "Allow it with OpenOptions::allow_global(\"{path}\") only if you trust \
-                         this class/function"
-                    )
-                };
-                return Err(Error::new(
-                    ErrorKind::UnsupportedGlobal,
-                    format!("Unsupported global: GLOBAL {path} was not an allowed global by default. {advice}"),
-                ));
+                let refused = format!(
+                    "Unsupported global: GLOBAL {path} was not an allowed global by default"
+                );
+                if always_blocked(module) {
+                    return Err(Error::new(
+                        ErrorKind::UnsupportedGlobal,
+                        format!("{refused}. globals of `{module}` are never allowed"),
+                    ));
+                }
+                return Err(Error::new(ErrorKind::UnsupportedGlobal, refused)
+                    .with_hint(Hint::AllowGlobals(vec![path])));
             }
         }
         let key = (module.to_owned(), name.to_owned(), self.record.clone());

@@ -1,16 +1,81 @@
 //! `ptload load`: place every storage where the mapping says.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use clap::Args;
 use ptload_device::{load, Gpus, LoadOptions, Loaded, LoadedTensor, Placed};
 use ptload_reader::placement::{Device, DeviceMap};
 use ptload_reader::Checkpoint;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::args::{parse_dtype, CliResult, GpuInfo, MapArgs, StateDictArgs};
+use crate::args::{self, parse_dtype, CliResult, GpuInfo, MapArgs, OpenArgs, StateDictArgs};
 use crate::inspect::human_size;
+
+#[derive(Args)]
+#[command(
+    mut_arg("key", |a| a.help(args::key_help("auto"))),
+    mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
+)]
+#[command(mut_arg("strict", |a| a.help(
+    "Behave like torch: refuse globals outside torch's weights_only allowlist (as \
+     torch.load(weights_only=True)), and fail before copying when a planned GPU is missing \
+     instead of falling back to the host"
+)))]
+pub(crate) struct LoadArgs {
+    /// The checkpoint.
+    file: PathBuf,
+    /// Print JSON: {"tensors": [{"name", "target", "device", "fallback", "dtype", "converted_from"}], "devices": [...], "seconds"}.
+    #[arg(long)]
+    json: bool,
+    /// Convert floating tensors on load: F64, F32, F16, BF16, F8_E4M3, F8_E5M2.
+    #[arg(long, value_name = "DTYPE")]
+    dtype: Option<String>,
+    /// Read each tensor back from where it landed (GPU or host) and print the sha256 of its elements, as `inspect --hash` does: equal hashes prove the upload.
+    #[arg(long)]
+    hash: bool,
+    #[command(flatten)]
+    open: OpenArgs,
+    #[command(flatten)]
+    map: MapArgs,
+    #[command(flatten)]
+    state: StateDictArgs,
+}
+
+/// Load the file (a set file by file, each reported on its own) and
+/// report where everything went.
+pub(crate) fn run(a: &LoadArgs, out: &mut impl Write) -> CliResult<u8> {
+    let started = std::time::Instant::now();
+    let set = ptload_reader::set::CheckpointSet::open_with(&a.file, &a.open.options())?;
+    let open_seconds = started.elapsed().as_secs_f64();
+    let gpus = ptload_device::probe();
+    let request = Request {
+        map: &a.map,
+        state: &a.state,
+        strict: a.open.strict,
+        dtype: a.dtype.as_deref(),
+    };
+    let several = set.files().len() > 1;
+    for file in set.files() {
+        let name = file.name();
+        let (loaded, decisions) = load_file(file.checkpoint(), &gpus, &request)?;
+        if a.json {
+            let label = several.then_some(name.as_str());
+            json(out, &loaded, &decisions, a.hash, label)?;
+        } else {
+            if several {
+                writeln!(out, "{name}:")?;
+            }
+            summary(out, &loaded, &gpus, open_seconds)?;
+            if a.hash {
+                hashes(out, &loaded)?;
+            }
+        }
+    }
+    Ok(0)
+}
 
 /// GPU facts from one probe.
 pub(crate) struct Probed<'g>(pub(crate) &'g Gpus);
@@ -41,7 +106,7 @@ pub(crate) struct Request<'a> {
 }
 
 /// Plan and load `ckpt`; also what the automatic options decided.
-pub(crate) fn run(
+pub(crate) fn load_file(
     ckpt: &Arc<Checkpoint>,
     gpus: &Gpus,
     req: &Request<'_>,
@@ -93,7 +158,7 @@ pub(crate) fn run(
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    Ok((loaded, crate::args::cli_decisions(selection.decisions())))
+    Ok((loaded, crate::terms::decisions(selection.decisions())))
 }
 
 #[derive(Serialize)]
@@ -101,7 +166,7 @@ struct TensorOut<'a> {
     name: &'a str,
     target: String,
     device: String,
-    fallback: Option<&'a str>,
+    fallback: Option<String>,
     /// The dtype as loaded (after --dtype).
     dtype: &'static str,
     /// With --dtype, what it was converted from.
@@ -206,7 +271,7 @@ pub(crate) fn json(
                     name: &t.info.name,
                     target: t.target.to_string(),
                     device: t.device.to_string(),
-                    fallback: t.fallback.as_deref(),
+                    fallback: t.fallback.as_ref().map(ToString::to_string),
                     dtype: t.info.dtype.name(),
                     converted_from: t.converted_from.map(|d| d.name()),
                     shape: &t.info.shape,
@@ -293,9 +358,9 @@ pub(crate) fn summary(
         )?;
     }
     // Fallbacks by reason: one line each, with a few of the tensors.
-    let mut reasons: Vec<(&str, Vec<&LoadedTensor>)> = Vec::new();
+    let mut reasons: Vec<(&ptload_device::Fallback, Vec<&LoadedTensor>)> = Vec::new();
     for t in loaded.tensors() {
-        if let Some(why) = t.fallback.as_deref() {
+        if let Some(why) = t.fallback.as_ref() {
             match reasons.iter_mut().find(|(r, _)| *r == why) {
                 Some((_, ts)) => ts.push(t),
                 None => reasons.push((why, vec![t])),
