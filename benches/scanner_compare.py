@@ -77,8 +77,8 @@ def files_in(path):
 
 
 def scan_corpus_intent():
-    """tests/scan's expected verdicts, from tests/scan.rs."""
-    text = open(os.path.join(ROOT, "tests", "scan.rs")).read()
+    """tests/scan's expected verdicts, from crates/ptload-reader/tests/scan.rs."""
+    text = open(os.path.join(ROOT, "crates", "ptload-reader", "tests", "scan.rs")).read()
     found = re.findall(r'\(\s*"([^"]+)",\s*(Clean|NeedsCode|Dangerous|Ambiguous|UnknownCall|Unreadable)\b', text)
     return {name: verdict for name, verdict in found}
 

@@ -17,11 +17,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 
+use ptload_reader::checkpoint::{ByteOrder, Quantization};
 use ptload_reader::object::Node;
-use ptload_reader::parallel::{Shard, Splits};
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::{KeySelect, Selected, StateDictOptions, Strip};
-use ptload_reader::{ByteOrder, DType, OpenOptions, Quantization, TensorInfo, TensorView};
+use ptload_reader::tp::{Shard, Splits};
+use ptload_reader::{DType, OpenOptions, TensorInfo, TensorView};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -443,7 +444,9 @@ impl Checkpoint {
         budget: Option<Vec<(u32, u64)>>,
         balance: Option<u32>,
     ) -> PyResult<Vec<Option<String>>> {
-        use ptload_reader::placement::{Balanced, Budget, ByName, Device, First, Mapper, Plan};
+        use ptload_reader::placement::{
+            Balanced, Budget, ByName, Device, DeviceMap, First, Mapper,
+        };
         let mut chain: Vec<Box<dyn Mapper>> = Vec::new();
         let mut rules = Vec::with_capacity(place.len());
         for (pattern, device) in place {
@@ -466,7 +469,7 @@ impl Checkpoint {
             let gpus = (0..n).map(Device::Cuda).collect();
             chain.push(Box::new(Balanced::new(&self.inner, gpus)));
         }
-        let plan = Plan::new(&self.inner, &mut First(chain)).map_err(to_py)?;
+        let plan = DeviceMap::new(&self.inner, &mut First(chain)).map_err(to_py)?;
         let mut chosen = vec![None; self.inner.storages().len()];
         for p in plan.placements().iter().filter(|p| p.mapped) {
             if let Some(slot) = chosen.get_mut(p.storage) {
@@ -1174,7 +1177,7 @@ fn open(
 ) -> PyResult<Checkpoint> {
     // Python 2 strings, decoded as torch.load's `encoding` says.
     let encoding = match encoding {
-        None => ptload_reader::StringEncoding::Utf8,
+        None => ptload_reader::checkpoint::StringEncoding::Utf8,
         Some(name) => name
             .parse()
             .map_err(|e: ptload_reader::Error| PyValueError::new_err(e.message().to_owned()))?,

@@ -4,12 +4,13 @@
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
-use ptload_reader::parallel::{Shard, Splits};
+use ptload_reader::checkpoint::StringEncoding;
 use ptload_reader::placement::{
     Balanced, Budget, ByName, Device, First, Keep, MapLocation, Mapper,
 };
 use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
-use ptload_reader::{Checkpoint, DType, OpenOptions, Policy, StringEncoding};
+use ptload_reader::tp::{Shard, Splits};
+use ptload_reader::{Checkpoint, DType, OpenOptions, Policy};
 
 pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -376,11 +377,11 @@ pub(crate) fn tell_decisions(decisions: &[ptload_reader::state_dict::Decision]) 
 /// `--dtype` names, as in ptload's output.
 pub(crate) fn parse_dtype(text: &str) -> CliResult<DType> {
     match text.parse::<DType>() {
-        Ok(d) if ptload_reader::convert::can_convert(DType::F32, d) => Ok(d),
+        Ok(d) if ptload_reader::cast::can_convert(DType::F32, d) => Ok(d),
         _ => {
             let targets: Vec<&str> = DType::ALL
                 .into_iter()
-                .filter(|&d| ptload_reader::convert::can_convert(DType::F32, d))
+                .filter(|&d| ptload_reader::cast::can_convert(DType::F32, d))
                 .map(DType::name)
                 .collect();
             Err(format!(

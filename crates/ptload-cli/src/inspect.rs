@@ -3,12 +3,13 @@
 use std::borrow::Cow;
 use std::io::{self, Write};
 
-use ptload_reader::parallel::Slice;
-use ptload_reader::placement::Plan;
+use ptload_reader::checkpoint::Scalar;
+use ptload_reader::placement::DeviceMap;
 use ptload_reader::scan::Level;
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::StateDict;
-use ptload_reader::{Scalar, TensorView};
+use ptload_reader::tp::Slice;
+use ptload_reader::TensorView;
 use serde::Serialize;
 
 use crate::args::{CliResult, GpuInfo, MapArgs};
@@ -35,7 +36,7 @@ pub(crate) fn rows<'a>(
     for ckpt in sd.checkpoints() {
         plans.push(if map.is_set() {
             let mut mapper = map.mapper(ckpt, gpus)?;
-            Some(Plan::new(ckpt, mapper.as_mut())?)
+            Some(DeviceMap::new(ckpt, mapper.as_mut())?)
         } else {
             None
         });

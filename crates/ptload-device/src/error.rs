@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use ptload_reader::advice::{Hint, Neutral, Terms};
+
 /// The class of a device failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -134,6 +136,61 @@ impl fmt::Display for Fallback {
                 }
             }
             Fallback::NotUploaded => f.write_str("it was not uploaded"),
+        }
+    }
+}
+
+/// Why a load failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// Strict mode: a planned device does not exist, with what to do.
+    #[error("{}", render_strict(message, hint.as_ref(), &Neutral))]
+    Strict {
+        /// What is missing.
+        message: String,
+        /// What the caller could do about it.
+        hint: Option<Hint>,
+    },
+    /// Strict mode: a planned device could not be opened.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// Reading the checkpoint failed.
+    #[error(transparent)]
+    Reader(#[from] ptload_reader::Error),
+    /// The CUDA driver failed (other than running out of memory).
+    #[error("cuda:{ordinal}: {message}")]
+    Cuda {
+        /// The device.
+        ordinal: u32,
+        /// The driver's message.
+        message: String,
+    },
+    /// A tensor was asked for where it is not (its host bytes while it is
+    /// on a GPU, a selection entry the checkpoint does not have).
+    #[error("{0}")]
+    Access(String),
+    /// [`LoadOptions::cancel`] was set before the load finished.
+    #[error("the load was cancelled")]
+    Cancelled,
+}
+
+fn render_strict(message: &str, hint: Option<&Hint>, terms: &dyn Terms) -> String {
+    match hint {
+        Some(h) => format!("{message}{}", h.clause(terms)),
+        // No hint: the message alone.
+        None => message.to_owned(),
+    }
+}
+
+impl LoadError {
+    /// The error for a user, with hints in `terms` (a front end's words)
+    /// and each source after a colon.
+    pub fn render(&self, terms: &dyn Terms) -> String {
+        match self {
+            LoadError::Strict { message, hint } => render_strict(message, hint.as_ref(), terms),
+            LoadError::Reader(e) => e.render(terms),
+            other => other.to_string(),
         }
     }
 }

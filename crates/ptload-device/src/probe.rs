@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext};
 
-use crate::cuda::{guarded, text, KeepCurrent};
+use crate::driver::{guarded, text, KeepCurrent};
 use crate::error::{DeviceError, DeviceErrorKind, NoGpu};
 
 /// A CUDA device that can receive storages.

@@ -1,26 +1,37 @@
-//! The public facade: open a checkpoint, list its tensors and values.
+//! Opening a checkpoint ([`Checkpoint`], [`OpenOptions`], both also at
+//! the crate root) and what it holds besides tensors: its plain values
+//! ([`Scalar`]), the globals its pickles name ([`GlobalRef`]), a quantized
+//! tensor's parameters ([`Quantization`]), the file's layout ([`Format`])
+//! and byte order ([`ByteOrder`]), and how protocol-0-2 strings are
+//! decoded ([`StringEncoding`]).
 
 use std::path::Path;
 
 use crate::advice::Hint;
-use crate::bytes::{slice, ByteOrder};
+use crate::bytes::slice;
 use crate::container::layout::StorageBytes;
-use crate::container::{detect, Detected, Format};
+use crate::container::{detect, Detected};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::name_index::NameIndex;
 use crate::object::Objects;
-use crate::pickle::{Heap, StringEncoding, Value, Vm};
+use crate::pickle::{Heap, Value, Vm};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip};
 use crate::torch::dtensor::DTensorSpec;
 use crate::torch::dtype::DType;
-use crate::torch::interp::GlobalRef;
-use crate::torch::names::{walk_all, Scalar};
+use crate::torch::names::walk_all;
 use crate::torch::policy::Policy;
 use crate::torch::tensor::{bare_storage, tensor_info, StorageData, StorageInfo, TensorInfo};
 use crate::torch::{PendingStorage, TorchHeap, TorchInterp, TorchObj};
-use crate::view::TensorView;
+use crate::view::{Storages, TensorView};
+
+pub use crate::bytes::ByteOrder;
+pub use crate::container::Format;
+pub use crate::pickle::StringEncoding;
+pub use crate::torch::interp::GlobalRef;
+pub use crate::torch::names::Scalar;
+pub use crate::torch::Quantization;
 
 /// Options for opening a checkpoint.
 #[derive(Debug, Clone, Default)]
@@ -191,6 +202,54 @@ pub struct Checkpoint {
     /// their pages before they read them.
     scattered: std::sync::atomic::AtomicBool,
     end: u64,
+}
+
+/// A tensor the walk named, checked against its storage: a rebuilt
+/// tensor, or a storage pickled on its own.
+fn walked_tensor(
+    heap: &Heap,
+    name: String,
+    value: Value,
+    storages: &[StorageInfo],
+    limits: &Limits,
+) -> Result<TensorInfo> {
+    match heap.torch(value) {
+        Some(TorchObj::Tensor(meta)) => tensor_info(heap, name, meta, storages, limits),
+        Some(TorchObj::Storage { index, dtype }) => bare_storage(name, *index, *dtype, storages),
+        _ => Err(Error::new(
+            ErrorKind::Tensor,
+            format!(
+                "'{name}' is a tensor component but holds a {}",
+                crate::torch::describe(heap, value)
+            ),
+        )),
+    }
+}
+
+impl Storages for Checkpoint {
+    fn storages(&self) -> &[StorageInfo] {
+        Checkpoint::storages(self)
+    }
+
+    fn storage_bytes(&self, index: usize) -> Result<&[u8]> {
+        Checkpoint::storage_bytes(self, index)
+    }
+
+    fn byte_order(&self) -> ByteOrder {
+        Checkpoint::byte_order(self)
+    }
+
+    fn is_scattered(&self) -> bool {
+        Checkpoint::is_scattered(self)
+    }
+
+    fn source(&self) -> &Source {
+        Checkpoint::source(self)
+    }
+
+    fn lazy_read(&self, index: usize) -> Option<Result<std::borrow::Cow<'_, [u8]>>> {
+        Checkpoint::lazy_read(self, index)
+    }
 }
 
 /// Where the bytes of storages read on demand come from: each call reads
@@ -372,29 +431,14 @@ impl Checkpoint {
         warnings.extend(walked.warnings);
         for (name, value) in walked.tensors {
             // Indices must stay those of `by_name`: nothing is skipped.
-            let info = match heap.torch(value) {
-                Some(TorchObj::Tensor(meta)) => {
-                    if let Some(spec) = &meta.dtensor {
-                        let at = u32::try_from(tensors.len())
-                            .map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
-                        dtensors.push((at, (**spec).clone()));
-                    }
-                    tensor_info(&heap, name, meta, &storages, &opts.limits)?
+            if let Some(TorchObj::Tensor(meta)) = heap.torch(value) {
+                if let Some(spec) = &meta.dtensor {
+                    let at = u32::try_from(tensors.len())
+                        .map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+                    dtensors.push((at, (**spec).clone()));
                 }
-                Some(TorchObj::Storage { index, dtype }) => {
-                    bare_storage(name, *index, *dtype, &storages)?
-                }
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::Tensor,
-                        format!(
-                            "'{name}' is a tensor component but holds a {}",
-                            crate::torch::interp::describe(&heap, value)
-                        ),
-                    ))
-                }
-            };
-            tensors.push(info);
+            }
+            tensors.push(walked_tensor(&heap, name, value, &storages, &opts.limits)?);
         }
         let objects = match objects_root.filter(|_| opts.objects) {
             None => None,

@@ -21,7 +21,7 @@ pub enum ErrorKind {
     /// The pickle program is malformed.
     Pickle,
     /// A Python 2 string does not decode in the encoding asked for
-    /// ([`StringEncoding`](crate::StringEncoding)).
+    /// ([`StringEncoding`](crate::checkpoint::StringEncoding)).
     Decode,
     /// A global that the strict policy does not allow.
     UnsupportedGlobal,

@@ -406,7 +406,8 @@ impl CheckpointSet {
             match set.tensor(tensor) {
                 Some((at, _)) if set.files.get(at).is_some_and(|f| f.name() == *shard) => {}
                 Some((at, _)) => {
-                    let found = set.files.get(at).map(SetFile::name).unwrap_or_default();
+                    // `at` is the set's own answer: always one of its files.
+                    let found = set.files.get(at).map_or_else(String::new, SetFile::name);
                     return Err(Error::new(
                         ErrorKind::Tensor,
                         format!("the index places it in {shard}, but it is in {found}"),
@@ -467,8 +468,8 @@ impl CheckpointSet {
                 if let Err((first, _)) = by_name.insert(name, (f, t), name_of) {
                     let first = files
                         .get(first as usize)
-                        .map(SetFile::name)
-                        .unwrap_or_default();
+                        // Indices of files already read: always there.
+                        .map_or_else(String::new, SetFile::name);
                     return Err(Error::new(
                         ErrorKind::DuplicateName,
                         format!(
@@ -558,10 +559,11 @@ fn ranks_hint(files: &[SetFile]) -> &'static str {
 /// The rank a file's name gives (`model_world_size_4_rank_2.pt`: 2), to
 /// order rank files by; `u64::MAX` when it names none.
 fn rank_in_name(p: &Path) -> u64 {
-    let name = p
-        .file_stem()
-        .map(|n| n.to_string_lossy().to_ascii_lowercase())
-        .unwrap_or_default();
+    // A path without a file name names no rank.
+    let Some(stem) = p.file_stem() else {
+        return u64::MAX;
+    };
+    let name = stem.to_string_lossy().to_ascii_lowercase();
     name.rfind("rank")
         .and_then(|at| name.get(at + 4..))
         .map(|rest| rest.trim_start_matches(['_', '-']))

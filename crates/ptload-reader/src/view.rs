@@ -3,8 +3,8 @@
 use std::borrow::Cow;
 
 use crate::bytes::{negate_le, ByteOrder};
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, ErrorKind, Result};
+use crate::source::Source;
 use crate::torch::dtype::{DType, Element};
 use crate::torch::tensor::{StorageInfo, TensorInfo};
 
@@ -12,8 +12,27 @@ use crate::torch::tensor::{StorageInfo, TensorInfo};
 /// borrow from the memory-mapped file when they can.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorView<'a> {
-    pub(crate) ckpt: &'a Checkpoint,
+    pub(crate) ckpt: &'a dyn Storages,
     pub(crate) info: &'a TensorInfo,
+}
+
+/// What a view reads its tensor's bytes from: the storages of the
+/// checkpoint that holds it (`Checkpoint` implements it), so views need
+/// not know the checkpoint.
+pub(crate) trait Storages: std::fmt::Debug + Sync {
+    /// Every storage, by index.
+    fn storages(&self) -> &[StorageInfo];
+    /// The bytes of storage `index`, in the file's byte order.
+    fn storage_bytes(&self, index: usize) -> Result<&[u8]>;
+    /// The byte order of the file's storages.
+    fn byte_order(&self) -> ByteOrder;
+    /// Whether views should ask for their pages before reading them.
+    fn is_scattered(&self) -> bool;
+    /// The file's bytes.
+    fn source(&self) -> &Source;
+    /// The bytes of storage `index` when it is read on demand; `None` for
+    /// any other storage.
+    fn lazy_read(&self, index: usize) -> Option<Result<Cow<'_, [u8]>>>;
 }
 
 /// Row-major chunks are handed out in pieces of at most this many bytes

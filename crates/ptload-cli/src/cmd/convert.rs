@@ -113,17 +113,15 @@ pub(crate) fn run(a: &ConvertArgs, out: &mut impl Write) -> CliResult<u8> {
 fn merge_ranks(a: &ConvertArgs, out: &mut impl Write) -> CliResult<u8> {
     let opts = a.open.options();
     let set = CheckpointSet::open_ranks(&a.input, &opts)?;
-    let splits = ptload_reader::parallel::Splits::with_preset(
-        &a.state.split,
-        a.state.split_preset.as_deref(),
-    )?;
+    let splits =
+        ptload_reader::tp::Splits::with_preset(&a.state.split, a.state.split_preset.as_deref())?;
     if splits.rules().is_empty() {
         return Err("--merge-ranks needs the rules the files were cut by: --split GLOB=DIM or --split-preset NAME".into());
     }
     let shard = match a.state.shard.as_deref() {
         None => None,
-        Some("env") => Some(ptload_reader::parallel::Shard::from_env()?),
-        Some(s) => Some(ptload_reader::parallel::Shard::parse(s)?),
+        Some("env") => Some(ptload_reader::tp::Shard::from_env()?),
+        Some(s) => Some(ptload_reader::tp::Shard::parse(s)?),
     };
     let merged = ptload_reader::merge::merge(&set, &splits)?;
     let sopts = SafetensorsOptions {

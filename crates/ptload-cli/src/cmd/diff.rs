@@ -157,7 +157,7 @@ struct Difference {
 }
 
 fn as_f64(bytes: &[u8], dtype: DType) -> Option<Vec<f64>> {
-    let wide = ptload_reader::convert::convert(bytes, dtype, DType::F64).ok()?;
+    let wide = ptload_reader::cast::convert(bytes, dtype, DType::F64).ok()?;
     Some(
         wide.chunks_exact(8)
             .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))

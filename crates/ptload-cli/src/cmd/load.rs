@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use ptload_device::{load, Gpus, LoadOptions, Loaded, LoadedTensor, Placed};
-use ptload_reader::placement::{Device, Plan};
+use ptload_reader::placement::{Device, DeviceMap};
 use ptload_reader::Checkpoint;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -112,7 +112,7 @@ pub(crate) fn load_file(
     req: &Request<'_>,
 ) -> CliResult<(Loaded, Vec<String>)> {
     let mut mapper = req.map.mapper(ckpt, &Probed(gpus))?;
-    let plan = Plan::new(ckpt, mapper.as_mut())?;
+    let plan = DeviceMap::new(ckpt, mapper.as_mut())?;
     let selection = req.state.options(false)?.select(ckpt)?;
     crate::args::tell_decisions(selection.decisions());
     let mut opts = LoadOptions {

@@ -4,9 +4,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use ptload_reader::parallel::Splits;
-use ptload_reader::reads::ReadPlan;
+use ptload_reader::read_plan::ReadPlan;
 use ptload_reader::set::CheckpointSet;
+use ptload_reader::tp::Splits;
 
 use crate::args::{CliResult, OpenArgs, StateDictArgs};
 

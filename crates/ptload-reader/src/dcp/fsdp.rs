@@ -542,7 +542,8 @@ fn geometry(
     // The global shape: along each sharded dimension, the sum of the parts
     // of the ranks at coordinate 0 on every mesh dimension that does not
     // cut it (they partition it); elsewhere, rank 0's size.
-    let first_shape = parts.first().map(|p| p.shape.clone()).unwrap_or_default();
+    // No part: no dimension to size.
+    let first_shape = parts.first().map_or_else(Vec::new, |p| p.shape.clone());
     let mut global = first_shape.clone();
     for (d, size) in global.iter_mut().enumerate() {
         let cutting: Vec<bool> = placements

@@ -21,7 +21,7 @@
 //! ```
 //! # fn main() -> Result<(), ptload_reader::Error> {
 //! use ptload_reader::dcp::Dcp;
-//! use ptload_reader::parallel::Shard;
+//! use ptload_reader::tp::Shard;
 //!
 //! let dcp = Dcp::open("../../fixtures/files/dcp/world4")?;
 //! let t = dcp.tensor("layers.0.weight").unwrap();
@@ -45,10 +45,10 @@ use crate::checkpoint::{Checkpoint, OpenOptions};
 use crate::container::Format;
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
-use crate::parallel::Shard;
 use crate::source::{read_bounded, Source};
 use crate::torch::dtype::DType;
 use crate::torch::names::Scalar;
+use crate::tp::Shard;
 
 use metadata::{RawItem, RawStorage};
 
@@ -184,7 +184,8 @@ impl AsRef<[u8]> for Range {
         self.source
             .bytes()
             .get(self.start..self.end)
-            .unwrap_or_default()
+            // Checked against the file when the range was made.
+            .unwrap_or(&[])
     }
 }
 
@@ -308,7 +309,8 @@ impl Dcp {
             {
                 return Err(geometry(format!(
                     "two storage entries for the chunk at {:?}",
-                    s.offset.as_deref().unwrap_or_default()
+                    // No offsets: the chunk starts at the origin.
+                    s.offset.as_deref().unwrap_or(&[])
                 ))
                 .for_tensor(&s.fqn));
             }
@@ -443,7 +445,8 @@ impl Dcp {
         let mut copies: HashMap<(usize, usize), Vec<RankCopy>> = HashMap::new();
         for copy in &raw.copies {
             let s = &copy.storage;
-            let offsets = s.offset.as_deref().unwrap_or_default();
+            // No offsets: the chunk starts at the origin.
+            let offsets = s.offset.as_deref().unwrap_or(&[]);
             let found = by_name.get(&s.fqn).and_then(|&i| {
                 let t: &DcpTensor = tensors.get(i)?;
                 let c = t.chunks.iter().position(|c| c.offsets == offsets)?;
@@ -567,7 +570,7 @@ impl Dcp {
             .get(piece.file)
             .ok_or_else(|| geometry("no such file"))?;
         let at = usize::try_from(piece.offset).map_err(|_| geometry("offset too large"))?;
-        let rest = source.bytes().get(at..).unwrap_or_default();
+        let rest = crate::bytes::after(source.bytes(), at);
         if rest.starts_with(b"PK\x03\x04") || rest.len() < 9 {
             return Ok(None);
         }

@@ -1119,20 +1119,17 @@ mod tests {
                 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19
             ])
         );
+        assert_eq!(long_to_i64(&decimal_to_le("-300").unwrap()), Some(-300));
         assert_eq!(
-            long_to_i64(&decimal_to_le("-300").unwrap_or_default()),
-            Some(-300)
-        );
-        assert_eq!(
-            long_to_i64(&decimal_to_le("9223372036854775807").unwrap_or_default()),
+            long_to_i64(&decimal_to_le("9223372036854775807").unwrap()),
             Some(i64::MAX)
         );
         assert_eq!(
-            long_to_i64(&decimal_to_le("-9223372036854775808").unwrap_or_default()),
+            long_to_i64(&decimal_to_le("-9223372036854775808").unwrap()),
             Some(i64::MIN)
         );
         assert_eq!(
-            long_to_i64(&decimal_to_le("9223372036854775808").unwrap_or_default()),
+            long_to_i64(&decimal_to_le("9223372036854775808").unwrap()),
             None
         );
         // 2**128 + 1, across the 19-digit chunks.

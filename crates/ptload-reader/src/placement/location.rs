@@ -7,8 +7,6 @@ use std::str::FromStr;
 use crate::advice::Hint;
 use crate::error::{Error, ErrorKind, Result};
 
-use super::mappers::{Mapper, Table, To};
-
 /// A storage's saved location tag, parsed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -183,21 +181,6 @@ pub enum MapLocation {
     To(Device),
     /// `FROM=TO,...`: saved locations to devices; others stay (torch's dict).
     Table(Vec<(Location, Device)>),
-}
-
-impl MapLocation {
-    /// The mapper for this spec; `auto` asks `gpu_count` how many GPUs exist.
-    pub fn mapper(&self, gpu_count: impl FnOnce() -> usize) -> Box<dyn Mapper> {
-        match self {
-            MapLocation::Auto => Box::new(To(if gpu_count() > 0 {
-                Device::Cuda(0)
-            } else {
-                Device::Host
-            })),
-            MapLocation::To(d) => Box::new(To(*d)),
-            MapLocation::Table(t) => Box::new(Table(t.clone())),
-        }
-    }
 }
 
 impl FromStr for MapLocation {

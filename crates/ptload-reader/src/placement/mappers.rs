@@ -6,7 +6,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::torch::dtype::DType;
 
-use super::location::{Device, Location};
+use super::location::{Device, Location, MapLocation};
 use crate::glob::glob;
 
 /// Everything known about one storage when it is placed.
@@ -238,5 +238,20 @@ impl fmt::Debug for First {
 impl Mapper for First {
     fn map(&mut self, s: &StorageRequest<'_>) -> Option<Device> {
         self.0.iter_mut().find_map(|m| m.map(s))
+    }
+}
+
+impl MapLocation {
+    /// The mapper for this spec; `auto` asks `gpu_count` how many GPUs exist.
+    pub fn mapper(&self, gpu_count: impl FnOnce() -> usize) -> Box<dyn Mapper> {
+        match self {
+            MapLocation::Auto => Box::new(To(if gpu_count() > 0 {
+                Device::Cuda(0)
+            } else {
+                Device::Host
+            })),
+            MapLocation::To(d) => Box::new(To(*d)),
+            MapLocation::Table(t) => Box::new(Table(t.clone())),
+        }
     }
 }

@@ -1,19 +1,20 @@
 //! Where storages go: the saved locations, the target devices, the
-//! [`Mapper`] that decides, and the [`Plan`] that records its decisions.
+//! [`Mapper`] that decides, and the [`DeviceMap`] that records its
+//! decisions (a [`Placement`] per storage).
 //!
-//! Planning is pure: it needs no GPU, so every strategy is tested on every
-//! machine. The device crate executes a plan.
+//! Mapping is pure: it needs no GPU, so every strategy is tested on every
+//! machine. The device crate executes a device map.
 
+mod device_map;
 mod location;
 mod mappers;
-mod plan;
 
 pub use crate::glob::glob;
+pub use device_map::{DeviceMap, Placement};
 pub use location::{Device, Location, MapLocation, MAP_LOCATION_GRAMMAR};
 pub use mappers::{
     Balanced, Budget, ByName, BySize, First, Keep, Mapper, StorageRequest, Table, To,
 };
-pub use plan::{Placement, Plan};
 
 #[cfg(test)]
 mod tests {

@@ -743,7 +743,7 @@ impl Scanner<'_> {
     /// names a `.pkl` entry, scanned as not reachable (fail closed).
     fn local_headers(&mut self, data: &[u8]) {
         let mut at = 0;
-        while let Some(found) = find(data.get(at..).unwrap_or_default(), b"PK\x03\x04") {
+        while let Some(found) = find(crate::bytes::after(data, at), b"PK\x03\x04") {
             let header = at + found;
             at = header + 4;
             let Some(fixed) = data.get(header..header + 30) else {
@@ -779,10 +779,12 @@ impl Scanner<'_> {
             if header.iter().all(|&b| b == 0) {
                 break;
             }
-            let name = header
-                .get(..100)
-                .map(|n| n.split(|&b| b == 0).next().unwrap_or_default())
-                .unwrap_or_default();
+            // The name field: 100 bytes, ended early by a NUL.
+            let field = crate::bytes::head(header, 100);
+            let name = crate::bytes::head(
+                field,
+                field.iter().position(|&b| b == 0).unwrap_or(field.len()),
+            );
             let size = header
                 .get(124..136)
                 .and_then(|s| std::str::from_utf8(s).ok())
@@ -957,7 +959,10 @@ impl Recorder {
             if let Some(o) = self.origin(v) {
                 return Ok(Some(o));
             }
-            let members = heap.members(v).unwrap_or_default();
+            // A value that is no container has no members to look in.
+            let Some(members) = heap.members(v) else {
+                continue;
+            };
             heap.charge_work(members.len() as u64)?;
             if let Some(o) = members.iter().find_map(|&m| self.origin(m)) {
                 return Ok(Some(o));
@@ -1005,7 +1010,9 @@ impl Recorder {
                 self.mark(Some(g), Usage::Called);
             }
             if let Value::Obj(id) = v {
-                stack.extend(self.wrapped.remove(&id).unwrap_or_default());
+                if let Some(wrapped) = self.wrapped.remove(&id) {
+                    stack.extend(wrapped);
+                }
             }
         }
         Ok(())
@@ -1074,7 +1081,9 @@ impl Interpreter for Recorder {
     }
 
     fn call(&mut self, heap: &mut Heap, callable: Value, args: Value) -> Result<Value> {
-        let items = heap.tuple(args).map(<[Value]>::to_vec).unwrap_or_default();
+        // Arguments that are no tuple: none are looked at (torch would
+        // fail the call).
+        let items = heap.tuple(args).map_or_else(Vec::new, <[Value]>::to_vec);
         heap.charge_work(items.len() as u64)?;
         let arg = |i: usize| items.get(i).copied().unwrap_or(Value::None);
         match self.origin(callable) {
@@ -1090,17 +1099,24 @@ impl Interpreter for Recorder {
             // container the pickle built: plain data. Any other call of
             // these is a call of an unknown callable.
             Some(Origin::Global(g)) if self.conditional(callable) => {
-                let (module, name) = self.path_of(callable).unwrap_or_default();
-                let plain = if known_enum(module, name) {
+                // `conditional` knew the callable by its path; without one
+                // it would be a call like any other.
+                let enum_lookup = self
+                    .path_of(callable)
+                    .is_some_and(|(module, name)| known_enum(module, name));
+                let plain = if enum_lookup {
                     items.len() == 1 && constant(heap, arg(0))
                 } else {
-                    items.len() == 2 && container(heap, arg(0)) && constant(heap, arg(1))
+                    self.path_of(callable).is_some()
+                        && items.len() == 2
+                        && container(heap, arg(0))
+                        && constant(heap, arg(1))
                 };
                 if !plain {
                     self.mark(Some(g), Usage::Called);
                     return self.inert(heap, Some(Origin::Made(g)));
                 }
-                if known_enum(module, name) {
+                if enum_lookup {
                     self.mark(Some(g), Usage::Instantiated);
                     return self.inert(heap, Some(Origin::Made(g)));
                 }
@@ -1326,7 +1342,8 @@ impl Interpreter for Recorder {
         // storage type is only named); its legacy one returns the id's
         // second item for a `module` id, and the tar loader its first item:
         // a global carried in an id comes back as itself.
-        let items = heap.tuple(pid).map(<[Value]>::to_vec).unwrap_or_default();
+        // An id that is no tuple carries nothing.
+        let items = heap.tuple(pid).map_or_else(Vec::new, <[Value]>::to_vec);
         heap.charge_work(items.len() as u64)?;
         if let Some(&v) = items.iter().find(|&&v| self.origin(v).is_some()) {
             return Ok(v);

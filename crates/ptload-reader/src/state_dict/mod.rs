@@ -11,8 +11,8 @@ use std::ops::Deref;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::name_index::NameIndex;
-use crate::parallel::{Shard, Slice, Splits};
 use crate::torch::tensor::TensorInfo;
+use crate::tp::{Shard, Slice, Splits};
 use crate::view::TensorView;
 
 mod auto;
@@ -92,7 +92,7 @@ pub struct StateDictOptions {
     /// Then leave out those whose final name matches one of these globs.
     pub exclude: Vec<String>,
     /// Tensor parallelism: take only this rank's part of each tensor the
-    /// rules split (rules match final names); see [`crate::parallel`].
+    /// rules split (rules match final names); see [`crate::tp`].
     /// Selecting so also marks the file's map as read in pieces: each view
     /// asks the kernel for exactly its pages before reading them, so a
     /// rank's reads from storage stay near its share.

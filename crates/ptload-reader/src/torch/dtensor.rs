@@ -7,7 +7,7 @@
 //! is read from the inert objects the VM made of it, by their exact
 //! classes. Nothing is constructed or called.
 
-use super::interp::describe;
+use super::describe;
 use super::{Known, TorchHeap, TorchObj};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pickle::{Heap, Obj, Value};

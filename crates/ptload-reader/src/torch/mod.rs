@@ -442,3 +442,19 @@ impl TorchHeap for Heap {
         self.alloc(Obj::Ext(Box::new(obj)))
     }
 }
+
+/// What a pickled value is, in messages: its kind (`int`, `str`,
+/// `tensor`...), or the global it names.
+pub(crate) fn describe(heap: &Heap, v: Value) -> String {
+    match v {
+        Value::None => "None".into(),
+        Value::Bool(_) => "bool".into(),
+        Value::Int(_) => "int".into(),
+        Value::Float(_) => "float".into(),
+        Value::Obj(_) => match (heap.torch(v), heap.get(v)) {
+            (Some(TorchObj::Global(g)), _) => format!("global {}.{}", g.module, g.name),
+            (_, Some(o)) => crate::pickle::kind_name_of(o).into(),
+            (_, None) => "?".into(),
+        },
+    }
+}

@@ -5,7 +5,8 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use ptload_reader::{Checkpoint, DType, Element, ErrorKind, Quantization, Scalar, TensorView};
+use ptload_reader::checkpoint::{Quantization, Scalar};
+use ptload_reader::{Checkpoint, DType, Element, ErrorKind, TensorView};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
@@ -328,7 +329,7 @@ fn bytes_handed_over_are_read_in_place() {
     let data = ckpt.tensor("0.weight").unwrap().data().unwrap();
     assert!(matches!(data, Cow::Borrowed(_)));
     assert!(inside(&shared, &data));
-    static BASIC: &[u8] = include_bytes!("../fixtures/files/basic.pt");
+    static BASIC: &[u8] = include_bytes!("../../../fixtures/files/basic.pt");
     let ckpt = Checkpoint::from_bytes(BASIC).unwrap();
     let weight = ckpt.tensor("0.weight").unwrap();
     assert!(inside(BASIC, &weight.data().unwrap()));

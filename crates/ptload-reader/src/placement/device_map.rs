@@ -23,15 +23,15 @@ pub struct Placement {
 /// The decision for every storage of a checkpoint: a value the device crate
 /// executes, and that `inspect --json` reports as each tensor's `target`.
 #[derive(Debug, Clone, Default)]
-pub struct Plan {
+pub struct DeviceMap {
     placements: Vec<Placement>,
 }
 
-impl Plan {
+impl DeviceMap {
     /// Ask `mapper` once per storage, in checkpoint order (the order in
     /// which tensors first view each storage), with every tensor name that
     /// views it. Locations left to their default must be restorable.
-    pub fn new(ckpt: &Checkpoint, mapper: &mut dyn Mapper) -> Result<Plan> {
+    pub fn new(ckpt: &Checkpoint, mapper: &mut dyn Mapper) -> Result<DeviceMap> {
         let storages = ckpt.storages();
         let mut names: Vec<Vec<&str>> = vec![Vec::new(); storages.len()];
         let mut order: Vec<usize> = Vec::with_capacity(storages.len());
@@ -51,7 +51,8 @@ impl Plan {
         for i in order {
             let Some(s) = storages.get(i) else { continue };
             let location = Location::parse(&s.location);
-            let tensors = names.get(i).map(Vec::as_slice).unwrap_or_default();
+            // One list per storage: a storage no tensor views has none.
+            let tensors: &[&str] = names.get(i).map_or(&[], Vec::as_slice);
             let request = StorageRequest {
                 index: i,
                 key: &s.key,
@@ -80,7 +81,7 @@ impl Plan {
                 });
             }
         }
-        Ok(Plan {
+        Ok(DeviceMap {
             placements: placements.into_iter().flatten().collect(),
         })
     }

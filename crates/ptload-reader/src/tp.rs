@@ -15,7 +15,7 @@
 //!
 //! ```
 //! # fn main() -> Result<(), ptload_reader::Error> {
-//! use ptload_reader::parallel::{Shard, Splits};
+//! use ptload_reader::tp::{Shard, Splits};
 //! use ptload_reader::state_dict::StateDictOptions;
 //! use ptload_reader::Checkpoint;
 //!

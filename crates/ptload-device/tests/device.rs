@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ptload_device::{load, probe, LoadOptions, Placed};
-use ptload_reader::placement::{Device, Keep, Plan, To};
+use ptload_reader::placement::{Device, DeviceMap, Keep, To};
 use ptload_reader::state_dict::StateDictOptions;
 use ptload_reader::{Checkpoint, DType};
 
@@ -44,7 +44,7 @@ fn open(name: &str) -> Arc<Checkpoint> {
 /// load does.
 fn load_all(
     ckpt: &Arc<Checkpoint>,
-    plan: &Plan,
+    plan: &DeviceMap,
     gpus: &ptload_device::Gpus,
     opts: &LoadOptions,
 ) -> ptload_device::Loaded {
@@ -95,7 +95,7 @@ fn missing_gpus_fall_back_to_the_host_per_tensor() {
     // As a machine without a driver sees it, whatever this one has.
     let gpus = ptload_device::Gpus::NoDriver;
     let ckpt = open("multi_gpu.pt");
-    let plan = Plan::new(&ckpt, &mut Keep).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut Keep).expect("plan");
     let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
     for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
         assert_eq!(t.target.to_string(), view.location(), "{}", t.info.name);
@@ -135,7 +135,7 @@ fn strict_fails_before_copying_with_torchs_words() {
     let gpus = probe();
     let ckpt = open("multi_gpu.pt");
     let ordinal = gpus.devices().len() as u32 + 3;
-    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(ordinal))).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(ordinal))).expect("plan");
     let opts = LoadOptions {
         strict: true,
         ..Default::default()
@@ -173,7 +173,7 @@ fn strict_fails_before_copying_with_torchs_words() {
 fn host_storages_are_borrowed_from_the_map_and_copied_once() {
     let _turn = gpu_turn();
     let ckpt = open("views.pt");
-    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("plan");
     let loaded = load_all(&ckpt, &plan, &probe(), &LoadOptions::default());
     assert_eq!(
         loaded.storages().len(),
@@ -211,7 +211,7 @@ fn host_storages_are_borrowed_from_the_map_and_copied_once() {
 fn big_endian_storages_are_swapped_into_owned_buffers() {
     let _turn = gpu_turn();
     let ckpt = open("bigendian.pt");
-    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("plan");
     let loaded = load_all(&ckpt, &plan, &probe(), &LoadOptions::default());
     for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
         assert_eq!(
@@ -234,7 +234,7 @@ fn big_endian_storages_are_swapped_into_owned_buffers() {
 fn meta_reads_nothing() {
     let _turn = gpu_turn();
     let ckpt = open("multi_gpu.pt");
-    let plan = Plan::new(&ckpt, &mut To(Device::Meta)).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Meta)).expect("plan");
     let loaded = load_all(&ckpt, &plan, &probe(), &LoadOptions::default());
     assert!(loaded
         .tensors()
@@ -248,7 +248,7 @@ fn dtype_conversion_is_explicit_and_per_tensor() {
     let _turn = gpu_turn();
     let ckpt = open("training.ckpt");
     let selection = StateDictOptions::default().select(&ckpt).expect("select");
-    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("plan");
     let opts = LoadOptions {
         dtype: Some(DType::BF16),
         ..Default::default()
@@ -265,7 +265,7 @@ fn dtype_conversion_is_explicit_and_per_tensor() {
         assert!(t.info.is_contiguous(), "{}", t.info.name);
         assert_eq!(t.info.shape, view.shape());
         let want =
-            ptload_reader::convert::convert(&view.data().expect("data"), DType::F32, DType::BF16)
+            ptload_reader::cast::convert(&view.data().expect("data"), DType::F32, DType::BF16)
                 .expect("convert");
         assert_eq!(host_tensor_bytes(&loaded, t), want, "{}", t.info.name);
     }
@@ -289,7 +289,7 @@ fn gpu_round_trip() {
         "legacy.pt",
     ] {
         let ckpt = open(name);
-        let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+        let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
         let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
         for (t, view) in loaded.tensors().iter().zip(ckpt.tensors()) {
             let Some(Placed::Cuda(c)) = loaded.storage_of(t) else {
@@ -304,7 +304,7 @@ fn gpu_round_trip() {
             };
             let back = c.read_back().expect("read back");
             let storage = view.storage_bytes().expect("storage");
-            if ckpt.byte_order() == ptload_reader::ByteOrder::Little {
+            if ckpt.byte_order() == ptload_reader::checkpoint::ByteOrder::Little {
                 assert_eq!(back, storage, "{name}: {}", t.info.name);
             } else {
                 assert_eq!(back.len(), storage.len(), "{name}: {}", t.info.name);
@@ -313,14 +313,14 @@ fn gpu_round_trip() {
     }
     let ckpt = open("multi_gpu.pt");
     let beyond = gpus.devices().len() as u32;
-    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(beyond))).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(beyond))).expect("plan");
     let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
     assert!(loaded
         .tensors()
         .iter()
         .all(|t| t.device == Device::Host && t.fallback.is_some()));
     let mut budget = ptload_reader::placement::Budget::new(vec![(Device::Cuda(0), 70_000)]);
-    let plan = Plan::new(&ckpt, &mut budget).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut budget).expect("plan");
     let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
     let fallbacks: Vec<_> = loaded.tensors().iter().map(|t| &t.fallback).collect();
     assert!(
@@ -334,7 +334,7 @@ fn gpu_round_trip() {
 fn tied_weights_share_one_converted_storage() {
     let _turn = gpu_turn();
     let ckpt = open("views.pt");
-    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("plan");
     let opts = LoadOptions {
         dtype: Some(DType::F16),
         ..Default::default()
@@ -366,7 +366,7 @@ fn the_result_owns_its_checkpoint_and_answers_by_name() {
     let loaded = {
         let ckpt = open("dataparallel.pt");
         let selection = StateDictOptions::default().select(&ckpt).expect("select");
-        let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+        let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("plan");
         load(
             Arc::clone(&ckpt),
             &selection,
@@ -396,7 +396,7 @@ fn the_result_owns_its_checkpoint_and_answers_by_name() {
     let meta = load(
         Arc::clone(&ckpt),
         &everything(&ckpt),
-        &Plan::new(&ckpt, &mut To(Device::Meta)).expect("plan"),
+        &DeviceMap::new(&ckpt, &mut To(Device::Meta)).expect("plan"),
         &ptload_device::Gpus::NoDriver,
         &LoadOptions::default(),
     )
@@ -454,7 +454,7 @@ fn uploads_read_back_as_the_readers_values() {
             continue;
         };
         let ckpt = Arc::new(ckpt);
-        let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+        let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
         for (i, staging) in stagings.iter().enumerate() {
             for dtype in [None, Some(DType::BF16)] {
                 let opts = LoadOptions {
@@ -477,7 +477,7 @@ fn uploads_read_back_as_the_readers_values() {
                         continue;
                     };
                     let want = match t.converted_from {
-                        Some(from) => ptload_reader::convert::convert(&data, from, t.info.dtype)
+                        Some(from) => ptload_reader::cast::convert(&data, from, t.info.dtype)
                             .expect("convert"),
                         None => data.into_owned(),
                     };
@@ -545,7 +545,7 @@ fn contexts_are_opened_only_where_storages_go_and_the_callers_stays_current() {
     assert_eq!(current_context(), 0);
     let ckpt = open("basic.pt");
     // Everything to the host: no device is touched.
-    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("plan");
     let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
     assert!(loaded.tensors().iter().all(|t| t.device == Device::Host));
     assert!(ordinals.iter().all(|&i| !primary_context_active(i)));
@@ -553,7 +553,7 @@ fn contexts_are_opened_only_where_storages_go_and_the_callers_stays_current() {
     // To the last device: that one alone is opened; the thread still has
     // no current context, through the load, reads, addresses and drops.
     let last = *ordinals.last().expect("a device");
-    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(last as u32))).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(last as u32))).expect("plan");
     let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
     for &i in &ordinals {
         assert_eq!(primary_context_active(i), i == last, "cuda:{i}");
@@ -573,7 +573,7 @@ fn contexts_are_opened_only_where_storages_go_and_the_callers_stays_current() {
     let current = current_context();
     assert_eq!(current, mine.cu_ctx() as usize);
     let theirs = ptload_device::Gpus::from_contexts([Arc::clone(&mine)]);
-    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(ordinals[0] as u32))).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(ordinals[0] as u32))).expect("plan");
     let loaded = load_all(&ckpt, &plan, &theirs, &LoadOptions::default());
     assert!(loaded
         .tensors()
@@ -605,7 +605,7 @@ fn many_small_storages_make_few_copies() {
     let gpus = a_gpu();
     let ckpt = open("many_tensors.pt");
     assert_eq!(ckpt.storages().len(), 20_000);
-    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
     let copies = |staging: ptload_device::Staging| {
         let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counter = Arc::clone(&done);
@@ -655,7 +655,7 @@ fn simulated_driver_faults() {
     let set = |name: &str| std::env::var(name).ok();
     let gpus = probe();
     let ckpt = open("many_tensors.pt");
-    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
     // Small runs: many copies, so a fault at the k-th lands mid-load.
     let opts = LoadOptions {
         staging: ptload_device::Staging {
@@ -744,7 +744,7 @@ fn simulated_driver_faults() {
             // Saved on cuda:0..3: the broken device's tensors fall back,
             // the others land where they were saved.
             let ckpt = open("multi_gpu.pt");
-            let plan = Plan::new(&ckpt, &mut Keep).expect("plan");
+            let plan = DeviceMap::new(&ckpt, &mut Keep).expect("plan");
             let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
             let mut fell = 0;
             for t in loaded.tensors() {
@@ -798,7 +798,7 @@ fn simulated_driver_faults() {
     if gpus.devices().len() >= 4 && set("SIMCUDA_OPEN_FAIL").is_none() {
         // Saved on cuda:0..3: each storage where it was saved.
         let ckpt = open("multi_gpu.pt");
-        let plan = Plan::new(&ckpt, &mut Keep).expect("plan");
+        let plan = DeviceMap::new(&ckpt, &mut Keep).expect("plan");
         let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
         for t in loaded.tensors() {
             let view = ckpt.tensor_at(t.index).expect("tensor");
@@ -815,7 +815,7 @@ fn quantization_and_sparse_components_travel_with_the_loaded_tensors() {
     let _turn = gpu_turn();
     for name in ["quantized.pt", "sparse.pt"] {
         let ckpt = open(name);
-        let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+        let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("plan");
         for dtype in [None, Some(DType::BF16)] {
             let opts = LoadOptions {
                 dtype,
@@ -864,7 +864,7 @@ fn quantization_and_sparse_components_travel_with_the_loaded_tensors() {
 fn progress_counts_each_byte_once() {
     let _turn = gpu_turn();
     let ckpt = open("training.ckpt");
-    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("plan");
     for dtype in [None, Some(DType::BF16)] {
         let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counter = Arc::clone(&done);
@@ -907,7 +907,7 @@ fn a_set_loads_file_by_file() {
     let mut seen = 0;
     for (k, file) in set.files().iter().enumerate() {
         let ckpt = file.checkpoint();
-        let plan = Plan::new(ckpt, &mut To(Device::Host)).expect("plan");
+        let plan = DeviceMap::new(ckpt, &mut To(Device::Host)).expect("plan");
         let entries = sd.of_file(k);
         let loaded = load(
             Arc::clone(ckpt),
@@ -930,7 +930,7 @@ fn a_set_loads_file_by_file() {
     }
     assert_eq!(seen, whole.len());
     let first = set.files()[0].checkpoint();
-    let plan = Plan::new(first, &mut To(Device::Host)).expect("plan");
+    let plan = DeviceMap::new(first, &mut To(Device::Host)).expect("plan");
     let e = load(
         Arc::clone(first),
         &sd,

@@ -10,6 +10,14 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
 }
 
+/// A directory of the test data the crates share, in the repository's
+/// `tests/` (`hostile`, `scan`).
+fn shared_data(dir: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests")
+        .join(dir)
+}
+
 fn fixture(name: &str) -> String {
     fixtures().join("files").join(name).display().to_string()
 }
@@ -1237,7 +1245,9 @@ fn diff_checks_a_conversion_and_takes_keys_and_tolerances() {
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
 
-/// docs/cli.md ends with every command's `--help` as the binary prints it.
+/// docs/cli.md ends with every command's `--help` as the binary prints it:
+/// the command tree walked from `ptload --help` down, each command's
+/// subcommands as its help lists them, so a new command cannot be missed.
 #[test]
 fn help_texts_in_the_docs_are_the_binarys() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -1247,27 +1257,32 @@ fn help_texts_in_the_docs_are_the_binarys() {
     let start = doc.find(begin).expect("help:begin marker") + begin.len();
     let stop = doc.find(end).expect("help:end marker");
     let mut want = String::new();
-    let commands: [&[&str]; 9] = [
-        &[],
-        &["inspect"],
-        &["load"],
-        &["convert"],
-        &["scan"],
-        &["diff"],
-        &["demo"],
-        &["completions"],
-        &["man"],
-    ];
-    for command in commands {
-        let mut args = command.to_vec();
+    let mut seen = Vec::new();
+    // Depth first, in the order each help lists its commands.
+    let mut stack: Vec<Vec<String>> = vec![Vec::new()];
+    while let Some(command) = stack.pop() {
+        let mut args: Vec<&str> = command.iter().map(String::as_str).collect();
         args.push("--help");
         let out = ptload(&args);
-        assert_eq!(out.status.code(), Some(0));
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let help = stdout(&out);
         want.push_str(&format!(
-            "### `ptload {}--help`\n\n```text\n{}```\n\n",
+            "### `ptload {}--help`\n\n```text\n{help}```\n\n",
             command.iter().map(|c| format!("{c} ")).collect::<String>(),
-            stdout(&out)
         ));
+        let children: Vec<Vec<String>> = subcommands(&help)
+            .into_iter()
+            .map(|name| {
+                let mut child = command.clone();
+                child.push(name);
+                child
+            })
+            .collect();
+        stack.extend(children.into_iter().rev());
+        seen.push(command.join(" "));
+    }
+    for command in ["inspect", "load", "convert", "scan", "diff", "plan"] {
+        assert!(seen.iter().any(|c| c == command), "{command}: {seen:?}");
     }
     if std::env::var_os("PTLOAD_UPDATE_DOCS").is_some() {
         let updated = format!("{}{want}{}", &doc[..start], &doc[stop..]);
@@ -1280,7 +1295,20 @@ fn help_texts_in_the_docs_are_the_binarys() {
     );
 }
 
-/// Whole outputs against golden files in tests/golden/. Set
+/// The subcommands a `--help` text lists under `Commands:` (clap's
+/// layout: two spaces, the name, its description), `help` left out.
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| l.trim_end() != "Commands:")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whole outputs against golden files in crates/ptload-cli/tests/golden/. Set
 /// PTLOAD_UPDATE_GOLDEN=1 to rewrite them after a deliberate change, then
 /// review the diff. Commands run from the repository root with relative
 /// paths, so no machine-specific path appears.
@@ -1370,7 +1398,9 @@ fn outputs_match_golden_files() {
             text.push_str("--- stderr\n");
             text.push_str(&String::from_utf8_lossy(&out.stderr));
         }
-        let path = root.join("tests/golden").join(golden);
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(golden);
         if update {
             std::fs::write(&path, &text).expect("write golden");
             continue;
@@ -1384,7 +1414,7 @@ fn outputs_match_golden_files() {
     }
     assert!(
         stale.is_empty(),
-        "outputs differ from tests/golden:\n{}",
+        "outputs differ from crates/ptload-cli/tests/golden:\n{}",
         stale.join("\n")
     );
 }
@@ -1811,7 +1841,7 @@ fn a_budget_without_gpus_and_a_dtype_conversion_say_what_they_did() {
 
 /// `torch.tensor_split(t, world, 0)[rank]` of a row-major tensor.
 fn split_rows(whole: &[u8], shape: &[u64], elem: usize, rank: u32, world: u32) -> Vec<u8> {
-    let shard = ptload_reader::parallel::Shard::new(rank, world).expect("shard");
+    let shard = ptload_reader::tp::Shard::new(rank, world).expect("shard");
     let (start, len) = shard.part(shape[0]);
     let row: u64 = shape[1..].iter().product::<u64>() * elem as u64;
     whole[(start * row) as usize..((start + len) * row) as usize].to_vec()
@@ -2026,8 +2056,7 @@ fn dcp_directories_from_the_command_line() {
 /// the record and the byte offset (in the file for a stored record).
 #[test]
 fn scan_writes_sarif_with_one_result_per_finding() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let scan = |name: &str| root.join("tests/scan").join(name).display().to_string();
+    let scan = |name: &str| shared_data("scan").join(name).display().to_string();
     let files = [
         scan("bare_protocol_2.pkl"),
         scan("zip_bad_crc.pt"),
@@ -2203,9 +2232,8 @@ fn scan_walks_directories_and_names_archives_torch_cannot_load() {
 fn inspect_makes_dangerous_globals_stand_out() {
     // A file naming os.system: inspect reads it (nothing runs) and says, in
     // scan's words, which global is dangerous and that scan is the gate.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let path = root
-        .join("tests/hostile/x_os_system.pt")
+    let path = shared_data("hostile")
+        .join("x_os_system.pt")
         .display()
         .to_string();
     let out = ptload(&["inspect", &path]);
@@ -2228,8 +2256,8 @@ fn inspect_makes_dangerous_globals_stand_out() {
             .is_empty(),
         "{script}"
     );
-    let call = root
-        .join("tests/scan/z_flag_0x0008_payload.pt")
+    let call = shared_data("scan")
+        .join("z_flag_0x0008_payload.pt")
         .display()
         .to_string();
     let out = ptload(&["inspect", &call]);

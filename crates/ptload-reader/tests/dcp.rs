@@ -4,10 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
+use ptload_reader::checkpoint::Scalar;
 use ptload_reader::dcp::{Dcp, Transform};
-use ptload_reader::parallel::Shard;
 use ptload_reader::set::CheckpointSet;
-use ptload_reader::{DType, ErrorKind, Limits, OpenOptions, Scalar};
+use ptload_reader::tp::Shard;
+use ptload_reader::{DType, ErrorKind, Limits, OpenOptions};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 

@@ -4,7 +4,8 @@
 //! explicit bytes, so the rule it checks is visible here.
 
 use ptload_fuzz::craft::{zip, ZipEntry};
-use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions, Policy, Scalar, StringEncoding};
+use ptload_reader::checkpoint::{Scalar, StringEncoding};
+use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions, Policy};
 
 /// A pickle assembler: opcodes with their arguments, nothing implicit.
 #[derive(Default)]
@@ -495,7 +496,7 @@ fn sparse_archives_read_headers_with_pread() {
 /// mapping for it; then the error is torch's, naming the tensor.
 #[test]
 fn unknown_location_fails_only_when_restored() {
-    use ptload_reader::placement::{Device, Keep, Location, Plan, Table, To};
+    use ptload_reader::placement::{Device, DeviceMap, Keep, Location, Table, To};
     let pickle = P::default()
         .proto(2)
         .op(b"}(")
@@ -504,7 +505,7 @@ fn unknown_location_fails_only_when_restored() {
         .stop();
     let ckpt = open(checkpoint(&pickle)).expect("an unknown tag is fine to read");
     assert_eq!(ckpt.tensor("w").expect("w").location(), "npu:0");
-    let e = Plan::new(&ckpt, &mut Keep).expect_err("cannot restore npu:0");
+    let e = DeviceMap::new(&ckpt, &mut Keep).expect_err("cannot restore npu:0");
     assert_eq!(
         e.message(),
         "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:0)"
@@ -523,11 +524,11 @@ fn unknown_location_fails_only_when_restored() {
         "{e}"
     );
     assert_eq!(e.tensor(), Some("w"));
-    let plan = Plan::new(&ckpt, &mut To(Device::Host)).expect("mapped");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("mapped");
     assert_eq!(plan.target(0), Some(Device::Host));
     let mut table = Table(vec![(Location::parse("npu:0"), Device::Cuda(1))]);
     assert_eq!(
-        Plan::new(&ckpt, &mut table).expect("mapped").target(0),
+        DeviceMap::new(&ckpt, &mut table).expect("mapped").target(0),
         Some(Device::Cuda(1))
     );
 }

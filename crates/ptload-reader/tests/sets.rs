@@ -3,10 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use ptload_reader::parallel::{Shard, Splits};
-use ptload_reader::reads::ReadPlan;
+use ptload_reader::read_plan::ReadPlan;
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::{KeySelect, StateDict, StateDictOptions, Strip};
+use ptload_reader::tp::{Shard, Splits};
 use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
@@ -372,7 +372,7 @@ fn sliced_plans_address_exactly_each_ranks_bytes() {
                 .select_set(&set)
                 .expect("all")
                 .tensors()
-                .filter(|(n, _)| splits.split_of(n) == ptload_reader::parallel::Split::Replicate)
+                .filter(|(n, _)| splits.split_of(n) == ptload_reader::tp::Split::Replicate)
                 .map(|(_, t)| t.info().nbytes)
                 .sum();
             for r in &plan.ranks {

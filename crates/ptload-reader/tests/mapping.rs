@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ptload_reader::placement::{
-    Balanced, Budget, ByName, BySize, Device, First, Keep, Location, Mapper, Plan, StorageRequest,
-    Table, To,
+    Balanced, Budget, ByName, BySize, Device, DeviceMap, First, Keep, Location, Mapper,
+    StorageRequest, Table, To,
 };
 use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
 use ptload_reader::Checkpoint;
@@ -26,7 +26,7 @@ fn placements(
     ckpt: &Checkpoint,
     mapper: &mut dyn Mapper,
 ) -> Result<BTreeMap<String, String>, ptload_reader::Error> {
-    let plan = Plan::new(ckpt, mapper)?;
+    let plan = DeviceMap::new(ckpt, mapper)?;
     Ok(ckpt
         .tensors()
         .map(|t| {
@@ -124,7 +124,7 @@ fn every_torch_form_places_like_torch() {
 
 fn multi_gpu_targets(mapper: &mut dyn Mapper) -> Vec<String> {
     let ckpt = open("multi_gpu.pt");
-    let plan = Plan::new(&ckpt, mapper).expect("plan");
+    let plan = DeviceMap::new(&ckpt, mapper).expect("plan");
     ckpt.tensors()
         .map(|t| plan.tensor_target(t.info()).to_string())
         .collect()
@@ -175,7 +175,7 @@ fn placement_by_budget_fills_in_order_then_the_host() {
 fn balanced_keeps_consecutive_storages_together() {
     let ckpt = open("multi_gpu.pt");
     let mut m = Balanced::new(&ckpt, vec![Device::Cuda(0), Device::Cuda(1)]);
-    let plan = Plan::new(&ckpt, &mut m).expect("plan");
+    let plan = DeviceMap::new(&ckpt, &mut m).expect("plan");
     let targets: Vec<String> = ckpt
         .tensors()
         .map(|t| plan.tensor_target(t.info()).to_string())
@@ -216,7 +216,7 @@ fn mappers_see_every_tensor_of_a_shared_storage_once() {
         ));
         None
     };
-    Plan::new(&ckpt, &mut record).expect("plan");
+    DeviceMap::new(&ckpt, &mut record).expect("plan");
     assert_eq!(calls.len(), ckpt.storages().len());
     assert_eq!(calls[0].0, "0");
     assert_eq!(calls[0].1.len(), 7, "{:?}", calls[0]);

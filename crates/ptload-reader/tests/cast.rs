@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ptload_reader::convert::convert;
+use ptload_reader::cast::convert;
 use ptload_reader::{Checkpoint, DType};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};

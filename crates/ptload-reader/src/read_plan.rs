@@ -4,7 +4,7 @@
 //! `0..world/nodes` on the first node, and so on):
 //!
 //! - [`ReadPlan::sliced`]: each rank reads its own tensor-parallel slices
-//!   (see [`crate::parallel`]) and the replicated tensors, nothing else.
+//!   (see [`crate::tp`]) and the replicated tensors, nothing else.
 //! - [`ReadPlan::read_once`]: the set's bytes leave storage once per node,
 //!   split evenly among the node's ranks, for an engine that then
 //!   exchanges them with its own collectives. ptload plans and reads; the
@@ -17,9 +17,9 @@ use serde::Serialize;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
-use crate::parallel::{Shard, Splits};
 use crate::set::CheckpointSet;
 use crate::state_dict::StateDictOptions;
+use crate::tp::{Shard, Splits};
 
 /// `count` blocks of `len` bytes at `offset`, `offset + step`, ... of
 /// file `file` (an index into [`ReadPlan::files`]).
