@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DevicePtr, DriverError};
 use ptload_device::{load, probe, LoadOptions};
-use ptload_reader::placement::{Device, Plan, To};
+use ptload_reader::placement::{Device, DeviceMap, To};
 use ptload_reader::state_dict::StateDictOptions;
 use ptload_reader::Checkpoint;
 
@@ -208,7 +208,7 @@ fn ptload_run(file: &Path, gpus: &ptload_device::Gpus) -> Result<Run, String> {
     let selection = StateDictOptions::default()
         .select(&ckpt)
         .map_err(|e| format!("state dict: {e}"))?;
-    let plan = Plan::new(&ckpt, &mut To(CUDA0)).map_err(|e| format!("plan: {e}"))?;
+    let plan = DeviceMap::new(&ckpt, &mut To(CUDA0)).map_err(|e| format!("plan: {e}"))?;
     let loaded = load(
         Arc::clone(&ckpt),
         &selection,
@@ -227,7 +227,9 @@ fn ptload_run(file: &Path, gpus: &ptload_device::Gpus) -> Result<Run, String> {
                 "{} on {}: {}",
                 t.name(),
                 t.device,
-                t.fallback.as_deref().unwrap_or("no reason given")
+                t.fallback
+                    .as_ref()
+                    .map_or_else(|| "no reason given".to_owned(), ToString::to_string)
             )
         })
         .collect();

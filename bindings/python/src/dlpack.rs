@@ -384,7 +384,9 @@ pub fn describe(
     let bytes = match &owned.keep {
         // SAFETY: `start + n <= len` bytes of the memory `keep` holds alive.
         Region::Host(m) => unsafe { std::slice::from_raw_parts(m.ptr.add(start), n) }.to_vec(),
-        Region::Cuda(c) => c.read_range(start, n).map_err(PyValueError::new_err)?,
+        Region::Cuda(c) => c
+            .read_range(start, n)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?,
     };
     Ok((
         (t.device.device_type, t.device.device_id),

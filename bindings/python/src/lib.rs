@@ -6,6 +6,7 @@
 #![deny(unsafe_code)]
 
 mod dlpack;
+mod terms;
 
 // The reader makes and frees many small values per tensor; mimalloc halves
 // the time glibc's allocator takes over them (benches/python_load.py).
@@ -16,11 +17,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 
+use ptload_reader::checkpoint::{ByteOrder, Quantization};
 use ptload_reader::object::Node;
-use ptload_reader::parallel::{Shard, Splits};
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::{KeySelect, Selected, StateDictOptions, Strip};
-use ptload_reader::{ByteOrder, DType, OpenOptions, Quantization, TensorInfo, TensorView};
+use ptload_reader::tp::{Shard, Splits};
+use ptload_reader::{DType, OpenOptions, TensorInfo, TensorView};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -43,7 +45,7 @@ fn to_py(err: ptload_reader::Error) -> PyErr {
         let made = py.import("ptload._errors").and_then(|m| {
             m.getattr("from_reader")?.call1((
                 kind.as_str(),
-                err.to_string(),
+                err.render(&terms::Kwargs),
                 err.offset(),
                 err.record(),
                 err.tensor(),
@@ -134,7 +136,7 @@ fn interruptible<T: Send + 'static>(
 
 /// A selected state dict: (name, index into the flattened tensors) pairs,
 /// and what the automatic options decided.
-type Chosen = (Vec<(String, usize)>, Vec<String>);
+type Chosen = (Vec<(String, usize)>, Vec<(&'static str, String)>);
 
 /// An open checkpoint.
 #[pyclass(frozen, module = "ptload._ptload")]
@@ -368,6 +370,12 @@ impl Checkpoint {
         self.inner.is_mapped()
     }
 
+    /// The globals (`module.name`, once each) the strict policy refuses
+    /// with the caller's `allowed` names and globs: the reader's list.
+    fn refused_globals(&self, allowed: Vec<String>) -> Vec<String> {
+        self.inner.refused_globals(&allowed)
+    }
+
     /// Every global the pickles name: (module, name, torch_allowed, called,
     /// instantiated, record, offset).
     fn globals<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -436,7 +444,9 @@ impl Checkpoint {
         budget: Option<Vec<(u32, u64)>>,
         balance: Option<u32>,
     ) -> PyResult<Vec<Option<String>>> {
-        use ptload_reader::placement::{Balanced, Budget, ByName, Device, First, Mapper, Plan};
+        use ptload_reader::placement::{
+            Balanced, Budget, ByName, Device, DeviceMap, First, Mapper,
+        };
         let mut chain: Vec<Box<dyn Mapper>> = Vec::new();
         let mut rules = Vec::with_capacity(place.len());
         for (pattern, device) in place {
@@ -459,7 +469,7 @@ impl Checkpoint {
             let gpus = (0..n).map(Device::Cuda).collect();
             chain.push(Box::new(Balanced::new(&self.inner, gpus)));
         }
-        let plan = Plan::new(&self.inner, &mut First(chain)).map_err(to_py)?;
+        let plan = DeviceMap::new(&self.inner, &mut First(chain)).map_err(to_py)?;
         let mut chosen = vec![None; self.inner.storages().len()];
         for p in plan.placements().iter().filter(|p| p.mapped) {
             if let Some(slot) = chosen.get_mut(p.storage) {
@@ -714,12 +724,12 @@ impl Checkpoint {
             ptload_device::upload_storages(&inner, &targets, gpus(), &opts)
                 .map(|placed| (targets, placed))
         })?;
-        let (targets, placed) = placed.map_err(|e| Error::new_err(e.to_string()))?;
+        let (targets, placed) = placed.map_err(|e| Error::new_err(e.render(&terms::Kwargs)))?;
         let mut storages: Vec<Option<Result<Arc<ptload_device::CudaStorage>, String>>> =
             (0..count).map(|_| None).collect();
         for ((index, _), p) in targets.into_iter().zip(placed) {
             if let Some(slot) = storages.get_mut(index) {
-                *slot = Some(p.map(Arc::new));
+                *slot = Some(p.map(Arc::new).map_err(|why| terms::fallback(&why)));
             }
         }
         Ok(Uploaded { storages })
@@ -776,7 +786,7 @@ impl Checkpoint {
                 (name.to_owned(), index)
             })
             .collect();
-        Ok((names, sd.decisions().to_vec()))
+        Ok((names, sd.decisions().iter().map(terms::decision).collect()))
     }
 
     /// Tensor `index`'s elements in row-major order, host byte order, with
@@ -823,7 +833,7 @@ fn expansion_allowed(view: &TensorView<'_>) -> PyResult<()> {
     let nbytes = view.info().nbytes;
     if nbytes > storage && nbytes > limit {
         return Err(Error::new_err(format!(
-            "tensor {}: limit: Limits::max_expanded_view_bytes ({limit}) exceeded: \
+            "tensor {}: limit: max_expanded_view_bytes ({limit}) exceeded: \
              an overlapping view of {nbytes} bytes over a {storage}-byte storage is not copied out",
             view.name()
         )));
@@ -963,7 +973,7 @@ fn finish<'py>(mut t: Bound<'py, PyAny>, info: &TensorInfo) -> PyResult<Bound<'p
 struct Selection {
     set: Arc<CheckpointSet>,
     entries: Vec<Selected>,
-    decisions: Vec<String>,
+    decisions: Vec<(&'static str, String)>,
 }
 
 impl Selection {
@@ -977,8 +987,8 @@ impl Selection {
 
 #[pymethods]
 impl Selection {
-    /// What the automatic options decided, one line each.
-    fn decisions(&self) -> Vec<String> {
+    /// What the selection decided: (kind, text) each.
+    fn decisions(&self) -> Vec<(&'static str, String)> {
         self.decisions.clone()
     }
 
@@ -1046,10 +1056,7 @@ fn select(
             ))
         }
         Some((rank, world)) => {
-            let mut rules = Splits::parse(&splits).map_err(to_py)?;
-            if let Some(p) = &preset {
-                rules = rules.then(Splits::preset(p).map_err(to_py)?);
-            }
+            let rules = Splits::with_preset(&splits, preset.as_deref()).map_err(to_py)?;
             Some((Shard::new(rank, world).map_err(to_py)?, rules))
         }
     };
@@ -1062,7 +1069,7 @@ fn select(
         .map_err(to_py)?;
     let sd = opts.select_set(&set).map_err(to_py)?;
     let entries: Vec<Selected> = sd.iter().cloned().collect();
-    let decisions = sd.decisions().to_vec();
+    let decisions = sd.decisions().iter().map(terms::decision).collect();
     drop(sd);
     Ok(Selection {
         set: Arc::new(set),
@@ -1077,17 +1084,11 @@ fn state_dict_options(
     include: Vec<String>,
     exclude: Vec<String>,
 ) -> StateDictOptions {
+    let Ok(key): Result<KeySelect, _> = key.parse();
+    let Ok(strip): Result<Strip, _> = strip.parse();
     StateDictOptions {
-        key: match key {
-            "auto" => KeySelect::Auto,
-            "all" | "" => KeySelect::All,
-            path => KeySelect::Path(path.to_owned()),
-        },
-        strip: match strip {
-            "auto" => Strip::Auto,
-            "none" | "" => Strip::None,
-            prefix => Strip::Prefix(prefix.to_owned()),
-        },
+        key,
+        strip,
         include,
         exclude,
         ..Default::default()
@@ -1175,17 +1176,11 @@ fn open(
     byte_order: Option<&str>,
 ) -> PyResult<Checkpoint> {
     // Python 2 strings, decoded as torch.load's `encoding` says.
-    let encoding = match encoding.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("utf-8" | "utf8") => ptload_reader::StringEncoding::Utf8,
-        Some("latin1" | "latin-1" | "iso-8859-1" | "l1") => ptload_reader::StringEncoding::Latin1,
-        Some("ascii" | "us-ascii" | "646") => ptload_reader::StringEncoding::Ascii,
-        Some("bytes") => ptload_reader::StringEncoding::Bytes,
-        Some(other) => {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "encoding {other:?}: ptload decodes Python 2 strings as 'utf-8', 'latin1', \
-                 'ascii' or 'bytes'"
-            )))
-        }
+    let encoding = match encoding {
+        None => ptload_reader::checkpoint::StringEncoding::Utf8,
+        Some(name) => name
+            .parse()
+            .map_err(|e: ptload_reader::Error| PyValueError::new_err(e.message().to_owned()))?,
     };
     // A zip file without a byteorder record: torch's default load
     // endianness says how to read it.
@@ -1233,6 +1228,13 @@ fn open(
     })
 }
 
+/// Whether the caller's `allow_globals` entries (names or globs) admit
+/// `module.name`: the reader's one rule, as the CLI's `--allow-global`.
+#[pyfunction]
+fn global_allowed(allowed: Vec<String>, module: &str, name: &str) -> bool {
+    ptload_reader::Policy::allowlist_admits(&allowed, module, name)
+}
+
 #[pymodule]
 fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", m.py().get_type::<Error>())?;
@@ -1247,6 +1249,8 @@ fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Selection>()?;
     m.add_class::<Uploaded>()?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(terms::fallback_text, m)?)?;
+    m.add_function(wrap_pyfunction!(global_allowed, m)?)?;
     m.add_function(wrap_pyfunction!(describe_capsule, m)?)?;
     m.add_function(wrap_pyfunction!(open, m)?)?;
     m.add_function(wrap_pyfunction!(module_blocked, m)?)?;

@@ -196,3 +196,25 @@ def test_forms_torch_refuses_are_accepted_with_one_warning(form):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ptload.torch.load(fixture("llama_tiny.pt"), map_location=lambda s, loc: s.to(device="cpu"))
+
+
+def test_the_readers_advice_names_keyword_arguments(tmp_path):
+    """A storage saved on a device ptload cannot restore: the reader's
+    advice comes as data and is worded with this package's map_location,
+    never the Rust API's names."""
+    import io
+
+    from ptload._errors import open_checkpoint
+
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, buf, _use_new_zipfile_serialization=False)
+    data = buf.getvalue()
+    assert data.count(b"cpu") == 1  # the storage's location, in the pickle
+    path = tmp_path / "npu.pt"
+    path.write_bytes(data.replace(b"cpu", b"npu"))
+    ckpt = open_checkpoint(path, objects=False)
+    with pytest.raises(ptload.UnsupportedError) as info:
+        ckpt.placement()
+    said = str(info.value)
+    assert 'map it with map_location={"npu": "cpu"}' in said, said
+    assert "Mapper" not in said and "placement::" not in said, said

@@ -155,12 +155,12 @@ def test_automatic_choices_warn_only_when_they_change_something():
 
 
 def test_the_readers_advice_is_put_in_python_terms():
-    from ptload._safe import _in_python
+    from ptload._errors import open_checkpoint
 
-    said = _in_python('to take only "model", select KeySelect::Path("model"); '
-                      "b also holds a model: select it with KeySelect::Path")
-    assert said == ('to take only "model", pass key="model"; '
-                    'b also holds a model: select it with key="..."')
+    _, said = open_checkpoint(fixture("hf_lm.pt"), objects=False).select("auto", "auto", [], [])
+    assert said == [("whole_file", 'key auto: the whole file: "model" holds tensors, but so does '
+                     'lm_head, which is not training state; to take only "model", '
+                     'pass key="model"')], said
 
 
 def test_one_include_or_exclude_pattern_may_be_a_string():
@@ -198,20 +198,23 @@ def test_key_orders_and_get_tensors_follow_safetensors():
 
 
 def test_what_is_said_of_the_automatic_choices():
+    from ptload._errors import open_checkpoint
     from ptload._safe import _changed
 
-    whole = 'key auto: the whole file: "model" holds tensors, but so does lm_head'
-    took = 'key auto: "model_state_dict": a training checkpoint\'s model'
-    out = 'left out 27 tensors outside "model_state_dict" (optimizer_state_dict: 27)'
-    named = "left out 3 tensors by name (include/exclude)"
-    strip = 'strip-prefix auto: removed "module." from every name'
-    assert not _changed(whole, "auto", "auto")
-    assert not _changed("shard-1.bin: " + whole, "auto", "auto")
-    assert _changed(took, "auto", "auto") and _changed("shard-1.bin: " + took, "auto", "none")
-    assert _changed(out, "auto", "auto") and not _changed(out, "model", "auto")
-    assert not _changed("shard-1.bin: " + out, "model", "auto")
-    assert not _changed(named, "auto", "auto")
-    assert _changed(strip, None, "auto") and not _changed(strip, "auto", "module.")
+    ckpt = open_checkpoint(fixture("training.ckpt"), objects=False)
+    _, said = ckpt.select("auto", "auto", [], [])
+    assert [kind for kind, _ in said] == ["key", "left_out"], said
+    assert said[1][1] == 'left out 27 tensors outside "model_state_dict" (optimizer_state_dict: 27)'
+    _, named = ckpt.select("model_state_dict", "auto", [], ["*.bias"])
+    assert [kind for kind, _ in named] == ["left_out", "filtered"], named
+    _, stripped = open_checkpoint(fixture("dataparallel.pt"), objects=False).select(
+        "auto", "auto", [], [])
+    assert ("stripped", 'strip_prefix auto: removed "module." from every name') in stripped
+    assert not _changed("whole_file", "auto", "auto")
+    assert _changed("key", "auto", "auto") and _changed("key", "auto", "none")
+    assert _changed("left_out", "auto", "auto") and not _changed("left_out", "model", "auto")
+    assert not _changed("filtered", "auto", "auto")
+    assert _changed("stripped", None, "auto") and not _changed("stripped", "auto", "module.")
 
 
 def test_the_pread_backend_reads_each_storage_into_memory_of_its_own(tmp_path):

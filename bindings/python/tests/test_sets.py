@@ -78,7 +78,8 @@ def test_progress_through_tqdm(capsys):
     assert f"{len(sd)}/{len(sd)}" in err and "tensor" in err
 
 
-DCP_SAVES = ["world1", "world2", "world4", "world2_threads", "world2_safetensors", "world2_rank_metadata", "fsdp2_adamw"]
+# The package is built with the reader's zstd feature: the zstd save too.
+DCP_SAVES = ["world1", "world2", "world4", "world2_threads", "world2_safetensors", "world2_zstd", "world2_rank_metadata", "fsdp2_adamw"]
 
 
 def _dcp_answers():
@@ -118,3 +119,36 @@ def test_a_distributed_checkpoint_reads_as_torch_wrote_it(save):
         with ptload.safe_open(path, framework="pt", key="all", shard=(rank, 3), splits=rules) as f:
             for name in split:
                 assert torch.equal(f.get_tensor(name), torch.tensor_split(whole[name], 3, 0)[rank]), (save, name, rank)
+
+
+def _fsdp_answers():
+    import json
+
+    from conftest import ROOT
+
+    with open(os.path.join(ROOT, "fixtures", "fsdp.json")) as fh:
+        return json.load(fh)["sets"]
+
+
+@pytest.mark.parametrize("name", ["world2", "world4", "local2"])
+def test_fsdp_rank_files_read_as_torchs_full_tensors(name):
+    """A directory of FSDP2 rank files (DTensors, or local shards with
+    their placements sidecar) through load_file and safe_open: every
+    tensor as DTensor.full_tensor() gave it."""
+    answers = _fsdp_answers()[name]["tensors"]
+    path = fixture(os.path.join("fsdp", name))
+    whole = ptload.torch.load_file(path, key="all")
+    assert sorted(whole) == sorted(answers)
+    dtype_names = {v: k for k, v in ptload.torch._DTYPES.items()}
+    for key, want in answers.items():
+        t = whole[key]
+        assert list(t.shape) == want["shape"], key
+        assert dtype_names[t.dtype] == want["dtype"], key
+        assert _sha(t) == want["sha256"], key
+    with ptload.safe_open(path, framework="pt", key="all") as f:
+        assert torch.equal(f.get_tensor("model.fc1.weight"), whole["model.fc1.weight"])
+
+
+def test_fsdp_replicated_copies_that_differ_are_an_error():
+    with pytest.raises(Exception, match="rank 0 and rank 1 hold different values"):
+        ptload.torch.load_file(fixture(os.path.join("fsdp", "replicate_mismatch2")), key="all")

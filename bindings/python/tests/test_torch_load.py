@@ -597,11 +597,18 @@ def test_calling_conventions_torch_users_have(tmp_path):
         with pytest.raises(TypeError, match="binary mode"):
             ptload.torch.load(text)
     assert ptload.torch.load(path, allow_globals="argparse.Namespace")["args"].lr == 0.1
+    # Globs, by the rule of the CLI's --allow-global and the Rust API.
+    assert ptload.torch.load(path, allow_globals=["argparse.*"])["args"].lr == 0.1
+    assert ptload.torch.load(path, allow_globals=["argparse.N?mespace"])["args"].lr == 0.1
+    with pytest.raises(ptload.UnsafeGlobalError):
+        ptload.torch.load(path, allow_globals=["argparse.Other*"])
     with pytest.raises(TypeError, match="allow_globals takes"):
         ptload.torch.load(path, allow_globals=[42])
     system = tmp_path / "system.pt"
     torch.save({"f": os.system}, system)
     name = f"{os.system.__module__}.system"
+    with pytest.raises(ptload.UnsafeGlobalError):
+        ptload.torch.load(system, allow_globals=["*"])  # a glob never admits os
     with pytest.raises(ptload.UnsafeGlobalError, match="its module is blocked"):
         ptload.torch.load(system, allow_globals=[name])
 

@@ -2,13 +2,15 @@
 //! mapping, state-dict selection. Each group builds the library value it
 //! stands for; malformed specs are errors that show the grammar.
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
-use ptload_reader::parallel::{Shard, Splits};
+use ptload_reader::checkpoint::StringEncoding;
 use ptload_reader::placement::{
     Balanced, Budget, ByName, Device, First, Keep, MapLocation, Mapper,
 };
 use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
-use ptload_reader::{Checkpoint, DType, OpenOptions, Policy, StringEncoding};
+use ptload_reader::tp::{Shard, Splits};
+use ptload_reader::{Checkpoint, DType, OpenOptions, Policy};
 
 pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -25,8 +27,13 @@ pub(crate) struct OpenArgs {
     #[arg(long = "allow-global", value_name = "MODULE.NAME[,...]")]
     pub(crate) allow_global: Vec<String>,
     /// How Python 2 strings in old checkpoints decode (torch.load's `encoding`).
-    #[arg(long, value_enum, default_value = "utf8")]
-    pub(crate) encoding: Encoding,
+    #[arg(
+        long,
+        default_value = "utf8",
+        value_parser = PossibleValuesParser::new(["utf8", "latin1", "bytes"])
+            .try_map(|name| name.parse::<StringEncoding>()),
+    )]
+    pub(crate) encoding: StringEncoding,
     /// Read the file into memory instead of mapping it, for files another process may
     /// truncate or rewrite meanwhile (a mapped file that shrinks ends the process).
     #[arg(long = "no-mmap")]
@@ -41,13 +48,6 @@ pub(crate) enum MetadataArg {
     All,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub(crate) enum Encoding {
-    Utf8,
-    Latin1,
-    Bytes,
-}
-
 impl OpenArgs {
     pub(crate) fn options(&self) -> OpenOptions {
         let mut opts = OpenOptions::new()
@@ -56,11 +56,7 @@ impl OpenArgs {
             } else {
                 Policy::Default
             })
-            .encoding(match self.encoding {
-                Encoding::Utf8 => StringEncoding::Utf8,
-                Encoding::Latin1 => StringEncoding::Latin1,
-                Encoding::Bytes => StringEncoding::Bytes,
-            })
+            .encoding(self.encoding)
             .in_memory(self.no_mmap);
         for g in self.allow_global.iter().flat_map(|list| list.split(',')) {
             if !g.trim().is_empty() {
@@ -88,12 +84,6 @@ pub(crate) struct MapArgs {
     /// Spread storages over cuda:0..cuda:N-1 by bytes, keeping consecutive layers together.
     #[arg(long, value_name = "N")]
     pub(crate) balance: Option<u32>,
-}
-
-fn device(text: &str, flag: &str) -> CliResult<Device> {
-    text.parse::<Device>().map_err(|_| {
-        format!("invalid {flag} device {text:?}: expected cpu, cuda, cuda:N or meta").into()
-    })
 }
 
 /// `--map-location SPEC` as a mapper; `auto` asks how many GPUs there are.
@@ -194,18 +184,10 @@ impl MapArgs {
         gpus: &dyn GpuInfo,
     ) -> CliResult<Box<dyn Mapper>> {
         let mut chain: Vec<Box<dyn Mapper>> = Vec::new();
-        let mut rules = Vec::new();
-        for list in &self.place {
-            for rule in list.split(',').filter(|r| !r.trim().is_empty()) {
-                let (pattern, target) = rule
-                    .rsplit_once('=')
-                    .filter(|(p, _)| !p.trim().is_empty())
-                    .ok_or_else(|| format!("invalid --place rule {rule:?}: expected PATTERN=DEVICE (encoder.*=cuda:0)"))?;
-                rules.push((pattern.trim().to_owned(), device(target, "--place")?));
-            }
-        }
-        if !rules.is_empty() {
-            chain.push(Box::new(ByName(rules)));
+        let by_name =
+            ByName::parse(&self.place).map_err(|e| format!("invalid --place {}", e.message()))?;
+        if !by_name.0.is_empty() {
+            chain.push(Box::new(by_name));
         }
         if let Some(spec) = &self.map_location {
             chain.push(map_location(spec, || gpus.count())?);
@@ -324,10 +306,7 @@ impl StateDictArgs {
         } else {
             Shard::parse(shard)?
         };
-        let mut splits = Splits::parse(&self.split)?;
-        if let Some(preset) = &self.split_preset {
-            splits = splits.then(Splits::preset(preset)?);
-        }
+        let splits = Splits::with_preset(&self.split, self.split_preset.as_deref())?;
         if splits.rules().is_empty() {
             return Err(
                 "--shard needs rules saying what to split: --split GLOB=DIM or --split-preset NAME"
@@ -355,15 +334,13 @@ impl StateDictArgs {
     pub(crate) fn options(&self, whole_by_default: bool) -> CliResult<StateDictOptions> {
         let key = match self.key.as_deref() {
             None if whole_by_default => KeySelect::All,
-            None | Some("auto") => KeySelect::Auto,
-            Some("all") => KeySelect::All,
-            Some(path) => KeySelect::Path(path.to_owned()),
+            None => KeySelect::Auto,
+            Some(text) => text.parse()?,
         };
         let strip = match self.strip_prefix.as_deref() {
             None if whole_by_default => Strip::None,
-            None | Some("auto") => Strip::Auto,
-            Some("none") => Strip::None,
-            Some(prefix) => Strip::Prefix(prefix.to_owned()),
+            None => Strip::Auto,
+            Some(text) => text.parse()?,
         };
         let renames = self
             .rename
@@ -389,46 +366,10 @@ impl StateDictArgs {
     }
 }
 
-/// Rewrite each `OPEN value CLOSE` in `text` (the library naming one of
-/// its calls, `OpenOptions::allow_global("x")`) as `FLAG value`.
-pub(crate) fn as_flag(text: &mut String, open: &str, close: &str, flag: &str) {
-    let mut from = 0;
-    while let Some(at) = text
-        .get(from..)
-        .and_then(|t| t.find(open))
-        .map(|i| i + from)
-    {
-        let value_at = at + open.len();
-        let Some(end) = text.get(value_at..).and_then(|t| t.find(close)) else {
-            break;
-        };
-        let value = text[value_at..value_at + end].to_owned();
-        let replacement = format!("{flag} {value}");
-        text.replace_range(at..value_at + end + close.len(), &replacement);
-        from = at + replacement.len();
-    }
-}
-
-/// The automatic choices of the state-dict options, in the command's
-/// terms (`--key model` rather than the library's `KeySelect`).
-pub(crate) fn cli_decisions(decisions: &[String]) -> Vec<String> {
-    decisions
-        .iter()
-        .map(|d| {
-            let mut text = d.replace("strip-prefix auto:", "--strip-prefix auto:");
-            if let Some(rest) = text.strip_prefix("key auto:") {
-                text = format!("--key auto:{rest}");
-            }
-            as_flag(&mut text, "select KeySelect::Path(\"", "\")", "pass --key");
-            text.replace("select it with KeySelect::Path", "select it with --key")
-        })
-        .collect()
-}
-
 /// Say on stderr, one line each, what the automatic options decided
 /// (unless `--quiet`).
-pub(crate) fn tell_decisions(decisions: &[String]) {
-    for d in cli_decisions(decisions) {
+pub(crate) fn tell_decisions(decisions: &[ptload_reader::state_dict::Decision]) {
+    for d in crate::terms::decisions(decisions) {
         crate::ui::note(&d);
     }
 }
@@ -436,11 +377,11 @@ pub(crate) fn tell_decisions(decisions: &[String]) {
 /// `--dtype` names, as in ptload's output.
 pub(crate) fn parse_dtype(text: &str) -> CliResult<DType> {
     match text.parse::<DType>() {
-        Ok(d) if ptload_reader::convert::can_convert(DType::F32, d) => Ok(d),
+        Ok(d) if ptload_reader::cast::can_convert(DType::F32, d) => Ok(d),
         _ => {
             let targets: Vec<&str> = DType::ALL
                 .into_iter()
-                .filter(|&d| ptload_reader::convert::can_convert(DType::F32, d))
+                .filter(|&d| ptload_reader::cast::can_convert(DType::F32, d))
                 .map(DType::name)
                 .collect();
             Err(format!(

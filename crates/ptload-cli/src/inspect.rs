@@ -3,11 +3,13 @@
 use std::borrow::Cow;
 use std::io::{self, Write};
 
-use ptload_reader::parallel::Slice;
-use ptload_reader::placement::Plan;
+use ptload_reader::checkpoint::Scalar;
+use ptload_reader::placement::DeviceMap;
+use ptload_reader::scan::Level;
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::StateDict;
-use ptload_reader::{Quantization, Scalar, TensorView};
+use ptload_reader::tp::Slice;
+use ptload_reader::TensorView;
 use serde::Serialize;
 
 use crate::args::{CliResult, GpuInfo, MapArgs};
@@ -34,7 +36,7 @@ pub(crate) fn rows<'a>(
     for ckpt in sd.checkpoints() {
         plans.push(if map.is_set() {
             let mut mapper = map.mapper(ckpt, gpus)?;
-            Some(Plan::new(ckpt, mapper.as_mut())?)
+            Some(DeviceMap::new(ckpt, mapper.as_mut())?)
         } else {
             None
         });
@@ -118,26 +120,40 @@ fn distinct_globals<'a>(paths: impl Iterator<Item = String> + 'a) -> Vec<String>
     paths.filter(|p| seen.insert(p.clone())).collect()
 }
 
-/// The globals outside torch's allowlist, in scan's vocabulary: the
-/// dangerous ones with what they can do (`posix.system: process`), and
-/// the others. `inspect` lists them; `scan` is the gate that judges how
-/// the file uses them.
-fn outside_allowlist(set: &CheckpointSet) -> (Vec<String>, Vec<String>) {
-    let mut seen = std::collections::HashSet::new();
-    let (mut dangerous, mut others) = (Vec::new(), Vec::new());
+/// What `scan` reports at unknown-call or above, by the same decision
+/// (`Checkpoint::suspicious`): each global once, with its level and use,
+/// the highest seen across the files of a set.
+fn suspicious(set: &CheckpointSet) -> Vec<ptload_reader::scan::GlobalUse> {
+    let mut found: Vec<ptload_reader::scan::GlobalUse> = Vec::new();
     for g in set.files().iter().flat_map(|f| f.checkpoint().suspicious()) {
-        let path = g.path();
-        if !seen.insert(path.clone()) {
-            continue;
-        }
-        match ptload_reader::scan::classify(&g.module, &g.name) {
-            ptload_reader::scan::GlobalClass::Dangerous(d) => {
-                dangerous.push(format!("{path} ({})", d.name()));
-            }
-            _ => others.push(path),
+        match found.iter_mut().find(|s| s.path() == g.path()) {
+            Some(seen) if g.level() > seen.level() => *seen = g,
+            Some(_) => {}
+            None => found.push(g),
         }
     }
-    (dangerous, others)
+    found
+}
+
+/// A finding as `inspect` prints it: a dangerous one with what it can do
+/// (`posix.system (process, called)`), any other with its level
+/// (`somepkg.run (unknown-call, called)`).
+fn finding_text(g: &ptload_reader::scan::GlobalUse) -> String {
+    match g.class {
+        ptload_reader::scan::GlobalClass::Dangerous(d) if g.level() == Level::Dangerous => {
+            format!("{} ({}, {})", g.path(), d.name(), g.usage.name())
+        }
+        _ => format!("{} ({}, {})", g.path(), g.level().name(), g.usage.name()),
+    }
+}
+
+/// One of `suspicious` in `inspect --json`.
+#[derive(Serialize)]
+struct SuspiciousJson {
+    global: String,
+    level: &'static str,
+    #[serde(rename = "use")]
+    usage: &'static str,
 }
 
 /// One tensor of `inspect --json`, borrowing from the checkpoint.
@@ -153,7 +169,7 @@ struct TensorJson<'a> {
     target: &'a str,
     nbytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    quantization: Option<QuantJson>,
+    quantization: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sha256: Option<Option<String>>,
     /// The file of a set holding it.
@@ -171,65 +187,6 @@ struct SliceJson {
     len: u64,
 }
 
-/// What makes a quantized tensor's integers meaningful.
-#[derive(Serialize)]
-#[serde(untagged)]
-enum QuantJson {
-    PerTensor {
-        kind: &'static str,
-        scheme: String,
-        scale: f64,
-        zero_point: i64,
-        /// Packed kinds: the shape of the values (the tensor is their bytes).
-        #[serde(skip_serializing_if = "Option::is_none")]
-        values_shape: Option<Vec<u64>>,
-    },
-    PerChannel {
-        kind: &'static str,
-        scheme: String,
-        axis: i64,
-        /// The tensors holding them.
-        scales: String,
-        zero_points: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        values_shape: Option<Vec<u64>>,
-    },
-}
-
-impl QuantJson {
-    fn of(name: &str, q: &Quantization) -> Option<QuantJson> {
-        Some(match q {
-            Quantization::PerTensor {
-                kind,
-                scheme,
-                scale,
-                zero_point,
-                values_shape,
-            } => QuantJson::PerTensor {
-                kind,
-                scheme: scheme.clone(),
-                scale: *scale,
-                zero_point: *zero_point,
-                values_shape: values_shape.clone(),
-            },
-            Quantization::PerChannel {
-                kind,
-                scheme,
-                axis,
-                values_shape,
-            } => QuantJson::PerChannel {
-                kind,
-                scheme: scheme.clone(),
-                axis: *axis,
-                scales: format!("{name}.scales"),
-                zero_points: format!("{name}.zero_points"),
-                values_shape: values_shape.clone(),
-            },
-            _ => return None,
-        })
-    }
-}
-
 /// The document `inspect --json` prints.
 #[derive(Serialize)]
 struct InspectJson<'r, 'a> {
@@ -241,8 +198,13 @@ struct InspectJson<'r, 'a> {
     totals: Totals,
     values: Vec<ValueJson<'a>>,
     globals: Vec<String>,
-    suspicious: Vec<String>,
-    /// Those of `suspicious` that scan calls dangerous, with what they can
+    /// The globals outside torch's `weights_only` allowlist: what
+    /// `--strict` refuses and `--allow-global` admits.
+    outside_allowlist: Vec<String>,
+    /// What `scan` reports at unknown-call or above, by the same decision:
+    /// each global with its level and use.
+    suspicious: Vec<SuspiciousJson>,
+    /// Those of `suspicious` at the dangerous level, with what they can
     /// do (`posix.system (process)`).
     dangerous: Vec<String>,
     /// The files of a set, in order.
@@ -399,7 +361,7 @@ fn tensor_json<'r>(row: &'r Row<'_>, hash: bool) -> Result<TensorJson<'r>, ptloa
             .info()
             .quantization
             .as_ref()
-            .and_then(|q| QuantJson::of(&row.name, q)),
+            .and_then(|q| serde_json::to_value(q.record(&row.name)).ok()),
         sha256,
         file: None,
         slice: row.slice.map(|s| SliceJson {
@@ -428,6 +390,7 @@ pub(crate) fn json(
     let checkpoints = || set.files().iter().map(|f| &**f.checkpoint());
     let names = file_names(set);
     READ.store(0, std::sync::atomic::Ordering::Relaxed);
+    let found = suspicious(set);
     let doc = InspectJson {
         file,
         format: first.format().name(),
@@ -445,8 +408,29 @@ pub(crate) fn json(
             .map(|(name, v)| value_json(name, v))
             .collect(),
         globals: distinct_globals(checkpoints().flat_map(|c| c.globals()).map(|g| g.path())),
-        suspicious: distinct_globals(checkpoints().flat_map(|c| c.suspicious()).map(|g| g.path())),
-        dangerous: outside_allowlist(set).0,
+        outside_allowlist: distinct_globals(
+            checkpoints()
+                .flat_map(|c| c.outside_allowlist())
+                .map(|g| g.path()),
+        ),
+        suspicious: found
+            .iter()
+            .map(|g| SuspiciousJson {
+                global: g.path(),
+                level: g.level().name(),
+                usage: g.usage.name(),
+            })
+            .collect(),
+        dangerous: found
+            .iter()
+            .filter(|g| g.level() == Level::Dangerous)
+            .map(|g| match g.class {
+                ptload_reader::scan::GlobalClass::Dangerous(d) => {
+                    format!("{} ({})", g.path(), d.name())
+                }
+                _ => g.path(),
+            })
+            .collect(),
         files: names.as_deref(),
         bytes_read: BytesRead,
         fetched: crate::remote::Fetched::of(set).map(|_| FetchedJson(set)),
@@ -592,21 +576,44 @@ pub(crate) fn table(
     let checkpoints = || set.files().iter().map(|f| &**f.checkpoint());
     let values: Vec<&(String, Scalar)> = checkpoints().flat_map(|c| c.values()).collect();
     values_table(out, &values, columns)?;
-    let (dangerous, others) = outside_allowlist(set);
+    // In scan's vocabulary: what scan reports at unknown-call or above;
+    // then, apart, what --strict refuses.
+    let found = suspicious(set);
+    let (dangerous, calls): (Vec<_>, Vec<_>) =
+        found.iter().partition(|g| g.level() == Level::Dangerous);
     if !dangerous.is_empty() {
         writeln!(
             out,
             "DANGEROUS globals (read, never run; torch.load(weights_only=False) would \
              reach them): {}. Run `ptload scan` on the file: it is the gate.",
-            dangerous.join(", ")
+            dangerous
+                .iter()
+                .map(|g| finding_text(g))
+                .collect::<Vec<_>>()
+                .join(", ")
         )?;
     }
-    if !others.is_empty() {
+    if !calls.is_empty() {
         writeln!(
             out,
-            "{}globals outside torch's weights_only allowlist (read, never run): {}",
-            if dangerous.is_empty() { "" } else { "other " },
-            others.join(", ")
+            "scan would also report (read, never run): {}",
+            calls
+                .iter()
+                .map(|g| finding_text(g))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )?;
+    }
+    let outside = distinct_globals(
+        checkpoints()
+            .flat_map(|c| c.outside_allowlist())
+            .map(|g| g.path()),
+    );
+    if !outside.is_empty() {
+        writeln!(
+            out,
+            "globals outside torch's weights_only allowlist (refused by --strict; read, never run): {}",
+            outside.join(", ")
         )?;
     }
     for w in set

@@ -233,13 +233,15 @@ impl FileScan {
 fn scan_url(url: &str, request: &ScanRequest) -> FileScan {
     let (report, (bytes, requests)) = match scan::scan_url(url, &Limits::default()) {
         Ok(r) => r,
-        Err(e) => return FileScan::bare(url.to_owned(), "unreadable", e.to_string()),
+        Err(e) => {
+            return FileScan::bare(url.to_owned(), "unreadable", crate::terms::error_text(&e))
+        }
     };
     let unreadable = || {
         OpenOptions::new()
             .open_url(url)
             .err()
-            .map(|e| e.to_string())
+            .map(|e| crate::terms::error_text(&e))
     };
     let mut scan = file_scan(url.to_owned(), report, request, unreadable);
     scan.fetched = Some(crate::remote::Fetched { bytes, requests });
@@ -264,7 +266,7 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
     // safetensors holds no pickle: torch.load fails on it (it reads it as a
     // pickle stream), and nothing in it can run. A pickle named
     // `.safetensors` has no such header, and is scanned.
-    if crate::tools::is_safetensors(path) {
+    if crate::cmd::diff::is_safetensors(path) {
         return FileScan::bare(
             file,
             "not-loadable",
@@ -273,14 +275,14 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
     }
     let report = match scan::scan_file(path, &Limits::default(), request.in_memory) {
         Ok(r) => r,
-        Err(e) => return FileScan::bare(file, "unreadable", e.to_string()),
+        Err(e) => return FileScan::bare(file, "unreadable", crate::terms::error_text(&e)),
     };
     let opened = || {
         OpenOptions::new()
             .in_memory(request.in_memory)
             .open(path)
             .err()
-            .map(|e| e.to_string())
+            .map(|e| crate::terms::error_text(&e))
     };
     file_scan(file, report, request, opened)
 }

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use ptload_device::{load, probe, LoadOptions, Placed};
-use ptload_reader::placement::{Device, Plan, To};
+use ptload_reader::placement::{Device, DeviceMap, To};
 use ptload_reader::state_dict::StateDictOptions;
 use ptload_reader::Checkpoint;
 
@@ -35,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // (`--key auto`) and strip `module.` / `_orig_mod.` (`--strip-prefix auto`).
     let selection = StateDictOptions::default().select(&ckpt)?;
     // Everything to cuda:0, whatever location it was saved with.
-    let plan = Plan::new(&ckpt, &mut To(Device::Cuda(0)))?;
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0)))?;
 
     let gpus = probe();
     match gpus.devices() {

@@ -10,6 +10,7 @@
 //! and a blocking event per buffer guards its reuse. Many small storages
 //! make few copies; the pool is no larger than the work.
 
+use crate::error::{DeviceError, DeviceErrorKind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -18,8 +19,9 @@ use cudarc::driver::{
     PinnedHostSlice,
 };
 
-use ptload_reader::ByteOrder;
+use ptload_reader::checkpoint::ByteOrder;
 
+use crate::driver::{guarded, make_current, text, KeepCurrent};
 use crate::probe::Gpu;
 
 /// Bytes from one host slice to one offset of the arena.
@@ -142,73 +144,20 @@ impl Arena {
 
     /// Copy `len` bytes at `offset` back to the host (for checks). The
     /// calling thread's current context is left as it was.
-    pub fn read_back(&self, offset: usize, len: usize) -> Result<Vec<u8>, String> {
-        let inner = self.inner.as_ref().ok_or("the arena was freed")?;
+    pub fn read_back(&self, offset: usize, len: usize) -> Result<Vec<u8>, DeviceError> {
+        let range = |m: &str| DeviceError::new(DeviceErrorKind::OutOfRange, None, m.to_owned());
+        let inner = self
+            .inner
+            .as_ref()
+            .ok_or_else(|| range("the arena was freed"))?;
         let view = inner
             .slice
             .try_slice(offset..offset.saturating_add(len))
-            .ok_or_else(|| "range outside the arena".to_owned())?;
+            .ok_or_else(|| range("range outside the arena"))?;
         let _keep = KeepCurrent::new();
         guarded(|| inner.stream.clone_dtoh(&view).map_err(text))
+            .map_err(|e| DeviceError::new(DeviceErrorKind::Driver, None, e))
     }
-}
-
-/// Keeps the calling thread's current CUDA context: cudarc binds a
-/// context to the thread in most calls; the caller's (or none) is put
-/// back when this is dropped.
-pub(crate) struct KeepCurrent(Option<sys::CUcontext>);
-
-impl KeepCurrent {
-    pub(crate) fn new() -> Self {
-        // Before cuInit there is no current context, and the call fails.
-        KeepCurrent(guarded(|| result::ctx::get_current().map_err(text)).unwrap_or(None))
-    }
-}
-
-impl Drop for KeepCurrent {
-    fn drop(&mut self) {
-        let ctx = self.0.unwrap_or(std::ptr::null_mut());
-        let _ = guarded(|| {
-            let now = result::ctx::get_current().map_err(text)?;
-            if now.unwrap_or(std::ptr::null_mut()) != ctx {
-                // SAFETY: `ctx` is null (no current context) or the context
-                // that was current on this thread when the guard was made;
-                // the caller keeps it alive across our call.
-                unsafe { result::ctx::set_current(ctx) }.map_err(text)?;
-            }
-            Ok(())
-        });
-    }
-}
-
-/// Make `ctx` the calling thread's current context, whatever errors
-/// cudarc has recorded on it.
-pub(crate) fn make_current(ctx: &CudaContext) -> Result<(), String> {
-    // SAFETY: `ctx` is alive (borrowed) and its context handle is valid
-    // until it is dropped.
-    unsafe { result::ctx::set_current(ctx.cu_ctx()) }.map_err(text)
-}
-
-/// A driver error in words: the driver's description and its name
-/// ("out of memory (CUDA_ERROR_OUT_OF_MEMORY)").
-pub(crate) fn text(e: result::DriverError) -> String {
-    match (e.error_string(), e.error_name()) {
-        (Ok(what), Ok(name)) => format!("{} ({})", what.to_string_lossy(), name.to_string_lossy()),
-        _ => format!("{:?}", e.0),
-    }
-}
-
-/// Run driver calls, turning a panic in cudarc (a driver symbol missing
-/// from the library, an unexpected state) into an error.
-pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let text = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "the CUDA driver binding panicked".into());
-        Err(text)
-    })
 }
 
 /// Why an upload failed.
@@ -224,7 +173,9 @@ pub(crate) enum UploadError {
 
 /// Allocate `total` bytes on `gpu` (the caller keeps its current context).
 pub(crate) fn allocate(gpu: &Gpu, total: usize) -> Result<Arena, UploadError> {
-    let ctx = gpu.context().map_err(UploadError::Driver)?;
+    let ctx = gpu
+        .context()
+        .map_err(|e| UploadError::Driver(e.to_string()))?;
     let _keep = KeepCurrent::new();
     let (inner, ptr) = guarded(|| {
         let stream = ctx.new_stream().map_err(text)?;
@@ -331,7 +282,9 @@ pub(crate) fn upload(
         )));
     }
     let pool = Pool::for_work(staging, end);
-    let ctx = gpu.context().map_err(UploadError::Driver)?;
+    let ctx = gpu
+        .context()
+        .map_err(|e| UploadError::Driver(e.to_string()))?;
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let copies = AtomicUsize::new(0);

@@ -10,7 +10,7 @@
 //! ```
 //! use ptload_device::{load, probe, LoadOptions};
 //! use ptload_reader::Checkpoint;
-//! use ptload_reader::placement::{Device, Plan, StorageRequest};
+//! use ptload_reader::placement::{Device, DeviceMap, StorageRequest};
 //! use ptload_reader::state_dict::StateDictOptions;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -22,10 +22,13 @@
 //! let mut mapper = |s: &StorageRequest<'_>| {
 //!     Some(if s.tensors.iter().any(|n| n.contains("embed")) { Device::Host } else { Device::Cuda(0) })
 //! };
-//! let plan = Plan::new(&ckpt, &mut mapper)?;
+//! let plan = DeviceMap::new(&ckpt, &mut mapper)?;
 //! let loaded = load(ckpt.clone(), &selection, &plan, &probe(), &LoadOptions::default())?;
 //! for t in loaded.tensors() {
-//!     println!("{} -> {} {}", t.info.name, t.device, t.fallback.as_deref().unwrap_or(""));
+//!     match &t.fallback {
+//!         Some(why) => println!("{} -> {} ({why})", t.info.name, t.device),
+//!         None => println!("{} -> {}", t.info.name, t.device),
+//!     }
 //! }
 //! // By name; on the host, row-major with offset and strides applied.
 //! let embed = loaded.get("embed.weight").expect("tensor");
@@ -49,14 +52,17 @@
 
 #[allow(unsafe_code)]
 mod cuda;
+#[allow(unsafe_code)]
+mod driver;
+mod error;
 mod load;
+mod loaded;
 mod probe;
 
 pub use cuda::{Arena, Staging};
-pub use load::{
-    load, upload_storages, CudaStorage, DeviceReport, HostStorage, LoadError, LoadOptions, Loaded,
-    LoadedTensor, Placed,
-};
+pub use error::{DeviceError, DeviceErrorKind, Fallback, LoadError, NoGpu};
+pub use load::{load, upload_storages, LoadOptions};
+pub use loaded::{CudaStorage, DeviceReport, HostStorage, Loaded, LoadedTensor, Placed};
 pub use probe::{device_count, probe, Gpu, Gpus};
 
 /// The CUDA binding ptload uses, for engines that launch work on the

@@ -1,22 +1,23 @@
-//! Executing a plan: every storage once, where the plan says, or on the
-//! host with the reason when its device is missing or full.
-//!
-//! The result, [`Loaded`], owns what it placed and shares the checkpoint
-//! (host storages that need no change stay slices of its memory map), so an
-//! engine can keep it in a struct of its own.
+//! Executing a device map: every storage once, where the map says, or on the
+//! host with the reason when its device is missing or full. The result is
+//! a [`Loaded`].
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::CudaView;
-use ptload_reader::placement::{Device, Plan};
+use ptload_reader::advice::Hint;
+use ptload_reader::checkpoint::ByteOrder;
+use ptload_reader::placement::{Device, DeviceMap};
 use ptload_reader::state_dict::Selected;
-use ptload_reader::{ByteOrder, Checkpoint, DType, Element, TensorInfo};
+use ptload_reader::{Checkpoint, DType};
 
 use crate::cuda::{self, Arena, Copied, Staging, Upload, UploadError};
+use crate::error::{Fallback, LoadError};
+use crate::loaded::{
+    CudaStorage, DeviceReport, HostRepr, HostStorage, Loaded, LoadedTensor, Placed,
+};
 use crate::probe::{Gpu, Gpus};
 
 pub use ptload_reader::export::Progress;
@@ -63,340 +64,6 @@ impl std::fmt::Debug for LoadOptions {
     }
 }
 
-/// Why a load failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum LoadError {
-    /// Strict mode: a planned device does not exist.
-    #[error("{0}")]
-    Strict(String),
-    /// Reading the checkpoint failed.
-    #[error(transparent)]
-    Reader(#[from] ptload_reader::Error),
-    /// The CUDA driver failed (other than running out of memory).
-    #[error("cuda:{ordinal}: {message}")]
-    Cuda {
-        /// The device.
-        ordinal: u32,
-        /// The driver's message.
-        message: String,
-    },
-    /// A tensor was asked for where it is not (its host bytes while it is
-    /// on a GPU, a selection entry the checkpoint does not have).
-    #[error("{0}")]
-    Access(String),
-    /// [`LoadOptions::cancel`] was set before the load finished.
-    #[error("the load was cancelled")]
-    Cancelled,
-}
-
-/// Where a storage's bytes are after the load.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Placed {
-    /// Host memory.
-    Host(HostStorage),
-    /// A sub-slice of a device arena.
-    Cuda(CudaStorage),
-    /// Shape only: no data was read.
-    Meta,
-}
-
-/// A storage in host memory, in host byte order: a slice of the
-/// checkpoint's memory map when its bytes needed no change, an owned
-/// buffer when they were swapped or converted.
-#[derive(Debug)]
-pub struct HostStorage {
-    repr: HostRepr,
-}
-
-#[derive(Debug)]
-enum HostRepr {
-    /// Storage `index` of the checkpoint, as it lies in the file.
-    Mapped(Arc<Checkpoint>, usize),
-    Owned(Vec<u8>),
-}
-
-impl HostStorage {
-    /// The storage's bytes.
-    pub fn bytes(&self) -> Result<&[u8], LoadError> {
-        match &self.repr {
-            HostRepr::Mapped(ckpt, index) => Ok(ckpt.storage_bytes(*index)?),
-            HostRepr::Owned(bytes) => Ok(bytes),
-        }
-    }
-
-    /// Whether the bytes are the checkpoint's own (not copied).
-    pub fn is_mapped(&self) -> bool {
-        matches!(self.repr, HostRepr::Mapped(..))
-    }
-}
-
-/// A storage on a CUDA device: `len` bytes at `offset` of an arena, which
-/// stays allocated while any of its storages is alive.
-#[derive(Debug, Clone)]
-pub struct CudaStorage {
-    ordinal: u32,
-    offset: usize,
-    len: usize,
-    arena: Arc<Arena>,
-}
-
-impl CudaStorage {
-    /// The device (`cuda:N`).
-    pub fn ordinal(&self) -> u32 {
-        self.ordinal
-    }
-
-    /// Bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it holds no byte.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The storage as a cudarc view, for kernels launched through cudarc.
-    pub fn view(&self) -> Option<CudaView<'_, u8>> {
-        self.arena.view(self.offset, self.len)
-    }
-
-    /// The device address of the first byte, for other CUDA bindings.
-    pub fn device_ptr(&self) -> u64 {
-        self.arena.device_ptr() + self.offset as u64
-    }
-
-    /// Copy the bytes back to the host.
-    pub fn read_back(&self) -> Result<Vec<u8>, String> {
-        self.arena.read_back(self.offset, self.len)
-    }
-
-    /// Copy `len` bytes from byte `start` of the storage back to the host.
-    pub fn read_range(&self, start: usize, len: usize) -> Result<Vec<u8>, String> {
-        match start.checked_add(len) {
-            Some(end) if end <= self.len => self.arena.read_back(self.offset + start, len),
-            _ => Err(format!(
-                "bytes {start}..+{len} are outside a {}-byte storage",
-                self.len
-            )),
-        }
-    }
-}
-
-/// A loaded tensor: its metadata as placed ([`TensorInfo`], the reader's
-/// type: name in the state dict, dtype after any conversion, shape,
-/// strides, offset, and `storage` as an index into [`Loaded::storages`]),
-/// and where it went.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct LoadedTensor {
-    /// The tensor as placed. Its `conj` and `neg` bits are always clear:
-    /// a tensor saved with them is placed with them applied.
-    pub info: TensorInfo,
-    /// Its index among the checkpoint's tensors, where its metadata as
-    /// saved is ([`Checkpoint::tensor_at`]).
-    pub index: usize,
-    /// The part of the saved tensor a tensor-parallel rank holds, when it
-    /// was sliced (its `info` is then the slice's).
-    pub slice: Option<ptload_reader::parallel::Slice>,
-    /// Where the plan put it.
-    pub target: Device,
-    /// Where it is.
-    pub device: Device,
-    /// Why `device` differs from `target`, or `None`.
-    pub fallback: Option<String>,
-    /// `Some(original dtype)` when converted.
-    pub converted_from: Option<DType>,
-    /// Placed as its own row-major buffer, read on the host (a conversion,
-    /// or conj/neg bits applied).
-    rewritten: bool,
-}
-
-impl LoadedTensor {
-    /// Its name in the state dict.
-    pub fn name(&self) -> &str {
-        &self.info.name
-    }
-}
-
-/// Per-device totals.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct DeviceReport {
-    /// The device.
-    pub device: Device,
-    /// Tensors placed there.
-    pub tensors: usize,
-    /// Bytes of storages placed there.
-    pub bytes: u64,
-    /// Seconds spent copying to it (0 for the host and meta).
-    pub seconds: f64,
-    /// Host-to-device copies made (each at most the staging buffer size;
-    /// many small storages share one).
-    pub copies: usize,
-    /// Page-locked staging bytes allocated for it.
-    pub pinned_bytes: usize,
-}
-
-/// The result of a load: the checkpoint, every placed storage, and the
-/// tensors viewing them, looked up by name.
-#[derive(Debug)]
-pub struct Loaded {
-    ckpt: Arc<Checkpoint>,
-    storages: Vec<Placed>,
-    tensors: Vec<LoadedTensor>,
-    by_name: HashMap<String, usize>,
-    devices: Vec<DeviceReport>,
-    seconds: f64,
-}
-
-impl Loaded {
-    /// The checkpoint the tensors came from.
-    pub fn checkpoint(&self) -> &Arc<Checkpoint> {
-        &self.ckpt
-    }
-
-    /// Tensors, in selection order.
-    pub fn tensors(&self) -> &[LoadedTensor] {
-        &self.tensors
-    }
-
-    /// The tensor named `name` (its state-dict name).
-    pub fn get(&self, name: &str) -> Option<&LoadedTensor> {
-        self.tensors.get(*self.by_name.get(name)?)
-    }
-
-    /// Storages, each once; tensors index into this.
-    pub fn storages(&self) -> &[Placed] {
-        &self.storages
-    }
-
-    /// The storage `tensor` views; `None` for meta tensors.
-    pub fn storage_of(&self, tensor: &LoadedTensor) -> Option<&Placed> {
-        self.storages.get(tensor.info.storage?)
-    }
-
-    /// A host tensor's elements, row-major and in host byte order, with its
-    /// offset and strides applied: borrowed when they lie that way (in the
-    /// map, or in a converted buffer), gathered otherwise. An error for a
-    /// tensor on a GPU or a meta tensor.
-    pub fn host_data(&self, tensor: &LoadedTensor) -> Result<Cow<'_, [u8]>, LoadError> {
-        let storage = match self.storage_of(tensor) {
-            Some(Placed::Host(h)) => h,
-            _ => {
-                return Err(LoadError::Access(format!(
-                    "{}: on {}, not in host memory",
-                    tensor.info.name, tensor.device
-                )))
-            }
-        };
-        match &storage.repr {
-            // A converted (or conj/neg-applied) tensor: its own row-major
-            // buffer, the bits already applied.
-            HostRepr::Owned(bytes) if tensor.rewritten => Ok(Cow::Borrowed(bytes)),
-            // The checkpoint's bytes, as they lie or swapped: the
-            // checkpoint's view gathers, swaps and applies the conj/neg
-            // bits, borrowing from the map when nothing needs doing.
-            _ => Ok(self.view(tensor)?.data()?),
-        }
-    }
-
-    /// A tensor's elements, row-major and in host byte order, wherever it
-    /// landed: a tensor on a GPU is copied back (the bytes its view spans,
-    /// not its whole storage); a host tensor is [`Loaded::host_data`]. For
-    /// checking an upload; an error for a meta tensor.
-    pub fn elements(&self, tensor: &LoadedTensor) -> Result<Cow<'_, [u8]>, LoadError> {
-        let cuda = match self.storage_of(tensor) {
-            Some(Placed::Cuda(c)) => c,
-            _ => return self.host_data(tensor),
-        };
-        let info = &tensor.info;
-        let elem = info.dtype.size() as u64;
-        let fail =
-            |why: String| LoadError::Access(format!("{}: on {}: {why}", info.name, tensor.device));
-        if info.numel == 0 {
-            return Ok(Cow::Owned(Vec::new()));
-        }
-        // The span of elements the view reaches (validated when the
-        // checkpoint was opened, or made row-major by the load).
-        let last = info
-            .shape
-            .iter()
-            .zip(&info.stride)
-            .try_fold(info.storage_offset, |acc, (&n, &s)| {
-                acc.checked_add(n.saturating_sub(1).checked_mul(s)?)
-            });
-        let span = last
-            .and_then(|l| {
-                l.checked_add(1)?
-                    .checked_sub(info.storage_offset)?
-                    .checked_mul(elem)
-            })
-            .and_then(|b| usize::try_from(b).ok());
-        let start = info
-            .storage_offset
-            .checked_mul(elem)
-            .and_then(|b| usize::try_from(b).ok());
-        let (Some(start), Some(span)) = (start, span) else {
-            return Err(fail("its extent overflows".into()));
-        };
-        let bytes = cuda.read_range(start, span).map_err(fail)?;
-        let mut from_start = info.clone();
-        from_start.storage_offset = 0;
-        Ok(Cow::Owned(from_start.gather(&bytes)?))
-    }
-
-    /// A host tensor's elements as `T` (see [`Loaded::host_data`]): a
-    /// wrong `T` is an error.
-    pub fn host_vec<T: Element>(&self, tensor: &LoadedTensor) -> Result<Vec<T>, LoadError> {
-        if T::DTYPE != tensor.info.dtype {
-            return Err(LoadError::Access(format!(
-                "{}: holds {} elements, not {}",
-                tensor.info.name,
-                tensor.info.dtype,
-                T::DTYPE
-            )));
-        }
-        let bytes = self.host_data(tensor)?;
-        let mut out = vec![T::zeroed(); bytes.len() / std::mem::size_of::<T>().max(1)];
-        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
-        Ok(out)
-    }
-
-    /// Totals per device, in device order.
-    pub fn devices(&self) -> &[DeviceReport] {
-        &self.devices
-    }
-
-    /// Seconds for the whole load.
-    pub fn seconds(&self) -> f64 {
-        self.seconds
-    }
-
-    /// Bytes moved to CUDA devices per second of the whole load.
-    pub fn device_gbps(&self) -> f64 {
-        let bytes: u64 = self
-            .devices
-            .iter()
-            .filter(|d| matches!(d.device, Device::Cuda(_)))
-            .map(|d| d.bytes)
-            .sum();
-        if self.seconds > 0.0 {
-            bytes as f64 / self.seconds / 1e9
-        } else {
-            0.0
-        }
-    }
-
-    fn view(&self, tensor: &LoadedTensor) -> Result<ptload_reader::TensorView<'_>, LoadError> {
-        self.ckpt.tensor_at(tensor.index).ok_or_else(|| {
-            LoadError::Access(format!("{}: no tensor {}", tensor.info.name, tensor.index))
-        })
-    }
-}
-
 const ARENA_ALIGN: usize = 256;
 
 /// A storage to place: the checkpoint's, or a tensor's converted bytes.
@@ -407,7 +74,7 @@ struct Source {
     order: ByteOrder,
     unit: usize,
     device: Device,
-    fallback: Option<String>,
+    fallback: Option<Fallback>,
 }
 
 enum SourceBytes {
@@ -435,20 +102,28 @@ impl Source {
     }
 }
 
-fn strict_message(gpus: &Gpus, ordinal: u32) -> String {
-    match gpus {
-        Gpus::Devices(d) if !d.is_empty() => format!(
-            "Attempting to deserialize object on CUDA device {ordinal} but this machine has {} CUDA device(s). \
-             Map your storages to an existing device with a Mapper (placement::MapLocation \
-             is torch's map_location).",
-            d.len()
+fn strict_error(gpus: &Gpus, ordinal: u32) -> LoadError {
+    let (message, to) = match gpus {
+        Gpus::Devices(d) if !d.is_empty() => (
+            format!(
+                "Attempting to deserialize object on CUDA device {ordinal} but this machine has {} \
+                 CUDA device(s). Map your storages to an existing device",
+                d.len()
+            ),
+            None,
         ),
-        _ => format!(
-            "Attempting to deserialize object on a CUDA device but no CUDA device is usable ({}). \
-             If you are running on a CPU-only machine, map your storages to the CPU with a \
-             Mapper (placement::To(Device::Host), or placement::MapLocation \"cpu\").",
-            gpus.why_none()
+        _ => (
+            format!(
+                "Attempting to deserialize object on a CUDA device but no CUDA device is usable \
+                 ({}). If you are running on a CPU-only machine, map your storages to the CPU",
+                gpus.why_none()
+            ),
+            Some("cpu".to_owned()),
         ),
+    };
+    LoadError::Strict {
+        message,
+        hint: Some(Hint::MapLocation { from: None, to }),
     }
 }
 
@@ -459,12 +134,12 @@ struct DeviceWork {
     copied: Copied,
 }
 
-/// Load the `selection` of `ckpt` where `plan` says. The result shares
+/// Load the `selection` of `ckpt` where the device map `plan` says. The result shares
 /// `ckpt`: host storages that need no change stay slices of its map.
 pub fn load(
     ckpt: Arc<Checkpoint>,
     selection: &[Selected],
-    plan: &Plan,
+    plan: &DeviceMap,
     gpus: &Gpus,
     opts: &LoadOptions,
 ) -> Result<Loaded, LoadError> {
@@ -542,7 +217,7 @@ pub fn upload_storages(
     targets: &[(usize, u32)],
     gpus: &Gpus,
     opts: &LoadOptions,
-) -> Result<Vec<Result<CudaStorage, String>>, LoadError> {
+) -> Result<Vec<Result<CudaStorage, Fallback>>, LoadError> {
     let mut sources = Vec::with_capacity(targets.len());
     let mut seen = vec![false; ckpt.storages().len()];
     for &(index, ordinal) in targets {
@@ -577,9 +252,7 @@ pub fn upload_storages(
         .map(
             |(k, source)| match placed.get_mut(k).and_then(Option::take) {
                 Some(Placed::Cuda(c)) => Ok(c),
-                _ => Err(source
-                    .fallback
-                    .unwrap_or_else(|| "it was not uploaded".to_owned())),
+                _ => Err(source.fallback.unwrap_or(Fallback::NotUploaded)),
             },
         )
         .collect())
@@ -589,16 +262,16 @@ pub fn upload_storages(
 fn check_strict(
     ckpt: &Checkpoint,
     selection: &[Selected],
-    plan: &Plan,
+    plan: &DeviceMap,
     gpus: &Gpus,
 ) -> Result<(), LoadError> {
     for s in selection {
         let t = tensor(ckpt, s)?;
         if let Device::Cuda(i) = plan.tensor_target(t.info()) {
             match gpus.get(i) {
-                None => return Err(LoadError::Strict(strict_message(gpus, i))),
+                None => return Err(strict_error(gpus, i)),
                 Some(gpu) => {
-                    gpu.context().map_err(LoadError::Strict)?;
+                    gpu.context()?;
                 }
             }
         }
@@ -608,16 +281,17 @@ fn check_strict(
 
 /// The device `cuda:ordinal`, opened; or why a tensor planned there goes
 /// to the host instead.
-fn usable(gpus: &Gpus, ordinal: u32) -> Result<&Gpu, String> {
+fn usable(gpus: &Gpus, ordinal: u32) -> Result<&Gpu, Fallback> {
     let Some(gpu) = gpus.get(ordinal) else {
-        return Err(match gpus {
-            Gpus::Devices(d) if !d.is_empty() => {
-                format!("cuda:{ordinal} does not exist ({} CUDA device(s))", d.len())
-            }
-            _ => gpus.why_none(),
+        return Err(match gpus.none() {
+            Some(why) => Fallback::NoDevice(why),
+            None => Fallback::NoSuchDevice {
+                ordinal,
+                count: gpus.devices().len(),
+            },
         });
     };
-    gpu.context()?;
+    gpu.context().map_err(|e| Fallback::Unopened(e.clone()))?;
     Ok(gpu)
 }
 
@@ -648,7 +322,7 @@ fn tensor<'c>(
 fn resolve(
     ckpt: &Checkpoint,
     selection: &[Selected],
-    plan: &Plan,
+    plan: &DeviceMap,
     gpus: &Gpus,
     opts: &LoadOptions,
 ) -> Result<(Vec<Source>, Vec<LoadedTensor>), LoadError> {
@@ -669,7 +343,7 @@ fn resolve(
             },
             other => (other, None),
         };
-        let convert = ptload_reader::convert::target(info.dtype, opts.dtype);
+        let convert = ptload_reader::cast::target(info.dtype, opts.dtype);
         // A pending conj/neg bit is applied on the host, like a conversion:
         // what lands anywhere holds the tensor's values.
         let bits = (info.conj && info.dtype.is_complex()) || info.neg;
@@ -719,7 +393,7 @@ fn resolve(
                         let bytes = if to == info.dtype {
                             data.into_owned()
                         } else {
-                            ptload_reader::convert::convert(&data, info.dtype, to)?
+                            ptload_reader::cast::convert(&data, info.dtype, to)?
                         };
                         // Conversion is most of such a load's time: it
                         // counts the bytes it read.
@@ -799,14 +473,13 @@ fn upload_all(
             members_of.entry(i).or_default().push(k);
         }
     }
-    let mut ordinals: Vec<u32> = members_of.keys().copied().collect();
-    ordinals.sort_unstable();
+    let mut by_device: Vec<(u32, Vec<usize>)> = members_of.into_iter().collect();
+    by_device.sort_unstable_by_key(|&(ordinal, _)| ordinal);
     let mut prepared: Vec<(u32, &Gpu, Arena, Vec<usize>, Vec<usize>)> = Vec::new();
-    for ordinal in ordinals {
+    for (ordinal, members) in by_device {
         let Some(gpu) = gpus.get(ordinal) else {
             continue;
         };
-        let members = members_of.remove(&ordinal).unwrap_or_default();
         if let Some((arena, members, offsets)) = allocate(ckpt, sources, gpu, ordinal, members)? {
             prepared.push((ordinal, gpu, arena, members, offsets));
         }
@@ -900,11 +573,11 @@ fn allocate(
     members: Vec<usize>,
 ) -> Result<Option<(Arena, Vec<usize>, Vec<usize>)>, LoadError> {
     let (offsets, total) = layout(ckpt, sources, &members);
-    let fall_back = |sources: &mut [Source], ks: &[usize], why: &str| {
+    let fall_back = |sources: &mut [Source], ks: &[usize], why: Fallback| {
         for &k in ks {
             if let Some(s) = sources.get_mut(k) {
                 s.device = Device::Host;
-                s.fallback = Some(why.to_owned());
+                s.fallback = Some(why.clone());
             }
         }
     };
@@ -926,21 +599,23 @@ fn allocate(
                 .take_while(|(&o, &k)| o + sources.get(k).map_or(0, |s| s.len(ckpt)) <= budget)
                 .count();
             let (kept, rest) = members.split_at(fits.min(members.len()));
-            fall_back(
-                sources,
-                rest,
-                &format!("out of memory on cuda:{ordinal} ({free} bytes free)"),
-            );
+            let why = Fallback::OutOfMemory {
+                ordinal,
+                free: Some(free as u64),
+                message: None,
+            };
+            fall_back(sources, rest, why);
             let kept = kept.to_vec();
             let (offsets, total) = layout(ckpt, sources, &kept);
             match cuda::allocate(gpu, total) {
                 Ok(a) => Ok(Some((a, kept, offsets))),
                 Err(UploadError::OutOfMemory(m) | UploadError::Driver(m)) => {
-                    fall_back(
-                        sources,
-                        &kept,
-                        &format!("out of memory on cuda:{ordinal}: {m}"),
-                    );
+                    let why = Fallback::OutOfMemory {
+                        ordinal,
+                        free: Some(free as u64),
+                        message: Some(m),
+                    };
+                    fall_back(sources, &kept, why);
                     Ok(None)
                 }
                 Err(UploadError::Cancelled) => Err(LoadError::Cancelled),

@@ -6,7 +6,8 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext};
 
-use crate::cuda::{guarded, text, KeepCurrent};
+use crate::driver::{guarded, text, KeepCurrent};
+use crate::error::{DeviceError, DeviceErrorKind, NoGpu};
 
 /// A CUDA device that can receive storages.
 #[derive(Debug, Clone)]
@@ -53,7 +54,7 @@ impl Gpu {
     /// for (by this call or by a load that places something here). The
     /// calling thread's current context is left as it was. An error says
     /// why the device cannot be opened (busy, in exclusive use, failed).
-    pub fn context(&self) -> Result<&Arc<CudaContext>, String> {
+    pub fn context(&self) -> Result<&Arc<CudaContext>, DeviceError> {
         let opened = self.ctx.get_or_init(|| {
             let _keep = KeepCurrent::new();
             let ordinal = usize::try_from(self.ordinal).map_err(|_| "device ordinal".to_owned())?;
@@ -63,22 +64,30 @@ impl Gpu {
                     .map_err(text)
             })
         });
+        let unopened = |why: &str| {
+            DeviceError::new(
+                DeviceErrorKind::Unopened,
+                Some(self.ordinal),
+                why.to_owned(),
+            )
+        };
         match opened {
             Ok(Context(Some(ctx))) => Ok(ctx),
-            Ok(Context(None)) => Err("the context was released".into()),
-            Err(why) => Err(format!("cuda:{} could not be opened: {why}", self.ordinal)),
+            Ok(Context(None)) => Err(unopened("the context was released")),
+            Err(why) => Err(unopened(why)),
         }
     }
 
     /// Free memory now, bytes (opens the device's context).
-    pub fn free_memory(&self) -> Result<u64, String> {
+    pub fn free_memory(&self) -> Result<u64, DeviceError> {
         let ctx = self.context()?;
         let _keep = KeepCurrent::new();
         guarded(|| {
             ctx.mem_get_info()
                 .map(|(free, _)| free as u64)
-                .map_err(|e| format!("cuda:{}: {}", self.ordinal, text(e)))
+                .map_err(text)
         })
+        .map_err(|e| DeviceError::new(DeviceErrorKind::Driver, Some(self.ordinal), e))
     }
 
     /// Whether ptload holds this device's context (a load placed something
@@ -97,13 +106,21 @@ impl Gpus {
         }
     }
 
-    /// Why there is no device, in words (for fallback reasons).
-    pub fn why_none(&self) -> String {
+    /// Why there is no device; `None` when there are devices.
+    pub fn none(&self) -> Option<NoGpu> {
         match self {
-            Gpus::NoDriver => "no CUDA driver on this machine".into(),
-            Gpus::Unusable(why) => format!("the CUDA driver is unusable: {why}"),
-            Gpus::Devices(d) if d.is_empty() => "no CUDA device (the driver reports none)".into(),
-            Gpus::Devices(d) => format!("{} CUDA device(s)", d.len()),
+            Gpus::NoDriver => Some(NoGpu::NoDriver),
+            Gpus::Unusable(why) => Some(NoGpu::Unusable(why.clone())),
+            Gpus::Devices(d) if d.is_empty() => Some(NoGpu::NoneReported),
+            Gpus::Devices(_) => None,
+        }
+    }
+
+    /// Why there is no device, in words (or how many there are).
+    pub fn why_none(&self) -> String {
+        match self.none() {
+            Some(why) => why.to_string(),
+            None => format!("{} CUDA device(s)", self.devices().len()),
         }
     }
 

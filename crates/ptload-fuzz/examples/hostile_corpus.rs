@@ -1,7 +1,7 @@
 //! Writes the crafted files of `tests/hostile/`: one file per hostile case,
 //! by family (c_ container, p_ pickle VM, w_ wrong calls, t_ tensor
 //! metadata, x_ code payloads). What each must produce is stated in
-//! `tests/hostile.rs`, not here. The files made by real torch (torch_*)
+//! `crates/ptload-cli/tests/hostile.rs`, not here. The files made by real torch (torch_*)
 //! come from fixtures/generate.py.
 //!
 //! `cargo run -p ptload-fuzz --example hostile_corpus` (rewrites the files).

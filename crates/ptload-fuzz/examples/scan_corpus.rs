@@ -1,6 +1,6 @@
 //! Writes `tests/scan/`: files built to get a payload past a scanner, one
 //! per trick, each with the verdict `ptload scan` must give stated in
-//! `tests/scan.rs`. The payload is always `os.system("true")` or a
+//! `crates/ptload-reader/tests/scan.rs`. The payload is always `os.system("true")` or a
 //! harmless stand-in class: nothing here would do damage if run, and
 //! nothing ever runs it.
 //!

@@ -1,8 +1,9 @@
 //! Differential decoding: our pickle VM against serde-pickle, an
 //! independent implementation, on plain-data pickles.
 
+use ptload_reader::checkpoint::StringEncoding;
 use ptload_reader::fuzzing::{run_pickle, Plain};
-use ptload_reader::{ErrorKind, StringEncoding};
+use ptload_reader::ErrorKind;
 use serde_pickle::{DeOptions, HashableValue, Value};
 
 use crate::limits;

@@ -8,13 +8,14 @@
 //! promises is broken, which is what the fuzzer reports.
 
 use arbitrary::{Arbitrary, Unstructured};
+use ptload_reader::checkpoint::StringEncoding;
 use ptload_reader::export::SafetensorsOptions;
 use ptload_reader::fuzzing::{read_container, run_pickle, Plain};
-use ptload_reader::parallel::{Shard, Splits};
-use ptload_reader::placement::{Device, Keep, MapLocation, Plan, To};
+use ptload_reader::placement::{Device, DeviceMap, Keep, MapLocation, To};
 use ptload_reader::scan::{classify, GlobalClass};
 use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
-use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions, Policy, StringEncoding};
+use ptload_reader::tp::{Shard, Splits};
+use ptload_reader::{Checkpoint, ErrorKind, Limits, OpenOptions, Policy};
 
 pub mod craft;
 mod differential;
@@ -195,7 +196,7 @@ fn exercise_slices(ckpt: &Checkpoint) {
 /// plan takes an equal share, and together the ranks of a node cover the
 /// stored bytes once; a sliced plan's ranks read no more than the whole.
 fn exercise_plans(ckpt: std::sync::Arc<Checkpoint>) {
-    use ptload_reader::reads::ReadPlan;
+    use ptload_reader::read_plan::ReadPlan;
     let Ok(set) = ptload_reader::set::CheckpointSet::of("fuzzed.pt", ckpt) else {
         return;
     };
@@ -263,7 +264,7 @@ pub fn exercise(ckpt: &Checkpoint) {
                 // The same view over a copy of its storage, where no swap
                 // or conj/neg bit changes the bytes.
                 let info = t.info();
-                let plain = ckpt.byte_order() == ptload_reader::ByteOrder::HOST
+                let plain = ckpt.byte_order() == ptload_reader::checkpoint::ByteOrder::HOST
                     && !info.neg
                     && !(info.conj && info.dtype.is_complex());
                 if let (true, Ok(storage)) = (plain, t.storage_bytes()) {
@@ -296,15 +297,15 @@ pub fn exercise(ckpt: &Checkpoint) {
                     entry.name
                 );
             }
-            assert!(sd.decisions().iter().all(|d| !d.is_empty()));
+            assert!(sd.decisions().iter().all(|d| !d.to_string().is_empty()));
             key = sd.key().map(str::to_owned);
         }
         Err(e) => check_error(&e),
     }
-    let plan = Plan::new(ckpt, &mut To(Device::Host))
+    let plan = DeviceMap::new(ckpt, &mut To(Device::Host))
         .unwrap_or_else(|e| panic!("placing everything on the host failed: {e}"));
     assert_eq!(plan.placements().len(), ckpt.storages().len());
-    if let Err(e) = Plan::new(ckpt, &mut Keep) {
+    if let Err(e) = DeviceMap::new(ckpt, &mut Keep) {
         check_error(&e);
     }
     let mut out = Vec::new();

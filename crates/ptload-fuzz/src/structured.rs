@@ -138,13 +138,17 @@ fn element(storage: usize, i: u64, size: usize, dtype: DType) -> Vec<u8> {
     b
 }
 
+/// A storage to generate: dtype, torch's storage class, element count,
+/// location.
+type StorageSpec = (DType, &'static str, u64, &'static str);
+
 /// Write the model, check the untouched file reads back exactly, then
 /// check every mutation of it is read or refused cleanly.
 pub fn structured(model: &Model) {
     if model.storages.is_empty() || model.storages.len() > 8 || model.tensors.len() > 16 {
         return;
     }
-    let storages: Vec<(DType, &str, u64, &'static str)> = model
+    let storages: Vec<StorageSpec> = model
         .storages
         .iter()
         .map(|&(d, n, l)| {
@@ -157,7 +161,18 @@ pub fn structured(model: &Model) {
             )
         })
         .collect();
-    let big = model.big_endian && !model.legacy;
+    let (pickle, expected) = write_pickle(model, &storages);
+    let file = write_file(model, &storages, pickle);
+    check_read_back(model, &file, &expected);
+    if model.mutations.is_empty() {
+        return;
+    }
+    crate::checkpoint(&damage(file, &model.mutations));
+}
+
+/// The root dict's pickle: ungrouped tensors, the extras, then each
+/// group's dict; with what each tensor must read back as.
+fn write_pickle(model: &Model, storages: &[StorageSpec]) -> (Vec<u8>, Vec<Expected>) {
     let mut expected = Vec::new();
     let mut pickle = Pickle::proto(2);
     pickle.op(b"}(");
@@ -166,74 +181,9 @@ pub fn structured(model: &Model) {
         .iter()
         .map(|t| t.group.map(|g| g % 3))
         .collect();
-    let mut emit = |pickle: &mut Pickle, i: usize, spec: &TensorSpec, name: String| {
-        let s = usize::from(spec.storage) % storages.len();
-        let (dtype, class, numel, location) = storages[s];
-        let dims: Vec<(u64, u64)> = spec
-            .dims
-            .iter()
-            .take(4)
-            .map(|&(n, st)| (u64::from(n % 6), u64::from(st % 8)))
-            .collect();
-        let shape: Vec<u64> = dims.iter().map(|d| d.0).collect();
-        let stride: Vec<u64> = if spec.contiguous {
-            let mut acc = 1;
-            let mut st = vec![0; shape.len()];
-            for (k, &n) in shape.iter().enumerate().rev() {
-                st[k] = acc;
-                acc *= n.max(1);
-            }
-            st
-        } else {
-            dims.iter().map(|d| d.1).collect()
-        };
-        let offset = u64::from(spec.offset % 16);
-        let count: u64 = shape.iter().product();
-        let extent = shape
-            .iter()
-            .zip(&stride)
-            .map(|(&n, &st)| n.saturating_sub(1) * st)
-            .sum::<u64>();
-        let fits = count == 0 || offset + extent < numel;
-        let bytes = fits.then(|| {
-            let mut out = Vec::new();
-            let mut index = vec![0u64; shape.len()];
-            for _ in 0..count {
-                let at = offset + index.iter().zip(&stride).map(|(i, s)| i * s).sum::<u64>();
-                out.extend(element(s, at, dtype.size(), dtype));
-                for k in (0..index.len()).rev() {
-                    index[k] += 1;
-                    if index[k] < shape[k] {
-                        break;
-                    }
-                    index[k] = 0;
-                }
-            }
-            out
-        });
-        let key = s.to_string();
-        pickle.str(&format!("t{i}")).tensor(&TensorRecord {
-            storage_class: class,
-            key: &key,
-            location,
-            storage_numel: numel,
-            offset,
-            shape: &shape,
-            stride: &stride,
-            requires_grad: spec.requires_grad,
-        });
-        expected.push(Expected {
-            name,
-            dtype,
-            shape,
-            stride,
-            location,
-            bytes,
-        });
-    };
     for (i, spec) in model.tensors.iter().enumerate() {
         if groups[i].is_none() {
-            emit(&mut pickle, i, spec, format!("t{i}"));
+            expected.push(emit(&mut pickle, storages, i, spec, format!("t{i}")));
         }
     }
     for (i, extra) in model.extras.iter().take(4).enumerate() {
@@ -248,13 +198,93 @@ pub fn structured(model: &Model) {
         }
         pickle.str(&format!("g{g}")).op(b"}(");
         for i in members {
-            emit(&mut pickle, i, &model.tensors[i], format!("g{g}.t{i}"));
+            let spec = &model.tensors[i];
+            expected.push(emit(&mut pickle, storages, i, spec, format!("g{g}.t{i}")));
         }
         pickle.op(b"u");
     }
     pickle.op(b"u");
-    let pickle = pickle.stop();
+    (pickle.stop(), expected)
+}
 
+/// Write tensor `i` (key `t{i}`) into `pickle`; what it must read back as
+/// under `name`.
+fn emit(
+    pickle: &mut Pickle,
+    storages: &[StorageSpec],
+    i: usize,
+    spec: &TensorSpec,
+    name: String,
+) -> Expected {
+    let s = usize::from(spec.storage) % storages.len();
+    let (dtype, class, numel, location) = storages[s];
+    let dims: Vec<(u64, u64)> = spec
+        .dims
+        .iter()
+        .take(4)
+        .map(|&(n, st)| (u64::from(n % 6), u64::from(st % 8)))
+        .collect();
+    let shape: Vec<u64> = dims.iter().map(|d| d.0).collect();
+    let stride: Vec<u64> = if spec.contiguous {
+        let mut acc = 1;
+        let mut st = vec![0; shape.len()];
+        for (k, &n) in shape.iter().enumerate().rev() {
+            st[k] = acc;
+            acc *= n.max(1);
+        }
+        st
+    } else {
+        dims.iter().map(|d| d.1).collect()
+    };
+    let offset = u64::from(spec.offset % 16);
+    let count: u64 = shape.iter().product();
+    let extent = shape
+        .iter()
+        .zip(&stride)
+        .map(|(&n, &st)| n.saturating_sub(1) * st)
+        .sum::<u64>();
+    let fits = count == 0 || offset + extent < numel;
+    let bytes = fits.then(|| {
+        let mut out = Vec::new();
+        let mut index = vec![0u64; shape.len()];
+        for _ in 0..count {
+            let at = offset + index.iter().zip(&stride).map(|(i, s)| i * s).sum::<u64>();
+            out.extend(element(s, at, dtype.size(), dtype));
+            for k in (0..index.len()).rev() {
+                index[k] += 1;
+                if index[k] < shape[k] {
+                    break;
+                }
+                index[k] = 0;
+            }
+        }
+        out
+    });
+    let key = s.to_string();
+    pickle.str(&format!("t{i}")).tensor(&TensorRecord {
+        storage_class: class,
+        key: &key,
+        location,
+        storage_numel: numel,
+        offset,
+        shape: &shape,
+        stride: &stride,
+        requires_grad: spec.requires_grad,
+    });
+    Expected {
+        name,
+        dtype,
+        shape,
+        stride,
+        location,
+        bytes,
+    }
+}
+
+/// The checkpoint file: a zip (big-endian when asked) or the legacy
+/// layout, with the storages some tensor uses.
+fn write_file(model: &Model, storages: &[StorageSpec], pickle: Vec<u8>) -> Vec<u8> {
+    let big = model.big_endian && !model.legacy;
     let storage_bytes: Vec<Vec<u8>> = storages
         .iter()
         .enumerate()
@@ -279,7 +309,7 @@ pub fn structured(model: &Model) {
                 .any(|t| usize::from(t.storage) % storages.len() == *s)
         })
         .collect();
-    let file = if model.legacy {
+    if model.legacy {
         let keys: Vec<String> = used.iter().map(|s| s.to_string()).collect();
         let records: Vec<(&str, u64, &[u8])> = used
             .iter()
@@ -300,9 +330,16 @@ pub fn structured(model: &Model) {
         }
         entries.push(ZipEntry::new("archive/version", b"3\n".to_vec()));
         zip(&entries)
-    };
+    }
+}
 
-    let opened = OpenOptions::new().limits(limits()).open_bytes(file.clone());
+/// The untouched file opens and every tensor reads back as generated, or
+/// (a view outside its storage, an extra Python refuses, a deep or large
+/// extra past a limit) it is refused cleanly.
+fn check_read_back(model: &Model, file: &[u8], expected: &[Expected]) {
+    let opened = OpenOptions::new()
+        .limits(limits())
+        .open_bytes(file.to_vec());
     // Extras Python itself refuses: a size that is no size, integer text
     // over CPython's 4,300 digits.
     let invalid_extra = model.extras.iter().take(4).any(|e| {
@@ -317,7 +354,7 @@ pub fn structured(model: &Model) {
                 "opened a checkpoint with a view outside its storage"
             );
             assert_eq!(ckpt.len(), expected.len(), "tensor count");
-            for e in &expected {
+            for e in expected {
                 let t = ckpt
                     .tensor(&e.name)
                     .unwrap_or_else(|| panic!("tensor {} missing", e.name));
@@ -341,12 +378,11 @@ pub fn structured(model: &Model) {
             check_error(&err);
         }
     }
+}
 
-    if model.mutations.is_empty() {
-        return;
-    }
-    let mut damaged = file;
-    for m in model.mutations.iter().take(8) {
+/// `file` with the first eight mutations applied.
+fn damage(mut damaged: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
+    for m in mutations.iter().take(8) {
         let len = damaged.len().max(1) as u32;
         match m {
             Mutation::Flip(at, bit) => {
@@ -372,7 +408,7 @@ pub fn structured(model: &Model) {
             }
         }
     }
-    crate::checkpoint(&damaged);
+    damaged
 }
 
 /// Write `extra` `i` as one more item of the root dict (after its MARK).

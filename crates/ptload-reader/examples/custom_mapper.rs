@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ptload_reader::placement::{glob, Budget, Device, First, Mapper, Plan, StorageRequest};
+use ptload_reader::placement::{glob, Budget, Device, DeviceMap, First, Mapper, StorageRequest};
 use ptload_reader::Checkpoint;
 
 /// Whether any tensor viewing the storage matches the glob.
@@ -55,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     let mut mapper = First(vec![Box::new(by_name), Box::new(decoder)]);
-    let plan = Plan::new(&ckpt, &mut mapper)?;
+    let plan = DeviceMap::new(&ckpt, &mut mapper)?;
 
     println!("{}", path.display());
     println!("{:<26} {:>7} {:<6}    TARGET", "TENSOR", "BYTES", "SAVED");

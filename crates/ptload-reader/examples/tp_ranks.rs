@@ -16,9 +16,9 @@ use std::error::Error;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use ptload_reader::parallel::{Shard, Splits};
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::StateDictOptions;
+use ptload_reader::tp::{Shard, Splits};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 

@@ -105,6 +105,16 @@ impl<'a> ByteReader<'a> {
     }
 }
 
+/// At most the first `n` bytes of `data`: all of it when it is shorter.
+pub(crate) fn head(data: &[u8], n: usize) -> &[u8] {
+    data.split_at_checked(n).map_or(data, |(head, _)| head)
+}
+
+/// The bytes of `data` from `at` on: none when `at` is past its end.
+pub(crate) fn after(data: &[u8], at: usize) -> &[u8] {
+    data.split_at_checked(at).map_or(&[], |(_, rest)| rest)
+}
+
 /// `data[start..start + len]` with every bound checked, as a `u64` range.
 pub(crate) fn slice(data: &[u8], start: u64, len: u64) -> Option<&[u8]> {
     let start = usize::try_from(start).ok()?;

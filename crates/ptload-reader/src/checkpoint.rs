@@ -1,27 +1,38 @@
-//! The public facade: open a checkpoint, list its tensors and values.
+//! Opening a checkpoint ([`Checkpoint`], [`OpenOptions`], both also at
+//! the crate root) and what it holds besides tensors: its plain values
+//! ([`Scalar`]), the globals its pickles name ([`GlobalRef`]), a quantized
+//! tensor's parameters ([`Quantization`]), the file's layout ([`Format`])
+//! and byte order ([`ByteOrder`]), and how protocol-0-2 strings are
+//! decoded ([`StringEncoding`]).
 
-use std::hash::BuildHasher;
 use std::path::Path;
 
-use hashbrown::HashTable;
-
-use crate::bytes::{slice, ByteOrder};
+use crate::advice::Hint;
+use crate::bytes::slice;
 use crate::container::layout::StorageBytes;
-use crate::container::{detect, Detected, Format};
+use crate::container::{detect, Detected};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
+use crate::name_index::NameIndex;
 use crate::object::Objects;
-use crate::pickle::{Heap, StringEncoding, Value, Vm};
+use crate::pickle::{Heap, Value, Vm};
 use crate::ranged::{fetch_until, Fetcher, FileView, RangeRead, COALESCE_GAP};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip};
+use crate::torch::dtensor::DTensorSpec;
 use crate::torch::dtype::DType;
-use crate::torch::interp::GlobalRef;
-use crate::torch::names::{walk_all, Scalar};
+use crate::torch::names::walk_all;
 use crate::torch::policy::Policy;
 use crate::torch::tensor::{bare_storage, tensor_info, StorageData, StorageInfo, TensorInfo};
-use crate::torch::{TorchHeap, TorchInterp, TorchObj};
-use crate::view::TensorView;
+use crate::torch::{PendingStorage, TorchHeap, TorchInterp, TorchObj};
+use crate::view::{Storages, TensorView};
+
+pub use crate::bytes::ByteOrder;
+pub use crate::container::Format;
+pub use crate::pickle::StringEncoding;
+pub use crate::torch::interp::GlobalRef;
+pub use crate::torch::names::Scalar;
+pub use crate::torch::Quantization;
 
 /// Options for opening a checkpoint.
 #[derive(Debug, Clone, Default)]
@@ -79,8 +90,9 @@ impl OpenOptions {
     }
 
     /// Allow `module.name` under [`Policy::Strict`] (torch's
-    /// `add_safe_globals`). Globals of `sys`, `os`, `posix` and `nt` stay
-    /// refused.
+    /// `add_safe_globals`), or every global a glob matches (`mymodels.*`,
+    /// see [`Policy::allowlist_admits`]). Globals of `sys`, `os`, `posix`
+    /// and `nt` stay refused.
     pub fn allow_global(mut self, path: impl Into<String>) -> Self {
         self.allowed_globals.push(path.into());
         self
@@ -181,6 +193,11 @@ pub struct Checkpoint {
     /// Storages' bytes held in memory (tensors put together from a
     /// distributed checkpoint's chunks).
     owned: Vec<Vec<u8>>,
+    /// Storages read on demand (a distributed checkpoint's tensors).
+    lazy: Option<Lazy>,
+    /// The files a checkpoint put together from others was read from
+    /// (DCP `.distcp` files, FSDP rank files): outputs never overwrite them.
+    inputs: Vec<Source>,
     /// Deflated storage records (repacked archives; torch writes none),
     /// each inflated when first read: opening, `inspect` and `scan` never
     /// pay for data they do not read.
@@ -190,6 +207,9 @@ pub struct Checkpoint {
     pickle_protocol: u8,
     storages: Vec<StorageInfo>,
     tensors: Vec<TensorInfo>,
+    /// The DTensor specs of the tensors that are a DTensor's local part,
+    /// by tensor index, in index order.
+    dtensors: Vec<(u32, DTensorSpec)>,
     values: Vec<(String, Scalar)>,
     /// Values found inside call records: (index into `values`, index into
     /// `callables`), by value index.
@@ -197,9 +217,10 @@ pub struct Checkpoint {
     callables: Vec<String>,
     globals: Vec<GlobalRef>,
     warnings: Vec<String>,
-    /// Indices into `tensors`, hashed by name with `hasher`.
-    by_name: HashTable<u32>,
-    hasher: hashbrown::DefaultHashBuilder,
+    /// The limits it was opened with, for [`Checkpoint::suspicious`].
+    limits: Limits,
+    /// Indices into `tensors`, by name.
+    by_name: NameIndex,
     work: u64,
     objects: Option<Objects>,
     /// Read in scattered pieces (see `advise_scattered`): views ask for
@@ -222,6 +243,67 @@ struct Fetched {
 
 /// Most bytes one coalesced read of storages fetches.
 const MAX_COALESCED: u64 = 64 << 20;
+
+/// A tensor the walk named, checked against its storage: a rebuilt
+/// tensor, or a storage pickled on its own.
+fn walked_tensor(
+    heap: &Heap,
+    name: String,
+    value: Value,
+    storages: &[StorageInfo],
+    limits: &Limits,
+) -> Result<TensorInfo> {
+    match heap.torch(value) {
+        Some(TorchObj::Tensor(meta)) => tensor_info(heap, name, meta, storages, limits),
+        Some(TorchObj::Storage { index, dtype }) => bare_storage(name, *index, *dtype, storages),
+        _ => Err(Error::new(
+            ErrorKind::Tensor,
+            format!(
+                "'{name}' is a tensor component but holds a {}",
+                crate::torch::describe(heap, value)
+            ),
+        )),
+    }
+}
+
+impl Storages for Checkpoint {
+    fn storages(&self) -> &[StorageInfo] {
+        Checkpoint::storages(self)
+    }
+
+    fn storage_bytes(&self, index: usize) -> Result<&[u8]> {
+        Checkpoint::storage_bytes(self, index)
+    }
+
+    fn byte_order(&self) -> ByteOrder {
+        Checkpoint::byte_order(self)
+    }
+
+    fn is_scattered(&self) -> bool {
+        Checkpoint::is_scattered(self)
+    }
+
+    fn source(&self) -> &Source {
+        Checkpoint::source(self)
+    }
+
+    fn lazy_read(&self, index: usize) -> Option<Result<std::borrow::Cow<'_, [u8]>>> {
+        Checkpoint::lazy_read(self, index)
+    }
+}
+
+/// Where the bytes of storages read on demand come from: each call reads
+/// (puts together) storage `index` of the lazy ones afresh.
+pub(crate) trait LazyStorages: std::fmt::Debug + Send + Sync {
+    fn read(&self, index: usize) -> Result<Vec<u8>>;
+}
+
+/// Storages read on demand, and those a borrowing reader asked for, kept.
+#[derive(Debug)]
+struct Lazy {
+    source: std::sync::Arc<dyn LazyStorages>,
+    kept: Vec<std::sync::OnceLock<Vec<u8>>>,
+}
 
 /// A deflated storage record and, once read, its bytes.
 #[derive(Debug)]
@@ -263,26 +345,57 @@ fn every_refusal(first: Error, source: &Source, opts: &OpenOptions) -> Error {
     let Ok(ckpt) = Checkpoint::decode(source.clone(), &lenient) else {
         return first;
     };
-    let mut refused: Vec<String> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for g in ckpt.globals() {
-        let path = g.path();
-        if !g.torch_allowed
-            && !crate::torch::policy::user_allows(&opts.allowed_globals, &g.module, &g.name)
-            && seen.insert(path.clone())
-        {
-            refused.push(path);
-        }
-    }
+    let refused = ckpt.refused_globals(&opts.allowed_globals);
     if refused.len() < 2 {
         return first;
     }
-    first.with_note(format!(
-        "The file names {} globals outside the allowlist: {} (allow each one you trust with \
-         OpenOptions::allow_global)",
+    let note = format!(
+        "The file names {} globals outside the allowlist: {}",
         refused.len(),
         refused.join(", ")
-    ))
+    );
+    first.with_note(note, Some(Hint::AllowGlobals(refused)))
+}
+
+/// The decoded storages as the checkpoint describes them, and the
+/// deflated records whose bytes are inflated on first use.
+fn storage_infos(
+    pending: Vec<PendingStorage>,
+    bytes: Vec<StorageBytes>,
+) -> (Vec<StorageInfo>, Vec<Inflated>) {
+    let mut inflated = Vec::new();
+    let storages = pending
+        .into_iter()
+        .zip(bytes)
+        .map(|(p, bytes)| {
+            let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
+            let data = match bytes {
+                StorageBytes::File(offset) => StorageData::File(offset),
+                StorageBytes::Deflated(record) => {
+                    inflated.push(Inflated {
+                        record,
+                        bytes: std::sync::OnceLock::new(),
+                    });
+                    StorageData::Deflated(inflated.len() - 1)
+                }
+            };
+            StorageInfo {
+                file_offset: match data {
+                    StorageData::File(o) => Some(o),
+                    StorageData::Owned(_) | StorageData::Deflated(_) | StorageData::Lazy(_) => None,
+                },
+                key: p.key,
+                location: p.location,
+                dtype: p.dtype,
+                numel: p.numel,
+                nbytes,
+                record: p.record,
+                data,
+                quantized: p.quantized,
+            }
+        })
+        .collect();
+    (storages, inflated)
 }
 
 impl Checkpoint {
@@ -345,41 +458,13 @@ impl Checkpoint {
         )?;
         let objects_root = decoded.roots.first().map(|&(v, _)| v);
         if walked.tensors.len() > opts.limits.max_tensors {
-            return Err(Error::limit("max_tensors", opts.limits.max_tensors as u64));
+            return Err(Error::limit_needing(
+                "max_tensors",
+                opts.limits.max_tensors as u64,
+                walked.tensors.len() as u64,
+            ));
         }
-        let mut inflated = Vec::new();
-        let storages: Vec<StorageInfo> = decoded
-            .storages
-            .into_iter()
-            .zip(decoded.bytes)
-            .map(|(p, bytes)| {
-                let nbytes = p.numel.saturating_mul(p.dtype.size() as u64);
-                let data = match bytes {
-                    StorageBytes::File(offset) => StorageData::File(offset),
-                    StorageBytes::Deflated(record) => {
-                        inflated.push(Inflated {
-                            record,
-                            bytes: std::sync::OnceLock::new(),
-                        });
-                        StorageData::Deflated(inflated.len() - 1)
-                    }
-                };
-                StorageInfo {
-                    file_offset: match data {
-                        StorageData::File(o) => Some(o),
-                        StorageData::Owned(_) | StorageData::Deflated(_) => None,
-                    },
-                    key: p.key,
-                    location: p.location,
-                    dtype: p.dtype,
-                    numel: p.numel,
-                    nbytes,
-                    record: p.record,
-                    data,
-                    quantized: p.quantized,
-                }
-            })
-            .collect();
+        let (storages, inflated) = storage_infos(decoded.storages, decoded.bytes);
         let mut tensors = Vec::with_capacity(walked.tensors.len());
         // For the object graph: the first walked entry of each heap value,
         // by object id (`NOT_WALKED` where none).
@@ -396,26 +481,19 @@ impl Checkpoint {
                 }
             }
         }
+        let mut dtensors = Vec::new();
+        let mut warnings = decoded.notes;
+        warnings.extend(walked.warnings);
         for (name, value) in walked.tensors {
             // Indices must stay those of `by_name`: nothing is skipped.
-            let info = match heap.torch(value) {
-                Some(TorchObj::Tensor(meta)) => {
-                    tensor_info(&heap, name, meta, &storages, &opts.limits)?
+            if let Some(TorchObj::Tensor(meta)) = heap.torch(value) {
+                if let Some(spec) = &meta.dtensor {
+                    let at = u32::try_from(tensors.len())
+                        .map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+                    dtensors.push((at, (**spec).clone()));
                 }
-                Some(TorchObj::Storage { index, dtype }) => {
-                    bare_storage(name, *index, *dtype, &storages)?
-                }
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::Tensor,
-                        format!(
-                            "'{name}' is a tensor component but holds a {}",
-                            crate::torch::interp::describe(&heap, value)
-                        ),
-                    ))
-                }
-            };
-            tensors.push(info);
+            }
+            tensors.push(walked_tensor(&heap, name, value, &storages, &opts.limits)?);
         }
         let objects = match objects_root.filter(|_| opts.objects) {
             None => None,
@@ -448,6 +526,16 @@ impl Checkpoint {
                 )?)
             }
         };
+        if let Some((_, spec)) = dtensors.first() {
+            warnings.push(format!(
+                "{} tensors are DTensors: each is listed as this file's local part (rank {} at \
+                 {:?} on a mesh of {:?}); open every rank's file as one set for whole tensors",
+                dtensors.len(),
+                spec.rank.map_or_else(|| "?".to_owned(), |r| r.to_string()),
+                spec.coordinate,
+                spec.mesh
+            ));
+        }
         let format = decoded.format;
         let end = decoded.end;
         let fetched = match source.fetcher() {
@@ -467,19 +555,22 @@ impl Checkpoint {
         Ok(Checkpoint {
             source,
             owned: Vec::new(),
+            lazy: None,
+            inputs: Vec::new(),
             inflated,
             format,
             byte_order: decoded.byte_order,
             pickle_protocol: decoded.protocol,
             storages,
             tensors,
+            dtensors,
             values: walked.values,
             value_calls: walked.value_calls,
             callables: walked.callables,
             globals: leading.into_iter().chain(interp.globals).collect(),
-            warnings: walked.warnings,
+            warnings,
+            limits: opts.limits.clone(),
             by_name: walked.by_name,
-            hasher: walked.hasher,
             work: heap.work().saturating_add(walked.steps),
             objects,
             scattered: std::sync::atomic::AtomicBool::new(false),
@@ -498,9 +589,9 @@ impl Checkpoint {
         values: Vec<(String, Scalar)>,
         warnings: Vec<String>,
         protocol: u8,
+        format: Format,
     ) -> Result<Checkpoint> {
-        let hasher = hashbrown::DefaultHashBuilder::default();
-        let mut by_name: HashTable<u32> = HashTable::with_capacity(parts.len());
+        let mut by_name = NameIndex::with_capacity(parts.len());
         let mut storages = Vec::with_capacity(parts.len());
         let mut tensors: Vec<TensorInfo> = Vec::with_capacity(parts.len());
         let mut owned = Vec::with_capacity(parts.len());
@@ -529,13 +620,9 @@ impl Checkpoint {
                 *s = acc;
                 acc = acc.saturating_mul(d.max(1));
             }
-            let hash = hasher.hash_one(name.as_str());
-            if by_name
-                .find(hash, |&j| {
-                    tensors.get(j as usize).is_some_and(|t| t.name == name)
-                })
-                .is_some()
-            {
+            let hash = by_name.hash(name.as_str());
+            let name_of = |j: u32| tensors.get(j as usize).map(|t| t.name.as_str());
+            if by_name.find_hashed(hash, &name, name_of).is_some() {
                 return Err(
                     Error::new(ErrorKind::DuplicateName, "two tensors of this name")
                         .for_tensor(&name),
@@ -573,28 +660,29 @@ impl Checkpoint {
                 neg: false,
                 quantization: None,
             });
-            by_name.insert_unique(hash, at, |&j| {
-                tensors
-                    .get(j as usize)
-                    .map_or(0, |t| hasher.hash_one(t.name.as_str()))
+            by_name.insert_hashed(hash, at, |j| {
+                tensors.get(j as usize).map(|t| t.name.as_str())
             });
         }
         Ok(Checkpoint {
             source: Source::owned(Vec::new(), None),
             owned,
+            lazy: None,
+            inputs: Vec::new(),
             inflated: Vec::new(),
-            format: Format::Dcp,
+            format,
             byte_order: ByteOrder::HOST,
             pickle_protocol: protocol,
             storages,
             tensors,
+            dtensors: Vec::new(),
             values,
             value_calls: Vec::new(),
             callables: Vec::new(),
             globals: Vec::new(),
             warnings,
+            limits: Limits::default(),
             by_name,
-            hasher,
             work: 0,
             objects: None,
             scattered: std::sync::atomic::AtomicBool::new(false),
@@ -659,6 +747,18 @@ impl Checkpoint {
         &self.source
     }
 
+    /// Every file this checkpoint's data comes from: its own, and those a
+    /// checkpoint put together from others was read from.
+    pub(crate) fn inputs(&self) -> impl Iterator<Item = &Source> + '_ {
+        std::iter::once(&self.source).chain(&self.inputs)
+    }
+
+    /// This checkpoint, recording `inputs` as files its data came from.
+    pub(crate) fn read_from(mut self, inputs: Vec<Source>) -> Checkpoint {
+        self.inputs = inputs;
+        self
+    }
+
     /// Whether the tensor bytes come from a memory map of the file.
     pub fn is_mapped(&self) -> bool {
         self.source.is_mapped()
@@ -680,12 +780,11 @@ impl Checkpoint {
     /// The index in [`tensors`](Self::tensors) order of the tensor named
     /// `name`.
     pub fn position(&self, name: &str) -> Option<usize> {
-        let hash = self.hasher.hash_one(name);
         self.by_name
-            .find(hash, |&i| {
-                self.tensors.get(i as usize).is_some_and(|t| t.name == name)
+            .find(name, |i| {
+                self.tensors.get(i as usize).map(|t| t.name.as_str())
             })
-            .map(|&i| i as usize)
+            .map(|i| i as usize)
     }
 
     /// The work opening took, in the units of
@@ -736,6 +835,22 @@ impl Checkpoint {
             (StorageData::Owned(i), _) => self.owned.get(i).map(Vec::as_slice),
             (StorageData::Deflated(i), fetcher) => match self.inflated.get(i) {
                 Some(lazy) => Some(lazy.bytes(self.source.view(), fetcher)?),
+                None => None,
+            },
+            // A borrowing reader keeps what it asked for; views read
+            // their data afresh (`lazy_read`), so a pass over every tensor
+            // holds one at a time.
+            (StorageData::Lazy(i), _) => match &self.lazy {
+                Some(lazy) => match lazy.kept.get(i) {
+                    Some(kept) => match kept.get() {
+                        Some(done) => Some(done.as_slice()),
+                        None => {
+                            let made = lazy.source.read(i)?;
+                            Some(kept.get_or_init(|| made).as_slice())
+                        }
+                    },
+                    None => None,
+                },
                 None => None,
             },
         };
@@ -843,6 +958,54 @@ impl Checkpoint {
             .map(|f| (f.bytes_read(), f.requests()))
     }
 
+    /// This checkpoint (of [`assembled`](Self::assembled) tensors) with
+    /// the tensors at `tensors`, which have no storage, given one each
+    /// whose bytes `source` reads on demand: storage `k` of `source` is
+    /// that of `tensors[k]`.
+    pub(crate) fn with_lazy(
+        mut self,
+        source: std::sync::Arc<dyn LazyStorages>,
+        tensors: &[usize],
+    ) -> Result<Checkpoint> {
+        let mut kept = Vec::with_capacity(tensors.len());
+        for (k, &t) in tensors.iter().enumerate() {
+            let storage = self.storages.len();
+            let info = self
+                .tensors
+                .get_mut(t)
+                .filter(|i| i.storage.is_none())
+                .ok_or_else(|| Error::new(ErrorKind::Tensor, "no such tensor without data"))?;
+            info.storage = Some(storage);
+            self.storages.push(StorageInfo {
+                key: storage.to_string(),
+                location: "cpu".to_owned(),
+                dtype: info.dtype,
+                numel: info.numel,
+                nbytes: info.nbytes,
+                record: None,
+                file_offset: None,
+                data: StorageData::Lazy(k),
+                quantized: None,
+            });
+            kept.push(std::sync::OnceLock::new());
+        }
+        self.lazy = Some(Lazy { source, kept });
+        Ok(self)
+    }
+
+    /// The bytes of storage `index` when it is read on demand: those kept,
+    /// or read afresh (and not kept); `None` for any other storage.
+    pub(crate) fn lazy_read(&self, index: usize) -> Option<Result<std::borrow::Cow<'_, [u8]>>> {
+        let StorageData::Lazy(i) = self.storages.get(index)?.data else {
+            return None;
+        };
+        let lazy = self.lazy.as_ref()?;
+        Some(match lazy.kept.get(i).and_then(std::sync::OnceLock::get) {
+            Some(kept) => Ok(std::borrow::Cow::Borrowed(kept.as_slice())),
+            None => lazy.source.read(i).map(std::borrow::Cow::Owned),
+        })
+    }
+
     /// The plain non-tensor values (epoch, args.lr, ...), named by the
     /// flattening convention.
     pub fn values(&self) -> &[(String, Scalar)] {
@@ -871,9 +1034,79 @@ impl Checkpoint {
         &self.globals
     }
 
-    /// The globals outside torch's `weights_only=True` allowlist.
-    pub fn suspicious(&self) -> impl Iterator<Item = &GlobalRef> {
+    /// The globals outside torch's `weights_only=True` allowlist: what
+    /// [`Policy::Strict`] refuses (and `allow_global` admits).
+    pub fn outside_allowlist(&self) -> impl Iterator<Item = &GlobalRef> {
         self.globals.iter().filter(|g| !g.torch_allowed)
+    }
+
+    /// Each global (`module.name`, once, in the file's order) that
+    /// [`Policy::Strict`] refuses with the caller's allowlist `allowed`
+    /// (names and globs, see [`Policy::allowlist_admits`]): outside
+    /// torch's allowlist and not admitted by `allowed`.
+    pub fn refused_globals<S: AsRef<str>>(&self, allowed: &[S]) -> Vec<String> {
+        let mut refused: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for g in self.outside_allowlist() {
+            if !Policy::allowlist_admits(allowed, &g.module, &g.name) {
+                let path = g.path();
+                if seen.insert(path.clone()) {
+                    refused.push(path);
+                }
+            }
+        }
+        refused
+    }
+
+    /// The globals [`scan`](crate::scan) reports at
+    /// [`Level::UnknownCall`](crate::scan::Level::UnknownCall) or above in
+    /// this file, the same decision as `ptload scan`: each once, with its
+    /// strongest use (its [`level`](crate::scan::GlobalUse::level) is the
+    /// highest seen), in order of first appearance. The file's bytes are
+    /// scanned again, within the limits it was opened with; a file put
+    /// together from parts (a distributed checkpoint) has none.
+    pub fn suspicious(&self) -> impl Iterator<Item = crate::scan::GlobalUse> {
+        let report = crate::scan::scan_bytes(self.source.bytes(), &self.limits);
+        let mut found: Vec<crate::scan::GlobalUse> = Vec::new();
+        let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        for g in report.pickles.into_iter().flat_map(|p| p.globals) {
+            if g.level() < crate::scan::Level::UnknownCall {
+                continue;
+            }
+            match at.get(&g.path()) {
+                Some(&i) => {
+                    if let Some(seen) = found.get_mut(i) {
+                        if g.level() > seen.level() {
+                            *seen = g;
+                        }
+                    }
+                }
+                None => {
+                    at.insert(g.path(), found.len());
+                    found.push(g);
+                }
+            }
+        }
+        found.into_iter()
+    }
+
+    /// The DTensor spec of the tensor at `index` (see
+    /// [`tensor_at`](Self::tensor_at)), when it is the local part of a
+    /// DTensor (`torch.save` of an FSDP2 model's state dict): the whole
+    /// tensor's shape, the mesh, this rank's place on it and the
+    /// placements. [`crate::dcp::fsdp`] puts every rank's parts together.
+    pub fn dtensor_at(&self, index: usize) -> Option<&DTensorSpec> {
+        let index = u32::try_from(index).ok()?;
+        let at = self
+            .dtensors
+            .binary_search_by_key(&index, |&(i, _)| i)
+            .ok()?;
+        self.dtensors.get(at).map(|(_, s)| s)
+    }
+
+    /// Whether any tensor is a DTensor's local part.
+    pub fn has_dtensors(&self) -> bool {
+        !self.dtensors.is_empty()
     }
 
     /// Things the reader saw but does not expose (e.g. tensors of a kind it

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::advice::{Advised, Hint, Neutral, Terms};
+
 /// The layer and class of a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -19,7 +21,7 @@ pub enum ErrorKind {
     /// The pickle program is malformed.
     Pickle,
     /// A Python 2 string does not decode in the encoding asked for
-    /// ([`StringEncoding`](crate::StringEncoding)).
+    /// ([`StringEncoding`](crate::checkpoint::StringEncoding)).
     Decode,
     /// A global that the strict policy does not allow.
     UnsupportedGlobal,
@@ -83,14 +85,14 @@ pub struct Error {
 
 struct Inner {
     kind: ErrorKind,
-    message: String,
+    message: Advised,
     offset: Option<u64>,
     record: Option<String>,
     tensor: Option<String>,
     /// The file of a checkpoint set the failure is in.
     file: Option<String>,
     /// More the reader found, after the location (every refused global).
-    note: Option<String>,
+    note: Option<Advised>,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
@@ -99,7 +101,7 @@ impl Error {
         Error {
             inner: Box::new(Inner {
                 kind,
-                message: message.into(),
+                message: Advised::plain(message.into()),
                 offset: None,
                 record: None,
                 tensor: None,
@@ -116,11 +118,31 @@ impl Error {
         e
     }
 
-    pub(crate) fn limit(name: &str, value: u64) -> Self {
+    pub(crate) fn limit(name: &'static str, value: u64) -> Self {
         Error::new(
             ErrorKind::LimitExceeded,
-            format!("Limits::{name} ({value}) exceeded"),
+            format!("{name} ({value}) exceeded"),
         )
+        .with_hint(Hint::RaiseLimit {
+            limit: name,
+            value,
+            needed: None,
+        })
+    }
+
+    /// [`Error::limit`] where the value that would do is known.
+    pub(crate) fn limit_needing(name: &'static str, value: u64, needed: u64) -> Self {
+        Error::limit(name, value).with_hint(Hint::RaiseLimit {
+            limit: name,
+            value,
+            needed: Some(needed),
+        })
+    }
+
+    /// End the message with `hint` (see [`Terms`] for where it goes).
+    pub(crate) fn with_hint(mut self, hint: Hint) -> Self {
+        self.inner.message.hint = Some(hint);
+        self
     }
 
     pub(crate) fn at(mut self, offset: u64) -> Self {
@@ -137,8 +159,8 @@ impl Error {
         self
     }
 
-    pub(crate) fn with_note(mut self, note: String) -> Self {
-        self.inner.note = Some(note);
+    pub(crate) fn with_note(mut self, note: String, hint: Option<Hint>) -> Self {
+        self.inner.note = Some(Advised { text: note, hint });
         self
     }
 
@@ -161,9 +183,52 @@ impl Error {
         self.inner.kind
     }
 
-    /// What went wrong, without the location.
+    /// What went wrong, without the location or the hint.
     pub fn message(&self) -> &str {
-        &self.inner.message
+        &self.inner.message.text
+    }
+
+    /// What the caller could do about it, as data for a front end to word.
+    pub fn hint(&self) -> Option<&Hint> {
+        let note = self.inner.note.as_ref().and_then(|n| n.hint.as_ref());
+        note.or(self.inner.message.hint.as_ref())
+    }
+
+    /// The whole account for a user: [`Display`](fmt::Display)'s text with
+    /// the hint in `terms`, then each [`source`](std::error::Error::source)
+    /// in the chain after a colon.
+    pub fn render(&self, terms: &dyn Terms) -> String {
+        let mut out = self.render_one(terms);
+        let mut next = std::error::Error::source(self);
+        while let Some(source) = next {
+            out.push_str(": ");
+            out.push_str(&source.to_string());
+            next = source.source();
+        }
+        out
+    }
+
+    fn render_one(&self, terms: &dyn Terms) -> String {
+        use std::fmt::Write;
+        let inner = &self.inner;
+        let mut out = format!("{}: {}", inner.kind.layer(), inner.message.render(terms));
+        // Writing to a String does not fail.
+        if let Some(offset) = inner.offset {
+            let _ = write!(out, " at offset {offset:#x}");
+        }
+        if let Some(record) = &inner.record {
+            let _ = write!(out, " in {record}");
+        }
+        if let Some(tensor) = &inner.tensor {
+            let _ = write!(out, " (tensor '{tensor}')");
+        }
+        if let Some(file) = &inner.file {
+            let _ = write!(out, " in file {file}");
+        }
+        if let Some(note) = &inner.note {
+            let _ = write!(out, ". {}", note.render(terms));
+        }
+        out
     }
 
     /// Byte offset of the failure: inside the record when [`record`](Self::record)
@@ -189,27 +254,9 @@ impl Error {
 }
 
 impl fmt::Display for Error {
+    /// The neutral text, without the source (a chain printer prints it).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.inner.kind.layer(), self.inner.message)?;
-        if let Some(offset) = self.inner.offset {
-            write!(f, " at offset {offset:#x}")?;
-        }
-        if let Some(record) = &self.inner.record {
-            write!(f, " in {record}")?;
-        }
-        if let Some(tensor) = &self.inner.tensor {
-            write!(f, " (tensor '{tensor}')")?;
-        }
-        if let Some(file) = &self.inner.file {
-            write!(f, " in file {file}")?;
-        }
-        if let Some(note) = &self.inner.note {
-            write!(f, ". {note}")?;
-        }
-        if let Some(source) = &self.inner.source {
-            write!(f, ": {source}")?;
-        }
-        Ok(())
+        f.write_str(&self.render_one(&Neutral))
     }
 }
 

@@ -19,7 +19,7 @@ pub(crate) fn glob_captures<'t>(pattern: &str, text: &'t str) -> Option<Vec<&'t 
         part.len() <= t.len().saturating_sub(at)
             && part
                 .iter()
-                .zip(t.get(at..).unwrap_or_default())
+                .zip(t.iter().skip(at))
                 .all(|(&p, &(_, c))| p == '?' || p == c)
     };
     let byte = |i: usize| t.get(i).map_or(text.len(), |&(b, _)| b);
@@ -36,9 +36,10 @@ pub(crate) fn glob_captures<'t>(pattern: &str, text: &'t str) -> Option<Vec<&'t 
     let mut pos = first.len();
     for part in middle {
         let found = (pos..=tail.checked_sub(part.len())?).find(|&at| matches_at(part, at))?;
-        captures.push(text.get(byte(pos)..byte(found)).unwrap_or_default());
+        // Positions come from char_indices: always on a boundary.
+        captures.push(text.get(byte(pos)..byte(found))?);
         pos = found + part.len();
     }
-    captures.push(text.get(byte(pos)..byte(tail)).unwrap_or_default());
+    captures.push(text.get(byte(pos)..byte(tail))?);
     Some(captures)
 }

@@ -103,7 +103,7 @@ impl HttpFile {
                 }
                 Err((e, transient)) => {
                     return Err(if transient {
-                        e.with_note(format!("gave up after {attempt} attempts"))
+                        e.with_note(format!("gave up after {attempt} attempts"), None)
                     } else {
                         e
                     })

@@ -41,10 +41,11 @@
     )
 )]
 
+pub mod advice;
 mod bytes;
-mod checkpoint;
+pub mod cast;
+pub mod checkpoint;
 mod container;
-pub mod convert;
 pub mod dcp;
 mod error;
 pub mod export;
@@ -56,30 +57,29 @@ pub(crate) mod glob;
 pub mod http;
 mod limits;
 pub mod merge;
+mod name_index;
 pub mod object;
-pub mod parallel;
 mod pickle;
 pub mod placement;
 pub mod ranged;
-pub mod reads;
+pub mod read_plan;
 pub mod scan;
 pub mod set;
 #[allow(unsafe_code)]
 pub(crate) mod source;
 pub mod state_dict;
 mod torch;
+pub mod tp;
 mod view;
 
-pub use bytes::ByteOrder;
+// The root: what reading a checkpoint needs. Everything else is a public
+// module: what a checkpoint holds besides tensors (`checkpoint`),
+// placement, state-dict selection, export, casts, scanning, sets,
+// distributed checkpoints, tensor parallelism.
 pub use checkpoint::{Checkpoint, OpenOptions};
-pub use container::Format;
 pub use error::{Error, ErrorKind, Result};
 pub use limits::Limits;
-pub use pickle::StringEncoding;
 pub use torch::dtype::{DType, Element};
-pub use torch::interp::GlobalRef;
-pub use torch::names::Scalar;
 pub use torch::policy::Policy;
 pub use torch::tensor::{StorageInfo, TensorInfo};
-pub use torch::Quantization;
 pub use view::TensorView;

@@ -12,7 +12,7 @@
 //! ```
 //! # fn main() -> Result<(), ptload_reader::Error> {
 //! use ptload_reader::merge::merge;
-//! use ptload_reader::parallel::{Shard, Splits};
+//! use ptload_reader::tp::{Shard, Splits};
 //! use ptload_reader::set::CheckpointSet;
 //! use ptload_reader::OpenOptions;
 //!
@@ -33,10 +33,10 @@
 //! ```
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::parallel::{Shard, Split, Splits};
 use crate::set::CheckpointSet;
 use crate::torch::dtype::DType;
 use crate::torch::tensor::TensorInfo;
+use crate::tp::{Shard, Split, Splits};
 use crate::view::TensorView;
 
 /// One tensor of the model, from its parts in the rank files.
@@ -71,7 +71,7 @@ pub fn merge(set: &CheckpointSet, splits: &Splits) -> Result<Vec<Merged>> {
         let ndim = t.shape().len();
         let dim = match splits.split_of(name) {
             Split::Replicate => None,
-            Split::Dim(d) => Some(crate::parallel::resolve_dim(d, ndim).ok_or_else(|| {
+            Split::Dim(d) => Some(crate::tp::resolve_dim(d, ndim).ok_or_else(|| {
                 Error::new(
                     ErrorKind::InvalidSpec,
                     format!(
@@ -203,7 +203,9 @@ impl Merged {
         // Row-major: for each index of the dimensions before `d`, each
         // piece's block in turn, streamed from the files (as many indices
         // as elements, at most: no piece is empty).
-        let outer = self.shape.get(..d).unwrap_or_default();
+        let outer = self.shape.get(..d).ok_or_else(|| {
+            Error::new(ErrorKind::Tensor, "split dimension past the shape").for_tensor(&self.name)
+        })?;
         let mut index = vec![0u64; outer.len()];
         loop {
             for (part, info) in &pieces {

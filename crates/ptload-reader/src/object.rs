@@ -303,7 +303,10 @@ pub(crate) fn build(
 fn children_of(heap: &Heap, v: Value, out: &mut Vec<Value>) {
     match heap.get(v) {
         Some(Obj::Tuple(_) | Obj::List(_)) => {
-            out.extend(heap.sequence(v).unwrap_or_default());
+            // The kind says it is a sequence, and the accessor agrees.
+            if let Some(items) = heap.sequence(v) {
+                out.extend(items);
+            }
         }
         Some(Obj::Dict(d) | Obj::Set(d)) => {
             out.extend(d.entries().iter().flat_map(|&(k, v)| [k, v]));

@@ -237,13 +237,14 @@ impl Extents {
         let holes: Vec<(u64, u64)> = merged.iter().flat_map(|&(a, b)| self.holes(a, b)).collect();
         let total: u64 = holes.iter().map(|(a, b)| b - a).sum();
         if total > *budget {
-            return Err(
-                Error::limit("max_open_fetch_bytes", *budget).with_note(format!(
-                    "reading {} by ranges needs {total} more bytes before any tensor is read; \
-                 download it, or raise the limit",
+            return Err(Error::limit("max_open_fetch_bytes", *budget).with_note(
+                format!(
+                    "reading {} by ranges needs {total} more bytes before any tensor is \
+                         read; download it, or raise the limit",
                     fetcher.name()
-                )),
-            );
+                ),
+                None,
+            ));
         }
         *budget -= total;
         for (a, b) in holes {

@@ -23,15 +23,14 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use hashbrown::HashTable;
 use rayon::prelude::*;
 
 use crate::checkpoint::{Checkpoint, OpenOptions};
 use crate::error::{Error, ErrorKind, Result};
+use crate::name_index::NameIndex;
 use crate::source::read_bounded;
 use crate::view::TensorView;
 
@@ -69,9 +68,8 @@ impl SetFile {
 pub struct CheckpointSet {
     files: Vec<SetFile>,
     index: Option<PathBuf>,
-    /// `(file, tensor)` pairs, hashed by the tensor's name with `hasher`.
-    by_name: HashTable<(u32, u32)>,
-    hasher: hashbrown::DefaultHashBuilder,
+    /// `(file, tensor)` pairs, by the tensor's name.
+    by_name: NameIndex<(u32, u32)>,
     warnings: Vec<String>,
     /// Model-parallel rank files: names repeat, `by_name` is rank 0's.
     ranks: bool,
@@ -138,7 +136,19 @@ impl CheckpointSet {
                     ));
                 }
             }
-            files.sort();
+            files.sort_by_cached_key(|p| (rank_in_name(p), p.clone()));
+            let sidecar = path.join(crate::dcp::fsdp::SIDECAR);
+            if sidecar.is_file() && !files.is_empty() {
+                let text = read_bounded(
+                    &sidecar,
+                    opts.limits_ref().max_index_bytes,
+                    "max_index_bytes",
+                )
+                .map_err(|e| e.in_file(crate::dcp::fsdp::SIDECAR))?;
+                let layout = crate::dcp::fsdp::LocalLayout::from_json(&text)
+                    .map_err(|e| e.in_file(crate::dcp::fsdp::SIDECAR))?;
+                return CheckpointSet::open_fsdp_files(&files, Some(&layout), opts);
+            }
             if files.is_empty() {
                 return Err(Error::new(
                     ErrorKind::NotACheckpoint,
@@ -157,15 +167,16 @@ impl CheckpointSet {
     }
 
     /// A `torch.distributed.checkpoint` directory as a set of one: its
-    /// tensors put together from their chunks in memory, its non-tensor
-    /// items as values (see [`crate::dcp`], which reads single tensors and
-    /// rank slices without the rest). The set's one file is the directory.
+    /// tensors put together from their chunks when their data is read
+    /// (each read afresh, so a pass over the set holds one tensor at a
+    /// time; see [`crate::dcp::Dcp::into_checkpoint`]), its non-tensor
+    /// items as values. The set's one file is the directory.
     pub fn open_dcp(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
         let dir = dir.as_ref();
-        let dcp = crate::dcp::Dcp::open_with(dir, opts)?;
+        let dcp = Arc::new(crate::dcp::Dcp::open_with(dir, opts)?);
         let file = SetFile {
             path: dir.to_path_buf(),
-            checkpoint: Arc::new(dcp.to_checkpoint()?),
+            checkpoint: Arc::new(dcp.into_checkpoint()?),
         };
         CheckpointSet::build(vec![file], None, opts)
     }
@@ -258,7 +269,6 @@ impl CheckpointSet {
             files,
             index: None,
             by_name: single.by_name,
-            hasher: single.hasher,
             warnings: Vec::new(),
             ranks: true,
         })
@@ -269,13 +279,59 @@ impl CheckpointSet {
         self.ranks
     }
 
-    /// These files as one set, opened in parallel.
+    /// These files as one set, opened in parallel. Per-rank files of
+    /// DTensors (`torch.save` of an FSDP2 model's state dict on each rank)
+    /// are put together as one state dict (see
+    /// [`open_fsdp_files`](Self::open_fsdp_files)).
     pub fn open_files<P: AsRef<Path> + Sync>(
         paths: &[P],
         opts: &OpenOptions,
     ) -> Result<CheckpointSet> {
         let files = open_all(paths, opts)?;
+        if files.len() > 1 && files.iter().any(|f| f.checkpoint.has_dtensors()) {
+            return CheckpointSet::merge_ranks(files, None, opts);
+        }
         CheckpointSet::build(files, None, opts)
+    }
+
+    /// FSDP rank files (one `torch.save` per rank, in rank order) as one
+    /// set of whole tensors, put together in memory by
+    /// [`crate::dcp::fsdp::merge`]: DTensors by the mesh and placements
+    /// they record, plain local shards by `layout`, other tensors taken
+    /// once and checked equal on every rank. The set's one file is the
+    /// folder of the first.
+    pub fn open_fsdp_files<P: AsRef<Path> + Sync>(
+        paths: &[P],
+        layout: Option<&crate::dcp::fsdp::LocalLayout>,
+        opts: &OpenOptions,
+    ) -> Result<CheckpointSet> {
+        let files = open_all(paths, opts)?;
+        CheckpointSet::merge_ranks(files, layout, opts)
+    }
+
+    fn merge_ranks(
+        files: Vec<SetFile>,
+        layout: Option<&crate::dcp::fsdp::LocalLayout>,
+        opts: &OpenOptions,
+    ) -> Result<CheckpointSet> {
+        let named: Vec<(String, &Checkpoint)> = files
+            .iter()
+            .map(|f| (f.name(), f.checkpoint.as_ref()))
+            .collect();
+        let inputs = files
+            .iter()
+            .flat_map(|f| f.checkpoint.inputs().cloned())
+            .collect();
+        let merged = crate::dcp::fsdp::merge(&named, layout, opts.limits_ref())?.read_from(inputs);
+        let folder = files
+            .first()
+            .and_then(|f| f.path.parent())
+            .map_or_else(PathBuf::new, Path::to_path_buf);
+        let file = SetFile {
+            path: folder,
+            checkpoint: Arc::new(merged),
+        };
+        CheckpointSet::build(vec![file], None, opts)
     }
 
     /// The set a Hugging Face index names: `{"weight_map": {tensor: file}}`,
@@ -350,7 +406,8 @@ impl CheckpointSet {
             match set.tensor(tensor) {
                 Some((at, _)) if set.files.get(at).is_some_and(|f| f.name() == *shard) => {}
                 Some((at, _)) => {
-                    let found = set.files.get(at).map(SetFile::name).unwrap_or_default();
+                    // `at` is the set's own answer: always one of its files.
+                    let found = set.files.get(at).map_or_else(String::new, SetFile::name);
                     return Err(Error::new(
                         ErrorKind::Tensor,
                         format!("the index places it in {shard}, but it is in {found}"),
@@ -396,13 +453,10 @@ impl CheckpointSet {
                 opts.limits_ref().max_tensors as u64,
             ));
         }
-        let hasher = hashbrown::DefaultHashBuilder::default();
-        let mut by_name: HashTable<(u32, u32)> = HashTable::with_capacity(total);
-        let name_of = |files: &[SetFile], (f, t): (u32, u32)| -> String {
-            files
-                .get(f as usize)
-                .and_then(|file| file.checkpoint.tensor_at(t as usize))
-                .map_or_else(String::new, |v| v.name().to_owned())
+        let mut by_name = NameIndex::with_capacity(total);
+        let name_of = |(f, t): (u32, u32)| {
+            let file = files.get(f as usize)?;
+            Some(file.checkpoint.tensor_at(t as usize)?.info().name.as_str())
         };
         for (f, file) in files.iter().enumerate() {
             let f =
@@ -411,18 +465,11 @@ impl CheckpointSet {
                 let t = u32::try_from(t)
                     .map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
                 let name = view.name();
-                let hash = hasher.hash_one(name);
-                let same = |&(of, ot): &(u32, u32)| {
-                    files
-                        .get(of as usize)
-                        .and_then(|x| x.checkpoint.tensor_at(ot as usize))
-                        .is_some_and(|v| v.name() == name)
-                };
-                if let Some(&(first, _)) = by_name.find(hash, same) {
+                if let Err((first, _)) = by_name.insert(name, (f, t), name_of) {
                     let first = files
                         .get(first as usize)
-                        .map(SetFile::name)
-                        .unwrap_or_default();
+                        // Indices of files already read: always there.
+                        .map_or_else(String::new, SetFile::name);
                     return Err(Error::new(
                         ErrorKind::DuplicateName,
                         format!(
@@ -433,14 +480,12 @@ impl CheckpointSet {
                     )
                     .for_tensor(name));
                 }
-                by_name.insert_unique(hash, (f, t), |&k| hasher.hash_one(name_of(&files, k)));
             }
         }
         Ok(CheckpointSet {
             files,
             index,
             by_name,
-            hasher,
             warnings: Vec::new(),
             ranks: false,
         })
@@ -459,10 +504,9 @@ impl CheckpointSet {
     /// The tensor named `name`, and the position of its file in
     /// [`files`](Self::files).
     pub fn tensor(&self, name: &str) -> Option<(usize, TensorView<'_>)> {
-        let hash = self.hasher.hash_one(name);
-        let &(f, t) = self.by_name.find(hash, |&(f, t)| {
-            self.view(f as usize, t as usize)
-                .is_some_and(|v| v.name() == name)
+        let (f, t) = self.by_name.find(name, |(f, t)| {
+            let file = self.files.get(f as usize)?;
+            Some(file.checkpoint.tensor_at(t as usize)?.info().name.as_str())
         })?;
         Some((f as usize, self.view(f as usize, t as usize)?))
     }
@@ -510,6 +554,24 @@ fn ranks_hint(files: &[SetFile]) -> &'static str {
     } else {
         ""
     }
+}
+
+/// The rank a file's name gives (`model_world_size_4_rank_2.pt`: 2), to
+/// order rank files by; `u64::MAX` when it names none.
+fn rank_in_name(p: &Path) -> u64 {
+    // A path without a file name names no rank.
+    let Some(stem) = p.file_stem() else {
+        return u64::MAX;
+    };
+    let name = stem.to_string_lossy().to_ascii_lowercase();
+    name.rfind("rank")
+        .and_then(|at| name.get(at + 4..))
+        .map(|rest| rest.trim_start_matches(['_', '-']))
+        .and_then(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .unwrap_or(u64::MAX)
 }
 
 fn file_name(p: &Path) -> String {

@@ -14,7 +14,7 @@ use crate::ranged::{Extents, Fetcher, FileView};
 /// The whole of a small file (an index, a metadata pickle), refused with
 /// the limit `limit` when it holds more than `max` bytes: read up to one
 /// byte past `max`, never more, whatever the file's size.
-pub(crate) fn read_bounded(path: &Path, max: u64, limit: &str) -> Result<Vec<u8>> {
+pub(crate) fn read_bounded(path: &Path, max: u64, limit: &'static str) -> Result<Vec<u8>> {
     use std::io::Read;
     let file =
         File::open(path).map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;

@@ -3,8 +3,8 @@
 use std::borrow::Cow;
 
 use crate::bytes::{negate_le, ByteOrder};
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, ErrorKind, Result};
+use crate::source::Source;
 use crate::torch::dtype::{DType, Element};
 use crate::torch::tensor::{StorageInfo, TensorInfo};
 
@@ -12,8 +12,27 @@ use crate::torch::tensor::{StorageInfo, TensorInfo};
 /// borrow from the memory-mapped file when they can.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorView<'a> {
-    pub(crate) ckpt: &'a Checkpoint,
+    pub(crate) ckpt: &'a dyn Storages,
     pub(crate) info: &'a TensorInfo,
+}
+
+/// What a view reads its tensor's bytes from: the storages of the
+/// checkpoint that holds it (`Checkpoint` implements it), so views need
+/// not know the checkpoint.
+pub(crate) trait Storages: std::fmt::Debug + Sync {
+    /// Every storage, by index.
+    fn storages(&self) -> &[StorageInfo];
+    /// The bytes of storage `index`, in the file's byte order.
+    fn storage_bytes(&self, index: usize) -> Result<&[u8]>;
+    /// The byte order of the file's storages.
+    fn byte_order(&self) -> ByteOrder;
+    /// Whether views should ask for their pages before reading them.
+    fn is_scattered(&self) -> bool;
+    /// The file's bytes.
+    fn source(&self) -> &Source;
+    /// The bytes of storage `index` when it is read on demand; `None` for
+    /// any other storage.
+    fn lazy_read(&self, index: usize) -> Option<Result<Cow<'_, [u8]>>>;
 }
 
 /// Row-major chunks are handed out in pieces of at most this many bytes
@@ -137,6 +156,9 @@ impl<'a> TensorView<'a> {
     /// from the file when contiguous and already in host order, gathered and
     /// swapped into an owned buffer otherwise.
     pub fn data(&self) -> Result<Cow<'a, [u8]>> {
+        if let Some(read) = self.lazy() {
+            return read;
+        }
         if let Ok(bytes) = self.borrowed() {
             return Ok(Cow::Borrowed(bytes));
         }
@@ -264,6 +286,10 @@ impl<'a> TensorView<'a> {
     /// Hand the elements, row-major and in host byte order, to `f` in
     /// chunks, without materializing the whole tensor.
     pub fn visit_bytes(&self, mut f: impl FnMut(&[u8])) -> Result<()> {
+        if let Some(read) = self.lazy() {
+            f(&read?);
+            return Ok(());
+        }
         let storage = self.require_storage()?;
         let info = self.info;
         self.prefetch(storage.len() as u64);
@@ -344,6 +370,26 @@ impl<'a> TensorView<'a> {
                 self.transform(fresh);
             }
         }
+    }
+
+    /// A tensor read on demand (its storage row-major, in host order): its
+    /// bytes read afresh, not kept; a part of it (a rank's slice) gathered
+    /// from them.
+    fn lazy(&self) -> Option<Result<Cow<'a, [u8]>>> {
+        let read = self.ckpt.lazy_read(self.info.storage?)?;
+        let whole = self.info.storage_offset == 0
+            && self.is_contiguous()
+            && self.storage().is_some_and(|s| s.nbytes == self.info.nbytes);
+        Some(
+            read.and_then(|bytes| {
+                if whole {
+                    Ok(bytes)
+                } else {
+                    self.info.gather(&bytes).map(Cow::Owned)
+                }
+            })
+            .map_err(|e| e.for_tensor(&self.info.name)),
+        )
     }
 
     fn require_storage(&self) -> Result<&'a [u8]> {

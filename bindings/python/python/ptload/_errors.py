@@ -166,6 +166,9 @@ _BY_KIND = {
     "Tensor": TensorError,
     "LimitExceeded": LimitError,
     "Unsupported": UnsupportedError,
+    # Two tensors under one name (a rename, a set's files): what a state
+    # dict cannot hold, raised as it was before it had a kind of its own.
+    "DuplicateName": UnsupportedError,
 }
 
 

@@ -405,7 +405,8 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
 
     def _global(module, name):
         path = f"{module}.{name}"
-        if path in allowed and not _ptload.module_blocked(module):
+        # A name or a glob of the caller's, by the reader's rule.
+        if allowed and _ptload.global_allowed(list(allowed), module, name):
             given = allowed.get(path) if isinstance(allowed, dict) else None
             if given is not None:
                 return given

@@ -12,7 +12,6 @@ torch tensors view a private map. Nothing here imports torch unless
 import mmap as _mmap
 import os
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
-import re
 import sys
 import warnings
 
@@ -63,31 +62,15 @@ def numpy_dtype(name):
     return None
 
 
-def _changed(decision, key, strip_prefix):
-    """Whether a decision of the reader's automatic options changed what
-    the caller gets: not the whole file kept, nor what an explicit key or
-    include/exclude left out as asked. A set's decisions start with their
-    file's name."""
-    what = decision
-    if not what.startswith(("key auto", "left out", "strip")):
-        what = what.partition(": ")[2] or what
-    if what.startswith("key auto: the whole file"):
-        return False
-    if what.startswith("key auto"):
+def _changed(kind, key, strip_prefix):
+    """Whether a decision of the reader's (its kind, from the binding)
+    changed what the caller gets: not the whole file kept, nor what an
+    explicit key or include/exclude left out as asked."""
+    if kind in ("key", "left_out"):
         return key == "auto"
-    if what.startswith("left out"):
-        return key == "auto" and "by name" not in what
-    if what.startswith("strip"):
+    if kind == "stripped":
         return strip_prefix == "auto"
-    return True
-
-
-def _in_python(decision):
-    """The reader's account of an automatic choice, in this API's terms
-    (``key="model"`` rather than the Rust ``KeySelect::Path``)."""
-    decision = re.sub(r'select KeySelect::Path\("((?:[^"\\]|\\.)*)"\)', r'pass key="\1"', decision)
-    decision = decision.replace("select it with KeySelect::Path", 'select it with key="..."')
-    return decision.replace("strip-prefix auto:", "strip_prefix auto:")
+    return kind not in ("whole_file", "filtered")
 
 
 def _array_dtype(info):
@@ -228,10 +211,10 @@ class safe_open:
                     self._map = _mmap.mmap(fh.fileno(), 0, access=access)
 
     def _warn(self, decisions, key, strip_prefix):
-        decisions = [d for d in decisions if _changed(d, key, strip_prefix)]
-        if decisions:
+        said = [text for kind, text in decisions if _changed(kind, key, strip_prefix)]
+        if said:
             warnings.warn(
-                f"{os.path.basename(self._path)}: " + "; ".join(map(_in_python, decisions)),
+                f"{os.path.basename(self._path)}: " + "; ".join(said),
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )

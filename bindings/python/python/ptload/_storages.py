@@ -277,10 +277,8 @@ class _Storages:
             ordinal = _cuda_ordinal(device)
             if ordinal < count:
                 targets.append((i, ordinal))
-            elif count == 0:
-                self._fall_back(i, device, "no CUDA device is available")
             else:
-                self._fall_back(i, device, f"only {count} CUDA device(s) are visible")
+                self._fall_back(i, device, _ptload.fallback_text(ordinal, count))
         if not targets or max(o for _, o in targets) >= _ptload.cuda_device_count():
             return  # the driver is not ptload's to use: torch copies each one
         self.uploaded = self.ckpt.upload(targets, _advance(self.bar))
@@ -480,10 +478,9 @@ class _Storages:
             return torch.empty(storage.numel(), dtype=torch.uint8, device="meta")
         why = None
         if device.type == "cuda":
-            if not torch.cuda.is_available():
-                why = "no CUDA device is available"
-            elif (device.index or 0) >= torch.cuda.device_count():
-                why = f"only {torch.cuda.device_count()} CUDA device(s) are visible"
+            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if (device.index or 0) >= visible:
+                why = _ptload.fallback_text(device.index or 0, visible)
         else:
             if device.type not in ("cuda",) and not _device_available(device):
                 why = f"device {device} is not available"
@@ -491,7 +488,7 @@ class _Storages:
             try:
                 return storage.to(device=device)
             except torch.cuda.OutOfMemoryError:
-                why = f"{device} is out of memory"
+                why = _ptload.fallback_text(device.index or 0, 0, out_of_memory=True)
             except RuntimeError as e:  # an unusable device
                 why = str(e).splitlines()[0]
         self._refuse_or_note(index, device, why)

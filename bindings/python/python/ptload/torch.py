@@ -115,7 +115,7 @@ def _bounded(t, what):
     limit = _ptload.MAX_EXPANDED_VIEW_BYTES
     if nbytes > limit and nbytes > t.untyped_storage().nbytes():
         raise Error(
-            f"{what}: limit: Limits::max_expanded_view_bytes ({limit}) exceeded: an "
+            f"{what}: limit: max_expanded_view_bytes ({limit}) exceeded: an "
             f"overlapping view of {nbytes} bytes over a {t.untyped_storage().nbytes()}-byte storage"
         )
 
@@ -135,19 +135,10 @@ def _sparse(layout, data):
     return torch.sparse_compressed_tensor(compressed, plain, values, size, layout=layout, check_invariants=True)
 
 
-def _usable(allowed, module, name):
-    """Whether the caller's trust admits ``module.name``: never for the
-    modules torch blocks whatever is allowed (sys, os, posix, nt)."""
-    return f"{module}.{name}" in allowed and not _ptload.module_blocked(module)
-
-
 def _forbidden(ckpt, allowed):
-    refused = []
-    for module, name, torch_allowed, *_ in ckpt.globals():
-        path = f"{module}.{name}"
-        if not torch_allowed and not _usable(allowed, module, name) and path not in refused:
-            refused.append(path)
-    return refused
+    """The globals the file names that neither torch's allowlist nor the
+    caller's names and globs admit: the reader's list."""
+    return ckpt.refused_globals(list(allowed))
 
 
 def _allowed_names(allow_globals):
@@ -212,7 +203,8 @@ def load(
     each such object as a :class:`ptload.Inert` record, never called, and
     builds plain types (``argparse.Namespace``, ``collections`` containers,
     numpy scalars, dtypes and arrays, paths, datetimes) as the real objects
-    from their data. ``allow_globals``: names (``"module.name"``) or
+    from their data. ``allow_globals``: names (``"module.name"``), globs
+    over them (``"mymodels.*"``, as the CLI's ``--allow-global``) or
     objects trusted as ``torch.serialization.add_safe_globals`` trusts them:
     imported and called as pickle would.
 

@@ -1,5 +1,6 @@
 //! Format detection by content, never by file name.
 
+use crate::bytes::{after, head};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ranged::FileView;
 
@@ -74,11 +75,15 @@ pub(crate) fn detect<'d>(data: impl Into<FileView<'d>>) -> Result<Detected> {
         };
     }
     if data.starts_with(b"version https://git-lfs.github.com/spec/") {
-        let size = std::str::from_utf8(data.get(..data.len().min(512)).unwrap_or_default())
+        // The pointer names the real file's size; without it the message
+        // says less.
+        let size = match std::str::from_utf8(head(data, 512))
             .ok()
             .and_then(|s| s.lines().find_map(|l| l.strip_prefix("size ")))
-            .map(|s| format!(" of a {}-byte file", s.trim()))
-            .unwrap_or_default();
+        {
+            Some(s) => format!(" of a {}-byte file", s.trim()),
+            None => String::new(),
+        };
         return Err(not_a_checkpoint(format!(
             "this is a Git LFS pointer{size}, not the checkpoint: the repository was cloned \
              without LFS; run `git lfs pull` (or install git-lfs and clone again)"
@@ -165,17 +170,20 @@ fn other_format(data: &[u8], total: usize) -> Option<String> {
         return Some((*what).to_owned());
     }
     // Text bodies a storage service or API returns instead of the file.
-    let head = data.get(..data.len().min(512)).unwrap_or_default();
-    let head = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
-    let start = head.iter().position(|b| !b.is_ascii_whitespace())?;
-    let text = head.get(start..).unwrap_or_default();
+    let first = head(data, 512);
+    let first = first.strip_prefix(b"\xef\xbb\xbf").unwrap_or(first);
+    let start = first.iter().position(|b| !b.is_ascii_whitespace())?;
+    let text = after(first, start);
     if text.starts_with(b"<?xml") || text.starts_with(b"<Error>") {
-        let code = std::str::from_utf8(text)
+        // An error document without a code is named without one.
+        let code = match std::str::from_utf8(text)
             .ok()
             .and_then(|t| t.split("<Code>").nth(1))
             .and_then(|t| t.split('<').next())
-            .map(|c| format!(" ({c})"))
-            .unwrap_or_default();
+        {
+            Some(c) => format!(" ({c})"),
+            None => String::new(),
+        };
         return Some(format!(
             "this is an XML document{code}, not a checkpoint: the download probably returned \
              a storage service's error (S3, GCS)"
@@ -193,13 +201,13 @@ fn other_format(data: &[u8], total: usize) -> Option<String> {
 }
 
 fn looks_like_html(data: &[u8]) -> bool {
-    let head = data.get(..data.len().min(1024)).unwrap_or_default();
-    let head = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(head);
-    let start = head
+    let first = head(data, 1024);
+    let first = first.strip_prefix(b"\xef\xbb\xbf").unwrap_or(first);
+    let start = first
         .iter()
         .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(head.len());
-    let rest = head.get(start..).unwrap_or_default();
+        .unwrap_or(first.len());
+    let rest = after(first, start);
     let lower: Vec<u8> = rest.iter().take(15).map(u8::to_ascii_lowercase).collect();
     lower.starts_with(b"<!doctype html")
         || lower.starts_with(b"<html")

@@ -39,12 +39,30 @@ pub(crate) fn torch_records<'a, 'd>(
     budget: &mut u64,
     assumed: ByteOrder,
 ) -> Result<TorchRecords<'a, 'd>> {
+    // A record torch reads that lost its local header fails the load, as
+    // it fails torch.load (both weights_only modes, 2.15): data.pkl, the
+    // storages, and these; any other such entry is only named (see
+    // `decode_zip`).
     let data_pkl = find_data_pkl(archive)?;
     let prefix = data_pkl
         .name
         .strip_suffix("data.pkl")
         .map(str::to_owned)
         .ok_or_else(|| Error::new(ErrorKind::Zip, "data.pkl record without its name"))?;
+    for record in [
+        "byteorder",
+        "constants.pkl",
+        "version",
+        ".data/version",
+        ".format_version",
+        ".storage_alignment",
+        ".data/serialization_id",
+    ] {
+        let name = format!("{prefix}{record}");
+        if let Some(at) = archive.broken(&name) {
+            return Err(Archive::broken_err(&name, at));
+        }
+    }
     let byte_order = match archive.get(&format!("{prefix}byteorder")) {
         None => assumed,
         Some(entry) => {
@@ -79,12 +97,18 @@ pub(crate) fn find_data_pkl<'a, 'd>(archive: &'a Archive<'d>) -> Result<&'a Entr
     let mut candidates = archive.entries().iter().filter(|e| {
         e.name == "data.pkl" || e.name.ends_with("/data.pkl") && e.name.matches('/').count() == 1
     });
-    let first = candidates.next().ok_or_else(|| {
-        Error::new(
-            ErrorKind::NotACheckpoint,
-            "zip archive without a data.pkl record: not a torch checkpoint",
-        )
-    })?;
+    let Some(first) = candidates.next() else {
+        let broken = archive.broken_locals().iter().find(|&&(name, _)| {
+            name == "data.pkl" || name.ends_with("/data.pkl") && name.matches('/').count() == 1
+        });
+        return Err(match broken {
+            Some(&(name, at)) => Archive::broken_err(name, at),
+            None => Error::new(
+                ErrorKind::NotACheckpoint,
+                "zip archive without a data.pkl record: not a torch checkpoint",
+            ),
+        });
+    };
     if let Some(second) = candidates.next() {
         return Err(Error::new(
             ErrorKind::Zip,
@@ -106,7 +130,9 @@ pub(crate) fn record_bytes<'d>(
 ) -> Result<Cow<'d, [u8]>> {
     let data = data.into();
     if entry.size > limit {
-        return Err(Error::limit("max_pickle_bytes", limit).in_record(entry.name));
+        return Err(
+            Error::limit_needing("max_pickle_bytes", limit, entry.size).in_record(entry.name)
+        );
     }
     match entry.method {
         Method::Stored => {
@@ -131,13 +157,16 @@ pub(crate) fn storage_bytes(
     nbytes: Option<u64>,
     budget: &mut u64,
 ) -> Result<StorageBytes> {
-    let entry = archive.get(record).ok_or_else(|| {
-        Error::new(
-            ErrorKind::Tensor,
-            format!("storage record is missing (storage key {key:?})"),
-        )
-        .in_record(record)
-    })?;
+    let entry = archive
+        .get(record)
+        .ok_or_else(|| match archive.broken(record) {
+            Some(at) => Archive::broken_err(record, at),
+            None => Error::new(
+                ErrorKind::Tensor,
+                format!("storage record is missing (storage key {key:?})"),
+            )
+            .in_record(record),
+        })?;
     let expected = nbytes
         .ok_or_else(|| Error::new(ErrorKind::Tensor, "storage size overflows").in_record(record))?;
     if entry.size != expected {

@@ -20,16 +20,20 @@ pub enum Format {
     TorchScript,
     /// A `torch.distributed.checkpoint` directory, its chunks put together.
     Dcp,
+    /// Per-rank `torch.save` files of a sharded model (FSDP2's DTensors,
+    /// or their local shards), put together.
+    Ranks,
 }
 
 impl Format {
-    /// `zip`, `legacy`, `torchscript` or `dcp`.
+    /// `zip`, `legacy`, `torchscript`, `dcp` or `ranks`.
     pub fn name(self) -> &'static str {
         match self {
             Format::Zip => "zip",
             Format::Legacy => "legacy",
             Format::TorchScript => "torchscript",
             Format::Dcp => "dcp",
+            Format::Ranks => "ranks",
         }
     }
 }

@@ -45,6 +45,19 @@ pub(crate) struct Entry<'d> {
     /// its header masked (0x2000): torch's reader refuses it. Kept only
     /// under [`Rules::Tolerant`].
     pub(crate) encrypted: bool,
+    /// Where its local header starts in the file.
+    pub(crate) local: u64,
+}
+
+/// A local header in the bytes before the central directory that no
+/// listed entry accounts for: a record the directory does not list.
+#[derive(Debug, Clone)]
+pub(crate) struct Hidden<'d> {
+    /// Its local header, read as a record (sizes from the local header).
+    pub(crate) entry: Entry<'d>,
+    /// The local header's sizes are deferred to a data descriptor: where
+    /// its data ends is not known.
+    pub(crate) sizes_unknown: bool,
 }
 
 /// How local headers are read. Each sits just before its record's data,
@@ -92,11 +105,19 @@ pub(crate) struct Archive<'d> {
     by_name: hashbrown::HashTable<u32>,
     hasher: hashbrown::DefaultHashBuilder,
     end: usize,
+    /// Where the central directory starts in the bytes.
+    cd_start: u64,
+    /// How far every recorded offset was shifted to find the directory
+    /// (bytes before the archive).
+    prefix_len: u64,
+    /// Where the first local header of an entry read lies (the length of
+    /// the file when there is none).
+    first_local: u64,
     /// Under [`Rules::Tolerant`], what [`Rules::Canonical`] would have
     /// refused, each with its offset.
     disagreements: Vec<(String, u64)>,
-    /// Under [`Rules::Tolerant`], entries left out because their local
-    /// header is not there (torch fails on them only if it reads them).
+    /// Entries left out because their local header is not there (torch
+    /// fails on them only if it reads them): name, where it should be.
     broken_locals: Vec<(&'d str, u64)>,
 }
 
@@ -151,7 +172,7 @@ fn reader_at(data: FileView<'_>, pos: usize, len: usize) -> Result<ByteReader<'_
 /// end-of-central-directory record, from the start, whose directory lies
 /// right before it as recorded (an archive that starts at byte 0). One pass
 /// over the bytes.
-fn first_archive_end(data: &[u8]) -> Option<usize> {
+pub(crate) fn first_archive_end(data: &[u8]) -> Option<usize> {
     let mut from = 0;
     while let Some(found) = data
         .get(from..)?
@@ -160,7 +181,7 @@ fn first_archive_end(data: &[u8]) -> Option<usize> {
     {
         let pos = from + found;
         from = pos + 1;
-        let Ok(dir) = read_directory_location(FileView::Whole(data), pos) else {
+        let Ok(dir) = read_directory_location(FileView::Whole(data), pos, true) else {
             continue;
         };
         let starts_at_zero = dir.cd_offset.checked_add(dir.cd_size) == Some(dir.cd_end_actual);
@@ -183,7 +204,11 @@ struct Directory {
     cd_end_actual: u64,
 }
 
-fn read_directory_location(data: FileView<'_>, eocd: usize) -> Result<Directory> {
+/// The directory the end record at `eocd` describes. With `adjacent`, a
+/// ZIP64 end record right before its locator is taken even where the
+/// locator records another offset (an archive after a prefix); without,
+/// only the recorded offset counts, as torch's reader (miniz) reads it.
+fn read_directory_location(data: FileView<'_>, eocd: usize, adjacent: bool) -> Result<Directory> {
     let mut r = reader_at(data, eocd + 4, EOCD_LEN - 4)?;
     let disk = r.u16()?;
     let cd_disk = r.u16()?;
@@ -216,7 +241,13 @@ fn read_directory_location(data: FileView<'_>, eocd: usize) -> Result<Directory>
     let recorded = l.u64()?;
     // The ZIP64 EOCD normally ends where the locator starts; with a prefix,
     // the recorded offset is shifted, so try the adjacent position first.
-    let candidates = [locator.checked_sub(56).map(|p| p as u64), Some(recorded)];
+    let candidates = [
+        locator
+            .checked_sub(56)
+            .map(|p| p as u64)
+            .filter(|_| adjacent),
+        Some(recorded),
+    ];
     let z64 = candidates
         .into_iter()
         .flatten()
@@ -298,21 +329,49 @@ impl<'d> Archive<'d> {
         limits: &Limits,
         rules: Rules,
     ) -> Result<Archive<'d>> {
-        let data: FileView<'d> = data.into();
+        Archive::parse_inner(data.into(), headers, limits, rules, false)
+    }
+
+    /// The archive as torch's reader (miniz) finds it: tolerant rules, the
+    /// end record searched from the end of the bytes, and every offset it
+    /// records counted from byte 0, never shifted. In bytes holding two
+    /// archives whose second counts its offsets from its own start, those
+    /// offsets land in the first: on its directory when both have the same
+    /// layout (torch then reads the first archive), elsewhere on bytes that
+    /// are no directory (torch fails: "invalid header").
+    pub(crate) fn parse_as_torch(
+        data: impl Into<FileView<'d>>,
+        headers: Headers<'_>,
+        limits: &Limits,
+    ) -> Result<Archive<'d>> {
+        Archive::parse_inner(data.into(), headers, limits, Rules::Tolerant, true)
+    }
+
+    fn parse_inner(
+        data: FileView<'d>,
+        headers: Headers<'_>,
+        limits: &Limits,
+        rules: Rules,
+        absolute: bool,
+    ) -> Result<Archive<'d>> {
         let eocd = find_eocd_in(data)
             .ok_or_else(|| zip_err("no end-of-central-directory record (truncated archive?)"))?;
-        let dir = read_directory_location(data, eocd)?;
+        let dir = read_directory_location(data, eocd, !absolute)?;
         let recorded_end = dir
             .cd_offset
             .checked_add(dir.cd_size)
             .ok_or_else(|| zip_err("central directory offset overflows"))?;
-        let prefix_len = dir.cd_end_actual.checked_sub(recorded_end).ok_or_else(|| {
-            zip_err(format!(
-                "central directory (offset {:#x}, {} bytes) lies outside the file",
-                dir.cd_offset, dir.cd_size
-            ))
-            .at(eocd as u64)
-        })?;
+        let prefix_len = if absolute {
+            0
+        } else {
+            dir.cd_end_actual.checked_sub(recorded_end).ok_or_else(|| {
+                zip_err(format!(
+                    "central directory (offset {:#x}, {} bytes) lies outside the file",
+                    dir.cd_offset, dir.cd_size
+                ))
+                .at(eocd as u64)
+            })?
+        };
         // Bytes that start with a local header yet end with the directory
         // of an archive further on hold several archives one after another
         // (torch.save called twice on one stream): the archive they start
@@ -325,7 +384,7 @@ impl<'d> Archive<'d> {
                 .ok_or_else(|| zip_err("several archives one after another"))?;
             if let Some(end) = first_archive_end(all).filter(|&end| end < all.len()) {
                 let first = all.get(..end).unwrap_or(all);
-                return Archive::parse_with(first, headers, limits, rules);
+                return Archive::parse_inner(FileView::Whole(first), headers, limits, rules, false);
             }
         }
         let cd_start = prefix_len + dir.cd_offset;
@@ -413,9 +472,23 @@ impl<'d> Archive<'d> {
             locals.push((local, entries.len()));
             entries.push(entry);
         }
+        // A name left out with a broken local header must still be one
+        // name once: torch's lookup may find the broken one.
+        if rules == Rules::Canonical {
+            let mut names = std::collections::HashSet::with_capacity(broken_locals.len());
+            for &(name, local) in &broken_locals {
+                let listed = by_name
+                    .find(hasher.hash_one(name), |&i| name_of(&entries, i) == name)
+                    .is_some();
+                if listed || !names.insert(name) {
+                    return Err(zip_err(format!("duplicate entry name {name:?}")).at(local));
+                }
+            }
+        }
         // No two entries may share bytes: each entry's data must end before
         // the next local header starts.
         locals.sort_unstable();
+        let first_local = locals.first().map_or(data.len() as u64, |&(at, _)| at);
         for pair in locals.windows(2) {
             if let [(_, a), (next_local, _)] = pair {
                 let a = entries.get(*a).ok_or_else(|| zip_err("entry index"))?;
@@ -433,6 +506,9 @@ impl<'d> Archive<'d> {
             by_name,
             hasher,
             end: eocd_end(data, eocd).unwrap_or(data.len()),
+            cd_start,
+            prefix_len,
+            first_local,
             disagreements,
             broken_locals,
         })
@@ -442,6 +518,23 @@ impl<'d> Archive<'d> {
     /// record and comment.
     pub(crate) fn end(&self) -> usize {
         self.end
+    }
+
+    /// Where the central directory starts in the bytes.
+    pub(crate) fn cd_start(&self) -> u64 {
+        self.cd_start
+    }
+
+    /// How far the recorded offsets were shifted to find the directory: 0
+    /// for an archive that starts at byte 0 (or read as torch reads it).
+    pub(crate) fn prefix_len(&self) -> u64 {
+        self.prefix_len
+    }
+
+    /// Where the first local header of an entry lies: bytes before it
+    /// are no part of the entries read.
+    pub(crate) fn first_local(&self) -> u64 {
+        self.first_local
     }
 
     pub(crate) fn entries(&self) -> &[Entry<'d>] {
@@ -454,10 +547,81 @@ impl<'d> Archive<'d> {
         &self.disagreements
     }
 
-    /// Under [`Rules::Tolerant`]: the entries left out because their local
-    /// header is missing (name, where it should be).
+    /// The entries left out because their local header is missing (name,
+    /// where it should be).
     pub(crate) fn broken_locals(&self) -> &[(&'d str, u64)] {
         &self.broken_locals
+    }
+
+    /// Local headers in the bytes before the central directory that lie
+    /// outside every listed entry (its header, name, extra field and
+    /// data), at most `max` of them; the second value says whether there
+    /// were more. Only those gaps are searched: one pass over bytes that
+    /// are normally none.
+    pub(crate) fn hidden_locals(
+        &self,
+        data: impl Into<FileView<'d>>,
+        max: usize,
+    ) -> (Vec<Hidden<'d>>, bool) {
+        let data: FileView<'d> = data.into();
+        let mut covered: Vec<(u64, u64)> = self
+            .entries
+            .iter()
+            .map(|e| (e.local, e.data_start.saturating_add(e.compressed_size)))
+            .collect();
+        covered.sort_unstable();
+        let limit = self.cd_start.min(data.len() as u64);
+        let mut found = Vec::new();
+        let mut from = 0u64;
+        let mut gaps = Vec::new();
+        for &(start, end) in &covered {
+            if start > from {
+                gaps.push((from, start.min(limit)));
+            }
+            from = from.max(end);
+        }
+        if from < limit {
+            gaps.push((from, limit));
+        }
+        for (start, end) in gaps {
+            let (Ok(s), Ok(e)) = (usize::try_from(start), usize::try_from(end)) else {
+                continue;
+            };
+            let Some(gap) = data.get(s..e) else { continue };
+            let mut at = 0;
+            while let Some(pos) = gap
+                .get(at..)
+                .and_then(|g| g.windows(4).position(|w| w == LOCAL_SIG.to_le_bytes()))
+            {
+                let header = s + at + pos;
+                at += pos + 4;
+                if let Some(hidden) = local_at(data, header) {
+                    if found.len() == max {
+                        return (found, true);
+                    }
+                    found.push(hidden);
+                }
+            }
+        }
+        (found, false)
+    }
+
+    /// Where the missing local header of `name` should be, when `name` is
+    /// an entry left out for that.
+    pub(crate) fn broken(&self, name: &str) -> Option<u64> {
+        self.broken_locals
+            .iter()
+            .find(|&&(n, _)| n == name)
+            .map(|&(_, at)| at)
+    }
+
+    /// The error for a record that is an entry without its local header.
+    pub(crate) fn broken_err(name: &str, at: u64) -> Error {
+        zip_err(format!(
+            "entry {name:?} has no local header (at {at:#x}): its bytes cannot be read (torch fails on it too)"
+        ))
+        .at(at)
+        .in_record(name)
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<&Entry<'d>> {
@@ -590,19 +754,13 @@ fn read_central<'d>(
     scratch.clear();
     scratch.resize(LOCAL_LEN as usize + name.len(), 0);
     let read = headers.read(data, local_abs, scratch);
+    // An entry without its local header cannot be read by anyone: it is
+    // left out, named, and fails only a read that needs it (as in torch).
     let Some(header) = read.get(..LOCAL_LEN as usize) else {
-        if canonical {
-            return Err(zip_err(format!(
-                "local header of {name:?} lies outside the file"
-            )));
-        }
         return Ok(Central::BrokenLocal(name, local_abs));
     };
     let mut h = ByteReader::new(header, ErrorKind::Zip);
     if h.u32()? != LOCAL_SIG {
-        if canonical {
-            return Err(zip_err(format!("bad local header signature for {name:?}")).at(local_abs));
-        }
         return Ok(Central::BrokenLocal(name, local_abs));
     }
     let _needed = h.u16()?;
@@ -656,9 +814,52 @@ fn read_central<'d>(
             size,
             crc32,
             encrypted,
+            local: local_abs,
         },
         local_abs,
     ))
+}
+
+/// The local header at `at`, read alone as a record: `None` when it does
+/// not fit in the bytes or its name is not UTF-8.
+fn local_at(data: FileView<'_>, at: usize) -> Option<Hidden<'_>> {
+    let mut h = ByteReader::new(data.get(at..at.checked_add(30)?)?, ErrorKind::Zip);
+    if h.u32().ok()? != LOCAL_SIG {
+        return None;
+    }
+    let _needed = h.u16().ok()?;
+    let flags = h.u16().ok()?;
+    let method = match h.u16().ok()? {
+        0 => Method::Stored,
+        8 => Method::Deflated,
+        _ => return None,
+    };
+    let _time = h.u32().ok()?;
+    let crc32 = h.u32().ok()?;
+    let csize = u64::from(h.u32().ok()?);
+    let size = u64::from(h.u32().ok()?);
+    let name_len = usize::from(h.u16().ok()?);
+    let extra_len = usize::from(h.u16().ok()?);
+    let name_at = at.checked_add(30)?;
+    let name = std::str::from_utf8(data.get(name_at..name_at.checked_add(name_len)?)?).ok()?;
+    // The extra field must be in the file too.
+    let extra_end = name_at.checked_add(name_len)?.checked_add(extra_len)?;
+    if extra_end > data.len() {
+        return None;
+    }
+    Some(Hidden {
+        entry: Entry {
+            name,
+            method,
+            data_start: at as u64 + LOCAL_LEN + name_len as u64 + extra_len as u64,
+            compressed_size: csize,
+            size,
+            crc32,
+            encrypted: flags & 0x41 != 0,
+            local: at as u64,
+        },
+        sizes_unknown: flags & 0x8 != 0 && csize == 0,
+    })
 }
 
 /// Inflate a deflated entry, charging its size against `budget`.

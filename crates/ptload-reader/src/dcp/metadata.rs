@@ -227,6 +227,19 @@ pub(crate) struct RawMetadata {
     pub(crate) protocol: u8,
     pub(crate) items: Vec<(String, RawItem)>,
     pub(crate) storages: Vec<RawStorage>,
+    /// Saved without collectives: the tensor chunks a higher rank wrote
+    /// again (replicated), beside the lowest rank's that `storages` keeps.
+    pub(crate) copies: Vec<RawCopy>,
+}
+
+/// A tensor chunk a rank wrote that a lower rank wrote too.
+#[derive(Debug, Clone)]
+pub(crate) struct RawCopy {
+    pub(crate) storage: RawStorage,
+    /// The rank that wrote this copy.
+    pub(crate) rank: usize,
+    /// The rank whose copy `storages` keeps.
+    pub(crate) kept: usize,
 }
 
 /// Reads fields of the decoded records, charging the heap's work budget.
@@ -391,6 +404,7 @@ pub(crate) fn decode(data: &[u8], limits: &Limits) -> Result<RawMetadata> {
         protocol: out.protocol,
         items,
         storages,
+        copies: Vec::new(),
     })
 }
 
@@ -477,7 +491,8 @@ pub(crate) fn merge(ranks: Vec<RawMetadata>) -> Result<RawMetadata> {
     let mut at: HashMap<String, usize> = HashMap::new();
     let mut seen_chunks: HashSet<(String, Vec<u64>, Vec<u64>)> = HashSet::new();
     let mut storages: Vec<RawStorage> = Vec::new();
-    let mut seen_storage: HashSet<(String, Option<Vec<u64>>)> = HashSet::new();
+    let mut seen_storage: HashMap<(String, Option<Vec<u64>>), usize> = HashMap::new();
+    let mut copies = Vec::new();
     for (rank, md) in ranks.into_iter().enumerate() {
         for (name, item) in md.items {
             let Some(&i) = at.get(&name) else {
@@ -523,8 +538,21 @@ pub(crate) fn merge(ranks: Vec<RawMetadata>) -> Result<RawMetadata> {
             }
         }
         for s in md.storages {
-            if seen_storage.insert((s.fqn.clone(), s.offset.clone())) {
-                storages.push(s);
+            match seen_storage.entry((s.fqn.clone(), s.offset.clone())) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(rank);
+                    storages.push(s);
+                }
+                // A tensor chunk written again is kept, to be compared
+                // with the first when it is read.
+                std::collections::hash_map::Entry::Occupied(o) if s.offset.is_some() => {
+                    copies.push(RawCopy {
+                        storage: s,
+                        rank,
+                        kept: *o.get(),
+                    });
+                }
+                std::collections::hash_map::Entry::Occupied(_) => {}
             }
         }
     }
@@ -532,5 +560,6 @@ pub(crate) fn merge(ranks: Vec<RawMetadata>) -> Result<RawMetadata> {
         protocol,
         items,
         storages,
+        copies,
     })
 }

@@ -21,7 +21,7 @@
 //! ```
 //! # fn main() -> Result<(), ptload_reader::Error> {
 //! use ptload_reader::dcp::Dcp;
-//! use ptload_reader::parallel::Shard;
+//! use ptload_reader::tp::Shard;
 //!
 //! let dcp = Dcp::open("../../fixtures/files/dcp/world4")?;
 //! let t = dcp.tensor("layers.0.weight").unwrap();
@@ -34,6 +34,7 @@
 //! # }
 //! ```
 
+pub mod fsdp;
 mod metadata;
 
 use std::collections::HashMap;
@@ -41,12 +42,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::checkpoint::{Checkpoint, OpenOptions};
+use crate::container::Format;
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
-use crate::parallel::Shard;
 use crate::source::{read_bounded, Source};
 use crate::torch::dtype::DType;
 use crate::torch::names::Scalar;
+use crate::tp::Shard;
 
 use metadata::{RawItem, RawStorage};
 
@@ -147,7 +149,16 @@ pub struct Dcp {
     protocol: u8,
     /// Safetensors blobs' headers, parsed once each, by (file, offset).
     blobs: Mutex<HashMap<(usize, u64), Arc<Blob>>>,
+    /// Saved without collectives: the copies higher ranks wrote of a
+    /// chunk (replicated tensors), by (tensor, chunk), each with the rank
+    /// that wrote it and the rank whose copy the chunk is; compared with
+    /// the chunk whenever it is read.
+    copies: HashMap<(usize, usize), Vec<RankCopy>>,
 }
+
+/// A copy of a chunk another rank wrote: `(rank, rank whose copy is
+/// read, its piece)`.
+type RankCopy = (usize, usize, Piece);
 
 /// The header of a safetensors blob that a file's tensor chunks share
 /// (torch's `SerializationFormat.SAFETENSORS`).
@@ -173,7 +184,8 @@ impl AsRef<[u8]> for Range {
         self.source
             .bytes()
             .get(self.start..self.end)
-            .unwrap_or_default()
+            // Checked against the file when the range was made.
+            .unwrap_or(&[])
     }
 }
 
@@ -297,7 +309,8 @@ impl Dcp {
             {
                 return Err(geometry(format!(
                     "two storage entries for the chunk at {:?}",
-                    s.offset.as_deref().unwrap_or_default()
+                    // No offsets: the chunk starts at the origin.
+                    s.offset.as_deref().unwrap_or(&[])
                 ))
                 .for_tensor(&s.fqn));
             }
@@ -429,11 +442,34 @@ impl Dcp {
                 }
             }
         }
+        let mut copies: HashMap<(usize, usize), Vec<RankCopy>> = HashMap::new();
+        for copy in &raw.copies {
+            let s = &copy.storage;
+            // No offsets: the chunk starts at the origin.
+            let offsets = s.offset.as_deref().unwrap_or(&[]);
+            let found = by_name.get(&s.fqn).and_then(|&i| {
+                let t: &DcpTensor = tensors.get(i)?;
+                let c = t.chunks.iter().position(|c| c.offsets == offsets)?;
+                Some((i, c))
+            });
+            let Some(at) = found else {
+                return Err(geometry(format!(
+                    "rank {} wrote a chunk at {offsets:?} that no rank's metadata lists",
+                    copy.rank
+                ))
+                .for_tensor(&s.fqn));
+            };
+            let piece = place(&s.fqn, s)?;
+            copies
+                .entry(at)
+                .or_default()
+                .push((copy.rank, copy.kept, piece));
+        }
         check_disjoint(&files, &tensors, &bytes)?;
-        if used != raw.storages.len() {
+        if used != raw.storages.len() + raw.copies.len() {
             return Err(geometry(format!(
                 "{} storage entries name no chunk or item of the state dict",
-                raw.storages.len().saturating_sub(used)
+                (raw.storages.len() + raw.copies.len()).saturating_sub(used)
             )));
         }
         Ok(Dcp {
@@ -445,6 +481,7 @@ impl Dcp {
             opts: opts.clone(),
             protocol: raw.protocol,
             blobs: Mutex::new(HashMap::new()),
+            copies,
         })
     }
 
@@ -533,7 +570,7 @@ impl Dcp {
             .get(piece.file)
             .ok_or_else(|| geometry("no such file"))?;
         let at = usize::try_from(piece.offset).map_err(|_| geometry("offset too large"))?;
-        let rest = source.bytes().get(at..).unwrap_or_default();
+        let rest = crate::bytes::after(source.bytes(), at);
         if rest.starts_with(b"PK\x03\x04") || rest.len() < 9 {
             return Ok(None);
         }
@@ -552,8 +589,46 @@ impl Dcp {
         Ok(Some(blob))
     }
 
-    /// Call `f` with the row-major, host-order bytes of chunk `c` of `t`.
+    /// Call `f` with the row-major, host-order bytes of chunk `c` (the
+    /// `index`th) of `t`, the `at`th tensor; every copy another rank wrote
+    /// of it (saved without collectives) must hold the same bytes.
     fn with_chunk(
+        &self,
+        (at, index): (usize, usize),
+        t: &DcpTensor,
+        c: &Chunk,
+        f: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let Some(copies) = self.copies.get(&(at, index)) else {
+            return self.with_piece(t, c, f);
+        };
+        self.with_piece(t, c, &mut |data| {
+            for &(rank, kept, piece) in copies {
+                let copy = Chunk {
+                    offsets: c.offsets.clone(),
+                    sizes: c.sizes.clone(),
+                    piece,
+                };
+                self.with_piece(t, &copy, &mut |other| {
+                    if other == data {
+                        Ok(())
+                    } else {
+                        Err(geometry(format!(
+                            "replicated, but rank {kept} and rank {rank} wrote different values \
+                             for its chunk at {:?}",
+                            c.offsets
+                        ))
+                        .for_tensor(&t.name))
+                    }
+                })?;
+            }
+            f(data)
+        })
+    }
+
+    /// Call `f` with the row-major, host-order bytes of chunk `c` of `t`,
+    /// read from its piece.
+    fn with_piece(
         &self,
         t: &DcpTensor,
         c: &Chunk,
@@ -704,12 +779,13 @@ impl Dcp {
             .checked_mul(elem)
             .and_then(|n| usize::try_from(n).ok())
             .ok_or_else(bad)?;
+        let at = self.by_name.get(name).copied().unwrap_or(usize::MAX);
         let mut out = vec![0u8; nbytes];
-        for c in &t.chunks {
+        for (index, c) in t.chunks.iter().enumerate() {
             if intersection(&c.offsets, &c.sizes, offsets, sizes).is_none() {
                 continue;
             }
-            self.with_chunk(t, c, &mut |data| {
+            self.with_chunk((at, index), t, c, &mut |data| {
                 copy_box(data, &c.offsets, &c.sizes, &mut out, offsets, sizes, elem)
                     .map_err(|e| e.for_tensor(name))
             })?;
@@ -718,10 +794,25 @@ impl Dcp {
     }
 
     /// Every tensor put together and every item's values, as one
-    /// checkpoint held in memory (what [`crate::set::CheckpointSet`] opens
-    /// for a DCP directory). Its size is the whole model's.
+    /// checkpoint held in memory. Its size is the whole model's.
     pub fn to_checkpoint(&self) -> Result<Checkpoint> {
         self.checkpoint(true)
+    }
+
+    /// Every tensor and every item's values, as one checkpoint whose
+    /// tensors are put together from their chunks when their data is
+    /// asked for (what [`crate::set::CheckpointSet`] opens for a DCP
+    /// directory): a view's `data()` and `visit_bytes` read the tensor
+    /// afresh each time and keep nothing, so a pass over every tensor
+    /// holds one at a time; readers that borrow the storage's bytes
+    /// (`storage_bytes`, `as_slice`) keep what they read.
+    pub fn into_checkpoint(self: Arc<Self>) -> Result<Checkpoint> {
+        let skeleton = self.checkpoint(false)?;
+        // The metadata's tensors come first, in order; the items' tensors
+        // after them hold their bytes already.
+        let lazy: Vec<usize> = (0..self.tensors.len()).collect();
+        let inputs = self.sources().cloned().collect();
+        Ok(skeleton.with_lazy(self, &lazy)?.read_from(inputs))
     }
 
     /// Every tensor's name, dtype and shape without its data (tensors with
@@ -764,7 +855,7 @@ impl Dcp {
             }
             warnings.extend(item.warnings().iter().map(|w| format!("{name}: {w}")));
         }
-        Checkpoint::assembled(parts, values, warnings, self.protocol)
+        Checkpoint::assembled(parts, values, warnings, self.protocol, Format::Dcp)
     }
 }
 
@@ -1154,5 +1245,24 @@ fn copy_box(
             }
             *v = lo;
         }
+    }
+}
+
+/// The tensors of a DCP checkpoint, read on demand: storage `k` is the
+/// `k`th tensor of the metadata.
+impl crate::checkpoint::LazyStorages for Dcp {
+    fn read(&self, index: usize) -> Result<Vec<u8>> {
+        let name = self
+            .tensors
+            .get(index)
+            .map(|t| t.name.clone())
+            .ok_or_else(|| geometry(format!("no tensor {index}")))?;
+        let bytes = self.read_tensor(&name);
+        // The tensor is copied out: the pages of the mapped files it was
+        // read from need not stay in this process's resident memory.
+        for source in self.sources() {
+            source.release();
+        }
+        bytes
     }
 }

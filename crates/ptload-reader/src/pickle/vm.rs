@@ -28,6 +28,31 @@ pub enum StringEncoding {
     Bytes,
 }
 
+impl std::str::FromStr for StringEncoding {
+    type Err = Error;
+
+    /// Python's names for the encodings (any case): `utf-8`/`utf8`,
+    /// `latin1`/`latin-1`/`iso-8859-1`/`l1`, `ascii`/`us-ascii`/`646`,
+    /// `bytes`.
+    fn from_str(text: &str) -> Result<StringEncoding> {
+        Ok(match text.to_ascii_lowercase().as_str() {
+            "utf-8" | "utf8" => StringEncoding::Utf8,
+            "latin1" | "latin-1" | "iso-8859-1" | "l1" => StringEncoding::Latin1,
+            "ascii" | "us-ascii" | "646" => StringEncoding::Ascii,
+            "bytes" => StringEncoding::Bytes,
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidSpec,
+                    format!(
+                        "encoding {text:?}: ptload decodes Python 2 strings as 'utf-8', \
+                         'latin1', 'ascii' or 'bytes'"
+                    ),
+                ))
+            }
+        })
+    }
+}
+
 /// Gives meaning to the operations that would call code in Python.
 pub(crate) trait Interpreter {
     /// GLOBAL / STACK_GLOBAL / INST: a reference to `module.name`.
@@ -166,6 +191,13 @@ pub(crate) struct Vm<'l> {
     /// file, drops and re-reads bytes there, so it runs other opcodes than
     /// the bytes show.
     pub(crate) frame_crossed: bool,
+    /// With this set (the scanner), a FRAME that declares more bytes than
+    /// are left is read to the end of the bytes instead of refused:
+    /// Python's C unpickler stops there, its pure-Python one (which does
+    /// not check the length) runs what the frame holds.
+    pub(crate) read_short_frames: bool,
+    /// Whether the last run met such a FRAME.
+    pub(crate) frame_short: bool,
     /// Set by another thread to stop the run ([`crate::OpenOptions::cancel`]).
     pub(crate) cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
@@ -184,6 +216,9 @@ struct Machine<'a, 'h, I> {
     frame_end: Option<usize>,
     /// A FRAME began before the current one ended.
     frame_crossed: bool,
+    /// See `Vm::read_short_frames` and `Vm::frame_short`.
+    read_short_frames: bool,
+    frame_short: bool,
     protocol: Option<u8>,
     binary_seen: bool,
     encoding: StringEncoding,
@@ -198,6 +233,8 @@ impl<'l> Vm<'l> {
             encoding,
             opcodes: 0,
             frame_crossed: false,
+            read_short_frames: false,
+            frame_short: false,
             cancel: None,
         }
     }
@@ -213,6 +250,7 @@ impl<'l> Vm<'l> {
         heap.reserve_for(data.len().saturating_sub(start));
         heap.allow_work_for(data.len().saturating_sub(start));
         self.frame_crossed = false;
+        self.frame_short = false;
         let mut m = Machine {
             r: ByteReader::at(data, start, ErrorKind::Pickle),
             heap,
@@ -225,6 +263,8 @@ impl<'l> Vm<'l> {
             ),
             frame_end: None,
             frame_crossed: false,
+            read_short_frames: self.read_short_frames,
+            frame_short: false,
             protocol: None,
             binary_seen: false,
             encoding: self.encoding,
@@ -245,6 +285,7 @@ impl<'l> Vm<'l> {
                     }
                 }
             }
+            self.frame_short |= m.frame_short;
             m.heap.charge_work(1).map_err(|e| e.at(offset as u64))?;
             let op =
                 m.r.u8()
@@ -491,7 +532,13 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             }
             0x95 => {
                 let n = self.r.u64()?;
-                let n = self.len_from(n)?;
+                let n = match self.len_from(n) {
+                    Err(_) if self.read_short_frames => {
+                        self.frame_short = true;
+                        self.r.remaining()
+                    }
+                    n => n?,
+                };
                 if self.frame_end.is_some() {
                     // A new frame before the current one ends.
                     self.frame_crossed = true;
@@ -1072,20 +1119,17 @@ mod tests {
                 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19
             ])
         );
+        assert_eq!(long_to_i64(&decimal_to_le("-300").unwrap()), Some(-300));
         assert_eq!(
-            long_to_i64(&decimal_to_le("-300").unwrap_or_default()),
-            Some(-300)
-        );
-        assert_eq!(
-            long_to_i64(&decimal_to_le("9223372036854775807").unwrap_or_default()),
+            long_to_i64(&decimal_to_le("9223372036854775807").unwrap()),
             Some(i64::MAX)
         );
         assert_eq!(
-            long_to_i64(&decimal_to_le("-9223372036854775808").unwrap_or_default()),
+            long_to_i64(&decimal_to_le("-9223372036854775808").unwrap()),
             Some(i64::MIN)
         );
         assert_eq!(
-            long_to_i64(&decimal_to_le("9223372036854775808").unwrap_or_default()),
+            long_to_i64(&decimal_to_le("9223372036854775808").unwrap()),
             None
         );
         // 2**128 + 1, across the 19-digit chunks.

@@ -4,9 +4,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::advice::Hint;
 use crate::error::{Error, ErrorKind, Result};
-
-use super::mappers::{Mapper, Table, To};
 
 /// A storage's saved location tag, parsed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -72,17 +71,24 @@ impl Location {
                 ErrorKind::Unsupported,
                 format!(
                     "don't know how to restore data location of torch.storage.UntypedStorage \
-                     (tagged with {tag}): map it with a Mapper, e.g. \
-                     placement::MapLocation \"{tag}=cpu\""
+                     (tagged with {tag})"
                 ),
-            )),
+            )
+            .with_hint(Hint::MapLocation {
+                from: Some(tag.clone()),
+                to: Some("cpu".to_owned()),
+            })),
             other => Err(Error::new(
                 ErrorKind::Unsupported,
                 format!(
                     "storages tagged {other} can only be placed on the host or a CUDA device by \
-                     ptload: map them with a Mapper, e.g. placement::MapLocation \"{other}=cpu\""
+                     ptload"
                 ),
-            )),
+            )
+            .with_hint(Hint::MapLocation {
+                from: Some(other.to_string()),
+                to: Some("cpu".to_owned()),
+            })),
         }
     }
 }
@@ -175,21 +181,6 @@ pub enum MapLocation {
     To(Device),
     /// `FROM=TO,...`: saved locations to devices; others stay (torch's dict).
     Table(Vec<(Location, Device)>),
-}
-
-impl MapLocation {
-    /// The mapper for this spec; `auto` asks `gpu_count` how many GPUs exist.
-    pub fn mapper(&self, gpu_count: impl FnOnce() -> usize) -> Box<dyn Mapper> {
-        match self {
-            MapLocation::Auto => Box::new(To(if gpu_count() > 0 {
-                Device::Cuda(0)
-            } else {
-                Device::Host
-            })),
-            MapLocation::To(d) => Box::new(To(*d)),
-            MapLocation::Table(t) => Box::new(Table(t.clone())),
-        }
-    }
 }
 
 impl FromStr for MapLocation {

@@ -3,9 +3,10 @@
 use std::fmt;
 
 use crate::checkpoint::Checkpoint;
+use crate::error::{Error, ErrorKind, Result};
 use crate::torch::dtype::DType;
 
-use super::location::{Device, Location};
+use super::location::{Device, Location, MapLocation};
 use crate::glob::glob;
 
 /// Everything known about one storage when it is placed.
@@ -92,6 +93,35 @@ impl Mapper for Table {
 /// Patterns are globs: `*` matches any run of characters, `?` one.
 #[derive(Debug, Clone, Default)]
 pub struct ByName(pub Vec<(String, Device)>);
+
+impl ByName {
+    /// Rules as `PATTERN=DEVICE`, each string a comma-separated list of
+    /// them (`encoder.*=cuda:0,*embed*=cpu`); devices as [`Device`] parses
+    /// them.
+    pub fn parse<S: AsRef<str>>(lists: &[S]) -> Result<ByName> {
+        let mut rules = Vec::new();
+        for list in lists {
+            for rule in list.as_ref().split(',').filter(|r| !r.trim().is_empty()) {
+                let bad = |what: String| Error::new(ErrorKind::InvalidSpec, what);
+                let (pattern, target) = rule
+                    .rsplit_once('=')
+                    .filter(|(p, _)| !p.trim().is_empty())
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "rule {rule:?}: expected PATTERN=DEVICE (encoder.*=cuda:0)"
+                        ))
+                    })?;
+                let device = target.parse::<Device>().map_err(|_| {
+                    bad(format!(
+                        "device {target:?}: expected cpu, cuda, cuda:N or meta"
+                    ))
+                })?;
+                rules.push((pattern.trim().to_owned(), device));
+            }
+        }
+        Ok(ByName(rules))
+    }
+}
 
 impl Mapper for ByName {
     fn map(&mut self, s: &StorageRequest<'_>) -> Option<Device> {
@@ -208,5 +238,20 @@ impl fmt::Debug for First {
 impl Mapper for First {
     fn map(&mut self, s: &StorageRequest<'_>) -> Option<Device> {
         self.0.iter_mut().find_map(|m| m.map(s))
+    }
+}
+
+impl MapLocation {
+    /// The mapper for this spec; `auto` asks `gpu_count` how many GPUs exist.
+    pub fn mapper(&self, gpu_count: impl FnOnce() -> usize) -> Box<dyn Mapper> {
+        match self {
+            MapLocation::Auto => Box::new(To(if gpu_count() > 0 {
+                Device::Cuda(0)
+            } else {
+                Device::Host
+            })),
+            MapLocation::To(d) => Box::new(To(*d)),
+            MapLocation::Table(t) => Box::new(Table(t.clone())),
+        }
     }
 }

@@ -1,19 +1,20 @@
 //! Where storages go: the saved locations, the target devices, the
-//! [`Mapper`] that decides, and the [`Plan`] that records its decisions.
+//! [`Mapper`] that decides, and the [`DeviceMap`] that records its
+//! decisions (a [`Placement`] per storage).
 //!
-//! Planning is pure: it needs no GPU, so every strategy is tested on every
-//! machine. The device crate executes a plan.
+//! Mapping is pure: it needs no GPU, so every strategy is tested on every
+//! machine. The device crate executes a device map.
 
+mod device_map;
 mod location;
 mod mappers;
-mod plan;
 
 pub use crate::glob::glob;
+pub use device_map::{DeviceMap, Placement};
 pub use location::{Device, Location, MapLocation, MAP_LOCATION_GRAMMAR};
 pub use mappers::{
     Balanced, Budget, ByName, BySize, First, Keep, Mapper, StorageRequest, Table, To,
 };
-pub use plan::{Placement, Plan};
 
 #[cfg(test)]
 mod tests {
@@ -36,8 +37,14 @@ mod tests {
         let e = Location::parse("npu:2").restore().expect_err("unknown");
         assert_eq!(
             e.message(),
-            "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:2): \
-         map it with a Mapper, e.g. placement::MapLocation \"npu:2=cpu\""
+            "don't know how to restore data location of torch.storage.UntypedStorage (tagged with npu:2)"
+        );
+        assert_eq!(
+            e.hint(),
+            Some(&crate::advice::Hint::MapLocation {
+                from: Some("npu:2".into()),
+                to: Some("cpu".into())
+            })
         );
         assert!(Location::Mps.restore().is_err());
     }

@@ -430,9 +430,21 @@ const PURE_BUILTINS: &[&str] = &[
 ];
 
 /// Enum classes that training libraries pickle into ordinary checkpoints
-/// (`training_args.bin`, Lightning's trainer state): an enum member pickles
-/// as a call of its class with its value, which only looks the member up.
+/// (`training_args.bin`, Lightning's trainer state, torchvision transforms
+/// kept with a model): an enum member pickles as a call of its class with
+/// its value, which only looks the member up. Exact names only: from the
+/// bytes alone a call of an enum class cannot be told from a call of any
+/// other callable. Clean only when called with one constant (see
+/// [`known_enum`]); any other call of one is an unknown call.
 const KNOWN_ENUMS: &[(&str, &[&str])] = &[
+    ("torchvision.transforms.functional", &["InterpolationMode"]),
+    ("torchvision.transforms", &["InterpolationMode"]),
+    (
+        "torch.distributed.fsdp.api",
+        &["ShardingStrategy", "BackwardPrefetch", "StateDictType"],
+    ),
+    ("peft.utils.peft_types", &["PeftType", "TaskType"]),
+    ("re", &["RegexFlag"]),
     (
         "transformers.trainer_utils",
         &[
@@ -479,11 +491,23 @@ const KNOWN_ENUMS: &[(&str, &[&str])] = &[
     ),
 ];
 
-fn known_data(module: &str, name: &str) -> bool {
-    if KNOWN_ENUMS
+/// Whether `module.name` is one of [`KNOWN_ENUMS`].
+pub(crate) fn known_enum(module: &str, name: &str) -> bool {
+    KNOWN_ENUMS
         .iter()
         .any(|(m, names)| *m == module && names.contains(&name))
-    {
+}
+
+/// Callables that are plain data only for some arguments: an enum class
+/// of [`KNOWN_ENUMS`] given one constant, `operator.getitem` given a
+/// container the pickle built and a constant key. The scanner decides
+/// each call; a call outside those arguments is an unknown call.
+pub(crate) fn conditional_data(module: &str, name: &str) -> bool {
+    known_enum(module, name) || matches!((module, name), ("operator" | "_operator", "getitem"))
+}
+
+fn known_data(module: &str, name: &str) -> bool {
+    if conditional_data(module, name) {
         return true;
     }
     match module {

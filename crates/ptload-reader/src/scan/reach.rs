@@ -18,9 +18,9 @@
 //! recorded before the break: the scan fails closed.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use super::{classify, wrapper_class, Danger, GlobalClass, Level};
+use super::{classify, conditional_data, known_enum, wrapper_class, Danger, GlobalClass, Level};
 use crate::container::zip::{self, Archive, Headers, Method, Rules};
 use crate::error::Result;
 use crate::limits::Limits;
@@ -325,9 +325,11 @@ pub fn scan_url(url: &str, limits: &Limits) -> Result<(ScanReport, (u64, u64))> 
 /// is not fetched is noted as missed (see `ranged`), and a pickle stream
 /// that ran out of fetched bytes asks for more.
 fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
+    let mut vm = Vm::new(limits, StringEncoding::Bytes);
+    vm.read_short_frames = true;
     let mut scan = Scanner {
         limits,
-        vm: Vm::new(limits, StringEncoding::Bytes),
+        vm,
         report: ScanReport::default(),
         nested: Vec::new(),
         ran_out: false,
@@ -335,7 +337,7 @@ fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
     let head = view.up_to(0, 512);
     if head.starts_with(b"PK\x03\x04") {
         scan.report.layout = "zip";
-        scan.zip(view, true);
+        scan.zip_file(view);
     } else if view.len() > 262 && head.get(257..262) == Some(b"ustar") {
         scan.report.layout = "tar";
         if let Some(all) = view.get(0..view.len()) {
@@ -362,7 +364,8 @@ fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
                     what: "a pickle stream before a zip archive: torch runs the stream, zip readers see the archive".into(),
                 });
             }
-            scan.zip(view, false);
+            let mut seen = HashSet::new();
+            scan.zip(view, false, &mut seen);
         }
     }
     scan.nested_pickles();
@@ -440,6 +443,14 @@ impl Scanner<'_> {
                 what: "an opcode reads past the end of its FRAME".into(),
             });
         }
+        if self.vm.frame_short {
+            // Read on, fail closed: what the frame holds is recorded.
+            self.report.ambiguities.push(Ambiguity {
+                record: parent.clone(),
+                offset: start as u64,
+                what: "a FRAME declares more bytes than are left: Python's C unpickler stops there, its pure-Python unpickler runs what the frame holds".into(),
+            });
+        }
         let result = match &outcome {
             Ok(out) => Some((out.end, heap.bigint(out.value) == Some(&MAGIC[..]))),
             Err(e) => {
@@ -501,11 +512,114 @@ impl Scanner<'_> {
         }
     }
 
-    /// A zip: with `reachable`, the `data.pkl` torch would read (and
+    /// A file torch reads as a zip (it starts with a local header). Zip
+    /// readers find the directory in different ways: torch's (miniz) takes
+    /// every recorded offset from byte 0; Python's zipfile and most others
+    /// shift them by where the directory really is; bytes holding two
+    /// archives end to end also hold the first one whole. Each archive
+    /// these find is scanned once, only the one torch reads as reachable,
+    /// and two readable archives in one file are an ambiguity.
+    fn zip_file(&mut self, data: FileView<'_>) {
+        let limits = self.limits;
+        let shifted = Archive::parse_with(data, Headers::Map, limits, Rules::Tolerant);
+        let Some(prefix) = shifted
+            .as_ref()
+            .ok()
+            .map(Archive::prefix_len)
+            .filter(|&p| p > 0)
+        else {
+            // Offsets counted from byte 0 (or no directory at all): torch's
+            // reader and the others agree. Entries that start past byte 0
+            // may follow another archive.
+            let after = shifted.as_ref().is_ok_and(|a| a.first_local() > 0);
+            let mut seen = HashSet::new();
+            let first = self.zip_archive(data, shifted, true, &mut seen);
+            if after {
+                self.other_archive(data, first, &mut seen);
+            }
+            return;
+        };
+        let mut seen = HashSet::new();
+        let torch = Archive::parse_as_torch(data, Headers::Map, limits);
+        let torch_start = torch.as_ref().ok().map(Archive::cd_start);
+        if let Err(e) = &torch {
+            self.report.notes.push(format!(
+                "torch's reader counts the directory's offsets from the first byte and finds no archive there ({e}): torch.load fails"
+            ));
+        }
+        if torch.is_ok() {
+            self.zip_archive(data, torch, true, &mut seen);
+        }
+        if let Ok(archive) = shifted {
+            let start = archive.cd_start();
+            if torch_start != Some(start) {
+                self.report.ambiguities.push(Ambiguity {
+                    record: "zip directory".into(),
+                    offset: start,
+                    what: format!(
+                        "zip: the directory found from the end records offsets {prefix} bytes before it: readers that shift them (Python's zipfile) read the archive whose directory is at {start:#x}; torch reads {}",
+                        match torch_start {
+                            Some(t) => format!("the one whose directory is at {t:#x}"),
+                            None => "none".into(),
+                        }
+                    ),
+                });
+                self.zip_archive(data, Ok(archive), false, &mut seen);
+            }
+        }
+        self.other_archive(data, torch_start, &mut seen);
+    }
+
+    /// Bytes that begin with a whole archive and go on past its end: the
+    /// first archive, scanned unless it is one already scanned (whose
+    /// directory starts at `scanned`), and reported as a second archive.
+    fn other_archive(&mut self, data: FileView<'_>, scanned: Option<u64>, seen: &mut HashSet<u64>) {
+        // Found by searching all the bytes (of a file read by ranges: all
+        // fetched).
+        let Some(data) = data.get(0..data.len()) else {
+            return;
+        };
+        let Some(end) = zip::first_archive_end(data).filter(|&end| end < data.len()) else {
+            return;
+        };
+        let Some(first) = data.get(..end) else {
+            return;
+        };
+        let Ok(archive) = Archive::parse_with(first, Headers::Map, self.limits, Rules::Tolerant)
+        else {
+            return;
+        };
+        self.report.ambiguities.push(Ambiguity {
+            record: "zip directory".into(),
+            offset: end as u64,
+            what: format!(
+                "zip: a second archive follows the one that ends at {end:#x}: readers that take the first and readers that take the last read different archives"
+            ),
+        });
+        if scanned != Some(archive.cd_start()) {
+            self.zip_archive(first.into(), Ok(archive), false, seen);
+        }
+    }
+
+    /// A zip behind a pickle stream: torch never reads it.
+    fn zip(&mut self, data: FileView<'_>, reachable: bool, seen: &mut HashSet<u64>) {
+        let archive = Archive::parse_with(data, Headers::Map, self.limits, Rules::Tolerant);
+        self.zip_archive(data, archive, reachable, seen);
+    }
+
+    /// One archive: with `reachable`, the `data.pkl` torch would read (and
     /// `constants.pkl` of a TorchScript archive); every other `.pkl` entry
-    /// as not reachable.
-    fn zip(&mut self, data: FileView<'_>, reachable: bool) {
-        let archive = match Archive::parse_with(data, Headers::Map, self.limits, Rules::Tolerant) {
+    /// as not reachable. Entries whose data starts at an offset in `seen`
+    /// were scanned already (by another reading of the same bytes); the
+    /// others are added to it. Returns where the directory starts.
+    fn zip_archive(
+        &mut self,
+        data: FileView<'_>,
+        archive: Result<Archive<'_>>,
+        reachable: bool,
+        seen: &mut HashSet<u64>,
+    ) -> Option<u64> {
+        let archive = match archive {
             Ok(a) => a,
             Err(e) => {
                 self.report.notes.push(format!(
@@ -514,7 +628,7 @@ impl Scanner<'_> {
                 if let Some(all) = data.get(0..data.len()) {
                     self.local_headers(all);
                 }
-                return;
+                return None;
             }
         };
         // What a strict zip reader refuses and torch's tolerates: duplicate
@@ -579,6 +693,9 @@ impl Scanner<'_> {
             }
         }
         for (entry, reach) in order {
+            if !seen.insert(entry.data_start) {
+                continue;
+            }
             let bytes = match record(data, entry, self.limits, &mut budget) {
                 Ok(b) => b,
                 Err(e) => {
@@ -611,13 +728,80 @@ impl Scanner<'_> {
             let source = PickleSource::Entry(entry.name.to_owned());
             self.run(&bytes, 0, source, reach, 0, base);
         }
+        self.hidden_locals(data, &archive, seen, &mut budget);
+        Some(archive.cd_start())
+    }
+
+    /// Local headers the central directory does not list (a shadow
+    /// `data.pkl` between entries): torch goes by the directory and never
+    /// reads them; readers that walk local headers (streaming unzip) do.
+    /// Each is an ambiguity at its offset, and a pickle among them is
+    /// scanned as not read by torch.load.
+    fn hidden_locals(
+        &mut self,
+        data: FileView<'_>,
+        archive: &Archive<'_>,
+        seen: &mut HashSet<u64>,
+        budget: &mut u64,
+    ) {
+        let (hidden, more) = archive.hidden_locals(data, MAX_PICKLES);
+        if more {
+            self.report.notes.push(format!(
+                "more than {MAX_PICKLES} local headers the directory does not list: the rest were not looked at"
+            ));
+        }
+        for h in hidden {
+            let entry = &h.entry;
+            self.report.ambiguities.push(Ambiguity {
+                record: entry.name.to_owned(),
+                offset: entry.local,
+                what: "zip: a local header the central directory does not list: torch does not read it; readers that walk local headers do".into(),
+            });
+            let pickle = entry.name.ends_with(".pkl") || entry.name.ends_with(".npy");
+            if !pickle || !seen.insert(entry.data_start) {
+                continue;
+            }
+            if h.sizes_unknown {
+                // Its end is in a data descriptor: read as far as a pickle
+                // goes from its start (fail closed).
+                if let Ok(start) = usize::try_from(entry.data_start) {
+                    if let Some(all) = data.get(0..data.len()).filter(|_| start < data.len()) {
+                        let source = PickleSource::Entry(entry.name.to_owned());
+                        self.run(all, start, source, false, 0, Some(0));
+                    }
+                }
+                continue;
+            }
+            let bytes = match record(data, entry, self.limits, budget) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.report
+                        .notes
+                        .push(format!("{}: cannot be read ({e})", entry.name));
+                    continue;
+                }
+            };
+            let base = match entry.method {
+                Method::Stored => Some(entry.data_start),
+                Method::Deflated => None,
+            };
+            if entry.name.ends_with(".npy") {
+                if let Some(start) = npy_pickle(&bytes) {
+                    let source = PickleSource::NumpyArray(entry.name.to_owned());
+                    self.run(&bytes, start, source, false, 0, base);
+                }
+                continue;
+            }
+            let source = PickleSource::Entry(entry.name.to_owned());
+            self.run(&bytes, 0, source, false, 0, base);
+        }
     }
 
     /// A zip whose directory torch cannot read: every local header that
     /// names a `.pkl` entry, scanned as not reachable (fail closed).
     fn local_headers(&mut self, data: &[u8]) {
         let mut at = 0;
-        while let Some(found) = find(data.get(at..).unwrap_or_default(), b"PK\x03\x04") {
+        while let Some(found) = find(crate::bytes::after(data, at), b"PK\x03\x04") {
             let header = at + found;
             at = header + 4;
             let Some(fixed) = data.get(header..header + 30) else {
@@ -653,10 +837,12 @@ impl Scanner<'_> {
             if header.iter().all(|&b| b == 0) {
                 break;
             }
-            let name = header
-                .get(..100)
-                .map(|n| n.split(|&b| b == 0).next().unwrap_or_default())
-                .unwrap_or_default();
+            // The name field: 100 bytes, ended early by a NUL.
+            let field = crate::bytes::head(header, 100);
+            let name = crate::bytes::head(
+                field,
+                field.iter().position(|&b| b == 0).unwrap_or(field.len()),
+            );
             let size = header
                 .get(124..136)
                 .and_then(|s| std::str::from_utf8(s).ok())
@@ -832,7 +1018,10 @@ impl Recorder {
             if let Some(o) = self.origin(v) {
                 return Ok(Some(o));
             }
-            let members = heap.members(v).unwrap_or_default();
+            // A value that is no container has no members to look in.
+            let Some(members) = heap.members(v) else {
+                continue;
+            };
             heap.charge_work(members.len() as u64)?;
             if let Some(o) = members.iter().find_map(|&m| self.origin(m)) {
                 return Ok(Some(o));
@@ -844,7 +1033,24 @@ impl Recorder {
     fn mark(&mut self, global: Option<usize>, usage: Usage) {
         if let Some(g) = global.and_then(|i| self.globals.get_mut(i)) {
             g.usage = g.usage.max(usage);
+            // Plain data only for the arguments `call` checks: called any
+            // other way (by `map`, a wrapper, as what a call made), it is
+            // a call of an unknown callable.
+            if usage == Usage::Called
+                && g.class == GlobalClass::Data
+                && conditional_data(&g.module, &g.name)
+            {
+                g.class = GlobalClass::Unknown;
+            }
         }
+    }
+
+    /// Whether `v` is a global that is plain data for some arguments only
+    /// (and not yet seen called with others).
+    fn conditional(&self, v: Value) -> bool {
+        self.global_index(v)
+            .and_then(|i| self.globals.get(i))
+            .is_some_and(|g| g.class == GlobalClass::Data && conditional_data(&g.module, &g.name))
     }
 
     fn path_of(&self, v: Value) -> Option<(&str, &str)> {
@@ -863,7 +1069,9 @@ impl Recorder {
                 self.mark(Some(g), Usage::Called);
             }
             if let Value::Obj(id) = v {
-                stack.extend(self.wrapped.remove(&id).unwrap_or_default());
+                if let Some(wrapped) = self.wrapped.remove(&id) {
+                    stack.extend(wrapped);
+                }
             }
         }
         Ok(())
@@ -875,6 +1083,30 @@ impl Recorder {
             self.wrapped.entry(id).or_default().push(func);
         }
     }
+}
+
+/// A constant: None, a bool, a number, a string or bytes, or a tuple of
+/// those (an enum's value may be a tuple).
+fn constant(heap: &Heap, v: Value) -> bool {
+    let scalar = |v: Value| match v {
+        Value::Obj(_) => matches!(
+            heap.get(v),
+            Some(Obj::Str(_) | Obj::Bytes(_) | Obj::BigInt(_))
+        ),
+        _ => true,
+    };
+    scalar(v)
+        || heap
+            .tuple(v)
+            .is_some_and(|items| items.iter().all(|&i| scalar(i)))
+}
+
+/// A list, tuple or dict the pickle built (not an object a global made).
+fn container(heap: &Heap, v: Value) -> bool {
+    matches!(
+        heap.get(v),
+        Some(Obj::List(_) | Obj::Tuple(_) | Obj::Dict(_))
+    )
 }
 
 /// Whether `key` names a dunder attribute (`__setstate__`, `__reduce__`,
@@ -908,7 +1140,9 @@ impl Interpreter for Recorder {
     }
 
     fn call(&mut self, heap: &mut Heap, callable: Value, args: Value) -> Result<Value> {
-        let items = heap.tuple(args).map(<[Value]>::to_vec).unwrap_or_default();
+        // Arguments that are no tuple: none are looked at (torch would
+        // fail the call).
+        let items = heap.tuple(args).map_or_else(Vec::new, <[Value]>::to_vec);
         heap.charge_work(items.len() as u64)?;
         let arg = |i: usize| items.get(i).copied().unwrap_or(Value::None);
         match self.origin(callable) {
@@ -919,6 +1153,44 @@ impl Interpreter for Recorder {
                 let made = self.inert(heap, Some(Origin::Made(g)))?;
                 self.wrap(made, arg(0));
                 Ok(made)
+            }
+            // An enum member looked up by its value, an item taken from a
+            // container the pickle built: plain data. Any other call of
+            // these is a call of an unknown callable.
+            Some(Origin::Global(g)) if self.conditional(callable) => {
+                // `conditional` knew the callable by its path; without one
+                // it would be a call like any other.
+                let enum_lookup = self
+                    .path_of(callable)
+                    .is_some_and(|(module, name)| known_enum(module, name));
+                let plain = if enum_lookup {
+                    items.len() == 1 && constant(heap, arg(0))
+                } else {
+                    self.path_of(callable).is_some()
+                        && items.len() == 2
+                        && container(heap, arg(0))
+                        && constant(heap, arg(1))
+                };
+                if !plain {
+                    self.mark(Some(g), Usage::Called);
+                    return self.inert(heap, Some(Origin::Made(g)));
+                }
+                if enum_lookup {
+                    self.mark(Some(g), Usage::Instantiated);
+                    return self.inert(heap, Some(Origin::Made(g)));
+                }
+                // The item itself when it can be found; else whatever the
+                // container holds that has an origin.
+                let (seq, key) = (heap.sequence(arg(0)), arg(1));
+                if let (Some(seq), Value::Int(i)) = (seq, key) {
+                    let len = i64::try_from(seq.len()).unwrap_or(i64::MAX);
+                    let at = if i < 0 { i.saturating_add(len) } else { i };
+                    if let Some(&item) = usize::try_from(at).ok().and_then(|at| seq.get(at)) {
+                        return Ok(item);
+                    }
+                }
+                let o = self.origin_within(heap, &[arg(0)])?;
+                self.inert(heap, o)
             }
             Some(Origin::Global(g)) => {
                 self.mark(Some(g), Usage::Called);
@@ -1129,7 +1401,8 @@ impl Interpreter for Recorder {
         // storage type is only named); its legacy one returns the id's
         // second item for a `module` id, and the tar loader its first item:
         // a global carried in an id comes back as itself.
-        let items = heap.tuple(pid).map(<[Value]>::to_vec).unwrap_or_default();
+        // An id that is no tuple carries nothing.
+        let items = heap.tuple(pid).map_or_else(Vec::new, <[Value]>::to_vec);
         heap.charge_work(items.len() as u64)?;
         if let Some(&v) = items.iter().find(|&&v| self.origin(v).is_some()) {
             return Ok(v);

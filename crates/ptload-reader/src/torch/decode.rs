@@ -27,6 +27,9 @@ pub(crate) struct Decoded {
     /// The offset just past the checkpoint's last byte: a stream reader
     /// (torch.load on a file object) leaves the stream there.
     pub(crate) end: u64,
+    /// What the reader passed over (entries of the archive it never
+    /// needed whose local header is broken).
+    pub(crate) notes: Vec<String>,
 }
 
 /// torch's zip layout (and TorchScript's).
@@ -97,6 +100,13 @@ pub(crate) fn decode_zip(
         storages,
         bytes: located,
         end: archive.end() as u64,
+        notes: archive
+            .broken_locals()
+            .iter()
+            .map(|(name, at)| {
+                format!("zip entry {name:?} has no local header (at {at:#x}); not needed, not read")
+            })
+            .collect(),
     })
 }
 
@@ -183,5 +193,6 @@ pub(crate) fn decode_legacy<'d>(
         storages,
         bytes,
         end,
+        notes: Vec::new(),
     })
 }

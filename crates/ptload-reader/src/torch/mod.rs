@@ -3,6 +3,7 @@
 //! else as inert values. Nothing is ever imported or called.
 
 pub(crate) mod decode;
+pub(crate) mod dtensor;
 pub(crate) mod dtype;
 pub(crate) mod interp;
 pub(crate) mod names;
@@ -191,6 +192,69 @@ pub enum Quantization {
     },
 }
 
+impl Quantization {
+    /// What this quantization says of the tensor named `name`, as a record
+    /// for JSON (a safetensors file's `<name>.quantization` metadata,
+    /// `ptload inspect --json`): `{"kind", "scheme", "scale",
+    /// "zero_point"}`, or for per-channel schemes `{"kind", "scheme",
+    /// "axis", "scales", "zero_points"}` naming the tensors that hold them;
+    /// packed kinds add `"values_shape"`. A scale that is not finite is
+    /// `null`.
+    pub fn record(&self, name: &str) -> impl serde::Serialize {
+        match self {
+            Quantization::PerTensor {
+                kind,
+                scheme,
+                scale,
+                zero_point,
+                values_shape,
+            } => QuantRecord::PerTensor {
+                kind,
+                scheme: scheme.clone(),
+                scale: *scale,
+                zero_point: *zero_point,
+                values_shape: values_shape.clone(),
+            },
+            Quantization::PerChannel {
+                kind,
+                scheme,
+                axis,
+                values_shape,
+            } => QuantRecord::PerChannel {
+                kind,
+                scheme: scheme.clone(),
+                axis: *axis,
+                scales: format!("{name}.scales"),
+                zero_points: format!("{name}.zero_points"),
+                values_shape: values_shape.clone(),
+            },
+        }
+    }
+}
+
+/// [`Quantization::record`]'s fields, in their order.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum QuantRecord {
+    PerTensor {
+        kind: &'static str,
+        scheme: String,
+        scale: f64,
+        zero_point: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        values_shape: Option<Vec<u64>>,
+    },
+    PerChannel {
+        kind: &'static str,
+        scheme: String,
+        axis: i64,
+        scales: String,
+        zero_points: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        values_shape: Option<Vec<u64>>,
+    },
+}
+
 #[derive(Debug, Clone)]
 pub(crate) enum QuantParams {
     PerTensor {
@@ -223,6 +287,8 @@ pub(crate) struct TensorMeta {
     /// Python attributes saved with the tensor (`t.foo = ...`): the state
     /// `_rebuild_from_type_v2` sets, a dict or a `(dict, slots)` tuple.
     pub(crate) attrs: Option<Value>,
+    /// A DTensor's spec, when this is the local tensor of one.
+    pub(crate) dtensor: Option<Box<dtensor::DTensorSpec>>,
 }
 
 /// Layout of a sparse tensor.
@@ -374,5 +440,21 @@ impl TorchHeap for Heap {
 
     fn alloc_torch(&mut self, obj: TorchObj) -> Result<Value> {
         self.alloc(Obj::Ext(Box::new(obj)))
+    }
+}
+
+/// What a pickled value is, in messages: its kind (`int`, `str`,
+/// `tensor`...), or the global it names.
+pub(crate) fn describe(heap: &Heap, v: Value) -> String {
+    match v {
+        Value::None => "None".into(),
+        Value::Bool(_) => "bool".into(),
+        Value::Int(_) => "int".into(),
+        Value::Float(_) => "float".into(),
+        Value::Obj(_) => match (heap.torch(v), heap.get(v)) {
+            (Some(TorchObj::Global(g)), _) => format!("global {}.{}", g.module, g.name),
+            (_, Some(o)) => crate::pickle::kind_name_of(o).into(),
+            (_, None) => "?".into(),
+        },
     }
 }

@@ -8,13 +8,12 @@
 //! deep the graph), skips cycles, and charges every step against
 //! `Limits::max_walk_steps`, so shared references cannot explode it.
 
-use std::hash::BuildHasher;
-
-use hashbrown::{HashSet, HashTable};
+use hashbrown::HashSet;
 
 use super::{Known, QuantParams, TorchHeap, TorchObj};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
+use crate::name_index::NameIndex;
 use crate::pickle::{Heap, Obj, ObjId, Tag, Value};
 
 /// A heap value whose accessor disagrees with its kind: never made by the
@@ -73,9 +72,8 @@ pub(crate) struct Walked {
     /// The callables of `value_calls`, as `module.name`.
     pub(crate) callables: Vec<String>,
     pub(crate) warnings: Vec<String>,
-    /// Indices into `tensors`, hashed by name with `hasher`.
-    pub(crate) by_name: HashTable<u32>,
-    pub(crate) hasher: hashbrown::DefaultHashBuilder,
+    /// Indices into `tensors`, by name.
+    pub(crate) by_name: NameIndex,
     /// Steps the walk took.
     pub(crate) steps: u64,
 }
@@ -94,8 +92,8 @@ pub(crate) fn walk_all(
     let mut walker = Walker::new(heap, limits);
     walker.rename_duplicates = rename_duplicates;
     walker.out.tensors.reserve(tensors_hint);
-    // The table is empty: the rehash closure has nothing to rehash.
-    walker.by_name.reserve(tensors_hint, |_| 0);
+    // The index is empty: nothing to look up while it grows.
+    walker.by_name.reserve(tensors_hint, |_| None);
     for &(root, prefix) in roots {
         if let Err(e) = walker.walk(root, prefix) {
             let Some(dup) = walker.duplicate.take() else {
@@ -242,7 +240,9 @@ fn quantized_conv(class: &str) -> bool {
     let mut parts = path
         .split('.')
         .filter(|p| !p.starts_with("___torch_mangle_"));
-    let name = parts.next_back().unwrap_or_default();
+    let Some(name) = parts.next_back() else {
+        return false;
+    };
     let module: Vec<&str> = parts.collect();
     let module = module.join(".");
     let known_module = [
@@ -276,9 +276,8 @@ pub(crate) struct Walker<'h> {
     shared_visits: u64,
     max_shared_visits: u64,
     on_path: HashSet<ObjId>,
-    /// Indices into `out.tensors`, hashed by name: names must be unique.
-    by_name: HashTable<u32>,
-    hasher: hashbrown::DefaultHashBuilder,
+    /// Indices into `out.tensors`, by name: names must be unique.
+    by_name: NameIndex,
     /// When set, the Python path of the tensor emitted at this index is
     /// kept in `captured` (to explain a name collision).
     capture: Option<usize>,
@@ -309,8 +308,7 @@ impl<'h> Walker<'h> {
             shared_visits: 0,
             max_shared_visits: limits.max_shared_visits,
             on_path: HashSet::new(),
-            by_name: HashTable::new(),
-            hasher: Default::default(),
+            by_name: NameIndex::default(),
             capture: None,
             captured: None,
             duplicate: None,
@@ -324,7 +322,6 @@ impl<'h> Walker<'h> {
 
     pub(crate) fn finish(mut self) -> Walked {
         self.out.by_name = self.by_name;
-        self.out.hasher = self.hasher;
         self.out.steps = self.steps;
         self.out
     }
@@ -391,15 +388,12 @@ impl<'h> Walker<'h> {
             return Err(Error::new(ErrorKind::DuplicateName, name));
         }
         let mut name = name;
-        let mut hash = self.hasher.hash_one(name.as_str());
+        let mut hash = self.by_name.hash(name.as_str());
         let taken = |walker: &Self, hash: u64, name: &str| {
             let tensors = &walker.out.tensors;
-            walker
-                .by_name
-                .find(hash, |&i: &u32| {
-                    tensors.get(i as usize).is_some_and(|(n, _)| n == name)
-                })
-                .copied()
+            walker.by_name.find_hashed(hash, name, |i| {
+                tensors.get(i as usize).map(|(n, _)| n.as_str())
+            })
         };
         if self.rename_duplicates && taken(self, hash, &name).is_some() {
             // `['a.b']` and `['a']['b']` both flatten to `a.b`: the later
@@ -409,7 +403,7 @@ impl<'h> Walker<'h> {
             if self.name_bytes > self.max_name_bytes {
                 return Err(Error::limit("max_name_bytes", self.max_name_bytes));
             }
-            hash = self.hasher.hash_one(path.as_str());
+            hash = self.by_name.hash(path.as_str());
             name = path;
         }
         if let Some(first) = taken(self, hash, &name) {
@@ -425,12 +419,9 @@ impl<'h> Walker<'h> {
         }
         let i =
             u32::try_from(index).map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
-        let hasher = &self.hasher;
         let tensors = &self.out.tensors;
-        self.by_name.insert_unique(hash, i, |&j| {
-            tensors
-                .get(j as usize)
-                .map_or(0, |(n, _)| hasher.hash_one(n.as_str()))
+        self.by_name.insert_hashed(hash, i, |j| {
+            tensors.get(j as usize).map(|(n, _)| n.as_str())
         });
         self.out.tensors.push((name, value));
         Ok(())
@@ -438,7 +429,6 @@ impl<'h> Walker<'h> {
 
     /// Walk `root`, naming everything under `prefix`.
     pub(crate) fn walk(&mut self, root: Value, prefix: &'static str) -> Result<()> {
-        let heap = self.heap;
         let mut stack = vec![Frame::Enter {
             value: root,
             seg: (!prefix.is_empty()).then_some(Seg::Word(prefix)),
@@ -469,219 +459,244 @@ impl<'h> Walker<'h> {
                     (value, in_module)
                 }
             };
-            let id = match value {
-                Value::None => {
-                    self.value(in_module, || Scalar::None)?;
-                    continue;
-                }
-                Value::Bool(b) => {
-                    self.value(in_module, || Scalar::Bool(b))?;
-                    continue;
-                }
-                Value::Int(i) => {
-                    self.value(in_module, || Scalar::Int(i))?;
-                    continue;
-                }
-                Value::Float(f) => {
-                    self.value(in_module, || Scalar::Float(f))?;
-                    continue;
-                }
-                Value::Obj(id) => id,
+            let Some(id) = self.inline(value, in_module)? else {
+                continue;
             };
             if self.on_path.contains(&id) {
                 continue;
             }
-            // Children are pushed in reverse so they pop in order.
             self.children.clear();
-            match heap.get(value) {
-                None => continue,
-                Some(Obj::Str(_)) => {
-                    let s = heap.str(value).ok_or_else(|| mismatch(value))?;
-                    self.value(in_module, || Scalar::Str(s.to_owned()))?
-                }
-                Some(Obj::Bytes(_)) => {
-                    let b = heap.bytes(value).ok_or_else(|| mismatch(value))?;
-                    self.value(in_module, || Scalar::Bytes(b.to_vec()))?
-                }
-                Some(Obj::BigInt(_)) => {
-                    let b = heap.bigint(value).ok_or_else(|| mismatch(value))?;
-                    self.value(in_module, || Scalar::BigInt(b.to_vec()))?
-                }
-                Some(Obj::Tuple(_) | Obj::List(_) | Obj::Set(_)) => {
-                    let members = heap.members(value).ok_or_else(|| mismatch(value))?;
-                    for (i, v) in members.into_iter().enumerate() {
-                        self.children.push((Some(Seg::Index(i)), v, in_module));
-                    }
-                }
-                Some(Obj::Dict(d)) => {
-                    for &(k, v) in d.entries() {
-                        self.children.push((Some(Seg::Key(k)), v, in_module));
-                    }
-                }
-                Some(Obj::Object(o)) => {
-                    let state = o.state.and_then(|s| heap.dict(s));
-                    if let Some(state) = state.filter(|s| {
-                        s.get_str(heap, "_parameters").is_some()
-                            && s.get_str(heap, "_modules").is_some()
-                    }) {
-                        self.module_children(state);
-                    } else {
-                        let class = global_path(heap, o.class).unwrap_or_else(|| "?".into());
-                        let inside = in_module || class.starts_with("__torch__.");
-                        // Made by calling `class` (REDUCE), not by constructing
-                        // it: what it holds are the call's arguments and what
-                        // was set on its result.
-                        if heap.tag_of(value) != Some(Tag::NewObj) && !inside {
-                            self.call = Some(self.out.callables.len());
-                            self.out.callables.push(class.clone());
-                        }
-                        if let Some(state) = o.state {
-                            match heap.tuple(state) {
-                                // (state, slotstate) from __reduce_ex__.
-                                Some([a, b])
-                                    if heap.dict(*a).is_some() || heap.dict(*b).is_some() =>
-                                {
-                                    // Either part may be None instead of a dict.
-                                    for d in [*a, *b].into_iter().filter_map(|p| heap.dict(p)) {
-                                        for &(k, v) in d.entries() {
-                                            self.children.push((Some(Seg::Key(k)), v, inside));
-                                        }
-                                    }
-                                }
-                                // A quantized convolution's __getstate__: its weight
-                                // and bias by the names its eager state_dict() uses.
-                                Some(items) if items.len() == 15 && quantized_conv(&class) => {
-                                    for (i, word) in [(10, "weight"), (11, "bias")] {
-                                        if let Some(&v) = items.get(i) {
-                                            self.children.push((Some(Seg::Word(word)), v, inside));
-                                        }
-                                    }
-                                }
-                                _ => match heap.dict(state) {
-                                    Some(d) => {
-                                        for &(k, v) in d.entries() {
-                                            self.children.push((Some(Seg::Key(k)), v, inside));
-                                        }
-                                    }
-                                    None => self.children.push((None, state, inside)),
-                                },
-                            }
-                        } else if let Some(args) = heap.tuple(o.args).filter(|a| !a.is_empty()) {
-                            for (i, &v) in args.iter().enumerate() {
-                                self.children.push((Some(Seg::Index(i)), v, inside));
-                            }
-                        }
-                        for &(k, v) in o.items.entries() {
-                            self.children.push((Some(Seg::Key(k)), v, inside));
-                        }
-                        for (i, &v) in o.list.iter().enumerate() {
-                            self.children.push((Some(Seg::Index(i)), v, inside));
-                        }
-                        if class.starts_with("torch._utils._rebuild_") {
-                            let name = self.name(None)?;
-                            self.out
-                                .warnings
-                                .push(format!("'{name}': tensors rebuilt by {class} are not read; they are not listed"));
-                            self.children.clear();
-                        } else if self.children.is_empty() {
-                            self.value(in_module, || Scalar::Object(class))?;
-                        }
-                    }
-                }
-                Some(Obj::Ext(e)) => match e.as_any().downcast_ref::<TorchObj>() {
-                    None => {}
-                    Some(TorchObj::Tensor(meta)) => {
-                        self.tensor(None, value)?;
-                        if let Some(QuantParams::PerChannel {
-                            scales,
-                            zero_points,
-                            ..
-                        }) = &meta.quant
-                        {
-                            let (scales, zero_points) = (*scales, *zero_points);
-                            self.tensor(Some("scales"), scales)?;
-                            self.tensor(Some("zero_points"), zero_points)?;
-                        }
-                        continue;
-                    }
-                    Some(TorchObj::Storage { .. }) => {
-                        self.tensor(None, value)?;
-                        continue;
-                    }
-                    // Transparent: named as what they hold.
-                    Some(TorchObj::Parameter { data: inner, .. })
-                    | Some(TorchObj::NumpyScalar { value: inner, .. }) => {
-                        self.children.push((None, *inner, in_module));
-                    }
-                    Some(TorchObj::Sparse {
-                        layout, components, ..
-                    }) => {
-                        for (part, &v) in layout.components().iter().zip(components) {
-                            self.tensor(Some(part), v)?;
-                        }
-                        continue;
-                    }
-                    Some(TorchObj::Global(g)) => {
-                        let text = match g.known {
-                            Known::Dtype(d) => format!("torch.{}", d.name()),
-                            _ => format!("{}.{}", g.module, g.name),
-                        };
-                        self.value(in_module, || Scalar::Global(text))?;
-                    }
-                    Some(TorchObj::Device(d)) => {
-                        self.value(in_module, || Scalar::Device(d.to_string()))?
-                    }
-                    Some(TorchObj::Layout(l)) => {
-                        self.value(in_module, || Scalar::Global(format!("torch.{l:?}")))?
-                    }
-                    Some(TorchObj::NumpyDtype(d)) => self.value(in_module, || {
-                        Scalar::Global(format!("numpy.dtype({})", d.descr))
-                    })?,
-                    Some(TorchObj::NdArray(a)) => self.value(in_module, || Scalar::Array {
-                        dtype: a.dtype.clone(),
-                        shape: a.shape.clone(),
-                    })?,
-                },
-            }
+            self.visit(value, in_module)?;
             if !self.children.is_empty() {
-                // Reached again by another path (tied weights, a module
-                // registered twice): legitimate, but rare; a reference bomb
-                // is nothing else.
-                if !self.expanded.insert(id) {
-                    self.shared_visits += 1;
-                    if self.shared_visits > self.max_shared_visits {
-                        return Err(Error::limit("max_shared_visits", self.max_shared_visits));
-                    }
-                }
-                self.on_path.insert(id);
-                stack.push(Frame::Leave(id));
-                let depth = self.path.len();
-                let call = self.call;
-                stack.extend(
-                    self.children
-                        .drain(..)
-                        .rev()
-                        .map(|(seg, value, in_module)| Frame::Enter {
-                            value,
-                            seg,
-                            depth,
-                            in_module,
-                            call,
-                        }),
-                );
+                self.descend(id, &mut stack)?;
             }
         }
+        Ok(())
+    }
+
+    /// Emit a value held inline (None, a bool, a number); `Some(id)` for
+    /// one on the heap, which the walk visits.
+    fn inline(&mut self, value: Value, in_module: bool) -> Result<Option<ObjId>> {
+        match value {
+            Value::None => self.value(in_module, || Scalar::None)?,
+            Value::Bool(b) => self.value(in_module, || Scalar::Bool(b))?,
+            Value::Int(i) => self.value(in_module, || Scalar::Int(i))?,
+            Value::Float(f) => self.value(in_module, || Scalar::Float(f))?,
+            Value::Obj(id) => return Ok(Some(id)),
+        }
+        Ok(None)
+    }
+
+    /// Name the heap value `value` (a string, a tensor...), or collect its
+    /// children in `self.children`, in order.
+    fn visit(&mut self, value: Value, in_module: bool) -> Result<()> {
+        let heap = self.heap;
+        match heap.get(value) {
+            None => {}
+            Some(Obj::Str(_)) => {
+                let s = heap.str(value).ok_or_else(|| mismatch(value))?;
+                self.value(in_module, || Scalar::Str(s.to_owned()))?
+            }
+            Some(Obj::Bytes(_)) => {
+                let b = heap.bytes(value).ok_or_else(|| mismatch(value))?;
+                self.value(in_module, || Scalar::Bytes(b.to_vec()))?
+            }
+            Some(Obj::BigInt(_)) => {
+                let b = heap.bigint(value).ok_or_else(|| mismatch(value))?;
+                self.value(in_module, || Scalar::BigInt(b.to_vec()))?
+            }
+            Some(Obj::Tuple(_) | Obj::List(_) | Obj::Set(_)) => {
+                let members = heap.members(value).ok_or_else(|| mismatch(value))?;
+                for (i, v) in members.into_iter().enumerate() {
+                    self.children.push((Some(Seg::Index(i)), v, in_module));
+                }
+            }
+            Some(Obj::Dict(d)) => {
+                for &(k, v) in d.entries() {
+                    self.children.push((Some(Seg::Key(k)), v, in_module));
+                }
+            }
+            Some(Obj::Object(o)) => {
+                let state = o.state.and_then(|s| heap.dict(s));
+                if let Some(state) = state.filter(|s| {
+                    s.get_str(heap, "_parameters").is_some()
+                        && s.get_str(heap, "_modules").is_some()
+                }) {
+                    self.module_children(state);
+                } else {
+                    self.object(o, value, in_module)?;
+                }
+            }
+            Some(Obj::Ext(e)) => {
+                if let Some(t) = e.as_any().downcast_ref::<TorchObj>() {
+                    self.torch_obj(t, value, in_module)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An object other than a module: named by attribute (its state, its
+    /// arguments when it has no state, its items); an object with nothing
+    /// inside is a value naming its class.
+    fn object(&mut self, o: &crate::pickle::Object, value: Value, in_module: bool) -> Result<()> {
+        let heap = self.heap;
+        let class = global_path(heap, o.class).unwrap_or_else(|| "?".into());
+        let inside = in_module || class.starts_with("__torch__.");
+        // Made by calling `class` (REDUCE), not by constructing it: what it
+        // holds are the call's arguments and what was set on its result.
+        if heap.tag_of(value) != Some(Tag::NewObj) && !inside {
+            self.call = Some(self.out.callables.len());
+            self.out.callables.push(class.clone());
+        }
+        if let Some(state) = o.state {
+            match heap.tuple(state) {
+                // (state, slotstate) from __reduce_ex__.
+                Some([a, b]) if heap.dict(*a).is_some() || heap.dict(*b).is_some() => {
+                    // Either part may be None instead of a dict.
+                    for d in [*a, *b].into_iter().filter_map(|p| heap.dict(p)) {
+                        for &(k, v) in d.entries() {
+                            self.children.push((Some(Seg::Key(k)), v, inside));
+                        }
+                    }
+                }
+                // A quantized convolution's __getstate__: its weight
+                // and bias by the names its eager state_dict() uses.
+                Some(items) if items.len() == 15 && quantized_conv(&class) => {
+                    for (i, word) in [(10, "weight"), (11, "bias")] {
+                        if let Some(&v) = items.get(i) {
+                            self.children.push((Some(Seg::Word(word)), v, inside));
+                        }
+                    }
+                }
+                _ => match heap.dict(state) {
+                    Some(d) => {
+                        for &(k, v) in d.entries() {
+                            self.children.push((Some(Seg::Key(k)), v, inside));
+                        }
+                    }
+                    None => self.children.push((None, state, inside)),
+                },
+            }
+        } else if let Some(args) = heap.tuple(o.args).filter(|a| !a.is_empty()) {
+            for (i, &v) in args.iter().enumerate() {
+                self.children.push((Some(Seg::Index(i)), v, inside));
+            }
+        }
+        for &(k, v) in o.items.entries() {
+            self.children.push((Some(Seg::Key(k)), v, inside));
+        }
+        for (i, &v) in o.list.iter().enumerate() {
+            self.children.push((Some(Seg::Index(i)), v, inside));
+        }
+        if class.starts_with("torch._utils._rebuild_") {
+            let name = self.name(None)?;
+            self.out.warnings.push(format!(
+                "'{name}': tensors rebuilt by {class} are not read; they are not listed"
+            ));
+            self.children.clear();
+        } else if self.children.is_empty() {
+            self.value(in_module, || Scalar::Object(class))?;
+        }
+        Ok(())
+    }
+
+    /// What the torch layer made: tensors and storages are named, wrappers
+    /// are named as what they hold, the rest are values.
+    fn torch_obj(&mut self, t: &TorchObj, value: Value, in_module: bool) -> Result<()> {
+        match t {
+            TorchObj::Tensor(meta) => {
+                self.tensor(None, value)?;
+                if let Some(QuantParams::PerChannel {
+                    scales,
+                    zero_points,
+                    ..
+                }) = &meta.quant
+                {
+                    let (scales, zero_points) = (*scales, *zero_points);
+                    self.tensor(Some("scales"), scales)?;
+                    self.tensor(Some("zero_points"), zero_points)?;
+                }
+            }
+            TorchObj::Storage { .. } => self.tensor(None, value)?,
+            // Transparent: named as what they hold.
+            TorchObj::Parameter { data: inner, .. }
+            | TorchObj::NumpyScalar { value: inner, .. } => {
+                self.children.push((None, *inner, in_module));
+            }
+            TorchObj::Sparse {
+                layout, components, ..
+            } => {
+                for (part, &v) in layout.components().iter().zip(components) {
+                    self.tensor(Some(part), v)?;
+                }
+            }
+            TorchObj::Global(g) => {
+                let text = match g.known {
+                    Known::Dtype(d) => format!("torch.{}", d.name()),
+                    _ => format!("{}.{}", g.module, g.name),
+                };
+                self.value(in_module, || Scalar::Global(text))?;
+            }
+            TorchObj::Device(d) => self.value(in_module, || Scalar::Device(d.to_string()))?,
+            TorchObj::Layout(l) => {
+                self.value(in_module, || Scalar::Global(format!("torch.{l:?}")))?
+            }
+            TorchObj::NumpyDtype(d) => self.value(in_module, || {
+                Scalar::Global(format!("numpy.dtype({})", d.descr))
+            })?,
+            TorchObj::NdArray(a) => self.value(in_module, || Scalar::Array {
+                dtype: a.dtype.clone(),
+                shape: a.shape.clone(),
+            })?,
+        }
+        Ok(())
+    }
+
+    /// Push the children collected for heap value `id` on `stack` (in
+    /// reverse, so they pop in order), with the frame that takes `id` off
+    /// the path when they are done.
+    fn descend(&mut self, id: ObjId, stack: &mut Vec<Frame>) -> Result<()> {
+        // Reached again by another path (tied weights, a module
+        // registered twice): legitimate, but rare; a reference bomb
+        // is nothing else.
+        if !self.expanded.insert(id) {
+            self.shared_visits += 1;
+            if self.shared_visits > self.max_shared_visits {
+                return Err(Error::limit("max_shared_visits", self.max_shared_visits));
+            }
+        }
+        self.on_path.insert(id);
+        stack.push(Frame::Leave(id));
+        let depth = self.path.len();
+        let call = self.call;
+        stack.extend(
+            self.children
+                .drain(..)
+                .rev()
+                .map(|(seg, value, in_module)| Frame::Enter {
+                    value,
+                    seg,
+                    depth,
+                    in_module,
+                    call,
+                }),
+        );
         Ok(())
     }
 
     /// `nn.Module.state_dict()` order: parameters, persistent buffers, children.
     fn module_children(&mut self, state: &crate::pickle::Dict) {
         let heap = self.heap;
-        let non_persistent: Vec<&str> = state
+        // A module without the set (saved before torch had it) keeps
+        // every buffer.
+        let non_persistent: Vec<&str> = match state
             .get_str(heap, "_non_persistent_buffers_set")
             .and_then(|s| heap.members(s))
-            .map(|items| items.iter().filter_map(|&i| heap.text(i)).collect())
-            .unwrap_or_default();
+        {
+            Some(items) => items.iter().filter_map(|&i| heap.text(i)).collect(),
+            None => Vec::new(),
+        };
         for (field, skip) in [("_parameters", false), ("_buffers", true)] {
             if let Some(d) = state.get_str(heap, field).and_then(|v| heap.dict(v)) {
                 for &(k, v) in d.entries() {

@@ -8,7 +8,7 @@ use super::dtype::DType;
 #[non_exhaustive]
 pub enum Policy {
     /// Load the tensors of any checkpoint; globals outside torch's allowlist
-    /// are kept as inert values and listed in [`Checkpoint::suspicious`](crate::Checkpoint::suspicious).
+    /// are kept as inert values and listed in [`Checkpoint::outside_allowlist`](crate::Checkpoint::outside_allowlist).
     #[default]
     Default,
     /// Match torch's `weights_only=True`: a global outside its allowlist (or
@@ -23,6 +23,16 @@ impl Policy {
     /// admits them, and neither may a caller that resolves globals itself.
     pub fn always_blocks(module: &str) -> bool {
         always_blocked(module)
+    }
+
+    /// Whether a caller's allowlist admits `module.name`: each entry is an
+    /// exact `module.name` or a glob over the whole of it (`*` any run of
+    /// characters, `?` one: `mymodels.*`); a module torch always blocks is
+    /// never admitted. The one rule of
+    /// [`OpenOptions::allow_global`](crate::OpenOptions::allow_global),
+    /// the CLI's `--allow-global` and Python's `allow_globals`.
+    pub fn allowlist_admits<S: AsRef<str>>(allowed: &[S], module: &str, name: &str) -> bool {
+        user_allows(allowed, module, name)
     }
 }
 
@@ -124,14 +134,15 @@ pub(crate) fn always_blocked(module: &str) -> bool {
 /// Whether the user's allowlist (exact `module.name` paths, or globs with
 /// `*` and `?`: `mymodels.*`) admits `module.name`. Globals of modules that
 /// are always blocked stay refused whatever the list says.
-pub(crate) fn user_allows(allowed: &[String], module: &str, name: &str) -> bool {
+pub(crate) fn user_allows<S: AsRef<str>>(allowed: &[S], module: &str, name: &str) -> bool {
     if always_blocked(module) {
         return false;
     }
     let path = format!("{module}.{name}");
     allowed
         .iter()
-        .any(|p| *p == path || (p.contains(['*', '?']) && crate::glob::glob(p, &path)))
+        .map(AsRef::as_ref)
+        .any(|p| p == path || (p.contains(['*', '?']) && crate::glob::glob(p, &path)))
 }
 
 #[cfg(test)]

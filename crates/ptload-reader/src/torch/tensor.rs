@@ -18,6 +18,10 @@ pub(crate) enum StorageData {
     Owned(usize),
     /// In a deflated zip record, inflated when first read.
     Deflated(usize),
+    /// Read on demand from elsewhere (a distributed checkpoint's chunks,
+    /// put together when asked for): the index among the checkpoint's
+    /// lazy storages.
+    Lazy(usize),
 }
 
 /// One storage: a run of bytes that tensors view.
@@ -206,45 +210,13 @@ pub(crate) fn tensor_info(
     storages: &[StorageInfo],
     limits: &Limits,
 ) -> Result<TensorInfo> {
-    let ints = |v: Value, what: &str| -> Result<Vec<u64>> {
-        heap.sequence(v)
-            .ok_or_else(|| tensor_err(&name, format!("{what} is not a tuple")))?
-            .iter()
-            .map(|&i| match i {
-                Value::Int(x) => non_negative(&name, x, what),
-                _ => Err(tensor_err(&name, format!("{what} is not an int"))),
-            })
-            .collect()
-    };
-    let mut shape = ints(meta.shape, "size")?;
-    let mut stride = ints(meta.stride, "stride")?;
-    if shape.len() != stride.len() {
-        return Err(tensor_err(
-            &name,
-            format!(
-                "size has {} dimensions but stride has {}",
-                shape.len(),
-                stride.len()
-            ),
-        ));
-    }
-    let storage_offset = non_negative(&name, meta.offset, "storage offset")?;
+    let (mut shape, mut stride, storage_offset) = geometry(heap, &name, meta)?;
     let overflow = || tensor_err(&name, "size arithmetic overflows");
     let mut numel = shape
         .iter()
         .try_fold(1u64, |acc, &s| acc.checked_mul(s))
         .ok_or_else(overflow)?;
-    // The storage class names the quantized type; its integer dtype is the
-    // fallback (a file that names a plain storage class).
-    let kind = meta
-        .storage
-        .and_then(|s| storages.get(s))
-        .and_then(|s| s.quantized)
-        .unwrap_or(match meta.dtype {
-            DType::I8 => "qint8",
-            DType::I32 => "qint32",
-            _ => "quint8",
-        });
+    let kind = quantized_kind(meta, storages);
     // Packed kinds count values in the size and stride, and bytes in the
     // storage: the tensor becomes its packed bytes (torch's int_repr()),
     // which needs the values contiguous and at the storage's start.
@@ -255,26 +227,7 @@ pub(crate) fn tensor_info(
     };
     let values_shape = (per_byte > 1).then(|| shape.clone());
     if per_byte > 1 {
-        let mut expected = 1u64;
-        for (&size, &st) in shape.iter().zip(&stride).rev() {
-            if size > 1 && st != expected {
-                return Err(tensor_err(
-                    &name,
-                    format!("a {kind} tensor whose values are not contiguous (torch packs them)"),
-                ));
-            }
-            expected = expected.saturating_mul(size);
-        }
-        if storage_offset != 0 {
-            // torch counts the offset in values but applies it to bytes,
-            // reading past its data: there is no right answer to give.
-            return Err(tensor_err(
-                &name,
-                format!(
-                    "a view into a {kind} tensor (offset {storage_offset}): torch itself misreads these"
-                ),
-            ));
-        }
+        check_packed(&name, kind, &shape, &stride, storage_offset)?;
         numel = numel.div_ceil(per_byte);
         shape = vec![numel];
         stride = vec![1];
@@ -286,26 +239,7 @@ pub(crate) fn tensor_info(
             .get(sid)
             .ok_or_else(|| tensor_err(&name, "storage index"))?;
         if numel > 0 {
-            let mut last = storage_offset;
-            for (&size, &st) in shape.iter().zip(&stride) {
-                last = (size - 1)
-                    .checked_mul(st)
-                    .and_then(|x| x.checked_add(last))
-                    .ok_or_else(overflow)?;
-            }
-            let needed = last
-                .checked_add(1)
-                .and_then(|n| n.checked_mul(elem))
-                .ok_or_else(overflow)?;
-            if needed > storage.nbytes {
-                return Err(tensor_err(
-                    &name,
-                    format!(
-                        "extent ({needed} bytes from offset {storage_offset}) exceeds storage {} of {} bytes",
-                        storage.key, storage.nbytes
-                    ),
-                ));
-            }
+            check_extent(&name, storage, (&shape, &stride, storage_offset), elem)?;
         }
         if nbytes > storage.nbytes && nbytes > limits.max_expanded_view_bytes {
             return Err(
@@ -314,7 +248,139 @@ pub(crate) fn tensor_info(
             );
         }
     }
-    let quantization = meta.quant.as_ref().map(|q| match q {
+    let quantization = meta
+        .quant
+        .as_ref()
+        .map(|q| quantization(heap, q, kind, values_shape));
+    Ok(TensorInfo {
+        name,
+        dtype: meta.dtype,
+        shape,
+        stride,
+        storage_offset,
+        storage: meta.storage,
+        numel,
+        nbytes,
+        requires_grad: meta.requires_grad,
+        conj: meta.conj,
+        neg: meta.neg,
+        quantization,
+    })
+}
+
+/// The size, stride and storage offset the rebuild call gave: tuples of
+/// non-negative ints of one length, and a non-negative offset.
+fn geometry(heap: &Heap, name: &str, meta: &TensorMeta) -> Result<(Vec<u64>, Vec<u64>, u64)> {
+    let ints = |v: Value, what: &str| -> Result<Vec<u64>> {
+        heap.sequence(v)
+            .ok_or_else(|| tensor_err(name, format!("{what} is not a tuple")))?
+            .iter()
+            .map(|&i| match i {
+                Value::Int(x) => non_negative(name, x, what),
+                _ => Err(tensor_err(name, format!("{what} is not an int"))),
+            })
+            .collect()
+    };
+    let shape = ints(meta.shape, "size")?;
+    let stride = ints(meta.stride, "stride")?;
+    if shape.len() != stride.len() {
+        return Err(tensor_err(
+            name,
+            format!(
+                "size has {} dimensions but stride has {}",
+                shape.len(),
+                stride.len()
+            ),
+        ));
+    }
+    let storage_offset = non_negative(name, meta.offset, "storage offset")?;
+    Ok((shape, stride, storage_offset))
+}
+
+/// The quantized type of a tensor's integers: the storage class names it;
+/// its integer dtype is the fallback (a file that names a plain storage
+/// class).
+fn quantized_kind(meta: &TensorMeta, storages: &[StorageInfo]) -> &'static str {
+    meta.storage
+        .and_then(|s| storages.get(s))
+        .and_then(|s| s.quantized)
+        .unwrap_or(match meta.dtype {
+            DType::I8 => "qint8",
+            DType::I32 => "qint32",
+            _ => "quint8",
+        })
+}
+
+/// A packed kind's values must be contiguous and start the storage.
+fn check_packed(
+    name: &str,
+    kind: &str,
+    shape: &[u64],
+    stride: &[u64],
+    storage_offset: u64,
+) -> Result<()> {
+    let mut expected = 1u64;
+    for (&size, &st) in shape.iter().zip(stride).rev() {
+        if size > 1 && st != expected {
+            return Err(tensor_err(
+                name,
+                format!("a {kind} tensor whose values are not contiguous (torch packs them)"),
+            ));
+        }
+        expected = expected.saturating_mul(size);
+    }
+    if storage_offset != 0 {
+        // torch counts the offset in values but applies it to bytes,
+        // reading past its data: there is no right answer to give.
+        return Err(tensor_err(
+            name,
+            format!(
+                "a view into a {kind} tensor (offset {storage_offset}): torch itself misreads these"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The last element a non-empty tensor reaches must lie in its storage.
+fn check_extent(
+    name: &str,
+    storage: &StorageInfo,
+    (shape, stride, storage_offset): (&[u64], &[u64], u64),
+    elem: u64,
+) -> Result<()> {
+    let overflow = || tensor_err(name, "size arithmetic overflows");
+    let mut last = storage_offset;
+    for (&size, &st) in shape.iter().zip(stride) {
+        last = (size - 1)
+            .checked_mul(st)
+            .and_then(|x| x.checked_add(last))
+            .ok_or_else(overflow)?;
+    }
+    let needed = last
+        .checked_add(1)
+        .and_then(|n| n.checked_mul(elem))
+        .ok_or_else(overflow)?;
+    if needed > storage.nbytes {
+        return Err(tensor_err(
+            name,
+            format!(
+                "extent ({needed} bytes from offset {storage_offset}) exceeds storage {} of {} bytes",
+                storage.key, storage.nbytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A quantized tensor's parameters, as the public [`Quantization`].
+fn quantization(
+    heap: &Heap,
+    q: &QuantParams,
+    kind: &'static str,
+    values_shape: Option<Vec<u64>>,
+) -> Quantization {
+    match q {
         QuantParams::PerTensor {
             scheme,
             scale,
@@ -324,7 +390,7 @@ pub(crate) fn tensor_info(
             scheme: scheme.clone(),
             scale: *scale,
             zero_point: *zero_point,
-            values_shape: values_shape.clone(),
+            values_shape,
         },
         QuantParams::PerChannel {
             scheme,
@@ -346,24 +412,10 @@ pub(crate) fn tensor_info(
                     scheme.clone()
                 },
                 axis: *axis,
-                values_shape: values_shape.clone(),
+                values_shape,
             }
         }
-    });
-    Ok(TensorInfo {
-        name,
-        dtype: meta.dtype,
-        shape,
-        stride,
-        storage_offset,
-        storage: meta.storage,
-        numel,
-        nbytes,
-        requires_grad: meta.requires_grad,
-        conj: meta.conj,
-        neg: meta.neg,
-        quantization,
-    })
+    }
 }
 
 /// A storage pickled on its own (`torch.save(storage)`): a 1-D tensor over it.

@@ -12,8 +12,10 @@ use std::hash::BuildHasher;
 use super::dtype::DType;
 use super::policy::{always_blocked, torch_allows, Policy};
 use super::{
-    Global, Known, Layout, NdArray, NumpyDtype, QuantParams, TensorMeta, TorchHeap, TorchObj,
+    describe, Global, Known, Layout, NdArray, NumpyDtype, QuantParams, TensorMeta, TorchHeap,
+    TorchObj,
 };
+use crate::advice::Hint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::pickle::{Heap, Interpreter, Obj, Object, Tag, Value};
 
@@ -110,20 +112,6 @@ fn truthy(v: Value) -> bool {
         Value::Bool(b) => b,
         Value::Int(i) => i != 0,
         _ => false,
-    }
-}
-
-pub(crate) fn describe(heap: &Heap, v: Value) -> String {
-    match v {
-        Value::None => "None".into(),
-        Value::Bool(_) => "bool".into(),
-        Value::Int(_) => "int".into(),
-        Value::Float(_) => "float".into(),
-        Value::Obj(_) => match (heap.torch(v), heap.get(v)) {
-            (Some(TorchObj::Global(g)), _) => format!("global {}.{}", g.module, g.name),
-            (_, Some(o)) => crate::pickle::kind_name_of(o).into(),
-            (_, None) => "?".into(),
-        },
     }
 }
 
@@ -237,23 +225,25 @@ impl<'p> TorchInterp<'p> {
 
 impl Interpreter for TorchInterp<'_> {
     fn global(&mut self, heap: &mut Heap, module: &str, name: &str, offset: u64) -> Result<Value> {
-        let torch_allowed = torch_allows(module, name);
+        // torch admits the DTensor classes once `torch.distributed.tensor`
+        // is imported, as it must be to load one.
+        let torch_allowed =
+            torch_allows(module, name) || crate::torch::dtensor::dtensor_class(module, name);
         if self.policy == Policy::Strict && !torch_allowed {
             let path = format!("{module}.{name}");
             let user_allowed = crate::torch::policy::user_allows(self.allowed, module, name);
             if !user_allowed {
-                let advice = if always_blocked(module) {
-                    format!("globals of `{module}` are never allowed")
-                } else {
-                    format!(
-                        "Allow it with OpenOptions::allow_global(\"{path}\") only if you trust \
-                         this class/function"
-                    )
-                };
-                return Err(Error::new(
-                    ErrorKind::UnsupportedGlobal,
-                    format!("Unsupported global: GLOBAL {path} was not an allowed global by default. {advice}"),
-                ));
+                let refused = format!(
+                    "Unsupported global: GLOBAL {path} was not an allowed global by default"
+                );
+                if always_blocked(module) {
+                    return Err(Error::new(
+                        ErrorKind::UnsupportedGlobal,
+                        format!("{refused}. globals of `{module}` are never allowed"),
+                    ));
+                }
+                return Err(Error::new(ErrorKind::UnsupportedGlobal, refused)
+                    .with_hint(Hint::AllowGlobals(vec![path])));
             }
         }
         let key = (module.to_owned(), name.to_owned(), self.record.clone());
@@ -292,7 +282,11 @@ impl Interpreter for TorchInterp<'_> {
             r.called = true;
         }
         let func = which.name();
-        match which {
+        // The constructors of plain values build them only from the
+        // arguments Python would accept; anything else stays an inert
+        // call (`None` below), so nothing in its arguments is dropped or
+        // invented.
+        let built = match which {
             Known::RebuildTensor
             | Known::RebuildTensorV2
             | Known::RebuildTensorV3
@@ -303,156 +297,24 @@ impl Interpreter for TorchInterp<'_> {
             | Known::RebuildFromTypeV2
             | Known::RebuildSparse => {
                 let a = args_of(heap, args, func)?;
-                self.rebuild(heap, which, func, &a)
+                return self.rebuild(heap, which, func, &a);
             }
-            // The constructors of plain values build them only from the
-            // arguments Python would accept; anything else stays an inert
-            // call, so nothing in its arguments is dropped or invented.
-            Known::OrderedDict => {
-                let a = args_of(heap, args, func)?;
-                heap.charge_work(
-                    a.first()
-                        .and_then(|&p| heap.sequence(p))
-                        .map_or(0, |items| items.len() as u64),
-                )?;
-                let pairs = match &a[..] {
-                    [] => Some(Vec::new()),
-                    [p] => heap.sequence(*p).and_then(|items| {
-                        items
-                            .iter()
-                            .map(|&pair| match heap.sequence(pair) {
-                                Some(&[k, v]) => Some((k, v)),
-                                _ => None,
-                            })
-                            .collect::<Option<Vec<_>>>()
-                    }),
-                    _ => None,
-                };
-                let Some(pairs) = pairs else {
-                    return self.inert(heap, callable, args);
-                };
-                let ordered = known(heap, callable).is_some_and(|(_, g)| &*g.name == "OrderedDict");
-                let d = heap.alloc(Obj::Dict(Default::default()))?;
-                if ordered {
-                    heap.tag(d, Tag::OrderedDict);
-                }
-                for (k, v) in pairs {
-                    heap.set_item(d, k, v)
-                        .map_err(|m| heap.container_error("OrderedDict item", m))?;
-                }
-                Ok(d)
-            }
-            Known::Set | Known::FrozenSet => {
-                let a = args_of(heap, args, func)?;
-                let members = match &a[..] {
-                    [] => Some(Vec::new()),
-                    [l] => heap.members(*l),
-                    _ => None,
-                };
-                match members {
-                    Some(m) => {
-                        let s = heap.new_set_from(&m)?;
-                        if which == Known::FrozenSet {
-                            heap.tag(s, Tag::FrozenSet);
-                        }
-                        Ok(s)
-                    }
-                    None => self.inert(heap, callable, args),
-                }
-            }
-            Known::Bytearray => {
-                let a = args_of(heap, args, func)?;
-                let bytes = match &a[..] {
-                    [] => Some(Vec::new()),
-                    [b] => heap.bytes(*b).map(<[u8]>::to_vec),
-                    _ => None,
-                };
-                let bytearray = known(heap, callable).is_some_and(|(_, g)| &*g.name == "bytearray");
-                match bytes {
-                    Some(b) => {
-                        let v = heap.alloc_bytes(&b)?;
-                        if bytearray {
-                            heap.tag(v, Tag::ByteArray);
-                        }
-                        Ok(v)
-                    }
-                    None => self.inert(heap, callable, args),
-                }
-            }
-            Known::CodecsEncode => {
-                let a = args_of(heap, args, func)?;
-                // encode(obj, encoding='utf-8', errors='strict')
-                arity(&a, func, &[1, 2, 3])?;
-                if a.get(2).is_some_and(|&e| heap.str(e) != Some("strict")) {
-                    return Err(err("_codecs.encode: only errors='strict' is read"));
-                }
-                let text_len = heap.str(get(&a, 0)).map_or(0, str::len);
-                let enc_len = a.get(1).and_then(|&e| heap.str(e)).map_or(0, str::len);
-                heap.charge_work((text_len + enc_len) as u64)?;
-                let s = heap
-                    .str(get(&a, 0))
-                    .ok_or_else(|| err("_codecs.encode needs a str"))?
-                    .to_owned();
-                let enc = match a.get(1) {
-                    None => "utf-8".to_owned(),
-                    Some(&e) => heap
-                        .str(e)
-                        .ok_or_else(|| err("_codecs.encode: the encoding must be a str"))?
-                        .to_ascii_lowercase(),
-                };
-                let bytes: Vec<u8> = match enc.as_str() {
-                    "latin1" | "latin-1" | "iso-8859-1" | "iso8859-1" => s
-                        .chars()
-                        .map(|c| {
-                            u8::try_from(u32::from(c)).map_err(|_| err("_codecs.encode: a character outside latin-1 (UnicodeEncodeError in Python)"))
-                        })
-                        .collect::<Result<_>>()?,
-                    "utf-8" | "utf8" => s.into_bytes(),
-                    other => {
-                        return Err(err(format!(
-                            "_codecs.encode with unsupported encoding {other:?}"
-                        )))
-                    }
-                };
-                heap.alloc_bytes(&bytes)
-            }
+            Known::OrderedDict => dict(heap, callable, &args_of(heap, args, func)?)?,
+            Known::Set | Known::FrozenSet => set(heap, which, &args_of(heap, args, func)?)?,
+            Known::Bytearray => bytes(heap, callable, &args_of(heap, args, func)?)?,
+            Known::CodecsEncode => Some(codecs_encode(heap, &args_of(heap, args, func)?, func)?),
             Known::TorchScriptWrapper => {
                 let a = args_of(heap, args, func)?;
                 let g = known(heap, callable).map(|(_, g)| g.name.clone());
                 let tag = g.as_deref() == Some("restore_type_tag");
                 match (&a[..], tag) {
-                    ([list], false) if heap.sequence(*list).is_some() => Ok(*list),
-                    ([value, ty], true) if heap.str(*ty).is_some() => Ok(*value),
-                    _ => self.inert(heap, callable, args),
+                    ([list], false) if heap.sequence(*list).is_some() => Some(*list),
+                    ([value, ty], true) if heap.str(*ty).is_some() => Some(*value),
+                    _ => None,
                 }
             }
-            Known::Size => {
-                // torch.Size() is empty; torch.Size(seq) holds seq's items.
-                let a = args_of(heap, args, func)?;
-                let items = match a.first() {
-                    None => Vec::new(),
-                    Some(&t) => heap
-                        .sequence(t)
-                        .ok_or_else(|| err("torch.Size needs a sequence"))?
-                        .to_vec(),
-                };
-                let size = heap.alloc_tuple(&items)?;
-                heap.tag(size, Tag::Size);
-                Ok(size)
-            }
-            Known::Device => {
-                let a = args_of(heap, args, func)?;
-                let kind = heap
-                    .text(get(&a, 0))
-                    .ok_or_else(|| err("torch.device needs a str"))?
-                    .to_owned();
-                heap.charge_bytes(kind.len())?;
-                let text = match get(&a, 1) {
-                    Value::Int(i) => format!("{kind}:{i}"),
-                    _ => kind,
-                };
-                heap.alloc_torch(TorchObj::Device(text.into()))
-            }
+            Known::Size => Some(size(heap, &args_of(heap, args, func)?)?),
+            Known::Device => Some(device(heap, &args_of(heap, args, func)?)?),
             Known::GetLayout => {
                 let a = args_of(heap, args, func)?;
                 let name = heap
@@ -460,42 +322,48 @@ impl Interpreter for TorchInterp<'_> {
                     .ok_or_else(|| err("_get_layout needs a str"))?;
                 let layout = Layout::from_name(name)
                     .ok_or_else(|| err(format!("unknown layout {name:?}")))?;
-                heap.alloc_torch(TorchObj::Layout(layout))
+                Some(heap.alloc_torch(TorchObj::Layout(layout))?)
             }
             Known::NumpyDtype => {
                 let a = args_of(heap, args, func)?;
                 let descr = heap.text(get(&a, 0)).unwrap_or("?").to_owned();
                 heap.charge_bytes(descr.len())?;
                 let big_endian = descr.starts_with('>');
-                heap.alloc_torch(TorchObj::NumpyDtype(NumpyDtype {
+                Some(heap.alloc_torch(TorchObj::NumpyDtype(NumpyDtype {
                     descr,
                     big_endian,
                     structured: false,
-                }))
+                }))?)
             }
             Known::NumpyScalar => {
                 let a = args_of(heap, args, func)?;
                 // A scalar of a structured dtype stays the inert call it is
                 // (its dtype's code alone would misread its bytes).
                 if matches!(heap.torch(get(&a, 0)), Some(TorchObj::NumpyDtype(d)) if d.structured) {
-                    return self.inert(heap, callable, args);
+                    None
+                } else {
+                    return self.numpy_scalar(heap, &a);
                 }
-                self.numpy_scalar(heap, &a)
             }
-            Known::NumpyReconstruct => heap.alloc_torch(TorchObj::NdArray(NdArray {
+            Known::NumpyReconstruct => Some(heap.alloc_torch(TorchObj::NdArray(NdArray {
                 dtype: "?".into(),
                 shape: Vec::new(),
                 descr: None,
                 fortran: false,
                 data: Value::None,
-            })),
+            }))?),
             Known::Reconstructor | Known::NewObj => {
                 let a = args_of(heap, args, func)?;
                 let cls = get(&a, 0);
-                let rest = heap.alloc_tuple(a.get(1..).unwrap_or_default())?;
-                self.new_object(heap, cls, rest)
+                // No arguments after the class: it is called with none.
+                let rest = heap.alloc_tuple(a.get(1..).unwrap_or(&[]))?;
+                return self.new_object(heap, cls, rest);
             }
-            _ => self.inert(heap, callable, args),
+            _ => None,
+        };
+        match built {
+            Some(v) => Ok(v),
+            None => self.inert(heap, callable, args),
         }
     }
 
@@ -537,7 +405,11 @@ impl Interpreter for TorchInterp<'_> {
 
     fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()> {
         // Numpy objects take their real content from BUILD.
-        let numpy_state = heap.tuple(state).map(<[Value]>::to_vec).unwrap_or_default();
+        // Numpy's state is a tuple; any other state holds none of it.
+        let numpy_state = match heap.tuple(state) {
+            Some(items) => items.to_vec(),
+            None => Vec::new(),
+        };
         heap.charge_work(numpy_state.len() as u64)?;
         let numpy_dtype = match heap.torch(get(&numpy_state, 2)) {
             Some(TorchObj::NumpyDtype(d)) => {
@@ -662,4 +534,145 @@ fn time_unit(heap: &Heap, metadata: Value) -> Option<String> {
     } else {
         format!("[{count}{unit}]")
     })
+}
+
+/// `dict()` or `OrderedDict()`, empty or from a sequence of pairs; `None`
+/// for other arguments.
+fn dict(heap: &mut Heap, callable: Value, a: &[Value]) -> Result<Option<Value>> {
+    heap.charge_work(
+        a.first()
+            .and_then(|&p| heap.sequence(p))
+            .map_or(0, |items| items.len() as u64),
+    )?;
+    let pairs = match a {
+        [] => Some(Vec::new()),
+        [p] => heap.sequence(*p).and_then(|items| {
+            items
+                .iter()
+                .map(|&pair| match heap.sequence(pair) {
+                    Some(&[k, v]) => Some((k, v)),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
+        }),
+        _ => None,
+    };
+    let Some(pairs) = pairs else {
+        return Ok(None);
+    };
+    let ordered = known(heap, callable).is_some_and(|(_, g)| &*g.name == "OrderedDict");
+    let d = heap.alloc(Obj::Dict(Default::default()))?;
+    if ordered {
+        heap.tag(d, Tag::OrderedDict);
+    }
+    for (k, v) in pairs {
+        heap.set_item(d, k, v)
+            .map_err(|m| heap.container_error("OrderedDict item", m))?;
+    }
+    Ok(Some(d))
+}
+
+/// `set()` or `frozenset()`, empty or of a sequence's members; `None` for
+/// other arguments.
+fn set(heap: &mut Heap, which: Known, a: &[Value]) -> Result<Option<Value>> {
+    let members = match a {
+        [] => Some(Vec::new()),
+        [l] => heap.members(*l),
+        _ => None,
+    };
+    let Some(m) = members else {
+        return Ok(None);
+    };
+    let s = heap.new_set_from(&m)?;
+    if which == Known::FrozenSet {
+        heap.tag(s, Tag::FrozenSet);
+    }
+    Ok(Some(s))
+}
+
+/// `bytes()` or `bytearray()`, empty or of bytes; `None` for other
+/// arguments.
+fn bytes(heap: &mut Heap, callable: Value, a: &[Value]) -> Result<Option<Value>> {
+    let bytes = match a {
+        [] => Some(Vec::new()),
+        [b] => heap.bytes(*b).map(<[u8]>::to_vec),
+        _ => None,
+    };
+    let bytearray = known(heap, callable).is_some_and(|(_, g)| &*g.name == "bytearray");
+    let Some(b) = bytes else {
+        return Ok(None);
+    };
+    let v = heap.alloc_bytes(&b)?;
+    if bytearray {
+        heap.tag(v, Tag::ByteArray);
+    }
+    Ok(Some(v))
+}
+
+/// `_codecs.encode(obj, encoding='utf-8', errors='strict')`, the way
+/// protocols 0-2 pickle bytes: latin-1 or UTF-8, strict.
+fn codecs_encode(heap: &mut Heap, a: &[Value], func: &str) -> Result<Value> {
+    arity(a, func, &[1, 2, 3])?;
+    if a.get(2).is_some_and(|&e| heap.str(e) != Some("strict")) {
+        return Err(err("_codecs.encode: only errors='strict' is read"));
+    }
+    let text_len = heap.str(get(a, 0)).map_or(0, str::len);
+    let enc_len = a.get(1).and_then(|&e| heap.str(e)).map_or(0, str::len);
+    heap.charge_work((text_len + enc_len) as u64)?;
+    let s = heap
+        .str(get(a, 0))
+        .ok_or_else(|| err("_codecs.encode needs a str"))?
+        .to_owned();
+    let enc = match a.get(1) {
+        None => "utf-8".to_owned(),
+        Some(&e) => heap
+            .str(e)
+            .ok_or_else(|| err("_codecs.encode: the encoding must be a str"))?
+            .to_ascii_lowercase(),
+    };
+    let bytes: Vec<u8> = match enc.as_str() {
+        "latin1" | "latin-1" | "iso-8859-1" | "iso8859-1" => s
+            .chars()
+            .map(|c| {
+                u8::try_from(u32::from(c)).map_err(|_| {
+                    err("_codecs.encode: a character outside latin-1 (UnicodeEncodeError in Python)")
+                })
+            })
+            .collect::<Result<_>>()?,
+        "utf-8" | "utf8" => s.into_bytes(),
+        other => {
+            return Err(err(format!(
+                "_codecs.encode with unsupported encoding {other:?}"
+            )))
+        }
+    };
+    heap.alloc_bytes(&bytes)
+}
+
+/// `torch.Size()` is empty; `torch.Size(seq)` holds seq's items.
+fn size(heap: &mut Heap, a: &[Value]) -> Result<Value> {
+    let items = match a.first() {
+        None => Vec::new(),
+        Some(&t) => heap
+            .sequence(t)
+            .ok_or_else(|| err("torch.Size needs a sequence"))?
+            .to_vec(),
+    };
+    let size = heap.alloc_tuple(&items)?;
+    heap.tag(size, Tag::Size);
+    Ok(size)
+}
+
+/// `torch.device(kind)` or `torch.device(kind, index)`.
+fn device(heap: &mut Heap, a: &[Value]) -> Result<Value> {
+    let kind = heap
+        .text(get(a, 0))
+        .ok_or_else(|| err("torch.device needs a str"))?
+        .to_owned();
+    heap.charge_bytes(kind.len())?;
+    let text = match get(a, 1) {
+        Value::Int(i) => format!("{kind}:{i}"),
+        _ => kind,
+    };
+    heap.alloc_torch(TorchObj::Device(text.into()))
 }

@@ -2,6 +2,7 @@
 //! storage, an offset, a size and a stride.
 
 use super::*;
+use crate::torch::dtensor::{self, is_dtensor_type, is_wrapper_subclass};
 
 impl TorchInterp<'_> {
     pub(super) fn tensor(
@@ -24,6 +25,7 @@ impl TorchInterp<'_> {
             neg: false,
             quant: None,
             attrs: None,
+            dtensor: None,
         })
     }
 
@@ -120,6 +122,16 @@ impl TorchInterp<'_> {
                 let inner = get(args, 0);
                 let inner_args = get(args, 2);
                 let state = get(args, 3);
+                if is_wrapper_subclass(heap, inner) && is_dtensor_type(heap, get(args, 1)) {
+                    // A DTensor: its local tensor, with the spec beside it.
+                    let (local, spec) = dtensor::read(heap, inner_args, state)?;
+                    let mut meta = match heap.torch(local) {
+                        Some(TorchObj::Tensor(meta)) => meta.clone(),
+                        _ => return Err(err("a DTensor's local tensor is not a tensor")),
+                    };
+                    meta.dtensor = Some(Box::new(spec));
+                    return heap.alloc_torch(TorchObj::Tensor(meta));
+                }
                 let made = self.call(heap, inner, inner_args)?;
                 return match heap.torch(made) {
                     Some(TorchObj::Tensor(meta)) if has_attrs(heap, state) => {

@@ -1,0 +1,447 @@
+//! `ptload diff`: two checkpoints compared tensor by tensor (a torch
+//! file's model, as convert takes it, or a safetensors file).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use ptload_reader::set::CheckpointSet;
+use ptload_reader::DType;
+use serde::Serialize;
+
+use crate::args::{self, CliResult, OpenArgs, StateDictArgs};
+
+/// Exit code of a command that judges: 0 nothing found, 1 findings, 2 error.
+pub(crate) type Verdict = u8;
+
+/// Compares the models two checkpoints hold, as convert and load take them
+/// (`--key auto --strip-prefix auto` unless given; each automatic choice is
+/// noted), so a plain state dict and a training or DataParallel checkpoint
+/// of the same weights compare equal.
+#[derive(Args)]
+#[command(
+    mut_arg("key", |a| a.help(args::key_help("auto"))),
+    mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
+)]
+pub(crate) struct DiffArgs {
+    /// First checkpoint (a torch file or http(s):// URL, or a .safetensors file).
+    a: PathBuf,
+    /// Second checkpoint (a torch file or http(s):// URL, or a .safetensors file).
+    b: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// --key for the first file only.
+    #[arg(long = "key-a", value_name = "PATH|auto|all")]
+    key_a: Option<String>,
+    /// --key for the second file only.
+    #[arg(long = "key-b", value_name = "PATH|auto|all")]
+    key_b: Option<String>,
+    /// Floating tensors within this absolute difference are equal (with --rtol: |a - b| <=
+    /// atol + rtol * |b|, as torch.allclose); tensors of two floating dtypes then compare by value.
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    atol: f64,
+    /// Floating tensors within this relative difference are equal (see --atol).
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    rtol: f64,
+    #[command(flatten)]
+    open: OpenArgs,
+    #[command(flatten)]
+    state: StateDictArgs,
+}
+
+/// One side of `diff`, as read.
+pub(crate) enum Opened {
+    Torch(CheckpointSet),
+    /// A safetensors file, or the files of a sharded set, in name order.
+    Safetensors(Vec<Vec<u8>>),
+}
+
+/// A side of `diff` ready to compare: a torch checkpoint's model, selected
+/// as convert selects it (`key` overriding `--key`), or the safetensors
+/// file's tensors.
+fn diff_side<'o>(
+    opened: &'o Opened,
+    key: &Option<String>,
+    path: &std::path::Path,
+    state: &StateDictArgs,
+) -> CliResult<Side<'o>> {
+    match opened {
+        Opened::Torch(set) => {
+            let mut state = state.clone();
+            if key.is_some() {
+                state.key.clone_from(key);
+            }
+            let sel = state.options(false)?.select_set(set)?;
+            // Two files: each note says which.
+            for d in crate::terms::decisions(sel.decisions()) {
+                crate::ui::note(&format!("{}: {d}", path.display()));
+            }
+            Ok(Side::Torch(sel))
+        }
+        Opened::Safetensors(files) => {
+            let mut read = Vec::with_capacity(files.len());
+            let mut names = std::collections::HashSet::new();
+            for bytes in files {
+                let st = safetensors::SafeTensors::deserialize(bytes)
+                    .map_err(|e| format!("{}: safetensors: {e}", path.display()))?;
+                for name in st.names() {
+                    if !names.insert(name.to_owned()) {
+                        return Err(format!(
+                            "{}: {name} is in two files of the safetensors set",
+                            path.display()
+                        )
+                        .into());
+                    }
+                }
+                read.push(st);
+            }
+            Ok(Side::Safetensors(read))
+        }
+    }
+}
+
+/// Compare the two sides; exit 1 when they differ.
+pub(crate) fn run(a: &DiffArgs, out: &mut impl Write) -> CliResult<u8> {
+    if !(a.atol >= 0.0 && a.rtol >= 0.0) {
+        return Err("invalid --atol/--rtol: expected numbers of 0 or more".into());
+    }
+    let opts = a.open.options();
+    // Each side is a torch checkpoint or a safetensors file; an error says
+    // which side failed.
+    let read = |path: &PathBuf| -> CliResult<Opened> {
+        let fail = |e: String| format!("{}: {e}", path.display());
+        if is_safetensors(path) {
+            let bytes = std::fs::read(path).map_err(|e| fail(format!("io: {e}")))?;
+            return Ok(Opened::Safetensors(vec![bytes]));
+        }
+        // A sharded safetensors set (what convert --max-shard-size
+        // writes): every .safetensors file of the directory.
+        if let Some(shards) = safetensors_shards(path) {
+            let files = shards
+                .iter()
+                .map(std::fs::read)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| fail(format!("io: {e}")))?;
+            return Ok(Opened::Safetensors(files));
+        }
+        crate::remote::open_set(path, &opts)
+            .map(Opened::Torch)
+            .map_err(|e| fail(e.render(&crate::terms::Flags)).into())
+    };
+    let (oa, ob) = (read(&a.a)?, read(&a.b)?);
+    let sa = diff_side(&oa, &a.key_a, &a.a, &a.state)?;
+    let sb = diff_side(&ob, &a.key_b, &a.b, &a.state)?;
+    let tol = Tolerance {
+        atol: a.atol,
+        rtol: a.rtol,
+    };
+    let verdict = diff(out, &sa, &sb, tol, a.json)?;
+    out.flush()?;
+    Ok(verdict)
+}
+
+#[derive(Serialize, Default)]
+struct DiffOut {
+    only_in_a: Vec<String>,
+    only_in_b: Vec<String>,
+    different: Vec<Difference>,
+    equal: usize,
+}
+
+#[derive(Serialize)]
+struct Difference {
+    name: String,
+    what: String,
+    max_abs_diff: Option<f64>,
+}
+
+fn as_f64(bytes: &[u8], dtype: DType) -> Option<Vec<f64>> {
+    let wide = ptload_reader::cast::convert(bytes, dtype, DType::F64).ok()?;
+    Some(
+        wide.chunks_exact(8)
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect(),
+    )
+}
+
+/// How close two floating tensors must be to count as equal:
+/// `|a - b| <= atol + rtol * |b|` for every element (as `torch.allclose`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tolerance {
+    pub(crate) atol: f64,
+    pub(crate) rtol: f64,
+}
+
+impl Tolerance {
+    fn is_set(&self) -> bool {
+        self.atol > 0.0 || self.rtol > 0.0
+    }
+}
+
+/// Whether `path` holds a safetensors file: an 8-byte little-endian
+/// header length that fits the file, then `{`.
+pub(crate) fn is_safetensors(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut head = [0u8; 9];
+    if f.read_exact(&mut head).is_err() {
+        return false;
+    }
+    let len = f.metadata().map_or(0, |m| m.len());
+    let mut n = [0u8; 8];
+    n.copy_from_slice(&head[..8]);
+    let n = u64::from_le_bytes(n);
+    n >= 2 && n <= len.saturating_sub(8) && head[8] == b'{'
+}
+
+/// The `.safetensors` files of the directory `path`, in name order, when
+/// it holds some and no torch checkpoint (`None` otherwise).
+fn safetensors_shards(path: &Path) -> Option<Vec<PathBuf>> {
+    if !path.is_dir() || ptload_reader::dcp::is_dcp_dir(path) {
+        return None;
+    }
+    let mut shards = Vec::new();
+    for entry in std::fs::read_dir(path).ok()? {
+        let p = entry.ok()?.path();
+        let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
+        if ["pt", "pth", "bin", "ckpt"].contains(&ext) {
+            return None;
+        }
+        if ext == "safetensors" && is_safetensors(&p) {
+            shards.push(p);
+        }
+    }
+    shards.sort();
+    (!shards.is_empty()).then_some(shards)
+}
+
+/// One side of a diff: a torch checkpoint's selection, or a safetensors
+/// file or sharded set (read whole; its names as they are, each in one
+/// file).
+pub(crate) enum Side<'a> {
+    Torch(ptload_reader::state_dict::StateDict<'a>),
+    Safetensors(Vec<safetensors::SafeTensors<'a>>),
+}
+
+/// The file of a safetensors set that holds `name`.
+fn holding<'s, 'a>(
+    files: &'s [safetensors::SafeTensors<'a>],
+    name: &str,
+) -> Option<safetensors::tensor::TensorView<'s>> {
+    files.iter().find_map(|st| st.tensor(name).ok())
+}
+
+/// A tensor of either side.
+struct Entry<'a> {
+    dtype: DType,
+    shape: Vec<u64>,
+    /// Row-major little-endian elements; `None` for a meta tensor.
+    data: Option<std::borrow::Cow<'a, [u8]>>,
+}
+
+impl<'a> Side<'a> {
+    fn names(&self) -> Vec<String> {
+        match self {
+            Side::Torch(sel) => sel.iter().map(|s| s.name.clone()).collect(),
+            Side::Safetensors(files) => files
+                .iter()
+                .flat_map(|st| {
+                    // The header's order is the data's (offsets ascending).
+                    let mut named: Vec<(usize, String)> = st
+                        .tensors()
+                        .into_iter()
+                        .map(|(n, v)| (v.data().as_ptr() as usize, n))
+                        .collect();
+                    named.sort();
+                    named.into_iter().map(|(_, n)| n)
+                })
+                .collect(),
+        }
+    }
+
+    /// Bytes of the tensor's elements.
+    fn nbytes(&self, name: &str) -> Option<u64> {
+        match self {
+            Side::Torch(sel) => sel.get(name).map(|t| t.info().nbytes),
+            Side::Safetensors(files) => holding(files, name).map(|v| v.data().len() as u64),
+        }
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        match self {
+            Side::Torch(sel) => sel.contains(name),
+            Side::Safetensors(files) => holding(files, name).is_some(),
+        }
+    }
+
+    fn entry(&self, name: &str) -> CliResult<Option<Entry<'_>>> {
+        match self {
+            Side::Torch(sel) => {
+                let Some(t) = sel.get(name) else {
+                    return Ok(None);
+                };
+                Ok(Some(Entry {
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                    data: t.storage().map(|_| t.data()).transpose()?,
+                }))
+            }
+            Side::Safetensors(files) => {
+                let Some(view) = holding(files, name) else {
+                    return Ok(None);
+                };
+                let dtype_name = format!("{:?}", view.dtype());
+                let dtype = dtype_name.parse::<DType>().map_err(|_| {
+                    format!("{name}: safetensors dtype {dtype_name} is not one ptload reads")
+                })?;
+                Ok(Some(Entry {
+                    dtype,
+                    shape: view.shape().iter().map(|&d| d as u64).collect(),
+                    data: Some(std::borrow::Cow::Borrowed(view.data())),
+                }))
+            }
+        }
+    }
+}
+
+/// The largest `|a - b|` and whether every element is within `tol`
+/// (`None` when the dtypes have no numeric values to compare).
+fn closeness(a: &Entry<'_>, b: &Entry<'_>, tol: Tolerance) -> Option<(f64, bool)> {
+    let (x, y) = (
+        as_f64(a.data.as_deref()?, a.dtype)?,
+        as_f64(b.data.as_deref()?, b.dtype)?,
+    );
+    let mut max = 0.0f64;
+    let mut within = true;
+    for (p, q) in x.iter().zip(&y) {
+        let d = (p - q).abs();
+        // NaN anywhere makes the largest difference NaN.
+        max = if max.is_nan() || d.is_nan() {
+            f64::NAN
+        } else {
+            max.max(d)
+        };
+        let close = d <= tol.atol + tol.rtol * q.abs() || (p.is_nan() && q.is_nan());
+        within &= close;
+    }
+    Some((max, within))
+}
+
+/// `None` when equal (bytes equal, or within the tolerance).
+fn compare(name: &str, a: &Entry<'_>, b: &Entry<'_>, tol: Tolerance) -> Option<Difference> {
+    let differ = |what: String, max_abs_diff| {
+        Some(Difference {
+            name: name.to_owned(),
+            what,
+            max_abs_diff,
+        })
+    };
+    if a.shape != b.shape {
+        return differ(format!("shape {:?} vs {:?}", a.shape, b.shape), None);
+    }
+    if a.dtype != b.dtype {
+        // With a tolerance, values of two floating dtypes compare (a
+        // conversion to bf16 checked against its f32 source).
+        if tol.is_set() && a.dtype.is_float() && b.dtype.is_float() {
+            return match closeness(a, b, tol) {
+                Some((_, true)) => None,
+                Some((max, false)) => differ(
+                    format!(
+                        "dtype {} vs {}, values outside the tolerance",
+                        a.dtype, b.dtype
+                    ),
+                    Some(max),
+                ),
+                None => differ(format!("dtype {} vs {}", a.dtype, b.dtype), None),
+            };
+        }
+        return differ(format!("dtype {} vs {}", a.dtype, b.dtype), None);
+    }
+    match (&a.data, &b.data) {
+        // Meta tensors: equal when dtype and shape are.
+        (None, None) => None,
+        (Some(x), Some(y)) if x == y => None,
+        (Some(_), Some(_)) => match closeness(a, b, tol) {
+            Some((_, true)) if tol.is_set() => None,
+            Some((max, _)) => differ(
+                if tol.is_set() {
+                    "values outside the tolerance".into()
+                } else {
+                    "bytes differ".into()
+                },
+                Some(max),
+            ),
+            None => differ("bytes differ".into(), None),
+        },
+        _ => differ("one side has no data (meta)".into(), None),
+    }
+}
+
+pub(crate) fn diff(
+    out: &mut impl Write,
+    a: &Side<'_>,
+    b: &Side<'_>,
+    tol: Tolerance,
+    json: bool,
+) -> CliResult<Verdict> {
+    let mut result = DiffOut::default();
+    let names = a.names();
+    let total = names.iter().filter_map(|n| a.nbytes(n)).sum();
+    let bar = crate::ui::progress_bar("comparing", total);
+    for name in names {
+        if let (Some(bar), Some(n)) = (&bar, a.nbytes(&name)) {
+            bar.inc(n);
+        }
+        if !b.contains(&name) {
+            result.only_in_a.push(name);
+            continue;
+        }
+        let (Some(ea), Some(eb)) = (a.entry(&name)?, b.entry(&name)?) else {
+            continue;
+        };
+        match compare(&name, &ea, &eb, tol) {
+            Some(d) => result.different.push(d),
+            None => result.equal += 1,
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    result.only_in_b = b.names().into_iter().filter(|n| !a.contains(n)).collect();
+    let same =
+        result.only_in_a.is_empty() && result.only_in_b.is_empty() && result.different.is_empty();
+    if json {
+        serde_json::to_writer(&mut *out, &result)?;
+        writeln!(out)?;
+    } else {
+        for n in &result.only_in_a {
+            writeln!(out, "only in A: {n}")?;
+        }
+        for n in &result.only_in_b {
+            writeln!(out, "only in B: {n}")?;
+        }
+        for d in &result.different {
+            match d.max_abs_diff {
+                Some(m) => writeln!(
+                    out,
+                    "different: {}: {} (max abs diff {m:e})",
+                    d.name, d.what
+                )?,
+                None => writeln!(out, "different: {}: {}", d.name, d.what)?,
+            }
+        }
+        writeln!(
+            out,
+            "{}: {} equal, {} different, {} only in A, {} only in B",
+            if same { "equal" } else { "different" },
+            result.equal,
+            result.different.len(),
+            result.only_in_a.len(),
+            result.only_in_b.len()
+        )?;
+    }
+    Ok(if same { 0 } else { 1 })
+}

@@ -1,0 +1,1207 @@
+//! The scanner against files built to slip a payload past scanners
+//! (`tests/scan/`, written by `crates/ptload-fuzz/examples/scan_corpus.rs`),
+//! and against torch itself: for every file of `tests/scan/` and
+//! `tests/hostile/`, `tests/scan/torch_reach.json` lists the globals
+//! torch.load would resolve, found by `fixtures/generate.py --only scan`
+//! with torch's own zip-or-stream decision and an unpickler whose
+//! `find_class` records names and returns a stand-in. The scanner must
+//! report every one of them, in a pickle it marks as read by torch.load.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use ptload_reader::scan::{scan_file, Level, Verdict};
+use ptload_reader::Limits;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+use Verdict::{Ambiguous, Clean, Dangerous, NeedsCode, UnknownCall, Unreadable};
+
+/// The finding that must make a verdict: the global (for an ambiguous
+/// verdict, words of the ambiguity), and whether torch.load reaches the
+/// pickle it is in.
+type Finding = Option<(&'static str, bool)>;
+
+/// Each file, its verdict, and the finding that makes it.
+const CASES: &[(&str, Verdict, Finding)] = &[
+    // Parsing as torch does: no PK at offset 0 means the stream is
+    // unpickled from byte 0, at any protocol.
+    (
+        "polyglot_pickle_then_zip.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    ("bare_protocol_0.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_protocol_1.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_protocol_2.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_protocol_3.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_protocol_4.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_protocol_5.pkl", Dangerous, Some(("os.system", true))),
+    ("bare_clean.pkl", Clean, None),
+    (
+        "stacked_magic_then_payload.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    // torch stops at a first pickle that is not the magic number; the
+    // payload behind it is still reported.
+    (
+        "stacked_clean_then_payload.pkl",
+        Dangerous,
+        Some(("os.system", false)),
+    ),
+    (
+        "legacy_payload_truncated.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "payload_then_broken_stream.pkl",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "tar_payload_in_pickle_member.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    // Zip tricks torch tolerates.
+    ("zip_bad_crc.pt", Dangerous, Some(("os.system", true))),
+    (
+        "zip_local_name_mismatch.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "zip_duplicate_last_is_payload.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "zip_duplicate_first_is_payload.pt",
+        Dangerous,
+        Some(("os.system", false)),
+    ),
+    (
+        "zip_other_pkl_entry.pt",
+        Dangerous,
+        Some(("os.system", false)),
+    ),
+    (
+        "zip_torchscript_constants.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    // Marked encrypted: torch refuses the entry (torch_reach.json lists
+    // nothing for it); the payload is still reported.
+    (
+        "zip_encrypted_flag.pt",
+        Dangerous,
+        Some(("os.system", false)),
+    ),
+    // Attribute paths from allowed starts.
+    (
+        "dotted_torch_storage.pt",
+        Dangerous,
+        Some(("torch.storage.TypedStorage.__init__.__builtins__.get", true)),
+    ),
+    (
+        "dotted_numpy_dtypes.pt",
+        Dangerous,
+        Some(("numpy.dtypes._add_dtype_helper.__builtins__.get", true)),
+    ),
+    // Calls that do not look like calls: OBJ and INST call the class;
+    // NEWOBJ only runs its `__new__`, and BUILD fills the instance (a
+    // construction, not a call: the class's code must be installed).
+    (
+        "obj_file_handler.pt",
+        UnknownCall,
+        Some(("logging.FileHandler", true)),
+    ),
+    (
+        "inst_file_handler.pt",
+        UnknownCall,
+        Some(("logging.FileHandler", true)),
+    ),
+    (
+        "newobj_file_handler.pt",
+        NeedsCode,
+        Some(("logging.FileHandler", true)),
+    ),
+    (
+        "newobj_ex_file_handler.pt",
+        NeedsCode,
+        Some(("logging.FileHandler", true)),
+    ),
+    (
+        "reconstructor_runs_base_init.pt",
+        UnknownCall,
+        Some(("mylib.hooks.Installer", true)),
+    ),
+    (
+        "rebuild_from_type_calls_func.pt",
+        UnknownCall,
+        Some(("mylib.hooks.make_tensor", true)),
+    ),
+    (
+        "build_setstate_of_unknown_class.pt",
+        NeedsCode,
+        Some(("mylib.state.Restorer", true)),
+    ),
+    // A pickle stored as bytes inside the checkpoint.
+    (
+        "nested_pickle_in_bytes.pt",
+        Dangerous,
+        Some(("os.system", false)),
+    ),
+    // Harmless: no false alarm.
+    // Changing what a later lookup finds: BUILD on a module, and a
+    // STACK_GLOBAL of names computed while unpickling.
+    ("build_on_module.pkl", Dangerous, Some(("torch._utils", true))),
+    (
+        "stack_global_of_computed_names.pkl",
+        Dangerous,
+        Some((
+            "<computed from torch._utils._rebuild_tensor>.<computed from torch._utils._rebuild_tensor>",
+            true,
+        )),
+    ),
+    (
+        "stack_global_of_protocol_0_strings.pkl",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    // Values that come back as what went in: TorchScript's wrappers,
+    // builtins that call or return their arguments, a legacy persistent
+    // id; and a later pickle of a tar member.
+    (
+        "torchscript_wrapper_returns_global.pt",
+        UnknownCall,
+        Some(("mypkg.tools.helper", true)),
+    ),
+    (
+        "builtins_map_calls_its_function.pkl",
+        UnknownCall,
+        Some(("mypkg.tools.helper", true)),
+    ),
+    (
+        "builtins_next_returns_its_member.pkl",
+        UnknownCall,
+        Some(("mypkg.tools.helper", true)),
+    ),
+    (
+        "legacy_persistent_id_returns_global.pt",
+        UnknownCall,
+        Some(("mypkg.tools.helper", true)),
+    ),
+    (
+        "tar_payload_in_second_storage_pickle.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "frame_read_crosses_boundary.pkl",
+        Ambiguous,
+        Some(("past the end of its FRAME", true)),
+    ),
+    // Benign look-alikes written by torch.save (fixtures/generate.py
+    // --only scan_levels): full models and training checkpoints only
+    // construct and fill their classes. They need the classes' code, and
+    // are not payloads.
+    (
+        "benign_full_sequential.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.container.Sequential", true)),
+    ),
+    (
+        "benign_full_conv2d.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.conv.Conv2d", true)),
+    ),
+    (
+        "benign_full_gru.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.rnn.GRU", true)),
+    ),
+    (
+        "benign_full_main_class.pt",
+        NeedsCode,
+        Some(("__main__.ScanNet", true)),
+    ),
+    (
+        "benign_full_legacy.pt",
+        NeedsCode,
+        Some(("__main__.ScanNet", true)),
+    ),
+    (
+        "benign_full_partial_attribute.pt",
+        NeedsCode,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "benign_dict_of_modules.pt",
+        NeedsCode,
+        Some(("torch.nn.modules.linear.Linear", true)),
+    ),
+    (
+        "benign_lightning_style.ckpt",
+        NeedsCode,
+        Some(("lightning.fabric.utilities.data.AttributeDict", true)),
+    ),
+    (
+        "benign_yolo_style.pt",
+        NeedsCode,
+        Some(("models.yolo.DetectionModel", true)),
+    ),
+    // transformers' training_args.bin: a dataclass constructed, its enum
+    // fields (a call of the enum class with the value: known data).
+    (
+        "benign_hf_training_args.bin",
+        NeedsCode,
+        Some(("transformers.training_args.TrainingArguments", true)),
+    ),
+    // numpy generators (whose constructors are given their bit generator
+    // class), a compiled pattern, RNG states: plain data.
+    ("benign_rng_states.pth", Clean, None),
+    // 2025-2026 techniques, each made as its write-up makes it.
+    ("t_pip_main.pkl", Dangerous, Some(("pip.main", true))),
+    (
+        "t_ensurepip_run_pip.pkl",
+        Dangerous,
+        Some(("ensurepip._run_pip", true)),
+    ),
+    (
+        "t_pkgutil_resolve_name.pkl",
+        Dangerous,
+        Some(("pkgutil.resolve_name", true)),
+    ),
+    (
+        "t_importlib_chain.pkl",
+        Dangerous,
+        Some(("importlib.import_module", true)),
+    ),
+    (
+        "t_marshal_function.pkl",
+        Dangerous,
+        Some(("types.FunctionType", true)),
+    ),
+    (
+        "t_collect_env_run.pkl",
+        Dangerous,
+        Some(("torch.utils.collect_env.run", true)),
+    ),
+    (
+        "t_collect_env_run_and_read_all.pkl",
+        Dangerous,
+        Some(("torch.utils.collect_env.run_and_read_all", true)),
+    ),
+    (
+        "t_spawnv_passfds.pkl",
+        Dangerous,
+        Some(("multiprocessing.util.spawnv_passfds", true)),
+    ),
+    (
+        "t_fx_graph_module_exec.pkl",
+        Dangerous,
+        Some(("torch.fx.graph_module.reduce_graph_module", true)),
+    ),
+    (
+        "t_config_module_pickle_loads.pkl",
+        Dangerous,
+        Some(("torch.utils._config_module.ConfigModule", true)),
+    ),
+    (
+        "t_numpy_load_allow_pickle.pkl",
+        Dangerous,
+        Some(("numpy.load", true)),
+    ),
+    ("t_io_private_open.pkl", Dangerous, Some(("_io.open", true))),
+    ("t_ssl_private.pkl", Dangerous, Some(("_ssl.RAND_status", true))),
+    (
+        "t_posixsubprocess.pkl",
+        Dangerous,
+        Some(("_posixsubprocess.fork_exec", true)),
+    ),
+    (
+        "t_argparse_os_system.pkl",
+        Dangerous,
+        Some(("argparse._os.system", true)),
+    ),
+    (
+        "t_torch_utils_os_system.pkl",
+        Dangerous,
+        Some(("torch._utils.os.system", true)),
+    ),
+    (
+        "t_payload_before_unhashable_stack_global.pkl",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    (
+        "t_build_sets_setstate.pkl",
+        Dangerous,
+        Some(("mypkg.tools.Holder", true)),
+    ),
+    // A partial that is called runs its function: the partial is the
+    // gadget, and what it wraps is called.
+    (
+        "t_partial_called.pkl",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "t_plain_pickle_renamed.bin",
+        Dangerous,
+        Some(("posix.system", true)),
+    ),
+    (
+        "t_protocol_0_in_zip.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
+    // numpy.load(allow_pickle=True) runs an object array's pickle; torch.load
+    // reads neither file.
+    (
+        "t_npy_object_array.npy",
+        Dangerous,
+        Some(("posix.system", false)),
+    ),
+    (
+        "t_npz_object_array.npz",
+        Dangerous,
+        Some(("posix.system", false)),
+    ),
+    // Duplicate data.pkl entries in three orders (torch reads the last in
+    // the central directory) and flag bits on the payload's data.pkl
+    // (torch loads 0x8, 0x800, 0x4000, refuses 0x1, 0x40, 0x2000; the
+    // payload is reported either way). See torch_levels.json.
+    (
+        "z_duplicate_payload_first.pt",
+        Ambiguous,
+        Some(("duplicate entry name", true)),
+    ),
+    (
+        "z_duplicate_payload_second.pt",
+        Ambiguous,
+        Some(("duplicate entry name", true)),
+    ),
+    (
+        "z_duplicate_payload_at_end.pt",
+        Ambiguous,
+        Some(("duplicate entry name", true)),
+    ),
+    (
+        "z_flag_0x0001_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", false)),
+    ),
+    (
+        "z_flag_0x0040_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", false)),
+    ),
+    (
+        "z_flag_0x0008_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    (
+        "z_flag_0x0800_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    (
+        "z_flag_0x2000_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", false)),
+    ),
+    (
+        "z_flag_0x4000_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    // torch loads an archive whose unrelated entry has a broken local
+    // header: the scan reads it too, and reaches the payload.
+    (
+        "z_unrelated_broken_local_header_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    ("builtins_len.pt", Clean, None),
+    ("torchscript_helpers.pt", Clean, None),
+    // An entry torch never reads whose local header is broken: torch
+    // loads the file, and so do scan and open (torch_zip.json).
+    ("zb_benign_unrelated_broken_local_header.pt", Clean, None),
+    // A shadow data.pkl only local headers show: torch goes by the central
+    // directory and reads the clean one (torch_zip.json).
+    (
+        "zh_shadow_data_pkl_between_entries.pt",
+        Ambiguous,
+        Some(("the central directory does not list", true)),
+    ),
+    (
+        "zh_shadow_data_pkl_first.pt",
+        Ambiguous,
+        Some(("the central directory does not list", true)),
+    ),
+    // Two archives end to end: torch reads what the second's recorded
+    // offsets land on, counted from byte 0 (torch_zip.json); readers
+    // that shift them, or take the first archive, read another.
+    (
+        "zc_same_layout_clean_clean.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_sizes_differ_clean_clean.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_sizes_differ_payload_first.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_sizes_differ_payload_second.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_same_layout_payload_first.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_same_layout_payload_second.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_same_layout_payload_both.pt",
+        Ambiguous,
+        Some(("the directory found from the end records offsets", true)),
+    ),
+    (
+        "zc_offsets_from_start_payload_first.pt",
+        Ambiguous,
+        Some(("a second archive follows", true)),
+    ),
+    (
+        "zc_offsets_from_start_payload_second.pt",
+        Ambiguous,
+        Some(("a second archive follows", true)),
+    ),
+];
+
+#[test]
+fn every_file_has_a_verdict() {
+    let files: BTreeSet<String> = std::fs::read_dir(root().join("tests/scan"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".json"))
+        .collect();
+    let named: BTreeSet<String> = CASES.iter().map(|c| c.0.to_owned()).collect();
+    assert_eq!(files, named, "tests/scan and CASES disagree");
+}
+
+#[test]
+fn verdicts() {
+    for (name, verdict, finding) in CASES {
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(report.verdict(), *verdict, "{name}: {report:#?}");
+        check_finding(name, &report, *verdict, *finding);
+    }
+}
+
+/// The finding that makes `verdict` is in `report`, at the verdict's
+/// level; with none, nothing fails the default line.
+fn check_finding(
+    name: &str,
+    report: &ptload_reader::scan::ScanReport,
+    verdict: Verdict,
+    finding: Finding,
+) {
+    let level = verdict.level().unwrap_or(Level::Clean);
+    let findings: Vec<(String, bool)> = report
+        .pickles
+        .iter()
+        .flat_map(|p| p.globals.iter().map(move |g| (g, p.reachable)))
+        .filter(|(g, _)| g.level() == level && level > Level::Clean)
+        .map(|(g, reachable)| (g.path(), reachable))
+        .collect();
+    match finding {
+        Some((what, _)) if level == Level::Ambiguous => assert!(
+            report.ambiguities.iter().any(|a| a.what.contains(what)),
+            "{name}: {what:?} not in {:?}",
+            report.ambiguities
+        ),
+        Some((path, reachable)) => assert!(
+            findings.contains(&(path.to_owned(), reachable)),
+            "{name}: {path} (reachable: {reachable}) at {level:?} not in {findings:?}"
+        ),
+        None => assert!(
+            report.level() < Level::UnknownCall,
+            "{name}: {:?}",
+            report.level()
+        ),
+    }
+}
+
+/// Python 2 names as Python 3 reads them.
+fn python3_name(path: &str) -> String {
+    for (old, new) in [("__builtin__.", "builtins."), ("copy_reg.", "copyreg.")] {
+        if let Some(rest) = path.strip_prefix(old) {
+            return format!("{new}{rest}");
+        }
+    }
+    path.to_owned()
+}
+
+#[test]
+fn reports_every_global_torch_would_resolve() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_reach.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = doc.as_object().unwrap();
+    assert!(files.len() > 100, "{} files", files.len());
+    for (file, facts) in files {
+        let report = scan_file(&root().join(file), &Limits::default(), false)
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(report.layout, facts["layout"], "{file}: layout");
+        let reached: BTreeSet<String> = report
+            .pickles
+            .iter()
+            .filter(|p| p.reachable)
+            .flat_map(|p| p.globals.iter().map(|g| python3_name(&g.path())))
+            .collect();
+        for name in facts["globals"].as_array().unwrap() {
+            let name = python3_name(name.as_str().unwrap());
+            assert!(
+                reached.contains(&name),
+                "{file}: torch resolves {name}; the scanner reports {reached:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pickle_before_the_zip_is_judged_as_torch_reads_it() {
+    use ptload_reader::{Checkpoint, ErrorKind, OpenOptions, Policy};
+    let path = root().join("tests/scan/polyglot_pickle_then_zip.pt");
+    // weights_only=True refuses it: torch unpickles the leading pickle.
+    let e = OpenOptions::new()
+        .policy(Policy::Strict)
+        .open(&path)
+        .expect_err("strict");
+    assert_eq!(e.kind(), ErrorKind::UnsupportedGlobal);
+    assert!(e.to_string().contains("os.system"), "{e}");
+    // os is never allowed, even by name.
+    let e = OpenOptions::new()
+        .policy(Policy::Strict)
+        .allow_global("os.system")
+        .open(&path)
+        .expect_err("strict, allowed by name");
+    assert_eq!(e.kind(), ErrorKind::UnsupportedGlobal);
+    // The default policy reads the archive and names the leading global.
+    let ckpt = Checkpoint::open(&path).expect("default");
+    assert_eq!(ckpt.len(), 1);
+    let suspicious: Vec<String> = ckpt.suspicious().map(|g| g.path()).collect();
+    assert_eq!(suspicious, ["os.system"]);
+    // A prefix that is no pickle (torch cannot read the file either) leaves
+    // the archive readable under both policies.
+    let prefixed = root().join("fixtures/files/prefixed.pt");
+    assert!(OpenOptions::new()
+        .policy(Policy::Strict)
+        .open(&prefixed)
+        .is_ok());
+}
+
+/// No false alarm on anything torch wrote for the fixtures (TorchScript
+/// archives, scripted and traced, quantized ones included, with their
+/// mangled class names): only the whole pickled module, whose classes are
+/// instantiated from Python code, is flagged.
+#[test]
+fn torch_written_fixtures_are_clean() {
+    let dir = root().join("fixtures/files");
+    let mut names: Vec<String> = Vec::new();
+    for e in std::fs::read_dir(&dir).expect("fixtures") {
+        let name = e.expect("entry").file_name().to_string_lossy().into_owned();
+        if !dir.join(&name).is_dir() {
+            names.push(name);
+            continue;
+        }
+        // The checkpoints of a set (shards, model-parallel ranks).
+        for f in std::fs::read_dir(dir.join(&name)).expect("set") {
+            let file = f.expect("entry").file_name().to_string_lossy().into_owned();
+            if file.ends_with(".bin") || file.ends_with(".pth") {
+                names.push(format!("{name}/{file}"));
+            }
+        }
+    }
+    names.sort();
+    assert!(names.len() > 30, "{names:?}");
+    for name in names {
+        let report = scan_file(&dir.join(&name), &Limits::default(), false)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = match name.as_str() {
+            "whole_module.pt" => NeedsCode,
+            // No pickle torch could reach: what torch.load fails on.
+            "download.html.pt"
+            | "empty.pt"
+            | "lfs_pointer.pt"
+            | "prefixed.pt"
+            | "random.bin"
+            | "truncated.pt"
+            | "weights.safetensors.pt" => Unreadable,
+            _ => Clean,
+        };
+        let found: Vec<String> = report
+            .pickles
+            .iter()
+            .flat_map(|p| p.globals.iter())
+            .filter(|g| g.is_finding())
+            .map(|g| g.path())
+            .collect();
+        assert_eq!(report.verdict(), want, "{name}: {found:?}");
+        if want == Clean {
+            assert!(found.is_empty(), "{name}: {found:?}");
+        }
+    }
+}
+
+/// What torch 2.15 did with each file (`tests/scan/torch_levels.json`):
+/// every benign file loads with `weights_only=False`; the scanner passes
+/// each at the default line (clean or needs-code), and reports no call of
+/// anything beyond plain data in it. A called partial's function is called.
+#[test]
+fn benign_look_alikes_pass_and_calls_stay_calls() {
+    use ptload_reader::scan::Usage;
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_levels.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = doc.as_object().unwrap();
+    let benign: Vec<&String> = files.keys().filter(|n| n.starts_with("benign_")).collect();
+    assert!(benign.len() >= 11, "{benign:?}");
+    for name in benign {
+        assert_eq!(files[name]["weights_only_false"], "loads", "{name}");
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        assert!(report.level() <= Level::NeedsCode, "{name}");
+        let called: Vec<String> = report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .filter(|g| g.usage == Usage::Called && g.level() > Level::Clean)
+            .map(|g| g.path())
+            .collect();
+        assert!(called.is_empty(), "{name}: {called:?}");
+    }
+    let report = scan_file(
+        &root().join("tests/scan/t_partial_called.pkl"),
+        &Limits::default(),
+        false,
+    )
+    .unwrap();
+    let linear = report
+        .pickles
+        .iter()
+        .flat_map(|p| &p.globals)
+        .find(|g| g.path() == "torch.nn.modules.linear.Linear")
+        .unwrap();
+    assert_eq!(
+        (linear.usage, linear.level()),
+        (Usage::Called, Level::UnknownCall)
+    );
+}
+
+/// Which data.pkl torch read, by experiment (`torch_levels.json`, both
+/// weights_only modes): the scanner marks that one as read by torch.load,
+/// and reports the payload wherever it is.
+#[test]
+fn the_data_pkl_torch_reads_is_the_one_marked_reachable() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_levels.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut checked = 0;
+    for (name, facts) in doc.as_object().unwrap() {
+        if !name.starts_with("z_") {
+            continue;
+        }
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        let print: Vec<bool> = report
+            .pickles
+            .iter()
+            .filter(|p| p.globals.iter().any(|g| g.path() == "builtins.print"))
+            .map(|p| p.reachable)
+            .collect();
+        assert_eq!(print.len(), 1, "{name}: the payload is reported once");
+        let reached = report.pickles.iter().filter(|p| p.reachable).count();
+        match facts["weights_only_false"].as_str().unwrap() {
+            "reads the payload" => assert_eq!((print, reached), (vec![true], 1), "{name}"),
+            "reads the clean data.pkl" => {
+                assert_eq!((print, reached), (vec![false], 1), "{name}");
+                // weights_only=True reads the same entry, and loads it.
+                assert_eq!(facts["weights_only_true"], "reads the clean data.pkl");
+            }
+            // torch refuses the entry: nothing is read by torch.load, and
+            // the payload is still reported.
+            _ => {
+                assert_eq!((print, reached), (vec![false], 0), "{name}");
+                assert!(report.level() >= Level::UnknownCall, "{name}");
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 10);
+}
+
+/// A partial calls what it holds when it is called, however it was made
+/// (REDUCE or NEWOBJ) and whatever BUILD put in it; kept, it calls nothing.
+#[test]
+fn a_partial_calls_its_function_only_when_called() {
+    use ptload_reader::scan::{scan_bytes, Usage};
+    let usage = |pickle: &[u8], path: &str| {
+        let report = scan_bytes(pickle, &Limits::default());
+        let g = report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .find(|g| g.path() == path)
+            .map(|g| (g.usage, g.level()));
+        (g, report.level())
+    };
+    // partial(helper) kept: a construction.
+    let kept: &[u8] = b"\x80\x02cfunctools\npartial\ncmypkg.tools\nhelper\n\x85R.";
+    assert_eq!(
+        usage(kept, "mypkg.tools.helper"),
+        (
+            Some((Usage::Referenced, Level::NeedsCode)),
+            Level::NeedsCode
+        )
+    );
+    // partial.__new__(partial, helper), then called.
+    let newobj: &[u8] = b"\x80\x02cfunctools\npartial\ncmypkg.tools\nhelper\n\x85\x81)R.";
+    assert_eq!(
+        usage(newobj, "mypkg.tools.helper"),
+        (Some((Usage::Called, Level::UnknownCall)), Level::Dangerous)
+    );
+    // partial(helper) whose BUILD state swaps in other, then called.
+    let swapped: &[u8] =
+        b"\x80\x02cfunctools\npartial\ncmypkg.tools\nhelper\n\x85R(cmypkg.tools\nother\n)NNtb)R.";
+    assert_eq!(
+        usage(swapped, "mypkg.tools.other"),
+        (Some((Usage::Called, Level::UnknownCall)), Level::Dangerous)
+    );
+}
+
+/// An instance made by a constructor helper is an instance of the class it
+/// was given: calling it runs that class's `__call__`, an unknown call.
+#[test]
+fn calling_a_reconstructed_instance_calls_its_class() {
+    use ptload_reader::scan::{scan_bytes, Usage};
+    for pickle in [
+        // copyreg._reconstructor(Hook, object, None)("id")
+        &b"\x80\x02ccopyreg\n_reconstructor\ncmypkg.tools\nHook\ncbuiltins\nobject\nN\x87R(X\x02\x00\x00\x00idtR."[..],
+        // copyreg.__newobj__(Hook)("id")
+        &b"\x80\x02ccopyreg\n__newobj__\ncmypkg.tools\nHook\n\x85R(X\x02\x00\x00\x00idtR."[..],
+    ] {
+        let report = scan_bytes(pickle, &Limits::default());
+        let hook = report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .find(|g| g.path() == "mypkg.tools.Hook")
+            .unwrap();
+        assert_eq!((hook.usage, hook.level()), (Usage::Called, Level::UnknownCall));
+        assert_eq!(report.verdict(), UnknownCall);
+    }
+    // Constructed and kept: needs its code only.
+    let kept: &[u8] = b"\x80\x02ccopyreg\n__newobj__\ncmypkg.tools\nHook\n\x85R.";
+    assert_eq!(scan_bytes(kept, &Limits::default()).verdict(), NeedsCode);
+}
+
+/// numpy's generator constructors are data, but call what they are given.
+#[test]
+fn numpy_generator_constructors_call_their_bit_generator() {
+    use ptload_reader::scan::scan_bytes;
+    let evil: &[u8] =
+        b"\x80\x02cnumpy.random._pickle\n__bit_generator_ctor\ncmypkg.tools\nEvil\n\x85R.";
+    assert_eq!(scan_bytes(evil, &Limits::default()).verdict(), UnknownCall);
+    let numpy: &[u8] =
+        b"\x80\x02cnumpy.random._pickle\n__bit_generator_ctor\ncnumpy.random._pcg64\nPCG64\n\x85R.";
+    assert_eq!(scan_bytes(numpy, &Limits::default()).verdict(), Clean);
+}
+
+/// Two zip archives end to end (`torch_zip.json`, by experiment in both
+/// weights_only modes): the scanner marks as read by torch.load the
+/// data.pkl torch read (none where torch failed), reports a payload in
+/// either archive, and calls the file ambiguous; opening it as a
+/// checkpoint reads the archive torch reads.
+#[test]
+fn two_archives_end_to_end_are_read_as_torch_reads_them() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_zip.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut checked = 0;
+    for (name, facts) in doc.as_object().unwrap() {
+        if !name.starts_with("zc_") {
+            continue;
+        }
+        let path = root().join("tests/scan").join(name);
+        let report = scan_file(&path, &Limits::default(), false).unwrap();
+        assert_eq!(report.verdict(), Ambiguous, "{name}: {report:#?}");
+        let payloads = if name.contains("payload_both") {
+            2
+        } else if name.contains("payload") {
+            1
+        } else {
+            0
+        };
+        let with_print: Vec<bool> = report
+            .pickles
+            .iter()
+            .filter(|p| p.globals.iter().any(|g| g.path() == "builtins.print"))
+            .map(|p| p.reachable)
+            .collect();
+        assert_eq!(with_print.len(), payloads, "{name}: every payload reported");
+        let reached: Vec<_> = report.pickles.iter().filter(|p| p.reachable).collect();
+        // Where each data.pkl scanned starts: the first archive's is the
+        // lowest.
+        let bases: Vec<u64> = report.pickles.iter().filter_map(|p| p.base).collect();
+        let (low, high) = (bases.iter().min().copied(), bases.iter().max().copied());
+        let torch = facts["weights_only_false"].as_str().unwrap();
+        match torch {
+            "reads the payload" => {
+                assert_eq!(reached.len(), 1, "{name}");
+                assert!(with_print.contains(&true), "{name}");
+                assert_eq!(facts["weights_only_true"], "UnpicklingError", "{name}");
+            }
+            "reads the first archive" | "reads the second archive" => {
+                assert_eq!(reached.len(), 1, "{name}");
+                assert!(!with_print.contains(&true), "{name}");
+                assert_eq!(facts["weights_only_true"], torch, "{name}");
+                let want = if torch.contains("first") { low } else { high };
+                assert_eq!(reached[0].base, want, "{name}");
+                // The loader opens the same archive: zeros in the first,
+                // ones in the second.
+                let ckpt = ptload_reader::Checkpoint::open(&path).unwrap();
+                let data = ckpt.tensor("w").unwrap().data().unwrap().to_vec();
+                let one = if torch.contains("first") { 0.0f32 } else { 1.0 };
+                let want: Vec<u8> = [one, one].iter().flat_map(|v| v.to_le_bytes()).collect();
+                assert_eq!(data, want, "{name}");
+            }
+            _ => {
+                assert_eq!(torch, "RuntimeError", "{name}");
+                assert_eq!(facts["weights_only_true"], "RuntimeError", "{name}");
+                assert!(reached.is_empty(), "{name}: torch reads nothing");
+                assert!(
+                    report.notes.iter().any(|n| n.contains("torch.load fails")),
+                    "{name}: {:?}",
+                    report.notes
+                );
+            }
+        }
+        for stand_in in facts["stand_ins"].as_array().unwrap() {
+            let stand_in = stand_in.as_str().unwrap();
+            assert!(
+                reached
+                    .iter()
+                    .any(|p| p.globals.iter().any(|g| g.path() == stand_in)),
+                "{name}: {stand_in}"
+            );
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 9);
+}
+
+/// The local header of `name` in `data` (a zip) overwritten, as a broken
+/// local header.
+fn break_local_header(data: &mut [u8], name: &str) {
+    let eocd = (0..=data.len() - 22)
+        .rev()
+        .find(|&i| data[i..i + 4] == *b"PK\x05\x06")
+        .unwrap();
+    let count = u16::from_le_bytes([data[eocd + 10], data[eocd + 11]]) as usize;
+    let mut at = u32::from_le_bytes(data[eocd + 16..eocd + 20].try_into().unwrap()) as usize;
+    for _ in 0..count {
+        let le16 = |i: usize| u16::from_le_bytes([data[i], data[i + 1]]) as usize;
+        let (name_len, extra_len, comment_len) = (le16(at + 28), le16(at + 30), le16(at + 32));
+        if &data[at + 46..at + 46 + name_len] == name.as_bytes() {
+            let local = u32::from_le_bytes(data[at + 42..at + 46].try_into().unwrap()) as usize;
+            data[local..local + 4].copy_from_slice(b"XXXX");
+            return;
+        }
+        at += 46 + name_len + extra_len + comment_len;
+    }
+    panic!("{name} not in the directory");
+}
+
+/// An entry torch never reads whose local header is broken: torch loads
+/// the file (`torch_zip.json`), and opening it reads the checkpoint, the
+/// entry named in a warning. A record the load needs, or one torch reads
+/// (and fails on: `version`, `.format_version`, ...), fails the open with
+/// the record named.
+#[test]
+fn an_unrelated_broken_local_header_fails_only_what_needs_it() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_zip.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let name = "zb_benign_unrelated_broken_local_header.pt";
+    let facts = &doc[name];
+    for mode in ["weights_only_false", "weights_only_true"] {
+        assert_eq!(facts[mode], "reads w = [0.0, 1.0, 2.0, 3.0]", "{mode}");
+    }
+    let path = root().join("tests/scan").join(name);
+    let ckpt = ptload_reader::Checkpoint::open(&path).unwrap();
+    let data = ckpt.tensor("w").unwrap().data().unwrap().to_vec();
+    let want: Vec<u8> = [0.0f32, 1.0, 2.0, 3.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    assert_eq!(data, want);
+    assert!(
+        ckpt.warnings()
+            .iter()
+            .any(|w| w.contains("archive/extra/notes.txt") && w.contains("no local header")),
+        "{:?}",
+        ckpt.warnings()
+    );
+    let bytes = std::fs::read(&path).unwrap();
+    let dir = std::env::temp_dir().join(format!("ptload-scan-broken-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for needed in [
+        "archive/data.pkl",
+        "archive/data/0",
+        "archive/byteorder",
+        "archive/version",
+        "archive/.format_version",
+    ] {
+        let mut broken = bytes.clone();
+        break_local_header(&mut broken, needed);
+        let file = dir.join("broken.pt");
+        std::fs::write(&file, &broken).unwrap();
+        let err = ptload_reader::Checkpoint::open(&file)
+            .err()
+            .unwrap_or_else(|| panic!("{needed}: opened"));
+        let text = err.to_string();
+        assert!(
+            text.contains("no local header") && text.contains(needed),
+            "{needed}: {text}"
+        );
+    }
+    // The broken entry named like a listed one (same length, renamed in
+    // the central directory): a duplicate name, refused.
+    let mut renamed = bytes.clone();
+    let at = renamed
+        .windows(4)
+        .enumerate()
+        .filter(|(_, w)| *w == b"PK\x01\x02")
+        .map(|(i, _)| i + 46)
+        .find(|&i| renamed[i..].starts_with(b"archive/extra/notes.txt"))
+        .unwrap();
+    renamed[at..at + 23].copy_from_slice(b"archive/.format_version");
+    let file = dir.join("renamed.pt");
+    std::fs::write(&file, &renamed).unwrap();
+    let err = ptload_reader::Checkpoint::open(&file).expect_err("opened");
+    assert!(err.to_string().contains("duplicate entry name"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A local header the central directory does not list (a shadow
+/// data.pkl): torch reads the listed one (`torch_zip.json`); the scanner
+/// marks that one as read by torch.load, reports the shadow's payload as
+/// not read, and names the hidden header with its offset.
+#[test]
+fn a_shadow_data_pkl_in_local_headers_is_reported_not_reached() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_zip.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (name, shadow_at) in [
+        ("zh_shadow_data_pkl_between_entries.pt", None),
+        ("zh_shadow_data_pkl_first.pt", Some(0)),
+    ] {
+        for mode in ["weights_only_false", "weights_only_true"] {
+            assert_eq!(doc[name][mode], "reads w = [0.0, 0.0]", "{name} {mode}");
+        }
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        let reached: Vec<_> = report.pickles.iter().filter(|p| p.reachable).collect();
+        assert_eq!(reached.len(), 1, "{name}");
+        assert!(reached[0]
+            .globals
+            .iter()
+            .all(|g| g.path() != "builtins.print"));
+        let shadow: Vec<_> = report
+            .pickles
+            .iter()
+            .filter(|p| p.globals.iter().any(|g| g.path() == "builtins.print"))
+            .collect();
+        assert_eq!(shadow.len(), 1, "{name}");
+        assert!(!shadow[0].reachable, "{name}");
+        let hidden: Vec<u64> = report
+            .ambiguities
+            .iter()
+            .filter(|a| a.what.contains("does not list"))
+            .map(|a| a.offset)
+            .collect();
+        assert_eq!(hidden.len(), 1, "{name}: {:?}", report.ambiguities);
+        // The shadow's data follows its header: header, name, then bytes.
+        let base = shadow[0].base.unwrap();
+        assert_eq!(
+            base,
+            hidden[0] + 30 + "archive/data.pkl".len() as u64,
+            "{name}"
+        );
+        if let Some(at) = shadow_at {
+            assert_eq!(hidden[0], at, "{name}");
+        }
+    }
+}
+
+/// Calls that are plain data only for some arguments: an enum member
+/// looked up by one constant (`Class(value)`, as an enum pickles), an item
+/// taken from a container the pickle built by a constant key. Every other
+/// call of the same callables, and whatever comes out of them and is
+/// called, stays a call (hand-made pickles).
+#[test]
+fn enum_lookups_and_plain_getitem_are_data_and_nothing_else_is() {
+    const ENUM: &[u8] = b"ctorchvision.transforms.functional\nInterpolationMode\n";
+    const GETITEM: &[u8] = b"coperator\ngetitem\n";
+    let pickle = |parts: &[&[u8]]| {
+        let mut out = b"\x80\x02".to_vec();
+        for p in parts {
+            out.extend_from_slice(p);
+        }
+        out.push(b'.');
+        out
+    };
+    let s = |text: &str| {
+        let mut out = b"X".to_vec();
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out
+    };
+    let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
+        // Plain data.
+        (
+            "enum member",
+            pickle(&[ENUM, &s("bilinear"), b"\x85R"]),
+            Clean,
+        ),
+        (
+            "enum member by a tuple value",
+            pickle(&[ENUM, b"K\x01K\x02\x86\x85R"]),
+            Clean,
+        ),
+        (
+            "item of a list",
+            pickle(&[GETITEM, b"](K\x01K\x02K\x03eK\x01\x86R"]),
+            Clean,
+        ),
+        (
+            "item of a dict",
+            pickle(&[GETITEM, b"}", &s("a"), b"K\x01s", &s("a"), b"\x86R"]),
+            Clean,
+        ),
+        // Calls.
+        (
+            "enum class given a list",
+            pickle(&[ENUM, b"]\x85R"]),
+            UnknownCall,
+        ),
+        (
+            "enum class given two values",
+            pickle(&[ENUM, &s("a"), &s("b"), b"\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "enum member called",
+            pickle(&[ENUM, &s("bilinear"), b"\x85R)R"]),
+            UnknownCall,
+        ),
+        (
+            "item of an instance (its __getitem__)",
+            pickle(&[GETITEM, b"csomepkg\nThing\n)\x81", &s("k"), b"\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "item of a call's result",
+            pickle(&[GETITEM, b"csomepkg\nmake\n)R", &s("k"), b"\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "getitem with a key that is no constant",
+            pickle(&[GETITEM, b"]]\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "getitem called by map",
+            pickle(&[b"cbuiltins\nmap\n", GETITEM, b"]\x86R"]),
+            UnknownCall,
+        ),
+        (
+            "an unknown function taken from a list and called",
+            pickle(&[GETITEM, b"]csomepkg\nrun\naK\x00\x86R", &s("id"), b"\x85R"]),
+            UnknownCall,
+        ),
+        (
+            "os.system taken from a list and called",
+            pickle(&[GETITEM, b"]cos\nsystem\naK\x00\x86R", &s("id"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "attrgetter stays dangerous",
+            pickle(&[b"coperator\nattrgetter\n", &s("system"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "methodcaller stays dangerous",
+            pickle(&[b"coperator\nmethodcaller\n", &s("system"), b"\x85R"]),
+            Dangerous,
+        ),
+    ];
+    for (what, bytes, verdict) in cases {
+        let report = ptload_reader::scan::scan_bytes(&bytes, &Limits::default());
+        assert!(report.pickles[0].complete, "{what}: {report:#?}");
+        assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
+    }
+}
+
+/// A FRAME that declares more bytes than are left: Python's C unpickler
+/// stops at it, its pure-Python unpickler (which does not check the
+/// length) runs what it holds. The scanner reads on and calls the file
+/// ambiguous; the global inside is reported (hand-made).
+#[test]
+fn a_frame_longer_than_the_bytes_left_is_read_on() {
+    let mut pickle = b"\x80\x04\x95".to_vec();
+    let body = b"\x8c\x02os\x94\x8c\x06system\x94\x93\x94.";
+    pickle.extend_from_slice(&(body.len() as u64 + 3).to_le_bytes());
+    pickle.extend_from_slice(body);
+    let report = ptload_reader::scan::scan_bytes(&pickle, &Limits::default());
+    assert_eq!(report.verdict(), Dangerous, "{report:#?}");
+    assert!(report
+        .ambiguities
+        .iter()
+        .any(|a| a.what.contains("FRAME declares more bytes")));
+    // The same pickle with its true length is no ambiguity.
+    pickle[3..11].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    let report = ptload_reader::scan::scan_bytes(&pickle, &Limits::default());
+    assert_eq!(report.verdict(), Dangerous);
+    assert!(report.ambiguities.is_empty(), "{report:#?}");
+}
