@@ -105,6 +105,49 @@ fn every_fixture_reads_alike_by_ranges() {
     assert!(opened > 30, "{opened}");
 }
 
+/// The hostile corpus (tests/hostile) and the scanner's corpus
+/// (tests/scan): by ranges, each file opens or fails as the local file
+/// does, and scans alike.
+#[test]
+fn hostile_and_scan_corpora_read_alike_by_ranges() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests");
+    let limits = ptload_reader::Limits::default();
+    let mut seen = 0;
+    for dir in ["hostile", "scan"] {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file())
+            .collect();
+        paths.sort();
+        for path in paths {
+            seen += 1;
+            let name = path.display();
+            let bytes = std::fs::read(&path).unwrap();
+            let local = Checkpoint::from_bytes(bytes.clone());
+            let ranged = OpenOptions::new().open_ranged(logged(bytes.clone()));
+            match (local, ranged) {
+                (Ok(local), Ok(ranged)) => {
+                    assert_eq!(tensors(&local), tensors(&ranged), "{name}");
+                }
+                (Err(local), Err(ranged)) => {
+                    assert_eq!(local.kind(), ranged.kind(), "{name}: {local} / {ranged}");
+                    assert_eq!(local.message(), ranged.message(), "{name}");
+                }
+                (local, ranged) => panic!(
+                    "{name}: local {:?}, ranged {:?}",
+                    local.map(|_| ()).map_err(|e| e.to_string()),
+                    ranged.map(|_| ()).map_err(|e| e.to_string())
+                ),
+            }
+            let here = ptload_reader::scan::scan_bytes(&bytes, &limits);
+            let (there, _) = ptload_reader::scan::scan_ranged(logged(bytes), &limits).unwrap();
+            assert_eq!(format!("{here:?}"), format!("{there:?}"), "{name}");
+        }
+    }
+    assert!(seen > 150, "{seen}");
+}
+
 /// A zip checkpoint with a large record in the middle: opening it fetches
 /// its head, its tail and the local headers, not the record.
 #[test]
