@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ptload_reader::scan::{self, Level, Verdict};
 use ptload_reader::{Limits, OpenOptions};
@@ -229,13 +230,34 @@ impl FileScan {
 }
 
 /// Scan the file at `url` by ranged requests: its directory and pickles
-/// (a legacy file's stream), not its tensors.
+/// (a legacy file's stream), not its tensors. Its first bytes say first
+/// whether it is a file torch.load cannot read, as for a local file.
 fn scan_url(url: &str, request: &ScanRequest) -> FileScan {
-    let (report, (bytes, requests)) = match scan::scan_url(url, &Limits::default()) {
-        Ok(r) => r,
+    use ptload_reader::ranged::RangeRead;
+    let unreadable = |e: ptload_reader::Error| {
+        FileScan::bare(url.to_owned(), "unreadable", crate::terms::error_text(&e))
+    };
+    let file = match ptload_reader::http::HttpFile::open(url) {
+        Ok(f) => f,
+        Err(e) => return unreadable(e),
+    };
+    let first = file.len().min(512);
+    let head = match file.read_at(0, first) {
+        Ok(head) => head,
         Err(e) => {
-            return FileScan::bare(url.to_owned(), "unreadable", crate::terms::error_text(&e))
+            return FileScan::bare(
+                url.to_owned(),
+                "unreadable",
+                format!("io: cannot read the first {first} bytes of {url}: {e}"),
+            )
         }
+    };
+    if let Some(scan) = not_scanned(url, &head, file.len()) {
+        return scan;
+    }
+    let (report, (bytes, requests)) = match scan::scan_ranged(Arc::new(file), &Limits::default()) {
+        Ok(r) => r,
+        Err(e) => return unreadable(e),
     };
     let unreadable = || {
         OpenOptions::new()
@@ -244,8 +266,36 @@ fn scan_url(url: &str, request: &ScanRequest) -> FileScan {
             .map(|e| crate::terms::error_text(&e))
     };
     let mut scan = file_scan(url.to_owned(), report, request, unreadable);
-    scan.fetched = Some(crate::remote::Fetched { bytes, requests });
+    // The first bytes read above count too.
+    scan.fetched = Some(crate::remote::Fetched {
+        bytes: bytes + head.len() as u64,
+        requests: requests + 1,
+    });
     scan
+}
+
+/// A file torch.load cannot read, named from its first bytes `head` and
+/// its length: an archive of another kind, or a safetensors file.
+fn not_scanned(file: &str, head: &[u8], len: u64) -> Option<FileScan> {
+    if let Some(kind) = not_loadable(head) {
+        return Some(FileScan::bare(
+            file.to_owned(),
+            "not-loadable",
+            format!(
+                "a {kind} archive: torch.load cannot read it; unpack it and scan what it holds"
+            ),
+        ));
+    }
+    // safetensors holds no pickle: torch.load fails on it (it reads it as a
+    // pickle stream), and nothing in it can run. A pickle named
+    // `.safetensors` has no such header, and is scanned.
+    crate::cmd::diff::is_safetensors_head(head, len).then(|| {
+        FileScan::bare(
+            file.to_owned(),
+            "not-loadable",
+            "a safetensors file: it holds no pickle, and torch.load cannot read it".into(),
+        )
+    })
 }
 
 /// Scan one file as torch.load would read it.
@@ -254,24 +304,9 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
         return scan_url(url, request);
     }
     let file = path.display().to_string();
-    if let Some(kind) = not_loadable(&head_of(path)) {
-        return FileScan::bare(
-            file,
-            "not-loadable",
-            format!(
-                "a {kind} archive: torch.load cannot read it; unpack it and scan what it holds"
-            ),
-        );
-    }
-    // safetensors holds no pickle: torch.load fails on it (it reads it as a
-    // pickle stream), and nothing in it can run. A pickle named
-    // `.safetensors` has no such header, and is scanned.
-    if crate::cmd::diff::is_safetensors(path) {
-        return FileScan::bare(
-            file,
-            "not-loadable",
-            "a safetensors file: it holds no pickle, and torch.load cannot read it".into(),
-        );
+    let len = std::fs::metadata(path).map_or(0, |m| m.len());
+    if let Some(scan) = not_scanned(&file, &head_of(path), len) {
+        return scan;
     }
     let report = match scan::scan_file(path, &Limits::default(), request.in_memory) {
         Ok(r) => r,
