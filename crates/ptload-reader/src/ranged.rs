@@ -9,6 +9,44 @@
 //! was missed (with its neighbourhood) and parses again from the start,
 //! until a parse misses nothing: its result, success or error, is the
 //! file's. Unfetched bytes are never zeros, never stale.
+//!
+//! An engine reads checkpoints from its own storage by implementing
+//! [`RangeRead`]:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use ptload_reader::ranged::RangeRead;
+//! use ptload_reader::OpenOptions;
+//!
+//! /// Stands for an object store client: here, bytes in memory.
+//! #[derive(Debug)]
+//! struct Store(Vec<u8>);
+//!
+//! impl RangeRead for Store {
+//!     fn len(&self) -> u64 {
+//!         self.0.len() as u64
+//!     }
+//!     fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+//!         let (start, end) = (offset as usize, (offset + len) as usize);
+//!         self.0.get(start..end).map(<[u8]>::to_vec).ok_or_else(|| {
+//!             std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "past the end")
+//!         })
+//!     }
+//!     fn name(&self) -> &str {
+//!         "store://basic.pt"
+//!     }
+//! }
+//!
+//! # fn main() -> Result<(), ptload_reader::Error> {
+//! let bytes = std::fs::read("../../fixtures/files/basic.pt").expect("fixture");
+//! let ckpt = OpenOptions::new().open_ranged(Arc::new(Store(bytes)))?;
+//! let weight = ckpt.tensor("0.weight").expect("a tensor");
+//! assert_eq!(weight.to_vec::<f32>()?.len(), 32); // fetched when read
+//! let (fetched, reads) = ckpt.fetched_bytes().expect("read by ranges");
+//! assert!(fetched > 0 && reads > 0);
+//! # Ok(())
+//! # }
+//! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
