@@ -220,7 +220,27 @@ pub fn merge(
     if files.len() > limits.max_set_files {
         return Err(Error::limit("max_set_files", limits.max_set_files as u64));
     }
-    let world = files.len() as u64;
+    check_same_tensors(files, first_name, first)?;
+    let mut parts_out = Vec::with_capacity(first.len());
+    for t0 in first.tensors() {
+        parts_out.push(merge_tensor(t0.name(), files, layout)?);
+    }
+    let (values, warnings) = values_of(files, first_name, first);
+    Checkpoint::assembled(
+        parts_out,
+        values,
+        warnings,
+        first.pickle_protocol(),
+        Format::Ranks,
+    )
+}
+
+/// Every rank file holds the tensors `first` holds, and no other.
+fn check_same_tensors(
+    files: &[(String, &Checkpoint)],
+    first_name: &str,
+    first: &Checkpoint,
+) -> Result<()> {
     for (name, ckpt) in files.iter().skip(1) {
         if ckpt.len() != first.len() {
             return Err(Error::new(
@@ -243,142 +263,228 @@ pub fn merge(
             }
         }
     }
-    let mut parts_out = Vec::with_capacity(first.len());
-    for t0 in first.tensors() {
-        let key = t0.name();
-        let mut specs: Vec<Option<&DTensorSpec>> = Vec::with_capacity(files.len());
-        let mut parts: Vec<Part<'_>> = Vec::with_capacity(files.len());
-        for (rank, (fname, ckpt)) in files.iter().enumerate() {
-            let index = ckpt.position(key);
-            let view = index
-                .and_then(|i| ckpt.tensor_at(i))
-                .ok_or_else(|| tensor_err(key, "missing").in_file(fname))?;
-            specs.push(index.and_then(|i| ckpt.dtensor_at(i)));
-            parts.push(Part {
-                rank,
-                coordinate: Vec::new(),
-                shape: view.shape().to_vec(),
-                dtype: view.dtype(),
-                bytes: view.data().map_err(|e| e.in_file(fname))?,
-            });
-        }
-        let (mesh, placements, global) = geometry(key, files, &specs, &mut parts, layout, world)?;
-        for p in &placements {
-            if matches!(
-                p,
-                MeshPlacement::Partial(_) | MeshPlacement::StridedShard { .. }
-            ) {
-                return Err(tensor_err(
-                    key,
-                    format!(
-                        "its placements are {}: a {p} DTensor's parts are not parts of the tensor \
-                         (reduce or redistribute it before saving)",
-                        list(&placements)
-                    ),
-                ));
-            }
-        }
-        let dtype = parts.first().map_or(DType::F32, |p| p.dtype);
-        if let Some(p) = parts.iter().find(|p| p.dtype != dtype) {
-            return Err(tensor_err(
-                key,
-                format!("{dtype} in rank 0's file, {} in rank {}'s", p.dtype, p.rank),
-            ));
-        }
-        // Every part where the placements put it, with the shape they give.
-        let mut boxes: Vec<(Vec<u64>, Vec<u64>, usize)> = Vec::with_capacity(parts.len());
-        for (i, p) in parts.iter().enumerate() {
-            let (offsets, sizes) = local_box(&global, &mesh, &placements, &p.coordinate)
-                .ok_or_else(|| {
-                    tensor_err(
-                        key,
-                        format!(
-                            "its placements {} do not fit its shape {global:?}",
-                            list(&placements)
-                        ),
-                    )
-                })?;
-            if sizes != p.shape {
-                return Err(tensor_err(
-                    key,
-                    format!(
-                        "rank {}'s part has shape {:?}, where {} of {global:?} on a mesh of \
-                         {mesh:?} gives {sizes:?} at {:?}: the parts do not tile the tensor",
-                        p.rank,
-                        p.shape,
-                        list(&placements),
-                        p.coordinate
-                    ),
-                )
-                .in_file(file_name(files, p.rank)));
-            }
-            boxes.push((offsets, sizes, i));
-        }
-        // Copies of one box (replicated) must agree; each box is taken once.
-        boxes.sort_by(|a, b| a.0.cmp(&b.0).then(a.2.cmp(&b.2)));
-        let mut taken: Vec<usize> = Vec::new();
-        let mut covered = 0u64;
-        for w in 0..boxes.len() {
-            let Some((offsets, sizes, i)) = boxes.get(w) else {
-                continue;
-            };
-            let previous = w.checked_sub(1).and_then(|v| boxes.get(v));
-            match previous {
-                Some((o, _, j)) if o == offsets => {
-                    let (a, b) = (parts.get(*j), parts.get(*i));
-                    if let (Some(a), Some(b)) = (a, b) {
-                        if a.bytes != b.bytes {
-                            return Err(tensor_err(
-                                key,
-                                format!(
-                                    "replicated, but rank {} and rank {} hold different values{}",
-                                    a.rank,
-                                    b.rank,
-                                    if offsets.iter().any(|&o| o > 0) {
-                                        format!(" for its part at {offsets:?}")
-                                    } else {
-                                        String::new()
-                                    }
-                                ),
-                            ));
-                        }
-                    }
-                }
-                _ => {
-                    covered = covered.saturating_add(volume(sizes));
-                    taken.push(*i);
-                }
-            }
-        }
-        if covered != volume(&global) {
+    Ok(())
+}
+
+/// A merged tensor as [`Checkpoint::assembled`] takes it: key, dtype,
+/// global shape and bytes.
+type Whole = (String, DType, Vec<u64>, Option<Vec<u8>>);
+
+/// The tensor `key` put together from every rank's part.
+fn merge_tensor(
+    key: &str,
+    files: &[(String, &Checkpoint)],
+    layout: Option<&LocalLayout>,
+) -> Result<Whole> {
+    let world = files.len() as u64;
+    let (specs, mut parts) = read_parts(key, files)?;
+    let geo = geometry(key, files, &specs, &mut parts, layout, world)?;
+    refuse_unmergeable(key, &geo.placements)?;
+    let dtype = common_dtype(key, &parts)?;
+    let boxes = place_parts(key, files, &geo, &parts)?;
+    let taken = take_each_box_once(key, boxes, &parts, &geo)?;
+    let whole = assemble(key, dtype, &geo, &parts, &taken)?;
+    Ok((key.to_owned(), dtype, geo.global, Some(whole)))
+}
+
+/// Each rank's part of the tensor `key`, and its DTensor spec if it has
+/// one.
+fn read_parts<'a>(
+    key: &str,
+    files: &'a [(String, &'a Checkpoint)],
+) -> Result<(Vec<Option<&'a DTensorSpec>>, Vec<Part<'a>>)> {
+    let mut specs: Vec<Option<&DTensorSpec>> = Vec::with_capacity(files.len());
+    let mut parts: Vec<Part<'_>> = Vec::with_capacity(files.len());
+    for (rank, (fname, ckpt)) in files.iter().enumerate() {
+        let index = ckpt.position(key);
+        let view = index
+            .and_then(|i| ckpt.tensor_at(i))
+            .ok_or_else(|| tensor_err(key, "missing").in_file(fname))?;
+        specs.push(index.and_then(|i| ckpt.dtensor_at(i)));
+        parts.push(Part {
+            rank,
+            coordinate: Vec::new(),
+            shape: view.shape().to_vec(),
+            dtype: view.dtype(),
+            bytes: view.data().map_err(|e| e.in_file(fname))?,
+        });
+    }
+    Ok((specs, parts))
+}
+
+/// `Partial` and `_StridedShard` parts are not parts of the tensor.
+fn refuse_unmergeable(key: &str, placements: &[MeshPlacement]) -> Result<()> {
+    for p in placements {
+        if matches!(
+            p,
+            MeshPlacement::Partial(_) | MeshPlacement::StridedShard { .. }
+        ) {
             return Err(tensor_err(
                 key,
                 format!(
-                    "its parts cover {covered} of its {} elements",
-                    volume(&global)
+                    "its placements are {}: a {p} DTensor's parts are not parts of the tensor \
+                     (reduce or redistribute it before saving)",
+                    list(placements)
                 ),
             ));
         }
-        let elem = dtype.size() as u64;
-        let nbytes = volume(&global)
-            .checked_mul(elem)
-            .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| tensor_err(key, format!("its shape {global:?} is too large")))?;
-        let mut whole = vec![0u8; nbytes];
-        let zeros = vec![0u64; global.len()];
-        for i in taken {
-            let Some(p) = parts.get(i) else { continue };
-            let (offsets, _) = local_box(&global, &mesh, &placements, &p.coordinate)
-                .ok_or_else(|| tensor_err(key, "no box"))?;
-            copy_box(
-                &p.bytes, &offsets, &p.shape, &mut whole, &zeros, &global, elem,
-            )
-            .map_err(|e| e.for_tensor(key))?;
-        }
-        parts_out.push((key.to_owned(), dtype, global, Some(whole)));
     }
-    // Values (hyperparameters, steps as ints...): rank 0's; a rank that
-    // disagrees is reported.
+    Ok(())
+}
+
+/// The dtype every part has.
+fn common_dtype(key: &str, parts: &[Part<'_>]) -> Result<DType> {
+    let dtype = parts.first().map_or(DType::F32, |p| p.dtype);
+    if let Some(p) = parts.iter().find(|p| p.dtype != dtype) {
+        return Err(tensor_err(
+            key,
+            format!("{dtype} in rank 0's file, {} in rank {}'s", p.dtype, p.rank),
+        ));
+    }
+    Ok(dtype)
+}
+
+/// Where a part lies in the tensor: offsets, sizes, and the part's index.
+type PartBox = (Vec<u64>, Vec<u64>, usize);
+
+/// Every part where the placements put it, with the shape they give.
+fn place_parts(
+    key: &str,
+    files: &[(String, &Checkpoint)],
+    geo: &Geometry,
+    parts: &[Part<'_>],
+) -> Result<Vec<PartBox>> {
+    let Geometry {
+        mesh,
+        placements,
+        global,
+    } = geo;
+    let mut boxes: Vec<PartBox> = Vec::with_capacity(parts.len());
+    for (i, p) in parts.iter().enumerate() {
+        let (offsets, sizes) =
+            local_box(global, mesh, placements, &p.coordinate).ok_or_else(|| {
+                tensor_err(
+                    key,
+                    format!(
+                        "its placements {} do not fit its shape {global:?}",
+                        list(placements)
+                    ),
+                )
+            })?;
+        if sizes != p.shape {
+            return Err(tensor_err(
+                key,
+                format!(
+                    "rank {}'s part has shape {:?}, where {} of {global:?} on a mesh of \
+                     {mesh:?} gives {sizes:?} at {:?}: the parts do not tile the tensor",
+                    p.rank,
+                    p.shape,
+                    list(placements),
+                    p.coordinate
+                ),
+            )
+            .in_file(file_name(files, p.rank)));
+        }
+        boxes.push((offsets, sizes, i));
+    }
+    Ok(boxes)
+}
+
+/// The parts to copy, one per box: copies of one box (replicated) must
+/// agree, and the boxes taken must cover the tensor.
+fn take_each_box_once(
+    key: &str,
+    mut boxes: Vec<PartBox>,
+    parts: &[Part<'_>],
+    geo: &Geometry,
+) -> Result<Vec<usize>> {
+    boxes.sort_by(|a, b| a.0.cmp(&b.0).then(a.2.cmp(&b.2)));
+    let mut taken: Vec<usize> = Vec::new();
+    let mut covered = 0u64;
+    for w in 0..boxes.len() {
+        let Some((offsets, sizes, i)) = boxes.get(w) else {
+            continue;
+        };
+        let previous = w.checked_sub(1).and_then(|v| boxes.get(v));
+        match previous {
+            Some((o, _, j)) if o == offsets => {
+                let (a, b) = (parts.get(*j), parts.get(*i));
+                if let (Some(a), Some(b)) = (a, b) {
+                    if a.bytes != b.bytes {
+                        return Err(tensor_err(
+                            key,
+                            format!(
+                                "replicated, but rank {} and rank {} hold different values{}",
+                                a.rank,
+                                b.rank,
+                                if offsets.iter().any(|&o| o > 0) {
+                                    format!(" for its part at {offsets:?}")
+                                } else {
+                                    String::new()
+                                }
+                            ),
+                        ));
+                    }
+                }
+            }
+            _ => {
+                covered = covered.saturating_add(volume(sizes));
+                taken.push(*i);
+            }
+        }
+    }
+    if covered != volume(&geo.global) {
+        return Err(tensor_err(
+            key,
+            format!(
+                "its parts cover {covered} of its {} elements",
+                volume(&geo.global)
+            ),
+        ));
+    }
+    Ok(taken)
+}
+
+/// The whole tensor's bytes: each taken part copied into its box.
+fn assemble(
+    key: &str,
+    dtype: DType,
+    geo: &Geometry,
+    parts: &[Part<'_>],
+    taken: &[usize],
+) -> Result<Vec<u8>> {
+    let Geometry {
+        mesh,
+        placements,
+        global,
+    } = geo;
+    let elem = dtype.size() as u64;
+    let nbytes = volume(global)
+        .checked_mul(elem)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| tensor_err(key, format!("its shape {global:?} is too large")))?;
+    let mut whole = vec![0u8; nbytes];
+    let zeros = vec![0u64; global.len()];
+    for &i in taken {
+        let Some(p) = parts.get(i) else { continue };
+        let (offsets, _) = local_box(global, mesh, placements, &p.coordinate)
+            .ok_or_else(|| tensor_err(key, "no box"))?;
+        copy_box(
+            &p.bytes, &offsets, &p.shape, &mut whole, &zeros, global, elem,
+        )
+        .map_err(|e| e.for_tensor(key))?;
+    }
+    Ok(whole)
+}
+
+/// Values (hyperparameters, steps as ints...): rank 0's; a rank that
+/// disagrees is reported. With them, rank 0's warnings but the one that
+/// its tensors are DTensors.
+fn values_of(
+    files: &[(String, &Checkpoint)],
+    first_name: &str,
+    first: &Checkpoint,
+) -> (Vec<(String, Scalar)>, Vec<String>) {
     let mut warnings: Vec<String> = first
         .warnings()
         .iter()
@@ -402,13 +508,7 @@ pub fn merge(
             ));
         }
     }
-    Checkpoint::assembled(
-        parts_out,
-        values,
-        warnings,
-        first.pickle_protocol(),
-        Format::Ranks,
-    )
+    (values, warnings)
 }
 
 fn list(placements: &[MeshPlacement]) -> String {
@@ -420,11 +520,17 @@ fn file_name<'a>(files: &'a [(String, &Checkpoint)], rank: usize) -> &'a str {
     files.get(rank).map_or("", |(n, _)| n.as_str())
 }
 
-/// The mesh, placements and global shape of the tensor `key`, with each
-/// part's coordinate set: from the DTensor specs when every file has one,
-/// else from `layout`, else (no DTensor, no layout) replicated on every
-/// rank.
-#[allow(clippy::type_complexity)]
+/// How a tensor lies on the ranks: the mesh, a placement per mesh
+/// dimension, and the tensor's global shape.
+struct Geometry {
+    mesh: Vec<u64>,
+    placements: Vec<MeshPlacement>,
+    global: Vec<u64>,
+}
+
+/// The geometry of the tensor `key`, with each part's coordinate set: from
+/// the DTensor specs when every file has one, else from `layout`, else (no
+/// DTensor, no layout) replicated on every rank.
 fn geometry(
     key: &str,
     files: &[(String, &Checkpoint)],
@@ -432,7 +538,20 @@ fn geometry(
     parts: &mut [Part<'_>],
     layout: Option<&LocalLayout>,
     world: u64,
-) -> Result<(Vec<u64>, Vec<MeshPlacement>, Vec<u64>)> {
+) -> Result<Geometry> {
+    refuse_mixed(key, files, specs)?;
+    if let Some(Some(first)) = specs.first() {
+        return from_specs(key, files, first, specs, parts, world);
+    }
+    from_layout(key, parts, layout, world)
+}
+
+/// A tensor is a DTensor in every file or in none.
+fn refuse_mixed(
+    key: &str,
+    files: &[(String, &Checkpoint)],
+    specs: &[Option<&DTensorSpec>],
+) -> Result<()> {
     let with = specs.iter().filter(|s| s.is_some()).count();
     if with > 0 && with < specs.len() {
         let plain = specs.iter().position(Option::is_none).unwrap_or(0);
@@ -446,77 +565,125 @@ fn geometry(
             ),
         ));
     }
-    if let Some(Some(first)) = specs.first() {
-        for (rank, s) in specs.iter().enumerate().skip(1) {
-            let Some(s) = s else { continue };
-            let what = if s.mesh != first.mesh {
-                Some(format!(
-                    "a mesh of {:?}, where rank 0's file has {:?}",
-                    s.mesh, first.mesh
+    Ok(())
+}
+
+/// The number of ranks on `mesh` (saturating).
+fn mesh_cells(mesh: &[u64]) -> u64 {
+    mesh.iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d))
+        .unwrap_or(u64::MAX)
+}
+
+/// The geometry rank 0's DTensor spec `first` records, which every file's
+/// spec must repeat, one file per coordinate of the mesh.
+fn from_specs(
+    key: &str,
+    files: &[(String, &Checkpoint)],
+    first: &DTensorSpec,
+    specs: &[Option<&DTensorSpec>],
+    parts: &mut [Part<'_>],
+    world: u64,
+) -> Result<Geometry> {
+    check_specs_agree(key, files, first, specs)?;
+    let cells = mesh_cells(&first.mesh);
+    let seen = set_coordinates(key, files, specs, parts)?;
+    if cells != world {
+        let missing = (0..cells.min(world.saturating_add(8)))
+            .map(|r| unravel(r, &first.mesh))
+            .find(|c| !seen.iter().any(|(s, _)| s == c));
+        return Err(tensor_err(
+            key,
+            format!(
+                "its mesh {:?} has {cells} ranks, and {world} files were given{}",
+                first.mesh,
+                missing.map_or_else(String::new, |c| format!(
+                    ": no file holds the part at {c:?} (ranks missing)"
                 ))
-            } else if s.placements != first.placements {
-                Some(format!(
-                    "placements {}, where rank 0's file has {}",
-                    list(&s.placements),
-                    list(&first.placements)
-                ))
-            } else if s.global_shape != first.global_shape {
-                Some(format!(
-                    "a global shape of {:?}, where rank 0's file has {:?}",
-                    s.global_shape, first.global_shape
-                ))
-            } else {
-                None
-            };
-            if let Some(what) = what {
-                return Err(tensor_err(key, format!("the files disagree: {what}"))
-                    .in_file(file_name(files, rank)));
-            }
+            ),
+        ));
+    }
+    Ok(Geometry {
+        mesh: first.mesh.clone(),
+        placements: first.placements.clone(),
+        global: first.global_shape.clone(),
+    })
+}
+
+/// Every file's spec has rank 0's mesh, placements and global shape.
+fn check_specs_agree(
+    key: &str,
+    files: &[(String, &Checkpoint)],
+    first: &DTensorSpec,
+    specs: &[Option<&DTensorSpec>],
+) -> Result<()> {
+    for (rank, s) in specs.iter().enumerate().skip(1) {
+        let Some(s) = s else { continue };
+        let what = if s.mesh != first.mesh {
+            Some(format!(
+                "a mesh of {:?}, where rank 0's file has {:?}",
+                s.mesh, first.mesh
+            ))
+        } else if s.placements != first.placements {
+            Some(format!(
+                "placements {}, where rank 0's file has {}",
+                list(&s.placements),
+                list(&first.placements)
+            ))
+        } else if s.global_shape != first.global_shape {
+            Some(format!(
+                "a global shape of {:?}, where rank 0's file has {:?}",
+                s.global_shape, first.global_shape
+            ))
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            return Err(tensor_err(key, format!("the files disagree: {what}"))
+                .in_file(file_name(files, rank)));
         }
-        let cells = first
-            .mesh
-            .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .unwrap_or(u64::MAX);
-        let mut seen: Vec<(Vec<u64>, usize)> = Vec::with_capacity(parts.len());
-        for (p, s) in parts.iter_mut().zip(specs) {
-            let Some(s) = s else { continue };
-            p.coordinate.clone_from(&s.coordinate);
-            if let Some((_, r)) = seen.iter().find(|(c, _)| *c == s.coordinate) {
-                return Err(tensor_err(
-                    key,
-                    format!(
-                        "{} and {} both hold the part at {:?} of the mesh {:?}",
-                        file_name(files, *r),
-                        file_name(files, p.rank),
-                        s.coordinate,
-                        s.mesh
-                    ),
-                ));
-            }
-            seen.push((s.coordinate.clone(), p.rank));
-        }
-        if cells != world {
-            let missing = (0..cells.min(world.saturating_add(8)))
-                .map(|r| unravel(r, &first.mesh))
-                .find(|c| !seen.iter().any(|(s, _)| s == c));
+    }
+    Ok(())
+}
+
+/// Each part's coordinate from its spec, no two the same: the coordinates
+/// seen, each with the rank that holds it.
+fn set_coordinates(
+    key: &str,
+    files: &[(String, &Checkpoint)],
+    specs: &[Option<&DTensorSpec>],
+    parts: &mut [Part<'_>],
+) -> Result<Vec<(Vec<u64>, usize)>> {
+    let mut seen: Vec<(Vec<u64>, usize)> = Vec::with_capacity(parts.len());
+    for (p, s) in parts.iter_mut().zip(specs) {
+        let Some(s) = s else { continue };
+        p.coordinate.clone_from(&s.coordinate);
+        if let Some((_, r)) = seen.iter().find(|(c, _)| *c == s.coordinate) {
             return Err(tensor_err(
                 key,
                 format!(
-                    "its mesh {:?} has {cells} ranks, and {world} files were given{}",
-                    first.mesh,
-                    missing.map_or_else(String::new, |c| format!(
-                        ": no file holds the part at {c:?} (ranks missing)"
-                    ))
+                    "{} and {} both hold the part at {:?} of the mesh {:?}",
+                    file_name(files, *r),
+                    file_name(files, p.rank),
+                    s.coordinate,
+                    s.mesh
                 ),
             ));
         }
-        return Ok((
-            first.mesh.clone(),
-            first.placements.clone(),
-            first.global_shape.clone(),
-        ));
+        seen.push((s.coordinate.clone(), p.rank));
     }
+    Ok(seen)
+}
+
+/// The geometry of plain local parts: the mesh and placements from
+/// `layout` (without one, replicated on every rank), the files ranks in
+/// order, the global shape from the parts' shapes.
+fn from_layout(
+    key: &str,
+    parts: &mut [Part<'_>],
+    layout: Option<&LocalLayout>,
+    world: u64,
+) -> Result<Geometry> {
     let (mesh, placements) = match layout {
         Some(l) => {
             let placements = l
@@ -526,10 +693,7 @@ fn geometry(
         }
         None => (vec![world], vec![MeshPlacement::Replicate]),
     };
-    let cells = mesh
-        .iter()
-        .try_fold(1u64, |n, &d| n.checked_mul(d))
-        .unwrap_or(u64::MAX);
+    let cells = mesh_cells(&mesh);
     if cells != world {
         return Err(tensor_err(
             key,
@@ -539,9 +703,28 @@ fn geometry(
     for p in parts.iter_mut() {
         p.coordinate = unravel(p.rank as u64, &mesh);
     }
-    // The global shape: along each sharded dimension, the sum of the parts
-    // of the ranks at coordinate 0 on every mesh dimension that does not
-    // cut it (they partition it); elsewhere, rank 0's size.
+    let global = global_shape(parts, &placements);
+    for p in &placements {
+        if let MeshPlacement::Shard(d) = p {
+            if *d >= global.len() as u64 {
+                return Err(tensor_err(
+                    key,
+                    format!("{p} of a tensor of {} dimensions", global.len()),
+                ));
+            }
+        }
+    }
+    Ok(Geometry {
+        mesh,
+        placements,
+        global,
+    })
+}
+
+/// The global shape: along each sharded dimension, the sum of the parts
+/// of the ranks at coordinate 0 on every mesh dimension that does not
+/// cut it (they partition it); elsewhere, rank 0's size.
+fn global_shape(parts: &[Part<'_>], placements: &[MeshPlacement]) -> Vec<u64> {
     // No part: no dimension to size.
     let first_shape = parts.first().map_or_else(Vec::new, |p| p.shape.clone());
     let mut global = first_shape.clone();
@@ -564,17 +747,7 @@ fn geometry(
             .map(|p| p.shape.get(d).copied().unwrap_or(0))
             .fold(0u64, u64::saturating_add);
     }
-    for p in &placements {
-        if let MeshPlacement::Shard(d) = p {
-            if *d >= global.len() as u64 {
-                return Err(tensor_err(
-                    key,
-                    format!("{p} of a tensor of {} dimensions", global.len()),
-                ));
-            }
-        }
-    }
-    Ok((mesh, placements, global))
+    global
 }
 
 #[cfg(test)]

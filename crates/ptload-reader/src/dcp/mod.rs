@@ -50,7 +50,7 @@ use crate::torch::dtype::DType;
 use crate::torch::names::Scalar;
 use crate::tp::Shard;
 
-use metadata::{RawItem, RawStorage};
+use metadata::{RawChunk, RawCopy, RawItem, RawStorage};
 
 /// The name of a DCP directory's metadata file.
 pub const METADATA_FILE: &str = ".metadata";
@@ -300,184 +300,29 @@ impl Dcp {
         open: &mut dyn FnMut(&str) -> Result<Source>,
     ) -> Result<Dcp> {
         let limits = opts.limits_ref();
-        // Storage entries by (key, chunk offsets).
-        let mut entries: HashMap<(&str, Option<&[u64]>), &RawStorage> = HashMap::new();
-        for s in &raw.storages {
-            if entries
-                .insert((s.fqn.as_str(), s.offset.as_deref()), s)
-                .is_some()
-            {
-                return Err(geometry(format!(
-                    "two storage entries for the chunk at {:?}",
-                    // No offsets: the chunk starts at the origin.
-                    s.offset.as_deref().unwrap_or(&[])
-                ))
-                .for_tensor(&s.fqn));
-            }
-        }
-        let mut files: Vec<(String, Source)> = Vec::new();
-        let mut file_at: HashMap<String, usize> = HashMap::new();
-        let mut used = 0usize;
-        let mut place = |key: &str, s: &RawStorage| -> Result<Piece> {
-            used += 1;
-            let transform = match s.transforms.as_slice() {
-                [] => Transform::None,
-                [one]
-                    if one.split_once('/').is_some_and(|(n, v)| {
-                        n == "stream.zstd" && v.split('.').next() == Some("1")
-                    }) =>
-                {
-                    Transform::Zstd
-                }
-                more => {
-                    return Err(Error::new(
-                        ErrorKind::Unsupported,
-                        format!(
-                            "its bytes in {} pass through the stream transforms {more:?}; \
-                             only stream.zstd/1 is read",
-                            s.relative_path
-                        ),
-                    )
-                    .for_tensor(key))
-                }
-            };
-            let file = match file_at.get(&s.relative_path) {
-                Some(&i) => i,
-                None => {
-                    plain_file(&s.relative_path).map_err(|e| e.for_tensor(key))?;
-                    if files.len() >= limits.max_set_files {
-                        return Err(Error::limit("max_set_files", limits.max_set_files as u64));
-                    }
-                    let source = open(&s.relative_path).map_err(|e| e.for_tensor(key))?;
-                    files.push((s.relative_path.clone(), source));
-                    file_at.insert(s.relative_path.clone(), files.len() - 1);
-                    files.len() - 1
-                }
-            };
-            let len = files.get(file).map_or(0, |(_, src)| src.bytes().len()) as u64;
-            match s.start.checked_add(s.length) {
-                Some(end) if end <= len && s.length > 0 => {}
-                _ => {
-                    return Err(geometry(format!(
-                        "its bytes {}..{} lie outside {} ({len} bytes)",
-                        s.start,
-                        s.start.saturating_add(s.length),
-                        s.relative_path
-                    ))
-                    .for_tensor(key)
-                    .at(s.start))
-                }
-            }
-            Ok(Piece {
-                file,
-                offset: s.start,
-                length: s.length,
-                transform,
-            })
+        let entries = storage_entries(&raw.storages)?;
+        let mut placer = Placer {
+            limits,
+            open,
+            files: Vec::new(),
+            file_at: HashMap::new(),
+            used: 0,
         };
-        let mut tensors = Vec::new();
-        let mut bytes = Vec::new();
-        let mut by_name = HashMap::new();
-        let mut work: u64 = 0;
-        for (name, item) in raw.items {
-            if by_name.contains_key(&name) {
-                return Err(Error::new(ErrorKind::DuplicateName, "listed twice").for_tensor(&name));
-            }
-            match item {
-                RawItem::Bytes => {
-                    let s = entries.get(&(name.as_str(), None)).ok_or_else(|| {
-                        geometry("a bytes item with no storage entry").for_tensor(&name)
-                    })?;
-                    let piece = place(&name, s)?;
-                    by_name.insert(name.clone(), usize::MAX);
-                    bytes.push((name, piece));
-                }
-                RawItem::Tensor {
-                    dtype,
-                    size,
-                    chunks: raw_chunks,
-                } => {
-                    check_tiling(&name, &size, &raw_chunks, dtype, limits, &mut work)?;
-                    let mut chunks = Vec::with_capacity(raw_chunks.len());
-                    for c in raw_chunks {
-                        let s = entries
-                            .get(&(name.as_str(), Some(c.offsets.as_slice())))
-                            .ok_or_else(|| {
-                                geometry(format!(
-                                    "the chunk at {:?} has no storage entry",
-                                    c.offsets
-                                ))
-                                .for_tensor(&name)
-                            })?;
-                        let piece = place(&name, s)?;
-                        // Memory is only ever allocated for bytes present:
-                        // a chunk's elements lie in its range (or, through
-                        // zstd, within the limit on decompressed bytes).
-                        let room = match piece.transform {
-                            Transform::None => piece.length,
-                            Transform::Zstd => limits.max_decompressed_bytes,
-                        };
-                        let need = volume(&c.sizes).saturating_mul(dtype.size() as u64);
-                        if need > room {
-                            return Err(geometry(format!(
-                                "the chunk at {:?} has {need} bytes of elements, more than its \
-                                 {room} bytes in {}",
-                                c.offsets, s.relative_path
-                            ))
-                            .for_tensor(&name));
-                        }
-                        chunks.push(Chunk {
-                            offsets: c.offsets,
-                            sizes: c.sizes,
-                            piece,
-                        });
-                    }
-                    by_name.insert(name.clone(), tensors.len());
-                    tensors.push(DcpTensor {
-                        name,
-                        dtype,
-                        shape: size,
-                        chunks,
-                    });
-                }
-            }
-        }
-        let mut copies: HashMap<(usize, usize), Vec<RankCopy>> = HashMap::new();
-        for copy in &raw.copies {
-            let s = &copy.storage;
-            // No offsets: the chunk starts at the origin.
-            let offsets = s.offset.as_deref().unwrap_or(&[]);
-            let found = by_name.get(&s.fqn).and_then(|&i| {
-                let t: &DcpTensor = tensors.get(i)?;
-                let c = t.chunks.iter().position(|c| c.offsets == offsets)?;
-                Some((i, c))
-            });
-            let Some(at) = found else {
-                return Err(geometry(format!(
-                    "rank {} wrote a chunk at {offsets:?} that no rank's metadata lists",
-                    copy.rank
-                ))
-                .for_tensor(&s.fqn));
-            };
-            let piece = place(&s.fqn, s)?;
-            copies
-                .entry(at)
-                .or_default()
-                .push((copy.rank, copy.kept, piece));
-        }
-        check_disjoint(&files, &tensors, &bytes)?;
-        if used != raw.storages.len() + raw.copies.len() {
+        let items = place_items(raw.items, &entries, &mut placer, limits)?;
+        let copies = place_copies(&raw.copies, &items, &mut placer)?;
+        check_disjoint(&placer.files, &items.tensors, &items.bytes)?;
+        if placer.used != raw.storages.len() + raw.copies.len() {
             return Err(geometry(format!(
                 "{} storage entries name no chunk or item of the state dict",
-                (raw.storages.len() + raw.copies.len()).saturating_sub(used)
+                (raw.storages.len() + raw.copies.len()).saturating_sub(placer.used)
             )));
         }
         Ok(Dcp {
             dir: dir.to_path_buf(),
-            files,
-            tensors,
-            bytes,
-            by_name,
+            files: placer.files,
+            tensors: items.tensors,
+            bytes: items.bytes,
+            by_name: items.by_name,
             opts: opts.clone(),
             protocol: raw.protocol,
             blobs: Mutex::new(HashMap::new()),
@@ -857,6 +702,241 @@ impl Dcp {
         }
         Checkpoint::assembled(parts, values, warnings, self.protocol, Format::Dcp)
     }
+}
+
+/// Storage entries by (key, chunk offsets).
+type Entries<'r> = HashMap<(&'r str, Option<&'r [u64]>), &'r RawStorage>;
+
+/// The storage entries by (key, chunk offsets), no two for one chunk.
+fn storage_entries(storages: &[RawStorage]) -> Result<Entries<'_>> {
+    let mut entries: Entries<'_> = HashMap::new();
+    for s in storages {
+        if entries
+            .insert((s.fqn.as_str(), s.offset.as_deref()), s)
+            .is_some()
+        {
+            return Err(geometry(format!(
+                "two storage entries for the chunk at {:?}",
+                // No offsets: the chunk starts at the origin.
+                s.offset.as_deref().unwrap_or(&[])
+            ))
+            .for_tensor(&s.fqn));
+        }
+    }
+    Ok(entries)
+}
+
+/// Places storage entries in the files they name, opening each file the
+/// first time an entry names it, and counts the entries placed.
+struct Placer<'a> {
+    limits: &'a Limits,
+    open: &'a mut dyn FnMut(&str) -> Result<Source>,
+    files: Vec<(String, Source)>,
+    file_at: HashMap<String, usize>,
+    used: usize,
+}
+
+impl Placer<'_> {
+    /// Where the bytes of the storage entry `s` of the item `key` lie.
+    fn place(&mut self, key: &str, s: &RawStorage) -> Result<Piece> {
+        self.used += 1;
+        let transform = transform_of(key, s)?;
+        let file = self.file_index(key, &s.relative_path)?;
+        let len = self.files.get(file).map_or(0, |(_, src)| src.bytes().len()) as u64;
+        match s.start.checked_add(s.length) {
+            Some(end) if end <= len && s.length > 0 => {}
+            _ => {
+                return Err(geometry(format!(
+                    "its bytes {}..{} lie outside {} ({len} bytes)",
+                    s.start,
+                    s.start.saturating_add(s.length),
+                    s.relative_path
+                ))
+                .for_tensor(key)
+                .at(s.start))
+            }
+        }
+        Ok(Piece {
+            file,
+            offset: s.start,
+            length: s.length,
+            transform,
+        })
+    }
+
+    /// The index of the file `path` in `files`, opened if it is not yet.
+    fn file_index(&mut self, key: &str, path: &str) -> Result<usize> {
+        if let Some(&i) = self.file_at.get(path) {
+            return Ok(i);
+        }
+        plain_file(path).map_err(|e| e.for_tensor(key))?;
+        if self.files.len() >= self.limits.max_set_files {
+            return Err(Error::limit(
+                "max_set_files",
+                self.limits.max_set_files as u64,
+            ));
+        }
+        let source = (self.open)(path).map_err(|e| e.for_tensor(key))?;
+        self.files.push((path.to_owned(), source));
+        self.file_at.insert(path.to_owned(), self.files.len() - 1);
+        Ok(self.files.len() - 1)
+    }
+}
+
+/// The stream transform the storage entry `s` of `key` names: none, or
+/// `stream.zstd/1`.
+fn transform_of(key: &str, s: &RawStorage) -> Result<Transform> {
+    match s.transforms.as_slice() {
+        [] => Ok(Transform::None),
+        [one]
+            if one
+                .split_once('/')
+                .is_some_and(|(n, v)| n == "stream.zstd" && v.split('.').next() == Some("1")) =>
+        {
+            Ok(Transform::Zstd)
+        }
+        more => Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "its bytes in {} pass through the stream transforms {more:?}; \
+                 only stream.zstd/1 is read",
+                s.relative_path
+            ),
+        )
+        .for_tensor(key)),
+    }
+}
+
+/// The state dict's items placed: tensors with their chunks, bytes items,
+/// and each name's index in `tensors` (`usize::MAX` for a bytes item).
+struct Items {
+    tensors: Vec<DcpTensor>,
+    bytes: Vec<(String, Piece)>,
+    by_name: HashMap<String, usize>,
+}
+
+/// Each item of the metadata checked and placed, in order; no name twice.
+fn place_items(
+    raw_items: Vec<(String, RawItem)>,
+    entries: &Entries<'_>,
+    placer: &mut Placer<'_>,
+    limits: &Limits,
+) -> Result<Items> {
+    let mut items = Items {
+        tensors: Vec::new(),
+        bytes: Vec::new(),
+        by_name: HashMap::new(),
+    };
+    let mut work: u64 = 0;
+    for (name, item) in raw_items {
+        if items.by_name.contains_key(&name) {
+            return Err(Error::new(ErrorKind::DuplicateName, "listed twice").for_tensor(&name));
+        }
+        match item {
+            RawItem::Bytes => {
+                let s = entries.get(&(name.as_str(), None)).ok_or_else(|| {
+                    geometry("a bytes item with no storage entry").for_tensor(&name)
+                })?;
+                let piece = placer.place(&name, s)?;
+                items.by_name.insert(name.clone(), usize::MAX);
+                items.bytes.push((name, piece));
+            }
+            RawItem::Tensor {
+                dtype,
+                size,
+                chunks: raw_chunks,
+            } => {
+                check_tiling(&name, &size, &raw_chunks, dtype, limits, &mut work)?;
+                let chunks = place_chunks(&name, dtype, raw_chunks, entries, placer, limits)?;
+                items.by_name.insert(name.clone(), items.tensors.len());
+                items.tensors.push(DcpTensor {
+                    name,
+                    dtype,
+                    shape: size,
+                    chunks,
+                });
+            }
+        }
+    }
+    Ok(items)
+}
+
+/// The chunks of the tensor `name`, each placed by its storage entry and
+/// holding no more elements than its bytes can.
+fn place_chunks(
+    name: &str,
+    dtype: DType,
+    raw_chunks: Vec<RawChunk>,
+    entries: &Entries<'_>,
+    placer: &mut Placer<'_>,
+    limits: &Limits,
+) -> Result<Vec<Chunk>> {
+    let mut chunks = Vec::with_capacity(raw_chunks.len());
+    for c in raw_chunks {
+        let s = entries
+            .get(&(name, Some(c.offsets.as_slice())))
+            .ok_or_else(|| {
+                geometry(format!("the chunk at {:?} has no storage entry", c.offsets))
+                    .for_tensor(name)
+            })?;
+        let piece = placer.place(name, s)?;
+        // Memory is only ever allocated for bytes present: a chunk's
+        // elements lie in its range (or, through zstd, within the limit on
+        // decompressed bytes).
+        let room = match piece.transform {
+            Transform::None => piece.length,
+            Transform::Zstd => limits.max_decompressed_bytes,
+        };
+        let need = volume(&c.sizes).saturating_mul(dtype.size() as u64);
+        if need > room {
+            return Err(geometry(format!(
+                "the chunk at {:?} has {need} bytes of elements, more than its \
+                 {room} bytes in {}",
+                c.offsets, s.relative_path
+            ))
+            .for_tensor(name));
+        }
+        chunks.push(Chunk {
+            offsets: c.offsets,
+            sizes: c.sizes,
+            piece,
+        });
+    }
+    Ok(chunks)
+}
+
+/// Saved without collectives: the copies higher ranks wrote of a chunk,
+/// each placed, by (tensor, chunk); a copy of a chunk no metadata lists is
+/// an error.
+fn place_copies(
+    raw_copies: &[RawCopy],
+    items: &Items,
+    placer: &mut Placer<'_>,
+) -> Result<HashMap<(usize, usize), Vec<RankCopy>>> {
+    let mut copies: HashMap<(usize, usize), Vec<RankCopy>> = HashMap::new();
+    for copy in raw_copies {
+        let s = &copy.storage;
+        // No offsets: the chunk starts at the origin.
+        let offsets = s.offset.as_deref().unwrap_or(&[]);
+        let found = items.by_name.get(&s.fqn).and_then(|&i| {
+            let t: &DcpTensor = items.tensors.get(i)?;
+            let c = t.chunks.iter().position(|c| c.offsets == offsets)?;
+            Some((i, c))
+        });
+        let Some(at) = found else {
+            return Err(geometry(format!(
+                "rank {} wrote a chunk at {offsets:?} that no rank's metadata lists",
+                copy.rank
+            ))
+            .for_tensor(&s.fqn));
+        };
+        let piece = placer.place(&s.fqn, s)?;
+        copies
+            .entry(at)
+            .or_default()
+            .push((copy.rank, copy.kept, piece));
+    }
+    Ok(copies)
 }
 
 /// Check that no two chunks or items read the same bytes: each torch

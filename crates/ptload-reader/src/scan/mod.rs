@@ -158,92 +158,166 @@ fn under(module: &str, root: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('.'))
 }
 
+/// Modules (and their submodules) whose callables start or signal processes.
+const PROCESS_ROOTS: &[&str] = &[
+    "os",
+    "posix",
+    "nt",
+    "subprocess",
+    "pty",
+    "commands",
+    "multiprocessing",
+    "_posixsubprocess",
+    "signal",
+    "asyncio",
+    "pydoc",
+    "platform",
+    "venv",
+    "_osx_support",
+    "torch.utils.collect_env",
+];
+
+/// Modules whose callables run code: evaluators, unpicklers, installers,
+/// debuggers, and torch's and numpy's own wrappers around them.
+const CODE_ROOTS: &[&str] = &[
+    "runpy",
+    "code",
+    "codeop",
+    "marshal",
+    "pickle",
+    "_pickle",
+    "cPickle",
+    "dill",
+    "cloudpickle",
+    "ctypes",
+    "_ctypes",
+    "pip",
+    "ensurepip",
+    "setuptools",
+    "distutils",
+    "timeit",
+    "pdb",
+    "bdb",
+    "trace",
+    "cProfile",
+    "profile",
+    "doctest",
+    "idlelib",
+    // torch's own eval/exec wrappers: FX graph modules exec source from
+    // the file, symbolic-shape guards are evaluated, config modules and
+    // datapipes unpickle bytes, packages and extensions load code.
+    "torch.fx",
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.utils._config_module",
+    "torch.utils.data.datapipes",
+    "torch.utils.cpp_extension",
+    "torch.package",
+    "torch.testing",
+    // numpy's readers: `load` unpickles with allow_pickle=True.
+    "numpy.lib.npyio",
+    "numpy.lib._npyio_impl",
+    "numpy.lib.format",
+    "numpy.lib._format_impl",
+    "numpy.ctypeslib",
+    "numpy.f2py",
+    "numpy.distutils",
+];
+
+/// Modules whose callables open, write or move files.
+const FILE_ROOTS: &[&str] = &[
+    "io",
+    "_io",
+    "shutil",
+    "tempfile",
+    "shelve",
+    "glob",
+    "fileinput",
+    "zipfile",
+    "tarfile",
+    "gzip",
+    "bz2",
+    "lzma",
+    "linecache",
+    "dbm",
+];
+
+/// Modules whose callables reach the network.
+const NETWORK_ROOTS: &[&str] = &[
+    "socket",
+    "_socket",
+    "ssl",
+    "_ssl",
+    "urllib",
+    "urllib2",
+    "urllib3",
+    "http",
+    "httplib",
+    "requests",
+    "ftplib",
+    "smtplib",
+    "telnetlib",
+    "poplib",
+    "imaplib",
+    "nntplib",
+    "webbrowser",
+    "xmlrpc",
+    "aiohttp",
+    "httpx",
+];
+
+/// Modules whose callables import by name or change what imports find.
+const IMPORT_ROOTS: &[&str] = &["importlib", "imp", "pkgutil", "zipimport", "sys", "site"];
+
 fn dangerous(module: &str, name: &str) -> Option<Danger> {
-    use Danger::*;
-    let root = |roots: &[&str]| roots.iter().any(|r| under(module, r));
     if module == "builtins" || module == "__builtin__" {
-        return match name {
-            "eval" | "exec" | "compile" | "breakpoint" | "input" | "execfile" => {
-                Some(CodeExecution)
-            }
-            "open" | "file" => Some(FileSystem),
-            "__import__" | "reload" => Some(Import),
-            "getattr" | "setattr" | "delattr" | "globals" | "locals" | "vars" | "apply"
-            | "__build_class__" => Some(Gadget),
-            _ => None,
-        };
+        return dangerous_builtin(name);
     }
-    if root(&[
-        "os",
-        "posix",
-        "nt",
-        "subprocess",
-        "pty",
-        "commands",
-        "multiprocessing",
-        "_posixsubprocess",
-        "signal",
-        "asyncio",
-        "pydoc",
-        "platform",
-        "venv",
-        "_osx_support",
-        "torch.utils.collect_env",
-    ]) {
-        return Some(Process);
+    let root = |roots: &[&str]| roots.iter().any(|r| under(module, r));
+    if root(PROCESS_ROOTS) {
+        return Some(Danger::Process);
     }
-    if root(&[
-        "runpy",
-        "code",
-        "codeop",
-        "marshal",
-        "pickle",
-        "_pickle",
-        "cPickle",
-        "dill",
-        "cloudpickle",
-        "ctypes",
-        "_ctypes",
-        "pip",
-        "ensurepip",
-        "setuptools",
-        "distutils",
-        "timeit",
-        "pdb",
-        "bdb",
-        "trace",
-        "cProfile",
-        "profile",
-        "doctest",
-        "idlelib",
-        // torch's own eval/exec wrappers: FX graph modules exec source from
-        // the file, symbolic-shape guards are evaluated, config modules and
-        // datapipes unpickle bytes, packages and extensions load code.
-        "torch.fx",
-        "torch._dynamo",
-        "torch._inductor",
-        "torch.utils._config_module",
-        "torch.utils.data.datapipes",
-        "torch.utils.cpp_extension",
-        "torch.package",
-        "torch.testing",
-        // numpy's readers: `load` unpickles with allow_pickle=True.
-        "numpy.lib.npyio",
-        "numpy.lib._npyio_impl",
-        "numpy.lib.format",
-        "numpy.lib._format_impl",
-        "numpy.ctypeslib",
-        "numpy.f2py",
-        "numpy.distutils",
-    ]) {
-        return Some(CodeExecution);
+    if root(CODE_ROOTS) {
+        return Some(Danger::CodeExecution);
     }
+    if let Some(by_name) = dangerous_by_name(module, name) {
+        return by_name;
+    }
+    [
+        (FILE_ROOTS, Danger::FileSystem),
+        (NETWORK_ROOTS, Danger::Network),
+        (IMPORT_ROOTS, Danger::Import),
+    ]
+    .into_iter()
+    .find_map(|(roots, danger)| root(roots).then_some(danger))
+    .or_else(|| dangerous_gadget(module, name))
+}
+
+/// A builtin that runs code, opens files, imports, or reaches any object.
+fn dangerous_builtin(name: &str) -> Option<Danger> {
+    use Danger::*;
+    match name {
+        "eval" | "exec" | "compile" | "breakpoint" | "input" | "execfile" => Some(CodeExecution),
+        "open" | "file" => Some(FileSystem),
+        "__import__" | "reload" => Some(Import),
+        "getattr" | "setattr" | "delattr" | "globals" | "locals" | "vars" | "apply"
+        | "__build_class__" => Some(Gadget),
+        _ => None,
+    }
+}
+
+/// Single callables of otherwise harmless modules (torch's and numpy's
+/// loaders, numpy's file functions, function and code constructors), and
+/// `torch.jit`, whose TorchScript helpers alone are harmless: `Some`
+/// with the verdict when the name decides it, `None` to go on by module.
+fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
+    use Danger::*;
     if (matches!(module, "torch" | "torch.serialization")
         && matches!(name, "load" | "_load" | "_legacy_load"))
         || (module == "torch.storage" && name == "_load_from_bytes")
         || (module == "numpy" && matches!(name, "load" | "loads"))
     {
-        return Some(CodeExecution);
+        return Some(Some(CodeExecution));
     }
     if module == "numpy"
         && matches!(
@@ -258,10 +332,10 @@ fn dangerous(module: &str, name: &str) -> Option<Danger> {
                 | "genfromtxt"
         )
     {
-        return Some(FileSystem);
+        return Some(Some(FileSystem));
     }
     if module == "uuid" && name.starts_with('_') {
-        return Some(Process);
+        return Some(Some(Process));
     }
     if module == "types"
         && matches!(
@@ -269,68 +343,25 @@ fn dangerous(module: &str, name: &str) -> Option<Danger> {
             "FunctionType" | "CodeType" | "LambdaType" | "MethodType"
         )
     {
-        return Some(CodeExecution);
+        return Some(Some(CodeExecution));
     }
     if module == "torch.jit._pickle" && TORCHSCRIPT_HELPERS.contains(&name) {
-        return None;
+        return Some(None);
     }
     if module.starts_with("numpy.testing")
         || (module == "torch.jit" || module.starts_with("torch.jit.") || under(module, "torch.hub"))
     {
-        return Some(CodeExecution);
-    }
-    if root(&[
-        "io",
-        "_io",
-        "shutil",
-        "tempfile",
-        "shelve",
-        "glob",
-        "fileinput",
-        "zipfile",
-        "tarfile",
-        "gzip",
-        "bz2",
-        "lzma",
-        "linecache",
-        "dbm",
-    ]) {
-        return Some(FileSystem);
-    }
-    if root(&[
-        "socket",
-        "_socket",
-        "ssl",
-        "_ssl",
-        "urllib",
-        "urllib2",
-        "urllib3",
-        "http",
-        "httplib",
-        "requests",
-        "ftplib",
-        "smtplib",
-        "telnetlib",
-        "poplib",
-        "imaplib",
-        "nntplib",
-        "webbrowser",
-        "xmlrpc",
-        "aiohttp",
-        "httpx",
-    ]) {
-        return Some(Network);
-    }
-    if root(&["importlib", "imp", "pkgutil", "zipimport", "sys", "site"]) {
-        return Some(Import);
-    }
-    if (module == "operator"
-        && matches!(name, "attrgetter" | "methodcaller" | "itemgetter" | "call"))
-        || (module == "functools" && matches!(name, "partial" | "reduce" | "partialmethod"))
-    {
-        return Some(Gadget);
+        return Some(Some(CodeExecution));
     }
     None
+}
+
+/// The call-anything gadgets of `operator` and `functools`.
+fn dangerous_gadget(module: &str, name: &str) -> Option<Danger> {
+    let gadget = (module == "operator"
+        && matches!(name, "attrgetter" | "methodcaller" | "itemgetter" | "call"))
+        || (module == "functools" && matches!(name, "partial" | "reduce" | "partialmethod"));
+    gadget.then_some(Danger::Gadget)
 }
 
 /// numpy's dtype classes (`numpy.dtypes`, numpy >= 1.25).
