@@ -213,6 +213,21 @@ struct InspectJson<'r, 'a> {
     /// Bytes of tensor data read (hashing reads each tensor's, a slice's
     /// own bytes only); serialized after the tensors, once they are read.
     bytes_read: BytesRead,
+    /// For a URL: the bytes and requests fetched, the tensors' included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fetched: Option<FetchedJson<'r>>,
+}
+
+/// What the files read by ranges fetched, counted when serialized (after
+/// the tensors were read).
+struct FetchedJson<'r>(&'r CheckpointSet);
+
+impl Serialize for FetchedJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        crate::remote::Fetched::of(self.0)
+            .unwrap_or_default()
+            .serialize(serializer)
+    }
 }
 
 /// Tensor bytes the command read.
@@ -418,6 +433,7 @@ pub(crate) fn json(
             .collect(),
         files: names.as_deref(),
         bytes_read: BytesRead,
+        fetched: crate::remote::Fetched::of(set).map(|_| FetchedJson(set)),
     };
     serde_json::to_writer(&mut *out, &doc)?;
     writeln!(out)?;

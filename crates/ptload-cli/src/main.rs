@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 mod args;
 mod cmd;
 mod inspect;
+mod remote;
 mod scancmd;
 mod terms;
 mod ui;

@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ptload_reader::scan::{self, Level, Verdict};
 use ptload_reader::{Limits, OpenOptions};
@@ -205,6 +206,9 @@ struct FileScan {
     ambiguities: Vec<AmbiguityOut>,
     notes: Vec<String>,
     error: Option<String>,
+    /// For a URL: the bytes and requests the scan fetched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fetched: Option<crate::remote::Fetched>,
 }
 
 impl FileScan {
@@ -220,45 +224,117 @@ impl FileScan {
             ambiguities: Vec::new(),
             notes: Vec::new(),
             error: Some(error),
+            fetched: None,
         }
     }
 }
 
-/// Scan one file as torch.load would read it.
-fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
-    let file = path.display().to_string();
-    if let Some(kind) = not_loadable(&head_of(path)) {
-        return FileScan::bare(
-            file,
+/// Scan the file at `url` by ranged requests: its directory and pickles
+/// (a legacy file's stream), not its tensors. Its first bytes say first
+/// whether it is a file torch.load cannot read, as for a local file.
+fn scan_url(url: &str, request: &ScanRequest) -> FileScan {
+    use ptload_reader::ranged::RangeRead;
+    let unreadable = |e: ptload_reader::Error| {
+        FileScan::bare(url.to_owned(), "unreadable", crate::terms::error_text(&e))
+    };
+    let file = match ptload_reader::http::HttpFile::open(url) {
+        Ok(f) => f,
+        Err(e) => return unreadable(e),
+    };
+    let first = file.len().min(512);
+    let head = match file.read_at(0, first) {
+        Ok(head) => head,
+        Err(e) => {
+            return FileScan::bare(
+                url.to_owned(),
+                "unreadable",
+                format!("io: cannot read the first {first} bytes of {url}: {e}"),
+            )
+        }
+    };
+    if let Some(scan) = not_scanned(url, &head, file.len()) {
+        return scan;
+    }
+    let (report, (bytes, requests)) = match scan::scan_ranged(Arc::new(file), &Limits::default()) {
+        Ok(r) => r,
+        Err(e) => return unreadable(e),
+    };
+    let unreadable = || {
+        OpenOptions::new()
+            .open_url(url)
+            .err()
+            .map(|e| crate::terms::error_text(&e))
+    };
+    let mut scan = file_scan(url.to_owned(), report, request, unreadable);
+    // The first bytes read above count too.
+    scan.fetched = Some(crate::remote::Fetched {
+        bytes: bytes + head.len() as u64,
+        requests: requests + 1,
+    });
+    scan
+}
+
+/// A file torch.load cannot read, named from its first bytes `head` and
+/// its length: an archive of another kind, or a safetensors file.
+fn not_scanned(file: &str, head: &[u8], len: u64) -> Option<FileScan> {
+    if let Some(kind) = not_loadable(head) {
+        return Some(FileScan::bare(
+            file.to_owned(),
             "not-loadable",
             format!(
                 "a {kind} archive: torch.load cannot read it; unpack it and scan what it holds"
             ),
-        );
+        ));
     }
     // safetensors holds no pickle: torch.load fails on it (it reads it as a
     // pickle stream), and nothing in it can run. A pickle named
     // `.safetensors` has no such header, and is scanned.
-    if crate::cmd::diff::is_safetensors(path) {
-        return FileScan::bare(
-            file,
+    crate::cmd::diff::is_safetensors_head(head, len).then(|| {
+        FileScan::bare(
+            file.to_owned(),
             "not-loadable",
             "a safetensors file: it holds no pickle, and torch.load cannot read it".into(),
-        );
+        )
+    })
+}
+
+/// Scan one file as torch.load would read it.
+fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
+    if let Some(url) = crate::remote::url_of(path) {
+        return scan_url(url, request);
+    }
+    let file = path.display().to_string();
+    let len = std::fs::metadata(path).map_or(0, |m| m.len());
+    if let Some(scan) = not_scanned(&file, &head_of(path), len) {
+        return scan;
     }
     let report = match scan::scan_file(path, &Limits::default(), request.in_memory) {
         Ok(r) => r,
         Err(e) => return FileScan::bare(file, "unreadable", crate::terms::error_text(&e)),
     };
-    let verdict = report.verdict();
-    let level = report.level();
-    // An unreadable file: say what it is, as opening it would.
-    let error = (verdict == Verdict::Unreadable).then(|| {
+    let opened = || {
         OpenOptions::new()
             .in_memory(request.in_memory)
             .open(path)
             .err()
             .map(|e| crate::terms::error_text(&e))
+    };
+    file_scan(file, report, request, opened)
+}
+
+/// The scan of `file` from its report; `open_error` opens the file (for
+/// an unreadable one, to say what it is).
+fn file_scan(
+    file: String,
+    report: scan::ScanReport,
+    request: &ScanRequest,
+    open_error: impl FnOnce() -> Option<String>,
+) -> FileScan {
+    let verdict = report.verdict();
+    let level = report.level();
+    // An unreadable file: say what it is, as opening it would.
+    let error = (verdict == Verdict::Unreadable).then(|| {
+        open_error()
             .or_else(|| report.pickles.iter().find_map(|p| p.error.clone()))
             .unwrap_or_else(|| "no pickle torch could read".into())
     });
@@ -306,6 +382,7 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
             .collect(),
         notes: report.notes,
         error,
+        fetched: None,
     }
 }
 

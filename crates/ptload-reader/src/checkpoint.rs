@@ -16,6 +16,7 @@ use crate::limits::Limits;
 use crate::name_index::NameIndex;
 use crate::object::Objects;
 use crate::pickle::{Heap, Value, Vm};
+use crate::ranged::{fetch_until, Fetcher, FileView, RangeRead, COALESCE_GAP};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip};
 use crate::torch::dtensor::DTensorSpec;
@@ -144,6 +145,30 @@ impl OpenOptions {
         Checkpoint::load(source, self)
     }
 
+    /// Open a file read by ranges: `reader` fetches the parts of it that
+    /// opening parses (the end of a zip, its directory, the pickles and
+    /// their neighbourhood; a legacy file's pickle stream), at most
+    /// [`Limits::max_open_fetch_bytes`] in all, and later each storage's
+    /// bytes when a tensor over it is first read (coalesced with the
+    /// storages after it that are not read yet, each range read once).
+    /// Tensors' bytes are then owned buffers, never borrowed from a map.
+    pub fn open_ranged(&self, reader: std::sync::Arc<dyn RangeRead>) -> Result<Checkpoint> {
+        let fetcher = std::sync::Arc::new(Fetcher::new(reader));
+        fetch_until(&fetcher, self.limits.max_open_fetch_bytes, |extents| {
+            Checkpoint::load(Source::ranged(fetcher.clone(), extents), self)
+        })?
+        .map_err(|e| e.in_file(fetcher.name()))
+    }
+
+    /// Open the checkpoint at an `http://` or `https://` URL by ranged
+    /// requests (see [`open_ranged`](Self::open_ranged) and
+    /// [`http::HttpFile`](crate::http::HttpFile)).
+    #[cfg(feature = "http")]
+    pub fn open_url(&self, url: &str) -> Result<Checkpoint> {
+        let file = crate::http::HttpFile::open(url)?;
+        self.open_ranged(std::sync::Arc::new(file))
+    }
+
     /// Read a checkpoint held in memory, without copying it: `bytes` may be
     /// a `Vec<u8>`, a `&'static [u8]` (`include_bytes!`), an `Arc<[u8]>`
     /// shared with the caller, or any other owner of bytes; the checkpoint
@@ -202,7 +227,22 @@ pub struct Checkpoint {
     /// their pages before they read them.
     scattered: std::sync::atomic::AtomicBool,
     end: u64,
+    fetched: Fetched,
 }
+
+/// The storages' bytes of a file read by ranges, each fetched once.
+#[derive(Debug, Default)]
+struct Fetched {
+    /// By storage index.
+    storages: Vec<std::sync::OnceLock<Vec<u8>>>,
+    /// Indices of the storages stored in the file, by offset.
+    order: Vec<usize>,
+    /// Held while fetching: two threads reading one storage fetch it once.
+    lock: std::sync::Mutex<()>,
+}
+
+/// Most bytes one coalesced read of storages fetches.
+const MAX_COALESCED: u64 = 64 << 20;
 
 /// A tensor the walk named, checked against its storage: a rebuilt
 /// tensor, or a storage pickled on its own.
@@ -273,11 +313,23 @@ struct Inflated {
 }
 
 impl Inflated {
-    fn bytes(&self, file: &[u8]) -> Result<&[u8]> {
+    /// Inflated from `file`, or from its compressed bytes fetched by
+    /// `fetcher` when the file is read by ranges.
+    fn bytes(&self, file: FileView<'_>, fetcher: Option<&Fetcher>) -> Result<&[u8]> {
         if let Some(done) = self.bytes.get() {
             return Ok(done);
         }
-        let made = self.record.inflate(file)?;
+        let made = match (file.whole(), fetcher) {
+            (Some(whole), _) => self.record.inflate(whole)?,
+            (None, Some(f)) => {
+                let (offset, len) = self.record.range();
+                match file.held(offset, len) {
+                    Some(held) => self.record.inflate_raw(Some(held))?,
+                    None => self.record.inflate_raw(Some(&f.read(offset, len)?))?,
+                }
+            }
+            (None, None) => self.record.inflate_raw(None)?,
+        };
         // Two threads may inflate at once; the first to finish is kept.
         Ok(self.bytes.get_or_init(|| made))
     }
@@ -371,7 +423,7 @@ impl Checkpoint {
     }
 
     fn decode(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
-        let data = source.bytes();
+        let data = source.view();
         let mut heap = Heap::new(&opts.limits);
         let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);
         let mut vm = Vm::new(&opts.limits, opts.encoding);
@@ -379,8 +431,11 @@ impl Checkpoint {
         let mut leading = Vec::new();
         let decoded = match detect(data)? {
             Detected::Zip => {
-                if !data.starts_with(b"PK\x03\x04") {
-                    leading = leading_globals(data, opts)?;
+                if data.up_to(0, 4) != b"PK\x03\x04" {
+                    let all = data.get(0..data.len()).ok_or_else(|| {
+                        Error::new(ErrorKind::Zip, "bytes before the archive not fetched yet")
+                    })?;
+                    leading = leading_globals(all, opts)?;
                 }
                 decode_zip(
                     data,
@@ -483,6 +538,20 @@ impl Checkpoint {
         }
         let format = decoded.format;
         let end = decoded.end;
+        let fetched = match source.fetcher() {
+            None => Fetched::default(),
+            Some(_) => {
+                let mut order: Vec<usize> = (0..storages.len())
+                    .filter(|&i| storages.get(i).is_some_and(|s| s.file_offset.is_some()))
+                    .collect();
+                order.sort_by_key(|&i| storages.get(i).and_then(|s| s.file_offset));
+                Fetched {
+                    storages: storages.iter().map(|_| Default::default()).collect(),
+                    order,
+                    lock: Default::default(),
+                }
+            }
+        };
         Ok(Checkpoint {
             source,
             owned: Vec::new(),
@@ -506,6 +575,7 @@ impl Checkpoint {
             objects,
             scattered: std::sync::atomic::AtomicBool::new(false),
             end,
+            fetched,
         })
     }
 
@@ -617,6 +687,7 @@ impl Checkpoint {
             objects: None,
             scattered: std::sync::atomic::AtomicBool::new(false),
             end: 0,
+            fetched: Fetched::default(),
         })
     }
 
@@ -758,17 +829,18 @@ impl Checkpoint {
                 ),
             )
         })?;
-        let bytes = match s.data {
-            StorageData::File(offset) => slice(self.source.bytes(), offset, s.nbytes),
-            StorageData::Owned(i) => self.owned.get(i).map(Vec::as_slice),
-            StorageData::Deflated(i) => match self.inflated.get(i) {
-                Some(lazy) => Some(lazy.bytes(self.source.bytes())?),
+        let bytes = match (s.data, self.source.fetcher()) {
+            (StorageData::File(offset), None) => slice(self.source.bytes(), offset, s.nbytes),
+            (StorageData::File(_), Some(fetcher)) => Some(self.fetch_storage(index, fetcher)?),
+            (StorageData::Owned(i), _) => self.owned.get(i).map(Vec::as_slice),
+            (StorageData::Deflated(i), fetcher) => match self.inflated.get(i) {
+                Some(lazy) => Some(lazy.bytes(self.source.view(), fetcher)?),
                 None => None,
             },
             // A borrowing reader keeps what it asked for; views read
             // their data afresh (`lazy_read`), so a pass over every tensor
             // holds one at a time.
-            StorageData::Lazy(i) => match &self.lazy {
+            (StorageData::Lazy(i), _) => match &self.lazy {
                 Some(lazy) => match lazy.kept.get(i) {
                     Some(kept) => match kept.get() {
                         Some(done) => Some(done.as_slice()),
@@ -788,6 +860,102 @@ impl Checkpoint {
                 format!("storage {:?}: its bytes are not in the file", s.key),
             )
         })
+    }
+
+    /// The bytes of storage `index` of a file read by ranges: fetched the
+    /// first time, with the storages that follow it in the file and are
+    /// not fetched yet, while they lie within [`COALESCE_GAP`] of each
+    /// other (up to [`MAX_COALESCED`] bytes): reading tensors in file
+    /// order costs few requests.
+    fn fetch_storage(&self, index: usize, fetcher: &Fetcher) -> Result<&[u8]> {
+        let cell = |i: usize| self.fetched.storages.get(i);
+        let range = |i: usize| {
+            let s = self.storages.get(i)?;
+            Some((s.file_offset?, s.nbytes))
+        };
+        let missing = || {
+            Error::new(
+                ErrorKind::Tensor,
+                format!("storage {index}: not in the file"),
+            )
+        };
+        if let Some(done) = cell(index).and_then(|c| c.get()) {
+            return Ok(done);
+        }
+        let (offset, nbytes) = range(index).ok_or_else(missing)?;
+        // Fetched already while opening (a small file's head and tail).
+        if let Some(held) = self.source.view().held(offset, nbytes) {
+            return Ok(held);
+        }
+        let _held = self.fetched.lock.lock();
+        if let Some(done) = cell(index).and_then(|c| c.get()) {
+            return Ok(done);
+        }
+        // The storages read in this request: this one, then the next in
+        // the file while they are close and not fetched.
+        let mut run = vec![(index, offset, nbytes)];
+        let mut end = offset.saturating_add(nbytes);
+        let at = self
+            .fetched
+            .order
+            .partition_point(|&i| range(i).is_some_and(|(o, _)| o < offset));
+        for &next in self.fetched.order.iter().skip(at) {
+            let Some((o, n)) = range(next) else { break };
+            let done = cell(next).is_some_and(|c| c.get().is_some());
+            let new_end = o.saturating_add(n);
+            if next == index {
+                continue;
+            }
+            // A storage inside the range (a view of a legacy storage).
+            if o >= offset && new_end <= end {
+                if !done {
+                    run.push((next, o, n));
+                }
+                continue;
+            }
+            if done
+                || o < end
+                || o > end.saturating_add(COALESCE_GAP)
+                || new_end - offset > MAX_COALESCED
+            {
+                break;
+            }
+            run.push((next, o, n));
+            end = new_end;
+        }
+        let bytes = fetcher.read(offset, end - offset)?;
+        // One storage keeps the buffer as read: no second copy of it.
+        if let [(i, _, n)] = run[..] {
+            if bytes.len() as u64 == n {
+                if let Some(c) = cell(i) {
+                    let _ = c.set(bytes);
+                }
+                return cell(index)
+                    .and_then(|c| c.get())
+                    .map(Vec::as_slice)
+                    .ok_or_else(missing);
+            }
+        }
+        for (i, o, n) in run {
+            let from = usize::try_from(o - offset).map_err(|_| missing())?;
+            let to = usize::try_from(n).ok().and_then(|n| from.checked_add(n));
+            let part = to.and_then(|to| bytes.get(from..to)).ok_or_else(missing)?;
+            if let Some(c) = cell(i) {
+                let _ = c.set(part.to_vec());
+            }
+        }
+        cell(index)
+            .and_then(|c| c.get())
+            .map(Vec::as_slice)
+            .ok_or_else(missing)
+    }
+
+    /// For a file read by ranges (a URL): the bytes fetched so far and
+    /// the number of reads that fetched them; `None` for a local file.
+    pub fn fetched_bytes(&self) -> Option<(u64, u64)> {
+        self.source
+            .fetcher()
+            .map(|f| (f.bytes_read(), f.requests()))
     }
 
     /// This checkpoint (of [`assembled`](Self::assembled) tensors) with

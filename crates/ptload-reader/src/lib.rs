@@ -53,12 +53,15 @@ pub mod export;
 #[doc(hidden)]
 pub mod fuzzing;
 pub(crate) mod glob;
+#[cfg(feature = "http")]
+pub mod http;
 mod limits;
 pub mod merge;
 mod name_index;
 pub mod object;
 mod pickle;
 pub mod placement;
+pub mod ranged;
 pub mod read_plan;
 pub mod scan;
 pub mod set;

@@ -53,6 +53,10 @@ pub struct Limits {
     pub max_set_files: usize,
     /// Size of a set's index (`*.index.json`).
     pub max_index_bytes: u64,
+    /// Bytes a file read by ranges (a URL) may fetch while it is opened or
+    /// scanned, before any tensor is read: its directory, its pickles and
+    /// their neighbourhood.
+    pub max_open_fetch_bytes: u64,
 }
 
 impl Default for Limits {
@@ -75,6 +79,7 @@ impl Default for Limits {
             max_expanded_view_bytes: 1 << 30,
             max_set_files: 100_000,
             max_index_bytes: 256 << 20,
+            max_open_fetch_bytes: 2 << 30,
         }
     }
 }

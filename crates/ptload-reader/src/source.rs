@@ -1,4 +1,6 @@
-//! Where the checkpoint's bytes live: a read-only memory map or an owned buffer.
+//! Where the checkpoint's bytes live: a read-only memory map, an owned
+//! buffer, or a file read by ranges (see `ranged`), of which parsing sees
+//! only what was fetched.
 //!
 //! This is the only module of the reader with `unsafe` code.
 
@@ -7,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::ranged::{Extents, Fetcher, FileView};
 
 /// The whole of a small file (an index, a metadata pickle), refused with
 /// the limit `limit` when it holds more than `max` bytes: read up to one
@@ -25,7 +28,7 @@ pub(crate) fn read_bounded(path: &Path, max: u64, limit: &'static str) -> Result
     Ok(out)
 }
 
-/// The whole file's bytes. Cloning is cheap (shared).
+/// The file's bytes. Cloning is cheap (shared).
 #[derive(Clone)]
 pub(crate) struct Source {
     inner: Arc<Inner>,
@@ -38,6 +41,9 @@ enum Inner {
     /// Bytes the caller owns and hands over (a static slice, an `Arc`, its
     /// own map): used where they are, never copied.
     Given(Box<dyn AsRef<[u8]> + Send + Sync>),
+    /// A file read by ranges: what was fetched to parse it, and the reader
+    /// that fetches the rest (tensors' bytes) when asked.
+    Ranged(Arc<Fetcher>, Arc<Extents>),
 }
 
 /// Which file this is, whatever path reaches it (device and inode on
@@ -121,11 +127,38 @@ impl Source {
         }
     }
 
+    /// Bytes fetched to parse a file read by ranges, and the reader.
+    pub(crate) fn ranged(fetcher: Arc<Fetcher>, extents: Arc<Extents>) -> Source {
+        Source {
+            inner: Arc::new(Inner::Ranged(fetcher, extents)),
+        }
+    }
+
+    /// The whole file. A file read by ranges has no whole bytes here (an
+    /// empty slice, whose every read fails as past its end): it is read
+    /// through [`view`](Self::view) and [`fetcher`](Self::fetcher).
     pub(crate) fn bytes(&self) -> &[u8] {
         match &*self.inner {
             Inner::Mapped(m, ..) => m,
             Inner::Owned(v, _) => v,
             Inner::Given(b) => (**b).as_ref(),
+            Inner::Ranged(..) => &[],
+        }
+    }
+
+    /// What parsing may read: the whole file, or the ranges fetched.
+    pub(crate) fn view(&self) -> FileView<'_> {
+        match &*self.inner {
+            Inner::Ranged(_, e) => FileView::Fetched(e),
+            _ => FileView::Whole(self.bytes()),
+        }
+    }
+
+    /// The reader of a file read by ranges.
+    pub(crate) fn fetcher(&self) -> Option<&Fetcher> {
+        match &*self.inner {
+            Inner::Ranged(f, _) => Some(f),
+            _ => None,
         }
     }
 
@@ -185,7 +218,7 @@ impl Source {
     pub(crate) fn file(&self) -> Option<&File> {
         match &*self.inner {
             Inner::Mapped(_, f) => Some(f),
-            Inner::Owned(..) | Inner::Given(_) => None,
+            Inner::Owned(..) | Inner::Given(_) | Inner::Ranged(..) => None,
         }
     }
 
@@ -194,7 +227,7 @@ impl Source {
         match &*self.inner {
             Inner::Mapped(_, f) => f.metadata().ok().as_ref().and_then(FileId::of),
             Inner::Owned(_, id) => *id,
-            Inner::Given(_) => None,
+            Inner::Given(_) | Inner::Ranged(..) => None,
         }
     }
 
@@ -233,7 +266,7 @@ impl std::fmt::Debug for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Source")
             .field("mapped", &self.is_mapped())
-            .field("len", &self.bytes().len())
+            .field("len", &self.view().len())
             .finish()
     }
 }

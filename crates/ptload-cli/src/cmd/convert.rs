@@ -22,7 +22,7 @@ use crate::inspect::human_size;
     mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
 )]
 pub(crate) struct ConvertArgs {
-    /// The checkpoint.
+    /// The checkpoint (a path, or an http(s):// URL read by ranged requests).
     input: PathBuf,
     /// The safetensors file to write (through a symbolic link to its target), or `-`
     /// for standard output; with --max-shard-size, a directory. Never the input; an
@@ -77,7 +77,7 @@ pub(crate) fn run(a: &ConvertArgs, out: &mut impl Write) -> CliResult<u8> {
     };
     let set = match &dcp {
         Some(d) => CheckpointSet::of(&a.input, Arc::new(d.skeleton()?))?,
-        None => CheckpointSet::open_with(&a.input, &a.open.options())?,
+        None => crate::remote::open_set(&a.input, &a.open.options())?,
     };
     let state = a.state.options(false)?;
     let request = ConvertRequest {

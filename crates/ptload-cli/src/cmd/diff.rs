@@ -24,9 +24,9 @@ pub(crate) type Verdict = u8;
     mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
 )]
 pub(crate) struct DiffArgs {
-    /// First checkpoint (a torch file, or a .safetensors file).
+    /// First checkpoint (a torch file or http(s):// URL, or a .safetensors file).
     a: PathBuf,
-    /// Second checkpoint (a torch file, or a .safetensors file).
+    /// Second checkpoint (a torch file or http(s):// URL, or a .safetensors file).
     b: PathBuf,
     /// Print JSON.
     #[arg(long)]
@@ -125,7 +125,7 @@ pub(crate) fn run(a: &DiffArgs, out: &mut impl Write) -> CliResult<u8> {
                 .map_err(|e| fail(format!("io: {e}")))?;
             return Ok(Opened::Safetensors(files));
         }
-        CheckpointSet::open_with(path, &opts)
+        crate::remote::open_set(path, &opts)
             .map(Opened::Torch)
             .map_err(|e| fail(e.render(&crate::terms::Flags)).into())
     };
@@ -191,10 +191,19 @@ pub(crate) fn is_safetensors(path: &Path) -> bool {
         return false;
     }
     let len = f.metadata().map_or(0, |m| m.len());
-    let mut n = [0u8; 8];
-    n.copy_from_slice(&head[..8]);
-    let n = u64::from_le_bytes(n);
-    n >= 2 && n <= len.saturating_sub(8) && head[8] == b'{'
+    is_safetensors_head(&head, len)
+}
+
+/// Whether a file of `len` bytes starting with `head` is a safetensors
+/// file: a header length that fits, then the header's `{`.
+pub(crate) fn is_safetensors_head(head: &[u8], len: u64) -> bool {
+    let (Some(n), Some(&brace)) = (head.get(..8), head.get(8)) else {
+        return false;
+    };
+    let mut b = [0u8; 8];
+    b.copy_from_slice(n);
+    let n = u64::from_le_bytes(b);
+    n >= 2 && n <= len.saturating_sub(8) && brace == b'{'
 }
 
 /// The `.safetensors` files of the directory `path`, in name order, when

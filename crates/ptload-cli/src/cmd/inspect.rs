@@ -4,7 +4,6 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use ptload_reader::set::CheckpointSet;
 
 use super::MachineGpus;
 use crate::args::{self, CliResult, MapArgs, OpenArgs, StateDictArgs};
@@ -16,7 +15,8 @@ use crate::inspect;
     mut_arg("strip_prefix", |a| a.help(args::strip_help("none")))
 )]
 pub(crate) struct InspectArgs {
-    /// Checkpoints (.pt, .pth, .bin, .ckpt: the layout is detected from the content).
+    /// Checkpoints (.pt, .pth, .bin, .ckpt: the layout is detected from the content), or
+    /// http(s):// URLs read by ranged requests (the directory and pickles; tensors when read).
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// Print JSON instead of a table (one document per line, one line per file).
@@ -67,7 +67,7 @@ pub(crate) fn run(a: &InspectArgs, out: &mut impl Write) -> CliResult<u8> {
 }
 
 fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliResult<()> {
-    let set = CheckpointSet::open_with(file, &a.open.options())?;
+    let set = crate::remote::open_set(file, &a.open.options())?;
     let sd = a.state.options(true)?.select_set(&set)?;
     let rows = inspect::rows(&sd, &a.map, &MachineGpus)?;
     if a.json {

@@ -25,7 +25,7 @@ use crate::inspect::human_size;
      instead of falling back to the host"
 )))]
 pub(crate) struct LoadArgs {
-    /// The checkpoint.
+    /// The checkpoint (a path, or an http(s):// URL read by ranged requests).
     file: PathBuf,
     /// Print JSON: {"tensors": [{"name", "target", "device", "fallback", "dtype", "converted_from"}], "devices": [...], "seconds"}.
     #[arg(long)]
@@ -48,7 +48,7 @@ pub(crate) struct LoadArgs {
 /// report where everything went.
 pub(crate) fn run(a: &LoadArgs, out: &mut impl Write) -> CliResult<u8> {
     let started = std::time::Instant::now();
-    let set = ptload_reader::set::CheckpointSet::open_with(&a.file, &a.open.options())?;
+    let set = crate::remote::open_set(&a.file, &a.open.options())?;
     let open_seconds = started.elapsed().as_secs_f64();
     let gpus = ptload_device::probe();
     let request = Request {

@@ -2,6 +2,10 @@
 
 use crate::bytes::{after, head};
 use crate::error::{Error, ErrorKind, Result};
+use crate::ranged::FileView;
+
+/// Bytes from the start of a file that detection looks at.
+const HEAD: usize = 4096;
 
 /// What the first bytes of a file say it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,20 +54,23 @@ fn not_a_checkpoint(what: impl Into<String>) -> Error {
 }
 
 /// Classify `data`. Returns the layout to read, or an error that says what
-/// the bytes are when they are recognisably something else.
-pub(crate) fn detect(data: &[u8]) -> Result<Detected> {
-    if data.is_empty() {
+/// the bytes are when they are recognisably something else. Only the first
+/// bytes and the end of the file are read.
+pub(crate) fn detect<'d>(data: impl Into<FileView<'d>>) -> Result<Detected> {
+    let view = data.into();
+    let total = view.len();
+    let data = view.up_to(0, HEAD);
+    if total == 0 {
         return Err(not_a_checkpoint("empty file (0 bytes)"));
     }
     if data.starts_with(b"PK\x03\x04") || data.starts_with(b"PK\x05\x06") {
         // A zip from its first byte: the directory must be at the end.
-        return if super::zip::find_eocd(data).is_some() {
+        return if super::zip::find_eocd_in(view).is_some() {
             Ok(Detected::Zip)
         } else {
             Err(not_a_checkpoint(format!(
-                "truncated zip archive: no end-of-central-directory record in {} bytes \
-                 (an interrupted download or copy?)",
-                data.len()
+                "truncated zip archive: no end-of-central-directory record in {total} bytes \
+                 (an interrupted download or copy?)"
             )))
         };
     }
@@ -88,10 +95,10 @@ pub(crate) fn detect(data: &[u8]) -> Result<Detected> {
              or login page",
         ));
     }
-    if let Some(what) = other_format(data) {
+    if let Some(what) = other_format(data, total) {
         return Err(not_a_checkpoint(what));
     }
-    if looks_like_safetensors(data) {
+    if looks_like_safetensors(data, total) {
         return Err(not_a_checkpoint(
             "this is a safetensors file, not a torch checkpoint: read it with the safetensors \
              library (it needs no conversion)",
@@ -100,7 +107,7 @@ pub(crate) fn detect(data: &[u8]) -> Result<Detected> {
     if starts_with_legacy_magic(data) {
         return Ok(Detected::Legacy);
     }
-    if data.len() > 262 && data.get(257..262) == Some(b"ustar") {
+    if total > 262 && data.get(257..262) == Some(b"ustar") {
         return Err(Error::new(
             ErrorKind::UnsupportedLayout,
             "pre-1.0 tar checkpoint layout (members `storages`, `tensors`, `pickle`) is \
@@ -108,7 +115,7 @@ pub(crate) fn detect(data: &[u8]) -> Result<Detected> {
         ));
     }
     // A zip preceded by other bytes.
-    if super::zip::find_eocd(data).is_some() {
+    if super::zip::find_eocd_in(view).is_some() {
         return Ok(Detected::Zip);
     }
     if data.first() == Some(&0x80) {
@@ -120,7 +127,7 @@ pub(crate) fn detect(data: &[u8]) -> Result<Detected> {
     let head: Vec<String> = data.iter().take(8).map(|b| format!("{b:02x}")).collect();
     Err(not_a_checkpoint(format!(
         "unknown format: {} bytes starting with {}",
-        data.len(),
+        total,
         head.join(" ")
     )))
 }
@@ -128,7 +135,7 @@ pub(crate) fn detect(data: &[u8]) -> Result<Detected> {
 /// Files often found where a checkpoint was expected, by their first
 /// bytes: compressed archives, error bodies from storage services, other
 /// model and array formats.
-fn other_format(data: &[u8]) -> Option<String> {
+fn other_format(data: &[u8], total: usize) -> Option<String> {
     const MAGIC: &[(&[u8], &str)] = &[
         (
             b"\x1f\x8b",
@@ -182,7 +189,7 @@ fn other_format(data: &[u8]) -> Option<String> {
              a storage service's error (S3, GCS)"
         ));
     }
-    if (text.starts_with(b"{\"") || text.starts_with(b"[")) && data.len() < 1 << 20 {
+    if (text.starts_with(b"{\"") || text.starts_with(b"[")) && total < 1 << 20 {
         return Some(
             "this is a JSON document, not a checkpoint: the download probably returned an API \
              error, or this is a config or index file (a sharded checkpoint's index names its \
@@ -207,14 +214,14 @@ fn looks_like_html(data: &[u8]) -> bool {
         || lower.starts_with(b"<head")
 }
 
-fn looks_like_safetensors(data: &[u8]) -> bool {
+fn looks_like_safetensors(data: &[u8], total: usize) -> bool {
     let Some(len) = data.get(..8) else {
         return false;
     };
     let mut b = [0u8; 8];
     b.copy_from_slice(len);
     let n = u64::from_le_bytes(b);
-    let total = u64::try_from(data.len()).unwrap_or(u64::MAX);
+    let total = u64::try_from(total).unwrap_or(u64::MAX);
     n >= 2 && n <= total.saturating_sub(8) && data.get(8) == Some(&b'{')
 }
 

@@ -6,8 +6,9 @@
 use std::borrow::Cow;
 
 use super::zip::{self, Archive, Entry, Method};
-use crate::bytes::{slice, ByteOrder};
+use crate::bytes::ByteOrder;
 use crate::error::{Error, ErrorKind, Result};
+use crate::ranged::FileView;
 
 /// The records that make a zip a torch checkpoint.
 #[derive(Debug)]
@@ -33,7 +34,7 @@ pub(crate) enum StorageBytes {
 /// what is inflated. A file without a `byteorder` record (older torch, or
 /// `_disable_byteorder_record`) is read in `assumed` order.
 pub(crate) fn torch_records<'a, 'd>(
-    data: &[u8],
+    data: FileView<'_>,
     archive: &'a Archive<'d>,
     budget: &mut u64,
     assumed: ByteOrder,
@@ -122,11 +123,12 @@ pub(crate) fn find_data_pkl<'a, 'd>(archive: &'a Archive<'d>) -> Result<&'a Entr
 
 /// The bytes of a small record (a pickle, `byteorder`), CRC-checked.
 pub(crate) fn record_bytes<'d>(
-    data: &'d [u8],
+    data: impl Into<FileView<'d>>,
     entry: &Entry<'_>,
     limit: u64,
     budget: &mut u64,
 ) -> Result<Cow<'d, [u8]>> {
+    let data = data.into();
     if entry.size > limit {
         return Err(
             Error::limit_needing("max_pickle_bytes", limit, entry.size).in_record(entry.name)
@@ -134,7 +136,7 @@ pub(crate) fn record_bytes<'d>(
     }
     match entry.method {
         Method::Stored => {
-            let bytes = slice(data, entry.data_start, entry.size).ok_or_else(|| {
+            let bytes = data.slice(entry.data_start, entry.size).ok_or_else(|| {
                 Error::new(ErrorKind::Zip, "record lies outside the file").in_record(entry.name)
             })?;
             zip::check_crc(bytes, entry)?;
@@ -148,7 +150,7 @@ pub(crate) fn record_bytes<'d>(
 /// bytes (`key` names the storage in errors). Stored records stay in the
 /// file; deflated ones are charged to `budget` and inflated when read.
 pub(crate) fn storage_bytes(
-    data: &[u8],
+    data: FileView<'_>,
     archive: &Archive<'_>,
     record: &str,
     key: &str,

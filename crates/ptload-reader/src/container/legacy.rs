@@ -4,8 +4,9 @@
 //! element count and its raw bytes. The pickles are the layers above's to
 //! run; this module locates the raw part that follows them.
 
-use crate::bytes::{ByteOrder, ByteReader};
+use crate::bytes::ByteOrder;
 use crate::error::{Error, ErrorKind, Result};
+use crate::ranged::FileView;
 
 /// The protocol version the second pickle holds.
 pub(crate) const PROTOCOL_VERSION: i64 = 1001;
@@ -26,13 +27,43 @@ pub(crate) struct LegacyStorage<'a> {
     pub(crate) view: Option<(usize, u64)>,
 }
 
+/// Note the element count before each listed storage as wanted (where
+/// the pickle's sizes put them): one round of ranged reads for them all.
+/// Whether all are at hand; what does not add up is left to the full read.
+fn want_headers(
+    data: FileView<'_>,
+    start: usize,
+    listed: &[String],
+    storages: &[LegacyStorage<'_>],
+    index_of: &impl Fn(&str) -> Option<usize>,
+) -> bool {
+    let mut pos = start as u64;
+    let mut all = true;
+    for key in listed {
+        let Some(s) = index_of(key).and_then(|id| storages.get(id)) else {
+            break;
+        };
+        all &= data.want(pos, pos.saturating_add(8));
+        let Some(next) = s
+            .numel
+            .checked_mul(s.elem_size)
+            .and_then(|n| n.checked_add(8))
+            .and_then(|n| pos.checked_add(n))
+        else {
+            break;
+        };
+        pos = next;
+    }
+    all
+}
+
 /// The file offset of each storage's bytes, in the order of `storages`,
 /// and the offset just past the last one (where the stream ends).
 /// The raw part starts at `start`, just after the storage-key pickle, and
 /// holds the storages `listed` there in that order; `index_of` finds a
 /// listed key among `storages`. Views lie inside their root storage.
 pub(crate) fn storage_offsets(
-    data: &[u8],
+    data: FileView<'_>,
     start: usize,
     byte_order: ByteOrder,
     listed: &[String],
@@ -40,9 +71,12 @@ pub(crate) fn storage_offsets(
     index_of: impl Fn(&str) -> Option<usize>,
 ) -> Result<(Vec<u64>, u64)> {
     let mut offsets: Vec<Option<u64>> = vec![None; storages.len()];
-    let mut r = ByteReader::at(data, start, ErrorKind::Legacy);
+    if data.whole().is_none() && !want_headers(data, start, listed, storages, &index_of) {
+        return Err(legacy_err("storage headers not fetched yet"));
+    }
+    let mut pos = start;
     for key in listed {
-        let at = r.pos() as u64;
+        let at = pos as u64;
         let (id, storage) = index_of(key)
             .and_then(|id| Some((id, storages.get(id)?)))
             .ok_or_else(|| {
@@ -53,7 +87,10 @@ pub(crate) fn storage_offsets(
                 legacy_err(format!("storage key {key:?} names a view, not a storage")).at(at),
             );
         }
-        let header: [u8; 8] = r.array()?;
+        let header: [u8; 8] = data
+            .get(pos..pos.saturating_add(8))
+            .and_then(|h| h.try_into().ok())
+            .ok_or_else(|| legacy_err("unexpected end of file").at(at))?;
         let count = match byte_order {
             ByteOrder::Little => i64::from_le_bytes(header),
             ByteOrder::Big => i64::from_be_bytes(header),
@@ -70,13 +107,17 @@ pub(crate) fn storage_offsets(
             .checked_mul(storage.elem_size)
             .and_then(|n| usize::try_from(n).ok())
             .ok_or_else(|| legacy_err("storage size overflows").at(at))?;
-        let start = r.pos() as u64;
-        r.bytes(nbytes).map_err(|_| {
-            legacy_err(format!(
-                "storage {key:?} ({nbytes} bytes) runs past the end of the file"
-            ))
-            .at(at)
-        })?;
+        let start = pos + 8;
+        pos = start
+            .checked_add(nbytes)
+            .filter(|&end| end <= data.len())
+            .ok_or_else(|| {
+                legacy_err(format!(
+                    "storage {key:?} ({nbytes} bytes) runs past the end of the file"
+                ))
+                .at(at)
+            })?;
+        let start = start as u64;
         let slot = offsets
             .get_mut(id)
             .ok_or_else(|| legacy_err(format!("storage key {key:?}: no such storage")).at(at))?;
@@ -85,7 +126,7 @@ pub(crate) fn storage_offsets(
         }
         *slot = Some(start);
     }
-    let end = r.pos() as u64;
+    let end = pos as u64;
     // Views (very old files) are slices of their root storage.
     for (id, storage) in storages.iter().enumerate() {
         let Some((root_id, elem_offset)) = storage.view else {

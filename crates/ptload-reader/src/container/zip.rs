@@ -8,9 +8,10 @@
 use std::hash::BuildHasher;
 use std::io::Read;
 
-use crate::bytes::{slice, ByteReader};
+use crate::bytes::ByteReader;
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
+use crate::ranged::FileView;
 
 const EOCD_SIG: u32 = 0x0605_4b50;
 const ZIP64_LOCATOR_SIG: u32 = 0x0706_4b50;
@@ -74,7 +75,7 @@ const SPREAD_FOR_PREAD: u64 = 256 * 1024;
 
 impl Headers<'_> {
     /// Read `buf.len()` bytes at `offset`, or as many as the file has.
-    fn read<'b>(&self, data: &'b [u8], offset: u64, buf: &'b mut [u8]) -> &'b [u8] {
+    fn read<'b>(&self, data: FileView<'b>, offset: u64, buf: &'b mut [u8]) -> &'b [u8] {
         match self {
             #[cfg(unix)]
             Headers::File(file) => {
@@ -91,11 +92,7 @@ impl Headers<'_> {
                 }
                 buf.get(..filled).unwrap_or_default()
             }
-            _ => {
-                let start = usize::try_from(offset).unwrap_or(usize::MAX);
-                let end = start.saturating_add(buf.len()).min(data.len());
-                data.get(start..end).unwrap_or_default()
-            }
+            _ => data.up_to(usize::try_from(offset).unwrap_or(usize::MAX), buf.len()),
         }
     }
 }
@@ -155,6 +152,22 @@ pub(crate) fn find_eocd(data: &[u8]) -> Option<usize> {
     })
 }
 
+/// Position of the end-of-central-directory record in the file `data`
+/// views: searched in its last 64 KiB + 22 bytes.
+pub(crate) fn find_eocd_in(data: FileView<'_>) -> Option<usize> {
+    let tail_start = data.len().saturating_sub(EOCD_LEN + u16::MAX as usize);
+    let tail = data.get(tail_start..data.len())?;
+    find_eocd(tail).map(|pos| tail_start + pos)
+}
+
+/// `len` bytes at `pos` of the file, for reading fields.
+fn reader_at(data: FileView<'_>, pos: usize, len: usize) -> Result<ByteReader<'_>> {
+    let bytes = data
+        .get(pos..pos.saturating_add(len))
+        .ok_or_else(|| zip_err("directory record lies outside the file").at(pos as u64))?;
+    Ok(ByteReader::new(bytes, ErrorKind::Zip))
+}
+
 /// Where the first archive of bytes holding several ends: the first
 /// end-of-central-directory record, from the start, whose directory lies
 /// right before it as recorded (an archive that starts at byte 0). One pass
@@ -168,7 +181,7 @@ pub(crate) fn first_archive_end(data: &[u8]) -> Option<usize> {
     {
         let pos = from + found;
         from = pos + 1;
-        let Ok(dir) = read_directory_location(data, pos, true) else {
+        let Ok(dir) = read_directory_location(FileView::Whole(data), pos, true) else {
             continue;
         };
         let starts_at_zero = dir.cd_offset.checked_add(dir.cd_size) == Some(dir.cd_end_actual);
@@ -183,17 +196,6 @@ pub(crate) fn first_archive_end(data: &[u8]) -> Option<usize> {
     None
 }
 
-/// Where the archive ends: just past its end-of-central-directory record
-/// and comment.
-pub(crate) fn archive_end(data: &[u8]) -> Option<usize> {
-    let eocd = find_eocd(data)?;
-    let comment_len = ByteReader::at(data, eocd.checked_add(20)?, ErrorKind::Zip)
-        .u16()
-        .ok()?;
-    eocd.checked_add(EOCD_LEN)?
-        .checked_add(usize::from(comment_len))
-}
-
 struct Directory {
     count: u64,
     cd_size: u64,
@@ -206,8 +208,8 @@ struct Directory {
 /// ZIP64 end record right before its locator is taken even where the
 /// locator records another offset (an archive after a prefix); without,
 /// only the recorded offset counts, as torch's reader (miniz) reads it.
-fn read_directory_location(data: &[u8], eocd: usize, adjacent: bool) -> Result<Directory> {
-    let mut r = ByteReader::at(data, eocd + 4, ErrorKind::Zip);
+fn read_directory_location(data: FileView<'_>, eocd: usize, adjacent: bool) -> Result<Directory> {
+    let mut r = reader_at(data, eocd + 4, EOCD_LEN - 4)?;
     let disk = r.u16()?;
     let cd_disk = r.u16()?;
     let count_disk = r.u16()?;
@@ -221,7 +223,7 @@ fn read_directory_location(data: &[u8], eocd: usize, adjacent: bool) -> Result<D
     // A ZIP64 locator sits right before the EOCD when the writer used ZIP64
     // (torch always does).
     let locator = eocd.checked_sub(20).and_then(|pos| {
-        let mut l = ByteReader::at(data, pos, ErrorKind::Zip);
+        let mut l = reader_at(data, pos, 4).ok()?;
         (l.u32().ok()? == ZIP64_LOCATOR_SIG).then_some(pos)
     });
     let Some(locator) = locator else {
@@ -235,7 +237,7 @@ fn read_directory_location(data: &[u8], eocd: usize, adjacent: bool) -> Result<D
             cd_end_actual: eocd as u64,
         });
     };
-    let mut l = ByteReader::at(data, locator + 8, ErrorKind::Zip);
+    let mut l = reader_at(data, locator + 8, 8)?;
     let recorded = l.u64()?;
     // The ZIP64 EOCD normally ends where the locator starts; with a prefix,
     // the recorded offset is shifted, so try the adjacent position first.
@@ -251,14 +253,14 @@ fn read_directory_location(data: &[u8], eocd: usize, adjacent: bool) -> Result<D
         .flatten()
         .find(|&pos| {
             usize::try_from(pos).ok().is_some_and(|p| {
-                ByteReader::at(data, p, ErrorKind::Zip).u32().ok() == Some(ZIP64_EOCD_SIG)
+                reader_at(data, p, 4).and_then(|mut r| r.u32()).ok() == Some(ZIP64_EOCD_SIG)
             })
         })
         .ok_or_else(|| {
             zip_err("ZIP64 end-of-central-directory record not found").at(locator as u64)
         })?;
     let z64_pos = usize::try_from(z64).map_err(|_| zip_err("ZIP64 record offset out of range"))?;
-    let mut z = ByteReader::at(data, z64_pos + 24, ErrorKind::Zip);
+    let mut z = reader_at(data, z64_pos + 24, 32)?;
     let _count_disk = z.u64()?;
     let count = z.u64()?;
     let cd_size = z.u64()?;
@@ -314,7 +316,7 @@ pub(crate) enum Rules {
 
 impl<'d> Archive<'d> {
     pub(crate) fn parse(
-        data: &'d [u8],
+        data: impl Into<FileView<'d>>,
         headers: Headers<'_>,
         limits: &Limits,
     ) -> Result<Archive<'d>> {
@@ -322,12 +324,12 @@ impl<'d> Archive<'d> {
     }
 
     pub(crate) fn parse_with(
-        data: &'d [u8],
+        data: impl Into<FileView<'d>>,
         headers: Headers<'_>,
         limits: &Limits,
         rules: Rules,
     ) -> Result<Archive<'d>> {
-        Archive::parse_inner(data, headers, limits, rules, false)
+        Archive::parse_inner(data.into(), headers, limits, rules, false)
     }
 
     /// The archive as torch's reader (miniz) finds it: tolerant rules, the
@@ -338,21 +340,21 @@ impl<'d> Archive<'d> {
     /// layout (torch then reads the first archive), elsewhere on bytes that
     /// are no directory (torch fails: "invalid header").
     pub(crate) fn parse_as_torch(
-        data: &'d [u8],
+        data: impl Into<FileView<'d>>,
         headers: Headers<'_>,
         limits: &Limits,
     ) -> Result<Archive<'d>> {
-        Archive::parse_inner(data, headers, limits, Rules::Tolerant, true)
+        Archive::parse_inner(data.into(), headers, limits, Rules::Tolerant, true)
     }
 
     fn parse_inner(
-        data: &'d [u8],
+        data: FileView<'d>,
         headers: Headers<'_>,
         limits: &Limits,
         rules: Rules,
         absolute: bool,
     ) -> Result<Archive<'d>> {
-        let eocd = find_eocd(data)
+        let eocd = find_eocd_in(data)
             .ok_or_else(|| zip_err("no end-of-central-directory record (truncated archive?)"))?;
         let dir = read_directory_location(data, eocd, !absolute)?;
         let recorded_end = dir
@@ -374,14 +376,20 @@ impl<'d> Archive<'d> {
         // of an archive further on hold several archives one after another
         // (torch.save called twice on one stream): the archive they start
         // with is the checkpoint, as torch's reader reads it, not the last.
-        if rules == Rules::Canonical && prefix_len > 0 && data.starts_with(b"PK\x03\x04") {
-            if let Some(end) = first_archive_end(data).filter(|&end| end < data.len()) {
-                let first = data.get(..end).unwrap_or(data);
-                return Archive::parse_inner(first, headers, limits, rules, false);
+        if rules == Rules::Canonical && prefix_len > 0 && data.up_to(0, 4) == b"PK\x03\x04" {
+            // Several archives: only whole bytes can be searched for the
+            // first one's end (a view of fetched ranges asks for them all).
+            let all = data
+                .get(0..data.len())
+                .ok_or_else(|| zip_err("several archives one after another"))?;
+            if let Some(end) = first_archive_end(all).filter(|&end| end < all.len()) {
+                let first = all.get(..end).unwrap_or(all);
+                return Archive::parse_inner(FileView::Whole(first), headers, limits, rules, false);
             }
         }
         let cd_start = prefix_len + dir.cd_offset;
-        let cd = slice(data, cd_start, dir.cd_size)
+        let cd = data
+            .slice(cd_start, dir.cd_size)
             .ok_or_else(|| zip_err("central directory lies outside the file").at(cd_start))?;
         // Every central entry takes at least 46 bytes: a count that cannot fit
         // is a lie, and is rejected before anything is allocated for it.
@@ -410,6 +418,13 @@ impl<'d> Archive<'d> {
             }
             h => h,
         };
+        if let FileView::Fetched(_) = data {
+            // Ask for every local header at once: one round of reads, not
+            // one per entry.
+            if !want_local_headers(data, cd, prefix_len, count) {
+                return Err(zip_err("local headers not fetched yet"));
+            }
+        }
         let mut scratch = Vec::new();
         let mut disagreements = Vec::new();
         let mut broken_locals = Vec::new();
@@ -490,7 +505,7 @@ impl<'d> Archive<'d> {
             entries,
             by_name,
             hasher,
-            end: archive_end(data).unwrap_or(data.len()),
+            end: eocd_end(data, eocd).unwrap_or(data.len()),
             cd_start,
             prefix_len,
             first_local,
@@ -543,7 +558,12 @@ impl<'d> Archive<'d> {
     /// data), at most `max` of them; the second value says whether there
     /// were more. Only those gaps are searched: one pass over bytes that
     /// are normally none.
-    pub(crate) fn hidden_locals(&self, data: &'d [u8], max: usize) -> (Vec<Hidden<'d>>, bool) {
+    pub(crate) fn hidden_locals(
+        &self,
+        data: impl Into<FileView<'d>>,
+        max: usize,
+    ) -> (Vec<Hidden<'d>>, bool) {
+        let data: FileView<'d> = data.into();
         let mut covered: Vec<(u64, u64)> = self
             .entries
             .iter()
@@ -613,13 +633,53 @@ impl<'d> Archive<'d> {
     }
 }
 
+/// Just past the end record at `eocd` and its comment.
+fn eocd_end(data: FileView<'_>, eocd: usize) -> Option<usize> {
+    let comment_len = reader_at(data, eocd.checked_add(20)?, 2).ok()?.u16().ok()?;
+    eocd.checked_add(EOCD_LEN)?
+        .checked_add(usize::from(comment_len))
+}
+
+/// Note the local header (fixed part and name) of each of the `count`
+/// entries of the central directory `cd` as wanted. Whether all are at
+/// hand. Entries that do not parse are left to the full read to report.
+fn want_local_headers(data: FileView<'_>, cd: &[u8], prefix_len: u64, count: usize) -> bool {
+    let mut r = ByteReader::new(cd, ErrorKind::Zip);
+    let mut all = true;
+    for _ in 0..count {
+        let Ok(fixed) = r.bytes(CENTRAL_LEN) else {
+            break;
+        };
+        let le = |at: usize, n: usize| -> u64 {
+            fixed.get(at..at + n).map_or(0, |b| {
+                b.iter().rev().fold(0u64, |v, &x| v << 8 | u64::from(x))
+            })
+        };
+        let (name_len, extra_len, comment_len) = (le(28, 2), le(30, 2), le(32, 2));
+        let (mut size, mut csize, mut local) = (le(24, 4), le(20, 4), le(42, 4));
+        let Ok(extra) = r
+            .bytes(name_len as usize)
+            .and_then(|_| r.bytes(extra_len as usize))
+        else {
+            break;
+        };
+        let _ = apply_zip64_extra(extra, &mut size, &mut csize, &mut local);
+        if r.bytes(comment_len as usize).is_err() {
+            break;
+        }
+        let start = prefix_len.saturating_add(local);
+        all &= data.want(start, start.saturating_add(LOCAL_LEN + name_len));
+    }
+    all
+}
+
 fn name_of<'d>(entries: &[Entry<'d>], i: u32) -> &'d str {
     entries.get(i as usize).map_or("", |e| e.name)
 }
 
 fn read_central<'d>(
     r: &mut ByteReader<'d>,
-    data: &'d [u8],
+    data: FileView<'d>,
     headers: Headers<'_>,
     scratch: &mut Vec<u8>,
     prefix_len: u64,
@@ -722,7 +782,7 @@ fn read_central<'d>(
     let local_name = read
         .get(LOCAL_LEN as usize..)
         .and_then(|n| n.get(..usize::try_from(local_name_len).unwrap_or(usize::MAX)))
-        .or_else(|| slice(data, local_abs + LOCAL_LEN, local_name_len))
+        .or_else(|| data.slice(local_abs + LOCAL_LEN, local_name_len))
         .ok_or_else(|| zip_err(format!("local name of {name:?} lies outside the file")))?;
     if local_name != name.as_bytes() {
         refuse(
@@ -762,8 +822,8 @@ fn read_central<'d>(
 
 /// The local header at `at`, read alone as a record: `None` when it does
 /// not fit in the bytes or its name is not UTF-8.
-fn local_at(data: &[u8], at: usize) -> Option<Hidden<'_>> {
-    let mut h = ByteReader::at(data, at, ErrorKind::Zip);
+fn local_at(data: FileView<'_>, at: usize) -> Option<Hidden<'_>> {
+    let mut h = ByteReader::new(data.get(at..at.checked_add(30)?)?, ErrorKind::Zip);
     if h.u32().ok()? != LOCAL_SIG {
         return None;
     }
@@ -780,8 +840,13 @@ fn local_at(data: &[u8], at: usize) -> Option<Hidden<'_>> {
     let size = u64::from(h.u32().ok()?);
     let name_len = usize::from(h.u16().ok()?);
     let extra_len = usize::from(h.u16().ok()?);
-    let name = std::str::from_utf8(h.bytes(name_len).ok()?).ok()?;
-    h.bytes(extra_len).ok()?;
+    let name_at = at.checked_add(30)?;
+    let name = std::str::from_utf8(data.get(name_at..name_at.checked_add(name_len)?)?).ok()?;
+    // The extra field must be in the file too.
+    let extra_end = name_at.checked_add(name_len)?.checked_add(extra_len)?;
+    if extra_end > data.len() {
+        return None;
+    }
     Some(Hidden {
         entry: Entry {
             name,
@@ -798,9 +863,14 @@ fn local_at(data: &[u8], at: usize) -> Option<Hidden<'_>> {
 }
 
 /// Inflate a deflated entry, charging its size against `budget`.
-pub(crate) fn inflate(data: &[u8], entry: &Entry<'_>, budget: &mut u64) -> Result<Vec<u8>> {
+pub(crate) fn inflate<'d>(
+    data: impl Into<FileView<'d>>,
+    entry: &Entry<'_>,
+    budget: &mut u64,
+) -> Result<Vec<u8>> {
+    let data = data.into();
     let record = Deflated::charge(data, entry, budget)?;
-    record.inflate(data)
+    record.inflate_raw(data.slice(entry.data_start, entry.compressed_size))
 }
 
 /// A deflated record, located and paid for: what inflating it needs, owned,
@@ -818,8 +888,18 @@ impl Deflated {
     /// `entry`, its compressed bytes checked to lie in `data` and its
     /// declared size charged to `budget` (so every inflation a file can
     /// cause is bounded at open, before any is done).
-    pub(crate) fn charge(data: &[u8], entry: &Entry<'_>, budget: &mut u64) -> Result<Deflated> {
-        if slice(data, entry.data_start, entry.compressed_size).is_none() {
+    pub(crate) fn charge(
+        data: FileView<'_>,
+        entry: &Entry<'_>,
+        budget: &mut u64,
+    ) -> Result<Deflated> {
+        // Only the bounds: a view of fetched ranges need not hold the
+        // bytes before they are inflated.
+        let within = entry
+            .data_start
+            .checked_add(entry.compressed_size)
+            .is_some_and(|end| end <= data.len() as u64);
+        if !within {
             return Err(zip_err("deflated data lies outside the file")
                 .at(entry.data_start)
                 .in_record(entry.name));
@@ -840,8 +920,22 @@ impl Deflated {
     /// The record's bytes, inflated from `data` (the file it was found
     /// in), exactly its declared size, CRC-checked.
     pub(crate) fn inflate(&self, data: &[u8]) -> Result<Vec<u8>> {
-        let raw = slice(data, self.data_start, self.compressed_size)
-            .ok_or_else(|| zip_err("deflated data lies outside the file").at(self.data_start))?;
+        self.inflate_raw(crate::bytes::slice(
+            data,
+            self.data_start,
+            self.compressed_size,
+        ))
+    }
+
+    /// Where the compressed bytes lie: offset and length.
+    pub(crate) fn range(&self) -> (u64, u64) {
+        (self.data_start, self.compressed_size)
+    }
+
+    /// Inflate `raw`, the record's compressed bytes (`None`: not in the file).
+    pub(crate) fn inflate_raw(&self, raw: Option<&[u8]>) -> Result<Vec<u8>> {
+        let raw =
+            raw.ok_or_else(|| zip_err("deflated data lies outside the file").at(self.data_start))?;
         // Reserve only what the compressed bytes could plausibly produce; the
         // declared size is not trusted for the allocation.
         let reserve = self

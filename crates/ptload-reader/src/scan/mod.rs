@@ -26,9 +26,11 @@ use crate::torch::policy::torch_allows;
 
 mod reach;
 
+#[cfg(feature = "http")]
+pub use reach::scan_url;
 pub use reach::{
-    scan_bytes, scan_file, Ambiguity, GlobalUse, PickleSource, ScanReport, ScannedPickle, Usage,
-    Verdict,
+    scan_bytes, scan_file, scan_ranged, Ambiguity, GlobalUse, PickleSource, ScanReport,
+    ScannedPickle, Usage, Verdict,
 };
 
 /// What a finding lets a file make happen when `torch.load` (with

@@ -25,6 +25,7 @@ use crate::container::zip::{self, Archive, Headers, Method, Rules};
 use crate::error::Result;
 use crate::limits::Limits;
 use crate::pickle::{Heap, Interpreter, Obj, ObjId, Object, StringEncoding, Value, Vm};
+use crate::ranged::{fetch_until, Fetcher, FileView, RangeRead};
 
 /// How a global is used by the pickle that names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -290,6 +291,40 @@ impl ScanReport {
 
 /// Scan the bytes of a file as `torch.load` would read them.
 pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
+    scan_view(FileView::Whole(data), limits)
+}
+
+/// Scan a file read by ranges (a URL): only the parts the scan reads are
+/// fetched (a zip's directory, its pickles and their neighbourhood; a
+/// legacy file's pickle stream), at most
+/// [`Limits::max_open_fetch_bytes`]. The report, and the bytes and reads
+/// fetched.
+pub fn scan_ranged(
+    reader: std::sync::Arc<dyn RangeRead>,
+    limits: &Limits,
+) -> Result<(ScanReport, (u64, u64))> {
+    let fetcher = Fetcher::new(reader);
+    let report = fetch_until(&fetcher, limits.max_open_fetch_bytes, |extents| {
+        scan_view(FileView::Fetched(&extents), limits)
+    })
+    .map_err(|e| e.in_file(fetcher.name()))?;
+    Ok((report, (fetcher.bytes_read(), fetcher.requests())))
+}
+
+/// Scan the file at an `http://` or `https://` URL by ranged requests
+/// (see [`scan_ranged`]).
+#[cfg(feature = "http")]
+pub fn scan_url(url: &str, limits: &Limits) -> Result<(ScanReport, (u64, u64))> {
+    scan_ranged(
+        std::sync::Arc::new(crate::http::HttpFile::open(url)?),
+        limits,
+    )
+}
+
+/// [`scan_bytes`] over the whole file or the ranges fetched of it: what
+/// is not fetched is noted as missed (see `ranged`), and a pickle stream
+/// that ran out of fetched bytes asks for more.
+fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
     let mut vm = Vm::new(limits, StringEncoding::Bytes);
     vm.read_short_frames = true;
     let mut scan = Scanner {
@@ -297,22 +332,30 @@ pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
         vm,
         report: ScanReport::default(),
         nested: Vec::new(),
+        ran_out: false,
     };
-    if data.starts_with(b"PK\x03\x04") {
+    let head = view.up_to(0, 512);
+    if head.starts_with(b"PK\x03\x04") {
         scan.report.layout = "zip";
-        scan.zip_file(data);
-    } else if data.len() > 262 && data.get(257..262) == Some(b"ustar") {
+        scan.zip_file(view);
+    } else if view.len() > 262 && head.get(257..262) == Some(b"ustar") {
         scan.report.layout = "tar";
-        scan.tar(data);
+        if let Some(all) = view.get(0..view.len()) {
+            scan.tar(all);
+        }
     } else {
         scan.report.layout = "legacy";
+        let data = view.prefix();
         scan.stream(data);
+        if scan.ran_out {
+            view.grow();
+        }
         if let Some(start) = npy_pickle(data) {
             let source = PickleSource::NumpyArray("file".into());
             scan.run(data, start, source, false, 0, Some(0));
         }
         // A zip behind the stream: torch never reads it, other tools may.
-        if zip::find_eocd(data).is_some() {
+        if zip::find_eocd_in(view).is_some() {
             let read = scan.report.pickles.first().is_some_and(|p| p.complete);
             if read {
                 scan.report.ambiguities.push(Ambiguity {
@@ -322,7 +365,7 @@ pub fn scan_bytes(data: &[u8], limits: &Limits) -> ScanReport {
                 });
             }
             let mut seen = HashSet::new();
-            scan.zip(data, false, &mut seen);
+            scan.zip(view, false, &mut seen);
         }
     }
     scan.nested_pickles();
@@ -358,6 +401,9 @@ struct Scanner<'l> {
     report: ScanReport,
     /// Bytes values that look like pickles: (parent, index, depth, bytes).
     nested: Vec<(String, usize, usize, Vec<u8>)>,
+    /// A pickle ran to the end of the bytes it was given: of a file read
+    /// by ranges, more may need fetching.
+    ran_out: bool,
 }
 
 impl Scanner<'_> {
@@ -407,7 +453,12 @@ impl Scanner<'_> {
         }
         let result = match &outcome {
             Ok(out) => Some((out.end, heap.bigint(out.value) == Some(&MAGIC[..]))),
-            Err(_) => None,
+            Err(e) => {
+                // Only a pickle read from the file's first bytes (a
+                // stream) is read over a prefix that may be too short.
+                self.ran_out |= base == Some(0) && crate::ranged::ran_out(e);
+                None
+            }
         };
         if depth < MAX_NESTING {
             for (index, bytes) in heap.byte_strings().enumerate() {
@@ -468,7 +519,7 @@ impl Scanner<'_> {
     /// archives end to end also hold the first one whole. Each archive
     /// these find is scanned once, only the one torch reads as reachable,
     /// and two readable archives in one file are an ambiguity.
-    fn zip_file(&mut self, data: &[u8]) {
+    fn zip_file(&mut self, data: FileView<'_>) {
         let limits = self.limits;
         let shifted = Archive::parse_with(data, Headers::Map, limits, Rules::Tolerant);
         let Some(prefix) = shifted
@@ -522,7 +573,12 @@ impl Scanner<'_> {
     /// Bytes that begin with a whole archive and go on past its end: the
     /// first archive, scanned unless it is one already scanned (whose
     /// directory starts at `scanned`), and reported as a second archive.
-    fn other_archive(&mut self, data: &[u8], scanned: Option<u64>, seen: &mut HashSet<u64>) {
+    fn other_archive(&mut self, data: FileView<'_>, scanned: Option<u64>, seen: &mut HashSet<u64>) {
+        // Found by searching all the bytes (of a file read by ranges: all
+        // fetched).
+        let Some(data) = data.get(0..data.len()) else {
+            return;
+        };
         let Some(end) = zip::first_archive_end(data).filter(|&end| end < data.len()) else {
             return;
         };
@@ -541,12 +597,12 @@ impl Scanner<'_> {
             ),
         });
         if scanned != Some(archive.cd_start()) {
-            self.zip_archive(first, Ok(archive), false, seen);
+            self.zip_archive(first.into(), Ok(archive), false, seen);
         }
     }
 
     /// A zip behind a pickle stream: torch never reads it.
-    fn zip(&mut self, data: &[u8], reachable: bool, seen: &mut HashSet<u64>) {
+    fn zip(&mut self, data: FileView<'_>, reachable: bool, seen: &mut HashSet<u64>) {
         let archive = Archive::parse_with(data, Headers::Map, self.limits, Rules::Tolerant);
         self.zip_archive(data, archive, reachable, seen);
     }
@@ -558,7 +614,7 @@ impl Scanner<'_> {
     /// others are added to it. Returns where the directory starts.
     fn zip_archive(
         &mut self,
-        data: &[u8],
+        data: FileView<'_>,
         archive: Result<Archive<'_>>,
         reachable: bool,
         seen: &mut HashSet<u64>,
@@ -569,7 +625,9 @@ impl Scanner<'_> {
                 self.report.notes.push(format!(
                     "zip directory unreadable ({e}); torch cannot read it either"
                 ));
-                self.local_headers(data);
+                if let Some(all) = data.get(0..data.len()) {
+                    self.local_headers(all);
+                }
                 return None;
             }
         };
@@ -681,7 +739,7 @@ impl Scanner<'_> {
     /// scanned as not read by torch.load.
     fn hidden_locals(
         &mut self,
-        data: &[u8],
+        data: FileView<'_>,
         archive: &Archive<'_>,
         seen: &mut HashSet<u64>,
         budget: &mut u64,
@@ -707,9 +765,9 @@ impl Scanner<'_> {
                 // Its end is in a data descriptor: read as far as a pickle
                 // goes from its start (fail closed).
                 if let Ok(start) = usize::try_from(entry.data_start) {
-                    if start < data.len() {
+                    if let Some(all) = data.get(0..data.len()).filter(|_| start < data.len()) {
                         let source = PickleSource::Entry(entry.name.to_owned());
-                        self.run(data, start, source, false, 0, Some(0));
+                        self.run(all, start, source, false, 0, Some(0));
                     }
                 }
                 continue;
@@ -844,7 +902,7 @@ impl Scanner<'_> {
 /// The bytes of a zip record, inflated if need be; the CRC is not checked
 /// (torch does not check it either).
 fn record<'d>(
-    data: &'d [u8],
+    data: FileView<'d>,
     entry: &zip::Entry<'_>,
     limits: &Limits,
     budget: &mut u64,
@@ -856,7 +914,8 @@ fn record<'d>(
         ));
     }
     match entry.method {
-        Method::Stored => crate::bytes::slice(data, entry.data_start, entry.compressed_size)
+        Method::Stored => data
+            .slice(entry.data_start, entry.compressed_size)
             .map(Cow::Borrowed)
             .ok_or_else(|| {
                 crate::error::Error::new(

@@ -11,6 +11,7 @@ use crate::container::{Format, LEGACY_MAGIC_VALUE};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::pickle::{Heap, Value, Vm};
+use crate::ranged::FileView;
 
 /// A checkpoint's pickles run, its storages located.
 pub(crate) struct Decoded {
@@ -33,7 +34,7 @@ pub(crate) struct Decoded {
 
 /// torch's zip layout (and TorchScript's).
 pub(crate) fn decode_zip(
-    data: &[u8],
+    data: FileView<'_>,
     file: Option<&std::fs::File>,
     assumed: ByteOrder,
     limits: &Limits,
@@ -111,17 +112,25 @@ pub(crate) fn decode_zip(
 
 /// The legacy stream: five pickles (magic number, protocol version,
 /// sys_info, the object, the storage keys), then the storages' bytes.
-pub(crate) fn decode_legacy(
-    data: &[u8],
+pub(crate) fn decode_legacy<'d>(
+    view: impl Into<FileView<'d>>,
     heap: &mut Heap,
     interp: &mut TorchInterp<'_>,
     vm: &mut Vm<'_>,
 ) -> Result<Decoded> {
+    let view = view.into();
+    // The pickles start the file: they run over the bytes at hand from its
+    // start; one that fails before the file ends asks for more.
+    let data = view.prefix();
     let legacy_err = |message: &str| Error::new(ErrorKind::Legacy, message);
     let mut run = |heap: &mut Heap, interp: &mut TorchInterp<'_>, start: usize, section: &str| {
         interp.enter(&format!("legacy {section} pickle"), None);
-        vm.run(heap, interp, data, start)
-            .map_err(|e| e.in_record(&interp.record))
+        vm.run(heap, interp, data, start).map_err(|e| {
+            if crate::ranged::ran_out(&e) {
+                view.grow();
+            }
+            e.in_record(&interp.record)
+        })
     };
     let magic = run(heap, interp, 0, "magic number")?;
     if heap.bigint(magic.value) != Some(&LEGACY_MAGIC_VALUE[..]) {
@@ -164,7 +173,7 @@ pub(crate) fn decode_legacy(
         })
         .collect();
     let (offsets, end) =
-        legacy::storage_offsets(data, keys.end, byte_order, &listed, &described, |k| {
+        legacy::storage_offsets(view, keys.end, byte_order, &listed, &described, |k| {
             interp.storage_by_key(k)
         })?;
     // Each storage with its offset; a storage past the last offset is left

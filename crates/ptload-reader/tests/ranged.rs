@@ -1,0 +1,318 @@
+//! Checkpoints opened by ranged reads give what the local file gives,
+//! having fetched only what parsing and the tensors read need.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ptload_reader::ranged::RangeRead;
+use ptload_reader::{Checkpoint, OpenOptions};
+
+fn files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files");
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect();
+    out.sort();
+    out
+}
+
+/// A file in memory, read by ranges; every range asked for is logged.
+#[derive(Debug)]
+struct Logged {
+    bytes: Vec<u8>,
+    reads: Mutex<Vec<(u64, u64)>>,
+}
+
+impl RangeRead for Logged {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+    fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+        self.reads.lock().unwrap().push((offset, len));
+        Ok(self.bytes[offset as usize..(offset + len) as usize].to_vec())
+    }
+    fn name(&self) -> &str {
+        "memory://file"
+    }
+}
+
+fn logged(bytes: Vec<u8>) -> Arc<Logged> {
+    Arc::new(Logged {
+        bytes,
+        reads: Mutex::new(Vec::new()),
+    })
+}
+
+/// Each tensor's name, dtype, shape and bytes (or why they cannot be read).
+type Read = (String, String, Vec<u64>, Result<Vec<u8>, String>);
+
+fn tensors(ckpt: &Checkpoint) -> Vec<Read> {
+    ckpt.tensors()
+        .map(|t| {
+            let mut bytes = Vec::new();
+            let read = t
+                .visit_bytes(|b| bytes.extend_from_slice(b))
+                .map(|()| bytes)
+                .map_err(|e| e.to_string());
+            (
+                t.name().to_owned(),
+                t.dtype().to_string(),
+                t.shape().to_vec(),
+                read,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn every_fixture_reads_alike_by_ranges() {
+    let mut opened = 0;
+    for path in files() {
+        let name = path.display();
+        let bytes = std::fs::read(&path).unwrap();
+        let reader = logged(bytes.clone());
+        let ranged = OpenOptions::new().open_ranged(reader.clone());
+        let local = Checkpoint::open(&path);
+        match (local, ranged) {
+            (Ok(local), Ok(ranged)) => {
+                opened += 1;
+                assert_eq!(local.format(), ranged.format(), "{name}");
+                assert_eq!(local.values(), ranged.values(), "{name}");
+                assert_eq!(tensors(&local), tensors(&ranged), "{name}");
+                let (fetched, _) = ranged.fetched_bytes().unwrap();
+                let logged: u64 = reader.reads.lock().unwrap().iter().map(|r| r.1).sum();
+                assert_eq!(fetched, logged, "{name}");
+                // Every range is read once.
+                let mut reads = reader.reads.lock().unwrap().clone();
+                reads.sort_unstable();
+                for pair in reads.windows(2) {
+                    assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{name}: {reads:?}");
+                }
+            }
+            (Err(local), Err(ranged)) => {
+                assert_eq!(local.kind(), ranged.kind(), "{name}: {local} / {ranged}");
+                assert_eq!(local.message(), ranged.message(), "{name}");
+            }
+            (local, ranged) => panic!(
+                "{name}: local {:?}, ranged {:?}",
+                local.map(|_| ()),
+                ranged.map(|_| ())
+            ),
+        }
+    }
+    assert!(opened > 30, "{opened}");
+}
+
+/// The hostile corpus (tests/hostile) and the scanner's corpus
+/// (tests/scan): by ranges, each file opens or fails as the local file
+/// does, and scans alike.
+#[test]
+fn hostile_and_scan_corpora_read_alike_by_ranges() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests");
+    let limits = ptload_reader::Limits::default();
+    let mut seen = 0;
+    for dir in ["hostile", "scan"] {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file())
+            .collect();
+        paths.sort();
+        for path in paths {
+            seen += 1;
+            let name = path.display();
+            let bytes = std::fs::read(&path).unwrap();
+            let local = Checkpoint::from_bytes(bytes.clone());
+            let ranged = OpenOptions::new().open_ranged(logged(bytes.clone()));
+            match (local, ranged) {
+                (Ok(local), Ok(ranged)) => {
+                    assert_eq!(tensors(&local), tensors(&ranged), "{name}");
+                }
+                (Err(local), Err(ranged)) => {
+                    assert_eq!(local.kind(), ranged.kind(), "{name}: {local} / {ranged}");
+                    assert_eq!(local.message(), ranged.message(), "{name}");
+                }
+                (local, ranged) => panic!(
+                    "{name}: local {:?}, ranged {:?}",
+                    local.map(|_| ()).map_err(|e| e.to_string()),
+                    ranged.map(|_| ()).map_err(|e| e.to_string())
+                ),
+            }
+            let here = ptload_reader::scan::scan_bytes(&bytes, &limits);
+            let (there, _) = ptload_reader::scan::scan_ranged(logged(bytes), &limits).unwrap();
+            assert_eq!(format!("{here:?}"), format!("{there:?}"), "{name}");
+        }
+    }
+    assert!(seen > 150, "{seen}");
+}
+
+/// A zip checkpoint with a large record in the middle: opening it fetches
+/// its head, its tail and the local headers, not the record.
+#[test]
+fn a_large_file_opens_from_a_few_ranges() {
+    let base = std::fs::read(files().iter().find(|p| p.ends_with("basic.pt")).unwrap()).unwrap();
+    let big = pad_zip(&base, 64 << 20);
+    let local = Checkpoint::from_bytes(big.clone()).unwrap();
+    let reader = logged(big.clone());
+    let ranged = OpenOptions::new().open_ranged(reader.clone()).unwrap();
+    let (fetched, requests) = ranged.fetched_bytes().unwrap();
+    assert!(fetched < 1 << 20, "{fetched} bytes in {requests} reads");
+    assert_eq!(tensors(&local), tensors(&ranged));
+}
+
+#[test]
+fn a_legacy_file_reads_its_stream_then_its_storages() {
+    let base = std::fs::read(files().iter().find(|p| p.ends_with("legacy.pt")).unwrap()).unwrap();
+    let reader = logged(base.clone());
+    let ranged = OpenOptions::new().open_ranged(reader.clone()).unwrap();
+    let local = Checkpoint::from_bytes(base).unwrap();
+    assert_eq!(tensors(&local), tensors(&ranged));
+}
+
+/// A limit on what opening may fetch is named when a file needs more.
+#[test]
+fn the_open_budget_is_enforced() {
+    let base = std::fs::read(files().iter().find(|p| p.ends_with("basic.pt")).unwrap()).unwrap();
+    let mut limits = ptload_reader::Limits::default();
+    limits.max_open_fetch_bytes = 1000;
+    let err = OpenOptions::new()
+        .limits(limits)
+        .open_ranged(logged(base))
+        .unwrap_err();
+    assert!(err.to_string().contains("max_open_fetch_bytes"), "{err}");
+}
+
+/// `zip` with a stored record of `pad` bytes inserted after its first
+/// entry: every later offset moves, the directory says so.
+fn pad_zip(zip: &[u8], pad: usize) -> Vec<u8> {
+    let le16 = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as usize;
+    let le32 = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+    // The end record (no ZIP64 for this small file), then the directory.
+    let eocd = (0..zip.len() - 21)
+        .rev()
+        .find(|&i| zip[i..i + 4] == [0x50, 0x4b, 0x05, 0x06])
+        .unwrap();
+    let (count, cd_size, cd_offset) = (
+        le16(zip, eocd + 10),
+        le32(zip, eocd + 12),
+        le32(zip, eocd + 16),
+    );
+    let mut entries = Vec::new();
+    let mut at = cd_offset;
+    for _ in 0..count {
+        let n = 46 + le16(zip, at + 28) + le16(zip, at + 30) + le16(zip, at + 32);
+        entries.push(zip[at..at + n].to_vec());
+        at += n;
+    }
+    assert_eq!(at, cd_offset + cd_size);
+    let first_end = {
+        let e = &entries[0];
+        let local = le32(e, 42);
+        local + 30 + le16(zip, local + 26) + le16(zip, local + 28) + le32(e, 20)
+    };
+    let name = b"archive/pad";
+    let mut local = Vec::new();
+    local.extend_from_slice(&[0x50, 0x4b, 0x03, 0x04, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    local.extend_from_slice(&0u32.to_le_bytes()); // CRC not computed
+    local.extend_from_slice(&(pad as u32).to_le_bytes());
+    local.extend_from_slice(&(pad as u32).to_le_bytes());
+    local.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    local.extend_from_slice(&0u16.to_le_bytes());
+    local.extend_from_slice(name);
+    let shift = local.len() + pad;
+    let mut out = zip[..first_end].to_vec();
+    out.extend_from_slice(&local);
+    out.resize(out.len() + pad, 0x5a);
+    out.extend_from_slice(&zip[first_end..cd_offset]);
+    let new_cd = out.len();
+    let mut pad_central = vec![0x50, 0x4b, 0x01, 0x02, 20, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    pad_central.extend_from_slice(&0u32.to_le_bytes());
+    pad_central.extend_from_slice(&(pad as u32).to_le_bytes());
+    pad_central.extend_from_slice(&(pad as u32).to_le_bytes());
+    pad_central.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    pad_central.extend_from_slice(&[0; 8]);
+    pad_central.extend_from_slice(&[0; 4]);
+    pad_central.extend_from_slice(&(first_end as u32).to_le_bytes());
+    pad_central.extend_from_slice(name);
+    for (i, mut e) in entries.into_iter().enumerate() {
+        if i > 0 {
+            let local = le32(&e, 42) + shift;
+            e[42..46].copy_from_slice(&(local as u32).to_le_bytes());
+        }
+        out.extend_from_slice(&e);
+        if i == 0 {
+            out.extend_from_slice(&pad_central);
+        }
+    }
+    let cd_len = out.len() - new_cd;
+    let mut end = zip[eocd..].to_vec();
+    end[8..10].copy_from_slice(&((count + 1) as u16).to_le_bytes());
+    end[10..12].copy_from_slice(&((count + 1) as u16).to_le_bytes());
+    end[12..16].copy_from_slice(&(cd_len as u32).to_le_bytes());
+    end[16..20].copy_from_slice(&(new_cd as u32).to_le_bytes());
+    out.extend_from_slice(&end);
+    out
+}
+
+#[test]
+fn every_fixture_scans_alike_by_ranges() {
+    let limits = ptload_reader::Limits::default();
+    for path in files() {
+        let bytes = std::fs::read(&path).unwrap();
+        let local = ptload_reader::scan::scan_bytes(&bytes, &limits);
+        let reader = logged(bytes);
+        let (ranged, (fetched, _)) =
+            ptload_reader::scan::scan_ranged(reader.clone(), &limits).unwrap();
+        assert_eq!(
+            format!("{local:?}"),
+            format!("{ranged:?}"),
+            "{}",
+            path.display()
+        );
+        let logged: u64 = reader.reads.lock().unwrap().iter().map(|r| r.1).sum();
+        assert_eq!(fetched, logged);
+    }
+}
+
+/// Scanning a large zip fetches its directory and pickles, not its records.
+#[test]
+fn a_large_file_scans_from_a_few_ranges() {
+    let base = std::fs::read(files().iter().find(|p| p.ends_with("basic.pt")).unwrap()).unwrap();
+    let big = pad_zip(&base, 64 << 20);
+    let limits = ptload_reader::Limits::default();
+    let local = ptload_reader::scan::scan_bytes(&big, &limits);
+    let (ranged, (fetched, _)) = ptload_reader::scan::scan_ranged(logged(big), &limits).unwrap();
+    assert_eq!(format!("{local:?}"), format!("{ranged:?}"));
+    assert!(fetched < 1 << 20, "{fetched}");
+}
+
+/// A legacy stream longer than the first fetch: the pickles run over the
+/// bytes fetched from the start, and ask for more when they run out.
+#[test]
+fn a_long_legacy_stream_is_fetched_as_it_runs() {
+    let mut file = vec![0x80, 0x02, 0x8a, 0x0a];
+    file.extend_from_slice(&[0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19]);
+    file.push(b'.');
+    file.extend_from_slice(b"\x80\x02M\xe9\x03.");
+    file.extend_from_slice(b"\x80\x02}.");
+    let long = "x".repeat(3 << 20);
+    file.extend_from_slice(b"\x80\x02}X\x04\x00\x00\x00noteX");
+    file.extend_from_slice(&(long.len() as u32).to_le_bytes());
+    file.extend_from_slice(long.as_bytes());
+    file.extend_from_slice(b"s.");
+    file.extend_from_slice(b"\x80\x02].");
+    let local = Checkpoint::from_bytes(file.clone()).unwrap();
+    let reader = logged(file.clone());
+    let ranged = OpenOptions::new().open_ranged(reader.clone()).unwrap();
+    assert_eq!(local.values(), ranged.values());
+    assert_eq!(local.values().len(), 1);
+    let (fetched, requests) = ranged.fetched_bytes().unwrap();
+    assert_eq!(fetched, file.len() as u64);
+    assert!(requests > 2, "{requests}");
+    let limits = ptload_reader::Limits::default();
+    let (scanned, _) = ptload_reader::scan::scan_ranged(logged(file.clone()), &limits).unwrap();
+    let scanned_locally = ptload_reader::scan::scan_bytes(&file, &limits);
+    assert_eq!(format!("{scanned:?}"), format!("{scanned_locally:?}"));
+}
