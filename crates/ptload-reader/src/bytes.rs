@@ -29,7 +29,7 @@ impl<'a> ByteReader<'a> {
     #[cold]
     #[inline(never)]
     fn eof(&self, wanted: usize) -> Error {
-        Error::new(
+        Error::end_of_data(
             self.kind,
             format!(
                 "unexpected end of data: {wanted} bytes wanted, {} left",

@@ -94,6 +94,9 @@ struct Inner {
     /// More the reader found, after the location (every refused global).
     note: Option<Advised>,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    /// The bytes at hand ended before what was being read: with more of
+    /// the file (a read by ranges), the same read may succeed.
+    ran_out: bool,
 }
 
 impl Error {
@@ -108,8 +111,23 @@ impl Error {
                 file: None,
                 note: None,
                 source: None,
+                ran_out: false,
             }),
         }
+    }
+
+    /// The bytes at hand ended before what was being read (`message` says
+    /// what was wanted): [`ran_out`](Self::ran_out) is true.
+    pub(crate) fn end_of_data(kind: ErrorKind, message: impl Into<String>) -> Self {
+        let mut e = Error::new(kind, message);
+        e.inner.ran_out = true;
+        e
+    }
+
+    /// Whether the bytes at hand ended before what was being read, so
+    /// that more of the file could let the same read succeed.
+    pub(crate) fn ran_out(&self) -> bool {
+        self.inner.ran_out
     }
 
     pub(crate) fn io(message: impl Into<String>, source: std::io::Error) -> Self {

@@ -422,8 +422,7 @@ impl<'d> FileView<'d> {
 /// prefix of the file that may be too short): the byte reader's end of
 /// data, or a length past the bytes left.
 pub(crate) fn ran_out(e: &Error) -> bool {
-    let m = e.message();
-    m.starts_with("unexpected end of data") || m.contains("bytes left")
+    e.ran_out()
 }
 
 /// Run `attempt` over the extents fetched so far, fetching what it missed

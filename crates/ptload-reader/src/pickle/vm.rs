@@ -392,10 +392,10 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
     fn len_from(&self, n: u64) -> Result<usize> {
         let n = usize::try_from(n).map_err(|_| pickle_err(format!("length {n} out of range")))?;
         if n > self.r.remaining() {
-            return Err(pickle_err(format!(
-                "length {n} exceeds the {} bytes left",
-                self.r.remaining()
-            )));
+            return Err(Error::end_of_data(
+                ErrorKind::Pickle,
+                format!("length {n} exceeds the {} bytes left", self.r.remaining()),
+            ));
         }
         Ok(n)
     }
