@@ -123,16 +123,20 @@ fn distinct_globals<'a>(paths: impl Iterator<Item = String> + 'a) -> Vec<String>
 /// What `scan` reports at unknown-call or above, by the same decision
 /// (`Checkpoint::suspicious`): each global once, with its level and use,
 /// the highest seen across the files of a set.
-fn suspicious(set: &CheckpointSet) -> Vec<ptload_reader::scan::GlobalUse> {
+fn suspicious(
+    set: &CheckpointSet,
+) -> Result<Vec<ptload_reader::scan::GlobalUse>, ptload_reader::Error> {
     let mut found: Vec<ptload_reader::scan::GlobalUse> = Vec::new();
-    for g in set.files().iter().flat_map(|f| f.checkpoint().suspicious()) {
-        match found.iter_mut().find(|s| s.path() == g.path()) {
-            Some(seen) if g.level() > seen.level() => *seen = g,
-            Some(_) => {}
-            None => found.push(g),
+    for f in set.files() {
+        for g in f.checkpoint().suspicious()? {
+            match found.iter_mut().find(|s| s.path() == g.path()) {
+                Some(seen) if g.level() > seen.level() => *seen = g,
+                Some(_) => {}
+                None => found.push(g),
+            }
         }
     }
-    found
+    Ok(found)
 }
 
 /// A finding as `inspect` prints it: a dangerous one with what it can do
@@ -390,7 +394,7 @@ pub(crate) fn json(
     let checkpoints = || set.files().iter().map(|f| &**f.checkpoint());
     let names = file_names(set);
     READ.store(0, std::sync::atomic::Ordering::Relaxed);
-    let found = suspicious(set);
+    let found = suspicious(set).map_err(|e| e.render(&crate::terms::Flags))?;
     let doc = InspectJson {
         file,
         format: first.format().name(),
@@ -578,7 +582,7 @@ pub(crate) fn table(
     values_table(out, &values, columns)?;
     // In scan's vocabulary: what scan reports at unknown-call or above;
     // then, apart, what --strict refuses.
-    let found = suspicious(set);
+    let found = suspicious(set).map_err(|e| e.render(&crate::terms::Flags))?;
     let (dangerous, calls): (Vec<_>, Vec<_>) =
         found.iter().partition(|g| g.level() == Level::Dangerous);
     if !dangerous.is_empty() {

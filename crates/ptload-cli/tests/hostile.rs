@@ -463,6 +463,8 @@ fn library_outcomes() {
                 // unknown-call and above, each once.
                 let findings: std::collections::BTreeSet<String> = ckpt
                     .suspicious()
+                    .expect("scanned")
+                    .iter()
                     .map(|g| format!("{} {:?}", g.path(), g.level()))
                     .collect();
                 let report = ptload_reader::scan::scan_file(

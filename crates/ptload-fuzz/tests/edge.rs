@@ -414,7 +414,11 @@ fn strict_blocks_os_even_when_allowed() {
     // The default policy keeps it inert and reports it.
     let ckpt = open(checkpoint(&pickle)).expect("inert");
     assert_eq!(
-        ckpt.suspicious().map(|g| g.path()).collect::<Vec<_>>(),
+        ckpt.suspicious()
+            .expect("scanned")
+            .iter()
+            .map(|g| g.path())
+            .collect::<Vec<_>>(),
         ["os.system"]
     );
     assert_eq!(

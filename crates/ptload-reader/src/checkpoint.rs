@@ -1063,10 +1063,14 @@ impl Checkpoint {
     /// this file, the same decision as `ptload scan`: each once, with its
     /// strongest use (its [`level`](crate::scan::GlobalUse::level) is the
     /// highest seen), in order of first appearance. The file's bytes are
-    /// scanned again, within the limits it was opened with; a file put
+    /// scanned again, within the limits it was opened with (a file read
+    /// by ranges fetches what the scan reads, which can fail); a file put
     /// together from parts (a distributed checkpoint) has none.
-    pub fn suspicious(&self) -> impl Iterator<Item = crate::scan::GlobalUse> {
-        let report = crate::scan::scan_bytes(self.source.bytes(), &self.limits);
+    pub fn suspicious(&self) -> Result<Vec<crate::scan::GlobalUse>> {
+        let report = match self.source.fetcher() {
+            Some(fetcher) => crate::scan::scan_fetched(fetcher, &self.limits)?,
+            None => crate::scan::scan_bytes(self.source.bytes(), &self.limits),
+        };
         let mut found: Vec<crate::scan::GlobalUse> = Vec::new();
         let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
         for g in report.pickles.into_iter().flat_map(|p| p.globals) {
@@ -1087,7 +1091,7 @@ impl Checkpoint {
                 }
             }
         }
-        found.into_iter()
+        Ok(found)
     }
 
     /// The DTensor spec of the tensor at `index` (see

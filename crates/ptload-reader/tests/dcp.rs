@@ -1045,7 +1045,11 @@ fn one_fsdp_rank_file_lists_its_local_parts_with_their_spec() {
         .dtensor_at(ckpt.position("model.scale").unwrap())
         .is_none());
     assert!(ckpt.warnings().iter().any(|w| w.contains("are DTensors")));
-    assert!(ckpt.suspicious().next().is_none(), "{:?}", ckpt.globals());
+    assert!(
+        ckpt.suspicious().expect("scanned").is_empty(),
+        "{:?}",
+        ckpt.globals()
+    );
 }
 
 fn fsdp_err(paths: &[PathBuf]) -> String {

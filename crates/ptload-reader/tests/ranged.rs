@@ -112,7 +112,7 @@ fn every_fixture_reads_alike_by_ranges() {
 fn hostile_and_scan_corpora_read_alike_by_ranges() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests");
     let limits = ptload_reader::Limits::default();
-    let mut seen = 0;
+    let (mut seen, mut flagged) = (0, 0);
     for dir in ["hostile", "scan"] {
         let mut paths: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
             .unwrap()
@@ -129,6 +129,11 @@ fn hostile_and_scan_corpora_read_alike_by_ranges() {
             match (local, ranged) {
                 (Ok(local), Ok(ranged)) => {
                     assert_eq!(tensors(&local), tensors(&ranged), "{name}");
+                    // What inspect lists as suspicious: scan's findings,
+                    // fetched by ranges for the ranged file.
+                    let found = |c: &Checkpoint| format!("{:?}", c.suspicious().unwrap());
+                    assert_eq!(found(&local), found(&ranged), "{name}");
+                    flagged += usize::from(!local.suspicious().unwrap().is_empty());
                 }
                 (Err(local), Err(ranged)) => {
                     assert_eq!(local.kind(), ranged.kind(), "{name}: {local} / {ranged}");
@@ -146,6 +151,9 @@ fn hostile_and_scan_corpora_read_alike_by_ranges() {
         }
     }
     assert!(seen > 150, "{seen}");
+    // Payloads that open (inertly) and have findings: the comparison
+    // above is not between two empty lists.
+    assert!(flagged > 20, "{flagged}");
 }
 
 /// A zip checkpoint with a large record in the middle: opening it fetches

@@ -26,6 +26,7 @@ use crate::torch::policy::torch_allows;
 
 mod reach;
 
+pub(crate) use reach::scan_fetched;
 #[cfg(feature = "http")]
 pub use reach::scan_url;
 pub use reach::{

@@ -304,11 +304,17 @@ pub fn scan_ranged(
     limits: &Limits,
 ) -> Result<(ScanReport, (u64, u64))> {
     let fetcher = Fetcher::new(reader);
-    let report = fetch_until(&fetcher, limits.max_open_fetch_bytes, |extents| {
+    let report = scan_fetched(&fetcher, limits)?;
+    Ok((report, (fetcher.bytes_read(), fetcher.requests())))
+}
+
+/// [`scan_ranged`] through a fetcher already in use (a checkpoint's, whose
+/// opening fetched most of what the scan reads).
+pub(crate) fn scan_fetched(fetcher: &Fetcher, limits: &Limits) -> Result<ScanReport> {
+    fetch_until(fetcher, limits.max_open_fetch_bytes, |extents| {
         scan_view(FileView::Fetched(&extents), limits)
     })
-    .map_err(|e| e.in_file(fetcher.name()))?;
-    Ok((report, (fetcher.bytes_read(), fetcher.requests())))
+    .map_err(|e| e.in_file(fetcher.name()))
 }
 
 /// Scan the file at an `http://` or `https://` URL by ranged requests
