@@ -444,10 +444,7 @@ impl Checkpoint {
         budget: Option<Vec<(u32, u64)>>,
         balance: Option<u32>,
     ) -> PyResult<Vec<Option<String>>> {
-        use ptload_reader::placement::{
-            Balanced, Budget, ByName, Device, DeviceMap, First, Mapper,
-        };
-        let mut chain: Vec<Box<dyn Mapper>> = Vec::new();
+        use ptload_reader::placement::{Budget, ByName, Choices, Device, DeviceMap};
         let mut rules = Vec::with_capacity(place.len());
         for (pattern, device) in place {
             let device: Device = device
@@ -455,21 +452,20 @@ impl Checkpoint {
                 .map_err(|e: ptload_reader::Error| PyValueError::new_err(e.to_string()))?;
             rules.push((pattern, device));
         }
-        if !rules.is_empty() {
-            chain.push(Box::new(ByName(rules)));
-        }
-        if let Some(gpus) = budget {
-            let devices = gpus
-                .into_iter()
-                .map(|(i, b)| (Device::Cuda(i), b))
-                .collect();
-            chain.push(Box::new(Budget::new(devices)));
-        }
-        if let Some(n) = balance {
-            let gpus = (0..n).map(Device::Cuda).collect();
-            chain.push(Box::new(Balanced::new(&self.inner, gpus)));
-        }
-        let plan = DeviceMap::new(&self.inner, &mut First(chain)).map_err(to_py)?;
+        let choices = Choices {
+            by_name: ByName(rules),
+            map_location: None,
+            budget: budget.map(|gpus| {
+                Budget::new(
+                    gpus.into_iter()
+                        .map(|(i, b)| (Device::Cuda(i), b))
+                        .collect(),
+                )
+            }),
+            balance: balance.map(|n| (0..n).map(Device::Cuda).collect()),
+        };
+        let mut mapper = choices.mapper(&self.inner);
+        let plan = DeviceMap::new(&self.inner, mapper.as_mut()).map_err(to_py)?;
         let mut chosen = vec![None; self.inner.storages().len()];
         for p in plan.placements().iter().filter(|p| p.mapped) {
             if let Some(slot) = chosen.get_mut(p.storage) {

@@ -5,9 +5,7 @@
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use ptload_reader::checkpoint::StringEncoding;
-use ptload_reader::placement::{
-    Balanced, Budget, ByName, Device, First, Keep, MapLocation, Mapper,
-};
+use ptload_reader::placement::{BudgetSpec, ByName, Choices, Device, MapLocation, Mapper};
 use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
 use ptload_reader::tp::{Shard, Splits};
 use ptload_reader::{Checkpoint, DType, OpenOptions, Policy};
@@ -93,71 +91,6 @@ pub(crate) fn map_location(spec: &str, gpus: impl FnOnce() -> usize) -> CliResul
         .map_err(|e| format!("invalid --map-location {}", e.message()).into())
 }
 
-/// `20GiB`, `512MB`, `1000000`, `1.5GB` as bytes.
-pub(crate) fn parse_bytes(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number.parse().ok()?;
-    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "kib" => 1024.0,
-        "m" | "mb" => 1e6,
-        "mib" => 1048576.0,
-        "g" | "gb" => 1e9,
-        "gib" => 1073741824.0,
-        "t" | "tb" => 1e12,
-        "tib" => 1099511627776.0,
-        _ => return None,
-    };
-    let bytes = value * scale;
-    (0.0..1.8e19).contains(&bytes).then_some(bytes as u64)
-}
-
-/// What `--budget` asks for per GPU.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum BudgetSpec {
-    Fraction(f64),
-    Bytes(u64),
-}
-
-pub(crate) fn parse_budget(text: &str) -> CliResult<BudgetSpec> {
-    let t = text.trim();
-    if let Some(percent) = t.strip_suffix('%') {
-        return match percent.trim().parse::<f64>() {
-            Ok(p) if p > 0.0 && p <= 100.0 => Ok(BudgetSpec::Fraction(p / 100.0)),
-            _ => Err(format!("invalid --budget {t:?}: a percentage must be in (0%, 100%]").into()),
-        };
-    }
-    if let Ok(n) = t.parse::<u64>() {
-        // A bare number above 1 is bytes; a small one is surely a mistake
-        // for GiB or a fraction.
-        if n > 1 && n < 1_000_000 {
-            return Err(format!(
-                "invalid --budget {t:?}: a bare number is bytes per GPU; write the unit \
-                 ({t}GiB) or a share of each GPU's memory (80%, 0.8)"
-            )
-            .into());
-        }
-    }
-    if let Ok(f) = t.parse::<f64>() {
-        if t.contains('.') || f <= 1.0 {
-            return if (0.0..=1.0).contains(&f) && f > 0.0 {
-                Ok(BudgetSpec::Fraction(f))
-            } else {
-                Err(format!("invalid --budget {t:?}: a fraction must be in (0, 1]").into())
-            };
-        }
-    }
-    parse_bytes(t).map(BudgetSpec::Bytes).ok_or_else(|| {
-        format!("invalid --budget {t:?}: expected a share of each GPU's memory (0.9, 90%) or bytes (20GiB, 512MB, 1000000)")
-            .into()
-    })
-}
-
 /// What the mapping needs to know about the machine's GPUs.
 pub(crate) trait GpuInfo {
     /// Number of usable CUDA devices.
@@ -183,50 +116,42 @@ impl MapArgs {
         ckpt: &Checkpoint,
         gpus: &dyn GpuInfo,
     ) -> CliResult<Box<dyn Mapper>> {
-        let mut chain: Vec<Box<dyn Mapper>> = Vec::new();
         let by_name =
             ByName::parse(&self.place).map_err(|e| format!("invalid --place {}", e.message()))?;
-        if !by_name.0.is_empty() {
-            chain.push(Box::new(by_name));
-        }
-        if let Some(spec) = &self.map_location {
-            chain.push(map_location(spec, || gpus.count())?);
-        }
-        if let Some(b) = &self.budget {
-            let spec = parse_budget(b)?;
-            let totals = gpus.totals();
-            if totals.is_empty() {
-                crate::ui::note(&format!(
-                    "--budget {b}: every storage it places stays on the host: {}",
-                    gpus.why_none()
-                ));
+        let map_location = match &self.map_location {
+            Some(spec) => Some(map_location(spec, || gpus.count())?),
+            None => None,
+        };
+        let budget = match &self.budget {
+            Some(b) => {
+                let spec: BudgetSpec = b.parse().map_err(|e: ptload_reader::Error| {
+                    format!("invalid --budget {}", e.message())
+                })?;
+                let totals = gpus.totals();
+                if totals.is_empty() {
+                    crate::ui::note(&format!(
+                        "--budget {b}: every storage it places stays on the host: {}",
+                        gpus.why_none()
+                    ));
+                }
+                Some(spec.budget(&totals))
             }
-            let devices = totals
-                .into_iter()
-                .map(|(i, total)| {
-                    let bytes = match spec {
-                        BudgetSpec::Fraction(f) => (total as f64 * f) as u64,
-                        BudgetSpec::Bytes(b) => b,
-                    };
-                    (Device::Cuda(i), bytes)
-                })
-                .collect();
-            chain.push(Box::new(Budget::new(devices)));
-        }
-        if let Some(n) = self.balance {
-            if n == 0 {
-                return Err("invalid --balance 0: expected a number of GPUs, at least 1".into());
+            None => None,
+        };
+        let balance = match self.balance {
+            Some(0) => {
+                return Err("invalid --balance 0: expected a number of GPUs, at least 1".into())
             }
-            chain.push(Box::new(Balanced::new(
-                ckpt,
-                (0..n).map(Device::Cuda).collect(),
-            )));
+            Some(n) => Some((0..n).map(Device::Cuda).collect()),
+            None => None,
+        };
+        Ok(Choices {
+            by_name,
+            map_location,
+            budget,
+            balance,
         }
-        Ok(match chain.len() {
-            0 => Box::new(Keep),
-            1 => chain.pop().unwrap_or_else(|| Box::new(Keep)),
-            _ => Box::new(First(chain)),
-        })
+        .mapper(ckpt))
     }
 }
 
@@ -444,34 +369,5 @@ mod tests {
             );
         }
         let _ = NoGpu.count();
-    }
-
-    #[test]
-    fn budgets_and_bytes() {
-        assert_eq!(parse_budget("0.9").ok(), Some(BudgetSpec::Fraction(0.9)));
-        assert_eq!(parse_budget("1").ok(), Some(BudgetSpec::Fraction(1.0)));
-        assert_eq!(
-            parse_budget("20GiB").ok(),
-            Some(BudgetSpec::Bytes(20 << 30))
-        );
-        assert_eq!(
-            parse_budget("512MB").ok(),
-            Some(BudgetSpec::Bytes(512_000_000))
-        );
-        assert_eq!(
-            parse_budget("1000000").ok(),
-            Some(BudgetSpec::Bytes(1_000_000))
-        );
-        assert_eq!(parse_budget("80%").ok(), Some(BudgetSpec::Fraction(0.8)));
-        assert!(parse_budget("0%").is_err());
-        assert!(parse_budget("120%").is_err());
-        let small = parse_budget("2")
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(small.contains("2GiB") && small.contains("80%"), "{small}");
-        assert!(parse_budget("1.5").is_err());
-        assert!(parse_budget("-3").is_err());
-        assert!(parse_budget("lots").is_err());
     }
 }

@@ -80,24 +80,25 @@ pub(crate) fn run(a: &ConvertArgs, out: &mut impl Write) -> CliResult<u8> {
         None => crate::remote::open_set(&a.input, &a.open.options())?,
     };
     let state = a.state.options(false)?;
-    let request = ConvertRequest {
-        output: &a.output,
-        force: a.force,
-        dtype: a.dtype.as_deref(),
-        skip_unsupported: a.skip_unsupported,
-        metadata: a.metadata,
-        json: a.json,
-        max_shard_size: a
-            .max_shard_size
-            .as_deref()
-            .map(|t| {
-                args::parse_bytes(t).filter(|&b| b > 0).ok_or_else(|| {
+    let request =
+        ConvertRequest {
+            output: &a.output,
+            force: a.force,
+            dtype: a.dtype.as_deref(),
+            skip_unsupported: a.skip_unsupported,
+            metadata: a.metadata,
+            json: a.json,
+            max_shard_size: a
+                .max_shard_size
+                .as_deref()
+                .map(|t| {
+                    ptload_reader::placement::parse_size(t).filter(|&b| b > 0).ok_or_else(|| {
                     format!("invalid --max-shard-size {t:?}: expected a size such as 5GB or 500MiB")
                 })
-            })
-            .transpose()?,
-        dcp: dcp.as_ref(),
-    };
+                })
+                .transpose()?,
+            dcp: dcp.as_ref(),
+        };
     // Standard output carries the data: the report goes to stderr.
     if a.output.as_os_str() == "-" {
         out.flush()?;

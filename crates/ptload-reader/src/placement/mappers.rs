@@ -225,6 +225,156 @@ impl Mapper for Balanced {
     }
 }
 
+/// A size as budgets and shard sizes are written: `20GiB`, `512MB`,
+/// `1.5GB`, `1000000` (decimal units K/M/G/T, binary KiB/MiB/GiB/TiB, case
+/// ignored); `None` for anything else or a size past `u64`.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().ok()?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1048576.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1073741824.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1099511627776.0,
+        _ => return None,
+    };
+    let bytes = value * scale;
+    (0.0..1.8e19).contains(&bytes).then_some(bytes as u64)
+}
+
+/// How much of each GPU a [`Budget`] may fill: a share of its memory or
+/// a number of bytes. Parsed from `0.9`, `90%`, `20GiB`, `512MB` or a
+/// byte count (a bare number from 2 to 999,999 is refused as a likely
+/// mistake for GiB or a share).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BudgetSpec {
+    /// A share of each GPU's memory, in (0, 1].
+    Share(f64),
+    /// Bytes per GPU.
+    Bytes(u64),
+}
+
+impl BudgetSpec {
+    /// A budget filling each GPU `(ordinal, total bytes)`, in order, to
+    /// this share or size.
+    pub fn budget(self, totals: &[(u32, u64)]) -> Budget {
+        let devices = totals
+            .iter()
+            .map(|&(i, total)| {
+                let bytes = match self {
+                    // Rounded down: never more than the share.
+                    BudgetSpec::Share(f) => (total as f64 * f) as u64,
+                    BudgetSpec::Bytes(b) => b,
+                };
+                (Device::Cuda(i), bytes)
+            })
+            .collect();
+        Budget::new(devices)
+    }
+}
+
+impl std::str::FromStr for BudgetSpec {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<BudgetSpec> {
+        let t = text.trim();
+        let invalid = |why: String| Error::new(ErrorKind::InvalidSpec, why);
+        if let Some(percent) = t.strip_suffix('%') {
+            return match percent.trim().parse::<f64>() {
+                Ok(p) if p > 0.0 && p <= 100.0 => Ok(BudgetSpec::Share(p / 100.0)),
+                _ => Err(invalid(format!(
+                    "{t:?}: a percentage must be in (0%, 100%]"
+                ))),
+            };
+        }
+        if let Ok(n) = t.parse::<u64>() {
+            // A bare number above 1 is bytes; a small one is surely a
+            // mistake for GiB or a share.
+            if n > 1 && n < 1_000_000 {
+                return Err(invalid(format!(
+                    "{t:?}: a bare number is bytes per GPU; write the unit ({t}GiB) or a \
+                     share of each GPU's memory (80%, 0.8)"
+                )));
+            }
+        }
+        if let Ok(f) = t.parse::<f64>() {
+            if t.contains('.') || f <= 1.0 {
+                return if f > 0.0 && f <= 1.0 {
+                    Ok(BudgetSpec::Share(f))
+                } else {
+                    Err(invalid(format!("{t:?}: a fraction must be in (0, 1]")))
+                };
+            }
+        }
+        parse_size(t).map(BudgetSpec::Bytes).ok_or_else(|| {
+            invalid(format!(
+                "{t:?}: expected a share of each GPU's memory (0.9, 90%) or bytes (20GiB, \
+                 512MB, 1000000)"
+            ))
+        })
+    }
+}
+
+/// The placements a front end offers beside `map_location`, composed in
+/// the order they decide (the CLI's `--place`, `--map-location`,
+/// `--budget`, `--balance`; Python's `place=`, `budget=`, `balance=`):
+/// name rules first, then the map location, the budget, the balance. A
+/// storage none of them places keeps its saved location.
+#[derive(Default)]
+pub struct Choices {
+    /// Tensor-name rules; the first match wins.
+    pub by_name: ByName,
+    /// The map location, for what no rule matched.
+    pub map_location: Option<Box<dyn Mapper>>,
+    /// GPUs filled in order up to their budget, then the host.
+    pub budget: Option<Budget>,
+    /// Storages spread by bytes over these devices.
+    pub balance: Option<Vec<Device>>,
+}
+
+impl fmt::Debug for Choices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Choices")
+            .field("by_name", &self.by_name)
+            .field("map_location", &self.map_location.is_some())
+            .field("budget", &self.budget)
+            .field("balance", &self.balance)
+            .finish()
+    }
+}
+
+impl Choices {
+    /// The one mapper these choices make for `ckpt` ([`Keep`] when none
+    /// is given).
+    pub fn mapper(self, ckpt: &Checkpoint) -> Box<dyn Mapper> {
+        let mut chain: Vec<Box<dyn Mapper>> = Vec::new();
+        if !self.by_name.0.is_empty() {
+            chain.push(Box::new(self.by_name));
+        }
+        chain.extend(self.map_location);
+        if let Some(budget) = self.budget {
+            chain.push(Box::new(budget));
+        }
+        if let Some(devices) = self.balance {
+            chain.push(Box::new(Balanced::new(ckpt, devices)));
+        }
+        match chain.len() {
+            0 => Box::new(Keep),
+            1 => chain.pop().unwrap_or_else(|| Box::new(Keep)),
+            _ => Box::new(First(chain)),
+        }
+    }
+}
+
 /// Composition: the first mapper that decides wins; `None` if none does.
 #[derive(Default)]
 pub struct First(pub Vec<Box<dyn Mapper>>);

@@ -13,13 +13,43 @@ pub use crate::glob::glob;
 pub use device_map::{DeviceMap, Placement};
 pub use location::{Device, Location, MapLocation, MAP_LOCATION_GRAMMAR};
 pub use mappers::{
-    Balanced, Budget, ByName, BySize, First, Keep, Mapper, StorageRequest, Table, To,
+    parse_size, Balanced, Budget, BudgetSpec, ByName, BySize, Choices, First, Keep, Mapper,
+    StorageRequest, Table, To,
 };
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::glob::glob_captures;
+
+    #[test]
+    fn budgets_and_sizes_parse() {
+        let budget = |t: &str| t.parse::<BudgetSpec>();
+        assert_eq!(budget("0.9").ok(), Some(BudgetSpec::Share(0.9)));
+        assert_eq!(budget("1").ok(), Some(BudgetSpec::Share(1.0)));
+        assert_eq!(budget("20GiB").ok(), Some(BudgetSpec::Bytes(20 << 30)));
+        assert_eq!(budget("512MB").ok(), Some(BudgetSpec::Bytes(512_000_000)));
+        assert_eq!(budget("1000000").ok(), Some(BudgetSpec::Bytes(1_000_000)));
+        assert_eq!(budget("80%").ok(), Some(BudgetSpec::Share(0.8)));
+        for bad in ["0%", "120%", "1.5", "-3", "lots", "0"] {
+            assert!(budget(bad).is_err(), "{bad}");
+        }
+        let small = budget("2").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(small.contains("2GiB") && small.contains("80%"), "{small}");
+        assert_eq!(parse_size("1.5GB"), Some(1_500_000_000));
+        assert_eq!(parse_size("2 KiB"), Some(2048));
+        assert_eq!(parse_size("1e30"), None);
+        assert_eq!(parse_size("99999999TiB"), None);
+        // A share rounds down; bytes are per GPU.
+        let totals = [(0, 1000), (3, 10)];
+        assert_eq!(
+            format!("{:?}", BudgetSpec::Share(0.55).budget(&totals)),
+            format!(
+                "{:?}",
+                Budget::new(vec![(Device::Cuda(0), 550), (Device::Cuda(3), 5)])
+            )
+        );
+    }
 
     #[test]
     fn locations_parse_and_print() {
