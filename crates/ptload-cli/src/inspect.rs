@@ -455,49 +455,97 @@ pub(crate) fn table(
     let Some(ckpt) = set.files().first().map(|f| &**f.checkpoint()) else {
         return Err("a set of no files".into());
     };
-    let names = file_names(set);
-    // A TARGET column only when a mapping moves something.
-    let mapped = rows.iter().any(|r| r.target != r.view.location());
-    let sliced = rows.iter().any(|r| r.slice.is_some());
-    let cells: Vec<Vec<String>> = rows
+    let shown = Columns::of(set, rows);
+    let cells: Vec<Vec<String>> = rows.iter().map(|r| shown.cells(r)).collect();
+    let header = shown.header();
+    let widths = column_widths(&header, &cells, columns);
+    let cells = shorten_names(cells, widths.first().copied().unwrap_or(0));
+    title_line(out, set, ckpt, label, shown.files.as_deref())?;
+    tensor_lines(out, &header, &cells, &widths, rows, hash)?;
+    totals_line(out, set, rows)?;
+    let values: Vec<&(String, Scalar)> = checkpoints(set).flat_map(|c| c.values()).collect();
+    values_table(out, &values, columns)?;
+    findings(out, set)?;
+    for w in set
+        .warnings()
         .iter()
-        .map(|r| {
-            let t = &r.view;
-            let mut row = vec![
-                display_name(&r.name).to_owned(),
-                t.dtype().name().to_owned(),
-                shape_text(t.shape()),
-                t.location().to_owned(),
-            ];
-            if mapped {
-                row.push(r.target.clone());
-            }
-            if sliced {
-                row.push(r.slice.map_or_else(
-                    || "whole".to_owned(),
-                    |s| format!("dim {} [{}..{}]", s.dim, s.start, s.start + s.len),
-                ));
-            }
-            if let Some(names) = &names {
-                row.push(names.get(r.file).cloned().unwrap_or_default());
-            }
-            row.push(human_size(t.info().nbytes));
-            row
-        })
-        .collect();
-    let mut header = vec!["NAME", "DTYPE", "SHAPE", "LOCATION"];
-    if mapped {
-        header.push("TARGET");
+        .chain(checkpoints(set).flat_map(|c| c.warnings()))
+    {
+        writeln!(out, "warning: {w}")?;
     }
-    if sliced {
-        header.push("SLICE");
+    Ok(())
+}
+
+/// Each file's checkpoint, in the set's order.
+fn checkpoints(set: &CheckpointSet) -> impl Iterator<Item = &ptload_reader::Checkpoint> {
+    set.files().iter().map(|f| &**f.checkpoint())
+}
+
+/// The table's optional columns, each shown only when some row needs it.
+struct Columns {
+    /// A TARGET column only when a mapping moves something.
+    mapped: bool,
+    /// A SLICE column when some row is a rank's slice.
+    sliced: bool,
+    /// A FILE column, with each file's name, for a set of several files.
+    files: Option<Vec<String>>,
+}
+
+impl Columns {
+    fn of(set: &CheckpointSet, rows: &[Row<'_>]) -> Self {
+        Columns {
+            mapped: rows.iter().any(|r| r.target != r.view.location()),
+            sliced: rows.iter().any(|r| r.slice.is_some()),
+            files: file_names(set),
+        }
     }
-    if names.is_some() {
-        header.push("FILE");
+
+    fn header(&self) -> Vec<&'static str> {
+        let mut header = vec!["NAME", "DTYPE", "SHAPE", "LOCATION"];
+        if self.mapped {
+            header.push("TARGET");
+        }
+        if self.sliced {
+            header.push("SLICE");
+        }
+        if self.files.is_some() {
+            header.push("FILE");
+        }
+        header.push("SIZE");
+        header
     }
-    header.push("SIZE");
+
+    /// One row's cells, in the header's order.
+    fn cells(&self, r: &Row<'_>) -> Vec<String> {
+        let t = &r.view;
+        let mut row = vec![
+            display_name(&r.name).to_owned(),
+            t.dtype().name().to_owned(),
+            shape_text(t.shape()),
+            t.location().to_owned(),
+        ];
+        if self.mapped {
+            row.push(r.target.clone());
+        }
+        if self.sliced {
+            row.push(r.slice.map_or_else(
+                || "whole".to_owned(),
+                |s| format!("dim {} [{}..{}]", s.dim, s.start, s.start + s.len),
+            ));
+        }
+        if let Some(names) = &self.files {
+            row.push(names.get(r.file).cloned().unwrap_or_default());
+        }
+        row.push(human_size(t.info().nbytes));
+        row
+    }
+}
+
+/// Each column's width: its widest cell or heading, the NAME column cut to
+/// what a terminal of `columns` leaves of it.
+fn column_widths(header: &[&str], cells: &[Vec<String>], columns: Option<usize>) -> Vec<usize> {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in &cells {
+    for row in cells {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
@@ -508,8 +556,12 @@ pub(crate) fn table(
     if let (Some(first), Some(budget)) = (widths.first_mut(), name_budget(columns, others)) {
         *first = (*first).min(budget);
     }
-    let name_width = widths.first().copied().unwrap_or(0);
-    let cells: Vec<Vec<String>> = cells
+    widths
+}
+
+/// The rows with each name longer than `name_width` shortened to it.
+fn shorten_names(cells: Vec<Vec<String>>, name_width: usize) -> Vec<Vec<String>> {
+    cells
         .into_iter()
         .map(|mut row| {
             if let Some(name) = row.first_mut() {
@@ -519,8 +571,18 @@ pub(crate) fn table(
             }
             row
         })
-        .collect();
-    match &names {
+        .collect()
+}
+
+/// The line above the table: the set's files or the checkpoint's format.
+fn title_line(
+    out: &mut impl Write,
+    set: &CheckpointSet,
+    ckpt: &ptload_reader::Checkpoint,
+    label: &str,
+    names: Option<&[String]>,
+) -> io::Result<()> {
+    match names {
         Some(names) => writeln!(
             out,
             "{label}: a set of {} files{}, {} checkpoints, {}-endian",
@@ -531,33 +593,32 @@ pub(crate) fn table(
                 .unwrap_or_default(),
             ckpt.format().name(),
             ckpt.byte_order().name(),
-        )?,
+        ),
         None => writeln!(
             out,
             "{label}: {} checkpoint, {}-endian, pickle protocol {}",
             ckpt.format().name(),
             ckpt.byte_order().name(),
             ckpt.pickle_protocol()
-        )?,
+        ),
     }
-    let line = |out: &mut dyn Write, cells: &[&str]| -> io::Result<()> {
-        let last = cells.len().saturating_sub(1);
-        let mut text = String::new();
-        for (i, (cell, &w)) in cells.iter().zip(&widths).enumerate() {
-            if i == last {
-                pad(&mut text, cell, w, true);
-            } else {
-                pad(&mut text, cell, w, false);
-                text.push_str("  ");
-            }
-        }
-        writeln!(out, "{text}")
-    };
-    line(out, &header)?;
+}
+
+/// The header and one line per tensor, each followed by its sha256 under
+/// `--hash`.
+fn tensor_lines(
+    out: &mut impl Write,
+    header: &[&str],
+    cells: &[Vec<String>],
+    widths: &[usize],
+    rows: &[Row<'_>],
+    hash: bool,
+) -> CliResult<()> {
+    table_line(out, header, widths)?;
     let bar = hash_bar(rows, hash);
     for (row, r) in cells.iter().zip(rows) {
         let refs: Vec<&str> = row.iter().map(String::as_str).collect();
-        line(out, &refs)?;
+        table_line(out, &refs, widths)?;
         if hash && r.view.storage().is_some() {
             writeln!(out, "    sha256 {}", sha256(&r.view)?)?;
         }
@@ -568,6 +629,26 @@ pub(crate) fn table(
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    Ok(())
+}
+
+/// One line of the table: cells padded to their column's width, the last
+/// one to the right.
+fn table_line(out: &mut impl Write, cells: &[&str], widths: &[usize]) -> io::Result<()> {
+    let last = cells.len().saturating_sub(1);
+    let mut text = String::new();
+    for (i, (cell, &w)) in cells.iter().zip(widths).enumerate() {
+        if i == last {
+            pad(&mut text, cell, w, true);
+        } else {
+            pad(&mut text, cell, w, false);
+            text.push_str("  ");
+        }
+    }
+    writeln!(out, "{text}")
+}
+
+fn totals_line(out: &mut impl Write, set: &CheckpointSet, rows: &[Row<'_>]) -> io::Result<()> {
     let totals = Totals::of(set, rows);
     writeln!(
         out,
@@ -576,12 +657,12 @@ pub(crate) fn table(
         totals.storages,
         human_size(totals.bytes),
         human_size(totals.stored_bytes)
-    )?;
-    let checkpoints = || set.files().iter().map(|f| &**f.checkpoint());
-    let values: Vec<&(String, Scalar)> = checkpoints().flat_map(|c| c.values()).collect();
-    values_table(out, &values, columns)?;
-    // In scan's vocabulary: what scan reports at unknown-call or above;
-    // then, apart, what --strict refuses.
+    )
+}
+
+/// In scan's vocabulary: what scan reports at unknown-call or above; then,
+/// apart, what --strict refuses.
+fn findings(out: &mut impl Write, set: &CheckpointSet) -> CliResult<()> {
     let found = suspicious(set).map_err(|e| e.render(&crate::terms::Flags))?;
     let (dangerous, calls): (Vec<_>, Vec<_>) =
         found.iter().partition(|g| g.level() == Level::Dangerous);
@@ -609,7 +690,7 @@ pub(crate) fn table(
         )?;
     }
     let outside = distinct_globals(
-        checkpoints()
+        checkpoints(set)
             .flat_map(|c| c.outside_allowlist())
             .map(|g| g.path()),
     );
@@ -619,13 +700,6 @@ pub(crate) fn table(
             "globals outside torch's weights_only allowlist (refused by --strict; read, never run): {}",
             outside.join(", ")
         )?;
-    }
-    for w in set
-        .warnings()
-        .iter()
-        .chain(checkpoints().flat_map(|c| c.warnings()))
-    {
-        writeln!(out, "warning: {w}")?;
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use crate::object::Objects;
 use crate::pickle::{Heap, Value, Vm};
 use crate::ranged::{fetch_until, Fetcher, FileView, RangeRead, COALESCE_GAP};
 use crate::source::Source;
-use crate::torch::decode::{decode_legacy, decode_zip};
+use crate::torch::decode::{decode_legacy, decode_zip, Decoded};
 use crate::torch::dtensor::DTensorSpec;
 use crate::torch::dtype::DType;
 use crate::torch::names::walk_all;
@@ -398,6 +398,155 @@ fn storage_infos(
     (storages, inflated)
 }
 
+/// The source's pickles run onto `heap`, read as the container they are
+/// found in; with them, the globals a pickle before a zip archive names
+/// (bytes torch's reader skips, and scan reports).
+fn decode_pickles(
+    source: &Source,
+    opts: &OpenOptions,
+    heap: &mut Heap,
+    interp: &mut TorchInterp<'_>,
+) -> Result<(Decoded, Vec<GlobalRef>)> {
+    let data = source.view();
+    let mut vm = Vm::new(&opts.limits, opts.encoding);
+    vm.cancel = opts.cancel.clone();
+    let mut leading = Vec::new();
+    let decoded = match detect(data)? {
+        Detected::Zip => {
+            if data.up_to(0, 4) != b"PK\x03\x04" {
+                let all = data.get(0..data.len()).ok_or_else(|| {
+                    Error::new(ErrorKind::Zip, "bytes before the archive not fetched yet")
+                })?;
+                leading = leading_globals(all, opts)?;
+            }
+            decode_zip(
+                data,
+                source.file(),
+                opts.assumed_byte_order,
+                &opts.limits,
+                heap,
+                interp,
+                &mut vm,
+            )?
+        }
+        Detected::Legacy => decode_legacy(data, heap, interp, &mut vm)?,
+    };
+    Ok((decoded, leading))
+}
+
+/// For the object graph: the first walked entry of each heap value, by
+/// object id (`NOT_WALKED` where none); empty without the graph.
+struct FirstWalked(Vec<u32>);
+
+impl FirstWalked {
+    const NOT_WALKED: u32 = u32::MAX;
+
+    fn of(heap: &Heap, tensors: &[(String, Value)], objects: bool) -> Self {
+        let mut walked_at: Vec<u32> = Vec::new();
+        if objects {
+            walked_at.resize(heap.len(), Self::NOT_WALKED);
+            for (i, (_, v)) in tensors.iter().enumerate() {
+                if let (Value::Obj(id), Ok(i)) = (v, u32::try_from(i)) {
+                    match walked_at.get_mut(*id as usize) {
+                        Some(slot) if *slot == Self::NOT_WALKED => *slot = i,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        FirstWalked(walked_at)
+    }
+
+    /// The walked entry of `v`, if the walk reached it.
+    fn entry(&self, v: Value) -> Option<usize> {
+        match v {
+            Value::Obj(id) => self
+                .0
+                .get(id as usize)
+                .filter(|&&i| i != Self::NOT_WALKED)
+                .map(|&i| i as usize),
+            _ => None,
+        }
+    }
+}
+
+/// The DTensors among a file's tensors: each one's index and its layout.
+type DTensors = Vec<(u32, DTensorSpec)>;
+
+/// Each tensor the walk named, checked against its storage, and the
+/// DTensors among them by index.
+fn walked_tensors(
+    heap: &Heap,
+    walked: Vec<(String, Value)>,
+    storages: &[StorageInfo],
+    limits: &Limits,
+) -> Result<(Vec<TensorInfo>, DTensors)> {
+    let mut tensors = Vec::with_capacity(walked.len());
+    let mut dtensors = Vec::new();
+    for (name, value) in walked {
+        // Indices must stay those of `by_name`: nothing is skipped.
+        if let Some(TorchObj::Tensor(meta)) = heap.torch(value) {
+            if let Some(spec) = &meta.dtensor {
+                let at = u32::try_from(tensors.len())
+                    .map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
+                dtensors.push((at, (**spec).clone()));
+            }
+        }
+        tensors.push(walked_tensor(heap, name, value, storages, limits)?);
+    }
+    Ok((tensors, dtensors))
+}
+
+/// The object graph under `root`: a tensor the walk reached is copied from
+/// its entry, any other described as `<node N>`.
+fn object_graph(
+    heap: &Heap,
+    root: Value,
+    first_walked: &FirstWalked,
+    tensors: &[TensorInfo],
+    storages: &[StorageInfo],
+    limits: &Limits,
+) -> Result<Objects> {
+    let walked = |v: Value| first_walked.entry(v).and_then(|i| tensors.get(i));
+    let mut make = |v: Value, node: usize| match (walked(v), heap.torch(v)) {
+        (Some(t), _) => Ok(t.clone()),
+        (None, Some(TorchObj::Tensor(meta))) => {
+            tensor_info(heap, format!("<node {node}>"), meta, storages, limits)
+        }
+        _ => Err(Error::new(ErrorKind::Tensor, "not a tensor")),
+    };
+    crate::object::build(heap, root, limits, tensors.len(), &mut make)
+}
+
+/// The warning for a file holding DTensors: what each of its entries is.
+fn dtensor_warning(dtensors: &[(u32, DTensorSpec)]) -> Option<String> {
+    let (_, spec) = dtensors.first()?;
+    Some(format!(
+        "{} tensors are DTensors: each is listed as this file's local part (rank {} at \
+         {:?} on a mesh of {:?}); open every rank's file as one set for whole tensors",
+        dtensors.len(),
+        spec.rank.map_or_else(|| "?".to_owned(), |r| r.to_string()),
+        spec.coordinate,
+        spec.mesh
+    ))
+}
+
+impl Fetched {
+    /// Nothing fetched yet of `storages`, those stored in the file ordered
+    /// by offset.
+    fn for_storages(storages: &[StorageInfo]) -> Fetched {
+        let mut order: Vec<usize> = (0..storages.len())
+            .filter(|&i| storages.get(i).is_some_and(|s| s.file_offset.is_some()))
+            .collect();
+        order.sort_by_key(|&i| storages.get(i).and_then(|s| s.file_offset));
+        Fetched {
+            storages: storages.iter().map(|_| Default::default()).collect(),
+            order,
+            lock: Default::default(),
+        }
+    }
+}
+
 impl Checkpoint {
     /// Open the checkpoint at `path` with default options.
     pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
@@ -423,32 +572,9 @@ impl Checkpoint {
     }
 
     fn decode(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
-        let data = source.view();
         let mut heap = Heap::new(&opts.limits);
         let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);
-        let mut vm = Vm::new(&opts.limits, opts.encoding);
-        vm.cancel = opts.cancel.clone();
-        let mut leading = Vec::new();
-        let decoded = match detect(data)? {
-            Detected::Zip => {
-                if data.up_to(0, 4) != b"PK\x03\x04" {
-                    let all = data.get(0..data.len()).ok_or_else(|| {
-                        Error::new(ErrorKind::Zip, "bytes before the archive not fetched yet")
-                    })?;
-                    leading = leading_globals(all, opts)?;
-                }
-                decode_zip(
-                    data,
-                    source.file(),
-                    opts.assumed_byte_order,
-                    &opts.limits,
-                    &mut heap,
-                    &mut interp,
-                    &mut vm,
-                )?
-            }
-            Detected::Legacy => decode_legacy(data, &mut heap, &mut interp, &mut vm)?,
-        };
+        let (decoded, leading) = decode_pickles(&source, opts, &mut heap, &mut interp)?;
         let walked = walk_all(
             &heap,
             &decoded.roots,
@@ -465,92 +591,25 @@ impl Checkpoint {
             ));
         }
         let (storages, inflated) = storage_infos(decoded.storages, decoded.bytes);
-        let mut tensors = Vec::with_capacity(walked.tensors.len());
-        // For the object graph: the first walked entry of each heap value,
-        // by object id (`NOT_WALKED` where none).
-        const NOT_WALKED: u32 = u32::MAX;
-        let mut walked_at: Vec<u32> = Vec::new();
-        if opts.objects {
-            walked_at.resize(heap.len(), NOT_WALKED);
-            for (i, (_, v)) in walked.tensors.iter().enumerate() {
-                if let (Value::Obj(id), Ok(i)) = (v, u32::try_from(i)) {
-                    match walked_at.get_mut(*id as usize) {
-                        Some(slot) if *slot == NOT_WALKED => *slot = i,
-                        _ => {}
-                    }
-                }
-            }
-        }
-        let mut dtensors = Vec::new();
+        let first_walked = FirstWalked::of(&heap, &walked.tensors, opts.objects);
         let mut warnings = decoded.notes;
         warnings.extend(walked.warnings);
-        for (name, value) in walked.tensors {
-            // Indices must stay those of `by_name`: nothing is skipped.
-            if let Some(TorchObj::Tensor(meta)) = heap.torch(value) {
-                if let Some(spec) = &meta.dtensor {
-                    let at = u32::try_from(tensors.len())
-                        .map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
-                    dtensors.push((at, (**spec).clone()));
-                }
-            }
-            tensors.push(walked_tensor(&heap, name, value, &storages, &opts.limits)?);
-        }
+        let (tensors, dtensors) = walked_tensors(&heap, walked.tensors, &storages, &opts.limits)?;
         let objects = match objects_root.filter(|_| opts.objects) {
             None => None,
-            Some(root) => {
-                // A tensor the walk reached is copied from its entry.
-                let walked = |v: Value| match v {
-                    Value::Obj(id) => walked_at
-                        .get(id as usize)
-                        .filter(|&&i| i != NOT_WALKED)
-                        .and_then(|&i| tensors.get(i as usize)),
-                    _ => None,
-                };
-                let mut make = |v: Value, node: usize| match (walked(v), heap.torch(v)) {
-                    (Some(t), _) => Ok(t.clone()),
-                    (None, Some(TorchObj::Tensor(meta))) => tensor_info(
-                        &heap,
-                        format!("<node {node}>"),
-                        meta,
-                        &storages,
-                        &opts.limits,
-                    ),
-                    _ => Err(Error::new(ErrorKind::Tensor, "not a tensor")),
-                };
-                Some(crate::object::build(
-                    &heap,
-                    root,
-                    &opts.limits,
-                    tensors.len(),
-                    &mut make,
-                )?)
-            }
+            Some(root) => Some(object_graph(
+                &heap,
+                root,
+                &first_walked,
+                &tensors,
+                &storages,
+                &opts.limits,
+            )?),
         };
-        if let Some((_, spec)) = dtensors.first() {
-            warnings.push(format!(
-                "{} tensors are DTensors: each is listed as this file's local part (rank {} at \
-                 {:?} on a mesh of {:?}); open every rank's file as one set for whole tensors",
-                dtensors.len(),
-                spec.rank.map_or_else(|| "?".to_owned(), |r| r.to_string()),
-                spec.coordinate,
-                spec.mesh
-            ));
-        }
-        let format = decoded.format;
-        let end = decoded.end;
+        warnings.extend(dtensor_warning(&dtensors));
         let fetched = match source.fetcher() {
             None => Fetched::default(),
-            Some(_) => {
-                let mut order: Vec<usize> = (0..storages.len())
-                    .filter(|&i| storages.get(i).is_some_and(|s| s.file_offset.is_some()))
-                    .collect();
-                order.sort_by_key(|&i| storages.get(i).and_then(|s| s.file_offset));
-                Fetched {
-                    storages: storages.iter().map(|_| Default::default()).collect(),
-                    order,
-                    lock: Default::default(),
-                }
-            }
+            Some(_) => Fetched::for_storages(&storages),
         };
         Ok(Checkpoint {
             source,
@@ -558,7 +617,7 @@ impl Checkpoint {
             lazy: None,
             inputs: Vec::new(),
             inflated,
-            format,
+            format: decoded.format,
             byte_order: decoded.byte_order,
             pickle_protocol: decoded.protocol,
             storages,
@@ -574,7 +633,7 @@ impl Checkpoint {
             work: heap.work().saturating_add(walked.steps),
             objects,
             scattered: std::sync::atomic::AtomicBool::new(false),
-            end,
+            end: decoded.end,
             fetched,
         })
     }

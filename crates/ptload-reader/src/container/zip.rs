@@ -357,61 +357,13 @@ impl<'d> Archive<'d> {
         let eocd = find_eocd_in(data)
             .ok_or_else(|| zip_err("no end-of-central-directory record (truncated archive?)"))?;
         let dir = read_directory_location(data, eocd, !absolute)?;
-        let recorded_end = dir
-            .cd_offset
-            .checked_add(dir.cd_size)
-            .ok_or_else(|| zip_err("central directory offset overflows"))?;
-        let prefix_len = if absolute {
-            0
-        } else {
-            dir.cd_end_actual.checked_sub(recorded_end).ok_or_else(|| {
-                zip_err(format!(
-                    "central directory (offset {:#x}, {} bytes) lies outside the file",
-                    dir.cd_offset, dir.cd_size
-                ))
-                .at(eocd as u64)
-            })?
-        };
-        // Bytes that start with a local header yet end with the directory
-        // of an archive further on hold several archives one after another
-        // (torch.save called twice on one stream): the archive they start
-        // with is the checkpoint, as torch's reader reads it, not the last.
-        if rules == Rules::Canonical && prefix_len > 0 && data.up_to(0, 4) == b"PK\x03\x04" {
-            // Several archives: only whole bytes can be searched for the
-            // first one's end (a view of fetched ranges asks for them all).
-            let all = data
-                .get(0..data.len())
-                .ok_or_else(|| zip_err("several archives one after another"))?;
-            if let Some(end) = first_archive_end(all).filter(|&end| end < all.len()) {
-                let first = all.get(..end).unwrap_or(all);
-                return Archive::parse_inner(FileView::Whole(first), headers, limits, rules, false);
-            }
+        let prefix_len = prefix_len(&dir, eocd, absolute)?;
+        if let Some(first) = first_of_several(data, rules, prefix_len)? {
+            return Archive::parse_inner(FileView::Whole(first), headers, limits, rules, false);
         }
         let cd_start = prefix_len + dir.cd_offset;
-        let cd = data
-            .slice(cd_start, dir.cd_size)
-            .ok_or_else(|| zip_err("central directory lies outside the file").at(cd_start))?;
-        // Every central entry takes at least 46 bytes: a count that cannot fit
-        // is a lie, and is rejected before anything is allocated for it.
-        let count = usize::try_from(dir.count).unwrap_or(usize::MAX);
-        if count > cd.len() / CENTRAL_LEN {
-            return Err(zip_err(format!(
-                "entry count {} does not fit in a {}-byte central directory",
-                dir.count,
-                cd.len()
-            ))
-            .at(eocd as u64));
-        }
-        if count > limits.max_zip_entries {
-            return Err(Error::limit(
-                "max_zip_entries",
-                limits.max_zip_entries as u64,
-            ));
-        }
-        let mut entries: Vec<Entry<'d>> = Vec::with_capacity(count);
-        let hasher = hashbrown::DefaultHashBuilder::default();
-        let mut by_name = hashbrown::HashTable::with_capacity(count);
-        let mut locals = Vec::with_capacity(count);
+        let (cd, count) = central_directory(data, &dir, cd_start, eocd, limits)?;
+        let mut listing = Listing::with_capacity(count);
         let headers = match headers {
             Headers::File(_) if (data.len() as u64) / (count.max(1) as u64) < SPREAD_FOR_PREAD => {
                 Headers::Map
@@ -425,10 +377,8 @@ impl<'d> Archive<'d> {
                 return Err(zip_err("local headers not fetched yet"));
             }
         }
-        let mut scratch = Vec::new();
-        let mut disagreements = Vec::new();
-        let mut broken_locals = Vec::new();
         let mut r = ByteReader::new(cd, ErrorKind::Zip);
+        let mut scratch = Vec::new();
         for _ in 0..count {
             let at = cd_start + r.pos() as u64;
             let read = read_central(
@@ -438,79 +388,25 @@ impl<'d> Archive<'d> {
                 &mut scratch,
                 prefix_len,
                 cd_start,
-                (rules == Rules::Tolerant).then_some(&mut disagreements),
+                (rules == Rules::Tolerant).then_some(&mut listing.disagreements),
             )
             .map_err(|e| e.at(at))?;
-            let (entry, local) = match read {
-                Central::Entry(entry, local) => (entry, local),
-                Central::BrokenLocal(name, local) => {
-                    broken_locals.push((name, local));
-                    continue;
-                }
-            };
-            let hash = hasher.hash_one(entry.name);
-            let index = u32::try_from(entries.len()).map_err(|_| zip_err("too many entries"))?;
-            match by_name.entry(
-                hash,
-                |&i: &u32| name_of(&entries, i) == entry.name,
-                |&i: &u32| hasher.hash_one(name_of(&entries, i)),
-            ) {
-                hashbrown::hash_table::Entry::Occupied(mut slot) => {
-                    if rules == Rules::Canonical {
-                        return Err(
-                            zip_err(format!("duplicate entry name {:?}", entry.name)).at(at)
-                        );
-                    }
-                    disagreements.push((format!("duplicate entry name {:?}", entry.name), at));
-                    // Lookups find the last of duplicates.
-                    *slot.get_mut() = index;
-                }
-                hashbrown::hash_table::Entry::Vacant(slot) => {
-                    slot.insert(index);
-                }
-            }
-            locals.push((local, entries.len()));
-            entries.push(entry);
+            listing.add(read, at, rules)?;
         }
-        // A name left out with a broken local header must still be one
-        // name once: torch's lookup may find the broken one.
         if rules == Rules::Canonical {
-            let mut names = std::collections::HashSet::with_capacity(broken_locals.len());
-            for &(name, local) in &broken_locals {
-                let listed = by_name
-                    .find(hasher.hash_one(name), |&i| name_of(&entries, i) == name)
-                    .is_some();
-                if listed || !names.insert(name) {
-                    return Err(zip_err(format!("duplicate entry name {name:?}")).at(local));
-                }
-            }
+            listing.refuse_broken_duplicates()?;
         }
-        // No two entries may share bytes: each entry's data must end before
-        // the next local header starts.
-        locals.sort_unstable();
-        let first_local = locals.first().map_or(data.len() as u64, |&(at, _)| at);
-        for pair in locals.windows(2) {
-            if let [(_, a), (next_local, _)] = pair {
-                let a = entries.get(*a).ok_or_else(|| zip_err("entry index"))?;
-                if a.data_start.saturating_add(a.compressed_size) > *next_local {
-                    let message = format!("entry {:?} overlaps the next entry", a.name);
-                    if rules == Rules::Canonical {
-                        return Err(zip_err(message).at(a.data_start));
-                    }
-                    disagreements.push((message, a.data_start));
-                }
-            }
-        }
+        let first_local = listing.check_overlaps(data.len() as u64, rules)?;
         Ok(Archive {
-            entries,
-            by_name,
-            hasher,
+            entries: listing.entries,
+            by_name: listing.by_name,
+            hasher: listing.hasher,
             end: eocd_end(data, eocd).unwrap_or(data.len()),
             cd_start,
             prefix_len,
             first_local,
-            disagreements,
-            broken_locals,
+            disagreements: listing.disagreements,
+            broken_locals: listing.broken_locals,
         })
     }
 
@@ -630,6 +526,185 @@ impl<'d> Archive<'d> {
             .by_name
             .find(hash, |&i| name_of(&self.entries, i) == name)?;
         self.entries.get(i as usize)
+    }
+}
+
+/// How far every offset the directory `dir` records is shifted in the
+/// bytes (bytes before the archive); none when offsets are `absolute`.
+fn prefix_len(dir: &Directory, eocd: usize, absolute: bool) -> Result<u64> {
+    let recorded_end = dir
+        .cd_offset
+        .checked_add(dir.cd_size)
+        .ok_or_else(|| zip_err("central directory offset overflows"))?;
+    if absolute {
+        return Ok(0);
+    }
+    dir.cd_end_actual.checked_sub(recorded_end).ok_or_else(|| {
+        zip_err(format!(
+            "central directory (offset {:#x}, {} bytes) lies outside the file",
+            dir.cd_offset, dir.cd_size
+        ))
+        .at(eocd as u64)
+    })
+}
+
+/// The first archive of several one after another, where there are such.
+///
+/// Bytes that start with a local header yet end with the directory of an
+/// archive further on hold several archives one after another (torch.save
+/// called twice on one stream): the archive they start with is the
+/// checkpoint, as torch's reader reads it, not the last.
+fn first_of_several<'d>(
+    data: FileView<'d>,
+    rules: Rules,
+    prefix_len: u64,
+) -> Result<Option<&'d [u8]>> {
+    if rules == Rules::Canonical && prefix_len > 0 && data.up_to(0, 4) == b"PK\x03\x04" {
+        // Several archives: only whole bytes can be searched for the
+        // first one's end (a view of fetched ranges asks for them all).
+        let all = data
+            .get(0..data.len())
+            .ok_or_else(|| zip_err("several archives one after another"))?;
+        if let Some(end) = first_archive_end(all).filter(|&end| end < all.len()) {
+            return Ok(Some(all.get(..end).unwrap_or(all)));
+        }
+    }
+    Ok(None)
+}
+
+/// The central directory's bytes, starting at `cd_start`, and its entry
+/// count, checked against the bytes and the limits before anything is
+/// allocated for it.
+fn central_directory<'d>(
+    data: FileView<'d>,
+    dir: &Directory,
+    cd_start: u64,
+    eocd: usize,
+    limits: &Limits,
+) -> Result<(&'d [u8], usize)> {
+    let cd = data
+        .slice(cd_start, dir.cd_size)
+        .ok_or_else(|| zip_err("central directory lies outside the file").at(cd_start))?;
+    // Every central entry takes at least 46 bytes: a count that cannot fit
+    // is a lie, and is rejected before anything is allocated for it.
+    let count = usize::try_from(dir.count).unwrap_or(usize::MAX);
+    if count > cd.len() / CENTRAL_LEN {
+        return Err(zip_err(format!(
+            "entry count {} does not fit in a {}-byte central directory",
+            dir.count,
+            cd.len()
+        ))
+        .at(eocd as u64));
+    }
+    if count > limits.max_zip_entries {
+        return Err(Error::limit(
+            "max_zip_entries",
+            limits.max_zip_entries as u64,
+        ));
+    }
+    Ok((cd, count))
+}
+
+/// The central directory's entries as they are read, indexed by name, with
+/// what an [`Archive`] notes of them.
+struct Listing<'d> {
+    entries: Vec<Entry<'d>>,
+    /// Indices of `entries`, hashed by name.
+    by_name: hashbrown::HashTable<u32>,
+    hasher: hashbrown::DefaultHashBuilder,
+    /// Each entry's local header offset and its index in `entries`.
+    locals: Vec<(u64, usize)>,
+    disagreements: Vec<(String, u64)>,
+    broken_locals: Vec<(&'d str, u64)>,
+}
+
+impl<'d> Listing<'d> {
+    fn with_capacity(count: usize) -> Self {
+        Listing {
+            entries: Vec::with_capacity(count),
+            by_name: hashbrown::HashTable::with_capacity(count),
+            hasher: hashbrown::DefaultHashBuilder::default(),
+            locals: Vec::with_capacity(count),
+            disagreements: Vec::new(),
+            broken_locals: Vec::new(),
+        }
+    }
+
+    /// Take what `read_central` read of the central entry at `at`: an
+    /// entry under its name (a duplicate refused under canonical rules,
+    /// noted under tolerant ones, where lookups find the last), or an entry
+    /// left out for its broken local header.
+    fn add(&mut self, read: Central<'d>, at: u64, rules: Rules) -> Result<()> {
+        let (entry, local) = match read {
+            Central::Entry(entry, local) => (entry, local),
+            Central::BrokenLocal(name, local) => {
+                self.broken_locals.push((name, local));
+                return Ok(());
+            }
+        };
+        let hash = self.hasher.hash_one(entry.name);
+        let index = u32::try_from(self.entries.len()).map_err(|_| zip_err("too many entries"))?;
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        match self.by_name.entry(
+            hash,
+            |&i: &u32| name_of(entries, i) == entry.name,
+            |&i: &u32| hasher.hash_one(name_of(entries, i)),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(mut slot) => {
+                if rules == Rules::Canonical {
+                    return Err(zip_err(format!("duplicate entry name {:?}", entry.name)).at(at));
+                }
+                self.disagreements
+                    .push((format!("duplicate entry name {:?}", entry.name), at));
+                // Lookups find the last of duplicates.
+                *slot.get_mut() = index;
+            }
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                slot.insert(index);
+            }
+        }
+        self.locals.push((local, self.entries.len()));
+        self.entries.push(entry);
+        Ok(())
+    }
+
+    /// A name left out with a broken local header must still be one name
+    /// once: torch's lookup may find the broken one.
+    fn refuse_broken_duplicates(&self) -> Result<()> {
+        let mut names = std::collections::HashSet::with_capacity(self.broken_locals.len());
+        for &(name, local) in &self.broken_locals {
+            let listed = self
+                .by_name
+                .find(self.hasher.hash_one(name), |&i| {
+                    name_of(&self.entries, i) == name
+                })
+                .is_some();
+            if listed || !names.insert(name) {
+                return Err(zip_err(format!("duplicate entry name {name:?}")).at(local));
+            }
+        }
+        Ok(())
+    }
+
+    /// No two entries may share bytes: each entry's data must end before
+    /// the next local header starts. Where the first local header lies
+    /// (`file_len` when there is none).
+    fn check_overlaps(&mut self, file_len: u64, rules: Rules) -> Result<u64> {
+        self.locals.sort_unstable();
+        let first_local = self.locals.first().map_or(file_len, |&(at, _)| at);
+        for pair in self.locals.windows(2) {
+            if let [(_, a), (next_local, _)] = pair {
+                let a = self.entries.get(*a).ok_or_else(|| zip_err("entry index"))?;
+                if a.data_start.saturating_add(a.compressed_size) > *next_local {
+                    let message = format!("entry {:?} overlaps the next entry", a.name);
+                    if rules == Rules::Canonical {
+                        return Err(zip_err(message).at(a.data_start));
+                    }
+                    self.disagreements.push((message, a.data_start));
+                }
+            }
+        }
+        Ok(first_local)
     }
 }
 
