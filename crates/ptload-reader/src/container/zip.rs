@@ -354,13 +354,23 @@ impl<'d> Archive<'d> {
         rules: Rules,
         absolute: bool,
     ) -> Result<Archive<'d>> {
-        let eocd = find_eocd_in(data)
-            .ok_or_else(|| zip_err("no end-of-central-directory record (truncated archive?)"))?;
-        let dir = read_directory_location(data, eocd, !absolute)?;
-        let prefix_len = prefix_len(&dir, eocd, absolute)?;
-        if let Some(first) = first_of_several(data, rules, prefix_len)? {
-            return Archive::parse_inner(FileView::Whole(first), headers, limits, rules, false);
-        }
+        let (mut data, mut absolute) = (data, absolute);
+        let mut searched = false;
+        let (eocd, dir, prefix_len) = loop {
+            let eocd = find_eocd_in(data).ok_or_else(|| {
+                zip_err("no end-of-central-directory record (truncated archive?)")
+            })?;
+            let dir = read_directory_location(data, eocd, !absolute)?;
+            let prefix_len = prefix_len(&dir, eocd, absolute)?;
+            // Several archives: the first is read, once (its own bytes are
+            // never searched again, whatever its comment holds).
+            match first_of_several(data, rules, prefix_len)?.filter(|_| !searched) {
+                Some(first) => {
+                    (data, absolute, searched) = (FileView::Whole(first), false, true);
+                }
+                None => break (eocd, dir, prefix_len),
+            }
+        };
         let cd_start = prefix_len + dir.cd_offset;
         let (cd, count) = central_directory(data, &dir, cd_start, eocd, limits)?;
         let mut listing = Listing::with_capacity(count);
