@@ -413,6 +413,25 @@ struct Scanner<'l> {
 }
 
 impl Scanner<'_> {
+    /// Scan a zip entry's `bytes` (read from `entry`): an `.npz` member's
+    /// pickle only when it is an object array, any other entry from its
+    /// first byte; offsets in the file only for a stored entry.
+    fn entry_pickle(&mut self, bytes: &[u8], entry: &zip::Entry<'_>, reach: bool) {
+        let base = match entry.method {
+            Method::Stored => Some(entry.data_start),
+            Method::Deflated => None,
+        };
+        if entry.name.ends_with(".npy") {
+            if let Some(start) = npy_pickle(bytes) {
+                let source = PickleSource::NumpyArray(entry.name.to_owned());
+                self.run(bytes, start, source, false, 0, base);
+            }
+        } else {
+            let source = PickleSource::Entry(entry.name.to_owned());
+            self.run(bytes, 0, source, reach, 0, base);
+        }
+    }
+
     /// Run one pickle of `data` from `start`; record it; return its end and
     /// whether its value is the legacy magic number.
     fn run(
@@ -719,20 +738,7 @@ impl Scanner<'_> {
                     what: format!("{e}; torch reads it anyway"),
                 });
             }
-            let base = match entry.method {
-                Method::Stored => Some(entry.data_start),
-                Method::Deflated => None,
-            };
-            // An `.npz` member: only an object array holds a pickle.
-            if entry.name.ends_with(".npy") {
-                if let Some(start) = npy_pickle(&bytes) {
-                    let source = PickleSource::NumpyArray(entry.name.to_owned());
-                    self.run(&bytes, start, source, false, 0, base);
-                }
-                continue;
-            }
-            let source = PickleSource::Entry(entry.name.to_owned());
-            self.run(&bytes, 0, source, reach, 0, base);
+            self.entry_pickle(&bytes, entry, reach);
         }
         self.hidden_locals(data, &archive, seen, &mut budget);
         Some(archive.cd_start())
@@ -787,19 +793,7 @@ impl Scanner<'_> {
                     continue;
                 }
             };
-            let base = match entry.method {
-                Method::Stored => Some(entry.data_start),
-                Method::Deflated => None,
-            };
-            if entry.name.ends_with(".npy") {
-                if let Some(start) = npy_pickle(&bytes) {
-                    let source = PickleSource::NumpyArray(entry.name.to_owned());
-                    self.run(&bytes, start, source, false, 0, base);
-                }
-                continue;
-            }
-            let source = PickleSource::Entry(entry.name.to_owned());
-            self.run(&bytes, 0, source, false, 0, base);
+            self.entry_pickle(&bytes, entry, false);
         }
     }
 
