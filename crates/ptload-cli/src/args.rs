@@ -36,6 +36,10 @@ pub(crate) struct OpenArgs {
     /// truncate or rewrite meanwhile (a mapped file that shrinks ends the process).
     #[arg(long = "no-mmap")]
     pub(crate) no_mmap: bool,
+    /// Read by positioned reads (pread) instead of mapping: only what is parsed and the
+    /// tensors asked for, for network file systems where mapped reads are slow or stall.
+    #[arg(long, conflicts_with = "no_mmap")]
+    pub(crate) pread: bool,
 }
 
 /// `convert --metadata`.
@@ -55,7 +59,8 @@ impl OpenArgs {
                 Policy::Default
             })
             .encoding(self.encoding)
-            .in_memory(self.no_mmap);
+            .in_memory(self.no_mmap)
+            .positioned(self.pread);
         for g in self.allow_global.iter().flat_map(|list| list.split(',')) {
             if !g.trim().is_empty() {
                 opts = opts.allow_global(g.trim());

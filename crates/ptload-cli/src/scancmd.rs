@@ -25,6 +25,8 @@ pub(crate) struct ScanRequest {
     pub(crate) format: ScanFormat,
     pub(crate) fail_on: Level,
     pub(crate) in_memory: bool,
+    /// Read local files by positioned reads, only the parts scanned.
+    pub(crate) positioned: bool,
 }
 
 /// Parse `--fail-on`: a level's name.
@@ -308,13 +310,21 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
     if let Some(scan) = not_scanned(&file, &head_of(path), len) {
         return scan;
     }
-    let report = match scan::scan_file(path, &Limits::default(), request.in_memory) {
+    let report = if request.positioned {
+        ptload_reader::ranged::LocalFile::open(path)
+            .and_then(|f| scan::scan_ranged(Arc::new(f), &Limits::default()))
+            .map(|(report, _)| report)
+    } else {
+        scan::scan_file(path, &Limits::default(), request.in_memory)
+    };
+    let report = match report {
         Ok(r) => r,
         Err(e) => return FileScan::bare(file, "unreadable", crate::terms::error_text(&e)),
     };
     let opened = || {
         OpenOptions::new()
             .in_memory(request.in_memory)
+            .positioned(request.positioned)
             .open(path)
             .err()
             .map(|e| crate::terms::error_text(&e))

@@ -81,10 +81,13 @@ fn the_input_is_never_the_output() {
     std::fs::hard_link(&input, &hardlink).expect("hard link");
     let dotted = dir.join(".").join("model.pt");
     for output in [&input, &symlink, &hardlink, &dotted] {
-        for force in [false, true] {
+        for (force, pread) in [(false, false), (true, false), (true, true)] {
             let mut args = vec!["convert", s(&input), s(output)];
             if force {
                 args.push("--force");
+            }
+            if pread {
+                args.push("--pread");
             }
             let out = ptload(&args);
             assert_eq!(out.status.code(), Some(2), "{output:?}: {}", stderr(&out));
@@ -319,4 +322,44 @@ fn no_mmap_reads_the_same() {
         assert_eq!(mapped.status.code(), Some(0), "{name}: {}", stderr(&mapped));
         assert_eq!(mapped.stdout, read.stdout, "{name}");
     }
+}
+
+/// `--pread` reads by positioned reads what a map gives, and says how
+/// much it read; `scan --pread` gives the mapped verdict.
+#[test]
+fn positioned_reads_read_the_same() {
+    let without_fetched = |o: &Output| {
+        let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let fetched = v.as_object_mut().and_then(|m| m.remove("fetched"));
+        (v, fetched)
+    };
+    for name in ["basic.pt", "legacy.pt", "bigendian.pt", "many_tensors.pt"] {
+        let path = fixture(name);
+        let mapped = ptload(&["inspect", "--json", "--hash", s(&path)]);
+        let pread = ptload(&["inspect", "--json", "--hash", "--pread", s(&path)]);
+        assert_eq!(mapped.status.code(), Some(0), "{name}: {}", stderr(&mapped));
+        assert_eq!(pread.status.code(), Some(0), "{name}: {}", stderr(&pread));
+        let (mapped, none) = without_fetched(&mapped);
+        let (pread, fetched) = without_fetched(&pread);
+        assert_eq!(mapped, pread, "{name}");
+        assert!(none.is_none(), "{name}");
+        let read = fetched.expect("bytes read")["bytes"]
+            .as_u64()
+            .expect("bytes");
+        let len = std::fs::metadata(&path).expect("size").len();
+        assert!(read > 0 && read <= len, "{name}: {read} of {len}");
+        let scans: Vec<_> = [&["scan", "--json"][..], &["scan", "--json", "--pread"][..]]
+            .iter()
+            .map(|a| {
+                let mut args = a.to_vec();
+                args.push(s(&path));
+                let o = ptload(&args);
+                let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+                (o.status.code(), v["files"][0]["level"].clone())
+            })
+            .collect();
+        assert_eq!(scans[0], scans[1], "{name}");
+    }
+    let both = ptload(&["inspect", "--pread", "--no-mmap", s(&fixture("basic.pt"))]);
+    assert_eq!(both.status.code(), Some(2), "{}", stderr(&both));
 }

@@ -42,6 +42,7 @@ pub struct OpenOptions {
     encoding: StringEncoding,
     allowed_globals: Vec<String>,
     in_memory: bool,
+    positioned: bool,
     objects: bool,
     cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     assumed_byte_order: ByteOrder,
@@ -134,11 +135,31 @@ impl OpenOptions {
         self
     }
 
-    /// Open the file at `path`: memory-mapped, or read into memory with
-    /// [`in_memory`](Self::in_memory).
+    /// Read the file by positioned reads (`pread`) instead of mapping it:
+    /// opening reads only the parts it parses, as for a URL (see
+    /// [`open_ranged`](Self::open_ranged)), and each storage's bytes are
+    /// read into memory when a tensor over it is first read.
+    ///
+    /// For network file systems, where a map's page faults and readahead
+    /// are slow or stall, and for files that may change underneath: a
+    /// shrunk file gives an error, never SIGBUS. [`in_memory`](Self::in_memory)
+    /// takes precedence. The `.distcp` files of a distributed checkpoint
+    /// are mapped whatever this says.
+    pub fn positioned(mut self, yes: bool) -> Self {
+        self.positioned = yes;
+        self
+    }
+
+    /// Open the file at `path`: memory-mapped, read into memory with
+    /// [`in_memory`](Self::in_memory), or by positioned reads with
+    /// [`positioned`](Self::positioned).
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint> {
         let source = if self.in_memory {
             Source::read(path.as_ref())?
+        } else if self.positioned {
+            let (file, identity) = crate::ranged::LocalFile::open_identified(path.as_ref())?;
+            let fetcher = Fetcher::new(std::sync::Arc::new(file)).with_identity(identity);
+            return self.open_fetched(fetcher);
         } else {
             Source::map(path.as_ref())?
         };
@@ -153,7 +174,11 @@ impl OpenOptions {
     /// storages after it that are not read yet, each range read once).
     /// Tensors' bytes are then owned buffers, never borrowed from a map.
     pub fn open_ranged(&self, reader: std::sync::Arc<dyn RangeRead>) -> Result<Checkpoint> {
-        let fetcher = std::sync::Arc::new(Fetcher::new(reader));
+        self.open_fetched(Fetcher::new(reader))
+    }
+
+    fn open_fetched(&self, fetcher: Fetcher) -> Result<Checkpoint> {
+        let fetcher = std::sync::Arc::new(fetcher);
         fetch_until(&fetcher, self.limits.max_open_fetch_bytes, |extents| {
             Checkpoint::load(Source::ranged(fetcher.clone(), extents), self)
         })?
@@ -1127,7 +1152,9 @@ impl Checkpoint {
     /// together from parts (a distributed checkpoint) has none.
     pub fn suspicious(&self) -> Result<Vec<crate::scan::GlobalUse>> {
         let report = match self.source.fetcher() {
-            Some(fetcher) => crate::scan::scan_fetched(fetcher, &self.limits)?,
+            Some(fetcher) => {
+                crate::scan::scan_fetched(fetcher, self.source.extents(), &self.limits)?
+            }
             None => crate::scan::scan_bytes(self.source.bytes(), &self.limits),
         };
         let mut found: Vec<crate::scan::GlobalUse> = Vec::new();

@@ -52,6 +52,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::source::FileId;
 
 /// A file read by ranges: what an engine implements to open checkpoints
 /// from its own storage (see
@@ -72,6 +73,87 @@ pub trait RangeRead: Send + Sync + std::fmt::Debug {
 
     /// What to call the file in messages (its URL).
     fn name(&self) -> &str;
+}
+
+/// A local file read by positioned reads (`pread`), never mapped: for
+/// network file systems, where a map's faults and readahead are slow or
+/// stall, and for files that may shrink while read (an error, not
+/// SIGBUS). See [`OpenOptions::positioned`](crate::OpenOptions::positioned).
+#[derive(Debug)]
+pub struct LocalFile {
+    file: std::fs::File,
+    len: u64,
+    name: String,
+}
+
+impl LocalFile {
+    /// Open `path`; its length is taken now.
+    pub fn open(path: &std::path::Path) -> Result<LocalFile> {
+        Ok(LocalFile::open_identified(path)?.0)
+    }
+
+    /// [`open`](Self::open), with which file it is.
+    pub(crate) fn open_identified(path: &std::path::Path) -> Result<(LocalFile, Option<FileId>)> {
+        let name = path.display().to_string();
+        let file =
+            std::fs::File::open(path).map_err(|e| Error::io(format!("cannot open {name}"), e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io(format!("cannot stat {name}"), e))?;
+        if !meta.is_file() {
+            return Err(Error::new(ErrorKind::Io, format!("{name} is not a file")));
+        }
+        let identity = FileId::of(&meta);
+        Ok((
+            LocalFile {
+                file,
+                len: meta.len(),
+                name,
+            },
+            identity,
+        ))
+    }
+}
+
+impl RangeRead for LocalFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+        let size = usize::try_from(len)
+            .map_err(|_| std::io::Error::other(format!("{len} bytes do not fit in memory")))?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(size)
+            .map_err(|_| std::io::Error::other(format!("cannot hold {len} bytes in memory")))?;
+        out.resize(size, 0);
+        read_exact_at(&self.file, &mut out, offset)?;
+        Ok(out)
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+#[cfg(unix)]
+fn read_exact_at(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+#[cfg(windows)]
+fn read_exact_at(file: &std::fs::File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match file.seek_read(buf, offset)? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Bytes fetched past the start and end of what a parse missed: the
@@ -97,6 +179,8 @@ pub(crate) struct Fetcher {
     reader: Arc<dyn RangeRead>,
     bytes: AtomicU64,
     requests: AtomicU64,
+    /// The local file read, when it is one: outputs never overwrite it.
+    identity: Option<FileId>,
 }
 
 impl Fetcher {
@@ -105,7 +189,17 @@ impl Fetcher {
             reader,
             bytes: AtomicU64::new(0),
             requests: AtomicU64::new(0),
+            identity: None,
         }
+    }
+
+    pub(crate) fn with_identity(mut self, identity: Option<FileId>) -> Fetcher {
+        self.identity = identity;
+        self
+    }
+
+    pub(crate) fn identity(&self) -> Option<FileId> {
+        self.identity
     }
 
     pub(crate) fn len(&self) -> u64 {
@@ -174,6 +268,15 @@ impl Extents {
         Extents {
             len,
             runs: Vec::new(),
+            missed: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A copy of what is held, with nothing missed.
+    pub(crate) fn copy(&self) -> Extents {
+        Extents {
+            len: self.len,
+            runs: self.runs.clone(),
             missed: Mutex::new(Vec::new()),
         }
     }
@@ -432,11 +535,22 @@ pub(crate) fn ran_out(e: &Error) -> bool {
 pub(crate) fn fetch_until<T>(
     fetcher: &Fetcher,
     budget: u64,
+    attempt: impl FnMut(Arc<Extents>) -> T,
+) -> Result<T> {
+    fetch_more_until(fetcher, budget, Extents::new(fetcher.len()), attempt)
+}
+
+/// [`fetch_until`] starting from what `held` holds (what opening the file
+/// fetched): only what it lacks is fetched.
+pub(crate) fn fetch_more_until<T>(
+    fetcher: &Fetcher,
+    budget: u64,
+    held: Extents,
     mut attempt: impl FnMut(Arc<Extents>) -> T,
 ) -> Result<T> {
     let len = fetcher.len();
     let mut budget = budget;
-    let mut extents = Extents::new(len);
+    let mut extents = held;
     let head = (0, FIRST_FETCH.min(len));
     let tail = (len.saturating_sub(FIRST_FETCH), len);
     extents.fetch(fetcher, &[head, tail], &mut budget)?;

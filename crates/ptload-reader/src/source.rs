@@ -154,6 +154,14 @@ impl Source {
         }
     }
 
+    /// What opening a file read by ranges fetched.
+    pub(crate) fn extents(&self) -> Option<&Extents> {
+        match &*self.inner {
+            Inner::Ranged(_, e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// The reader of a file read by ranges.
     pub(crate) fn fetcher(&self) -> Option<&Fetcher> {
         match &*self.inner {
@@ -227,7 +235,8 @@ impl Source {
         match &*self.inner {
             Inner::Mapped(_, f) => f.metadata().ok().as_ref().and_then(FileId::of),
             Inner::Owned(_, id) => *id,
-            Inner::Given(_) | Inner::Ranged(..) => None,
+            Inner::Ranged(f, _) => f.identity(),
+            Inner::Given(_) => None,
         }
     }
 

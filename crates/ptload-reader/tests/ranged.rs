@@ -324,3 +324,98 @@ fn a_long_legacy_stream_is_fetched_as_it_runs() {
     let scanned_locally = ptload_reader::scan::scan_bytes(&file, &limits);
     assert_eq!(format!("{scanned:?}"), format!("{scanned_locally:?}"));
 }
+
+#[test]
+fn every_fixture_reads_alike_by_positioned_reads() {
+    let mut opened = 0;
+    for path in files() {
+        let name = path.display();
+        let local = Checkpoint::open(&path);
+        let pread = OpenOptions::new().positioned(true).open(&path);
+        match (local, pread) {
+            (Ok(local), Ok(pread)) => {
+                opened += 1;
+                assert!(!pread.is_mapped(), "{name}");
+                assert_eq!(tensors(&local), tensors(&pread), "{name}");
+                assert_eq!(local.values(), pread.values(), "{name}");
+                let (read, _) = pread.fetched_bytes().expect("read by ranges");
+                let len = std::fs::metadata(&path).unwrap().len();
+                assert!(read <= len, "{name}: {read} bytes read of {len}");
+            }
+            (Err(a), Err(b)) => assert_eq!(a.kind(), b.kind(), "{name}: {a} / {b}"),
+            (a, b) => panic!(
+                "{name}: mapped {:?}, positioned {:?}",
+                a.map(|_| ()),
+                b.map(|_| ())
+            ),
+        }
+    }
+    assert!(opened > 20, "only {opened} fixtures opened");
+}
+
+#[test]
+fn positioned_reads_of_a_large_file_read_little_until_tensors_are_read() {
+    let dir = tempdir();
+    let path = dir.join("large.pt");
+    let zip = std::fs::read(fixture("basic.pt")).unwrap();
+    std::fs::write(&path, pad_zip(&zip, 64 << 20)).unwrap();
+    let ckpt = OpenOptions::new().positioned(true).open(&path).unwrap();
+    let (opened, _) = ckpt.fetched_bytes().unwrap();
+    assert!(opened < 1 << 20, "opening read {opened} bytes");
+    let mapped = Checkpoint::open(&path).unwrap();
+    assert_eq!(tensors(&ckpt), tensors(&mapped));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A file cut short after opening gives an error naming it when a read
+/// reaches past its new end, never SIGBUS or stale bytes.
+#[test]
+fn a_file_that_shrinks_under_positioned_reads_is_an_error() {
+    use ptload_reader::ranged::LocalFile;
+    let dir = tempdir();
+    let path = dir.join("shrinks.pt");
+    std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+    let file = LocalFile::open(&path).unwrap();
+    assert_eq!(file.len(), 1 << 20);
+    assert_eq!(file.read_at(1000, 10).unwrap(), vec![7; 10]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    assert_eq!(file.read_at(0, 4096).unwrap(), vec![7; 4096]);
+    assert!(file.read_at(4000, 200).is_err());
+    // Through a checkpoint: the reader names the file.
+    let zip = std::fs::read(fixture("basic.pt")).unwrap();
+    std::fs::write(&path, &zip).unwrap();
+    let file = LocalFile::open(&path).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    let err = OpenOptions::new()
+        .open_ranged(Arc::new(file))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("shrinks.pt"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/files")
+        .join(name)
+}
+
+fn tempdir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "ptload-pread-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

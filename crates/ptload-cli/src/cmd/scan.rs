@@ -28,6 +28,10 @@ pub(crate) struct ScanArgs {
     /// Read each file into memory instead of mapping it.
     #[arg(long = "no-mmap")]
     no_mmap: bool,
+    /// Read each file by positioned reads (pread), only the parts scanned, instead of
+    /// mapping it: for network file systems.
+    #[arg(long, conflicts_with = "no_mmap")]
+    pread: bool,
 }
 
 /// Scan the files; the exit code is the verdict (`--fail-on`).
@@ -41,6 +45,7 @@ pub(crate) fn run(a: &ScanArgs, out: &mut impl Write) -> CliResult<u8> {
         },
         fail_on: a.fail_on,
         in_memory: a.no_mmap,
+        positioned: a.pread,
     };
     let verdict = scancmd::run(out, &files, &request)?;
     out.flush()?;

@@ -25,7 +25,7 @@ use crate::container::zip::{self, Archive, Headers, Method, Rules};
 use crate::error::Result;
 use crate::limits::Limits;
 use crate::pickle::{Heap, Interpreter, Obj, ObjId, Object, StringEncoding, Value, Vm};
-use crate::ranged::{fetch_until, Fetcher, FileView, RangeRead};
+use crate::ranged::{fetch_more_until, Extents, Fetcher, FileView, RangeRead};
 
 /// How a global is used by the pickle that names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -304,14 +304,19 @@ pub fn scan_ranged(
     limits: &Limits,
 ) -> Result<(ScanReport, (u64, u64))> {
     let fetcher = Fetcher::new(reader);
-    let report = scan_fetched(&fetcher, limits)?;
+    let report = scan_fetched(&fetcher, None, limits)?;
     Ok((report, (fetcher.bytes_read(), fetcher.requests())))
 }
 
 /// [`scan_ranged`] through a fetcher already in use (a checkpoint's, whose
 /// opening fetched most of what the scan reads).
-pub(crate) fn scan_fetched(fetcher: &Fetcher, limits: &Limits) -> Result<ScanReport> {
-    fetch_until(fetcher, limits.max_open_fetch_bytes, |extents| {
+pub(crate) fn scan_fetched(
+    fetcher: &Fetcher,
+    held: Option<&Extents>,
+    limits: &Limits,
+) -> Result<ScanReport> {
+    let held = held.map_or_else(|| Extents::new(fetcher.len()), Extents::copy);
+    fetch_more_until(fetcher, limits.max_open_fetch_bytes, held, |extents| {
         scan_view(FileView::Fetched(&extents), limits)
     })
     .map_err(|e| e.in_file(fetcher.name()))
