@@ -157,9 +157,9 @@ impl OpenOptions {
         let source = if self.in_memory {
             Source::read(path.as_ref())?
         } else if self.positioned {
-            let (file, identity) = crate::ranged::LocalFile::open_identified(path.as_ref())?;
-            let fetcher = Fetcher::new(std::sync::Arc::new(file)).with_identity(identity);
-            return self.open_fetched(fetcher);
+            let (file, meta) = crate::ranged::LocalFile::open_with_metadata(path.as_ref())?;
+            let fetcher = Fetcher::new(std::sync::Arc::new(file));
+            return self.open_fetched(fetcher, crate::source::FileId::of(&meta));
         } else {
             Source::map(path.as_ref())?
         };
@@ -174,13 +174,19 @@ impl OpenOptions {
     /// storages after it that are not read yet, each range read once).
     /// Tensors' bytes are then owned buffers, never borrowed from a map.
     pub fn open_ranged(&self, reader: std::sync::Arc<dyn RangeRead>) -> Result<Checkpoint> {
-        self.open_fetched(Fetcher::new(reader))
+        self.open_fetched(Fetcher::new(reader), None)
     }
 
-    fn open_fetched(&self, fetcher: Fetcher) -> Result<Checkpoint> {
+    /// Open what `fetcher` reads; `identity` is the local file it reads,
+    /// if it is one (outputs never overwrite it).
+    fn open_fetched(
+        &self,
+        fetcher: Fetcher,
+        identity: Option<crate::source::FileId>,
+    ) -> Result<Checkpoint> {
         let fetcher = std::sync::Arc::new(fetcher);
         fetch_until(&fetcher, self.limits.max_open_fetch_bytes, |extents| {
-            Checkpoint::load(Source::ranged(fetcher.clone(), extents), self)
+            Checkpoint::load(Source::ranged(fetcher.clone(), extents, identity), self)
         })?
         .map_err(|e| e.in_file(fetcher.name()))
     }
@@ -1007,7 +1013,10 @@ impl Checkpoint {
             run.push((next, o, n));
             end = new_end;
         }
-        let bytes = fetcher.read(offset, end - offset)?;
+        let bytes = match self.source.extents() {
+            Some(held) => held.read_through(fetcher, offset, end - offset)?,
+            None => fetcher.read(offset, end - offset)?,
+        };
         // One storage keeps the buffer as read: no second copy of it.
         if let [(i, _, n)] = run[..] {
             if bytes.len() as u64 == n {

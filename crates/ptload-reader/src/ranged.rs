@@ -52,7 +52,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::source::FileId;
 
 /// A file read by ranges: what an engine implements to open checkpoints
 /// from its own storage (see
@@ -89,11 +88,13 @@ pub struct LocalFile {
 impl LocalFile {
     /// Open `path`; its length is taken now.
     pub fn open(path: &std::path::Path) -> Result<LocalFile> {
-        Ok(LocalFile::open_identified(path)?.0)
+        Ok(LocalFile::open_with_metadata(path)?.0)
     }
 
-    /// [`open`](Self::open), with which file it is.
-    pub(crate) fn open_identified(path: &std::path::Path) -> Result<(LocalFile, Option<FileId>)> {
+    /// [`open`](Self::open), with the file's metadata (which file it is).
+    pub(crate) fn open_with_metadata(
+        path: &std::path::Path,
+    ) -> Result<(LocalFile, std::fs::Metadata)> {
         let name = path.display().to_string();
         let file =
             std::fs::File::open(path).map_err(|e| Error::io(format!("cannot open {name}"), e))?;
@@ -103,14 +104,13 @@ impl LocalFile {
         if !meta.is_file() {
             return Err(Error::new(ErrorKind::Io, format!("{name} is not a file")));
         }
-        let identity = FileId::of(&meta);
         Ok((
             LocalFile {
                 file,
                 len: meta.len(),
                 name,
             },
-            identity,
+            meta,
         ))
     }
 }
@@ -161,6 +161,13 @@ fn read_exact_at(file: &std::fs::File, mut buf: &mut [u8], mut offset: u64) -> s
 /// `version`) come in one request.
 const NEIGHBOURHOOD: u64 = 64 * 1024;
 
+/// The neighbourhood when a round missed more than [`FEW_MISSES`] ranges:
+/// then they are scattered headers (a zip's local headers, one before
+/// each storage), each a few dozen bytes; 64 KiB around each would fetch
+/// 128 KiB per tensor.
+const SCATTERED_NEIGHBOURHOOD: u64 = 4 * 1024;
+const FEW_MISSES: usize = 2;
+
 /// The head and the tail fetched first: detection reads the first bytes,
 /// the zip directory's end record lies in the last 64 KiB + 22.
 const FIRST_FETCH: u64 = 128 * 1024;
@@ -179,8 +186,6 @@ pub(crate) struct Fetcher {
     reader: Arc<dyn RangeRead>,
     bytes: AtomicU64,
     requests: AtomicU64,
-    /// The local file read, when it is one: outputs never overwrite it.
-    identity: Option<FileId>,
 }
 
 impl Fetcher {
@@ -189,17 +194,7 @@ impl Fetcher {
             reader,
             bytes: AtomicU64::new(0),
             requests: AtomicU64::new(0),
-            identity: None,
         }
-    }
-
-    pub(crate) fn with_identity(mut self, identity: Option<FileId>) -> Fetcher {
-        self.identity = identity;
-        self
-    }
-
-    pub(crate) fn identity(&self) -> Option<FileId> {
-        self.identity
     }
 
     pub(crate) fn len(&self) -> u64 {
@@ -329,6 +324,51 @@ impl Extents {
         out
     }
 
+    /// `len` bytes at `offset`: the parts held copied, only the holes
+    /// read, so that no byte is fetched twice.
+    pub(crate) fn read_through(&self, fetcher: &Fetcher, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let end = offset.saturating_add(len);
+        let holes = self.holes(offset, end);
+        if let [(a, b)] = holes[..] {
+            if (a, b) == (offset, end) {
+                return fetcher.read(offset, len);
+            }
+        }
+        let size = usize::try_from(len)
+            .map_err(|_| Error::new(ErrorKind::Io, format!("{len} bytes do not fit in memory")))?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(size).map_err(|_| {
+            Error::new(
+                ErrorKind::Io,
+                format!("cannot hold {len} bytes of {} in memory", fetcher.name()),
+            )
+        })?;
+        let mut at = offset;
+        let mut holes = holes.into_iter().peekable();
+        while at < end {
+            if let Some(&(a, b)) = holes.peek().filter(|(a, _)| *a == at) {
+                out.extend_from_slice(&fetcher.read(a, b - a)?);
+                holes.next();
+                at = b;
+                continue;
+            }
+            // Held from `at` up to the next hole (or the end).
+            let upto = holes.peek().map_or(end, |&(a, _)| a);
+            let held = self.find(at, upto).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "{}: bytes {at}..{upto} are neither held nor fetched",
+                        fetcher.name()
+                    ),
+                )
+            })?;
+            out.extend_from_slice(held);
+            at = upto;
+        }
+        Ok(out)
+    }
+
     /// Add the bytes fetched at `offset` (a hole: no run overlaps it),
     /// joining the runs it touches.
     fn insert(&mut self, offset: u64, bytes: Vec<u8>) {
@@ -455,6 +495,17 @@ impl<'d> FileView<'d> {
         }
     }
 
+    /// Whether a read of this round found bytes not fetched yet: the
+    /// parse will run again with more. A search over every byte (for what
+    /// a well-formed file does not hold) waits for a round that misses
+    /// nothing, so that it never fetches what the parse alone would not.
+    pub(crate) fn incomplete(&self) -> bool {
+        match self {
+            FileView::Whole(_) => false,
+            FileView::Fetched(e) => e.missed.lock().map_or(true, |m| !m.is_empty()),
+        }
+    }
+
     /// `len` bytes at `start`, as [`get`](Self::get).
     pub(crate) fn slice(&self, start: u64, len: u64) -> Option<&'d [u8]> {
         let start = usize::try_from(start).ok()?;
@@ -570,14 +621,14 @@ pub(crate) fn fetch_more_until<T>(
                 missed: Mutex::new(Vec::new()),
             },
         };
+        let near = if missed.len() > FEW_MISSES {
+            SCATTERED_NEIGHBOURHOOD
+        } else {
+            NEIGHBOURHOOD
+        };
         let around: Vec<(u64, u64)> = missed
             .iter()
-            .map(|&(a, b)| {
-                (
-                    a.saturating_sub(NEIGHBOURHOOD),
-                    b.saturating_add(NEIGHBOURHOOD),
-                )
-            })
+            .map(|&(a, b)| (a.saturating_sub(near), b.saturating_add(near)))
             .collect();
         extents.fetch(fetcher, &around, &mut budget)?;
     }
@@ -655,6 +706,25 @@ mod tests {
         assert_eq!(fetcher.bytes_read(), 200);
         assert_eq!(e.runs.len(), 1);
         assert_eq!(FileView::Fetched(&e).get(0..200), Some(&file[..]));
+    }
+
+    #[test]
+    fn reads_through_held_runs_fetch_only_the_holes() {
+        let file: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+        let fetcher = Fetcher::new(Arc::new(Memory(file.clone())));
+        let mut e = Extents::new(10_000);
+        let mut budget = u64::MAX;
+        // Close together: fetched as one run, 100..5100.
+        e.fetch(&fetcher, &[(100, 200), (5000, 5100)], &mut budget)
+            .unwrap();
+        e.fetch(&fetcher, &[(7000, 7100)], &mut budget).unwrap();
+        let before = fetcher.bytes_read();
+        let got = e.read_through(&fetcher, 50, 9000).unwrap();
+        assert_eq!(got, &file[50..9050]);
+        // Held: 100..5100 and 7000..7100.
+        assert_eq!(fetcher.bytes_read() - before, 9000 - 5000 - 100);
+        assert_eq!(e.read_through(&fetcher, 120, 50).unwrap(), &file[120..170]);
+        assert_eq!(fetcher.bytes_read() - before, 9000 - 5000 - 100);
     }
 
     #[test]

@@ -43,7 +43,8 @@ enum Inner {
     Given(Box<dyn AsRef<[u8]> + Send + Sync>),
     /// A file read by ranges: what was fetched to parse it, and the reader
     /// that fetches the rest (tensors' bytes) when asked.
-    Ranged(Arc<Fetcher>, Arc<Extents>),
+    /// `identity` is the local file read by positioned reads, if it is one.
+    Ranged(Arc<Fetcher>, Arc<Extents>, Option<FileId>),
 }
 
 /// Which file this is, whatever path reaches it (device and inode on
@@ -128,9 +129,13 @@ impl Source {
     }
 
     /// Bytes fetched to parse a file read by ranges, and the reader.
-    pub(crate) fn ranged(fetcher: Arc<Fetcher>, extents: Arc<Extents>) -> Source {
+    pub(crate) fn ranged(
+        fetcher: Arc<Fetcher>,
+        extents: Arc<Extents>,
+        identity: Option<FileId>,
+    ) -> Source {
         Source {
-            inner: Arc::new(Inner::Ranged(fetcher, extents)),
+            inner: Arc::new(Inner::Ranged(fetcher, extents, identity)),
         }
     }
 
@@ -149,7 +154,7 @@ impl Source {
     /// What parsing may read: the whole file, or the ranges fetched.
     pub(crate) fn view(&self) -> FileView<'_> {
         match &*self.inner {
-            Inner::Ranged(_, e) => FileView::Fetched(e),
+            Inner::Ranged(_, e, _) => FileView::Fetched(e),
             _ => FileView::Whole(self.bytes()),
         }
     }
@@ -157,7 +162,7 @@ impl Source {
     /// What opening a file read by ranges fetched.
     pub(crate) fn extents(&self) -> Option<&Extents> {
         match &*self.inner {
-            Inner::Ranged(_, e) => Some(e),
+            Inner::Ranged(_, e, _) => Some(e),
             _ => None,
         }
     }
@@ -165,7 +170,7 @@ impl Source {
     /// The reader of a file read by ranges.
     pub(crate) fn fetcher(&self) -> Option<&Fetcher> {
         match &*self.inner {
-            Inner::Ranged(f, _) => Some(f),
+            Inner::Ranged(f, ..) => Some(f),
             _ => None,
         }
     }
@@ -235,7 +240,7 @@ impl Source {
         match &*self.inner {
             Inner::Mapped(_, f) => f.metadata().ok().as_ref().and_then(FileId::of),
             Inner::Owned(_, id) => *id,
-            Inner::Ranged(f, _) => f.identity(),
+            Inner::Ranged(.., id) => *id,
             Inner::Given(_) => None,
         }
     }

@@ -280,6 +280,7 @@ fixtures! {
     quantized_traced => "quantized_traced.pt",
     random => "random.bin",
     sparse => "sparse.pt",
+    spread => "spread.pt",
     tensor_root => "tensor_root.pt",
     torchscript => "torchscript.pt",
     training => "training.ckpt",

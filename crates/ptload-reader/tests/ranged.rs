@@ -419,3 +419,32 @@ fn tempdir() -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Storages far apart (`spread.pt`: six of 192 KiB): opening and scanning
+/// by ranges fetch the head, the tail and each local header with a little
+/// around it, never the storages between (a search for hidden headers or
+/// a directory that did not parse yet must wait for the headers, not
+/// fetch every byte).
+#[test]
+fn far_apart_storages_are_not_fetched_to_open_or_scan() {
+    let bytes = std::fs::read(fixture("spread.pt")).unwrap();
+    let len = bytes.len() as u64;
+    let reader = logged(bytes.clone());
+    let ckpt = OpenOptions::new().open_ranged(reader.clone()).unwrap();
+    let (opened, _) = ckpt.fetched_bytes().unwrap();
+    // Head and tail (128 KiB each), then 4 KiB around each header.
+    let bound = 2 * 128 * 1024 + 12 * 9 * 1024;
+    assert!(opened < bound, "opening fetched {opened} of {len}");
+    assert!(ckpt.suspicious().unwrap().is_empty());
+    let (after_scan, _) = ckpt.fetched_bytes().unwrap();
+    assert_eq!(after_scan, opened, "the scan fetched again");
+    let (report, (scanned, _)) =
+        ptload_reader::scan::scan_ranged(logged(bytes.clone()), &Default::default()).unwrap();
+    assert!(scanned < bound, "scanning fetched {scanned} of {len}");
+    assert_eq!(
+        report.level(),
+        ptload_reader::scan::scan_bytes(&bytes, &Default::default()).level()
+    );
+    let local = Checkpoint::from_bytes(bytes).unwrap();
+    assert_eq!(tensors(&local), tensors(&ckpt));
+}

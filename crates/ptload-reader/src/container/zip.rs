@@ -470,6 +470,13 @@ impl<'d> Archive<'d> {
         max: usize,
     ) -> (Vec<Hidden<'d>>, bool) {
         let data: FileView<'d> = data.into();
+        // Read by ranges, an entry whose local header is not fetched yet
+        // looks broken and its bytes look like a gap: search in the round
+        // that has every header (the parse has asked for them), never
+        // fetching the entries' data to search it.
+        if data.incomplete() {
+            return (Vec::new(), false);
+        }
         let mut covered: Vec<(u64, u64)> = self
             .entries
             .iter()

@@ -655,8 +655,12 @@ impl Scanner<'_> {
                 self.report.notes.push(format!(
                     "zip directory unreadable ({e}); torch cannot read it either"
                 ));
-                if let Some(all) = data.get(0..data.len()) {
-                    self.local_headers(all);
+                // Read by ranges, the directory may need bytes not
+                // fetched yet: search every byte only once it reads.
+                if !data.incomplete() {
+                    if let Some(all) = data.get(0..data.len()) {
+                        self.local_headers(all);
+                    }
                 }
                 return None;
             }
