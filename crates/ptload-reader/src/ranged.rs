@@ -428,12 +428,59 @@ impl Extents {
             ));
         }
         *budget -= total;
-        for (a, b) in holes {
-            let bytes = fetcher.read(a, b - a)?;
-            self.insert(a, bytes);
+        for ((a, _), bytes) in holes.iter().zip(read_all(fetcher, &holes)?) {
+            self.insert(*a, bytes);
         }
         Ok(())
     }
+}
+
+/// Requests in flight at once when a round of parsing misses many
+/// ranges (a zip's local headers, one per storage): the round costs a few
+/// round trips, not one per header.
+const IN_FLIGHT: usize = 8;
+
+/// The bytes of each of `ranges`, in order, read with up to [`IN_FLIGHT`]
+/// requests at once; the first error (in order) is the answer.
+fn read_all(fetcher: &Fetcher, ranges: &[(u64, u64)]) -> Result<Vec<Vec<u8>>> {
+    if ranges.len() <= 1 {
+        return ranges
+            .iter()
+            .map(|&(a, b)| fetcher.read(a, b - a))
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<Result<Vec<u8>>>>> =
+        ranges.iter().map(|_| Mutex::new(None)).collect();
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 0..IN_FLIGHT.min(ranges.len()) {
+            scope.spawn(|| loop {
+                if failed.load(Ordering::Relaxed) {
+                    break;
+                }
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(a, b)) = ranges.get(i) else { break };
+                let got = fetcher.read(a, b - a);
+                if got.is_err() {
+                    failed.store(true, Ordering::Relaxed);
+                }
+                if let Some(Ok(mut slot)) = results.get(i).map(Mutex::lock) {
+                    *slot = Some(got);
+                }
+            });
+        }
+    });
+    let mut out = Vec::with_capacity(ranges.len());
+    for (slot, &(a, b)) in results.into_iter().zip(ranges) {
+        match slot.into_inner().ok().flatten() {
+            Some(got) => out.push(got?),
+            // Claimed in order, so every range before a failed one was
+            // read: only a poisoned lock leaves one unread. Read it again.
+            None => out.push(fetcher.read(a, b - a)?),
+        }
+    }
+    Ok(out)
 }
 
 /// The bytes of a file that parsing may read: all of them, or those

@@ -448,3 +448,64 @@ fn far_apart_storages_are_not_fetched_to_open_or_scan() {
     let local = Checkpoint::from_bytes(bytes).unwrap();
     assert_eq!(tensors(&local), tensors(&ckpt));
 }
+
+/// A file read by ranges whose reads take a while, counting how many are
+/// in flight at once.
+#[derive(Debug)]
+struct Slow {
+    bytes: Vec<u8>,
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    fail_from: Option<u64>,
+}
+
+impl RangeRead for Slow {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+    fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        self.now.fetch_sub(1, SeqCst);
+        let tail = self.bytes.len() as u64 - 128 * 1024;
+        if self.fail_from.is_some_and(|f| offset >= f && offset < tail) {
+            return Err(std::io::Error::other("503 Service Unavailable"));
+        }
+        Ok(self.bytes[offset as usize..(offset + len) as usize].to_vec())
+    }
+    fn name(&self) -> &str {
+        "slow://spread.pt"
+    }
+}
+
+/// The local headers a round misses are fetched several at once; a
+/// failed one is the open's error, naming the file.
+#[test]
+fn scattered_ranges_are_fetched_several_at_once() {
+    let bytes = std::fs::read(fixture("spread.pt")).unwrap();
+    let slow = |fail_from| {
+        Arc::new(Slow {
+            bytes: bytes.clone(),
+            now: Default::default(),
+            most: Default::default(),
+            fail_from,
+        })
+    };
+    let reader = slow(None);
+    let ckpt = OpenOptions::new().open_ranged(reader.clone()).unwrap();
+    let most = reader.most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(most > 1, "at most {most} in flight");
+    let local = Checkpoint::from_bytes(bytes.clone()).unwrap();
+    assert_eq!(tensors(&local), tensors(&ckpt));
+    // Past the head and before the tail: a local header's read fails.
+    let err = OpenOptions::new()
+        .open_ranged(slow(Some(300_000)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("slow://spread.pt") && err.contains("503"),
+        "{err}"
+    );
+}
