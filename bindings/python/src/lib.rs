@@ -1026,10 +1026,10 @@ impl Selection {
     }
 }
 
-/// Select a state dict from `path` (a checkpoint, a directory of shards, or
-/// an index file) with `ptload convert`'s options; `shard=(rank, world)`
-/// with `splits` (`GLOB=DIM` rules) and/or a split `preset` gives that
-/// rank's slices, every unmatched tensor whole.
+/// Select a state dict from `path` (a checkpoint, a directory of shards, an
+/// index file, or one checkpoint's URL) with `ptload convert`'s options;
+/// `shard=(rank, world)` with `splits` (`GLOB=DIM` rules) and/or a split
+/// `preset` gives that rank's slices, every unmatched tensor whole.
 #[pyfunction]
 #[pyo3(signature = (path, *, key="auto", strip="auto", include=Vec::new(), exclude=Vec::new(), shard=None, splits=Vec::new(), preset=None))]
 #[allow(clippy::too_many_arguments)]
@@ -1061,7 +1061,12 @@ fn select(
         ..state_dict_options(key, strip, include, exclude)
     };
     let set = py
-        .allow_threads(|| CheckpointSet::open(&path))
+        .allow_threads(|| match path.to_str().and_then(url_of) {
+            // One file read by ranges: the storages a selection reads are
+            // fetched when it reads them.
+            Some(url) => CheckpointSet::of(url, Arc::new(OpenOptions::new().open_url(url)?)),
+            None => CheckpointSet::open(&path),
+        })
         .map_err(to_py)?;
     let sd = opts.select_set(&set).map_err(to_py)?;
     let entries: Vec<Selected> = sd.iter().cloned().collect();
@@ -1160,7 +1165,25 @@ fn module_blocked(module: &str) -> bool {
     ptload_reader::Policy::always_blocks(module)
 }
 
-/// Open a checkpoint: `source` is a path (str) or the file's bytes.
+/// `path` when it names a checkpoint the reader fetches by ranged requests
+/// instead of a local file: the one test of what is a URL, for every entry
+/// point (`open`, `select`, and Python's through [`is_url`]).
+fn url_of(path: &str) -> Option<&str> {
+    const SCHEMES: [&str; 2] = ["http://", "https://"];
+    SCHEMES
+        .iter()
+        .any(|scheme| path.starts_with(scheme))
+        .then_some(path)
+}
+
+/// Whether `path` is a URL ptload reads by ranges rather than a local path.
+#[pyfunction]
+fn is_url(path: &str) -> bool {
+    url_of(path).is_some()
+}
+
+/// Open a checkpoint: `source` is a path (str), an `http(s)://` URL read
+/// by ranged requests, or the file's bytes.
 #[pyfunction]
 #[pyo3(signature = (source, *, objects=true, in_memory=false, encoding=None, byte_order=None))]
 fn open(
@@ -1215,9 +1238,17 @@ fn open(
         })?
     } else {
         let path: std::path::PathBuf = source.extract()?;
-        interruptible(py, None, move |work| {
-            opts.cancel(work.cancel.clone()).open(path)
-        })?
+        match path.to_str().and_then(url_of) {
+            Some(url) => {
+                let url = url.to_owned();
+                interruptible(py, None, move |work| {
+                    opts.cancel(work.cancel.clone()).open_url(&url)
+                })?
+            }
+            None => interruptible(py, None, move |work| {
+                opts.cancel(work.cancel.clone()).open(path)
+            })?,
+        }
     };
     Ok(Checkpoint {
         inner: Arc::new(ckpt.map_err(to_py)?),
@@ -1249,6 +1280,7 @@ fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(global_allowed, m)?)?;
     m.add_function(wrap_pyfunction!(describe_capsule, m)?)?;
     m.add_function(wrap_pyfunction!(open, m)?)?;
+    m.add_function(wrap_pyfunction!(is_url, m)?)?;
     m.add_function(wrap_pyfunction!(module_blocked, m)?)?;
     m.add_function(wrap_pyfunction!(select, m)?)?;
     Ok(())

@@ -17,6 +17,7 @@ import torch
 
 import ptload._storages
 import ptload.torch
+import served
 from conftest import fixture
 from ptload import _ptload
 from test_torch_load import assert_same_object
@@ -196,4 +197,24 @@ def test_load_file_onto_a_gpu_uploads_through_the_pipeline(gpus, name):
     storages = {t.storage for t in ckpt.tensors() if t.storage is not None}
     holding = {i for i in storages if ckpt.storages()[i].nbytes > 0}
     assert 0 < len(holding) <= len(gpus.devices) <= len(storages)
+    assert set(gpus.devices) == {0}
+
+
+@pytest.mark.skipif(not served.NGINX, reason=served.WHY_NOT)
+@pytest.mark.parametrize("name", ["llama_tiny.pt", "legacy.pt", "bigendian.pt"])
+def test_a_url_uploads_through_the_pipeline(gpus, name):
+    """A checkpoint at a URL, read by ranged requests: ptload-device
+    uploads its storages from the bytes the reader fetches, as from a
+    local file's."""
+    server = served.Nginx()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # no fallback
+            ours = ptload.torch.load(server.url(f"files/{name}"), map_location="cuda:0")
+    finally:
+        server.stop()
+    assert_same_object(ours, torch_cpu(name))
+    ckpt = _ptload.open(fixture(name))
+    storages = [s for s in ckpt.storages() if s.nbytes > 0]
+    assert len(gpus.devices) >= len(storages) > 0
     assert set(gpus.devices) == {0}

@@ -31,6 +31,7 @@ __all__ = [
     "from_reader",
     "read_at",
     "open_checkpoint",
+    "is_url",
 ]
 
 # The reader's errors set these per instance; errors raised by the Python
@@ -273,12 +274,32 @@ def read_at(fh, offset, view, path):
         done += n
 
 
+def is_url(f):
+    """Whether ``f`` is a URL the reader fetches by ranged requests
+    (``http://``, ``https://``) rather than a path: a ``str`` only, as
+    ``pathlib`` folds ``//``. The extension holds the one list of schemes."""
+    from . import _ptload
+
+    return isinstance(f, str) and _ptload.is_url(f)
+
+
+def url_name(url):
+    """The last segment of ``url``'s path, for messages and progress bars."""
+    return url.split("?", 1)[0].split("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
+
 def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None, byte_order=None):
-    """Open ``f`` (a path, bytes, or a binary file object) with the reader."""
+    """Open ``f`` (a path, a URL, bytes, or a binary file object) with the
+    reader. A URL is read by ranged requests: what opening parses now, each
+    storage's bytes when first asked for (``in_memory`` does not apply)."""
     from . import _ptload
 
     opts = {"objects": objects, "encoding": encoding, "byte_order": byte_order}
-    if isinstance(f, (str, os.PathLike)):
+    if is_url(f):
+        # The reader learns the length with its first request; an empty
+        # file is its error, as any other.
+        source, empty = f, False
+    elif isinstance(f, (str, os.PathLike)):
         path = os.fsdecode(os.fspath(f))
         if os.path.isdir(path):
             raise IsADirectoryError(

@@ -15,7 +15,15 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import sys
 import warnings
 
-from ._errors import Error, open_checkpoint, read_at, require_file, user_stacklevel
+from ._errors import (
+    Error,
+    UnsupportedError,
+    is_url,
+    open_checkpoint,
+    read_at,
+    require_file,
+    user_stacklevel,
+)
 
 __all__ = ["safe_open", "numpy_dtype"]
 
@@ -95,6 +103,18 @@ def _array_from_bytes(data, info):
     return np.frombuffer(data, dtype=_array_dtype(info)).reshape(shape)
 
 
+def _refuse_remote_set(url):
+    """A URL must name one checkpoint file: sets (an index file, a folder of
+    shards) are read from local paths only, for now."""
+    bare = url.split("?", 1)[0].split("#", 1)[0]
+    if bare.endswith(".json") or bare.endswith("/"):
+        raise UnsupportedError(
+            f"{url}: checkpoint sets by URL (index files, directories of shards) are not "
+            "supported yet: give the URL of one checkpoint file, or download the set and "
+            "open its local path"
+        )
+
+
 class _Slice:
     """``safe_open(...).get_slice(name)``: index it to read only that part."""
 
@@ -134,6 +154,13 @@ class safe_open:
     semantics, reading only their bytes; unmatched tensors come whole.
     Sets and slices come as copies.
 
+    ``path`` may be an ``http://`` or ``https://`` URL of one checkpoint
+    file (a ``str``): it is read by ranged requests, fetching what opening
+    parses and then each storage's bytes when a tensor over it is first
+    asked for, into memory of its own (not a map, whichever ``backend``);
+    ``shard=`` gives a rank's slices of it (fetching the storages they
+    touch). Sets by URL are not read yet.
+
     ``backend``: ``"mmap"`` (tensors view a private map of the file) or
     ``"pread"`` (each storage is read from the file into memory of its own
     when first asked for; no tensor holds the map, so a file that changes
@@ -166,16 +193,23 @@ class safe_open:
             framework = "pt"
         self._framework = framework
         self._device = device
-        self._pread = backend == "pread"
+        # A URL is read by ranged requests: each storage's bytes fetched
+        # into memory of their own when first asked for, whichever backend.
+        self._remote = is_url(path)
+        self._pread = backend == "pread" and not self._remote
         self._path = os.fsdecode(os.fspath(path))
-        require_file(self._path)
+        if self._remote:
+            _refuse_remote_set(self._path)
+        else:
+            require_file(self._path)
         # One pattern may be given as a string, as `splits` may.
         include = [include] if isinstance(include, str) else list(include)
         exclude = [exclude] if isinstance(exclude, str) else list(exclude)
         self._map = None
         self._torch_storages = None
         self._sel = None
-        if shard is not None or splits or preset or os.path.isdir(self._path) or self._path.endswith(".json"):
+        local_set = not self._remote and (os.path.isdir(self._path) or self._path.endswith(".json"))
+        if shard is not None or splits or preset or local_set:
             from . import _ptload
 
             self._sel = _ptload.select(
@@ -209,6 +243,11 @@ class safe_open:
                 if os.fstat(fh.fileno()).st_size:
                     access = _mmap.ACCESS_READ if framework == "numpy" else _mmap.ACCESS_COPY
                     self._map = _mmap.mmap(fh.fileno(), 0, access=access)
+
+    def _local_path(self):
+        """The file tensors may map or read themselves; None for a URL,
+        whose bytes only the reader fetches."""
+        return None if self._remote else self._path
 
     def _warn(self, decisions, key, strip_prefix):
         said = [text for kind, text in decisions if _changed(kind, key, strip_prefix)]
@@ -277,7 +316,9 @@ class safe_open:
         if device.type != "cuda":
             return
         wanted = {self._tensors[i].storage for i in self._index.values()} - {None}
-        self._torch_storages = _Storages(self._ckpt, self._path, None, device, False, only=wanted)
+        self._torch_storages = _Storages(
+            self._ckpt, self._local_path(), None, device, False, only=wanted, remote=self._remote
+        )
 
     def _uploaded(self, name):
         """Whether ``name``'s storage was uploaded by :meth:`_upload`."""
@@ -365,7 +406,8 @@ class safe_open:
             # of a private map.
             mmap = False if self._pread else None
             self._torch_storages = _Storages(
-                self._ckpt, self._path, mmap, "cpu", False, pread=self._pread
+                self._ckpt, self._local_path(), mmap, "cpu", False, pread=self._pread,
+                remote=self._remote,
             )
         shape, stride, offset, storage = info.shape, info.stride, info.offset, info.storage
         dtype = _DTYPES.get(info.dtype)

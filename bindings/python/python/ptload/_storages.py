@@ -205,10 +205,13 @@ class _Storages:
 
     def __init__(
         self, ckpt, source_path, mmap, map_location, strict, bar=None, only=None, data=None,
-        placement=None, pread=False,
+        placement=None, pread=False, remote=False,
     ):
         self.ckpt = ckpt
         self.pread = pread
+        # Read by ranged requests (a URL): each storage's bytes are fetched
+        # by the reader when first asked for, into memory of their own.
+        self.remote = remote
         self._names = None
         # The checkpoint's bytes when it came as bytes or a stream: storages
         # are views of one copy of them, as torch's storages of one file
@@ -468,6 +471,8 @@ class _Storages:
             # into memory of its own, one copy.
             return self._read(offset, nbytes)
         data = self.ckpt.storage_bytes(index, elem_size)
+        if self.remote and self.bar is not None:
+            self.bar.update(nbytes)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
     def _place(self, index, storage, target):

@@ -35,8 +35,10 @@ from ._errors import (
     Error,
     UnsafeGlobalError,
     UnsupportedError,
+    is_url,
     open_checkpoint,
     read_stream,
+    url_name,
     user_stacklevel,
 )
 
@@ -187,7 +189,9 @@ def load(
     """Load a checkpoint as ``torch.load(f, map_location, weights_only=True)``
     would, without running anything the file names.
 
-    ``f``: a path, bytes, or a binary file object. ``map_location``: None,
+    ``f``: a path, an ``http://`` or ``https://`` URL (a ``str``; read by
+    ranged requests, see below), bytes, or a binary file object.
+    ``map_location``: None,
     a str, a ``torch.device``, a dict of locations, or a callable
     ``(storage, location)``, which gets a :class:`StorageStandIn` and
     returns it (moved or not), a device, or None. A target device that is
@@ -210,7 +214,12 @@ def load(
 
     ``mmap``: None or True map the file privately (copy-on-write; tensors
     are views of the map), or shared when torch's default mmap option is
-    ``MAP_SHARED``; False reads every storage into memory.
+    ``MAP_SHARED``; False reads every storage into memory. A URL is never
+    mapped: opening fetches what it parses (a zip's directory and pickle, a
+    legacy file's pickle stream), and each storage's bytes are fetched into
+    memory of their own when its first tensor is made; ``mmap=True`` with
+    a URL is a ValueError. A failed request raises :class:`ptload.IoError`
+    (an ``OSError``) naming the URL and the status.
     ``weights_only=False`` (torch's full unpickler) still runs nothing: it
     is ``unknown="inert"`` with one warning naming the globals torch would
     have imported. A ``pickle_module`` is refused, as torch refuses one
@@ -323,7 +332,11 @@ def _load(
         unknown = "inert"
     allowed = _allowed_names(allow_globals)
     stream = None
-    if isinstance(f, (str, os.PathLike)):
+    remote = is_url(f)
+    if remote:
+        # Read by ranged requests: no file to map or read whole here.
+        path, source = None, f
+    elif isinstance(f, (str, os.PathLike)):
         path = source = os.fspath(f)
     elif isinstance(f, (bytes, bytearray, memoryview)):
         path, source = None, bytes(f)
@@ -333,6 +346,11 @@ def _load(
         stream = (f, start)
     else:
         raise TypeError(f"expected a path, bytes or a binary file object, got {type(f).__name__}")
+    if mmap and remote:
+        raise ValueError(
+            "mmap=True maps a local file: a checkpoint at a URL is read by ranged requests "
+            "into memory of its own (leave mmap unset, or download the file to map it)"
+        )
     if mmap and path is None:
         # torch's words: there is no file to map.
         raise ValueError("f must be a file path in order to use the mmap argument")
@@ -373,10 +391,17 @@ def _load(
     if progress:
         from ._progress import _byte_bar
 
-        total = os.path.getsize(path) if path is not None else len(source)
-        bar = _byte_bar(progress, total, os.path.basename(path) if path else "checkpoint")
+        if remote:
+            total, name = ckpt.end_offset(), url_name(f)
+        else:
+            total = os.path.getsize(path) if path is not None else len(source)
+            name = os.path.basename(path) if path else "checkpoint"
+        bar = _byte_bar(progress, total, name)
     try:
-        return _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown, placement)
+        return _build(
+            ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown, placement,
+            remote=remote,
+        )
     finally:
         if bar is not None:
             bar.close()
@@ -411,11 +436,15 @@ def _assumed_byte_order():
     return "big" if name == "big" else "little"
 
 
-def _build(ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown, placement=None):
-    data = source if path is None else None
+def _build(
+    ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown, placement=None,
+    remote=False,
+):
+    data = source if path is None and not remote else None
     _lenient.said.clear()
     storages = _Storages(
-        ckpt, path, mmap, map_location, strict, bar, data=data, placement=placement
+        ckpt, path, mmap, map_location, strict, bar, data=data, placement=placement,
+        remote=remote,
     )
     try:
         return _build_with(ckpt, storages, source, mmap, bar, allowed, unknown)
@@ -427,7 +456,8 @@ def _build_with(ckpt, storages, source, mmap, bar, allowed, unknown):
     # Most tensors are made in one call, as DLPack views of private memory.
     made = ckpt.torch_tensors(
         _from_dlpack, source, mmap is not False, storages.on_cpu, storages.uploaded,
-        _advance(bar), shared=bool(mmap) and _shared_mmap(), host=not storages.reads_each,
+        _advance(bar), shared=bool(mmap) and _shared_mmap(),
+        host=not (storages.reads_each or storages.remote),
     )
 
     def make_leaf(kind, node, objs):
