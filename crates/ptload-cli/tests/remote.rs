@@ -173,6 +173,7 @@ fn inspect_and_scan_of_a_url_equal_the_local_files() {
         "many_tensors.pt",
         "llama_tiny.pt",
         "prefixed.pt",
+        "spread.pt",
     ];
     for name in names {
         std::fs::copy(fixture(name), server.www().join("files").join(name)).unwrap();
@@ -199,6 +200,7 @@ fn inspect_and_scan_of_a_url_equal_the_local_files() {
         "weights.safetensors.pt",
         "download.html.pt",
         "pre1.0_tar.pt",
+        "empty.pt",
     ] {
         std::fs::copy(fixture(name), server.www().join("files").join(name)).unwrap();
         let local = fixture(name).display().to_string();

@@ -147,6 +147,11 @@ impl HttpFile {
         let reason = resp.status().canonical_reason().unwrap_or("");
         match status {
             206 => {}
+            // An empty file has no byte to give: some servers (nginx)
+            // answer its ranged request with the whole (empty) body.
+            200 if header("content-length").is_some_and(|n| n.trim() == "0") => {
+                return Ok(Answer::Unsatisfiable(Some(0)));
+            }
             200 => {
                 let size = header("content-length")
                     .map(|n| format!(" ({n} bytes)"))
@@ -314,7 +319,7 @@ impl RangeRead for HttpFile {
             Answer::Part(total, body, validator) => (total, body, validator),
             Answer::Unsatisfiable(total) => {
                 return Err(std::io::Error::other(format!(
-                    "GET {}: 416 Range Not Satisfiable for bytes {offset}-{end} of a file \
+                    "GET {}: no bytes {offset}-{end} (416, or an empty body) in a file \
                      first {} bytes long (now {}): it changed",
                     self.url,
                     self.len,
