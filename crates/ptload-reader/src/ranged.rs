@@ -418,6 +418,58 @@ impl<'d> FileView<'d> {
     }
 }
 
+/// The bytes `start..end` of the file: the parts `view` holds (fetched
+/// while opening) copied, only the others fetched, so no range is read
+/// twice.
+pub(crate) fn read_unheld(
+    view: FileView<'_>,
+    fetcher: &Fetcher,
+    start: u64,
+    end: u64,
+) -> Result<Vec<u8>> {
+    let FileView::Fetched(extents) = view else {
+        return fetcher.read(start, end.saturating_sub(start));
+    };
+    let holes = extents.holes(start, end);
+    if let [(a, b)] = holes[..] {
+        if (a, b) == (start, end) {
+            return fetcher.read(start, end - start);
+        }
+    }
+    let size = usize::try_from(end.saturating_sub(start))
+        .map_err(|_| Error::new(ErrorKind::Io, "range too large"))?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(size).map_err(|_| {
+        Error::new(
+            ErrorKind::Io,
+            format!("{}: cannot hold {size} bytes in memory", fetcher.name()),
+        )
+    })?;
+    let held = |a: u64, b: u64| {
+        extents.find(a, b).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "{}: bytes {a}..{b} neither held nor fetched",
+                    fetcher.name()
+                ),
+            )
+        })
+    };
+    let mut at = start;
+    for (a, b) in holes {
+        if at < a {
+            out.extend_from_slice(held(at, a)?);
+        }
+        out.extend_from_slice(&fetcher.read(a, b - a)?);
+        at = b;
+    }
+    if at < end {
+        out.extend_from_slice(held(at, end)?);
+    }
+    Ok(out)
+}
+
 /// Whether `e` is a read that ran out of bytes (a pickle run over a
 /// prefix of the file that may be too short): the byte reader's end of
 /// data, or a length past the bytes left.
