@@ -165,8 +165,7 @@ impl OpenOptions {
     /// [`http::HttpFile`](crate::http::HttpFile)).
     #[cfg(feature = "http")]
     pub fn open_url(&self, url: &str) -> Result<Checkpoint> {
-        let file = crate::http::HttpFile::open(url)?;
-        self.open_ranged(std::sync::Arc::new(file))
+        self.open_ranged(url_file(url)?)
     }
 
     /// Read a checkpoint held in memory, without copying it: `bytes` may be
@@ -179,6 +178,13 @@ impl OpenOptions {
     ) -> Result<Checkpoint> {
         Checkpoint::load(Source::given(bytes), self)
     }
+}
+
+/// The file at `url`, read by ranges: what [`OpenOptions::open_url`]
+/// opens, and what a set opened by URL reads its index and shards with.
+#[cfg(feature = "http")]
+pub(crate) fn url_file(url: &str) -> Result<std::sync::Arc<dyn RangeRead>> {
+    Ok(std::sync::Arc::new(crate::http::HttpFile::open(url)?))
 }
 
 /// A tensor of [`Checkpoint::assembled`]: name, dtype, shape, and its
