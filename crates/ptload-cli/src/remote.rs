@@ -2,7 +2,6 @@
 //! fetching only what each command reads.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::OpenOptions;
@@ -14,10 +13,11 @@ pub(crate) fn url_of(path: &Path) -> Option<&str> {
         .filter(|s| s.starts_with("http://") || s.starts_with("https://"))
 }
 
-/// The checkpoint at `path`: a local file, directory or index, or a URL.
+/// The checkpoint at `path`: a local file, directory or index, or a URL
+/// (of a file, or of an index and the shards beside it).
 pub(crate) fn open_set(path: &Path, opts: &OpenOptions) -> ptload_reader::Result<CheckpointSet> {
     match url_of(path) {
-        Some(url) => CheckpointSet::of(path, Arc::new(opts.open_url(url)?)),
+        Some(url) => CheckpointSet::open_url(url, opts),
         None => CheckpointSet::open_with(path, opts),
     }
 }

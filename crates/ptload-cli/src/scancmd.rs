@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ptload_reader::scan::{self, Level, Verdict};
+use ptload_reader::set::CheckpointSet;
 use ptload_reader::{Limits, OpenOptions};
 use serde::Serialize;
 use serde_json::json;
@@ -300,6 +301,15 @@ fn not_scanned(file: &str, head: &[u8], len: u64) -> Option<FileScan> {
     })
 }
 
+/// The URL `path` holds when it names an index (its path ends in `.json`).
+fn index_url(path: &Path) -> Option<&str> {
+    crate::remote::url_of(path).filter(|u| {
+        u.split(['?', '#'])
+            .next()
+            .is_some_and(|p| p.ends_with(".json"))
+    })
+}
+
 /// Scan one file as torch.load would read it.
 fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
     if let Some(url) = crate::remote::url_of(path) {
@@ -440,7 +450,21 @@ fn summary(scans: &[FileScan], fail_on: Level) -> String {
 }
 
 pub(crate) fn run(out: &mut impl Write, files: &[PathBuf], request: &ScanRequest) -> CliResult<u8> {
-    let scans: Vec<FileScan> = files.iter().map(|f| scan_file(f, request)).collect();
+    let mut scans: Vec<FileScan> = Vec::new();
+    for f in files {
+        match index_url(f) {
+            // An index's URL: each shard it names, at its own URL.
+            Some(url) => match CheckpointSet::index_shard_urls(url, &OpenOptions::new()) {
+                Ok(shards) => scans.extend(shards.iter().map(|s| scan_url(s, request))),
+                Err(e) => scans.push(FileScan::bare(
+                    url.to_owned(),
+                    "unreadable",
+                    crate::terms::error_text(&e),
+                )),
+            },
+            None => scans.push(scan_file(f, request)),
+        }
+    }
     let code = exit_code(&scans);
     let summary = summary(&scans, request.fail_on);
     match request.format {

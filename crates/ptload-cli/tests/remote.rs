@@ -434,3 +434,222 @@ fn write_large_checkpoint(path: &Path, bytes: u64) -> u64 {
     zip.finish().unwrap();
     std::fs::metadata(path).unwrap().len()
 }
+
+/// Each JSON document of `o`'s output (one a line: a set's files are
+/// reported one by one).
+fn documents(o: &Output) -> Vec<Json> {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs nginx: .ci/run sets PTLOAD_NGINX and runs it with --ignored"]
+fn an_index_url_reads_as_the_local_set() {
+    let server = Nginx::start("sets");
+    let dir = fixture("llama_tiny_sharded");
+    let served = server.www().join("files/sharded");
+    std::fs::create_dir_all(&served).unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), served.join(entry.file_name())).unwrap();
+    }
+    let local = dir
+        .join("pytorch_model.bin.index.json")
+        .display()
+        .to_string();
+    let url = server.url("files/sharded/pytorch_model.bin.index.json");
+    let here = json(&ptload(&["inspect", "--json", "--hash", &local]));
+    let there = json(&ptload(&["inspect", "--json", "--hash", &url]));
+    assert!(there["fetched"]["bytes"].as_u64().unwrap() > 0, "{there}");
+    assert_eq!(located(here), located(there));
+    // Every shard was asked for at its URL beside the index.
+    for n in 1..=3 {
+        let (_, made) = server.sent(&format!(
+            "/files/sharded/pytorch_model-0000{n}-of-00003.bin"
+        ));
+        assert!(made > 0, "shard {n}");
+    }
+    // A rank's slices across the set, as from the local index.
+    let rank = [
+        "load",
+        "--json",
+        "--hash",
+        "--map-location",
+        "cpu",
+        "--shard",
+        "1/2",
+        "--split-preset",
+        "llama",
+    ];
+    let here = documents(&ptload(&[&rank[..], &[local.as_str()]].concat()));
+    let there = documents(&ptload(&[&rank[..], &[url.as_str()]].concat()));
+    assert_eq!(here.len(), 3);
+    let parts = |docs: &[Json]| {
+        docs.iter()
+            .map(|d| (d["file"].clone(), d["tensors"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(parts(&here), parts(&there));
+    assert!(there[0]["tensors"][0]["slice"].is_object(), "{}", there[0]);
+    // scan: each shard at its URL, as each local file.
+    let here = json(&ptload(&["scan", "--json", &dir.display().to_string()]));
+    let there = json(&ptload(&["scan", "--json", &url]));
+    let verdicts = |doc: &Json| {
+        doc["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["verdict"].clone(), f["globals"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(verdicts(&there).len(), 3, "{there}");
+    assert_eq!(verdicts(&here), verdicts(&there));
+    // convert and diff take the index URL too.
+    let out = server.dir.join("set.safetensors");
+    let out_here = server.dir.join("set.local.safetensors");
+    let (o, h) = (out.display().to_string(), out_here.display().to_string());
+    assert!(ptload(&["convert", &url, &o]).status.success());
+    assert!(ptload(&["convert", &local, &h]).status.success());
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(&out_here).unwrap()
+    );
+    assert_eq!(ptload(&["diff", &url, &local]).status.code(), Some(0));
+}
+
+/// `--shard` of a URL fetches the rank's slices and the parse reads, not
+/// the whole file: the server's log counts the bytes it sent.
+#[test]
+#[ignore = "needs nginx: .ci/run sets PTLOAD_NGINX and runs it with --ignored"]
+fn a_rank_of_a_url_fetches_its_slices() {
+    let server = Nginx::start("slices");
+    let name = "llama_wide.pt";
+    std::fs::copy(fixture(name), server.www().join("files").join(name)).unwrap();
+    let size = std::fs::metadata(fixture(name)).unwrap().len();
+    let local = fixture(name).display().to_string();
+    let url = server.url(&format!("files/{name}"));
+    for rank in ["0/2", "1/2"] {
+        let args = |file: &str| {
+            ptload(&[
+                "load",
+                "--json",
+                "--hash",
+                "--map-location",
+                "cpu",
+                "--shard",
+                rank,
+                "--split-preset",
+                "llama",
+                file,
+            ])
+        };
+        let here = json(&args(&local));
+        server.clear_log();
+        let there = json(&args(&url));
+        assert_eq!(here["tensors"], there["tensors"], "{rank}");
+        let (sent, requests) = server.sent(&format!("/files/{name}"));
+        // The slices' bytes: the rank's part of each tensor.
+        let slices: u64 = there["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let numel: u64 = t["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap())
+                    .product();
+                let elem = if t["dtype"] == "BF16" { 2 } else { 4 };
+                numel * elem
+            })
+            .sum();
+        println!("{rank}: {sent} bytes sent in {requests} requests for {slices} bytes of slices, of a file of {size}");
+        // Besides the slices: the parse reads (the first and last 128 KiB,
+        // the layer's records with 64 KiB around them), the norms whole,
+        // and the span covering o_proj's and down_proj's halves.
+        assert!(
+            sent >= slices && sent <= slices + (512 << 10),
+            "{rank}: {sent} sent, {slices} in the slices"
+        );
+        assert!(
+            sent * 10 < size * 6,
+            "{rank}: {sent} of {size} bytes in {requests} requests"
+        );
+    }
+}
+
+/// Indexes that name shards elsewhere, that are too large, that name a
+/// missing shard, and directories, each give their error.
+#[test]
+#[ignore = "needs nginx: .ci/run sets PTLOAD_NGINX and runs it with --ignored"]
+fn hostile_index_urls_give_their_errors() {
+    let server = Nginx::start("hostile-sets");
+    let files = server.www().join("files");
+    std::fs::copy(fixture("basic.pt"), files.join("basic.pt")).unwrap();
+    let run = |index: &str| {
+        let url = server.url(&format!("files/{index}"));
+        server.clear_log();
+        let out = ptload(&["inspect", "--json", &url]);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(2), "{index}: {text}");
+        text
+    };
+    // A shard name that is not a plain file beside the index: refused,
+    // and nothing but the index asked for.
+    for (n, shard) in [
+        "../basic.pt",
+        "/files/basic.pt",
+        "http://127.0.0.1:1/basic.pt",
+        "basic.pt?x=1",
+        "%2e%2e/basic.pt",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let index = format!("bad{n}.index.json");
+        let doc = serde_json::json!({"weight_map": {"0.weight": shard}});
+        std::fs::write(files.join(&index), doc.to_string()).unwrap();
+        let text = run(&index);
+        assert!(text.contains("not a file beside it"), "{shard}: {text}");
+        let log = server.log("access.log");
+        assert!(
+            log.lines()
+                .all(|l| l.starts_with(&format!("/files/{index} "))),
+            "{shard}: {log}"
+        );
+    }
+    // Larger than max_index_bytes (256 MiB): refused from its length,
+    // without reading it (a sparse file: no disk used).
+    let big = std::fs::File::create(files.join("big.index.json")).unwrap();
+    big.set_len((256 << 20) + 1).unwrap();
+    let text = run("big.index.json");
+    assert!(text.contains("max_index_bytes"), "{text}");
+    let (sent, _) = server.sent("/files/big.index.json");
+    assert!(sent < 4096, "{sent}");
+    // A shard the server does not have: 404, naming its URL.
+    let doc = serde_json::json!({"weight_map": {
+        "0.weight": "basic.pt",
+        "x": "missing-00002-of-00002.bin",
+    }});
+    std::fs::write(files.join("missing.index.json"), doc.to_string()).unwrap();
+    let text = run("missing.index.json");
+    let shard = server.url("files/missing-00002-of-00002.bin");
+    assert!(
+        text.contains(&format!("GET {shard}: 404 Not Found")),
+        "{text}"
+    );
+    // A directory cannot be listed.
+    let url = server.url("files/");
+    let out = ptload(&["inspect", &url]);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("give the URL of its index"), "{text}");
+}

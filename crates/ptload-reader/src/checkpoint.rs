@@ -16,7 +16,7 @@ use crate::limits::Limits;
 use crate::name_index::NameIndex;
 use crate::object::Objects;
 use crate::pickle::{Heap, Value, Vm};
-use crate::ranged::{fetch_until, Fetcher, FileView, RangeRead, COALESCE_GAP};
+use crate::ranged::{fetch_until, read_unheld, Fetcher, FileView, RangeRead, COALESCE_GAP};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip, Decoded};
 use crate::torch::dtensor::DTensorSpec;
@@ -196,8 +196,7 @@ impl OpenOptions {
     /// [`http::HttpFile`](crate::http::HttpFile)).
     #[cfg(feature = "http")]
     pub fn open_url(&self, url: &str) -> Result<Checkpoint> {
-        let file = crate::http::HttpFile::open(url)?;
-        self.open_ranged(std::sync::Arc::new(file))
+        self.open_ranged(url_file(url)?)
     }
 
     /// Read a checkpoint held in memory, without copying it: `bytes` may be
@@ -210,6 +209,13 @@ impl OpenOptions {
     ) -> Result<Checkpoint> {
         Checkpoint::load(Source::given(bytes), self)
     }
+}
+
+/// The file at `url`, read by ranges: what [`OpenOptions::open_url`]
+/// opens, and what a set opened by URL reads its index and shards with.
+#[cfg(feature = "http")]
+pub(crate) fn url_file(url: &str) -> Result<std::sync::Arc<dyn RangeRead>> {
+    Ok(std::sync::Arc::new(crate::http::HttpFile::open(url)?))
 }
 
 /// A tensor of [`Checkpoint::assembled`]: name, dtype, shape, and its
@@ -270,6 +276,9 @@ struct Fetched {
     order: Vec<usize>,
     /// Held while fetching: two threads reading one storage fetch it once.
     lock: std::sync::Mutex<()>,
+    /// By storage index: read in parts (a rank's slices), so never fetched
+    /// whole as the neighbour of another storage.
+    in_parts: Vec<std::sync::atomic::AtomicBool>,
 }
 
 /// Most bytes one coalesced read of storages fetches.
@@ -320,6 +329,10 @@ impl Storages for Checkpoint {
 
     fn lazy_read(&self, index: usize) -> Option<Result<std::borrow::Cow<'_, [u8]>>> {
         Checkpoint::lazy_read(self, index)
+    }
+
+    fn fetch_span(&self, info: &TensorInfo) -> Option<Result<Vec<u8>>> {
+        Checkpoint::fetch_span(self, info)
     }
 }
 
@@ -574,6 +587,7 @@ impl Fetched {
             storages: storages.iter().map(|_| Default::default()).collect(),
             order,
             lock: Default::default(),
+            in_parts: storages.iter().map(|_| Default::default()).collect(),
         }
     }
 }
@@ -827,6 +841,15 @@ impl Checkpoint {
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Mark storage `index` as read in parts (a rank's slices of the
+    /// tensors over it): in a file read by ranges, reading another storage
+    /// then never fetches it whole as its neighbour.
+    pub(crate) fn read_in_parts(&self, index: usize) {
+        if let Some(p) = self.fetched.in_parts.get(index) {
+            p.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Whether [`advise_scattered`](Self::advise_scattered) was called:
     /// each view then prefetches exactly its pages before reading them.
     pub(crate) fn is_scattered(&self) -> bool {
@@ -1003,7 +1026,13 @@ impl Checkpoint {
                 }
                 continue;
             }
+            let in_parts = self
+                .fetched
+                .in_parts
+                .get(next)
+                .is_some_and(|p| p.load(std::sync::atomic::Ordering::Relaxed));
             if done
+                || in_parts
                 || o < end
                 || o > end.saturating_add(COALESCE_GAP)
                 || new_end - offset > MAX_COALESCED
@@ -1013,10 +1042,7 @@ impl Checkpoint {
             run.push((next, o, n));
             end = new_end;
         }
-        let bytes = match self.source.extents() {
-            Some(held) => held.read_through(fetcher, offset, end - offset)?,
-            None => fetcher.read(offset, end - offset)?,
-        };
+        let bytes = read_unheld(self.source.view(), fetcher, offset, end)?;
         // One storage keeps the buffer as read: no second copy of it.
         if let [(i, _, n)] = run[..] {
             if bytes.len() as u64 == n {
@@ -1041,6 +1067,115 @@ impl Checkpoint {
             .and_then(|c| c.get())
             .map(Vec::as_slice)
             .ok_or_else(missing)
+    }
+
+    /// The elements of `info`, a view of a storage of a file read by
+    /// ranges, row-major and as they lie in the file (its byte order, no
+    /// conj/neg bit applied), fetched on their own when that reads less
+    /// than the whole storage: a rank's slice, a view of a small part of
+    /// a large storage. The runs of elements the view reads are fetched
+    /// in ranges, runs closer than [`COALESCE_GAP`] in one (so a column
+    /// split whose rows lie close together fetches the span covering
+    /// them), and nothing is kept: the storage is never fetched whole for
+    /// it. `None` when the storage is at hand already (fetched, or held
+    /// since opening), when the view's ranges would cover all of it (it
+    /// is then fetched whole and kept, for every view of it), and for
+    /// anything but a stored storage of a file read by ranges.
+    pub(crate) fn fetch_span(&self, info: &TensorInfo) -> Option<Result<Vec<u8>>> {
+        let fetcher = self.source.fetcher()?;
+        let index = info.storage?;
+        let s = self.storages.get(index)?;
+        let StorageData::File(_) = s.data else {
+            return None;
+        };
+        let base = s.file_offset?;
+        if info.numel == 0
+            || self.fetched.storages.get(index)?.get().is_some()
+            || self.source.view().held(base, s.nbytes).is_some()
+        {
+            return None;
+        }
+        // The ranges the runs fall in, in storage offsets. Runs that do
+        // not come in increasing order (a transposed view) are covered by
+        // one range from the first byte read to the last.
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut ascending = true;
+        let (mut low, mut high) = (u64::MAX, 0u64);
+        let walked = info.run_bounds(s.nbytes, |start, len| {
+            let end = start.saturating_add(len);
+            low = low.min(start);
+            high = high.max(end);
+            match ranges.last_mut() {
+                Some(last) if start < last.1 => ascending = false,
+                Some(last) if start <= last.1.saturating_add(COALESCE_GAP) => last.1 = end,
+                _ if ascending => ranges.push((start, end)),
+                _ => {}
+            }
+            Ok(())
+        });
+        if let Err(e) = walked {
+            return Some(Err(e));
+        }
+        if !ascending {
+            ranges = vec![(low, high)];
+        }
+        let total: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+        if total >= s.nbytes {
+            return None;
+        }
+        Some(self.gather_ranges(fetcher, base, &ranges, info))
+    }
+
+    /// Fetch `ranges` of the storage at file offset `base` and gather the
+    /// runs of `info` from them.
+    fn gather_ranges(
+        &self,
+        fetcher: &Fetcher,
+        base: u64,
+        ranges: &[(u64, u64)],
+        info: &TensorInfo,
+    ) -> Result<Vec<u8>> {
+        let extent = || {
+            Error::new(ErrorKind::Tensor, "tensor extent outside its storage")
+                .for_tensor(&info.name)
+        };
+        let mut fetched = Vec::with_capacity(ranges.len());
+        for &(a, b) in ranges {
+            let at = base.checked_add(a).ok_or_else(extent)?;
+            let to = base.checked_add(b).ok_or_else(extent)?;
+            fetched.push((a, read_unheld(self.source.view(), fetcher, at, to)?));
+        }
+        let size = usize::try_from(info.nbytes).map_err(|_| extent())?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(size).map_err(|_| {
+            Error::new(
+                ErrorKind::Tensor,
+                format!("cannot hold {size} bytes in memory"),
+            )
+            .for_tensor(&info.name)
+        })?;
+        let storage_len = ranges.last().map_or(0, |r| r.1);
+        info.run_bounds(storage_len, |start, len| {
+            let i = fetched.partition_point(|(a, _)| *a <= start);
+            let (a, bytes) = fetched
+                .get(i.checked_sub(1).ok_or_else(extent)?)
+                .ok_or_else(extent)?;
+            let from = usize::try_from(start - a).map_err(|_| extent())?;
+            let to = usize::try_from(len)
+                .ok()
+                .and_then(|n| from.checked_add(n))
+                .ok_or_else(extent)?;
+            let run = bytes.get(from..to).ok_or_else(extent)?;
+            if out.len() + run.len() > size {
+                return Err(extent());
+            }
+            out.extend_from_slice(run);
+            Ok(())
+        })?;
+        if out.len() != size {
+            return Err(extent());
+        }
+        Ok(out)
     }
 
     /// For a file read by ranges (a URL): the bytes fetched so far and
@@ -1260,5 +1395,126 @@ fn leading_globals(data: &[u8], opts: &OpenOptions) -> Result<Vec<GlobalRef>> {
                 refused.join(", ")
             ),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A file in memory read by ranges; every read is logged.
+    #[derive(Debug)]
+    struct Logged(Vec<u8>, Mutex<Vec<(u64, u64)>>);
+
+    impl RangeRead for Logged {
+        fn len(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+            self.1.lock().unwrap().push((offset, len));
+            Ok(self.0[offset as usize..(offset + len) as usize].to_vec())
+        }
+        fn name(&self) -> &str {
+            "memory://llama_wide.pt"
+        }
+    }
+
+    /// Views of a part of a large storage, read by ranges, fetch the runs
+    /// they read (far apart: one range each; close together or out of
+    /// order: the span covering them), give the local file's elements,
+    /// and leave the storage unfetched.
+    #[test]
+    fn a_view_of_part_of_a_storage_fetches_its_spans_only() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/files/llama_wide.pt"
+        );
+        let bytes = std::fs::read(path).unwrap();
+        let local = Checkpoint::open(path).unwrap();
+        let reader = Arc::new(Logged(bytes, Mutex::new(Vec::new())));
+        let ranged = OpenOptions::new().open_ranged(reader.clone()).unwrap();
+        let embed = ranged
+            .tensor("model.embed_tokens.weight")
+            .unwrap()
+            .info()
+            .clone();
+        let storage = embed.storage.unwrap();
+        assert_eq!(
+            (embed.shape.clone(), embed.dtype),
+            (vec![32000, 64], DType::BF16)
+        );
+        let row = 64 * 2;
+        let view = |shape: Vec<u64>, stride: Vec<u64>, offset: u64| TensorInfo {
+            numel: shape.iter().product(),
+            nbytes: shape.iter().product::<u64>() * 2,
+            shape,
+            stride,
+            storage_offset: offset,
+            ..embed.clone()
+        };
+        // The first 128 KiB of the file were fetched while opening.
+        let base = ranged.storages()[storage].file_offset.unwrap();
+        let head = 128 << 10;
+        assert!(base < head);
+        let far = 2000 * 64; // row 2000: past the head
+                             // (view, reads, bytes fetched)
+        let cases = [
+            // Four rows 8000 rows apart: four reads of one row.
+            (view(vec![4, 64], vec![8000 * 64, 1], far), 4, 4 * row),
+            // The first half of each of 1000 rows: the span covering them.
+            (
+                view(vec![1000, 32], vec![64, 1], far),
+                1,
+                999 * row + row / 2,
+            ),
+            // Transposed: the runs go back and forth, one covering span.
+            (view(vec![64, 4], vec![1, 64], far), 1, 4 * row),
+            // Starting in the head: only what the head lacks is fetched.
+            (
+                view(vec![2000, 32], vec![64, 1], 0),
+                1,
+                base + 1999 * row + row / 2 - head,
+            ),
+        ];
+        for (info, reads, fetched) in cases {
+            let before = reader.1.lock().unwrap().len();
+            let (bytes_before, _) = ranged.fetched_bytes().unwrap();
+            let there = TensorView {
+                ckpt: &ranged,
+                info: &info,
+            };
+            let here = TensorView {
+                ckpt: &local,
+                info: &info,
+            };
+            assert_eq!(there.data().unwrap(), here.data().unwrap(), "{info:?}");
+            let mut visited = Vec::new();
+            there.visit_bytes(|b| visited.extend_from_slice(b)).unwrap();
+            assert_eq!(visited, here.data().unwrap().into_owned());
+            let (bytes_after, _) = ranged.fetched_bytes().unwrap();
+            // Each of the two reads fetched alike.
+            assert_eq!(
+                reader.1.lock().unwrap().len() - before,
+                2 * reads,
+                "{info:?}"
+            );
+            assert_eq!(bytes_after - bytes_before, 2 * fetched, "{info:?}");
+            assert!(ranged.fetched.storages[storage].get().is_none());
+        }
+        // A view past its storage's end is an error, not a read.
+        let past = view(vec![2, 64], vec![32000 * 64, 1], 0);
+        let err = TensorView {
+            ckpt: &ranged,
+            info: &past,
+        }
+        .data()
+        .unwrap_err();
+        assert!(err.to_string().contains("outside its storage"), "{err}");
+        // The whole tensor: its storage fetched whole, once, and kept.
+        let whole = ranged.tensor("model.embed_tokens.weight").unwrap();
+        let here = local.tensor("model.embed_tokens.weight").unwrap();
+        assert_eq!(whole.data().unwrap(), here.data().unwrap());
+        assert!(ranged.fetched.storages[storage].get().is_some());
     }
 }

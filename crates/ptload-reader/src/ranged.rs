@@ -324,51 +324,6 @@ impl Extents {
         out
     }
 
-    /// `len` bytes at `offset`: the parts held copied, only the holes
-    /// read, so that no byte is fetched twice.
-    pub(crate) fn read_through(&self, fetcher: &Fetcher, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let end = offset.saturating_add(len);
-        let holes = self.holes(offset, end);
-        if let [(a, b)] = holes[..] {
-            if (a, b) == (offset, end) {
-                return fetcher.read(offset, len);
-            }
-        }
-        let size = usize::try_from(len)
-            .map_err(|_| Error::new(ErrorKind::Io, format!("{len} bytes do not fit in memory")))?;
-        let mut out = Vec::new();
-        out.try_reserve_exact(size).map_err(|_| {
-            Error::new(
-                ErrorKind::Io,
-                format!("cannot hold {len} bytes of {} in memory", fetcher.name()),
-            )
-        })?;
-        let mut at = offset;
-        let mut holes = holes.into_iter().peekable();
-        while at < end {
-            if let Some(&(a, b)) = holes.peek().filter(|(a, _)| *a == at) {
-                out.extend_from_slice(&fetcher.read(a, b - a)?);
-                holes.next();
-                at = b;
-                continue;
-            }
-            // Held from `at` up to the next hole (or the end).
-            let upto = holes.peek().map_or(end, |&(a, _)| a);
-            let held = self.find(at, upto).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Io,
-                    format!(
-                        "{}: bytes {at}..{upto} are neither held nor fetched",
-                        fetcher.name()
-                    ),
-                )
-            })?;
-            out.extend_from_slice(held);
-            at = upto;
-        }
-        Ok(out)
-    }
-
     /// Add the bytes fetched at `offset` (a hole: no run overlaps it),
     /// joining the runs it touches.
     fn insert(&mut self, offset: u64, bytes: Vec<u8>) {
@@ -619,6 +574,58 @@ impl<'d> FileView<'d> {
     }
 }
 
+/// The bytes `start..end` of the file: the parts `view` holds (fetched
+/// while opening) copied, only the others fetched, so no range is read
+/// twice.
+pub(crate) fn read_unheld(
+    view: FileView<'_>,
+    fetcher: &Fetcher,
+    start: u64,
+    end: u64,
+) -> Result<Vec<u8>> {
+    let FileView::Fetched(extents) = view else {
+        return fetcher.read(start, end.saturating_sub(start));
+    };
+    let holes = extents.holes(start, end);
+    if let [(a, b)] = holes[..] {
+        if (a, b) == (start, end) {
+            return fetcher.read(start, end - start);
+        }
+    }
+    let size = usize::try_from(end.saturating_sub(start))
+        .map_err(|_| Error::new(ErrorKind::Io, "range too large"))?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(size).map_err(|_| {
+        Error::new(
+            ErrorKind::Io,
+            format!("{}: cannot hold {size} bytes in memory", fetcher.name()),
+        )
+    })?;
+    let held = |a: u64, b: u64| {
+        extents.find(a, b).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "{}: bytes {a}..{b} neither held nor fetched",
+                    fetcher.name()
+                ),
+            )
+        })
+    };
+    let mut at = start;
+    for (a, b) in holes {
+        if at < a {
+            out.extend_from_slice(held(at, a)?);
+        }
+        out.extend_from_slice(&fetcher.read(a, b - a)?);
+        at = b;
+    }
+    if at < end {
+        out.extend_from_slice(held(at, end)?);
+    }
+    Ok(out)
+}
+
 /// Whether `e` is a read that ran out of bytes (a pickle run over a
 /// prefix of the file that may be too short): the byte reader's end of
 /// data, or a length past the bytes left.
@@ -766,11 +773,15 @@ mod tests {
             .unwrap();
         e.fetch(&fetcher, &[(7000, 7100)], &mut budget).unwrap();
         let before = fetcher.bytes_read();
-        let got = e.read_through(&fetcher, 50, 9000).unwrap();
+        let view = FileView::Fetched(&e);
+        let got = read_unheld(view, &fetcher, 50, 9050).unwrap();
         assert_eq!(got, &file[50..9050]);
         // Held: 100..5100 and 7000..7100.
         assert_eq!(fetcher.bytes_read() - before, 9000 - 5000 - 100);
-        assert_eq!(e.read_through(&fetcher, 120, 50).unwrap(), &file[120..170]);
+        assert_eq!(
+            read_unheld(view, &fetcher, 120, 170).unwrap(),
+            &file[120..170]
+        );
         assert_eq!(fetcher.bytes_read() - before, 9000 - 5000 - 100);
     }
 

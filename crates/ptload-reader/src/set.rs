@@ -31,6 +31,7 @@ use rayon::prelude::*;
 use crate::checkpoint::{Checkpoint, OpenOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::name_index::NameIndex;
+use crate::ranged::RangeRead;
 use crate::source::read_bounded;
 use crate::view::TensorView;
 
@@ -338,82 +339,145 @@ impl CheckpointSet {
     /// files relative to the index's directory.
     pub fn open_index(index: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
         let index = index.as_ref();
+        let name = file_name(index);
         let text = read_bounded(index, opts.limits_ref().max_index_bytes, "max_index_bytes")
-            .map_err(|e| e.in_file(&file_name(index)))?;
-        #[derive(serde::Deserialize)]
-        struct Index {
-            weight_map: BTreeMap<String, String>,
-        }
-        let parsed: Index = serde_json::from_slice(&text).map_err(|e| {
-            Error::new(
-                ErrorKind::InvalidSpec,
-                format!("not a checkpoint index ({{\"weight_map\": {{tensor: file}}}}): {e}"),
-            )
-            .in_file(&file_name(index))
-        })?;
-        if parsed.weight_map.len() > opts.limits_ref().max_tensors {
-            return Err(Error::limit(
-                "max_tensors",
-                opts.limits_ref().max_tensors as u64,
-            ));
-        }
+            .map_err(|e| e.in_file(&name))?;
+        let weight_map = parse_index(&text, &name, opts)?;
         let dir = index.parent().unwrap_or(Path::new(""));
-        let mut shard_names: Vec<&str> = parsed.weight_map.values().map(String::as_str).collect();
-        shard_names.sort_unstable();
-        shard_names.dedup();
-        if shard_names.len() > opts.limits_ref().max_set_files {
-            return Err(Error::limit(
-                "max_set_files",
-                opts.limits_ref().max_set_files as u64,
-            ));
-        }
-        let mut paths = Vec::with_capacity(shard_names.len());
-        for name in &shard_names {
+        let mut paths = Vec::new();
+        for shard in shard_names(&weight_map, opts)? {
             // The index names files beside it: a path with a directory in
             // it is not a shard of this set. (Symbolic links in the
             // directory are followed: they are its owner's, not the
             // index's.)
-            let mut parts = Path::new(name).components();
-            let plain = matches!(
-                (parts.next(), parts.next()),
-                (Some(std::path::Component::Normal(_)), None)
-            );
-            if !plain {
-                return Err(Error::new(
-                    ErrorKind::InvalidSpec,
-                    format!("the index names shard {name:?}, which is not a file beside it"),
-                )
-                .in_file(&file_name(index)));
+            if !plain_file_name(shard) {
+                return Err(not_beside(shard, &name));
             }
-            let p = dir.join(name);
+            let p = dir.join(shard);
             if !p.is_file() {
-                let count = parsed.weight_map.values().filter(|v| *v == name).count();
+                let count = weight_map.values().filter(|v| *v == shard).count();
                 return Err(Error::new(
                     ErrorKind::Io,
                     format!(
-                        "shard {name} is missing: the index places {count} tensor{} in it",
+                        "shard {shard} is missing: the index places {count} tensor{} in it",
                         if count == 1 { "" } else { "s" }
                     ),
                 )
-                .in_file(&file_name(index)));
+                .in_file(&name));
             }
             paths.push(p);
         }
         let files = open_all(&paths, opts)?;
-        let mut set = CheckpointSet::build(files, Some(index.to_path_buf()), opts)?;
-        // Every entry of the index is where it says.
-        for (tensor, shard) in &parsed.weight_map {
-            match set.tensor(tensor) {
-                Some((at, _)) if set.files.get(at).is_some_and(|f| f.name() == *shard) => {}
+        let set = CheckpointSet::build(files, Some(index.to_path_buf()), opts)?;
+        set.matching(&weight_map, &name)
+    }
+
+    /// The set at `url`, read by ranges: an index (a URL whose path ends
+    /// in `.json`, see [`open_ranged_index`](Self::open_ranged_index))
+    /// with its shards at the URLs beside it, or one checkpoint (a set of
+    /// one). A directory (a path ending in `/`) cannot be listed over the
+    /// network: the error says to give its index's URL.
+    #[cfg(feature = "http")]
+    pub fn open_url(url: &str, opts: &OpenOptions) -> Result<CheckpointSet> {
+        let path = url.split(['?', '#']).next().unwrap_or(url);
+        if path.ends_with('/') {
+            return Err(Error::new(
+                ErrorKind::InvalidSpec,
+                format!(
+                    "{url} names a directory, which cannot be listed by URL: give the URL of \
+                     its index (such as {path}pytorch_model.bin.index.json) or of one \
+                     checkpoint file"
+                ),
+            ));
+        }
+        if path.ends_with(".json") {
+            let index = crate::checkpoint::url_file(url)?;
+            return CheckpointSet::open_index_with(index, crate::checkpoint::url_file, opts);
+        }
+        CheckpointSet::of(url, Arc::new(opts.open_url(url)?))
+    }
+
+    /// The set a Hugging Face index read by ranges names (an engine's own
+    /// storage, or a URL): the index is read whole (at most
+    /// [`Limits::max_index_bytes`](crate::Limits)), each shard name must
+    /// be a plain file name (no directory, `..`, scheme, query, fragment
+    /// or `%` escape), resolved against the index's name (its URL) up to
+    /// its last `/`, and opened with `shard` (which gets the shard's full
+    /// name) and [`OpenOptions::open_ranged`], in parallel.
+    pub fn open_ranged_index(
+        index: Arc<dyn RangeRead>,
+        shard: impl Fn(&str) -> std::io::Result<Arc<dyn RangeRead>> + Sync,
+        opts: &OpenOptions,
+    ) -> Result<CheckpointSet> {
+        let open = |url: &str| {
+            shard(url).map_err(|e| Error::new(ErrorKind::Io, format!("cannot open {url}: {e}")))
+        };
+        CheckpointSet::open_index_with(index, open, opts)
+    }
+
+    /// [`open_ranged_index`](Self::open_ranged_index), the shards opened
+    /// by `shard`.
+    fn open_index_with(
+        index: Arc<dyn RangeRead>,
+        shard: impl Fn(&str) -> Result<Arc<dyn RangeRead>> + Sync,
+        opts: &OpenOptions,
+    ) -> Result<CheckpointSet> {
+        let url = index.name().to_owned();
+        let (weight_map, urls) = read_ranged_index(index.as_ref(), opts)?;
+        let one = urls.len() == 1;
+        let files = urls
+            .par_iter()
+            .map(|u| {
+                shard(u)
+                    .and_then(|file| opts.open_ranged(file))
+                    .map(|c| SetFile {
+                        path: PathBuf::from(u),
+                        checkpoint: Arc::new(c),
+                    })
+                    .map_err(|e| {
+                        if one {
+                            e
+                        } else {
+                            e.in_file(&file_name(Path::new(u)))
+                        }
+                    })
+            })
+            .collect::<Vec<Result<SetFile>>>()
+            .into_iter()
+            .collect::<Result<Vec<SetFile>>>()?;
+        let set = CheckpointSet::build(files, Some(PathBuf::from(&url)), opts)?;
+        set.matching(&weight_map, &url)
+    }
+
+    /// The URLs of the shards the index at `url` names (checked as
+    /// [`open_ranged_index`](Self::open_ranged_index) checks them), in
+    /// name order, without opening them: for a scan of each.
+    #[cfg(feature = "http")]
+    pub fn index_shard_urls(url: &str, opts: &OpenOptions) -> Result<Vec<String>> {
+        let index = crate::checkpoint::url_file(url)?;
+        Ok(read_ranged_index(index.as_ref(), opts)?.1)
+    }
+
+    /// This set, checked against the index `weight_map` (named `index` in
+    /// errors): every entry is where it says; tensors it does not list are
+    /// a warning.
+    fn matching(
+        mut self,
+        weight_map: &BTreeMap<String, String>,
+        index: &str,
+    ) -> Result<CheckpointSet> {
+        for (tensor, shard) in weight_map {
+            match self.tensor(tensor) {
+                Some((at, _)) if self.files.get(at).is_some_and(|f| f.name() == *shard) => {}
                 Some((at, _)) => {
                     // `at` is the set's own answer: always one of its files.
-                    let found = set.files.get(at).map_or_else(String::new, SetFile::name);
+                    let found = self.files.get(at).map_or_else(String::new, SetFile::name);
                     return Err(Error::new(
                         ErrorKind::Tensor,
                         format!("the index places it in {shard}, but it is in {found}"),
                     )
                     .for_tensor(tensor)
-                    .in_file(&file_name(index)));
+                    .in_file(index));
                 }
                 None => {
                     return Err(Error::new(
@@ -421,24 +485,24 @@ impl CheckpointSet {
                         format!("the index places it in {shard}, which has no such tensor"),
                     )
                     .for_tensor(tensor)
-                    .in_file(&file_name(index)));
+                    .in_file(index));
                 }
             }
         }
-        let unlisted = set
+        let unlisted = self
             .files
             .iter()
             .flat_map(|f| f.checkpoint.tensors().map(move |t| (f, t)))
-            .filter(|(_, t)| !parsed.weight_map.contains_key(t.name()))
+            .filter(|(_, t)| !weight_map.contains_key(t.name()))
             .count();
         if unlisted > 0 {
-            set.warnings.push(format!(
+            self.warnings.push(format!(
                 "{unlisted} tensor{} in the shards {} not in the index",
                 if unlisted == 1 { "" } else { "s" },
                 if unlisted == 1 { "is" } else { "are" }
             ));
         }
-        Ok(set)
+        Ok(self)
     }
 
     fn build(
@@ -572,6 +636,102 @@ fn rank_in_name(p: &Path) -> u64 {
             digits.parse().ok()
         })
         .unwrap_or(u64::MAX)
+}
+
+/// An index's `weight_map` (named `index` in errors), within the limits.
+fn parse_index(text: &[u8], index: &str, opts: &OpenOptions) -> Result<BTreeMap<String, String>> {
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: BTreeMap<String, String>,
+    }
+    let parsed: Index = serde_json::from_slice(text).map_err(|e| {
+        Error::new(
+            ErrorKind::InvalidSpec,
+            format!("not a checkpoint index ({{\"weight_map\": {{tensor: file}}}}): {e}"),
+        )
+        .in_file(index)
+    })?;
+    if parsed.weight_map.len() > opts.limits_ref().max_tensors {
+        return Err(Error::limit(
+            "max_tensors",
+            opts.limits_ref().max_tensors as u64,
+        ));
+    }
+    Ok(parsed.weight_map)
+}
+
+/// The `weight_map` of an index read by ranges, and the URL of each shard
+/// it names (resolved against the index's name), in name order.
+fn read_ranged_index(
+    index: &dyn RangeRead,
+    opts: &OpenOptions,
+) -> Result<(BTreeMap<String, String>, Vec<String>)> {
+    let url = index.name();
+    let max = opts.limits_ref().max_index_bytes;
+    if index.len() > max {
+        return Err(Error::limit("max_index_bytes", max).in_file(url));
+    }
+    let text = index
+        .read_at(0, index.len())
+        .map_err(|e| Error::new(ErrorKind::Io, format!("cannot read {url}: {e}")))?;
+    if text.len() as u64 != index.len() {
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "{url}: asked for {} bytes, received {}",
+                index.len(),
+                text.len()
+            ),
+        ));
+    }
+    let weight_map = parse_index(&text, url, opts)?;
+    let path = url.split(['?', '#']).next().unwrap_or(url);
+    let dir = path.rfind('/').map_or("", |at| &path[..=at]);
+    let odd =
+        |c: char| matches!(c, '?' | '#' | '%' | '\\' | ':') || c.is_whitespace() || c.is_control();
+    let mut urls = Vec::new();
+    for name in shard_names(&weight_map, opts)? {
+        if !plain_file_name(name) || name.contains(odd) {
+            return Err(not_beside(name, url));
+        }
+        urls.push(format!("{dir}{name}"));
+    }
+    Ok((weight_map, urls))
+}
+
+/// The files an index names, each once, in name order.
+fn shard_names<'m>(
+    weight_map: &'m BTreeMap<String, String>,
+    opts: &OpenOptions,
+) -> Result<Vec<&'m str>> {
+    let mut names: Vec<&str> = weight_map.values().map(String::as_str).collect();
+    names.sort_unstable();
+    names.dedup();
+    if names.len() > opts.limits_ref().max_set_files {
+        return Err(Error::limit(
+            "max_set_files",
+            opts.limits_ref().max_set_files as u64,
+        ));
+    }
+    Ok(names)
+}
+
+/// Whether `name` is one file name: no directory, no `.` or `..`, not
+/// absolute.
+fn plain_file_name(name: &str) -> bool {
+    let mut parts = Path::new(name).components();
+    matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    )
+}
+
+fn not_beside(shard: &str, index: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidSpec,
+        format!("the index names shard {shard:?}, which is not a file beside it"),
+    )
+    .in_file(index)
 }
 
 fn file_name(p: &Path) -> String {

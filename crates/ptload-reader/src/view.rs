@@ -33,6 +33,10 @@ pub(crate) trait Storages: std::fmt::Debug + Sync {
     /// The bytes of storage `index` when it is read on demand; `None` for
     /// any other storage.
     fn lazy_read(&self, index: usize) -> Option<Result<Cow<'_, [u8]>>>;
+    /// The elements of `info` (row-major, as stored) fetched on their own
+    /// from a file read by ranges, when that reads less than their
+    /// storage; `None` to read them from the storage.
+    fn fetch_span(&self, info: &TensorInfo) -> Option<Result<Vec<u8>>>;
 }
 
 /// Row-major chunks are handed out in pieces of at most this many bytes
@@ -158,6 +162,9 @@ impl<'a> TensorView<'a> {
     pub fn data(&self) -> Result<Cow<'a, [u8]>> {
         if let Some(read) = self.lazy() {
             return read;
+        }
+        if let Some(span) = self.span() {
+            return span.map(Cow::Owned);
         }
         if let Ok(bytes) = self.borrowed() {
             return Ok(Cow::Borrowed(bytes));
@@ -290,6 +297,10 @@ impl<'a> TensorView<'a> {
             f(&read?);
             return Ok(());
         }
+        if let Some(span) = self.span() {
+            f(&span?);
+            return Ok(());
+        }
         let storage = self.require_storage()?;
         let info = self.info;
         self.prefetch(storage.len() as u64);
@@ -389,6 +400,28 @@ impl<'a> TensorView<'a> {
                 }
             })
             .map_err(|e| e.for_tensor(&self.info.name)),
+        )
+    }
+
+    /// The elements of a view of a file read by ranges, fetched on
+    /// their own (see `Checkpoint::fetch_span`), in host order with the
+    /// conj/neg bits applied; `None` when they are read from the storage.
+    fn span(&self) -> Option<Result<Vec<u8>>> {
+        let fetched = self.ckpt.fetch_span(self.info)?;
+        Some(
+            fetched
+                .map(|mut bytes| {
+                    if self.needs_swap() {
+                        self.ckpt
+                            .byte_order()
+                            .to_host(&mut bytes, self.info.dtype.swap_unit());
+                    }
+                    if self.needs_transform() {
+                        self.transform(&mut bytes);
+                    }
+                    bytes
+                })
+                .map_err(|e| e.for_tensor(&self.info.name)),
         )
     }
 

@@ -254,6 +254,7 @@ fixtures! {
     empty => "empty.pt",
     hf_lm => "hf_lm.pt",
     llama_tiny => "llama_tiny.pt",
+    llama_wide => "llama_wide.pt",
     legacy => "legacy.pt",
     legacy_proto0 => "legacy_proto0.pt",
     legacy_proto1 => "legacy_proto1.pt",

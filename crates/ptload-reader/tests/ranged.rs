@@ -509,3 +509,61 @@ fn scattered_ranges_are_fetched_several_at_once() {
         "{err}"
     );
 }
+/// A tensor-parallel rank's slices of a file read by ranges fetch their
+/// own bytes: after opening, what rank 0 of 2 reads of llama_wide.pt
+/// (its half of the embeddings and lm_head, which hold most of the file)
+/// costs about its slices' bytes, never a sliced storage whole; the
+/// elements are the local file's.
+#[test]
+fn a_ranks_slices_fetch_their_ranges_only() {
+    use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
+    use ptload_reader::tp::{Shard, Splits};
+    let path = files()
+        .into_iter()
+        .find(|p| p.ends_with("llama_wide.pt"))
+        .unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let size = bytes.len() as u64;
+    let local = Checkpoint::open(&path).unwrap();
+    let reader = logged(bytes);
+    let ranged = OpenOptions::new().open_ranged(reader.clone()).unwrap();
+    let (opened, _) = ranged.fetched_bytes().unwrap();
+    for rank in 0..2 {
+        let opts = StateDictOptions {
+            key: KeySelect::All,
+            strip: Strip::None,
+            parallel: Some((
+                Shard::new(rank, 2).unwrap(),
+                Splits::preset("llama").unwrap(),
+            )),
+            ..Default::default()
+        };
+        let (here, there) = (opts.select(&local).unwrap(), opts.select(&ranged).unwrap());
+        let (before, _) = ranged.fetched_bytes().unwrap();
+        let mut slices = 0;
+        for (a, b) in here.iter().zip(there.iter()) {
+            let (a, b) = (here.view(a).unwrap(), there.view(b).unwrap());
+            assert_eq!(a.data().unwrap(), b.data().unwrap(), "{}", a.name());
+            slices += b.info().nbytes;
+        }
+        let (after, _) = ranged.fetched_bytes().unwrap();
+        let read = after - before;
+        // o_proj and down_proj are split on dim 1: their rows lie close
+        // together, so the span covering a rank's halves is read (64 KiB
+        // at most here), and the small norms are fetched whole.
+        assert!(
+            read >= slices / 2 && read <= slices + (64 << 10),
+            "rank {rank}: {read} for {slices}"
+        );
+        assert!(
+            (opened + read) * 10 < size * 6,
+            "rank {rank}: {opened} + {read} of {size}"
+        );
+        let embed = ranged.tensor("model.embed_tokens.weight").unwrap();
+        let whole = embed.info().nbytes;
+        assert!(
+            reader.reads.lock().unwrap().iter().all(|r| r.1 < whole),
+            "a sliced storage was fetched whole"
+        );
+    }
+}

@@ -2,7 +2,9 @@
 //! and answers torch wrote (fixtures/generate.py --only sharding).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use ptload_reader::ranged::RangeRead;
 use ptload_reader::read_plan::ReadPlan;
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::{KeySelect, StateDict, StateDictOptions, Strip};
@@ -636,4 +638,170 @@ fn a_set_that_cannot_be_placed_leaves_nothing() {
         .collect();
     assert_eq!(left, ["model.safetensors.index.json"]);
     assert_eq!(std::fs::read(&index).expect("theirs"), b"theirs");
+}
+
+/// Files of a store read by ranges (an object store, a web server), by
+/// URL; every URL asked for is logged.
+#[derive(Debug, Default)]
+struct Store {
+    files: std::collections::BTreeMap<String, Vec<u8>>,
+    asked: std::sync::Mutex<Vec<String>>,
+}
+
+#[derive(Debug)]
+struct StoreFile(String, Arc<Vec<u8>>);
+
+impl RangeRead for StoreFile {
+    fn len(&self) -> u64 {
+        self.1.len() as u64
+    }
+    fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+        Ok(self.1[offset as usize..(offset + len) as usize].to_vec())
+    }
+    fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Store {
+    fn open(&self, url: &str) -> std::io::Result<Arc<dyn RangeRead>> {
+        self.asked.lock().unwrap().push(url.to_owned());
+        match self.files.get(url) {
+            Some(b) => Ok(Arc::new(StoreFile(url.to_owned(), Arc::new(b.clone())))),
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such object",
+            )),
+        }
+    }
+
+    fn open_set(&self, index: &str, opts: &OpenOptions) -> ptload_reader::Result<CheckpointSet> {
+        let index = self.open(index).expect("the index is in the store");
+        CheckpointSet::open_ranged_index(index, |u| self.open(u), opts)
+    }
+}
+
+const HUB: &str = "mem://hub/org/model/resolve/main/";
+
+/// llama_tiny_sharded/ in a store, its index given `weight_map`'s text
+/// (the real one when `None`).
+fn sharded_store(index: Option<&str>) -> Store {
+    let dir = files().join("llama_tiny_sharded");
+    let mut store = Store::default();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        store
+            .files
+            .insert(format!("{HUB}{name}"), std::fs::read(entry.path()).unwrap());
+    }
+    if let Some(text) = index {
+        store.files.insert(
+            format!("{HUB}pytorch_model.bin.index.json"),
+            text.as_bytes().to_vec(),
+        );
+    }
+    store
+}
+
+/// An index read by ranges opens the shards beside it, by URL: the same
+/// set as the local index, checked the same way.
+#[test]
+fn an_index_read_by_ranges_opens_its_shards_beside_it() {
+    let local = CheckpointSet::open(files().join("llama_tiny_sharded")).unwrap();
+    let store = sharded_store(None);
+    let url = format!("{HUB}pytorch_model.bin.index.json");
+    let set = store.open_set(&url, &OpenOptions::new()).unwrap();
+    assert_eq!(set.index().unwrap(), Path::new(&url));
+    let names = |s: &CheckpointSet| s.files().iter().map(|f| f.name()).collect::<Vec<_>>();
+    assert_eq!(names(&set), names(&local));
+    assert_eq!(
+        set.files()[0].path(),
+        Path::new(&format!("{HUB}{}", names(&local)[0]))
+    );
+    let all = |s: &CheckpointSet| {
+        s.tensors()
+            .map(|(f, t)| (f, t.name().to_owned(), sha(&t)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(all(&set), all(&local));
+    for f in set.files() {
+        assert!(f.checkpoint().fetched_bytes().is_some());
+    }
+    // An index whose entry points at the wrong shard is refused, as locally.
+    let text =
+        std::fs::read_to_string(files().join("llama_tiny_sharded/pytorch_model.bin.index.json"))
+            .unwrap();
+    let mut doc: Json = serde_json::from_str(&text).unwrap();
+    doc["weight_map"]["lm_head.weight"] = "pytorch_model-00001-of-00003.bin".into();
+    let store = sharded_store(Some(&doc.to_string()));
+    let err = store.open_set(&url, &OpenOptions::new()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Tensor);
+    assert!(
+        err.to_string()
+            .contains("the index places it in pytorch_model-00001-of-00003.bin"),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&url), "{err}");
+}
+
+/// Shard names that are not a plain file beside the index (a parent, a
+/// folder, an absolute path, a scheme, a query, an escape) are refused
+/// before any shard is asked for; an index over the limit is refused
+/// before it is read; a missing shard is its store's error, naming it.
+#[test]
+fn hostile_indexes_read_by_ranges_are_refused() {
+    let url = format!("{HUB}pytorch_model.bin.index.json");
+    for shard in [
+        "../other/model.bin",
+        "..",
+        ".",
+        "sub/model.bin",
+        "/etc/model.bin",
+        "http://evil.example/model.bin",
+        "s3://bucket/model.bin",
+        "model.bin?x=1",
+        "model.bin#frag",
+        "%2e%2e%2fmodel.bin",
+        "model\\..\\x.bin",
+        "model .bin",
+        "",
+    ] {
+        let index = serde_json::json!({"weight_map": {"w": shard}}).to_string();
+        let store = sharded_store(Some(&index));
+        let err = store.open_set(&url, &OpenOptions::new()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidSpec, "{shard:?}: {err}");
+        assert!(
+            err.to_string().contains("not a file beside it"),
+            "{shard:?}: {err}"
+        );
+        assert_eq!(*store.asked.lock().unwrap(), vec![url.clone()], "{shard:?}");
+    }
+    // Over the limit: refused from its length, nothing read.
+    let store = sharded_store(None);
+    let mut limits = Limits::default();
+    limits.max_index_bytes = 100;
+    let err = store
+        .open_set(&url, &OpenOptions::new().limits(limits))
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+    assert!(err.to_string().contains("max_index_bytes"), "{err}");
+    // A shard the store lacks: its error names its URL.
+    let index = serde_json::json!({"weight_map": {
+        "model.norm.weight": "pytorch_model-00003-of-00003.bin",
+        "w": "pytorch_model-00004-of-00004.bin",
+    }})
+    .to_string();
+    let store = sharded_store(Some(&index));
+    let err = store.open_set(&url, &OpenOptions::new()).unwrap_err();
+    let missing = format!("{HUB}pytorch_model-00004-of-00004.bin");
+    assert!(
+        err.to_string()
+            .contains(&format!("cannot open {missing}: no such object")),
+        "{err}"
+    );
+    // Not JSON of an index.
+    let store = sharded_store(Some("<html>"));
+    let err = store.open_set(&url, &OpenOptions::new()).unwrap_err();
+    assert!(err.to_string().contains("not a checkpoint index"), "{err}");
 }

@@ -185,6 +185,9 @@ impl StateDictOptions {
                 continue;
             };
             if let Some((slice, info)) = splits.slice(&e.name, view.info(), *shard)? {
+                if let Some(storage) = info.storage {
+                    ckpt.read_in_parts(storage);
+                }
                 e.slice = Some(slice);
                 e.sliced = Some(Box::new(info));
             }
