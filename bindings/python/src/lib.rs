@@ -1062,9 +1062,9 @@ fn select(
     };
     let set = py
         .allow_threads(|| match path.to_str().and_then(url_of) {
-            // One file read by ranges: the storages a selection reads are
-            // fetched when it reads them.
-            Some(url) => CheckpointSet::of(url, Arc::new(OpenOptions::new().open_url(url)?)),
+            // A file, or a set's index, read by ranges: the storages a
+            // selection reads are fetched when it reads them.
+            Some(url) => CheckpointSet::open_url(url, &OpenOptions::new()),
             None => CheckpointSet::open(&path),
         })
         .map_err(to_py)?;

@@ -103,18 +103,6 @@ def _array_from_bytes(data, info):
     return np.frombuffer(data, dtype=_array_dtype(info)).reshape(shape)
 
 
-def _refuse_remote_set(url):
-    """A URL must name one checkpoint file: sets (an index file, a folder of
-    shards) are read from local paths only, for now."""
-    bare = url.split("?", 1)[0].split("#", 1)[0]
-    if bare.endswith(".json") or bare.endswith("/"):
-        raise UnsupportedError(
-            f"{url}: checkpoint sets by URL (index files, directories of shards) are not "
-            "supported yet: give the URL of one checkpoint file, or download the set and "
-            "open its local path"
-        )
-
-
 class _Slice:
     """``safe_open(...).get_slice(name)``: index it to read only that part."""
 
@@ -198,9 +186,7 @@ class safe_open:
         self._remote = is_url(path)
         self._pread = backend == "pread" and not self._remote
         self._path = os.fsdecode(os.fspath(path))
-        if self._remote:
-            _refuse_remote_set(self._path)
-        else:
+        if not self._remote:
             require_file(self._path)
         # One pattern may be given as a string, as `splits` may.
         include = [include] if isinstance(include, str) else list(include)
@@ -208,8 +194,14 @@ class safe_open:
         self._map = None
         self._torch_storages = None
         self._sel = None
-        local_set = not self._remote and (os.path.isdir(self._path) or self._path.endswith(".json"))
-        if shard is not None or splits or preset or local_set:
+        if self._remote:
+            # An index or a directory URL: the reader opens the set, or
+            # says why it cannot.
+            bare = self._path.split("?", 1)[0].split("#", 1)[0]
+            is_set = bare.endswith(".json") or bare.endswith("/")
+        else:
+            is_set = os.path.isdir(self._path) or self._path.endswith(".json")
+        if shard is not None or splits or preset or is_set:
             from . import _ptload
 
             self._sel = _ptload.select(
