@@ -186,6 +186,7 @@ fn place_rest(
     mut placed: Vec<Option<Placed>>,
     opts: &LoadOptions,
 ) -> Result<Vec<Placed>, LoadError> {
+    let ranged = ckpt.fetched_bytes().is_some();
     let mut storages = Vec::with_capacity(sources.len());
     for (k, source) in sources.iter_mut().enumerate() {
         let done = placed.get_mut(k).and_then(Option::take);
@@ -204,7 +205,14 @@ fn place_rest(
                         source.order.to_host(&mut owned, source.unit);
                         HostRepr::Owned(owned)
                     }
-                    SourceBytes::Checkpoint(i) => HostRepr::Mapped(Arc::clone(ckpt), i),
+                    SourceBytes::Checkpoint(i) => {
+                        // Read by ranges: the load has the bytes (fetched
+                        // ahead, or now), and a failed request is its error.
+                        if ranged {
+                            ckpt.storage_bytes(i)?;
+                        }
+                        HostRepr::Mapped(Arc::clone(ckpt), i)
+                    }
                     SourceBytes::Converted(bytes) => HostRepr::Owned(bytes),
                 };
                 let storage = HostStorage { repr };
