@@ -288,6 +288,7 @@ fixtures! {
     views => "views.pt",
     weights_safetensors => "weights.safetensors.pt",
     whole_module => "whole_module.pt",
+    wide_storages => "wide_storages.pt",
 }
 
 #[test]
