@@ -542,3 +542,28 @@ fn a_failed_request_of_a_prefetch_is_an_error_naming_the_file() {
     }
     each_byte_once(&reader.delivered.lock().unwrap());
 }
+
+#[test]
+fn a_stopped_prefetch_starts_no_request_and_leaves_nothing_claimed() {
+    let (path, bytes) = wide_storages();
+    let reader = Concurrent::new(bytes);
+    let ranged = small_requests().open_ranged(reader.clone()).unwrap();
+    let local = Checkpoint::open(&path).unwrap();
+    let opened = reader.reads.lock().unwrap().len();
+    let all: Vec<usize> = (0..ranged.storages().len()).collect();
+    let stop = std::sync::atomic::AtomicBool::new(true);
+    assert_eq!(ranged.prefetch(&all, Some(&stop)).unwrap(), 0);
+    assert_eq!(reader.reads.lock().unwrap().len(), opened);
+    // Read afterwards, each storage is fetched then (none waits for a
+    // claim left behind), each byte once.
+    for &i in &all {
+        assert_eq!(
+            ranged.storage_bytes(i).unwrap(),
+            local.storage_bytes(i).unwrap(),
+            "storage {i}"
+        );
+    }
+    each_byte_once(&reader.delivered.lock().unwrap());
+    // A local file has nothing to fetch.
+    assert_eq!(local.prefetch(&all, None).unwrap(), 0);
+}
