@@ -3,8 +3,12 @@
 
 use std::path::Path;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use ptload_reader::set::CheckpointSet;
-use ptload_reader::OpenOptions;
+use ptload_reader::state_dict::StateDict;
+use ptload_reader::{Checkpoint, OpenOptions};
 use serde::Serialize;
 
 /// The URL `path` holds, if it is one.
@@ -44,5 +48,158 @@ impl Fetched {
             }
         }
         any
+    }
+}
+
+/// Progress of work over files read by ranges, in bytes fetched (what a
+/// user waits for), rather than in bytes placed or written.
+pub(crate) struct FetchCount {
+    files: Vec<Arc<Checkpoint>>,
+    at_start: u64,
+}
+
+impl FetchCount {
+    /// Counting from now what the files of `files` read by ranges fetch;
+    /// `None` when none is.
+    pub(crate) fn of(files: impl IntoIterator<Item = Arc<Checkpoint>>) -> Option<FetchCount> {
+        let files: Vec<Arc<Checkpoint>> = files
+            .into_iter()
+            .filter(|c| c.fetched_bytes().is_some())
+            .collect();
+        if files.is_empty() {
+            return None;
+        }
+        let mut count = FetchCount { files, at_start: 0 };
+        count.at_start = count.total();
+        Some(count)
+    }
+
+    fn total(&self) -> u64 {
+        self.files
+            .iter()
+            .filter_map(|c| c.fetched_bytes())
+            .map(|(bytes, _)| bytes)
+            .sum()
+    }
+
+    /// Bytes fetched since [`of`](Self::of).
+    pub(crate) fn fetched(&self) -> u64 {
+        self.total().saturating_sub(self.at_start)
+    }
+}
+
+/// A progress callback for a bar over `count`'s files (or, without one,
+/// over the bytes each step reports).
+pub(crate) fn progress(
+    bar: indicatif::ProgressBar,
+    count: Option<FetchCount>,
+) -> ptload_reader::export::Progress {
+    match count {
+        Some(count) => Arc::new(move |_| bar.set_position(count.fetched())),
+        None => Arc::new(move |n| bar.inc(n)),
+    }
+}
+
+/// Run `work` while the whole storages `selection` reads from files read
+/// by ranges are fetched ahead of it, several requests in flight
+/// ([`Checkpoint::prefetch`]); once `work` ends no further request starts.
+/// A rank's slices are read by `work` alone (they need part of a storage).
+pub(crate) fn reading_ahead<T>(selection: &StateDict<'_>, work: impl FnOnce() -> T) -> T {
+    let lists: Vec<(&Checkpoint, Vec<usize>)> = selection
+        .checkpoints()
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.fetched_bytes().is_some())
+        .map(|(k, &c)| {
+            let storages = selection
+                .iter()
+                .filter(|e| e.file == k && e.slice.is_none())
+                .filter_map(|e| e.view(c)?.info().storage)
+                .collect();
+            (c, storages)
+        })
+        .collect();
+    if lists.is_empty() {
+        return work();
+    }
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for (ckpt, storages) in &lists {
+            let done = &done;
+            // Without the thread, `work` fetches what it reads itself; a
+            // failed request is fetched again by `work`, which reports it.
+            let _ = std::thread::Builder::new()
+                .name("ptload-read-ahead".into())
+                .spawn_scoped(scope, move || {
+                    let _ = ckpt.prefetch(storages, Some(done));
+                });
+        }
+        let result = work();
+        done.store(true, Ordering::Relaxed);
+        result
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ptload_reader::ranged::RangeRead;
+
+    #[derive(Debug)]
+    struct Memory(Vec<u8>);
+
+    impl RangeRead for Memory {
+        fn len(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+            let (a, b) = (offset as usize, (offset + len) as usize);
+            Ok(self.0[a..b].to_vec())
+        }
+        fn name(&self) -> &str {
+            "memory://wide_storages.pt"
+        }
+    }
+
+    fn fixture() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files/wide_storages.pt")
+    }
+
+    #[test]
+    fn progress_of_a_url_counts_the_bytes_fetched_since_it_started() {
+        let bytes = std::fs::read(fixture()).unwrap();
+        let len = bytes.len() as u64;
+        let ckpt = Arc::new(
+            OpenOptions::new()
+                .open_ranged(Arc::new(Memory(bytes)))
+                .unwrap(),
+        );
+        let (at_open, _) = ckpt.fetched_bytes().unwrap();
+        let count = FetchCount::of([ckpt.clone()]).unwrap();
+        assert_eq!(count.fetched(), 0);
+        let bar = indicatif::ProgressBar::hidden();
+        bar.set_length(len);
+        let step = progress(bar.clone(), Some(count));
+        ckpt.storage_bytes(4).unwrap();
+        step(1);
+        let one = bar.position();
+        assert!(one >= ckpt.storages()[4].nbytes, "{one}");
+        let all: Vec<usize> = (0..ckpt.storages().len()).collect();
+        ckpt.prefetch(&all, None).unwrap();
+        step(1);
+        // Everything opening did not fetch, each byte once.
+        assert_eq!(bar.position(), len - at_open);
+        assert!(bar.position() > one);
+    }
+
+    #[test]
+    fn progress_of_a_local_file_counts_what_each_step_reports() {
+        let ckpt = Arc::new(Checkpoint::open(fixture()).unwrap());
+        assert!(FetchCount::of([ckpt]).is_none());
+        let bar = indicatif::ProgressBar::hidden();
+        let step = progress(bar.clone(), None);
+        step(10);
+        step(5);
+        assert_eq!(bar.position(), 15);
     }
 }

@@ -173,7 +173,7 @@ fn inspect_and_scan_of_a_url_equal_the_local_files() {
         "many_tensors.pt",
         "llama_tiny.pt",
         "prefixed.pt",
-        "spread.pt",
+        "wide_storages.pt",
     ];
     for name in names {
         std::fs::copy(fixture(name), server.www().join("files").join(name)).unwrap();
@@ -364,6 +364,118 @@ fn what_the_server_refuses_or_fails_gives_its_error() {
         // Retried only when the failure may pass: per command.
         let (_, made) = server.sent(&format!("/{path}"));
         assert_eq!(made, requests, "{path}: {}", server.log("access.log"));
+    }
+}
+
+impl Nginx {
+    /// The byte ranges asked for `path` (the first byte alone, asked for
+    /// to learn the length, left out).
+    fn ranges(&self, path: &str) -> Vec<(u64, u64)> {
+        let log = self.log("access.log");
+        let mut out = Vec::new();
+        for line in log.lines().filter(|l| l.split(' ').next() == Some(path)) {
+            let range = line.rsplit('"').nth(1).unwrap();
+            let (a, b) = range
+                .strip_prefix("bytes=")
+                .unwrap()
+                .split_once('-')
+                .unwrap();
+            let (a, b): (u64, u64) = (a.parse().unwrap(), b.parse().unwrap());
+            if (a, b) != (0, 0) {
+                out.push((a, b));
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// No byte of `path` was asked for twice since the log was cleared.
+    fn each_byte_once(&self, path: &str) {
+        let ranges = self.ranges(path);
+        assert!(!ranges.is_empty(), "{path}: {}", self.log("access.log"));
+        for pair in ranges.windows(2) {
+            assert!(pair[0].1 < pair[1].0, "{path}: {ranges:?}");
+        }
+    }
+}
+
+/// The JSON of `load --json --hash` onto `device`.
+fn load_hashes(device: &str, file: &str) -> Json {
+    json(&ptload(&[
+        "load",
+        "--json",
+        "--hash",
+        "--map-location",
+        device,
+        file,
+    ]))
+}
+
+#[test]
+#[ignore = "needs nginx: .ci/run sets PTLOAD_NGINX and runs it with --ignored"]
+fn load_and_convert_of_a_url_read_each_range_once() {
+    let server = Nginx::start("ahead");
+    for name in [
+        "wide_storages.pt",
+        "llama_tiny.pt",
+        "multi_gpu.pt",
+        "legacy.pt",
+    ] {
+        std::fs::copy(fixture(name), server.www().join("files").join(name)).unwrap();
+        let local = fixture(name).display().to_string();
+        let url = server.url(&format!("files/{name}"));
+        let path = format!("/files/{name}");
+
+        server.clear_log();
+        let there = load_hashes("cpu", &url);
+        server.each_byte_once(&path);
+        let here = load_hashes("cpu", &local);
+        assert!(there["tensors"][0]["sha256"].is_string(), "{name}: {there}");
+        assert_eq!(here["tensors"], there["tensors"], "{name}");
+
+        let out = server.dir.join(format!("{name}.safetensors"));
+        let out_here = server.dir.join(format!("{name}.local.safetensors"));
+        let (o, h) = (out.display().to_string(), out_here.display().to_string());
+        server.clear_log();
+        assert!(ptload(&["convert", &url, &o]).status.success(), "{name}");
+        server.each_byte_once(&path);
+        assert!(ptload(&["convert", &local, &h]).status.success(), "{name}");
+        assert_eq!(
+            std::fs::read(&out).unwrap(),
+            std::fs::read(&out_here).unwrap(),
+            "{name}"
+        );
+    }
+}
+
+/// An `#[ignore]`d GPU test run where there is none fails, never passes.
+fn require_gpu() {
+    assert!(
+        ptload_device::device_count() > 0,
+        "this test needs a CUDA device"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda), and nginx (PTLOAD_NGINX)"]
+fn load_of_a_url_onto_a_gpu_gives_the_local_files_bytes() {
+    require_gpu();
+    let server = Nginx::start("gpu");
+    for name in ["wide_storages.pt", "multi_gpu.pt", "llama_tiny.pt"] {
+        std::fs::copy(fixture(name), server.www().join("files").join(name)).unwrap();
+        let local = fixture(name).display().to_string();
+        let url = server.url(&format!("files/{name}"));
+        server.clear_log();
+        // The hashes are read back from the device.
+        let there = load_hashes("cuda:0", &url);
+        server.each_byte_once(&format!("/files/{name}"));
+        let here = load_hashes("cuda:0", &local);
+        let tensors = there["tensors"].as_array().unwrap();
+        assert!(!tensors.is_empty(), "{name}");
+        for t in tensors {
+            assert_eq!(t["device"], "cuda:0", "{name}: {t}");
+        }
+        assert_eq!(here["tensors"], there["tensors"], "{name}");
     }
 }
 

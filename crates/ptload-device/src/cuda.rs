@@ -26,7 +26,7 @@ use crate::probe::Gpu;
 
 /// Bytes from one host slice to one offset of the arena.
 pub(crate) struct Upload<'a> {
-    pub(crate) bytes: &'a [u8],
+    pub(crate) bytes: UploadBytes<'a>,
     /// The bytes' order and element unit: swapped to the host's while
     /// staging.
     pub(crate) order: ByteOrder,
@@ -35,6 +35,33 @@ pub(crate) struct Upload<'a> {
     /// Whether its bytes count for progress (the checkpoint's own; a
     /// converted buffer was counted when it was converted).
     pub(crate) counted: bool,
+}
+
+/// The bytes of an upload: at hand, or a storage of a checkpoint read by
+/// ranges, fetched when a run first needs it (while other runs copy).
+pub(crate) enum UploadBytes<'a> {
+    Ready(&'a [u8]),
+    Storage {
+        ckpt: &'a ptload_reader::Checkpoint,
+        index: usize,
+        len: usize,
+    },
+}
+
+impl<'a> UploadBytes<'a> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            UploadBytes::Ready(b) => b.len(),
+            UploadBytes::Storage { len, .. } => *len,
+        }
+    }
+
+    fn get(&self) -> Result<&'a [u8], ptload_reader::Error> {
+        match self {
+            UploadBytes::Ready(b) => Ok(b),
+            UploadBytes::Storage { ckpt, index, .. } => ckpt.storage_bytes(*index),
+        }
+    }
 }
 
 /// Sizes of the staging pool.
@@ -169,6 +196,9 @@ pub(crate) enum UploadError {
     Driver(String),
     /// The caller's cancel flag was set.
     Cancelled,
+    /// Reading an upload's bytes failed (a request of a file read by
+    /// ranges).
+    Read(ptload_reader::Error),
 }
 
 /// Allocate `total` bytes on `gpu` (the caller keeps its current context).
@@ -290,6 +320,7 @@ pub(crate) fn upload(
     let copies = AtomicUsize::new(0);
     let pinned = AtomicUsize::new(0);
     let error: Mutex<Option<String>> = Mutex::new(None);
+    let read_error: Mutex<Option<ptload_reader::Error>> = Mutex::new(None);
     let shared = Shared {
         ctx,
         base: arena.device_ptr(),
@@ -302,6 +333,7 @@ pub(crate) fn upload(
         pinned: &pinned,
         progress,
         cancel,
+        read_error: &read_error,
     };
     std::thread::scope(|scope| {
         for _ in 0..pool.workers {
@@ -315,6 +347,9 @@ pub(crate) fn upload(
             });
         }
     });
+    if let Some(e) = read_error.lock().ok().and_then(|mut e| e.take()) {
+        return Err(UploadError::Read(e));
+    }
     if let Some(e) = error.into_inner().ok().flatten() {
         return Err(UploadError::Driver(e));
     }
@@ -352,6 +387,8 @@ struct Shared<'s, 'a> {
     progress: Option<&'s (dyn Fn(u64) + Send + Sync)>,
     /// Set by the caller to stop taking runs.
     cancel: Option<&'s AtomicBool>,
+    /// The first failure to read an upload's bytes.
+    read_error: &'s Mutex<Option<ptload_reader::Error>>,
 }
 
 /// A staging buffer: page-locked when the driver gives one, else pageable
@@ -489,7 +526,7 @@ fn copy_runs(
             .as_mut_slice()?
             .get_mut(..len)
             .ok_or("run longer than its buffer")?;
-        let counted = fill(shared.uploads, start, host)?;
+        let counted = fill(shared.uploads, start, host, shared.read_error)?;
         let offset = u64::try_from(start).map_err(|_| "offset".to_owned())?;
         // SAFETY: [base + start, + len) lies inside the arena (the caller
         // checked that the uploads end within it) and runs do not overlap;
@@ -508,8 +545,14 @@ fn copy_runs(
 
 /// Fill `run` (the arena's bytes from `start`) from the uploads it covers,
 /// each swapped to host order; the padding between them is zeroed.
-/// Returns the bytes that count for progress.
-fn fill(uploads: &[Upload<'_>], start: usize, run: &mut [u8]) -> Result<usize, String> {
+/// Returns the bytes that count for progress. A failure to read an
+/// upload's bytes is kept in `read_error`.
+fn fill(
+    uploads: &[Upload<'_>],
+    start: usize,
+    run: &mut [u8],
+    read_error: &Mutex<Option<ptload_reader::Error>>,
+) -> Result<usize, String> {
     let mut counted = 0;
     let end = start + run.len();
     // The first upload ending after `start`.
@@ -524,9 +567,19 @@ fn fill(uploads: &[Upload<'_>], start: usize, run: &mut [u8]) -> Result<usize, S
         if let Some(gap) = run.get_mut(at - start..from - start) {
             gap.fill(0);
         }
+        let bytes = match up.bytes.get() {
+            Ok(b) => b,
+            Err(e) => {
+                let message = e.to_string();
+                if let Ok(mut slot) = read_error.lock() {
+                    slot.get_or_insert(e);
+                }
+                return Err(message);
+            }
+        };
         let (Some(dst), Some(src)) = (
             run.get_mut(from - start..to - start),
-            up.bytes.get(from - up.arena_offset..to - up.arena_offset),
+            bytes.get(from - up.arena_offset..to - up.arena_offset),
         ) else {
             return Err("upload outside its run".into());
         };
@@ -580,14 +633,14 @@ mod tests {
         let b: Vec<u8> = vec![0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88];
         let uploads = [
             Upload {
-                bytes: &a,
+                bytes: UploadBytes::Ready(&a),
                 order: ByteOrder::HOST,
                 unit: 1,
                 arena_offset: 0,
                 counted: true,
             },
             Upload {
-                bytes: &b,
+                bytes: UploadBytes::Ready(&b),
                 order: if cfg!(target_endian = "little") {
                     ByteOrder::Big
                 } else {
@@ -600,14 +653,17 @@ mod tests {
         ];
         let mut run = vec![0xEE; 32];
         // Only the first upload's bytes count for progress.
-        assert_eq!(fill(&uploads, 0, &mut run).expect("fill"), 6);
+        assert_eq!(
+            fill(&uploads, 0, &mut run, &Mutex::new(None)).expect("fill"),
+            6
+        );
         let mut want = vec![0u8; 32];
         want[..6].copy_from_slice(&a);
         want[16..24].copy_from_slice(&[0x44, 0x33, 0x22, 0x11, 0x88, 0x77, 0x66, 0x55]);
         assert_eq!(run, want);
         // A run that starts inside the second upload takes its tail only.
         let mut tail = vec![0xEE; 16];
-        fill(&uploads, 16, &mut tail).expect("fill");
+        fill(&uploads, 16, &mut tail, &Mutex::new(None)).expect("fill");
         assert_eq!(&tail[..8], &want[16..24]);
         assert!(tail[8..].iter().all(|&x| x == 0));
     }

@@ -13,7 +13,7 @@ use ptload_reader::placement::{Device, DeviceMap};
 use ptload_reader::state_dict::Selected;
 use ptload_reader::{Checkpoint, DType};
 
-use crate::cuda::{self, Arena, Copied, Staging, Upload, UploadError};
+use crate::cuda::{self, Arena, Copied, Staging, Upload, UploadBytes, UploadError};
 use crate::error::{Fallback, LoadError};
 use crate::loaded::{
     CudaStorage, DeviceReport, HostRepr, HostStorage, Loaded, LoadedTensor, Placed,
@@ -148,39 +148,13 @@ pub fn load(
         check_strict(&ckpt, selection, plan, gpus)?;
     }
     let (mut sources, mut tensors) = resolve(&ckpt, selection, plan, gpus, opts)?;
-    let (mut placed, work) = upload_all(&ckpt, &mut sources, gpus, opts)?;
-
-    // Everything else: the host (swapped into an owned copy if needed), or meta.
-    let mut storages = Vec::with_capacity(sources.len());
-    for (k, source) in sources.iter_mut().enumerate() {
-        let done = placed.get_mut(k).and_then(Option::take);
-        storages.push(match (done, source.device) {
-            (Some(p), _) => p,
-            (None, Device::Meta) => Placed::Meta,
-            (None, _) => {
-                source.device = Device::Host;
-                let counted_at_conversion = matches!(source.bytes, SourceBytes::Converted(_));
-                let repr = match std::mem::replace(
-                    &mut source.bytes,
-                    SourceBytes::Converted(Vec::new()),
-                ) {
-                    SourceBytes::Checkpoint(i) if source.order.needs_swap(source.unit) => {
-                        let mut owned = ckpt.storage_bytes(i)?.to_vec();
-                        source.order.to_host(&mut owned, source.unit);
-                        HostRepr::Owned(owned)
-                    }
-                    SourceBytes::Checkpoint(i) => HostRepr::Mapped(Arc::clone(&ckpt), i),
-                    SourceBytes::Converted(bytes) => HostRepr::Owned(bytes),
-                };
-                let storage = HostStorage { repr };
-                // Converted buffers were counted when converted.
-                if let (Some(p), false) = (&opts.progress, counted_at_conversion) {
-                    p(storage.bytes()?.len() as u64);
-                }
-                Placed::Host(storage)
-            }
-        });
-    }
+    // Read by ranges: every storage placed, fetched ahead of the copies
+    // and of the host's share, several requests in flight.
+    let ahead = ahead_of(&ckpt, &sources);
+    let (storages, work) = reading_ahead(&ckpt, &ahead, || {
+        let (placed, work) = upload_all(&ckpt, &mut sources, gpus, opts)?;
+        Ok((place_rest(&ckpt, &mut sources, placed, opts)?, work))
+    })?;
     // Fallbacks decided during allocation reach the tensors.
     for t in &mut tensors {
         if let Some(s) = t.info.storage.and_then(|k| sources.get(k)) {
@@ -201,6 +175,99 @@ pub fn load(
         by_name,
         devices,
         seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Everything not on a GPU: the host (swapped into an owned copy if
+/// needed), or meta.
+fn place_rest(
+    ckpt: &Arc<Checkpoint>,
+    sources: &mut [Source],
+    mut placed: Vec<Option<Placed>>,
+    opts: &LoadOptions,
+) -> Result<Vec<Placed>, LoadError> {
+    let ranged = ckpt.fetched_bytes().is_some();
+    let mut storages = Vec::with_capacity(sources.len());
+    for (k, source) in sources.iter_mut().enumerate() {
+        let done = placed.get_mut(k).and_then(Option::take);
+        storages.push(match (done, source.device) {
+            (Some(p), _) => p,
+            (None, Device::Meta) => Placed::Meta,
+            (None, _) => {
+                source.device = Device::Host;
+                let counted_at_conversion = matches!(source.bytes, SourceBytes::Converted(_));
+                let repr = match std::mem::replace(
+                    &mut source.bytes,
+                    SourceBytes::Converted(Vec::new()),
+                ) {
+                    SourceBytes::Checkpoint(i) if source.order.needs_swap(source.unit) => {
+                        let mut owned = ckpt.storage_bytes(i)?.to_vec();
+                        source.order.to_host(&mut owned, source.unit);
+                        HostRepr::Owned(owned)
+                    }
+                    SourceBytes::Checkpoint(i) => {
+                        // Read by ranges: the load has the bytes (fetched
+                        // ahead, or now), and a failed request is its error.
+                        if ranged {
+                            ckpt.storage_bytes(i)?;
+                        }
+                        HostRepr::Mapped(Arc::clone(ckpt), i)
+                    }
+                    SourceBytes::Converted(bytes) => HostRepr::Owned(bytes),
+                };
+                let storage = HostStorage { repr };
+                // Converted buffers were counted when converted.
+                if let (Some(p), false) = (&opts.progress, counted_at_conversion) {
+                    p(storage.bytes()?.len() as u64);
+                }
+                Placed::Host(storage)
+            }
+        });
+    }
+    Ok(storages)
+}
+
+/// The storages of `sources` to fetch ahead when `ckpt` is read by
+/// ranges: those placed somewhere (not meta); none for a local file.
+fn ahead_of(ckpt: &Checkpoint, sources: &[Source]) -> Vec<usize> {
+    if ckpt.fetched_bytes().is_none() {
+        return Vec::new();
+    }
+    sources
+        .iter()
+        .filter(|s| s.device != Device::Meta)
+        .filter_map(|s| match s.bytes {
+            SourceBytes::Checkpoint(i) => Some(i),
+            SourceBytes::Converted(_) => None,
+        })
+        .collect()
+}
+
+/// Run `work` while `storages` of `ckpt` are prefetched beside it (see
+/// [`Checkpoint::prefetch`]): the copies read what landed, wait for what
+/// is in flight, fetch what is not asked for yet. When `work` ends (done,
+/// failed or cancelled), no further request starts. A failed request of
+/// the prefetch is not the answer: `work` fetches what it needs again and
+/// reports its own error.
+fn reading_ahead<T>(
+    ckpt: &Checkpoint,
+    storages: &[usize],
+    work: impl FnOnce() -> Result<T, LoadError>,
+) -> Result<T, LoadError> {
+    if storages.is_empty() {
+        return work();
+    }
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        // Without the thread, `work` fetches everything itself.
+        let _ahead = std::thread::Builder::new()
+            .name("ptload-read-ahead".into())
+            .spawn_scoped(scope, || {
+                let _ = ckpt.prefetch(storages, Some(&done));
+            });
+        let result = work();
+        done.store(true, Ordering::Relaxed);
+        result
     })
 }
 
@@ -245,7 +312,9 @@ pub fn upload_storages(
             fallback,
         });
     }
-    let (mut placed, _work) = upload_all(ckpt, &mut sources, gpus, opts)?;
+    let ahead = ahead_of(ckpt, &sources);
+    let (mut placed, _work) =
+        reading_ahead(ckpt, &ahead, || upload_all(ckpt, &mut sources, gpus, opts))?;
     Ok(sources
         .into_iter()
         .enumerate()
@@ -486,6 +555,7 @@ fn upload_all(
     }
     // Feed every device at once: one thread per device, each driving its
     // own streams.
+    let ranged = ckpt.fetched_bytes().is_some();
     let mut uploads_per_device = Vec::with_capacity(prepared.len());
     for (_, _, _, members, offsets) in &prepared {
         let mut uploads = Vec::with_capacity(members.len());
@@ -494,7 +564,15 @@ fn upload_all(
                 .get(k)
                 .ok_or_else(|| LoadError::Access(format!("source {k}")))?;
             uploads.push(Upload {
-                bytes: s.bytes(ckpt)?,
+                bytes: match s.bytes {
+                    // Read by ranges: fetched when a copy needs it.
+                    SourceBytes::Checkpoint(index) if ranged => UploadBytes::Storage {
+                        ckpt,
+                        index,
+                        len: s.len(ckpt),
+                    },
+                    _ => UploadBytes::Ready(s.bytes(ckpt)?),
+                },
                 order: s.order,
                 unit: s.unit,
                 arena_offset,
@@ -537,6 +615,7 @@ fn upload_all(
                 LoadError::Cuda { ordinal, message }
             }
             UploadError::Cancelled => LoadError::Cancelled,
+            UploadError::Read(e) => LoadError::Reader(e),
         })?;
         work.push(DeviceWork {
             ordinal,
@@ -585,6 +664,7 @@ fn allocate(
         Ok(a) => Ok(Some((a, members, offsets))),
         Err(UploadError::Driver(message)) => Err(LoadError::Cuda { ordinal, message }),
         Err(UploadError::Cancelled) => Err(LoadError::Cancelled),
+        Err(UploadError::Read(e)) => Err(LoadError::Reader(e)),
         Err(UploadError::OutOfMemory(_)) => {
             // Keep what fits in the free memory, in order.
             let free = gpu
@@ -619,6 +699,7 @@ fn allocate(
                     Ok(None)
                 }
                 Err(UploadError::Cancelled) => Err(LoadError::Cancelled),
+                Err(UploadError::Read(e)) => Err(LoadError::Reader(e)),
             }
         }
     }

@@ -1072,3 +1072,158 @@ fn storage_uploads_without_a_driver_say_why() {
         ptload_device::upload_storages(&ckpt, &[(10_000, 0)], &gpus, &LoadOptions::default());
     assert!(past.is_err());
 }
+
+/// A file in memory read by ranges, as from a URL; reads are logged, and
+/// fail once `failing` is set.
+#[derive(Debug)]
+struct Remote {
+    bytes: Vec<u8>,
+    reads: Mutex<Vec<(u64, u64)>>,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl ptload_reader::ranged::RangeRead for Remote {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+    fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("connection reset"));
+        }
+        self.reads.lock().unwrap().push((offset, len));
+        Ok(self.bytes[offset as usize..(offset + len) as usize].to_vec())
+    }
+    fn name(&self) -> &str {
+        "https://models.example/ckpt.pt"
+    }
+}
+
+fn remote(name: &str) -> (Arc<Remote>, Arc<Checkpoint>) {
+    let file = Arc::new(Remote {
+        bytes: std::fs::read(fixture(name)).unwrap(),
+        reads: Mutex::new(Vec::new()),
+        failing: std::sync::atomic::AtomicBool::new(false),
+    });
+    // Small requests: a prefetch of wide_storages.pt makes several.
+    let mut limits = ptload_reader::Limits::default();
+    limits.max_fetch_request_bytes = 256 << 10;
+    let ckpt = ptload_reader::OpenOptions::new()
+        .limits(limits)
+        .open_ranged(file.clone())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    (file, Arc::new(ckpt))
+}
+
+/// Each byte was fetched once, and all of the storages' bytes were.
+fn fetched_once_and_all(name: &str, file: &Remote, ckpt: &Checkpoint) {
+    let mut reads = file.reads.lock().unwrap().clone();
+    reads.sort_unstable();
+    for pair in reads.windows(2) {
+        assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{name}: {reads:?}");
+    }
+    for s in ckpt.storages() {
+        let (Some(o), n) = (s.file_offset, s.nbytes) else {
+            continue;
+        };
+        let covered = reads.iter().any(|&(a, l)| a <= o && o + n <= a + l);
+        let pieces: u64 = reads
+            .iter()
+            .map(|&(a, l)| (a.max(o), (a + l).min(o + n)))
+            .filter(|(a, b)| a < b)
+            .map(|(a, b)| b - a)
+            .sum();
+        assert!(covered || pieces == n, "{name}: storage at {o}: {reads:?}");
+    }
+}
+
+#[test]
+fn a_file_read_by_ranges_loads_onto_the_host_as_the_local_file() {
+    for name in [
+        "wide_storages.pt",
+        "multi_gpu.pt",
+        "bigendian.pt",
+        "legacy.pt",
+    ] {
+        let (file, ckpt) = remote(name);
+        let local = open(name);
+        let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("plan");
+        let loaded = load_all(&ckpt, &plan, &probe(), &LoadOptions::default());
+        // Everything was fetched by the load, ahead of the placement.
+        fetched_once_and_all(name, &file, &ckpt);
+        let reads = file.reads.lock().unwrap().len();
+        let here = load_all(&local, &plan, &probe(), &LoadOptions::default());
+        assert_eq!(loaded.tensors().len(), here.tensors().len(), "{name}");
+        for (t, h) in loaded.tensors().iter().zip(here.tensors()) {
+            assert_eq!(t.info.name, h.info.name);
+            assert_eq!(
+                loaded.elements(t).unwrap(),
+                here.elements(h).unwrap(),
+                "{name}: {}",
+                t.info.name
+            );
+        }
+        assert_eq!(file.reads.lock().unwrap().len(), reads, "{name}");
+    }
+}
+
+#[test]
+fn a_failing_request_while_loading_is_an_error_naming_the_file() {
+    let (file, ckpt) = remote("wide_storages.pt");
+    file.failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("plan");
+    let Err(err) = load(
+        Arc::clone(&ckpt),
+        &everything(&ckpt),
+        &plan,
+        &probe(),
+        &LoadOptions::default(),
+    ) else {
+        panic!("loaded from a failing file");
+    };
+    let text = err.to_string();
+    assert!(text.contains("https://models.example/ckpt.pt"), "{text}");
+    assert!(text.contains("connection reset"), "{text}");
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run with --ignored on a GPU machine"]
+fn a_file_read_by_ranges_uploads_as_the_local_file() {
+    let _turn = gpu_turn();
+    let gpus = a_gpu();
+    for name in ["wide_storages.pt", "multi_gpu.pt", "bigendian.pt"] {
+        let (file, ckpt) = remote(name);
+        let local = open(name);
+        let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+        let loaded = load_all(&ckpt, &plan, &gpus, &LoadOptions::default());
+        fetched_once_and_all(name, &file, &ckpt);
+        let here = load_all(&local, &plan, &gpus, &LoadOptions::default());
+        for (t, h) in loaded.tensors().iter().zip(here.tensors()) {
+            assert_eq!(t.device, h.device, "{name}: {}", t.info.name);
+            assert_eq!(
+                loaded.elements(t).unwrap(),
+                here.elements(h).unwrap(),
+                "{name}: {}",
+                t.info.name
+            );
+        }
+    }
+    // A request failing during the copies is the load's error, naming the
+    // file; the copies already queued finish first (the simulator checks).
+    let (file, ckpt) = remote("wide_storages.pt");
+    file.failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+    let Err(err) = load(
+        Arc::clone(&ckpt),
+        &everything(&ckpt),
+        &plan,
+        &gpus,
+        &LoadOptions::default(),
+    ) else {
+        panic!("loaded from a failing file");
+    };
+    let text = err.to_string();
+    assert!(text.contains("https://models.example/ckpt.pt"), "{text}");
+    assert!(!text.starts_with("cuda:"), "{text}");
+}

@@ -274,11 +274,25 @@ struct Fetched {
     storages: Vec<std::sync::OnceLock<Vec<u8>>>,
     /// Indices of the storages stored in the file, by offset.
     order: Vec<usize>,
-    /// Held while fetching: two threads reading one storage fetch it once.
-    lock: std::sync::Mutex<()>,
     /// By storage index: read in parts (a rank's slices), so never fetched
     /// whole as the neighbour of another storage.
     in_parts: Vec<std::sync::atomic::AtomicBool>,
+    /// By storage index: a request in flight is fetching it. A reader of
+    /// a claimed storage waits for it (`landed`) instead of fetching it
+    /// again: each byte is read once, whichever thread asks first.
+    claimed: std::sync::Mutex<Vec<bool>>,
+    /// Signalled whenever claims are released (the bytes landed, or the
+    /// request failed and a waiter fetches them itself).
+    landed: std::sync::Condvar,
+}
+
+/// Storages fetched in one request: the bytes `offset..end`, cut into
+/// `members` (storage index, offset, length).
+#[derive(Debug)]
+struct Run {
+    offset: u64,
+    end: u64,
+    members: Vec<(usize, u64, u64)>,
 }
 
 /// Most bytes one coalesced read of storages fetches.
@@ -586,9 +600,35 @@ impl Fetched {
         Fetched {
             storages: storages.iter().map(|_| Default::default()).collect(),
             order,
-            lock: Default::default(),
             in_parts: storages.iter().map(|_| Default::default()).collect(),
+            claimed: std::sync::Mutex::new(vec![false; storages.len()]),
+            landed: Default::default(),
         }
+    }
+
+    fn done(&self, i: usize) -> bool {
+        self.storages.get(i).is_some_and(|c| c.get().is_some())
+    }
+
+    fn claims(&self) -> Result<std::sync::MutexGuard<'_, Vec<bool>>> {
+        self.claimed.lock().map_err(|_| {
+            Error::new(
+                ErrorKind::Io,
+                "a thread fetching storages failed while holding their claims",
+            )
+        })
+    }
+
+    /// Release the claims of `run` and wake the readers waiting for them.
+    fn release(&self, run: &Run) {
+        if let Ok(mut claimed) = self.claimed.lock() {
+            for &(i, _, _) in &run.members {
+                if let Some(c) = claimed.get_mut(i) {
+                    *c = false;
+                }
+            }
+        }
+        self.landed.notify_all();
     }
 }
 
@@ -979,50 +1019,95 @@ impl Checkpoint {
     /// first time, with the storages that follow it in the file and are
     /// not fetched yet, while they lie within [`COALESCE_GAP`] of each
     /// other (up to [`MAX_COALESCED`] bytes): reading tensors in file
-    /// order costs few requests.
+    /// order costs few requests. A storage another thread is fetching
+    /// (a [`prefetch`](Self::prefetch)) is waited for, not fetched again.
     fn fetch_storage(&self, index: usize, fetcher: &Fetcher) -> Result<&[u8]> {
-        let cell = |i: usize| self.fetched.storages.get(i);
-        let range = |i: usize| {
-            let s = self.storages.get(i)?;
-            Some((s.file_offset?, s.nbytes))
-        };
         let missing = || {
             Error::new(
                 ErrorKind::Tensor,
                 format!("storage {index}: not in the file"),
             )
         };
-        if let Some(done) = cell(index).and_then(|c| c.get()) {
+        let landed = || {
+            self.fetched
+                .storages
+                .get(index)
+                .and_then(|c| c.get())
+                .map(Vec::as_slice)
+        };
+        if let Some(done) = landed() {
             return Ok(done);
         }
-        let (offset, nbytes) = range(index).ok_or_else(missing)?;
+        let (offset, nbytes) = self.file_range(index).ok_or_else(missing)?;
         // Fetched already while opening (a small file's head and tail).
         if let Some(held) = self.source.view().held(offset, nbytes) {
             return Ok(held);
         }
-        let _held = self.fetched.lock.lock();
-        if let Some(done) = cell(index).and_then(|c| c.get()) {
-            return Ok(done);
-        }
-        // The storages read in this request: this one, then the next in
-        // the file while they are close and not fetched.
-        let mut run = vec![(index, offset, nbytes)];
+        let run = {
+            let mut claimed = self.fetched.claims()?;
+            loop {
+                if let Some(done) = landed() {
+                    return Ok(done);
+                }
+                if !claimed.get(index).copied().unwrap_or(false) {
+                    break;
+                }
+                claimed =
+                    self.fetched.landed.wait(claimed).map_err(|_| {
+                        Error::new(ErrorKind::Io, "a thread fetching storages failed")
+                    })?;
+            }
+            let run = self.plan_run(index, &claimed, MAX_COALESCED, |_| true);
+            for &(i, _, _) in &run.members {
+                if let Some(c) = claimed.get_mut(i) {
+                    *c = true;
+                }
+            }
+            run
+        };
+        let fetched = self.fetch_run(&run, fetcher);
+        self.fetched.release(&run);
+        fetched?;
+        landed().ok_or_else(missing)
+    }
+
+    /// Where storage `i` lies in the file: its offset and length.
+    fn file_range(&self, i: usize) -> Option<(u64, u64)> {
+        let s = self.storages.get(i)?;
+        Some((s.file_offset?, s.nbytes))
+    }
+
+    /// The request that fetches storage `first` (not fetched, not
+    /// claimed), with the storages after it in the file that `take`
+    /// accepts, are neither fetched nor claimed, and lie within
+    /// [`COALESCE_GAP`] of each other, up to `cap` bytes.
+    fn plan_run(
+        &self,
+        first: usize,
+        claimed: &[bool],
+        cap: u64,
+        take: impl Fn(usize) -> bool,
+    ) -> Run {
+        let (offset, nbytes) = self.file_range(first).unwrap_or_default();
         let mut end = offset.saturating_add(nbytes);
+        let mut members = vec![(first, offset, nbytes)];
+        let busy = |i: usize| self.fetched.done(i) || claimed.get(i).copied().unwrap_or(true);
         let at = self
             .fetched
             .order
-            .partition_point(|&i| range(i).is_some_and(|(o, _)| o < offset));
+            .partition_point(|&i| self.file_range(i).is_some_and(|(o, _)| o < offset));
         for &next in self.fetched.order.iter().skip(at) {
-            let Some((o, n)) = range(next) else { break };
-            let done = cell(next).is_some_and(|c| c.get().is_some());
+            let Some((o, n)) = self.file_range(next) else {
+                break;
+            };
             let new_end = o.saturating_add(n);
-            if next == index {
+            if next == first {
                 continue;
             }
             // A storage inside the range (a view of a legacy storage).
             if o >= offset && new_end <= end {
-                if !done {
-                    run.push((next, o, n));
+                if !busy(next) {
+                    members.push((next, o, n));
                 }
                 continue;
             }
@@ -1031,42 +1116,156 @@ impl Checkpoint {
                 .in_parts
                 .get(next)
                 .is_some_and(|p| p.load(std::sync::atomic::Ordering::Relaxed));
-            if done
+            if busy(next)
+                || !take(next)
                 || in_parts
                 || o < end
                 || o > end.saturating_add(COALESCE_GAP)
-                || new_end - offset > MAX_COALESCED
+                || new_end - offset > cap
             {
                 break;
             }
-            run.push((next, o, n));
+            members.push((next, o, n));
             end = new_end;
         }
-        let bytes = read_unheld(self.source.view(), fetcher, offset, end)?;
+        Run {
+            offset,
+            end,
+            members,
+        }
+    }
+
+    /// Fetch `run` (claimed by the caller) into its storages' cells; the
+    /// bytes requested.
+    fn fetch_run(&self, run: &Run, fetcher: &Fetcher) -> Result<u64> {
+        let cell = |i: usize| self.fetched.storages.get(i);
+        let missing =
+            |i: usize| Error::new(ErrorKind::Tensor, format!("storage {i}: not in the file"));
+        // Only the parts not fetched while opening (around the zip's
+        // headers) are requested: each byte is read once.
+        let view = self.source.view();
+        let holes = view.holes(run.offset, run.end);
+        let len: u64 = holes.iter().map(|(a, b)| b - a).sum();
+        let bytes = read_unheld(view, fetcher, run.offset, run.end)?;
         // One storage keeps the buffer as read: no second copy of it.
-        if let [(i, _, n)] = run[..] {
+        if let [(i, _, n)] = run.members[..] {
             if bytes.len() as u64 == n {
                 if let Some(c) = cell(i) {
                     let _ = c.set(bytes);
                 }
-                return cell(index)
-                    .and_then(|c| c.get())
-                    .map(Vec::as_slice)
-                    .ok_or_else(missing);
+                return Ok(len);
             }
         }
-        for (i, o, n) in run {
-            let from = usize::try_from(o - offset).map_err(|_| missing())?;
+        for &(i, o, n) in &run.members {
+            let from = usize::try_from(o - run.offset).map_err(|_| missing(i))?;
             let to = usize::try_from(n).ok().and_then(|n| from.checked_add(n));
-            let part = to.and_then(|to| bytes.get(from..to)).ok_or_else(missing)?;
+            let part = to
+                .and_then(|to| bytes.get(from..to))
+                .ok_or_else(|| missing(i))?;
             if let Some(c) = cell(i) {
                 let _ = c.set(part.to_vec());
             }
         }
-        cell(index)
-            .and_then(|c| c.get())
-            .map(Vec::as_slice)
-            .ok_or_else(missing)
+        Ok(len)
+    }
+
+    /// For a file read by ranges: fetch the `storages` listed that are not
+    /// fetched yet, with up to [`Limits::max_fetches_in_flight`] requests
+    /// in flight, so that reading them later costs no request. Storages
+    /// close in the file are fetched together (each request at most
+    /// [`Limits::max_fetch_request_bytes`] unless one storage is larger),
+    /// each byte once, also when other
+    /// threads read tensors meanwhile: a storage being fetched is waited
+    /// for, never fetched twice. Returns the bytes fetched; a local file
+    /// fetches nothing.
+    ///
+    /// What is fetched stays with the checkpoint, as every storage read
+    /// does: the caller bounds the memory by the list it passes (say the
+    /// next few hundred megabytes ahead of its reads). `stop`, once set
+    /// (from any thread), starts no further request. The first failed
+    /// request is the error (naming the file); the others still in flight
+    /// end first, and what did not land is fetched again when read.
+    pub fn prefetch(
+        &self,
+        storages: &[usize],
+        stop: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<u64> {
+        use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+        let Some(fetcher) = self.source.fetcher() else {
+            return Ok(0);
+        };
+        let mut wanted = vec![false; self.storages.len()];
+        for &i in storages {
+            if let Some(w) = wanted.get_mut(i) {
+                *w = true;
+            }
+        }
+        let take = |i: usize| wanted.get(i).copied().unwrap_or(false);
+        let view = self.source.view();
+        let runs: Vec<Run> = {
+            let mut claimed = self.fetched.claims()?;
+            let mut runs = Vec::new();
+            for &i in &self.fetched.order {
+                let held = self
+                    .file_range(i)
+                    .is_some_and(|(o, n)| view.held(o, n).is_some());
+                if !take(i) || held || self.fetched.done(i) || claimed.get(i) != Some(&false) {
+                    continue;
+                }
+                let run = self.plan_run(i, &claimed, self.limits.max_fetch_request_bytes, take);
+                for &(m, _, _) in &run.members {
+                    if let Some(c) = claimed.get_mut(m) {
+                        *c = true;
+                    }
+                }
+                runs.push(run);
+            }
+            runs
+        };
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let fetched = AtomicU64::new(0);
+        let first_error: std::sync::Mutex<Option<Error>> = std::sync::Mutex::new(None);
+        // Every run is taken by exactly one worker and released by it,
+        // fetched or not: no reader waits for a claim nobody holds.
+        let work = || {
+            while let Some(run) = runs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let stopped = stop.is_some_and(|s| s.load(Ordering::Relaxed));
+                if !stopped && !failed.load(Ordering::Relaxed) {
+                    match self.fetch_run(run, fetcher) {
+                        Ok(n) => {
+                            fetched.fetch_add(n, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            failed.store(true, Ordering::Relaxed);
+                            if let Ok(mut slot) = first_error.lock() {
+                                slot.get_or_insert(e);
+                            }
+                        }
+                    }
+                }
+                self.fetched.release(run);
+            }
+        };
+        let threads = self
+            .limits
+            .max_fetches_in_flight
+            .clamp(1, 64)
+            .min(runs.len());
+        std::thread::scope(|scope| {
+            // This thread is one of the workers; a helper the system
+            // refuses to start leaves fewer in flight, not runs untaken.
+            for _ in 1..threads {
+                let _ = std::thread::Builder::new()
+                    .name("ptload-fetch".into())
+                    .spawn_scoped(scope, work);
+            }
+            work();
+        });
+        match first_error.into_inner().ok().flatten() {
+            Some(e) => Err(e),
+            None => Ok(fetched.into_inner()),
+        }
     }
 
     /// The elements of `info`, a view of a storage of a file read by

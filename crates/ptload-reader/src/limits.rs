@@ -57,6 +57,15 @@ pub struct Limits {
     /// scanned, before any tensor is read: its directory, its pickles and
     /// their neighbourhood.
     pub max_open_fetch_bytes: u64,
+    /// Ranged requests a prefetch ([`Checkpoint::prefetch`](crate::Checkpoint::prefetch))
+    /// keeps in flight at once, each on its own thread (1 reads one range
+    /// at a time).
+    pub max_fetches_in_flight: usize,
+    /// Bytes one request of a prefetch fetches at most, storages close in
+    /// the file together (a larger storage is one request of its own):
+    /// small enough that a prefetch of a few hundred megabytes keeps
+    /// several requests in flight.
+    pub max_fetch_request_bytes: u64,
 }
 
 impl Default for Limits {
@@ -80,6 +89,8 @@ impl Default for Limits {
             max_set_files: 100_000,
             max_index_bytes: 256 << 20,
             max_open_fetch_bytes: 2 << 30,
+            max_fetches_in_flight: 4,
+            max_fetch_request_bytes: 16 << 20,
         }
     }
 }

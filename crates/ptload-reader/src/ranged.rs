@@ -521,6 +521,14 @@ impl<'d> FileView<'d> {
         self.get(start.min(end)..end).unwrap_or_default()
     }
 
+    /// The parts of `start..end` not at hand: none of a whole file.
+    pub(crate) fn holes(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        match self {
+            FileView::Whole(_) => Vec::new(),
+            FileView::Fetched(e) => e.holes(start, end.min(e.len)),
+        }
+    }
+
     /// `len` bytes at `start` if they are at hand, without noting a miss.
     pub(crate) fn held(&self, start: u64, len: u64) -> Option<&'d [u8]> {
         let end = start.checked_add(len)?;

@@ -281,7 +281,6 @@ fixtures! {
     quantized_traced => "quantized_traced.pt",
     random => "random.bin",
     sparse => "sparse.pt",
-    spread => "spread.pt",
     tensor_root => "tensor_root.pt",
     torchscript => "torchscript.pt",
     training => "training.ckpt",
@@ -290,6 +289,7 @@ fixtures! {
     views => "views.pt",
     weights_safetensors => "weights.safetensors.pt",
     whole_module => "whole_module.pt",
+    wide_storages => "wide_storages.pt",
 }
 
 #[test]

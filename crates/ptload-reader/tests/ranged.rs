@@ -420,20 +420,20 @@ fn tempdir() -> PathBuf {
     dir
 }
 
-/// Storages far apart (`spread.pt`: six of 192 KiB): opening and scanning
+/// Storages far apart (`wide_storages.pt`: ten of 256 KiB): opening and scanning
 /// by ranges fetch the head, the tail and each local header with a little
 /// around it, never the storages between (a search for hidden headers or
 /// a directory that did not parse yet must wait for the headers, not
 /// fetch every byte).
 #[test]
 fn far_apart_storages_are_not_fetched_to_open_or_scan() {
-    let bytes = std::fs::read(fixture("spread.pt")).unwrap();
+    let bytes = std::fs::read(fixture("wide_storages.pt")).unwrap();
     let len = bytes.len() as u64;
     let reader = logged(bytes.clone());
     let ckpt = OpenOptions::new().open_ranged(reader.clone()).unwrap();
     let (opened, _) = ckpt.fetched_bytes().unwrap();
     // Head and tail (128 KiB each), then 4 KiB around each header.
-    let bound = 2 * 128 * 1024 + 12 * 9 * 1024;
+    let bound = 2 * 128 * 1024 + 10 * 9 * 1024;
     assert!(opened < bound, "opening fetched {opened} of {len}");
     assert!(ckpt.suspicious().unwrap().is_empty());
     let (after_scan, _) = ckpt.fetched_bytes().unwrap();
@@ -476,7 +476,7 @@ impl RangeRead for Slow {
         Ok(self.bytes[offset as usize..(offset + len) as usize].to_vec())
     }
     fn name(&self) -> &str {
-        "slow://spread.pt"
+        "slow://wide_storages.pt"
     }
 }
 
@@ -484,7 +484,7 @@ impl RangeRead for Slow {
 /// failed one is the open's error, naming the file.
 #[test]
 fn scattered_ranges_are_fetched_several_at_once() {
-    let bytes = std::fs::read(fixture("spread.pt")).unwrap();
+    let bytes = std::fs::read(fixture("wide_storages.pt")).unwrap();
     let slow = |fail_from| {
         Arc::new(Slow {
             bytes: bytes.clone(),
@@ -505,7 +505,7 @@ fn scattered_ranges_are_fetched_several_at_once() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("slow://spread.pt") && err.contains("503"),
+        err.contains("slow://wide_storages.pt") && err.contains("503"),
         "{err}"
     );
 }
@@ -566,4 +566,247 @@ fn a_ranks_slices_fetch_their_ranges_only() {
             "a sliced storage was fetched whole"
         );
     }
+}
+
+/// A file in memory whose reads are recorded with how many were in flight
+/// at once. Until a second read is in flight each read waits for one (a
+/// few seconds at most) once `company` is set, so a prefetch that keeps
+/// one request at a time shows a most-in-flight of 1 rather than passing
+/// by chance. Reads that reach past `fail_from` fail.
+#[derive(Debug)]
+struct Concurrent {
+    bytes: Vec<u8>,
+    /// Every read asked for, and those answered.
+    reads: Mutex<Vec<(u64, u64)>>,
+    delivered: Mutex<Vec<(u64, u64)>>,
+    state: Mutex<(usize, usize)>,
+    changed: std::sync::Condvar,
+    fail_from: std::sync::atomic::AtomicU64,
+    /// Set: a read waits for a second one to be in flight.
+    company: std::sync::atomic::AtomicBool,
+}
+
+impl Concurrent {
+    fn new(bytes: Vec<u8>) -> Arc<Concurrent> {
+        Arc::new(Concurrent {
+            bytes,
+            reads: Mutex::new(Vec::new()),
+            delivered: Mutex::new(Vec::new()),
+            state: Mutex::new((0, 0)),
+            changed: std::sync::Condvar::new(),
+            fail_from: std::sync::atomic::AtomicU64::new(u64::MAX),
+            company: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    fn most_in_flight(&self) -> usize {
+        self.state.lock().unwrap().1
+    }
+}
+
+impl RangeRead for Concurrent {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+    fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+        self.reads.lock().unwrap().push((offset, len));
+        {
+            let mut state = self.state.lock().unwrap();
+            state.0 += 1;
+            state.1 = state.1.max(state.0);
+            self.changed.notify_all();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            while state.1 < 2 && self.company.load(std::sync::atomic::Ordering::SeqCst) {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                state = self.changed.wait_timeout(state, left).unwrap().0;
+            }
+        }
+        let fail = offset + len > self.fail_from.load(std::sync::atomic::Ordering::SeqCst);
+        self.state.lock().unwrap().0 -= 1;
+        if fail {
+            return Err(std::io::Error::other("503 Service Unavailable"));
+        }
+        self.delivered.lock().unwrap().push((offset, len));
+        Ok(self.bytes[offset as usize..(offset + len) as usize].to_vec())
+    }
+    fn name(&self) -> &str {
+        "memory://wide_storages.pt"
+    }
+}
+
+/// Storages of 256 KiB, more than opening fetches (written by torch).
+fn wide_storages() -> (PathBuf, Vec<u8>) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files/wide_storages.pt");
+    let bytes = std::fs::read(&path).unwrap();
+    (path, bytes)
+}
+
+/// Small requests (a storage each), so a fixture of a few megabytes
+/// makes several.
+fn small_requests() -> OpenOptions {
+    let mut limits = ptload_reader::Limits::default();
+    limits.max_fetches_in_flight = 4;
+    limits.max_fetch_request_bytes = 256 << 10;
+    OpenOptions::new().limits(limits)
+}
+
+/// No two reads of `reads` overlap.
+fn each_byte_once(reads: &[(u64, u64)]) {
+    let mut reads = reads.to_vec();
+    reads.sort_unstable();
+    for pair in reads.windows(2) {
+        assert!(pair[0].0 + pair[0].1 <= pair[1].0, "{reads:?}");
+    }
+}
+
+#[test]
+fn a_prefetch_keeps_several_requests_in_flight_and_reads_each_byte_once() {
+    let (path, bytes) = wide_storages();
+    let reader = Concurrent::new(bytes);
+    let ranged = small_requests().open_ranged(reader.clone()).unwrap();
+    let local = Checkpoint::open(&path).unwrap();
+    let opened = reader.reads.lock().unwrap().len();
+    let all: Vec<usize> = (0..ranged.storages().len()).collect();
+    assert_eq!(all.len(), 10);
+    reader
+        .company
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let fetched = ranged.prefetch(&all, None).unwrap();
+    let requests = reader.reads.lock().unwrap().len() - opened;
+    assert!(requests >= 4, "{requests} requests");
+    assert!(reader.most_in_flight() > 1, "{}", reader.most_in_flight());
+    assert!(fetched > 1 << 20, "{fetched}");
+    assert_eq!(
+        ranged.fetched_bytes().unwrap().0,
+        reader
+            .reads
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.1)
+            .sum::<u64>()
+    );
+    // Everything read after is a hit: no further request, the local bytes.
+    for i in all {
+        assert_eq!(
+            ranged.storage_bytes(i).unwrap(),
+            local.storage_bytes(i).unwrap(),
+            "storage {i}"
+        );
+    }
+    assert_eq!(reader.reads.lock().unwrap().len(), opened + requests);
+    assert_eq!(tensors(&local), tensors(&ranged));
+    each_byte_once(&reader.delivered.lock().unwrap());
+    // A second prefetch has nothing left to fetch.
+    assert_eq!(ranged.prefetch(&[0, 1, 2], None).unwrap(), 0);
+}
+
+#[test]
+fn readers_beside_a_prefetch_wait_for_its_bytes_instead_of_fetching_them_again() {
+    let (path, bytes) = wide_storages();
+    let reader = Concurrent::new(bytes);
+    let ranged = small_requests().open_ranged(reader.clone()).unwrap();
+    let local = Checkpoint::open(&path).unwrap();
+    let all: Vec<usize> = (0..ranged.storages().len()).collect();
+    std::thread::scope(|s| {
+        s.spawn(|| ranged.prefetch(&all, None).unwrap());
+        // Read from the end, against the prefetch's order: some storages
+        // are fetched here, the others waited for.
+        for &i in all.iter().rev() {
+            assert_eq!(
+                ranged.storage_bytes(i).unwrap(),
+                local.storage_bytes(i).unwrap(),
+                "storage {i}"
+            );
+        }
+    });
+    each_byte_once(&reader.delivered.lock().unwrap());
+    assert_eq!(tensors(&local), tensors(&ranged));
+}
+
+#[test]
+fn a_failed_request_of_a_prefetch_is_an_error_naming_the_file() {
+    let (path, bytes) = wide_storages();
+    let half = bytes.len() as u64 / 2;
+    let reader = Concurrent::new(bytes);
+    let ranged = small_requests().open_ranged(reader.clone()).unwrap();
+    let local = Checkpoint::open(&path).unwrap();
+    reader
+        .fail_from
+        .store(half, std::sync::atomic::Ordering::SeqCst);
+    let all: Vec<usize> = (0..ranged.storages().len()).collect();
+    // Readers waiting for the failing requests get an error, not a hang:
+    // they read once the prefetch made its first request (it claimed
+    // every storage before that).
+    let opened = reader.reads.lock().unwrap().len();
+    let (prefetched, read) = std::thread::scope(|s| {
+        let ahead = s.spawn(|| ranged.prefetch(&all, None));
+        while reader.reads.lock().unwrap().len() == opened && !ahead.is_finished() {
+            std::thread::yield_now();
+        }
+        let read: Vec<_> = all
+            .iter()
+            .map(|&i| ranged.storage_bytes(i).map(<[u8]>::to_vec))
+            .collect();
+        (ahead.join().unwrap(), read)
+    });
+    let err = prefetched.unwrap_err().to_string();
+    assert!(err.contains("memory://wide_storages.pt"), "{err}");
+    assert!(err.contains("503 Service Unavailable"), "{err}");
+    let mut failed = 0;
+    for (i, r) in read.iter().enumerate() {
+        let s = &ranged.storages()[i];
+        match r {
+            Ok(b) => assert_eq!(&b[..], local.storage_bytes(i).unwrap(), "storage {i}"),
+            Err(e) => {
+                failed += 1;
+                assert!(
+                    s.file_offset.unwrap() + s.nbytes > half - (256 << 10),
+                    "storage {i}: {e}"
+                );
+                assert!(e.to_string().contains("memory://wide_storages.pt"), "{e}");
+            }
+        }
+    }
+    assert!(failed > 0);
+    // Once the server recovers, what failed is fetched when read.
+    reader
+        .fail_from
+        .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+    for &i in &all {
+        assert_eq!(
+            ranged.storage_bytes(i).unwrap(),
+            local.storage_bytes(i).unwrap(),
+            "storage {i}"
+        );
+    }
+    each_byte_once(&reader.delivered.lock().unwrap());
+}
+
+#[test]
+fn a_stopped_prefetch_starts_no_request_and_leaves_nothing_claimed() {
+    let (path, bytes) = wide_storages();
+    let reader = Concurrent::new(bytes);
+    let ranged = small_requests().open_ranged(reader.clone()).unwrap();
+    let local = Checkpoint::open(&path).unwrap();
+    let opened = reader.reads.lock().unwrap().len();
+    let all: Vec<usize> = (0..ranged.storages().len()).collect();
+    let stop = std::sync::atomic::AtomicBool::new(true);
+    assert_eq!(ranged.prefetch(&all, Some(&stop)).unwrap(), 0);
+    assert_eq!(reader.reads.lock().unwrap().len(), opened);
+    // Read afterwards, each storage is fetched then (none waits for a
+    // claim left behind), each byte once.
+    for &i in &all {
+        assert_eq!(
+            ranged.storage_bytes(i).unwrap(),
+            local.storage_bytes(i).unwrap(),
+            "storage {i}"
+        );
+    }
+    each_byte_once(&reader.delivered.lock().unwrap());
+    // A local file has nothing to fetch.
+    assert_eq!(local.prefetch(&all, None).unwrap(), 0);
 }

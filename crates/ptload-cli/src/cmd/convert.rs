@@ -215,9 +215,12 @@ pub(crate) fn convert(
     let opts = SafetensorsOptions {
         dtype: request.dtype.map(parse_dtype).transpose()?,
         skip_unsupported: request.skip_unsupported,
-        progress: bar
-            .clone()
-            .map(|bar| std::sync::Arc::new(move |n| bar.inc(n)) as ptload_reader::export::Progress),
+        // From a URL the bar counts the bytes fetched.
+        progress: bar.clone().map(|bar| {
+            let fetched =
+                crate::remote::FetchCount::of(set.files().iter().map(|f| f.checkpoint().clone()));
+            crate::remote::progress(bar, fetched)
+        }),
         overwrite: request.force,
         cancel: Some(cancel_flag()),
         metadata: match request.metadata {
@@ -234,27 +237,41 @@ pub(crate) fn convert(
                 "--max-shard-size writes a directory of shards, not standard output".into(),
             );
         }
-        return write_shards(out, &selection, &opts, request, max, bar);
+        return crate::remote::reading_ahead(&selection, || {
+            write_shards(out, &selection, &opts, request, max, bar)
+        });
     }
-    let result = match (request.dcp, to_stdout) {
-        (Some(dcp), true) => {
-            let mut stdout = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-            let written =
-                ptload_reader::export::write_dcp_safetensors(dcp, &selection, &opts, &mut stdout);
-            stdout.flush()?;
-            written
-        }
-        (Some(dcp), false) => {
-            ptload_reader::export::write_dcp_safetensors_file(dcp, &selection, &opts, output)
-        }
-        (None, true) => {
-            let mut stdout = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-            let written = ptload_reader::export::write_safetensors(&selection, &opts, &mut stdout);
-            stdout.flush()?;
-            written
-        }
-        (None, false) => ptload_reader::export::write_safetensors_file(&selection, &opts, output),
-    };
+    // From a URL, the tensors' bytes are fetched ahead of the writer.
+    let result = crate::remote::reading_ahead(&selection, || -> CliResult<_> {
+        Ok(match (request.dcp, to_stdout) {
+            (Some(dcp), true) => {
+                let mut stdout =
+                    std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+                let written = ptload_reader::export::write_dcp_safetensors(
+                    dcp,
+                    &selection,
+                    &opts,
+                    &mut stdout,
+                );
+                stdout.flush()?;
+                written
+            }
+            (Some(dcp), false) => {
+                ptload_reader::export::write_dcp_safetensors_file(dcp, &selection, &opts, output)
+            }
+            (None, true) => {
+                let mut stdout =
+                    std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+                let written =
+                    ptload_reader::export::write_safetensors(&selection, &opts, &mut stdout);
+                stdout.flush()?;
+                written
+            }
+            (None, false) => {
+                ptload_reader::export::write_safetensors_file(&selection, &opts, output)
+            }
+        })
+    })?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

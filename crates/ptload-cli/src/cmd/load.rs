@@ -151,8 +151,9 @@ pub(crate) fn load_file(
         total,
     );
     if let Some(bar) = &bar {
-        let bar = bar.clone();
-        opts.progress = Some(Arc::new(move |n| bar.inc(n)));
+        // From a URL the bar counts the bytes fetched.
+        let fetched = crate::remote::FetchCount::of([Arc::clone(ckpt)]);
+        opts.progress = Some(crate::remote::progress(bar.clone(), fetched));
     }
     let loaded = load(Arc::clone(ckpt), &selection, &plan, gpus, &opts)?;
     if let Some(bar) = bar {
