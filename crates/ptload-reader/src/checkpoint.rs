@@ -160,13 +160,14 @@ impl OpenOptions {
         .map_err(|e| e.in_file(fetcher.name()))
     }
 
-    /// Open the checkpoint at an `http://` or `https://` URL by ranged
-    /// requests (see [`open_ranged`](Self::open_ranged) and
-    /// [`http::HttpFile`](crate::http::HttpFile)).
-    #[cfg(feature = "http")]
+    /// Open the checkpoint at a URL by ranged requests (see
+    /// [`open_ranged`](Self::open_ranged)): `http://` and `https://`
+    /// (feature `http`, `http::HttpFile`), `s3://`, `gs://`, `az://`
+    /// (feature `object-store`, `bucket::BucketFile`). A scheme whose
+    /// feature is not compiled in is an error naming the feature; see
+    /// [`remote::open_url`](crate::remote::open_url).
     pub fn open_url(&self, url: &str) -> Result<Checkpoint> {
-        let file = crate::http::HttpFile::open(url)?;
-        self.open_ranged(std::sync::Arc::new(file))
+        self.open_ranged(crate::remote::open_url(url)?)
     }
 
     /// Read a checkpoint held in memory, without copying it: `bytes` may be
