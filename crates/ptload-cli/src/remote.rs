@@ -1,5 +1,6 @@
-//! Inputs given as `http://` or `https://` URLs: read by ranged requests,
-//! fetching only what each command reads.
+//! Inputs given as URLs (`http://`, `https://`, `s3://`, `gs://`,
+//! `az://`): read by ranged requests, fetching only what each command
+//! reads.
 
 use std::path::Path;
 
@@ -11,10 +12,9 @@ use ptload_reader::state_dict::StateDict;
 use ptload_reader::{Checkpoint, OpenOptions};
 use serde::Serialize;
 
-/// The URL `path` holds, if it is one.
+/// The URL `path` holds, if it is one (see [`ptload_reader::ranged::is_url`]).
 pub(crate) fn url_of(path: &Path) -> Option<&str> {
-    path.to_str()
-        .filter(|s| s.starts_with("http://") || s.starts_with("https://"))
+    path.to_str().filter(|s| ptload_reader::ranged::is_url(s))
 }
 
 /// The checkpoint at `path`: a local file, directory or index, or a URL

@@ -3,7 +3,6 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use ptload_reader::scan::{self, Level, Verdict};
 use ptload_reader::set::CheckpointSet;
@@ -236,11 +235,10 @@ impl FileScan {
 /// (a legacy file's stream), not its tensors. Its first bytes say first
 /// whether it is a file torch.load cannot read, as for a local file.
 fn scan_url(url: &str, request: &ScanRequest) -> FileScan {
-    use ptload_reader::ranged::RangeRead;
     let unreadable = |e: ptload_reader::Error| {
         FileScan::bare(url.to_owned(), "unreadable", crate::terms::error_text(&e))
     };
-    let file = match ptload_reader::http::HttpFile::open(url) {
+    let file = match ptload_reader::remote::open_url(url) {
         Ok(f) => f,
         Err(e) => return unreadable(e),
     };
@@ -258,7 +256,7 @@ fn scan_url(url: &str, request: &ScanRequest) -> FileScan {
     if let Some(scan) = not_scanned(url, &head, file.len()) {
         return scan;
     }
-    let (report, (bytes, requests)) = match scan::scan_ranged(Arc::new(file), &Limits::default()) {
+    let (report, (bytes, requests)) = match scan::scan_ranged(file, &Limits::default()) {
         Ok(r) => r,
         Err(e) => return unreadable(e),
     };
@@ -322,7 +320,7 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
     }
     let report = if request.positioned {
         ptload_reader::ranged::LocalFile::open(path)
-            .and_then(|f| scan::scan_ranged(Arc::new(f), &Limits::default()))
+            .and_then(|f| scan::scan_ranged(std::sync::Arc::new(f), &Limits::default()))
             .map(|(report, _)| report)
     } else {
         scan::scan_file(path, &Limits::default(), request.in_memory)

@@ -191,12 +191,14 @@ impl OpenOptions {
         .map_err(|e| e.in_file(fetcher.name()))
     }
 
-    /// Open the checkpoint at an `http://` or `https://` URL by ranged
-    /// requests (see [`open_ranged`](Self::open_ranged) and
-    /// [`http::HttpFile`](crate::http::HttpFile)).
-    #[cfg(feature = "http")]
+    /// Open the checkpoint at a URL by ranged requests (see
+    /// [`open_ranged`](Self::open_ranged)): `http://` and `https://`
+    /// (feature `http`, `http::HttpFile`), `s3://`, `gs://`, `az://`
+    /// (feature `object-store`, `bucket::BucketFile`). A scheme whose
+    /// feature is not compiled in is an error naming the feature; see
+    /// [`remote::open_url`](crate::remote::open_url).
     pub fn open_url(&self, url: &str) -> Result<Checkpoint> {
-        self.open_ranged(url_file(url)?)
+        self.open_ranged(crate::remote::open_url(url)?)
     }
 
     /// Read a checkpoint held in memory, without copying it: `bytes` may be
@@ -209,13 +211,6 @@ impl OpenOptions {
     ) -> Result<Checkpoint> {
         Checkpoint::load(Source::given(bytes), self)
     }
-}
-
-/// The file at `url`, read by ranges: what [`OpenOptions::open_url`]
-/// opens, and what a set opened by URL reads its index and shards with.
-#[cfg(feature = "http")]
-pub(crate) fn url_file(url: &str) -> Result<std::sync::Arc<dyn RangeRead>> {
-    Ok(std::sync::Arc::new(crate::http::HttpFile::open(url)?))
 }
 
 /// A tensor of [`Checkpoint::assembled`]: name, dtype, shape, and its

@@ -42,6 +42,8 @@
 )]
 
 pub mod advice;
+#[cfg(feature = "object-store")]
+pub mod bucket;
 mod bytes;
 pub mod cast;
 pub mod checkpoint;
@@ -63,6 +65,7 @@ mod pickle;
 pub mod placement;
 pub mod ranged;
 pub mod read_plan;
+pub mod remote;
 pub mod scan;
 pub mod set;
 #[allow(unsafe_code)]

@@ -156,6 +156,36 @@ fn read_exact_at(file: &std::fs::File, mut buf: &mut [u8], mut offset: u64) -> s
     Ok(())
 }
 
+/// The schemes of object storage (feature `object-store`), as
+/// `object_store` parses them.
+const BUCKET_SCHEMES: [&str; 8] = ["s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss"];
+
+/// The scheme of `s` if it is a URL ptload reads (`http`, `https`, or an
+/// object storage scheme), lower-cased.
+pub(crate) fn scheme_of(s: &str) -> Option<String> {
+    let (scheme, rest) = s.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let known = scheme == "http" || scheme == "https" || BUCKET_SCHEMES.contains(&scheme.as_str());
+    (known && !rest.is_empty()).then_some(scheme)
+}
+
+/// Whether `s` is a URL ptload reads by ranges rather than a local path:
+/// `http://`, `https://`, `s3://` (`s3a://`), `gs://`, `az://`
+/// (`adl://`, `azure://`, `abfs://`, `abfss://`). It says so whether or
+/// not the feature that reads the scheme is compiled in: opening one
+/// that is not is an error saying which feature it needs.
+///
+/// ```
+/// use ptload_reader::ranged::is_url;
+/// assert!(is_url("s3://bucket/model.pt"));
+/// assert!(is_url("HTTPS://example.com/model.pt"));
+/// assert!(!is_url("model.pt"));
+/// assert!(!is_url("ftp://example.com/model.pt"));
+/// ```
+pub fn is_url(s: &str) -> bool {
+    scheme_of(s).is_some()
+}
+
 /// Bytes fetched past the start and end of what a parse missed: the
 /// records torch writes next to each other (`data.pkl`, `byteorder`,
 /// `version`) come in one request.
@@ -706,6 +736,31 @@ pub(crate) fn fetch_more_until<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_are_told_by_their_scheme() {
+        for url in [
+            "http://h/x.pt",
+            "https://h/x.pt",
+            "s3://b/x.pt",
+            "S3A://b/x.pt",
+            "gs://b/x.pt",
+            "az://c/x.pt",
+            "abfss://c@a.dfs.core.windows.net/x.pt",
+        ] {
+            assert!(is_url(url), "{url}");
+        }
+        for path in [
+            "x.pt",
+            "dir/x.pt",
+            "s3:/b/x.pt",
+            "s3://",
+            "ftp://h/x.pt",
+            "C:\\x.pt",
+        ] {
+            assert!(!is_url(path), "{path}");
+        }
+    }
 
     #[derive(Debug)]
     struct Memory(Vec<u8>);

@@ -377,7 +377,6 @@ impl CheckpointSet {
     /// with its shards at the URLs beside it, or one checkpoint (a set of
     /// one). A directory (a path ending in `/`) cannot be listed over the
     /// network: the error says to give its index's URL.
-    #[cfg(feature = "http")]
     pub fn open_url(url: &str, opts: &OpenOptions) -> Result<CheckpointSet> {
         let path = url.split(['?', '#']).next().unwrap_or(url);
         if path.ends_with('/') {
@@ -391,8 +390,8 @@ impl CheckpointSet {
             ));
         }
         if path.ends_with(".json") {
-            let index = crate::checkpoint::url_file(url)?;
-            return CheckpointSet::open_index_with(index, crate::checkpoint::url_file, opts);
+            let index = crate::remote::open_url(url)?;
+            return CheckpointSet::open_index_with(index, crate::remote::open_url, opts);
         }
         CheckpointSet::of(url, Arc::new(opts.open_url(url)?))
     }
@@ -452,9 +451,8 @@ impl CheckpointSet {
     /// The URLs of the shards the index at `url` names (checked as
     /// [`open_ranged_index`](Self::open_ranged_index) checks them), in
     /// name order, without opening them: for a scan of each.
-    #[cfg(feature = "http")]
     pub fn index_shard_urls(url: &str, opts: &OpenOptions) -> Result<Vec<String>> {
-        let index = crate::checkpoint::url_file(url)?;
+        let index = crate::remote::open_url(url)?;
         Ok(read_ranged_index(index.as_ref(), opts)?.1)
     }
 

@@ -22,7 +22,7 @@ use crate::inspect::human_size;
     mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
 )]
 pub(crate) struct ConvertArgs {
-    /// The checkpoint (a path, or an http(s):// URL read by ranged requests).
+    /// The checkpoint (a path, or an http(s)://, s3://, gs:// or az:// URL read by ranged requests).
     input: PathBuf,
     /// The safetensors file to write (through a symbolic link to its target), or `-`
     /// for standard output; with --max-shard-size, a directory. Never the input; an

@@ -24,9 +24,9 @@ pub(crate) type Verdict = u8;
     mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
 )]
 pub(crate) struct DiffArgs {
-    /// First checkpoint (a torch file or http(s):// URL, or a .safetensors file).
+    /// First checkpoint (a torch file or URL (http(s)://, s3://, gs://, az://), or a .safetensors file).
     a: PathBuf,
-    /// Second checkpoint (a torch file or http(s):// URL, or a .safetensors file).
+    /// Second checkpoint (a torch file or URL (http(s)://, s3://, gs://, az://), or a .safetensors file).
     b: PathBuf,
     /// Print JSON.
     #[arg(long)]

@@ -16,7 +16,8 @@ use crate::inspect;
 )]
 pub(crate) struct InspectArgs {
     /// Checkpoints (.pt, .pth, .bin, .ckpt: the layout is detected from the content), or
-    /// http(s):// URLs read by ranged requests (the directory and pickles; tensors when read).
+    /// http(s)://, s3://, gs://, az:// URLs read by ranged requests (the directory and pickles;
+    /// tensors when read).
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// Print JSON instead of a table (one document per line, one line per file).

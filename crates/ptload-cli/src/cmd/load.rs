@@ -25,7 +25,7 @@ use crate::inspect::human_size;
      instead of falling back to the host"
 )))]
 pub(crate) struct LoadArgs {
-    /// The checkpoint (a path, or an http(s):// URL read by ranged requests).
+    /// The checkpoint (a path, or an http(s)://, s3://, gs:// or az:// URL read by ranged requests).
     file: PathBuf,
     /// Print JSON: {"tensors": [{"name", "target", "device", "fallback", "dtype", "converted_from"}], "devices": [...], "seconds"}.
     #[arg(long)]

@@ -12,7 +12,7 @@ use crate::scancmd;
 #[derive(Args)]
 pub(crate) struct ScanArgs {
     /// Checkpoints to scan (a directory: every checkpoint, pickle or archive in it, recursively;
-    /// an http(s):// URL: only its directory and pickles are fetched).
+    /// an http(s)://, s3://, gs:// or az:// URL: only its directory and pickles are fetched).
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// Output format: text, json, or sarif (SARIF 2.1.0, one result per finding).

@@ -27,10 +27,8 @@ use crate::torch::policy::torch_allows;
 mod reach;
 
 pub(crate) use reach::scan_fetched;
-#[cfg(feature = "http")]
-pub use reach::scan_url;
 pub use reach::{
-    scan_bytes, scan_file, scan_ranged, Ambiguity, GlobalUse, PickleSource, ScanReport,
+    scan_bytes, scan_file, scan_ranged, scan_url, Ambiguity, GlobalUse, PickleSource, ScanReport,
     ScannedPickle, Usage, Verdict,
 };
 

@@ -322,14 +322,11 @@ pub(crate) fn scan_fetched(
     .map_err(|e| e.in_file(fetcher.name()))
 }
 
-/// Scan the file at an `http://` or `https://` URL by ranged requests
-/// (see [`scan_ranged`]).
-#[cfg(feature = "http")]
+/// Scan the file at a URL by ranged requests (see [`scan_ranged`]):
+/// `http(s)://` (feature `http`), `s3://`, `gs://`, `az://` (feature
+/// `object-store`); see [`remote::open_url`](crate::remote::open_url).
 pub fn scan_url(url: &str, limits: &Limits) -> Result<(ScanReport, (u64, u64))> {
-    scan_ranged(
-        std::sync::Arc::new(crate::http::HttpFile::open(url)?),
-        limits,
-    )
+    scan_ranged(crate::remote::open_url(url)?, limits)
 }
 
 /// [`scan_bytes`] over the whole file or the ranges fetched of it: what
