@@ -1169,11 +1169,7 @@ fn module_blocked(module: &str) -> bool {
 /// instead of a local file: the one test of what is a URL, for every entry
 /// point (`open`, `select`, and Python's through [`is_url`]).
 fn url_of(path: &str) -> Option<&str> {
-    const SCHEMES: [&str; 2] = ["http://", "https://"];
-    SCHEMES
-        .iter()
-        .any(|scheme| path.starts_with(scheme))
-        .then_some(path)
+    ptload_reader::ranged::is_url(path).then_some(path)
 }
 
 /// Whether `path` is a URL ptload reads by ranges rather than a local path.

@@ -276,8 +276,9 @@ def read_at(fh, offset, view, path):
 
 def is_url(f):
     """Whether ``f`` is a URL the reader fetches by ranged requests
-    (``http://``, ``https://``) rather than a path: a ``str`` only, as
-    ``pathlib`` folds ``//``. The extension holds the one list of schemes."""
+    (``http://``, ``https://``, ``s3://``, ``gs://``, ``az://``) rather
+    than a path: a ``str`` only, as ``pathlib`` folds ``//``. The reader
+    holds the one list of schemes."""
     from . import _ptload
 
     return isinstance(f, str) and _ptload.is_url(f)

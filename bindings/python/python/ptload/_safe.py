@@ -142,12 +142,12 @@ class safe_open:
     semantics, reading only their bytes; unmatched tensors come whole.
     Sets and slices come as copies.
 
-    ``path`` may be an ``http://`` or ``https://`` URL of one checkpoint
-    file (a ``str``): it is read by ranged requests, fetching what opening
-    parses and then each storage's bytes when a tensor over it is first
-    asked for, into memory of its own (not a map, whichever ``backend``);
-    ``shard=`` gives a rank's slices of it (fetching the storages they
-    touch). Sets by URL are not read yet.
+    ``path`` may be an ``http://``, ``https://``, ``s3://``, ``gs://`` or
+    ``az://`` URL of a checkpoint file or of a set's index (a ``str``): it
+    is read by ranged requests, fetching what opening parses and then each
+    storage's bytes when a tensor over it is first asked for, into memory of
+    its own (not a map, whichever ``backend``); ``shard=`` gives a rank's
+    slices of it (fetching only the ranges they lie in).
 
     ``backend``: ``"mmap"`` (tensors view a private map of the file) or
     ``"pread"`` (each storage is read from the file into memory of its own

@@ -189,8 +189,9 @@ def load(
     """Load a checkpoint as ``torch.load(f, map_location, weights_only=True)``
     would, without running anything the file names.
 
-    ``f``: a path, an ``http://`` or ``https://`` URL (a ``str``; read by
-    ranged requests, see below), bytes, or a binary file object.
+    ``f``: a path, an ``http://``, ``https://``, ``s3://``, ``gs://`` or
+    ``az://`` URL (a ``str``; read by ranged requests, see below), bytes,
+    or a binary file object.
     ``map_location``: None,
     a str, a ``torch.device``, a dict of locations, or a callable
     ``(storage, location)``, which gets a :class:`StorageStandIn` and
