@@ -1178,8 +1178,8 @@ fn is_url(path: &str) -> bool {
     url_of(path).is_some()
 }
 
-/// Open a checkpoint: `source` is a path (str), an `http(s)://` URL read
-/// by ranged requests, or the file's bytes.
+/// Open a checkpoint: `source` is a path (str), a URL (`http(s)://`,
+/// `s3://`, `gs://`, `az://`) read by ranged requests, or the file's bytes.
 #[pyfunction]
 #[pyo3(signature = (source, *, objects=true, in_memory=false, encoding=None, byte_order=None))]
 fn open(

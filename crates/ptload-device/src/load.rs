@@ -228,7 +228,8 @@ fn place_rest(
 }
 
 /// The storages of `sources` to fetch ahead when `ckpt` is read by
-/// ranges: those placed somewhere (not meta); none for a local file.
+/// ranges (a URL, or a local file opened by positioned reads): those
+/// placed somewhere (not meta); none for a mapped or in-memory file.
 fn ahead_of(ckpt: &Checkpoint, sources: &[Source]) -> Vec<usize> {
     if ckpt.fetched_bytes().is_none() {
         return Vec::new();

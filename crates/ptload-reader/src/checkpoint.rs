@@ -616,14 +616,41 @@ impl Fetched {
 
     /// Release the claims of `run` and wake the readers waiting for them.
     fn release(&self, run: &Run) {
-        if let Ok(mut claimed) = self.claimed.lock() {
-            for &(i, _, _) in &run.members {
-                if let Some(c) = claimed.get_mut(i) {
-                    *c = false;
-                }
+        // Released even after a panic elsewhere poisoned the lock: a claim
+        // left set would keep its readers waiting for ever.
+        let mut claimed = self
+            .claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for &(i, _, _) in &run.members {
+            if let Some(c) = claimed.get_mut(i) {
+                *c = false;
             }
         }
+        drop(claimed);
         self.landed.notify_all();
+    }
+}
+
+/// The claims of runs, released when dropped: after their fetch, after
+/// its error, and while a panic unwinds (a reader waiting for a claim
+/// nobody will release would wait for ever). `runs[*from..]` are
+/// released: all of them, or those no worker took (`from` is the next
+/// run a worker would take).
+struct Claims<'a> {
+    fetched: &'a Fetched,
+    runs: &'a [Run],
+    from: Option<&'a std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for Claims<'_> {
+    fn drop(&mut self) {
+        let from = self
+            .from
+            .map_or(0, |n| n.load(std::sync::atomic::Ordering::Relaxed));
+        for run in self.runs.get(from..).unwrap_or_default() {
+            self.fetched.release(run);
+        }
     }
 }
 
@@ -1060,9 +1087,14 @@ impl Checkpoint {
             }
             run
         };
-        let fetched = self.fetch_run(&run, fetcher);
-        self.fetched.release(&run);
-        fetched?;
+        {
+            let _claims = Claims {
+                fetched: &self.fetched,
+                runs: std::slice::from_ref(&run),
+                from: None,
+            };
+            self.fetch_run(&run, fetcher)?;
+        }
         landed().ok_or_else(missing)
     }
 
@@ -1171,8 +1203,9 @@ impl Checkpoint {
     /// [`Limits::max_fetch_request_bytes`] unless one storage is larger),
     /// each byte once, also when other
     /// threads read tensors meanwhile: a storage being fetched is waited
-    /// for, never fetched twice. Returns the bytes fetched; a local file
-    /// fetches nothing.
+    /// for, never fetched twice. Returns the bytes fetched; a mapped or
+    /// in-memory file fetches nothing (a file opened with
+    /// [`OpenOptions::positioned`] is read by ranges, and is prefetched).
     ///
     /// What is fetched stays with the checkpoint, as every storage read
     /// does: the caller bounds the memory by the list it passes (say the
@@ -1225,6 +1258,11 @@ impl Checkpoint {
         // fetched or not: no reader waits for a claim nobody holds.
         let work = || {
             while let Some(run) = runs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let _claims = Claims {
+                    fetched: &self.fetched,
+                    runs: std::slice::from_ref(run),
+                    from: None,
+                };
                 let stopped = stop.is_some_and(|s| s.load(Ordering::Relaxed));
                 if !stopped && !failed.load(Ordering::Relaxed) {
                     match self.fetch_run(run, fetcher) {
@@ -1239,7 +1277,6 @@ impl Checkpoint {
                         }
                     }
                 }
-                self.fetched.release(run);
             }
         };
         let threads = self
@@ -1247,6 +1284,12 @@ impl Checkpoint {
             .max_fetches_in_flight
             .clamp(1, 64)
             .min(runs.len());
+        // Runs no worker took (every worker panicked) are released too.
+        let _untaken = Claims {
+            fetched: &self.fetched,
+            runs: &runs,
+            from: Some(&next),
+        };
         std::thread::scope(|scope| {
             // This thread is one of the workers; a helper the system
             // refuses to start leaves fewer in flight, not runs untaken.
@@ -1283,9 +1326,18 @@ impl Checkpoint {
             return None;
         };
         let base = s.file_offset?;
+        // Being fetched whole (a prefetch): wait for it rather than fetch
+        // its bytes twice.
+        let claimed = || {
+            self.fetched
+                .claimed
+                .lock()
+                .map_or(true, |c| c.get(index).copied().unwrap_or(false))
+        };
         if info.numel == 0
             || self.fetched.storages.get(index)?.get().is_some()
             || self.source.view().held(base, s.nbytes).is_some()
+            || claimed()
         {
             return None;
         }
@@ -1373,7 +1425,9 @@ impl Checkpoint {
     }
 
     /// For a file read by ranges (a URL): the bytes fetched so far and
-    /// the number of reads that fetched them; `None` for a local file.
+    /// the number of reads that fetched them; `None` for a mapped or
+    /// in-memory file (a file opened with [`OpenOptions::positioned`]
+    /// counts its reads).
     pub fn fetched_bytes(&self) -> Option<(u64, u64)> {
         self.source
             .fetcher()

@@ -51,7 +51,8 @@ enum Answer {
     /// A part, exactly the range asked for: the file's total length as
     /// `Content-Range` gives it, the body, the validator.
     Part(u64, Vec<u8>, Option<(&'static str, String)>),
-    /// `416`: the range is past the end; the total length when given.
+    /// `416` (the range is past the end; the total length when given), or
+    /// a `200` with an empty body (an empty file served whole: length 0).
     Unsatisfiable(Option<u64>),
 }
 

@@ -438,23 +438,29 @@ fn read_all(fetcher: &Fetcher, ranges: &[(u64, u64)]) -> Result<Vec<Vec<u8>>> {
     let results: Vec<Mutex<Option<Result<Vec<u8>>>>> =
         ranges.iter().map(|_| Mutex::new(None)).collect();
     let failed = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        for _ in 0..IN_FLIGHT.min(ranges.len()) {
-            scope.spawn(|| loop {
-                if failed.load(Ordering::Relaxed) {
-                    break;
-                }
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(a, b)) = ranges.get(i) else { break };
-                let got = fetcher.read(a, b - a);
-                if got.is_err() {
-                    failed.store(true, Ordering::Relaxed);
-                }
-                if let Some(Ok(mut slot)) = results.get(i).map(Mutex::lock) {
-                    *slot = Some(got);
-                }
-            });
+    let work = || loop {
+        if failed.load(Ordering::Relaxed) {
+            break;
         }
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(&(a, b)) = ranges.get(i) else { break };
+        let got = fetcher.read(a, b - a);
+        if got.is_err() {
+            failed.store(true, Ordering::Relaxed);
+        }
+        if let Some(Ok(mut slot)) = results.get(i).map(Mutex::lock) {
+            *slot = Some(got);
+        }
+    };
+    std::thread::scope(|scope| {
+        // This thread is one of the readers; a thread the system refuses
+        // to start leaves fewer in flight, never a panic.
+        for _ in 1..IN_FLIGHT.min(ranges.len()) {
+            let _ = std::thread::Builder::new()
+                .name("ptload-fetch".into())
+                .spawn_scoped(scope, work);
+        }
+        work();
     });
     let mut out = Vec::with_capacity(ranges.len());
     for (slot, &(a, b)) in results.into_iter().zip(ranges) {

@@ -810,3 +810,61 @@ fn a_stopped_prefetch_starts_no_request_and_leaves_nothing_claimed() {
     // A local file has nothing to fetch.
     assert_eq!(local.prefetch(&all, None).unwrap(), 0);
 }
+
+/// A reader that panics on its first read past the file's first 256 KiB
+/// (after opening), then reads normally.
+#[derive(Debug)]
+struct PanicsOnce {
+    bytes: Vec<u8>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl RangeRead for PanicsOnce {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+    fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+        let tail = self.bytes.len() as u64 - 128 * 1024;
+        if offset >= 256 * 1024
+            && offset < tail
+            && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("the store's client panicked");
+        }
+        Ok(self.bytes[offset as usize..(offset + len) as usize].to_vec())
+    }
+    fn name(&self) -> &str {
+        "panics://wide_storages.pt"
+    }
+}
+
+/// A fetch that panics releases its claims while unwinding: reading the
+/// storages afterwards fetches them, it does not wait for ever.
+#[test]
+fn a_panicking_fetch_leaves_no_claim_behind() {
+    let bytes = std::fs::read(fixture("wide_storages.pt")).unwrap();
+    let reader = Arc::new(PanicsOnce {
+        bytes: bytes.clone(),
+        armed: std::sync::atomic::AtomicBool::new(false),
+    });
+    let ckpt = OpenOptions::new().open_ranged(reader.clone()).unwrap();
+    reader
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let all: Vec<usize> = (0..ckpt.storages().len()).collect();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = ckpt.prefetch(&all, None);
+    }));
+    assert!(panicked.is_err(), "the reader's panic comes through");
+    // The same from a single read.
+    reader
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let last = ckpt.tensors().count() - 1;
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = ckpt.tensor_at(last).unwrap().data();
+    }));
+    assert!(panicked.is_err() || !reader.armed.load(std::sync::atomic::Ordering::SeqCst));
+    let local = Checkpoint::from_bytes(bytes).unwrap();
+    assert_eq!(tensors(&local), tensors(&ckpt));
+}
