@@ -684,7 +684,20 @@ fn read_ranged_index(
     }
     let weight_map = parse_index(&text, url, opts)?;
     let path = url.split(['?', '#']).next().unwrap_or(url);
-    let dir = path.rfind('/').map_or("", |at| &path[..=at]);
+    // The directory is within the path, after the host: an index URL
+    // without a path (`https://host.json`) has no directory beside it, and
+    // a shard name must never become a host.
+    let authority = path.find("://").map_or(0, |at| at + 3);
+    let dir = match path.get(authority..).and_then(|rest| rest.rfind('/')) {
+        Some(at) => path.get(..=authority + at).unwrap_or(path),
+        None if authority > 0 => {
+            return Err(Error::new(
+                ErrorKind::InvalidSpec,
+                format!("{url}: an index URL needs a path after its host, where its shards lie"),
+            ))
+        }
+        None => "",
+    };
     let odd =
         |c: char| matches!(c, '?' | '#' | '%' | '\\' | ':') || c.is_whitespace() || c.is_control();
     let mut urls = Vec::new();

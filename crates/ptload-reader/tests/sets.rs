@@ -777,6 +777,19 @@ fn hostile_indexes_read_by_ranges_are_refused() {
         );
         assert_eq!(*store.asked.lock().unwrap(), vec![url.clone()], "{shard:?}");
     }
+    // An index URL without a path after its host has no directory: a
+    // shard name must not become a host.
+    let mut store = Store::default();
+    let hostless = "https://weights.json";
+    let index = serde_json::json!({"weight_map": {"w": "evil.example"}}).to_string();
+    store.files.insert(hostless.to_owned(), index.into_bytes());
+    let err = store.open_set(hostless, &OpenOptions::new()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidSpec, "{err}");
+    assert!(
+        err.to_string().contains("needs a path after its host"),
+        "{err}"
+    );
+    assert_eq!(*store.asked.lock().unwrap(), vec![hostless.to_owned()]);
     // Over the limit: refused from its length, nothing read.
     let store = sharded_store(None);
     let mut limits = Limits::default();
