@@ -25,6 +25,8 @@
 //!   that long (read chunk by chunk, never more than asked is kept);
 //! - transient failures are tried again by `object_store`'s own retry,
 //!   bounded: at most 3 retries, backing off from 0.25 s, within 60 s;
+//!   a request may take 600 s with its body, and fails when its body
+//!   stalls for 60 s;
 //! - other errors name the URL and what the store said (not found,
 //!   forbidden, not authenticated, ...).
 //!
@@ -45,6 +47,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
+use object_store::ClientConfigKey;
 use object_store::{
     BackoffConfig, GetOptions, GetRange, ObjectStore, ObjectStoreExt, ObjectStoreScheme,
     RetryConfig,
@@ -128,6 +131,15 @@ fn retry() -> RetryConfig {
     }
 }
 
+/// How long one request may take, its body included: a storage is one
+/// request, up to 64 MiB or the size of the largest storage (object_store's
+/// default, 30 s, fails a large storage on a slow link every time).
+const BODY_TIMEOUT: &str = "600s";
+
+/// How long a body may stall without a byte before the request fails (and
+/// is tried again).
+const STALL_TIMEOUT: &str = "60s";
+
 /// `url`'s store (built from the environment) and the object's path in it.
 fn store_for(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
     let parsed = url::Url::parse(url).map_err(|e| io_err(format!("{url}: not a URL: {e}")))?;
@@ -144,6 +156,14 @@ fn store_for(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
             object_store::aws::AmazonS3Builder::from_env()
                 .with_url(url)
                 .with_retry(retry())
+                .with_config(
+                    object_store::aws::AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+                    BODY_TIMEOUT,
+                )
+                .with_config(
+                    object_store::aws::AmazonS3ConfigKey::Client(ClientConfigKey::ReadTimeout),
+                    STALL_TIMEOUT,
+                )
                 .build()
                 .map_err(built)?,
         ),
@@ -151,6 +171,14 @@ fn store_for(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
             object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_url(url)
                 .with_retry(retry())
+                .with_config(
+                    object_store::gcp::GoogleConfigKey::Client(ClientConfigKey::Timeout),
+                    BODY_TIMEOUT,
+                )
+                .with_config(
+                    object_store::gcp::GoogleConfigKey::Client(ClientConfigKey::ReadTimeout),
+                    STALL_TIMEOUT,
+                )
                 .build()
                 .map_err(built)?,
         ),
@@ -158,6 +186,14 @@ fn store_for(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
             object_store::azure::MicrosoftAzureBuilder::from_env()
                 .with_url(url)
                 .with_retry(retry())
+                .with_config(
+                    object_store::azure::AzureConfigKey::Client(ClientConfigKey::Timeout),
+                    BODY_TIMEOUT,
+                )
+                .with_config(
+                    object_store::azure::AzureConfigKey::Client(ClientConfigKey::ReadTimeout),
+                    STALL_TIMEOUT,
+                )
                 .build()
                 .map_err(built)?,
         ),
