@@ -266,10 +266,20 @@ fn reading_ahead<T>(
             .spawn_scoped(scope, || {
                 let _ = ckpt.prefetch(storages, Some(&done));
             });
-        let result = work();
-        done.store(true, Ordering::Relaxed);
-        result
+        let _stop = StopOnDrop(&done);
+        work()
     })
+}
+
+/// Sets its flag when dropped: the read-ahead stops when the work ends,
+/// also when the work panics (the scope would otherwise wait for the
+/// whole prefetch before the panic comes through).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Upload whole storages, as torch's `map_location` moves them: storage
