@@ -71,15 +71,25 @@ fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliRe
     let set = crate::remote::open_set(file, &a.open.options())?;
     let sd = a.state.options(true)?.select_set(&set)?;
     let rows = inspect::rows(&sd, &a.map, &MachineGpus)?;
-    if a.json {
-        inspect::json(out, &set, &rows, label, a.hash)?;
-    } else {
-        let columns = inspect::terminal_columns();
-        inspect::table(out, &set, &rows, label, a.hash, columns)?;
-        if ptload_reader::dcp::is_dcp_dir(file) {
-            let dcp = ptload_reader::dcp::Dcp::open_with(file, &a.open.options())?;
-            inspect::dcp_chunks(out, &dcp)?;
+    let print = |mut out: &mut dyn Write| -> CliResult<()> {
+        if a.json {
+            inspect::json(&mut out, &set, &rows, label, a.hash)?;
+        } else {
+            let columns = inspect::terminal_columns();
+            inspect::table(&mut out, &set, &rows, label, a.hash, columns)?;
         }
+        Ok(())
+    };
+    // Hashing a file read by ranges reads every storage: they are fetched
+    // ahead of the hashing, several requests in flight.
+    if a.hash {
+        crate::remote::reading_ahead(&sd, || print(out))?;
+    } else {
+        print(out)?;
+    }
+    if !a.json && ptload_reader::dcp::is_dcp_dir(file) {
+        let dcp = ptload_reader::dcp::Dcp::open_with(file, &a.open.options())?;
+        inspect::dcp_chunks(out, &dcp)?;
     }
     out.flush()?;
     // The process ends soon: the OS reclaims the checkpoint's memory
