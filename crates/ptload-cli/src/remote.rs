@@ -4,7 +4,6 @@
 
 use std::path::Path;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ptload_reader::set::CheckpointSet;
@@ -119,35 +118,9 @@ pub(crate) fn reading_ahead<T>(selection: &StateDict<'_>, work: impl FnOnce() ->
             (c, storages)
         })
         .collect();
-    if lists.is_empty() {
-        return work();
-    }
-    let done = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        for (ckpt, storages) in &lists {
-            let done = &done;
-            // Without the thread, `work` fetches what it reads itself; a
-            // failed request is fetched again by `work`, which reports it.
-            let _ = std::thread::Builder::new()
-                .name("ptload-read-ahead".into())
-                .spawn_scoped(scope, move || {
-                    let _ = ckpt.prefetch(storages, Some(done));
-                });
-        }
-        let _stop = StopOnDrop(&done);
-        work()
-    })
-}
-
-/// Sets its flag when dropped: the read-ahead stops when the work ends,
-/// also when the work panics (the scope would otherwise wait for the
-/// whole prefetch before the panic comes through).
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
+    let ahead: Vec<(&Checkpoint, &[usize])> =
+        lists.iter().map(|(c, s)| (*c, s.as_slice())).collect();
+    ptload_reader::checkpoint::while_prefetching(&ahead, work)
 }
 
 #[cfg(test)]

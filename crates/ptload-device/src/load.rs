@@ -245,41 +245,14 @@ fn ahead_of(ckpt: &Checkpoint, sources: &[Source]) -> Vec<usize> {
 }
 
 /// Run `work` while `storages` of `ckpt` are prefetched beside it (see
-/// [`Checkpoint::prefetch`]): the copies read what landed, wait for what
-/// is in flight, fetch what is not asked for yet. When `work` ends (done,
-/// failed or cancelled), no further request starts. A failed request of
-/// the prefetch is not the answer: `work` fetches what it needs again and
-/// reports its own error.
+/// [`ptload_reader::checkpoint::while_prefetching`]): the copies read what
+/// landed, wait for what is in flight, and fetch what is not asked yet.
 fn reading_ahead<T>(
     ckpt: &Checkpoint,
     storages: &[usize],
     work: impl FnOnce() -> Result<T, LoadError>,
 ) -> Result<T, LoadError> {
-    if storages.is_empty() {
-        return work();
-    }
-    let done = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        // Without the thread, `work` fetches everything itself.
-        let _ahead = std::thread::Builder::new()
-            .name("ptload-read-ahead".into())
-            .spawn_scoped(scope, || {
-                let _ = ckpt.prefetch(storages, Some(&done));
-            });
-        let _stop = StopOnDrop(&done);
-        work()
-    })
-}
-
-/// Sets its flag when dropped: the read-ahead stops when the work ends,
-/// also when the work panics (the scope would otherwise wait for the
-/// whole prefetch before the panic comes through).
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
+    ptload_reader::checkpoint::while_prefetching(&[(ckpt, storages)], work)
 }
 
 /// Upload whole storages, as torch's `map_location` moves them: storage

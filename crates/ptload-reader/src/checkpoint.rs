@@ -213,6 +213,47 @@ impl OpenOptions {
     }
 }
 
+/// Run `work` while the listed storages of each checkpoint are fetched
+/// ahead of it, beside it (see [`Checkpoint::prefetch`]): `work` reads
+/// what landed, waits for what is in flight, and fetches itself what is
+/// not asked for yet. When `work` ends (returns, fails or panics), no
+/// further request starts. A failed request of the read-ahead is not the
+/// answer: `work` fetches what it needs again and reports its own error.
+/// Checkpoints not read by ranges, and empty lists, fetch nothing.
+pub fn while_prefetching<T>(ahead: &[(&Checkpoint, &[usize])], work: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    /// Sets the flag when dropped, also while a panic of `work` unwinds
+    /// (the scope would otherwise wait for every prefetch to finish first).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let ahead: Vec<_> = ahead
+        .iter()
+        .filter(|(c, s)| !s.is_empty() && c.source.fetcher().is_some())
+        .collect();
+    if ahead.is_empty() {
+        return work();
+    }
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for &&(ckpt, storages) in &ahead {
+            let done = &done;
+            // A thread the system refuses to start leaves `work` to fetch
+            // what it reads itself.
+            let _ = std::thread::Builder::new()
+                .name("ptload-read-ahead".into())
+                .spawn_scoped(scope, move || {
+                    let _ = ckpt.prefetch(storages, Some(done));
+                });
+        }
+        let _stop = StopOnDrop(&done);
+        work()
+    })
+}
+
 /// A tensor of [`Checkpoint::assembled`]: name, dtype, shape, and its
 /// row-major host-order bytes when they are held.
 pub(crate) type AssembledTensor = (String, DType, Vec<u64>, Option<Vec<u8>>);
