@@ -50,7 +50,7 @@ build() {
   cp "$exe" "$kit/gpu_load"
   strip "$kit"/ptload "$kit"/device-tests "$kit"/cli-tests "$kit"/gpu_load
   local maturin=${MATURIN:-maturin}
-  "$maturin" build --release --locked -m bindings/python/Cargo.toml -o "$kit"
+  "$maturin" build --release --locked --strip -m bindings/python/Cargo.toml -o "$kit"
   # The tests read fixtures and run the CLI by their build-time paths.
   echo "$PWD" >"$kit/root"
   (cd "$target" && pwd) >"$kit/target"
