@@ -11,8 +11,9 @@
 //! make few copies; the pool is no larger than the work.
 
 use crate::error::{DeviceError, DeviceErrorKind};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use cudarc::driver::{
     result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr,
@@ -283,6 +284,48 @@ pub(crate) struct Copied {
     pub(crate) copies: usize,
     /// Pinned staging bytes allocated (pageable buffers are not counted).
     pub(crate) pinned: usize,
+    /// Where the workers' time went, summed over them.
+    pub(crate) time: WorkerTime,
+}
+
+/// Where an upload's worker threads spent their time, summed over them
+/// (thread-seconds, so with several workers the sum exceeds the wall
+/// time): what limits a load on a real GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WorkerTime {
+    /// Making the stream, the events and the page-locked staging buffers.
+    pub setup_seconds: f64,
+    /// Filling staging buffers: reading the file (the map's page faults,
+    /// or the requests of a file read by ranges) and swapping the bytes
+    /// to host order.
+    pub fill_seconds: f64,
+    /// Waiting for copies to finish: before a buffer is filled again,
+    /// and for the last copies at the end.
+    pub wait_seconds: f64,
+}
+
+/// [`WorkerTime`] as the workers add to it.
+#[derive(Default)]
+struct Clock {
+    setup: AtomicU64,
+    fill: AtomicU64,
+    wait: AtomicU64,
+}
+
+impl Clock {
+    fn add(counter: &AtomicU64, since: Instant) {
+        let nanos = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        counter.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    fn time(&self) -> WorkerTime {
+        let seconds = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64 / 1e9;
+        WorkerTime {
+            setup_seconds: seconds(&self.setup),
+            fill_seconds: seconds(&self.fill),
+            wait_seconds: seconds(&self.wait),
+        }
+    }
 }
 
 /// Copy every upload into `arena` on `gpu`: the arena's bytes are cut into
@@ -319,6 +362,7 @@ pub(crate) fn upload(
     let failed = AtomicBool::new(false);
     let copies = AtomicUsize::new(0);
     let pinned = AtomicUsize::new(0);
+    let clock = Clock::default();
     let error: Mutex<Option<String>> = Mutex::new(None);
     let read_error: Mutex<Option<ptload_reader::Error>> = Mutex::new(None);
     let shared = Shared {
@@ -331,6 +375,7 @@ pub(crate) fn upload(
         failed: &failed,
         copies: &copies,
         pinned: &pinned,
+        clock: &clock,
         progress,
         cancel,
         read_error: &read_error,
@@ -366,6 +411,7 @@ pub(crate) fn upload(
     Ok(Copied {
         copies: copies.into_inner(),
         pinned: pinned.into_inner(),
+        time: clock.time(),
     })
 }
 
@@ -384,6 +430,7 @@ struct Shared<'s, 'a> {
     failed: &'s AtomicBool,
     copies: &'s AtomicUsize,
     pinned: &'s AtomicUsize,
+    clock: &'s Clock,
     progress: Option<&'s (dyn Fn(u64) + Send + Sync)>,
     /// Set by the caller to stop taking runs.
     cancel: Option<&'s AtomicBool>,
@@ -421,6 +468,7 @@ struct Slot {
 
 fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
     let ctx = shared.ctx;
+    let setup = Instant::now();
     guarded(|| ctx.bind_to_thread().map_err(text))?;
     let stream = guarded(|| ctx.new_stream().map_err(text))?;
     let mut slots = Vec::with_capacity(shared.pool.buffers);
@@ -457,7 +505,9 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
             pending: 0,
         });
     }
+    Clock::add(&shared.clock.setup, setup);
     let result = guarded(|| copy_runs(shared, &stream, &mut slots));
+    let wait = Instant::now();
     // Whatever happened, the copies already queued finish before their
     // buffers (and, for the caller, the arena) can be freed. The driver
     // is asked directly: after a fault cudarc answers with the recorded
@@ -475,6 +525,7 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
         let r = unsafe { result::stream::synchronize(stream.cu_stream()) }.map_err(text);
         first.and(r)
     });
+    Clock::add(&shared.clock.wait, wait);
     if result.is_ok() && waited.is_ok() {
         if let Some(p) = shared.progress {
             for slot in &slots {
@@ -514,7 +565,9 @@ fn copy_runs(
         if slot.queued {
             // The previous copy out of this buffer must be done before
             // refilling it; its bytes are now on the device.
+            let wait = Instant::now();
             slot.event.synchronize().map_err(text)?;
+            Clock::add(&shared.clock.wait, wait);
             if let (Some(p), true) = (shared.progress, slot.pending > 0) {
                 p(slot.pending);
             }
@@ -526,7 +579,9 @@ fn copy_runs(
             .as_mut_slice()?
             .get_mut(..len)
             .ok_or("run longer than its buffer")?;
+        let filling = Instant::now();
         let counted = fill(shared.uploads, start, host, shared.read_error)?;
+        Clock::add(&shared.clock.fill, filling);
         let offset = u64::try_from(start).map_err(|_| "offset".to_owned())?;
         // SAFETY: [base + start, + len) lies inside the arena (the caller
         // checked that the uploads end within it) and runs do not overlap;

@@ -13,7 +13,7 @@ use ptload_reader::placement::{Device, DeviceMap};
 use ptload_reader::state_dict::Selected;
 use ptload_reader::{Checkpoint, DType};
 
-use crate::cuda::{self, Arena, Copied, Staging, Upload, UploadBytes, UploadError};
+use crate::cuda::{self, Arena, Copied, Staging, Upload, UploadBytes, UploadError, WorkerTime};
 use crate::error::{Fallback, LoadError};
 use crate::loaded::{
     CudaStorage, DeviceReport, HostRepr, HostStorage, Loaded, LoadedTensor, Placed,
@@ -706,6 +706,7 @@ fn reports(
                 seconds: 0.0,
                 copies: 0,
                 pinned_bytes: 0,
+                time: WorkerTime::default(),
             }),
         }
     }
@@ -727,6 +728,7 @@ fn reports(
             d.seconds = w.seconds;
             d.copies = w.copied.copies;
             d.pinned_bytes = w.copied.pinned;
+            d.time = w.copied.time;
         }
     }
     devices.sort_by_key(|d| d.device);

@@ -10,7 +10,7 @@ use cudarc::driver::CudaView;
 use ptload_reader::placement::Device;
 use ptload_reader::{Checkpoint, DType, Element, TensorInfo};
 
-use crate::cuda::Arena;
+use crate::cuda::{Arena, WorkerTime};
 use crate::error::{DeviceError, DeviceErrorKind, Fallback, LoadError};
 
 /// Where a storage's bytes are after the load.
@@ -165,6 +165,9 @@ pub struct DeviceReport {
     pub copies: usize,
     /// Page-locked staging bytes allocated for it.
     pub pinned_bytes: usize,
+    /// Where its copy workers spent their time (zero for the host and
+    /// meta).
+    pub time: WorkerTime,
 }
 
 /// The result of a load: the checkpoint, every placed storage, and the

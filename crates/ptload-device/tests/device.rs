@@ -629,6 +629,13 @@ fn many_small_storages_make_few_copies() {
             done.load(std::sync::atomic::Ordering::Relaxed),
             report.bytes
         );
+        // The workers' time is accounted: each made its buffers, filled
+        // at least one and waited for its copy.
+        let time = report.time;
+        assert!(
+            time.setup_seconds > 0.0 && time.fill_seconds > 0.0 && time.wait_seconds > 0.0,
+            "{time:?}"
+        );
         (report.copies, report.pinned_bytes)
     };
     // 20,000 storages of at most 16 bytes, each at a 256-byte boundary:
