@@ -21,6 +21,7 @@ use cudarc::driver::{
 };
 
 use ptload_reader::checkpoint::ByteOrder;
+use ptload_reader::tp::EvenRuns;
 
 use crate::driver::{guarded, make_current, text, KeepCurrent};
 use crate::probe::Gpu;
@@ -47,22 +48,51 @@ pub(crate) enum UploadBytes<'a> {
         index: usize,
         len: usize,
     },
+    /// Evenly spaced runs of a storage (a tensor-parallel rank's slice),
+    /// gathered into the staging buffers as they are filled: no copy of
+    /// the slice on the host besides them.
+    Runs {
+        storage: &'a [u8],
+        runs: EvenRuns,
+        len: usize,
+    },
 }
 
 impl<'a> UploadBytes<'a> {
     pub(crate) fn len(&self) -> usize {
         match self {
             UploadBytes::Ready(b) => b.len(),
-            UploadBytes::Storage { len, .. } => *len,
+            UploadBytes::Storage { len, .. } | UploadBytes::Runs { len, .. } => *len,
         }
     }
 
-    fn get(&self) -> Result<&'a [u8], ptload_reader::Error> {
-        match self {
-            UploadBytes::Ready(b) => Ok(b),
-            UploadBytes::Storage { ckpt, index, .. } => ckpt.storage_bytes(*index),
-        }
+    /// Copy bytes `from..from + out.len()` of the upload into `out`.
+    fn copy(&self, from: usize, out: &mut [u8]) -> Result<(), CopyError> {
+        let whole = match self {
+            UploadBytes::Ready(b) => *b,
+            UploadBytes::Storage { ckpt, index, .. } => {
+                ckpt.storage_bytes(*index).map_err(CopyError::Read)?
+            }
+            UploadBytes::Runs { storage, runs, .. } => {
+                return runs
+                    .copy(storage, from as u64, out)
+                    .ok_or(CopyError::Outside);
+            }
+        };
+        let src = whole
+            .get(from..from.saturating_add(out.len()))
+            .ok_or(CopyError::Outside)?;
+        out.copy_from_slice(src);
+        Ok(())
     }
+}
+
+/// Why an upload's bytes could not be copied into a run.
+enum CopyError {
+    /// Reading them failed (a request of a file read by ranges).
+    Read(ptload_reader::Error),
+    /// They lie outside what the upload holds.
+    Outside,
 }
 
 /// Sizes of the staging pool.
@@ -622,23 +652,20 @@ fn fill(
         if let Some(gap) = run.get_mut(at - start..from - start) {
             gap.fill(0);
         }
-        let bytes = match up.bytes.get() {
-            Ok(b) => b,
-            Err(e) => {
+        let Some(dst) = run.get_mut(from - start..to - start) else {
+            return Err("upload outside its run".into());
+        };
+        match up.bytes.copy(from - up.arena_offset, dst) {
+            Ok(()) => {}
+            Err(CopyError::Read(e)) => {
                 let message = e.to_string();
                 if let Ok(mut slot) = read_error.lock() {
                     slot.get_or_insert(e);
                 }
                 return Err(message);
             }
-        };
-        let (Some(dst), Some(src)) = (
-            run.get_mut(from - start..to - start),
-            bytes.get(from - up.arena_offset..to - up.arena_offset),
-        ) else {
-            return Err("upload outside its run".into());
-        };
-        dst.copy_from_slice(src);
+            Err(CopyError::Outside) => return Err("upload outside its run".into()),
+        }
         // Upload offsets and run starts are multiples of 16, so `dst`
         // starts on an element boundary of the upload.
         up.order.to_host(dst, up.unit);

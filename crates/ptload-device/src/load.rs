@@ -11,6 +11,7 @@ use ptload_reader::advice::Hint;
 use ptload_reader::checkpoint::ByteOrder;
 use ptload_reader::placement::{Device, DeviceMap};
 use ptload_reader::state_dict::Selected;
+use ptload_reader::tp::EvenRuns;
 use ptload_reader::{Checkpoint, DType};
 
 use crate::cuda::{self, Arena, Copied, Staging, Upload, UploadBytes, UploadError, WorkerTime};
@@ -81,14 +82,38 @@ enum SourceBytes {
     /// Storage `index` of the checkpoint.
     Checkpoint(usize),
     Converted(Vec<u8>),
+    /// A tensor-parallel rank's slice of storage `storage` of a mapped
+    /// checkpoint, as evenly spaced runs: gathered straight into the
+    /// staging buffers of its device (or into a buffer of its own if it
+    /// falls back to the host).
+    Runs {
+        storage: usize,
+        runs: EvenRuns,
+    },
 }
 
 impl Source {
-    fn bytes<'a>(&'a self, ckpt: &'a Checkpoint) -> Result<&'a [u8], LoadError> {
-        match &self.bytes {
-            SourceBytes::Checkpoint(i) => Ok(ckpt.storage_bytes(*i)?),
-            SourceBytes::Converted(b) => Ok(b),
-        }
+    /// The bytes to copy to a device, as the upload reads them.
+    fn upload_bytes<'a>(
+        &'a self,
+        ckpt: &'a Checkpoint,
+        ranged: bool,
+    ) -> Result<UploadBytes<'a>, LoadError> {
+        Ok(match &self.bytes {
+            // Read by ranges: fetched when a copy needs it.
+            SourceBytes::Checkpoint(index) if ranged => UploadBytes::Storage {
+                ckpt,
+                index: *index,
+                len: self.len(ckpt),
+            },
+            SourceBytes::Checkpoint(i) => UploadBytes::Ready(ckpt.storage_bytes(*i)?),
+            SourceBytes::Converted(b) => UploadBytes::Ready(b),
+            SourceBytes::Runs { storage, runs } => UploadBytes::Runs {
+                storage: ckpt.storage_bytes(*storage)?,
+                runs: *runs,
+                len: self.len(ckpt),
+            },
+        })
     }
 
     fn len(&self, ckpt: &Checkpoint) -> usize {
@@ -98,6 +123,7 @@ impl Source {
                 .get(*i)
                 .map_or(0, |s| usize::try_from(s.nbytes).unwrap_or(usize::MAX)),
             SourceBytes::Converted(b) => b.len(),
+            SourceBytes::Runs { runs, .. } => usize::try_from(runs.bytes()).unwrap_or(usize::MAX),
         }
     }
 }
@@ -214,6 +240,22 @@ fn place_rest(
                         HostRepr::Mapped(Arc::clone(ckpt), i)
                     }
                     SourceBytes::Converted(bytes) => HostRepr::Owned(bytes),
+                    // A rank's slice meant for a device that fell back:
+                    // gathered now, into a buffer of its own.
+                    SourceBytes::Runs { storage, runs } => {
+                        let len = usize::try_from(runs.bytes()).map_err(|_| {
+                            LoadError::Access(format!("storage {storage}: a slice of {runs:?}"))
+                        })?;
+                        let mut owned = vec![0; len];
+                        runs.copy(ckpt.storage_bytes(storage)?, 0, &mut owned)
+                            .ok_or_else(|| {
+                                LoadError::Access(format!(
+                                    "storage {storage}: a slice outside it ({runs:?})"
+                                ))
+                            })?;
+                        source.order.to_host(&mut owned, source.unit);
+                        HostRepr::Owned(owned)
+                    }
                 };
                 let storage = HostStorage { repr };
                 // Converted buffers were counted when converted.
@@ -239,7 +281,7 @@ fn ahead_of(ckpt: &Checkpoint, sources: &[Source]) -> Vec<usize> {
         .filter(|s| s.device != Device::Meta)
         .filter_map(|s| match s.bytes {
             SourceBytes::Checkpoint(i) => Some(i),
-            SourceBytes::Converted(_) => None,
+            SourceBytes::Converted(_) | SourceBytes::Runs { .. } => None,
         })
         .collect()
 }
@@ -384,6 +426,7 @@ fn resolve(
     // Identical views of one storage (tied weights) share one converted copy.
     type View = (usize, u64, Vec<u64>, Vec<u64>, DType, bool, bool);
     let mut converted: HashMap<View, usize> = HashMap::new();
+    let ranged = ckpt.fetched_bytes().is_some();
     let mut tensors = Vec::with_capacity(selection.len());
     for s in selection {
         let view = tensor(ckpt, s)?;
@@ -438,28 +481,54 @@ fn resolve(
                     info.conj,
                     info.neg,
                 );
+                // A rank's slice of a mapped file, bound for a GPU as it is
+                // stored, is gathered into the staging buffers instead.
+                let direct = || {
+                    if convert.is_some() || bits || ranged || !matches!(device, Device::Cuda(_)) {
+                        return None;
+                    }
+                    s.slice?;
+                    let storage = ckpt.storages().get(si)?;
+                    storage.file_offset?;
+                    info.even_runs(storage.nbytes)
+                };
                 let k = match converted.get(&key) {
                     Some(&k) => k,
                     None => {
-                        let data = view.data()?;
-                        let read = data.len() as u64;
-                        let bytes = if to == info.dtype {
-                            data.into_owned()
-                        } else {
-                            ptload_reader::cast::convert(&data, info.dtype, to)?
+                        let source = match direct() {
+                            Some(runs) => {
+                                view.will_read();
+                                Source {
+                                    bytes: SourceBytes::Runs { storage: si, runs },
+                                    order: ckpt.byte_order(),
+                                    unit: info.dtype.swap_unit(),
+                                    device,
+                                    fallback,
+                                }
+                            }
+                            None => {
+                                let data = view.data()?;
+                                let read = data.len() as u64;
+                                let bytes = if to == info.dtype {
+                                    data.into_owned()
+                                } else {
+                                    ptload_reader::cast::convert(&data, info.dtype, to)?
+                                };
+                                // Conversion is most of such a load's time: it
+                                // counts the bytes it read.
+                                if let Some(p) = &opts.progress {
+                                    p(read);
+                                }
+                                Source {
+                                    bytes: SourceBytes::Converted(bytes),
+                                    order: ByteOrder::HOST,
+                                    unit: to.swap_unit(),
+                                    device,
+                                    fallback,
+                                }
+                            }
                         };
-                        // Conversion is most of such a load's time: it
-                        // counts the bytes it read.
-                        if let Some(p) = &opts.progress {
-                            p(read);
-                        }
-                        sources.push(Source {
-                            bytes: SourceBytes::Converted(bytes),
-                            order: ByteOrder::HOST,
-                            unit: to.swap_unit(),
-                            device,
-                            fallback,
-                        });
+                        sources.push(source);
                         converted.insert(key, sources.len() - 1);
                         sources.len() - 1
                     }
@@ -548,19 +617,12 @@ fn upload_all(
                 .get(k)
                 .ok_or_else(|| LoadError::Access(format!("source {k}")))?;
             uploads.push(Upload {
-                bytes: match s.bytes {
-                    // Read by ranges: fetched when a copy needs it.
-                    SourceBytes::Checkpoint(index) if ranged => UploadBytes::Storage {
-                        ckpt,
-                        index,
-                        len: s.len(ckpt),
-                    },
-                    _ => UploadBytes::Ready(s.bytes(ckpt)?),
-                },
+                bytes: s.upload_bytes(ckpt, ranged)?,
                 order: s.order,
                 unit: s.unit,
                 arena_offset,
-                counted: matches!(s.bytes, SourceBytes::Checkpoint(_)),
+                // A converted buffer was counted when it was converted.
+                counted: !matches!(s.bytes, SourceBytes::Converted(_)),
             });
         }
         uploads_per_device.push(uploads);

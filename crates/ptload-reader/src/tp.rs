@@ -36,6 +36,10 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::glob::glob;
 use crate::torch::tensor::TensorInfo;
 
+/// A slice as evenly spaced runs of its storage, for a reader that copies
+/// it itself (see [`TensorInfo::even_runs`]).
+pub use crate::torch::tensor::EvenRuns;
+
 /// One rank of a world of tensor-parallel ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shard {

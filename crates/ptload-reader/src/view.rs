@@ -325,6 +325,18 @@ impl<'a> TensorView<'a> {
         Ok(())
     }
 
+    /// Ask the kernel ahead for the pages this view reads, when its
+    /// checkpoint is a map read in scattered pieces (a rank's slices); a
+    /// hint that changes speed, never results, and does nothing otherwise.
+    /// For a reader that copies the view's runs itself
+    /// ([`TensorInfo::even_runs`](crate::TensorInfo::even_runs)) instead
+    /// of through [`visit_bytes`](Self::visit_bytes), which asks on its own.
+    pub fn will_read(&self) {
+        if let Some(storage) = self.storage() {
+            self.prefetch(storage.nbytes);
+        }
+    }
+
     /// In a map read in scattered pieces (a rank's slices), ask for exactly
     /// the pages this view reads, in as few requests as their runs allow,
     /// before faulting them in one by one.

@@ -114,6 +114,75 @@ impl TensorInfo {
         Ok(out)
     }
 
+    /// The elements as evenly spaced runs of its storage, when they lie so
+    /// (a contiguous tensor, or a slice of one along any dimension, as a
+    /// tensor-parallel rank holds it); `None` when they do not, when the
+    /// view is empty, or when a run would end past `storage_len` bytes.
+    /// Computed from the shape and strides alone, without visiting the runs.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ptload_reader::Error> {
+    /// let ckpt = ptload_reader::Checkpoint::open("../../fixtures/files/views.pt")?;
+    /// for view in ckpt.tensors().filter(|t| t.info().numel > 0) {
+    ///     let storage = view.storage_bytes()?;
+    ///     if let Some(runs) = view.info().even_runs(storage.len() as u64) {
+    ///         let mut out = vec![0; runs.bytes() as usize];
+    ///         runs.copy(storage, 0, &mut out).unwrap();
+    ///         assert_eq!(out, view.info().gather(storage)?);
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn even_runs(&self, storage_len: u64) -> Option<EvenRuns> {
+        if self.numel == 0 || self.shape.len() != self.stride.len() {
+            return None;
+        }
+        let elem = self.dtype.size() as u64;
+        // The innermost dimensions that are contiguous form one run, as in
+        // `run_bounds`.
+        let mut run: u64 = 1;
+        let mut outer = self.shape.len();
+        for (&size, &stride) in self.shape.iter().zip(&self.stride).rev() {
+            if size != 1 && stride != run {
+                break;
+            }
+            run = run.checked_mul(size)?;
+            outer -= 1;
+        }
+        // The other dimensions (size 1 aside) must step as one: each one's
+        // stride spans the whole of the one inside it.
+        let mut step: Option<u64> = None;
+        let mut count: u64 = 1;
+        let mut span: u64 = 0;
+        let (dims, strides) = (self.shape.get(..outer)?, self.stride.get(..outer)?);
+        for (&size, &stride) in dims.iter().zip(strides).rev() {
+            if size == 1 {
+                continue;
+            }
+            match step {
+                None => step = Some(stride),
+                Some(_) if stride != span => return None,
+                Some(_) => {}
+            }
+            count = count.checked_mul(size)?;
+            span = stride.checked_mul(size)?;
+        }
+        let len = run.checked_mul(elem)?;
+        let step = step.unwrap_or(run).checked_mul(elem)?;
+        let first = self.storage_offset.checked_mul(elem)?;
+        let end = (count - 1)
+            .checked_mul(step)?
+            .checked_add(first)?
+            .checked_add(len)?;
+        (end <= storage_len).then_some(EvenRuns {
+            first,
+            len,
+            step,
+            count,
+        })
+    }
+
     /// Hand `f` the tensor's elements over `storage` in row-major order,
     /// one run of contiguous elements at a time.
     pub(crate) fn runs(&self, storage: &[u8], mut f: impl FnMut(&[u8])) -> Result<()> {
@@ -191,6 +260,59 @@ impl TensorInfo {
                 *i = 0;
             }
         }
+    }
+}
+
+/// A view's elements as `count` runs of `len` bytes of its storage, the
+/// first at byte `first`, each `step` bytes after the one before (see
+/// [`TensorInfo::even_runs`]). In row-major order they are the view's
+/// elements, as the storage holds them (no byte order change).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvenRuns {
+    /// Byte offset of the first run in the storage.
+    pub first: u64,
+    /// Bytes per run (at least one element).
+    pub len: u64,
+    /// Bytes from the start of one run to the start of the next.
+    pub step: u64,
+    /// Runs (at least one).
+    pub count: u64,
+}
+
+impl EvenRuns {
+    /// Bytes of the elements, row-major: `count * len`.
+    pub fn bytes(&self) -> u64 {
+        self.count.saturating_mul(self.len)
+    }
+
+    /// Copy the row-major bytes from byte `from` of the elements into
+    /// `out` (as many as it holds), straight from `storage`: a part of a
+    /// view gathered where it is needed, with no copy of the whole.
+    /// `None` when the bytes asked for, or the runs, lie outside.
+    pub fn copy(&self, storage: &[u8], from: u64, out: &mut [u8]) -> Option<()> {
+        if self.len == 0 {
+            return out.is_empty().then_some(());
+        }
+        let mut k = from / self.len;
+        let mut within = from % self.len;
+        let mut at = 0usize;
+        while at < out.len() {
+            if k >= self.count {
+                return None;
+            }
+            let start = self
+                .first
+                .checked_add(k.checked_mul(self.step)?)?
+                .checked_add(within)?;
+            let start = usize::try_from(start).ok()?;
+            let n = usize::try_from(self.len - within).ok()?.min(out.len() - at);
+            out.get_mut(at..at + n)?
+                .copy_from_slice(storage.get(start..start.checked_add(n)?)?);
+            at += n;
+            k += 1;
+            within = 0;
+        }
+        Some(())
     }
 }
 
@@ -448,4 +570,138 @@ pub(crate) fn bare_storage(
         neg: false,
         quantization: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(dtype: DType, shape: &[u64], stride: &[u64], offset: u64) -> TensorInfo {
+        let numel = shape.iter().product::<u64>();
+        TensorInfo {
+            name: "t".into(),
+            dtype,
+            shape: shape.to_vec(),
+            stride: stride.to_vec(),
+            storage_offset: offset,
+            storage: Some(0),
+            numel,
+            nbytes: numel * dtype.size() as u64,
+            requires_grad: false,
+            conj: false,
+            neg: false,
+            quantization: None,
+        }
+    }
+
+    /// Every window of the runs' bytes, at every start, is that window of
+    /// the gathered view.
+    fn copies_match_gather(info: &TensorInfo, storage: &[u8]) {
+        let runs = info.even_runs(storage.len() as u64).expect("even runs");
+        let whole = info.gather(storage).expect("gather");
+        assert_eq!(runs.bytes(), whole.len() as u64, "{info:?}");
+        for from in 0..whole.len() {
+            for n in [0, 1, 3, 7, whole.len() - from] {
+                let n = n.min(whole.len() - from);
+                let mut out = vec![0xEE; n];
+                runs.copy(storage, from as u64, &mut out).expect("copy");
+                assert_eq!(out, whole[from..from + n], "{info:?} from {from} n {n}");
+            }
+        }
+        // Past the end: refused, not zero-filled.
+        let mut out = vec![0; 1];
+        assert_eq!(runs.copy(storage, runs.bytes(), &mut out), None);
+    }
+
+    #[test]
+    fn slices_of_a_contiguous_tensor_are_even_runs() {
+        let storage: Vec<u8> = (0..=255)
+            .cycle()
+            .take(4 * 6 * 5 * 2)
+            .map(|b: u32| b as u8)
+            .collect();
+        // A [4, 6, 5] bf16 tensor, contiguous (strides 30, 5, 1).
+        let whole = view(DType::BF16, &[4, 6, 5], &[30, 5, 1], 0);
+        assert_eq!(
+            whole.even_runs(storage.len() as u64),
+            Some(EvenRuns {
+                first: 0,
+                len: 240,
+                step: 240,
+                count: 1
+            })
+        );
+        copies_match_gather(&whole, &storage);
+        // Rank 1 of 2 along each dimension.
+        let dim0 = view(DType::BF16, &[2, 6, 5], &[30, 5, 1], 60);
+        assert_eq!(
+            dim0.even_runs(storage.len() as u64),
+            Some(EvenRuns {
+                first: 120,
+                len: 120,
+                step: 120,
+                count: 1
+            })
+        );
+        let dim1 = view(DType::BF16, &[4, 3, 5], &[30, 5, 1], 15);
+        assert_eq!(
+            dim1.even_runs(storage.len() as u64),
+            Some(EvenRuns {
+                first: 30,
+                len: 30,
+                step: 60,
+                count: 4
+            })
+        );
+        let dim2 = view(DType::BF16, &[4, 6, 2], &[30, 5, 1], 3);
+        assert_eq!(
+            dim2.even_runs(storage.len() as u64),
+            Some(EvenRuns {
+                first: 6,
+                len: 4,
+                step: 10,
+                count: 24
+            })
+        );
+        for info in [&dim0, &dim1, &dim2] {
+            copies_match_gather(info, &storage);
+        }
+        // Size-1 dimensions change nothing; an expanded (stride 0) one repeats.
+        copies_match_gather(
+            &view(DType::BF16, &[4, 1, 3, 5], &[30, 7, 5, 1], 15),
+            &storage,
+        );
+        copies_match_gather(&view(DType::BF16, &[3, 5], &[0, 1], 10), &storage);
+    }
+
+    #[test]
+    fn uneven_empty_or_out_of_storage_views_have_no_even_runs() {
+        let len = 4 * 6 * 5 * 2;
+        // A transpose: runs of one element, rows not one step apart.
+        assert_eq!(view(DType::BF16, &[5, 6], &[1, 5], 0).even_runs(len), None);
+        // Two dimensions sliced: gaps between rows, and larger ones
+        // between planes.
+        assert_eq!(
+            view(DType::BF16, &[2, 3, 2], &[30, 5, 1], 0).even_runs(len),
+            None
+        );
+        assert_eq!(view(DType::BF16, &[0, 5], &[5, 1], 0).even_runs(len), None);
+        // One element past the storage.
+        assert_eq!(
+            view(DType::BF16, &[4, 3, 5], &[30, 5, 1], 16).even_runs(len),
+            None
+        );
+        assert!(view(DType::BF16, &[4, 3, 5], &[30, 5, 1], 15)
+            .even_runs(len)
+            .is_some());
+        // Arithmetic that overflows is refused, not wrapped.
+        assert_eq!(
+            view(DType::F64, &[2, 2], &[u64::MAX / 4, 1], 0).even_runs(u64::MAX),
+            None
+        );
+        assert_eq!(
+            view(DType::F64, &[2], &[1], u64::MAX / 2).even_runs(u64::MAX),
+            None
+        );
+    }
 }
