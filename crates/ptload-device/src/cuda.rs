@@ -501,40 +501,10 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
     let setup = Instant::now();
     guarded(|| ctx.bind_to_thread().map_err(text))?;
     let stream = guarded(|| ctx.new_stream().map_err(text))?;
+    // One buffer now; the second when the worker takes its second run,
+    // so that allocating it overlaps the first copy.
     let mut slots = Vec::with_capacity(shared.pool.buffers);
-    for _ in 0..shared.pool.buffers {
-        let buffer = guarded(|| {
-            // SAFETY: page-locked host memory, uninitialized; only the bytes
-            // a run writes are ever passed to a copy. PORTABLE makes it
-            // usable from every context, not write-combined so staging reads
-            // stay fast.
-            let pinned = unsafe {
-                ctx.alloc_pinned_with_flags::<u8>(shared.pool.buffer, sys::CU_MEMHOSTALLOC_PORTABLE)
-            };
-            Ok(match pinned {
-                Ok(p) => {
-                    shared
-                        .pinned
-                        .fetch_add(shared.pool.buffer, Ordering::Relaxed);
-                    Buffer::Pinned(p)
-                }
-                // Fewer pinned bytes than asked for: pageable copies instead.
-                Err(_) => Buffer::Pageable(vec![0; shared.pool.buffer]),
-            })
-        })?;
-        // Blocking: a thread waiting for a copy sleeps instead of spinning
-        // on a core the other workers need for staging.
-        let event = guarded(|| {
-            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
-                .map_err(text)
-        })?;
-        slots.push(Slot {
-            buffer,
-            event,
-            queued: false,
-            pending: 0,
-        });
-    }
+    slots.push(new_slot(shared)?);
     Clock::add(&shared.clock.setup, setup);
     let result = guarded(|| copy_runs(shared, &stream, &mut slots));
     let wait = Instant::now();
@@ -568,13 +538,50 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
     result.and(waited)
 }
 
+/// A staging buffer and the event guarding its reuse, on the current
+/// context.
+fn new_slot(shared: &Shared<'_, '_>) -> Result<Slot, String> {
+    let ctx = shared.ctx;
+    let buffer = guarded(|| {
+        // SAFETY: page-locked host memory, uninitialized; only the bytes
+        // a run writes are ever passed to a copy. PORTABLE makes it
+        // usable from every context, not write-combined so staging reads
+        // stay fast.
+        let pinned = unsafe {
+            ctx.alloc_pinned_with_flags::<u8>(shared.pool.buffer, sys::CU_MEMHOSTALLOC_PORTABLE)
+        };
+        Ok(match pinned {
+            Ok(p) => {
+                shared
+                    .pinned
+                    .fetch_add(shared.pool.buffer, Ordering::Relaxed);
+                Buffer::Pinned(p)
+            }
+            // Fewer pinned bytes than asked for: pageable copies instead.
+            Err(_) => Buffer::Pageable(vec![0; shared.pool.buffer]),
+        })
+    })?;
+    // Blocking: a thread waiting for a copy sleeps instead of spinning
+    // on a core the other workers need for staging.
+    let event = guarded(|| {
+        ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .map_err(text)
+    })?;
+    Ok(Slot {
+        buffer,
+        event,
+        queued: false,
+        pending: 0,
+    })
+}
+
 /// Take runs until none is left (or another worker failed): fill a
 /// staging buffer from every upload the run covers, swapped to host
 /// order, and queue one copy for it.
 fn copy_runs(
     shared: &Shared<'_, '_>,
     stream: &Arc<CudaStream>,
-    slots: &mut [Slot],
+    slots: &mut Vec<Slot>,
 ) -> Result<(), String> {
     let buffer = shared.pool.buffer;
     let mut turn = 0usize;
@@ -587,8 +594,13 @@ fn copy_runs(
             break;
         }
         let len = buffer.min(shared.end - start);
-        let slot_count = slots.len().max(1);
-        let Some(slot) = slots.get_mut(turn % slot_count) else {
+        let index = turn % shared.pool.buffers.max(1);
+        if index == slots.len() {
+            let setup = Instant::now();
+            slots.push(new_slot(shared)?);
+            Clock::add(&shared.clock.setup, setup);
+        }
+        let Some(slot) = slots.get_mut(index) else {
             return Err("no staging buffer".into());
         };
         turn += 1;
