@@ -48,6 +48,13 @@ pub(crate) enum UploadBytes<'a> {
         index: usize,
         len: usize,
     },
+    /// A storage of a mapped checkpoint, read into the staging buffers by
+    /// positioned reads of its file ([`Fill::Read`]).
+    Read {
+        ckpt: &'a ptload_reader::Checkpoint,
+        index: usize,
+        len: usize,
+    },
     /// Evenly spaced runs of a storage (a tensor-parallel rank's slice),
     /// gathered into the staging buffers as they are filled: no copy of
     /// the slice on the host besides them.
@@ -62,7 +69,9 @@ impl<'a> UploadBytes<'a> {
     pub(crate) fn len(&self) -> usize {
         match self {
             UploadBytes::Ready(b) => b.len(),
-            UploadBytes::Storage { len, .. } | UploadBytes::Runs { len, .. } => *len,
+            UploadBytes::Storage { len, .. }
+            | UploadBytes::Read { len, .. }
+            | UploadBytes::Runs { len, .. } => *len,
         }
     }
 
@@ -77,6 +86,11 @@ impl<'a> UploadBytes<'a> {
                 return runs
                     .copy(storage, from as u64, out)
                     .ok_or(CopyError::Outside);
+            }
+            UploadBytes::Read { ckpt, index, .. } => {
+                return ckpt
+                    .read_storage_at(*index, from as u64, out)
+                    .map_err(CopyError::Read);
             }
         };
         let src = whole
@@ -104,6 +118,8 @@ pub struct Staging {
     /// Streams (and worker threads) per device at most; each has two
     /// buffers (one when it has a single run to copy).
     pub streams_per_device: usize,
+    /// How the buffers are filled from a mapped file.
+    pub fill: Fill,
 }
 
 impl Default for Staging {
@@ -112,8 +128,25 @@ impl Default for Staging {
         Staging {
             buffer_bytes: 32 << 20,
             streams_per_device: 4,
+            fill: Fill::Map,
         }
     }
+}
+
+/// How the copy workers fill the staging buffers with the storages of a
+/// memory-mapped checkpoint. Both give the same bytes; which is faster
+/// depends on the machine (page faults cost more under some kernels and
+/// sandboxes). Other storages (converted, a rank's slices, a file read
+/// by ranges) are copied as they are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fill {
+    /// Copy from the map: its page faults bring the file in.
+    #[default]
+    Map,
+    /// Positioned reads of the file into the buffers
+    /// ([`Checkpoint::read_storage_at`](ptload_reader::Checkpoint::read_storage_at)):
+    /// the kernel copies from its page cache, the map is not touched.
+    Read,
 }
 
 impl Staging {
@@ -717,6 +750,7 @@ mod tests {
         let odd = Staging {
             buffer_bytes: 4102 * 3,
             streams_per_device: 3,
+            ..Staging::default()
         };
         assert_eq!(Pool::for_work(&odd, 1 << 20).buffer % 16, 0);
     }

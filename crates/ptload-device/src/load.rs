@@ -14,7 +14,9 @@ use ptload_reader::state_dict::Selected;
 use ptload_reader::tp::EvenRuns;
 use ptload_reader::{Checkpoint, DType};
 
-use crate::cuda::{self, Arena, Copied, Staging, Upload, UploadBytes, UploadError, WorkerTime};
+use crate::cuda::{
+    self, Arena, Copied, Fill, Staging, Upload, UploadBytes, UploadError, WorkerTime,
+};
 use crate::error::{Fallback, LoadError};
 use crate::loaded::{
     CudaStorage, DeviceReport, HostRepr, HostStorage, Loaded, LoadedTensor, Placed,
@@ -98,6 +100,7 @@ impl Source {
         &'a self,
         ckpt: &'a Checkpoint,
         ranged: bool,
+        fill: Fill,
     ) -> Result<UploadBytes<'a>, LoadError> {
         Ok(match &self.bytes {
             // Read by ranges: fetched when a copy needs it.
@@ -106,6 +109,13 @@ impl Source {
                 index: *index,
                 len: self.len(ckpt),
             },
+            SourceBytes::Checkpoint(index) if fill == Fill::Read && ckpt.is_mapped() => {
+                UploadBytes::Read {
+                    ckpt,
+                    index: *index,
+                    len: self.len(ckpt),
+                }
+            }
             SourceBytes::Checkpoint(i) => UploadBytes::Ready(ckpt.storage_bytes(*i)?),
             SourceBytes::Converted(b) => UploadBytes::Ready(b),
             SourceBytes::Runs { storage, runs } => UploadBytes::Runs {
@@ -617,7 +627,7 @@ fn upload_all(
                 .get(k)
                 .ok_or_else(|| LoadError::Access(format!("source {k}")))?;
             uploads.push(Upload {
-                bytes: s.upload_bytes(ckpt, ranged)?,
+                bytes: s.upload_bytes(ckpt, ranged, opts.staging.fill)?,
                 order: s.order,
                 unit: s.unit,
                 arena_offset,

@@ -441,10 +441,17 @@ fn uploads_read_back_as_the_readers_values() {
         }
     }
     files.sort();
+    // Odd runs, filled from the map and by positioned reads.
+    let odd = ptload_device::Staging {
+        buffer_bytes: 4096 + 6,
+        streams_per_device: 3,
+        ..Default::default()
+    };
     let stagings = [
+        odd,
         ptload_device::Staging {
-            buffer_bytes: 4096 + 6,
-            streams_per_device: 3,
+            fill: ptload_device::Fill::Read,
+            ..odd
         },
         ptload_device::Staging::default(),
     ];
@@ -647,6 +654,7 @@ fn many_small_storages_make_few_copies() {
     let (n, pinned) = copies(ptload_device::Staging {
         buffer_bytes: 1 << 20,
         streams_per_device: 4,
+        ..Default::default()
     });
     assert_eq!(n, 5);
     assert!(pinned <= 8 << 20, "{pinned} pinned bytes");
@@ -668,6 +676,7 @@ fn simulated_driver_faults() {
         staging: ptload_device::Staging {
             buffer_bytes: 64 << 10,
             streams_per_device: 4,
+            ..Default::default()
         },
         ..Default::default()
     };
@@ -1032,6 +1041,7 @@ fn a_cancelled_upload_stops_and_frees_its_memory() {
             staging: ptload_device::Staging {
                 buffer_bytes: 64 << 10,
                 streams_per_device: 1,
+                ..Default::default()
             },
             progress: Some(Arc::new(move |n| {
                 seen.fetch_add(n, Ordering::Relaxed);
@@ -1233,4 +1243,44 @@ fn a_file_read_by_ranges_uploads_as_the_local_file() {
     let text = err.to_string();
     assert!(text.contains("https://models.example/ckpt.pt"), "{text}");
     assert!(!text.starts_with("cuda:"), "{text}");
+}
+
+/// Filled by positioned reads, a file cut short after it was opened is an
+/// error naming the storage it could not read, never a crash (copying from
+/// the map would fault on the missing pages) nor a partial tensor.
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn a_file_cut_short_while_read_into_staging_is_an_error() {
+    let _turn = gpu_turn();
+    let gpus = a_gpu();
+    let dir = std::env::temp_dir().join(format!("ptload-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("llama_wide.pt");
+    std::fs::copy(fixture("llama_wide.pt"), &path).expect("copy");
+    let ckpt = Arc::new(Checkpoint::open(&path).expect("open"));
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+    let len = std::fs::metadata(&path).expect("metadata").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("reopen")
+        .set_len(len / 2)
+        .expect("cut");
+    let opts = LoadOptions {
+        staging: ptload_device::Staging {
+            fill: ptload_device::Fill::Read,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let e = load(Arc::clone(&ckpt), &everything(&ckpt), &plan, &gpus, &opts)
+        .expect_err("half the file is gone");
+    let text = e.to_string();
+    assert!(matches!(e, ptload_device::LoadError::Reader(_)), "{e:?}");
+    assert!(
+        text.contains("storage") && text.contains("reading"),
+        "{text}"
+    );
+    drop(ckpt);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1033,6 +1033,65 @@ impl Checkpoint {
         &self.storages
     }
 
+    /// Copy bytes `offset..offset + out.len()` of storage `index` into
+    /// `out`, in the file's byte order. A storage a memory-mapped file
+    /// holds uncompressed is read from the file by a positioned read: the
+    /// kernel copies from its page cache and the map's pages are never
+    /// touched (no page faults in this process), which suits a reader
+    /// filling buffers of its own, such as pinned staging for a GPU. Any
+    /// other storage is copied from [`storage_bytes`](Self::storage_bytes).
+    /// An error when the bytes lie outside the storage or the read fails.
+    pub fn read_storage_at(&self, index: usize, offset: u64, out: &mut [u8]) -> Result<()> {
+        let s = self.storages.get(index).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Tensor,
+                format!(
+                    "no storage {index}: the checkpoint has {}",
+                    self.storages.len()
+                ),
+            )
+        })?;
+        let end = offset.checked_add(out.len() as u64);
+        if end.is_none_or(|end| end > s.nbytes) {
+            return Err(Error::new(
+                ErrorKind::Tensor,
+                format!(
+                    "storage {:?}: bytes {offset}..+{} outside its {} bytes",
+                    s.key,
+                    out.len(),
+                    s.nbytes
+                ),
+            ));
+        }
+        if let (StorageData::File(at), Some(file)) = (s.data, self.source.file()) {
+            let at = at.checked_add(offset).ok_or_else(|| {
+                Error::new(ErrorKind::Tensor, format!("storage {:?}: offset", s.key))
+            })?;
+            return crate::ranged::read_exact_at(file, out, at).map_err(|e| {
+                Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "storage {:?}: reading {} bytes at {at}: {e}",
+                        s.key,
+                        out.len()
+                    ),
+                )
+            });
+        }
+        let bytes = self.storage_bytes(index)?;
+        let from = usize::try_from(offset).ok();
+        let src = from
+            .and_then(|f| bytes.get(f..f.checked_add(out.len())?))
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Tensor,
+                    format!("storage {:?}: shorter than its size", s.key),
+                )
+            })?;
+        out.copy_from_slice(src);
+        Ok(())
+    }
+
     /// The bytes of storage `index` (see [`storages`](Self::storages)), in
     /// the file's byte order.
     pub fn storage_bytes(&self, index: usize) -> Result<&[u8]> {

@@ -484,3 +484,34 @@ fn errors_carry_their_advice_as_data() {
     assert!(!e.to_string().contains(&source), "{e}");
     assert!(e.render(&Neutral).ends_with(&format!(": {source}")), "{e}");
 }
+
+/// Positioned reads of storages (for filling buffers of one's own) give
+/// the map's bytes, whatever the window, in zip and legacy files and in a
+/// checkpoint held in memory; a window past a storage is an error, never
+/// a short or zero-filled read.
+#[test]
+fn positioned_storage_reads_equal_the_map() {
+    for file in ["dtypes.pt", "legacy.pt", "bigendian.pt", "llama_tiny.pt"] {
+        let path = root().join("files").join(file);
+        let mapped = Checkpoint::open(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let held = Checkpoint::from_bytes(std::fs::read(&path).expect("read")).expect("bytes");
+        assert!(mapped.is_mapped() && !held.is_mapped());
+        for ckpt in [&mapped, &held] {
+            for (i, s) in ckpt.storages().iter().enumerate() {
+                let whole = ckpt.storage_bytes(i).expect("bytes");
+                let n = whole.len();
+                for (from, len) in [(0, n), (n / 3, n - n / 3), (n / 2, n / 4), (n, 0)] {
+                    let mut out = vec![0xAB; len];
+                    ckpt.read_storage_at(i, from as u64, &mut out)
+                        .unwrap_or_else(|e| panic!("{file} storage {i}: {e}"));
+                    assert_eq!(out, whole[from..from + len], "{file} storage {i} at {from}");
+                }
+                let mut past = vec![0; 1];
+                let e = ckpt
+                    .read_storage_at(i, s.nbytes, &mut past)
+                    .expect_err("past the storage");
+                assert!(e.to_string().contains("outside"), "{e}");
+            }
+        }
+    }
+}
