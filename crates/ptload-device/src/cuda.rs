@@ -120,6 +120,11 @@ pub struct Staging {
     pub streams_per_device: usize,
     /// How the buffers are filled from a mapped file.
     pub fill: Fill,
+    /// Keep the page-locked buffers when the load ends, for the next
+    /// load onto the same device in this process, instead of freeing
+    /// them: a process loading several files (the shards of a set) pins
+    /// memory once. [`release_staging`] frees what is kept.
+    pub keep: bool,
 }
 
 impl Default for Staging {
@@ -129,8 +134,40 @@ impl Default for Staging {
             buffer_bytes: 32 << 20,
             streams_per_device: 4,
             fill: Fill::Map,
+            keep: false,
         }
     }
+}
+
+/// Page-locked buffers kept between loads ([`Staging::keep`]), by the
+/// ordinal of the device whose context made them.
+static KEPT: Mutex<Vec<(u32, PinnedHostSlice<u8>)>> = Mutex::new(Vec::new());
+
+/// Kept buffers at most; a load that finds more to return frees the rest.
+const MOST_KEPT: usize = 64;
+
+/// Free the staging buffers loads kept ([`Staging::keep`]); returns the
+/// bytes freed. Loads under way keep theirs until they end.
+pub fn release_staging() -> usize {
+    let kept = match KEPT.lock() {
+        Ok(mut kept) => std::mem::take(&mut *kept),
+        Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+    };
+    let bytes = kept.iter().map(|(_, b)| b.len()).sum();
+    // Freed on the device's context (each buffer holds it).
+    let _keep = KeepCurrent::new();
+    drop(kept);
+    bytes
+}
+
+/// A kept buffer made on device `ordinal`'s context holding at least
+/// `bytes`, if any.
+fn take_kept(ordinal: u32, bytes: usize) -> Option<PinnedHostSlice<u8>> {
+    let mut kept = KEPT.lock().ok()?;
+    let at = kept
+        .iter()
+        .position(|(o, b)| *o == ordinal && b.len() >= bytes)?;
+    Some(kept.swap_remove(at).1)
 }
 
 /// How the copy workers fill the staging buffers with the storages of a
@@ -439,6 +476,8 @@ pub(crate) fn upload(
         copies: &copies,
         pinned: &pinned,
         clock: &clock,
+        ordinal: gpu.ordinal,
+        keep: staging.keep,
         progress,
         cancel,
         read_error: &read_error,
@@ -494,6 +533,9 @@ struct Shared<'s, 'a> {
     copies: &'s AtomicUsize,
     pinned: &'s AtomicUsize,
     clock: &'s Clock,
+    /// The device's ordinal, and whether its buffers are kept and reused.
+    ordinal: u32,
+    keep: bool,
     progress: Option<&'s (dyn Fn(u64) + Send + Sync)>,
     /// Set by the caller to stop taking runs.
     cancel: Option<&'s AtomicBool>,
@@ -567,6 +609,17 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
                 }
             }
         }
+        // Every copy out of the buffers is done: they may serve another
+        // load.
+        if shared.keep {
+            if let Ok(mut kept) = KEPT.lock() {
+                for slot in slots.drain(..) {
+                    if let (Buffer::Pinned(b), true) = (slot.buffer, kept.len() < MOST_KEPT) {
+                        kept.push((shared.ordinal, b));
+                    }
+                }
+            }
+        }
     }
     result.and(waited)
 }
@@ -575,7 +628,14 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
 /// context.
 fn new_slot(shared: &Shared<'_, '_>) -> Result<Slot, String> {
     let ctx = shared.ctx;
+    let kept = shared
+        .keep
+        .then(|| take_kept(shared.ordinal, shared.pool.buffer))
+        .flatten();
     let buffer = guarded(|| {
+        if let Some(b) = kept {
+            return Ok(Buffer::Pinned(b));
+        }
         // SAFETY: page-locked host memory, uninitialized; only the bytes
         // a run writes are ever passed to a copy. PORTABLE makes it
         // usable from every context, not write-combined so staging reads

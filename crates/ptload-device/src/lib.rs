@@ -59,7 +59,7 @@ mod load;
 mod loaded;
 mod probe;
 
-pub use cuda::{Arena, Fill, Staging, WorkerTime};
+pub use cuda::{release_staging, Arena, Fill, Staging, WorkerTime};
 pub use error::{DeviceError, DeviceErrorKind, Fallback, LoadError, NoGpu};
 pub use load::{load, upload_storages, LoadOptions};
 pub use loaded::{CudaStorage, DeviceReport, HostStorage, Loaded, LoadedTensor, Placed};

@@ -163,7 +163,9 @@ pub struct DeviceReport {
     /// Host-to-device copies made (each at most the staging buffer size;
     /// many small storages share one).
     pub copies: usize,
-    /// Page-locked staging bytes allocated for it.
+    /// Page-locked staging bytes allocated for it (buffers kept from an
+    /// earlier load, [`Staging::keep`](crate::Staging::keep), are not
+    /// counted).
     pub pinned_bytes: usize,
     /// Where its copy workers spent their time (zero for the host and
     /// meta).

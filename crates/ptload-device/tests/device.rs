@@ -1284,3 +1284,58 @@ fn a_file_cut_short_while_read_into_staging_is_an_error() {
     drop(ckpt);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Staging kept between loads (`Staging::keep`): the second load onto
+/// the device pins nothing new and lands the same bytes; once released,
+/// the next load pins its own again.
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn kept_staging_serves_the_next_load() {
+    let _turn = gpu_turn();
+    let gpus = a_gpu();
+    ptload_device::release_staging();
+    let ckpt = open("llama_wide.pt");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+    let load_with = |keep: bool| {
+        let opts = LoadOptions {
+            staging: ptload_device::Staging {
+                buffer_bytes: 1 << 20,
+                streams_per_device: 1,
+                keep,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let loaded = load_all(&ckpt, &plan, &gpus, &opts);
+        for t in loaded.tensors() {
+            let want = ckpt
+                .tensor_at(t.index)
+                .expect("tensor")
+                .data()
+                .expect("data");
+            assert_eq!(t.device, Device::Cuda(0), "{}", t.info.name);
+            assert_eq!(
+                &*loaded.elements(t).expect("elements"),
+                &*want,
+                "{}",
+                t.info.name
+            );
+        }
+        let report = loaded
+            .devices()
+            .iter()
+            .find(|d| d.device == Device::Cuda(0))
+            .cloned()
+            .expect("cuda:0");
+        report.pinned_bytes
+    };
+    // 8 MB in 1 MiB runs: one worker, two buffers.
+    let first = load_with(true);
+    assert_eq!(first, 2 << 20);
+    assert_eq!(load_with(true), 0, "the kept buffers serve the second load");
+    assert_eq!(ptload_device::release_staging(), first);
+    assert_eq!(ptload_device::release_staging(), 0);
+    assert_eq!(load_with(true), first, "released: pinned again");
+    assert_eq!(load_with(false), first, "not asked to keep: pins its own");
+    assert_eq!(ptload_device::release_staging(), first);
+}
