@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use ptload_reader::checkpoint::{ByteOrder, Quantization};
 use ptload_reader::object::Node;
+use ptload_reader::placement::{Device, DeviceMap, To};
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::{KeySelect, Selected, StateDictOptions, Strip};
 use ptload_reader::tp::{Shard, Splits};
@@ -444,7 +445,7 @@ impl Checkpoint {
         budget: Option<Vec<(u32, u64)>>,
         balance: Option<u32>,
     ) -> PyResult<Vec<Option<String>>> {
-        use ptload_reader::placement::{Budget, ByName, Choices, Device, DeviceMap};
+        use ptload_reader::placement::{Budget, ByName, Choices};
         let mut rules = Vec::with_capacity(place.len());
         for (pattern, device) in place {
             let device: Device = device
@@ -1011,6 +1012,42 @@ impl Selection {
         PyList::new(py, items)
     }
 
+    /// Put every tensor of the selection on `cuda:ordinal` through
+    /// ptload-device's pipeline (the GIL released), file by file: whole
+    /// storages, and a rank's slices gathered from the map straight into
+    /// the staging buffers. `progress` is called with the bytes placed so
+    /// far. A tensor that cannot go (the device lacks memory, a dtype
+    /// DLPack has no code for) says why; the caller moves it itself.
+    #[pyo3(signature = (ordinal, progress=None))]
+    fn upload(
+        &self,
+        py: Python<'_>,
+        ordinal: u32,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PlacedTensors> {
+        let set = Arc::clone(&self.set);
+        let entries = self.entries.clone();
+        let placed = interruptible(py, progress, move |work| {
+            let counter = work.clone();
+            let opts = ptload_device::LoadOptions {
+                progress: Some(Arc::new(move |n| counter.add(n))),
+                cancel: Some(Arc::clone(&work.cancel)),
+                // The files load one after another: the buffers pinned for
+                // the first serve the rest, and are freed after the last.
+                staging: ptload_device::Staging {
+                    keep: true,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let placed = place_selection(&set, &entries, ordinal, &opts);
+            ptload_device::release_staging();
+            placed
+        })?;
+        let tensors = placed.map_err(|e| Error::new_err(e.render(&terms::Kwargs)))?;
+        Ok(PlacedTensors { tensors })
+    }
+
     /// Tensor `index`'s elements (only its slice's, for a rank) in
     /// row-major order, host byte order, conj/neg bits applied: a copy
     /// that reads only those bytes.
@@ -1023,6 +1060,42 @@ impl Selection {
             }
         });
         Ok(PyBytes::new(py, &bytes.map_err(to_py)?))
+    }
+}
+
+/// A selection's tensors after [`Selection::upload`]: each on its GPU,
+/// as ptload-device placed it, or why it is not.
+#[pyclass(frozen, module = "ptload._ptload")]
+struct PlacedTensors {
+    /// Per entry of the selection: its storage on the GPU and the view of
+    /// it, or why it is not there.
+    tensors: Vec<Result<(Arc<ptload_device::CudaStorage>, TensorInfo), String>>,
+}
+
+#[pymethods]
+impl PlacedTensors {
+    /// A DLPack capsule of tensor `index` on its GPU (its dtype, shape and
+    /// strides), or None when it is not on one.
+    fn capsule<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(Ok((storage, info))) = self.tensors.get(index) else {
+            return Ok(None);
+        };
+        let Some(dl) = dlpack::dl_dtype(info.dtype) else {
+            return Ok(None);
+        };
+        let size = info.dtype.size() as u64;
+        let offset = info.storage_offset.saturating_mul(size);
+        let region = dlpack::Region::Cuda(Arc::clone(storage));
+        dlpack::capsule(py, &region, offset, dl, size, &info.shape, &info.stride).map(Some)
+    }
+
+    /// (index, why) for each tensor that is not on a GPU.
+    fn fallbacks(&self) -> Vec<(usize, String)> {
+        self.tensors
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| Some((i, t.as_ref().err()?.clone())))
+            .collect()
     }
 }
 
@@ -1077,6 +1150,54 @@ fn select(
         entries,
         decisions,
     })
+}
+
+/// Every entry of a selection of `set` loaded onto `cuda:ordinal`, file
+/// by file: each on its GPU with its placed view, or why it is not.
+#[allow(clippy::type_complexity)]
+fn place_selection(
+    set: &CheckpointSet,
+    entries: &[Selected],
+    ordinal: u32,
+    opts: &ptload_device::LoadOptions,
+) -> Result<
+    Vec<Result<(Arc<ptload_device::CudaStorage>, TensorInfo), String>>,
+    ptload_device::LoadError,
+> {
+    let mut out: Vec<Result<_, String>> = entries
+        .iter()
+        .map(|_| Err("not loaded".to_owned()))
+        .collect();
+    for (f, file) in set.files().iter().enumerate() {
+        let positions: Vec<usize> = (0..entries.len())
+            .filter(|&i| entries[i].file == f)
+            .collect();
+        if positions.is_empty() {
+            continue;
+        }
+        let ckpt = file.checkpoint();
+        let mine: Vec<Selected> = positions
+            .iter()
+            .map(|&i| {
+                let mut e = entries[i].clone();
+                e.file = 0;
+                e
+            })
+            .collect();
+        let mut to = To(Device::Cuda(ordinal));
+        let plan = DeviceMap::new(ckpt, &mut to)?;
+        let loaded = ptload_device::load(Arc::clone(ckpt), &mine, &plan, gpus(), opts)?;
+        for (t, &i) in loaded.tensors().iter().zip(&positions) {
+            out[i] = match loaded.storage_of(t) {
+                Some(ptload_device::Placed::Cuda(c)) => Ok((Arc::new(c.clone()), t.info.clone())),
+                _ => Err(t
+                    .fallback
+                    .as_ref()
+                    .map_or_else(|| format!("stays on {}", t.device), terms::fallback)),
+            };
+        }
+    }
+    Ok(out)
 }
 
 fn state_dict_options(
@@ -1271,6 +1392,7 @@ fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StorageRecord>()?;
     m.add_class::<Selection>()?;
     m.add_class::<Uploaded>()?;
+    m.add_class::<PlacedTensors>()?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(terms::fallback_text, m)?)?;
     m.add_function(wrap_pyfunction!(global_allowed, m)?)?;

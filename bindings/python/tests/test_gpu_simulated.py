@@ -218,3 +218,33 @@ def test_a_url_uploads_through_the_pipeline(gpus, name):
     storages = [s for s in ckpt.storages() if s.nbytes > 0]
     assert len(gpus.devices) >= len(storages) > 0
     assert set(gpus.devices) == {0}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_ranks_slices_go_to_the_gpu_through_the_pipeline(gpus, world):
+    """``load_file`` of a sharded set with ``shard=(rank, world)`` onto
+    cuda:0: ptload-device loads each file (a rank's slices gathered from
+    the map straight into its staging buffers), and every tensor arrives
+    as a device capsule of its own, none moved by ``Tensor.to`` (which
+    would fail here: torch sees no GPU), equal to torch's
+    ``tensor_split`` of the whole tensor."""
+    theirs = torch_cpu("llama_tiny.pt")
+    dims = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 0,
+            "up_proj": 0, "down_proj": 1}
+    rules = [f"*.{k}.weight={d}" for k, d in dims.items()]
+    sharded = fixture("llama_tiny_sharded")
+    for rank in range(world):
+        before = len(gpus.devices)
+        ours = ptload.torch.load_file(sharded, device="cuda:0", key="all",
+                                      shard=(rank, world), splits=rules)
+        assert list(ours) == list(theirs)
+        assert len(gpus.devices) - before == len(ours)
+        assert set(gpus.devices) == {0}
+        sliced = 0
+        for name, t in theirs.items():
+            part = name.split(".")[-2]
+            if name.endswith(".weight") and part in dims:
+                t = torch.tensor_split(t, world, dims[part])[rank]
+                sliced += 1
+            assert ours[name].shape == t.shape and torch.equal(ours[name], t), name
+        assert sliced >= 7

@@ -193,6 +193,7 @@ class safe_open:
         exclude = [exclude] if isinstance(exclude, str) else list(exclude)
         self._map = None
         self._torch_storages = None
+        self._placed = None
         self._sel = None
         if self._remote:
             # An index or a directory URL: the reader opens the set, or
@@ -282,6 +283,9 @@ class safe_open:
         return _Slice(self, name)
 
     def get_tensor(self, name: str) -> Any:
+        placed = self._placed_tensor(name)
+        if placed is not None:
+            return placed
         view = self._view(name)
         if self._framework == "numpy" or self._uploaded(name):
             return view
@@ -292,14 +296,16 @@ class safe_open:
     def _upload(self):
         """``load_file`` onto a GPU: the storages of every selected tensor
         are uploaded at once by ptload-device, as ``ptload.torch.load``
-        uploads them; a tensor the pipeline could not place (and every
-        tensor of a set or a rank's slices) goes by ``Tensor.to`` in
-        ``get_tensor``, as safetensors moves each one."""
-        if self._framework != "pt" or self._sel is not None or self._torch_storages is not None:
+        uploads them; a set's tensors and a rank's slices are loaded by
+        ptload-device file by file (a slice gathered from the map straight
+        into its staging buffers). A tensor the pipeline could not place
+        goes by ``Tensor.to`` in ``get_tensor``, as safetensors moves each
+        one."""
+        if self._framework != "pt" or self._torch_storages is not None or self._placed is not None:
             return
         import torch
 
-        from ._storages import _Storages
+        from ._storages import _cuda_ordinal, _Storages
 
         device = self._device
         if isinstance(device, int):
@@ -307,10 +313,25 @@ class safe_open:
         device = torch.device(device)
         if device.type != "cuda":
             return
+        if self._sel is not None:
+            self._placed = self._sel.upload(_cuda_ordinal(device))
+            return
         wanted = {self._tensors[i].storage for i in self._index.values()} - {None}
         self._torch_storages = _Storages(
             self._ckpt, self._local_path(), None, device, False, only=wanted, remote=self._remote
         )
+
+    def _placed_tensor(self, name):
+        """``name`` on its GPU when :meth:`_upload` placed it there (a
+        set's or a rank's tensor), else None."""
+        if self._placed is None:
+            return None
+        capsule = self._placed.capsule(self._index[name])
+        if capsule is None:
+            return None
+        from . import _storages
+
+        return _storages._from_dlpack(capsule)
 
     def _uploaded(self, name):
         """Whether ``name``'s storage was uploaded by :meth:`_upload`."""
