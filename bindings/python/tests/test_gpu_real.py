@@ -111,6 +111,30 @@ def test_load_file_onto_the_gpu():
         assert ours[k].is_cuda and torch.equal(ours[k].cpu(), t), k
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_ranks_slices_land_on_the_gpu_as_tensor_split(world):
+    """A rank's slices of a sharded set, loaded by ptload-device (gathered
+    into the staging buffers), equal torch's ``tensor_split`` on the GPU;
+    ptload's memory is not torch's allocator's, so a tensor moved by
+    ``Tensor.to`` instead would show there."""
+    theirs = torch.load(fixture("llama_tiny.pt"), weights_only=True, map_location="cuda:0")
+    dims = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 0,
+            "up_proj": 0, "down_proj": 1}
+    rules = [f"*.{k}.weight={d}" for k, d in dims.items()]
+    for rank in range(world):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated(0)
+        ours = ptload.torch.load_file(fixture("llama_tiny_sharded"), device="cuda:0",
+                                      key="all", shard=(rank, world), splits=rules)
+        assert torch.cuda.memory_allocated(0) == before
+        assert list(ours) == list(theirs)
+        for name, t in theirs.items():
+            part = name.split(".")[-2]
+            if name.endswith(".weight") and part in dims:
+                t = torch.tensor_split(t, world, dims[part])[rank]
+            assert ours[name].is_cuda and torch.equal(ours[name], t), name
+
+
 def _tensors(obj):
     """Every tensor in a loaded object, without recursion."""
     stack, out = [obj], []
