@@ -6,14 +6,24 @@
 #   bash benches/gpu_kit.sh tests          # on the GPU machine, from the repository root:
 #                                          #   every device and CLI test, the ignored ones included
 #   bash benches/gpu_kit.sh python         # the Python package's tests there, the GPU ones included
-#   bash benches/gpu_kit.sh bench [ARGS]   # benches/gpu_compare.py --bins target/gpu-kit ARGS,
-#                                          #   then benches/python_load.py --cuda
+#   bash benches/gpu_kit.sh bench [ARGS]   # compare ARGS, then python-load
+#   bash benches/gpu_kit.sh compare [ARGS] # benches/gpu_compare.py --bins target/gpu-kit ARGS
+#   bash benches/gpu_kit.sh python-load [ARGS]  # benches/python_load.py --cuda ARGS
+#   bash benches/gpu_kit.sh all [ARGS]     # tests, python, compare ARGS, python-load, each
+#                                          #   under a timeout; $OUT/summary.txt at the end
 #
 # `build` makes x86-64 release binaries: the CLI, the device and CLI test
 # binaries, the gpu_load bench, and the Python package's abi3 wheel; it
 # records the repository path they were built in (the tests find the
 # fixtures and the CLI there). The other steps, where that path does not
-# exist, link it to this checkout. Logs go to $OUT when it is set.
+# exist, link it to this checkout. Logs go to $OUT when it is set (`all`
+# sets it to target/gpu-kit-out when it is not).
+#
+# `all` fits in about 8 minutes: each step is stopped at its limit
+# (ALL_LIMITS below; a stopped step is reported as such and the next one
+# starts), and gpu_compare starts no new measurement after --budget-s, so
+# that its last group ends before its limit. docs/benchmarks.md says how
+# the limits and run counts were estimated.
 set -euo pipefail
 script=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$script")/.."
@@ -53,6 +63,7 @@ build() {
   "$maturin" build --release --locked --strip -m bindings/python/Cargo.toml -o "$kit"
   # The tests read fixtures and run the CLI by their build-time paths.
   echo "$PWD" >"$kit/root"
+  git describe --always --dirty >"$kit/commit" 2>/dev/null || echo unknown >"$kit/commit"
   (cd "$target" && pwd) >"$kit/target"
   # The binaries need this glibc or newer where they run.
   ldd --version | head -n 1 >"$kit/glibc"
@@ -100,15 +111,85 @@ python_tests() {
   local site=/tmp/ptload-site
   rm -rf "$site"
   python3 -m pip install -q --no-index --no-deps --target "$site" "$kit"/ptload-*.whl
-  (cd bindings/python && PYTHONPATH="$site" python3 -m pytest -q -rs tests) 2>&1 | log python
+  (cd bindings/python && PYTHONPATH="$site" python3 -m pytest -q -rs tests) 2>&1 | log "${LOG_AS:-python}"
 }
 
-bench() {
+compare() {
+  reach_build_root
+  PYTHONUNBUFFERED=1 python3 benches/gpu_compare.py --bins "$kit" "$@" 2>&1 | log "${LOG_AS:-bench}"
+}
+
+python_load() {
   reach_build_root
   local site=/tmp/ptload-site
   [ -d "$site" ] || python3 -m pip install -q --no-index --no-deps --target "$site" "$kit"/ptload-*.whl
-  PYTHONUNBUFFERED=1 python3 benches/gpu_compare.py --bins "$kit" "$@" 2>&1 | log bench
-  PYTHONUNBUFFERED=1 PYTHONPATH="$site" python3 benches/python_load.py --cuda 2>&1 | log bench
+  PYTHONUNBUFFERED=1 PYTHONPATH="$site" python3 benches/python_load.py --cuda "$@" 2>&1 | log "${LOG_AS:-bench}"
+}
+
+bench() {
+  compare "$@"
+  python_load
+}
+
+# Seconds each step of `all` may take, and the measurements gpu_compare
+# makes there (see docs/benchmarks.md, "The one-step run").
+ALL_LIMITS=(tests=90 python=90 compare=270 python-load=45)
+ALL_COMPARE=(--sizes 2,8 --runs 2 --cold-runs 1 --tp-runs 3 --budget-s 210)
+ALL_PYTHON_LOAD=(--runs 5)
+
+# Run step $1 of `all` (this script with the other arguments) under
+# its limit; one line on how it went goes to $steps.
+step() {
+  local name=$1 limit rc=0 start=$SECONDS result
+  shift
+  limit=$(printf '%s\n' "${ALL_LIMITS[@]}" | sed -n "s/^$name=//p")
+  echo "== $name (stopped after $limit s)"
+  LOG_AS=$name timeout -k 10 "$limit" bash "$script" "$@" || rc=$?
+  case $rc in
+    0) result=pass ;;
+    124 | 137) result="STOPPED at its limit of $limit s" ;;
+    *) result="FAIL (exit status $rc)" ;;
+  esac
+  printf '%-12s %s, %d s\n' "$name" "$result" $((SECONDS - start)) | tee -a "$steps"
+  [ "$rc" = 0 ] || failed=1
+}
+
+all() {
+  export OUT=${OUT:-$PWD/target/gpu-kit-out}
+  mkdir -p "$OUT"
+  local steps=$OUT/steps.txt report=$OUT/gpu_compare-report.md failed=0
+  rm -f "$steps" "$report"
+  step tests tests
+  step python python
+  step compare compare "${ALL_COMPARE[@]}" --report "$report" "$@"
+  step python-load python-load "${ALL_PYTHON_LOAD[@]}"
+  {
+    echo "bash benches/gpu_kit.sh all: $(date -u '+%Y-%m-%d %H:%M UTC'), ptload $(cat "$kit/commit" 2>/dev/null || echo unknown) (built)"
+    { nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not found"; } | head -n 4
+    echo
+    cat "$steps"
+    echo
+    if [ -f "$report" ]; then
+      cat "$report"
+    else
+      echo "gpu_compare: no report (see gpu_kit-compare.log)"
+    fi
+    echo
+    echo "python_load.py --cuda (gpu_kit-python-load.log):"
+    python3 - "$OUT/gpu_kit-python-load.log" 2>&1 <<'PY' || true
+import json, sys
+try:
+    text = open(sys.argv[1]).read()
+    doc = json.loads(text[text.index("\n{") + 1:] if not text.startswith("{") else text)
+except (OSError, ValueError) as e:
+    sys.exit(f"  no results ({e.__class__.__name__}: the step's log says why)")
+for name, row in doc["results"].items():
+    ratios = ", ".join(f"{k} {v:.2f}x" for k, v in row.items() if k.startswith("vs "))
+    print(f"  {name}: ptload.torch.load {ratios}")
+PY
+  } >"$OUT/summary.txt"
+  cat "$OUT/summary.txt"
+  return "$failed"
 }
 
 case "${1:-}" in
@@ -116,8 +197,11 @@ case "${1:-}" in
   tests) tests ;;
   python) python_tests ;;
   bench) shift; bench "$@" ;;
+  compare) shift; compare "$@" ;;
+  python-load) shift; python_load "$@" ;;
+  all) shift; all "$@" ;;
   *)
-    sed -n '2,16p' "$script" >&2
+    sed -n '2,29p' "$script" >&2
     exit 2
     ;;
 esac
