@@ -47,7 +47,8 @@ pool plus 10% of the file. Raw figures go to DIR/gpu_compare-DATE.json,
 rewritten after each file, as is --report when given (so a run stopped
 part way keeps what it measured). --budget-s: no new measurement starts
 after that many seconds from the start; what is left is reported as
-skipped.
+skipped. --prepare only writes the checkpoints (benches/gpu_kit.sh all does
+so while the tests run).
 
 Smoke check (committed fixtures, the Rust part only, no torch needed:
 warm and --cold on multi_gpu.pt, --tp 2 on llama_wide.pt), for instance
@@ -749,7 +750,9 @@ def main():
                     help="where torch and safetensors load to; cpu only checks this script, never a figure")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no measurement after this many seconds; the rest is reported as skipped")
-    ap.add_argument("--report", default=None, help="also write the report (markdown) here, after each file")
+    ap.add_argument("--report", default=None, help="also write the report (markdown) here, after each measurement")
+    ap.add_argument("--prepare", action="store_true",
+                    help="only write (or find) the checkpoints in --dir and fsync them; measure nothing")
     args = ap.parse_args()
     if min(args.runs, args.cold_runs, args.tp_runs) < 1:
         sys.exit("--runs, --cold-runs and --tp-runs must be at least 1")
@@ -776,6 +779,8 @@ def main():
             run(["cargo", "build", "--release", "-q", "-p", "ptload-cli"])
         run(["cargo", "bench", "-q", "-p", "ptload-device", "--bench", "gpu_load", "--no-run"])
 
+    if args.smoke and args.prepare:
+        sys.exit("--prepare makes the checkpoints, which --smoke does not use")
     if args.smoke:
         files = [(SMOKE_FILE, None)]
         backends = []
@@ -791,6 +796,9 @@ def main():
         if avail and total > avail:
             log(f"warning: {total / 1e9:.1f} GB of files, {avail / 1e9:.1f} GB of memory available:"
                 " the page cache may not hold them all (the cache would not be warm)")
+        if args.prepare:
+            log(f"prepared: {', '.join(p for pair in files for p in pair)}")
+            return
         backends = safetensors_backends(args.dir)
         log(f"safetensors load_file backends: {', '.join(b or 'default' for b in backends)}")
 

@@ -10,7 +10,8 @@
 #   bash benches/gpu_kit.sh compare [ARGS] # benches/gpu_compare.py --bins target/gpu-kit ARGS
 #   bash benches/gpu_kit.sh python-load [ARGS]  # benches/python_load.py --cuda ARGS
 #   bash benches/gpu_kit.sh all [ARGS]     # tests, python, compare ARGS, python-load, each
-#                                          #   under a timeout; $OUT/summary.txt at the end
+#                                          #   under a timeout (the checkpoints written
+#                                          #   meanwhile); $OUT/summary.txt at the end
 #
 # `build` makes x86-64 release binaries: the CLI, the device and CLI test
 # binaries, the gpu_load bench, and the Python package's abi3 wheel; it
@@ -21,9 +22,10 @@
 #
 # `all` fits in about 8 minutes: each step is stopped at its limit
 # (ALL_LIMITS below; a stopped step is reported as such and the next one
-# starts), and gpu_compare starts no new measurement after --budget-s, so
-# that its last group ends before its limit. docs/benchmarks.md says how
-# the limits and run counts were estimated.
+# starts), the checkpoints are written while the tests run, and
+# gpu_compare starts no new measurement after --budget-s, so that its
+# last one ends before its limit. docs/benchmarks.md says how the limits
+# and run counts were estimated.
 set -euo pipefail
 script=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$script")/.."
@@ -132,26 +134,37 @@ bench() {
 }
 
 # Seconds each step of `all` may take, and the measurements gpu_compare
-# makes there (see docs/benchmarks.md, "The one-step run").
-ALL_LIMITS=(tests=90 python=90 compare=270 python-load=45)
-ALL_COMPARE=(--sizes 2,8 --runs 2 --cold-runs 1 --tp-runs 3 --budget-s 210)
+# makes there (see docs/benchmarks.md, "The one-step run"). `prepare`
+# writes the checkpoints while the tests run.
+ALL_LIMITS=(tests=90 python=90 prepare=180 compare=240 python-load=45)
+ALL_COMPARE=(--sizes 2,8 --runs 2 --cold-runs 1 --tp-runs 3 --budget-s 190)
 ALL_PYTHON_LOAD=(--runs 5)
 
-# Run step $1 of `all` (this script with the other arguments) under
-# its limit; one line on how it went goes to $steps.
-step() {
-  local name=$1 limit rc=0 start=$SECONDS result
-  shift
-  limit=$(printf '%s\n' "${ALL_LIMITS[@]}" | sed -n "s/^$name=//p")
-  echo "== $name (stopped after $limit s)"
-  LOG_AS=$name timeout -k 10 "$limit" bash "$script" "$@" || rc=$?
+limit_of() {
+  printf '%s\n' "${ALL_LIMITS[@]}" | sed -n "s/^$1=//p"
+}
+
+# One line to $steps on how step $1 of `all` ended: exit status $2, after
+# $3 seconds.
+report_step() {
+  local name=$1 rc=$2 result
   case $rc in
     0) result=pass ;;
-    124 | 137) result="STOPPED at its limit of $limit s" ;;
+    124 | 137) result="STOPPED at its limit of $(limit_of "$name") s" ;;
     *) result="FAIL (exit status $rc)" ;;
   esac
-  printf '%-12s %s, %d s\n' "$name" "$result" $((SECONDS - start)) | tee -a "$steps"
+  printf '%-12s %s, %d s\n' "$name" "$result" "$3" | tee -a "$steps"
   [ "$rc" = 0 ] || failed=1
+}
+
+# Run step $1 of `all` (this script with the other arguments) under its
+# limit.
+step() {
+  local name=$1 rc=0 start=$SECONDS
+  shift
+  echo "== $name (stopped after $(limit_of "$name") s)"
+  LOG_AS=$name timeout -k 10 "$(limit_of "$name")" bash "$script" "$@" || rc=$?
+  report_step "$name" "$rc" $((SECONDS - start))
 }
 
 all() {
@@ -159,8 +172,16 @@ all() {
   mkdir -p "$OUT"
   local steps=$OUT/steps.txt report=$OUT/gpu_compare-report.md failed=0
   rm -f "$steps" "$report"
+  # The checkpoints are written beside the tests (CPU and disk; nothing is
+  # timed meanwhile); its output is in gpu_kit-prepare.log.
+  local prepare_start=$SECONDS prepare_rc=0 prepare_pid
+  LOG_AS=prepare timeout -k 10 "$(limit_of prepare)" \
+    bash "$script" compare --prepare "${ALL_COMPARE[@]}" "$@" >/dev/null 2>&1 &
+  prepare_pid=$!
   step tests tests
   step python python
+  wait "$prepare_pid" || prepare_rc=$?
+  report_step prepare "$prepare_rc" $((SECONDS - prepare_start))
   step compare compare "${ALL_COMPARE[@]}" --report "$report" "$@"
   step python-load python-load "${ALL_PYTHON_LOAD[@]}"
   {
@@ -201,7 +222,7 @@ case "${1:-}" in
   python-load) shift; python_load "$@" ;;
   all) shift; all "$@" ;;
   *)
-    sed -n '2,29p' "$script" >&2
+    sed -n '2,/^[^#]/{/^#/p}' "$script" >&2
     exit 2
     ;;
 esac
