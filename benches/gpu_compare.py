@@ -427,13 +427,13 @@ def measure_python(row, mode, pt, st, args, backends, budget):
 
 
 def measure_rust(row, key, pt, runs, args, budget, extra=()):
-    base = os.path.basename(pt)
-    if not budget.allows(f"{base} gpu_load {key}"):
+    what = f"{os.path.basename(pt)} gpu_load {' '.join(extra) or '(warm)'}"
+    if not budget.allows(what):
         row[key] = SKIPPED
         return
     if "--cold" not in extra:
         warm(pt)
-    log(f"{base}: gpu_load {key} ...")
+    log(f"{what} ...")
     try:
         row[key] = rust_bench(pt, runs, args.bins, extra)
     except GpuLoadFailed as e:

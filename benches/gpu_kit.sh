@@ -9,6 +9,7 @@
 #   bash benches/gpu_kit.sh bench [ARGS]   # compare ARGS, then python-load
 #   bash benches/gpu_kit.sh compare [ARGS] # benches/gpu_compare.py --bins target/gpu-kit ARGS
 #   bash benches/gpu_kit.sh python-load [ARGS]  # benches/python_load.py --cuda ARGS
+#   bash benches/gpu_kit.sh prepare [ARGS] # gpu_compare.py --prepare ARGS: the checkpoints only
 #   bash benches/gpu_kit.sh all [ARGS]     # tests, python, compare ARGS, python-load, each
 #                                          #   under a timeout (the checkpoints written
 #                                          #   meanwhile); $OUT/summary.txt at the end
@@ -121,6 +122,13 @@ compare() {
   PYTHONUNBUFFERED=1 python3 benches/gpu_compare.py --bins "$kit" "$@" 2>&1 | log "${LOG_AS:-bench}"
 }
 
+# gpu_compare --prepare: the checkpoints only. It runs the kit's CLI,
+# never the copy the tests run (replacing that one under a running test
+# would fail), so it needs no reach_build_root and runs beside the tests.
+prepare() {
+  PYTHONUNBUFFERED=1 python3 benches/gpu_compare.py --bins "$kit" --prepare "$@" 2>&1 | log prepare
+}
+
 python_load() {
   reach_build_root
   local site=/tmp/ptload-site
@@ -134,7 +142,7 @@ bench() {
 }
 
 # Seconds each step of `all` may take, and the measurements gpu_compare
-# makes there (see docs/benchmarks.md, "The one-step run"). `prepare`
+# makes there (docs/benchmarks.md, "the kit, and the one-step run"). `prepare`
 # writes the checkpoints while the tests run.
 ALL_LIMITS=(tests=90 python=90 prepare=180 compare=240 python-load=45)
 ALL_COMPARE=(--sizes 2,8 --runs 2 --cold-runs 1 --tp-runs 3 --budget-s 190)
@@ -175,8 +183,7 @@ all() {
   # The checkpoints are written beside the tests (CPU and disk; nothing is
   # timed meanwhile); its output is in gpu_kit-prepare.log.
   local prepare_start=$SECONDS prepare_rc=0 prepare_pid
-  LOG_AS=prepare timeout -k 10 "$(limit_of prepare)" \
-    bash "$script" compare --prepare "${ALL_COMPARE[@]}" "$@" >/dev/null 2>&1 &
+  timeout -k 10 "$(limit_of prepare)" bash "$script" prepare "${ALL_COMPARE[@]}" "$@" </dev/null >/dev/null 2>&1 &
   prepare_pid=$!
   step tests tests
   step python python
@@ -220,6 +227,7 @@ case "${1:-}" in
   bench) shift; bench "$@" ;;
   compare) shift; compare "$@" ;;
   python-load) shift; python_load "$@" ;;
+  prepare) shift; prepare "$@" ;;
   all) shift; all "$@" ;;
   *)
     sed -n '2,/^[^#]/{/^#/p}' "$script" >&2
