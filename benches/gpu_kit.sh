@@ -6,14 +6,27 @@
 #   bash benches/gpu_kit.sh tests          # on the GPU machine, from the repository root:
 #                                          #   every device and CLI test, the ignored ones included
 #   bash benches/gpu_kit.sh python         # the Python package's tests there, the GPU ones included
-#   bash benches/gpu_kit.sh bench [ARGS]   # benches/gpu_compare.py --bins target/gpu-kit ARGS,
-#                                          #   then benches/python_load.py --cuda
+#   bash benches/gpu_kit.sh bench [ARGS]   # compare ARGS, then python-load
+#   bash benches/gpu_kit.sh compare [ARGS] # benches/gpu_compare.py --bins target/gpu-kit ARGS
+#   bash benches/gpu_kit.sh python-load [ARGS]  # benches/python_load.py --cuda ARGS
+#   bash benches/gpu_kit.sh prepare [ARGS] # gpu_compare.py --prepare ARGS: the checkpoints only
+#   bash benches/gpu_kit.sh all [ARGS]     # tests, python, compare ARGS, python-load, each
+#                                          #   under a timeout (the checkpoints written
+#                                          #   meanwhile); $OUT/summary.txt at the end
 #
 # `build` makes x86-64 release binaries: the CLI, the device and CLI test
 # binaries, the gpu_load bench, and the Python package's abi3 wheel; it
 # records the repository path they were built in (the tests find the
 # fixtures and the CLI there). The other steps, where that path does not
-# exist, link it to this checkout. Logs go to $OUT when it is set.
+# exist, link it to this checkout. Logs go to $OUT when it is set (`all`
+# sets it to target/gpu-kit-out when it is not).
+#
+# `all` fits in about 8 minutes: each step is stopped at its limit
+# (ALL_LIMITS below; a stopped step is reported as such and the next one
+# starts), the checkpoints are written while the tests run, and
+# gpu_compare starts no new measurement after --budget-s, so that its
+# last one ends before its limit. docs/benchmarks.md says how the limits
+# and run counts were estimated.
 set -euo pipefail
 script=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$script")/.."
@@ -53,6 +66,7 @@ build() {
   "$maturin" build --release --locked --strip -m bindings/python/Cargo.toml -o "$kit"
   # The tests read fixtures and run the CLI by their build-time paths.
   echo "$PWD" >"$kit/root"
+  git describe --always --dirty >"$kit/commit" 2>/dev/null || echo unknown >"$kit/commit"
   (cd "$target" && pwd) >"$kit/target"
   # The binaries need this glibc or newer where they run.
   ldd --version | head -n 1 >"$kit/glibc"
@@ -100,15 +114,110 @@ python_tests() {
   local site=/tmp/ptload-site
   rm -rf "$site"
   python3 -m pip install -q --no-index --no-deps --target "$site" "$kit"/ptload-*.whl
-  (cd bindings/python && PYTHONPATH="$site" python3 -m pytest -q -rs tests) 2>&1 | log python
+  (cd bindings/python && PYTHONPATH="$site" python3 -m pytest -q -rs tests) 2>&1 | log "${LOG_AS:-python}"
 }
 
-bench() {
+compare() {
+  reach_build_root
+  PYTHONUNBUFFERED=1 python3 benches/gpu_compare.py --bins "$kit" "$@" 2>&1 | log "${LOG_AS:-bench}"
+}
+
+# gpu_compare --prepare: the checkpoints only. It runs the kit's CLI,
+# never the copy the tests run (replacing that one under a running test
+# would fail), so it needs no reach_build_root and runs beside the tests.
+prepare() {
+  PYTHONUNBUFFERED=1 python3 benches/gpu_compare.py --bins "$kit" --prepare "$@" 2>&1 | log prepare
+}
+
+python_load() {
   reach_build_root
   local site=/tmp/ptload-site
   [ -d "$site" ] || python3 -m pip install -q --no-index --no-deps --target "$site" "$kit"/ptload-*.whl
-  PYTHONUNBUFFERED=1 python3 benches/gpu_compare.py --bins "$kit" "$@" 2>&1 | log bench
-  PYTHONUNBUFFERED=1 PYTHONPATH="$site" python3 benches/python_load.py --cuda 2>&1 | log bench
+  PYTHONUNBUFFERED=1 PYTHONPATH="$site" python3 benches/python_load.py --cuda "$@" 2>&1 | log "${LOG_AS:-bench}"
+}
+
+bench() {
+  compare "$@"
+  python_load
+}
+
+# Seconds each step of `all` may take, and the measurements gpu_compare
+# makes there (docs/benchmarks.md, "the kit, and the one-step run"). `prepare`
+# writes the checkpoints while the tests run.
+ALL_LIMITS=(tests=90 python=90 prepare=180 compare=240 python-load=45)
+ALL_COMPARE=(--sizes 2,8 --runs 2 --cold-runs 1 --tp-runs 3 --budget-s 190)
+ALL_PYTHON_LOAD=(--runs 5)
+
+limit_of() {
+  printf '%s\n' "${ALL_LIMITS[@]}" | sed -n "s/^$1=//p"
+}
+
+# One line to $steps on how step $1 of `all` ended: exit status $2, after
+# $3 seconds.
+report_step() {
+  local name=$1 rc=$2 result
+  case $rc in
+    0) result=pass ;;
+    124 | 137) result="STOPPED at its limit of $(limit_of "$name") s" ;;
+    *) result="FAIL (exit status $rc)" ;;
+  esac
+  printf '%-12s %s, %d s\n' "$name" "$result" "$3" | tee -a "$steps"
+  [ "$rc" = 0 ] || failed=1
+}
+
+# Run step $1 of `all` (this script with the other arguments) under its
+# limit.
+step() {
+  local name=$1 rc=0 start=$SECONDS
+  shift
+  echo "== $name (stopped after $(limit_of "$name") s)"
+  LOG_AS=$name timeout -k 10 "$(limit_of "$name")" bash "$script" "$@" || rc=$?
+  report_step "$name" "$rc" $((SECONDS - start))
+}
+
+all() {
+  export OUT=${OUT:-$PWD/target/gpu-kit-out}
+  mkdir -p "$OUT"
+  local steps=$OUT/steps.txt report=$OUT/gpu_compare-report.md failed=0
+  rm -f "$steps" "$report"
+  # The checkpoints are written beside the tests (CPU and disk; nothing is
+  # timed meanwhile); its output is in gpu_kit-prepare.log.
+  local prepare_start=$SECONDS prepare_rc=0 prepare_pid
+  timeout -k 10 "$(limit_of prepare)" bash "$script" prepare "${ALL_COMPARE[@]}" "$@" </dev/null >/dev/null 2>&1 &
+  prepare_pid=$!
+  step tests tests
+  step python python
+  wait "$prepare_pid" || prepare_rc=$?
+  report_step prepare "$prepare_rc" $((SECONDS - prepare_start))
+  step compare compare "${ALL_COMPARE[@]}" --report "$report" "$@"
+  step python-load python-load "${ALL_PYTHON_LOAD[@]}"
+  {
+    echo "bash benches/gpu_kit.sh all: $(date -u '+%Y-%m-%d %H:%M UTC'), ptload $(cat "$kit/commit" 2>/dev/null || echo unknown) (built)"
+    { nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not found"; } | head -n 4
+    echo
+    cat "$steps"
+    echo
+    if [ -f "$report" ]; then
+      cat "$report"
+    else
+      echo "gpu_compare: no report (see gpu_kit-compare.log)"
+    fi
+    echo
+    echo "python_load.py --cuda (gpu_kit-python-load.log):"
+    python3 - "$OUT/gpu_kit-python-load.log" 2>&1 <<'PY' || true
+import json, sys
+try:
+    text = open(sys.argv[1]).read()
+    doc = json.loads(text[text.index("\n{") + 1:] if not text.startswith("{") else text)
+except (OSError, ValueError) as e:
+    sys.exit(f"  no results ({e.__class__.__name__}: the step's log says why)")
+for name, row in doc["results"].items():
+    ratios = ", ".join(f"{k} {v:.2f}x" for k, v in row.items() if k.startswith("vs "))
+    print(f"  {name}: ptload.torch.load {ratios}")
+PY
+  } >"$OUT/summary.txt"
+  cat "$OUT/summary.txt"
+  return "$failed"
 }
 
 case "${1:-}" in
@@ -116,8 +225,12 @@ case "${1:-}" in
   tests) tests ;;
   python) python_tests ;;
   bench) shift; bench "$@" ;;
+  compare) shift; compare "$@" ;;
+  python-load) shift; python_load "$@" ;;
+  prepare) shift; prepare "$@" ;;
+  all) shift; all "$@" ;;
   *)
-    sed -n '2,16p' "$script" >&2
+    sed -n '2,/^[^#]/{/^#/p}' "$script" >&2
     exit 2
     ;;
 esac
