@@ -443,6 +443,43 @@ def measure_rust(row, key, pt, runs, args, budget, extra=()):
 
 TP_ARGS = ("--tp", str(TP_WORLD), "--rank", str(TP_RANK), "--split-preset", TP_PRESET)
 
+# --sweep-runs: ptload's staging choices on the smallest file, warm, after
+# everything else (so they never take the comparison's time): how many
+# copy workers, how large their buffers, filled from the map or by
+# positioned reads, pinned per load or kept. The first is the default.
+SWEEP = [
+    ("4 x 32 MiB, map (default)", ()),
+    ("4 x 32 MiB, read", ("--fill", "read")),
+    ("8 x 32 MiB, map", ("--streams", "8")),
+    ("8 x 32 MiB, read", ("--streams", "8", "--fill", "read")),
+    ("16 x 16 MiB, map", ("--streams", "16", "--buffer-mib", "16")),
+    ("16 x 16 MiB, read", ("--streams", "16", "--buffer-mib", "16", "--fill", "read")),
+    ("4 x 32 MiB, map, kept", ("--keep",)),
+    ("8 x 32 MiB, read, kept", ("--streams", "8", "--fill", "read", "--keep")),
+]
+
+
+def sweep_table(sweep):
+    """The staging sweep as markdown lines."""
+    if not sweep:
+        return []
+    lines = [f"**Staging choices** (warm, {os.path.basename(sweep['file'])}, medians of {sweep['runs']};"
+             " copy workers' thread-seconds)", "",
+             "| staging | ptload open + load | GB/s | % of pinned limit | setup | fill | wait | minor faults |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for label, b in sweep["configs"].items():
+        if not measured(b):
+            lines.append(f"| {label} | {why_not(b)} | | | | | | |")
+            continue
+        p, prof = b["ptload"], b.get("profile", {})
+        minor = [f for f in prof.get("minor_faults", []) if f is not None]
+        faults = f"{statistics.median(minor):.0f}" if minor else "?"
+        lines.append(
+            f"| {label} | {p['seconds_median']:.4f} s | {p['gbps']:.2f} | {p['fraction_of_pinned']:.0%} |"
+            f" {prof.get('setup_seconds_median', 0):.3f} | {prof.get('fill_seconds_median', 0):.3f} |"
+            f" {prof.get('wait_seconds_median', 0):.3f} | {faults} |")
+    return lines + [""]
+
 
 # --- the report ---------------------------------------------------------------
 
@@ -751,6 +788,10 @@ def main():
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no measurement after this many seconds; the rest is reported as skipped")
     ap.add_argument("--report", default=None, help="also write the report (markdown) here, after each measurement")
+    ap.add_argument("--sweep-runs", type=int, default=0,
+                    help="after everything else, measure ptload's staging choices (streams, buffer size,"
+                         " map or positioned reads, kept buffers) on the smallest file, warm, with this"
+                         " many runs each (default 0: not measured)")
     ap.add_argument("--prepare", action="store_true",
                     help="only write (or find) the checkpoints in --dir and fsync them; measure nothing")
     args = ap.parse_args()
@@ -809,6 +850,7 @@ def main():
         info["note"] = f"torch and safetensors loaded to {args.device}: a check of the script, not a figure"
     raw = None if args.smoke else os.path.join(args.dir, time.strftime("gpu_compare-%Y%m%d-%H%M%S.json"))
     rows = []
+    sweep = {}
 
     def write():
         simulated = any(measured(b) and b["device"]["name"].startswith("simcuda")
@@ -817,13 +859,15 @@ def main():
             info["note (driver)"] = "the simulated driver (simcuda): not a speed figure"
         judged = not args.smoke and not simulated and args.device == "cuda"
         text = report(rows, info, args.smoke, judged, backends, simulated)
+        if sweep:
+            text += "\n\n" + "\n".join(sweep_table(sweep))
         if args.report:
             with open(args.report + ".partial", "w") as f:
                 f.write(text + "\n")
             os.replace(args.report + ".partial", args.report)
         if raw:
             with open(raw + ".partial", "w") as f:
-                json.dump({"info": info, "rows": rows}, f, indent=2)
+                json.dump({"info": info, "rows": rows, "sweep": sweep}, f, indent=2)
             os.replace(raw + ".partial", raw)
         return text
 
@@ -855,6 +899,13 @@ def main():
                 if measured(r) and r["bytes"] != b["storage_bytes"]:
                     log(f"warning: {reader} loaded {r['bytes']} bytes of storages,"
                         f" ptload {b['storage_bytes']}: not the same work")
+
+    if args.sweep_runs > 0 and files:
+        pt = min((pair[0] for pair in files), key=os.path.getsize)
+        sweep.update({"file": pt, "runs": args.sweep_runs, "configs": {}})
+        for label, extra in SWEEP:
+            measure_rust(sweep["configs"], label, pt, args.sweep_runs, args, budget, extra)
+            write()
 
     print(write())
     if raw:

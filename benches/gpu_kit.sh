@@ -4,7 +4,8 @@
 #
 #   bash benches/gpu_kit.sh build          # where Rust is: fills target/gpu-kit
 #   bash benches/gpu_kit.sh tests          # on the GPU machine, from the repository root:
-#                                          #   every device and CLI test, the ignored ones included
+#                                          #   every device and CLI test (a rank's staging
+#                                          #   too), the ignored ones included
 #   bash benches/gpu_kit.sh python         # the Python package's tests there, the GPU ones included
 #   bash benches/gpu_kit.sh bench [ARGS]   # compare ARGS, then python-load
 #   bash benches/gpu_kit.sh compare [ARGS] # benches/gpu_compare.py --bins target/gpu-kit ARGS
@@ -21,7 +22,7 @@
 # exist, link it to this checkout. Logs go to $OUT when it is set (`all`
 # sets it to target/gpu-kit-out when it is not).
 #
-# `all` fits in about 8 minutes: each step is stopped at its limit
+# `all` takes at most 8.5 minutes: each step is stopped at its limit
 # (ALL_LIMITS below; a stopped step is reported as such and the next one
 # starts), the checkpoints are written while the tests run, and
 # gpu_compare starts no new measurement after --budget-s, so that its
@@ -55,13 +56,17 @@ build() {
   exe=$(cargo test --release --locked --no-run -p ptload-device --test device \
     --message-format=json | executable device)
   cp "$exe" "$kit/device-tests"
+  exe=$(cargo test --release --locked --no-run -p ptload-device --test rank_staging \
+    --message-format=json | executable rank_staging)
+  cp "$exe" "$kit/rank-staging-tests"
   exe=$(cargo test --release --locked --no-run -p ptload-cli --test cli \
     --message-format=json | executable cli)
   cp "$exe" "$kit/cli-tests"
   exe=$(cargo bench --locked --no-run -p ptload-device --bench gpu_load \
     --message-format=json | executable gpu_load)
   cp "$exe" "$kit/gpu_load"
-  strip "$kit"/ptload "$kit"/device-tests "$kit"/cli-tests "$kit"/gpu_load
+  strip "$kit"/ptload "$kit"/device-tests "$kit"/rank-staging-tests "$kit"/cli-tests \
+    "$kit"/gpu_load
   local maturin=${MATURIN:-maturin}
   "$maturin" build --release --locked --strip -m bindings/python/Cargo.toml -o "$kit"
   # The tests read fixtures and run the CLI by their build-time paths.
@@ -101,10 +106,11 @@ reach_build_root() {
 tests() {
   reach_build_root
   { nvidia-smi -L || true; } 2>&1 | log tests
-  # Both suites run whatever the first gives; the step fails if either did.
+  # Every suite runs whatever the others give; the step fails if any did.
   # One device test at a time: they share the GPU and check its memory.
   local failed=0
   "$kit/device-tests" --include-ignored --test-threads 1 2>&1 | log tests || failed=1
+  "$kit/rank-staging-tests" --include-ignored 2>&1 | log tests || failed=1
   "$kit/cli-tests" --include-ignored 2>&1 | log tests || failed=1
   return "$failed"
 }
@@ -144,8 +150,8 @@ bench() {
 # Seconds each step of `all` may take, and the measurements gpu_compare
 # makes there (docs/benchmarks.md, "the kit, and the one-step run"). `prepare`
 # writes the checkpoints while the tests run.
-ALL_LIMITS=(tests=90 python=90 prepare=180 compare=240 python-load=45)
-ALL_COMPARE=(--sizes 2,8 --runs 2 --cold-runs 1 --tp-runs 3 --budget-s 190)
+ALL_LIMITS=(tests=90 python=90 prepare=180 compare=285 python-load=45)
+ALL_COMPARE=(--sizes 2,8 --runs 2 --cold-runs 1 --tp-runs 3 --sweep-runs 2 --budget-s 235)
 ALL_PYTHON_LOAD=(--runs 5)
 
 limit_of() {

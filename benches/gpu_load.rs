@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench -p ptload-device --bench gpu_load -- FILE [--runs N] [--json]
 //!     [--cold] [--tp WORLD [--rank R] [--split-preset NAME]]
+//!     [--streams N] [--buffer-mib N] [--fill map|read] [--keep]
 //! ```
 //!
 //! `benches/gpu_compare.py` runs it on 2 GB and 8 GB checkpoints next to
@@ -38,6 +39,13 @@
 //!   of it. Above [`COLD_RESIDENT_MAX`] resident (a kernel that ignores the
 //!   advice, a file on tmpfs), or when `mincore` fails, the runs are
 //!   reported as not cold.
+//! - Staging (for tuning on the machine at hand, without a rebuild):
+//!   `--streams N` copy workers and streams (default 4), `--buffer-mib N`
+//!   per pinned buffer (default 32), `--fill read` fills them by
+//!   positioned reads of the file instead of copies from the map, `--keep`
+//!   keeps the pinned buffers from one load to the next (the unmeasured
+//!   first load pins them; the memory budget then counts the pool it
+//!   keeps).
 //! - Host memory: a thread reads `/proc/self/status` about every
 //!   millisecond during each measured load. ptload's host memory is the
 //!   peak of RssAnon + RssShmem above their sum just before the load; the
@@ -63,14 +71,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DevicePtr, DriverError};
-use ptload_device::{load, probe, LoadOptions, WorkerTime};
+use ptload_device::{load, probe, Fill, LoadOptions, Staging, WorkerTime};
 use ptload_reader::placement::{Device, DeviceMap, To};
 use ptload_reader::state_dict::StateDictOptions;
 use ptload_reader::tp::{Shard, Splits};
 use ptload_reader::Checkpoint;
 
-const USAGE: &str =
-    "usage: gpu_load FILE [--runs N] [--json] [--cold] [--tp WORLD [--rank R] [--split-preset NAME]]";
+const USAGE: &str = "usage: gpu_load FILE [--runs N] [--json] [--cold] [--tp WORLD [--rank R] [--split-preset NAME]] [--streams N] [--buffer-mib N] [--fill map|read] [--keep]";
 
 const CUDA0: Device = Device::Cuda(0);
 
@@ -95,6 +102,7 @@ struct Args {
     json: bool,
     cold: bool,
     tp: Option<Tp>,
+    staging: Staging,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -105,6 +113,7 @@ fn parse_args() -> Result<Args, String> {
     let mut world = None;
     let mut rank = None;
     let mut preset = None;
+    let mut staging = Staging::default();
     let mut args = std::env::args_os().skip(1);
     let number = |args: &mut dyn Iterator<Item = std::ffi::OsString>, what: &str| {
         args.next()
@@ -123,6 +132,25 @@ fn parse_args() -> Result<Args, String> {
                     .ok_or("--runs needs a positive number")?;
             }
             Some("--tp") => world = Some(number(&mut args, "--tp")?),
+            Some("--streams") => {
+                staging.streams_per_device = Some(number(&mut args, "--streams")?)
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or("--streams needs a number from 1 to 64")?;
+            }
+            Some("--buffer-mib") => {
+                staging.buffer_bytes = Some(number(&mut args, "--buffer-mib")?)
+                    .filter(|n| (1..=1024).contains(n))
+                    .ok_or("--buffer-mib needs a number from 1 to 1024")?
+                    << 20;
+            }
+            Some("--fill") => {
+                staging.fill = match args.next().as_ref().and_then(|v| v.to_str()) {
+                    Some("map") => Fill::Map,
+                    Some("read") => Fill::Read,
+                    _ => return Err(format!("--fill takes map or read\n{USAGE}")),
+                };
+            }
+            Some("--keep") => staging.keep = true,
             Some("--rank") => rank = Some(number(&mut args, "--rank")?),
             Some("--split-preset") => {
                 preset = Some(
@@ -165,6 +193,7 @@ fn parse_args() -> Result<Args, String> {
         json,
         cold,
         tp,
+        staging,
     })
 }
 
@@ -487,6 +516,7 @@ fn ptload_run(
     file: &Path,
     gpus: &ptload_device::Gpus,
     options: &StateDictOptions,
+    staging: Staging,
 ) -> Result<Run, String> {
     let sampler = Sampler::start();
     let faults_before = faults();
@@ -498,14 +528,12 @@ fn ptload_run(
             .map_err(|e| format!("state dict: {e}"))?;
         let split = selection.iter().filter(|e| e.slice.is_some()).count();
         let plan = DeviceMap::new(&ckpt, &mut To(CUDA0)).map_err(|e| format!("plan: {e}"))?;
-        let loaded = load(
-            Arc::clone(&ckpt),
-            &selection,
-            &plan,
-            gpus,
-            &LoadOptions::default(),
-        )
-        .map_err(|e| format!("load: {e}"))?;
+        let opts = LoadOptions {
+            staging,
+            ..Default::default()
+        };
+        let loaded = load(Arc::clone(&ckpt), &selection, &plan, gpus, &opts)
+            .map_err(|e| format!("load: {e}"))?;
         Ok::<_, String>((loaded, split))
     })();
     let seconds = start.elapsed().as_secs_f64();
@@ -620,7 +648,7 @@ fn measure(args: &Args, gpus: &ptload_device::Gpus) -> Result<ExitCode, String> 
     }
 
     // Unmeasured: checks the placement before anything is timed.
-    let first = ptload_run(&args.file, gpus, &options)?;
+    let first = ptload_run(&args.file, gpus, &options, args.staging)?;
     if !first.fallbacks.is_empty() {
         eprintln!(
             "gpu_load: {} of {} tensors did not land on cuda:0, so no figure would mean anything:",
@@ -650,7 +678,7 @@ fn measure(args: &Args, gpus: &ptload_device::Gpus) -> Result<ExitCode, String> 
         if args.cold {
             resident_before.push(make_cold(&args.file));
         }
-        let run = ptload_run(&args.file, gpus, &options)?;
+        let run = ptload_run(&args.file, gpus, &options, args.staging)?;
         if !run.fallbacks.is_empty() || run.bytes != first.bytes {
             eprintln!(
                 "gpu_load: a measured run placed {} bytes on cuda:0 (first: {}), {} tensors elsewhere:",
@@ -666,6 +694,9 @@ fn measure(args: &Args, gpus: &ptload_device::Gpus) -> Result<ExitCode, String> 
         runs.push(run);
     }
 
+    if args.staging.keep {
+        ptload_device::release_staging();
+    }
     let report = Report::new(args, &first, &pinned, &runs, &resident_before, file_bytes);
     let machine = format!(
         "{} ({} threads), {} {}",
@@ -701,6 +732,9 @@ struct Report<'a> {
     tensors: usize,
     split: usize,
     bytes: u64,
+    /// Pinned bytes the unmeasured first load allocated (with `--keep`,
+    /// the pool the measured loads reuse).
+    first_pinned: usize,
     pinned: &'a Pinned,
     runs: &'a [Run],
     /// `--cold`: the share of the file cached before each measured run.
@@ -722,6 +756,7 @@ impl<'a> Report<'a> {
             tensors: first.tensors,
             split: first.split,
             bytes: first.bytes,
+            first_pinned: first.pinned_bytes,
             pinned,
             runs,
             resident_before,
@@ -752,9 +787,15 @@ impl<'a> Report<'a> {
         self.resident_max().is_some_and(|r| r <= COLD_RESIDENT_MAX)
     }
 
-    /// The staging pool of the load: the most any run allocated.
+    /// The staging pool of the load: the most any run allocated, or with
+    /// `--keep` the pool the first load pinned and the others reuse.
     fn pinned_bytes(&self) -> usize {
-        self.runs.iter().map(|r| r.pinned_bytes).max().unwrap_or(0)
+        let most = self.runs.iter().map(|r| r.pinned_bytes).max().unwrap_or(0);
+        if self.args.staging.keep {
+            most.max(self.first_pinned)
+        } else {
+            most
+        }
     }
 
     fn memory_budget(&self) -> u64 {
@@ -811,6 +852,12 @@ impl<'a> Report<'a> {
             "tensors": self.tensors,
             "storage_bytes": self.bytes,
             "runs": self.args.runs,
+            "staging": {
+                "streams": self.args.staging.streams_per_device,
+                "buffer_bytes": self.args.staging.buffer_bytes,
+                "fill": match self.args.staging.fill { Fill::Map => "map", Fill::Read => "read" },
+                "keep": self.args.staging.keep,
+            },
             "tp": self.args.tp.as_ref().map(|tp| serde_json::json!({
                 "world": tp.world, "rank": tp.rank, "split_preset": tp.preset,
                 "split_tensors": self.split,
@@ -864,6 +911,17 @@ impl<'a> Report<'a> {
             self.bytes as f64 / 1e6,
             self.file_bytes as f64 / 1e6,
             a.runs
+        );
+        let st = &a.staging;
+        println!(
+            "staging: {} streams x 2 buffers of {} MiB, filled from {}{}",
+            st.streams_per_device,
+            st.buffer_bytes >> 20,
+            match st.fill {
+                Fill::Map => "the map",
+                Fill::Read => "positioned reads",
+            },
+            if st.keep { ", kept between loads" } else { "" }
         );
         if let Some(tp) = &a.tp {
             println!(
