@@ -1016,8 +1016,9 @@ impl Selection {
     /// ptload-device's pipeline (the GIL released), file by file: whole
     /// storages, and a rank's slices gathered from the map straight into
     /// the staging buffers. `progress` is called with the bytes placed so
-    /// far. A tensor that cannot go (the device lacks memory, a dtype
-    /// DLPack has no code for) says why; the caller moves it itself.
+    /// far. A tensor that cannot go (the device lacks memory, a quantized
+    /// tensor, which torch cannot make from device bytes) says why; the
+    /// caller moves it itself.
     #[pyo3(signature = (ordinal, progress=None))]
     fn upload(
         &self,
@@ -1075,7 +1076,8 @@ struct PlacedTensors {
 #[pymethods]
 impl PlacedTensors {
     /// A DLPack capsule of tensor `index` on its GPU (its dtype, shape and
-    /// strides), or None when it is not on one.
+    /// strides), or None when it is not on one or DLPack has no code for
+    /// its dtype (see [`raw`](Self::raw)).
     fn capsule<'py>(&self, py: Python<'py>, index: usize) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(Ok((storage, info))) = self.tensors.get(index) else {
             return Ok(None);
@@ -1087,6 +1089,30 @@ impl PlacedTensors {
         let offset = info.storage_offset.saturating_mul(size);
         let region = dlpack::Region::Cuda(Arc::clone(storage));
         dlpack::capsule(py, &region, offset, dl, size, &info.shape, &info.stride).map(Some)
+    }
+
+    /// Tensor `index` on its GPU as bytes: (a uint8 capsule of the bytes
+    /// its view spans, its shape, its strides from the first of them), for
+    /// a dtype DLPack has no code for (float8, complex32, unsigned 16 to
+    /// 64 bits), which the caller views as its own; None when it is not
+    /// on a GPU.
+    #[allow(clippy::type_complexity)]
+    fn raw<'py>(
+        &self,
+        py: Python<'py>,
+        index: usize,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, Vec<u64>, Vec<u64>)>> {
+        let Some(Ok((storage, info))) = self.tensors.get(index) else {
+            return Ok(None);
+        };
+        let size = info.dtype.size() as u64;
+        let span = dlpack::extent(&info.shape, &info.stride, size)
+            .ok_or_else(|| Error::new_err(format!("{}: its extent overflows", info.name)))?;
+        let offset = info.storage_offset.saturating_mul(size);
+        let region = dlpack::Region::Cuda(Arc::clone(storage));
+        let u8 = dlpack::dl_dtype(DType::U8).expect("uint8");
+        let c = dlpack::capsule(py, &region, offset, u8, 1, &[span], &[1])?;
+        Ok(Some((c, info.shape.clone(), info.stride.clone())))
     }
 
     /// (index, why) for each tensor that is not on a GPU.
@@ -1176,6 +1202,20 @@ fn place_selection(
             continue;
         }
         let ckpt = file.checkpoint();
+        // A quantized tensor stays for the caller to move: torch makes
+        // none from device bytes, so an upload of it would be wasted.
+        let positions: Vec<usize> = positions
+            .into_iter()
+            .filter(|&i| {
+                let quantized = entries[i]
+                    .view(ckpt)
+                    .is_some_and(|v| v.info().quantization.is_some());
+                if quantized {
+                    out[i] = Err("quantized: torch makes none from device memory".to_owned());
+                }
+                !quantized
+            })
+            .collect();
         let mine: Vec<Selected> = positions
             .iter()
             .map(|&i| {

@@ -248,3 +248,20 @@ def test_a_ranks_slices_go_to_the_gpu_through_the_pipeline(gpus, world):
                 sliced += 1
             assert ours[name].shape == t.shape and torch.equal(ours[name], t), name
         assert sliced >= 7
+
+
+def test_a_selection_of_every_dtype_goes_to_the_gpu_once(gpus):
+    """Through the selection path (``shard=(0, 1)``), every dtype of
+    dtypes.pt lands on cuda:0 as one capsule per tensor: typed where DLPack
+    has a code for the dtype, bytes viewed as torch's dtype where it has
+    none (float8, unsigned 16 to 64 bits); none is moved by ``Tensor.to``
+    (which would fail here) or uploaded twice."""
+    want = ptload.torch.load_file(fixture("dtypes.pt"), key="all")
+    before = len(gpus.devices)
+    ours = ptload.torch.load_file(fixture("dtypes.pt"), device="cuda:0", key="all", shard=(0, 1))
+    assert list(ours) == list(want) and want
+    assert len(gpus.devices) - before == len(ours)
+    for name, t in want.items():
+        assert ours[name].dtype == t.dtype and ours[name].shape == t.shape, name
+        raw = lambda x: x.reshape(-1).contiguous().view(torch.uint8)  # noqa: E731
+        assert torch.equal(raw(ours[name]), raw(t)), name

@@ -160,6 +160,20 @@ pub fn release_staging() -> usize {
     bytes
 }
 
+/// Keep `buffer`, made on device `ordinal`'s context, for a later load;
+/// past [`MOST_KEPT`] it is freed (outside the lock: freeing pinned
+/// memory can take a while).
+fn keep(ordinal: u32, buffer: PinnedHostSlice<u8>) {
+    let refused = match KEPT.lock() {
+        Ok(mut kept) if kept.len() < MOST_KEPT => {
+            kept.push((ordinal, buffer));
+            None
+        }
+        _ => Some(buffer),
+    };
+    drop(refused);
+}
+
 /// A kept buffer made on device `ordinal`'s context holding at least
 /// `bytes`, if any.
 fn take_kept(ordinal: u32, bytes: usize) -> Option<PinnedHostSlice<u8>> {
@@ -612,11 +626,9 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
         // Every copy out of the buffers is done: they may serve another
         // load.
         if shared.keep {
-            if let Ok(mut kept) = KEPT.lock() {
-                for slot in slots.drain(..) {
-                    if let (Buffer::Pinned(b), true) = (slot.buffer, kept.len() < MOST_KEPT) {
-                        kept.push((shared.ordinal, b));
-                    }
+            for slot in slots.drain(..) {
+                if let Buffer::Pinned(b) = slot.buffer {
+                    keep(shared.ordinal, b);
                 }
             }
         }
@@ -628,38 +640,39 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
 /// context.
 fn new_slot(shared: &Shared<'_, '_>) -> Result<Slot, String> {
     let ctx = shared.ctx;
-    let kept = shared
-        .keep
-        .then(|| take_kept(shared.ordinal, shared.pool.buffer))
-        .flatten();
-    let buffer = guarded(|| {
-        if let Some(b) = kept {
-            return Ok(Buffer::Pinned(b));
-        }
-        // SAFETY: page-locked host memory, uninitialized; only the bytes
-        // a run writes are ever passed to a copy. PORTABLE makes it
-        // usable from every context, not write-combined so staging reads
-        // stay fast.
-        let pinned = unsafe {
-            ctx.alloc_pinned_with_flags::<u8>(shared.pool.buffer, sys::CU_MEMHOSTALLOC_PORTABLE)
-        };
-        Ok(match pinned {
-            Ok(p) => {
-                shared
-                    .pinned
-                    .fetch_add(shared.pool.buffer, Ordering::Relaxed);
-                Buffer::Pinned(p)
-            }
-            // Fewer pinned bytes than asked for: pageable copies instead.
-            Err(_) => Buffer::Pageable(vec![0; shared.pool.buffer]),
-        })
-    })?;
     // Blocking: a thread waiting for a copy sleeps instead of spinning
-    // on a core the other workers need for staging.
+    // on a core the other workers need for staging. Made first, so that
+    // a failure here leaves a kept buffer kept.
     let event = guarded(|| {
         ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
             .map_err(text)
     })?;
+    let kept = shared
+        .keep
+        .then(|| take_kept(shared.ordinal, shared.pool.buffer))
+        .flatten();
+    let buffer = match kept {
+        Some(b) => Buffer::Pinned(b),
+        None => guarded(|| {
+            // SAFETY: page-locked host memory, uninitialized; only the
+            // bytes a run writes are ever passed to a copy. PORTABLE makes
+            // it usable from every context, not write-combined so staging
+            // reads stay fast.
+            let pinned = unsafe {
+                ctx.alloc_pinned_with_flags::<u8>(shared.pool.buffer, sys::CU_MEMHOSTALLOC_PORTABLE)
+            };
+            Ok(match pinned {
+                Ok(p) => {
+                    shared
+                        .pinned
+                        .fetch_add(shared.pool.buffer, Ordering::Relaxed);
+                    Buffer::Pinned(p)
+                }
+                // Fewer pinned bytes than asked for: pageable copies instead.
+                Err(_) => Buffer::Pageable(vec![0; shared.pool.buffer]),
+            })
+        })?,
+    };
     Ok(Slot {
         buffer,
         event,

@@ -256,7 +256,13 @@ fn place_rest(
                         let len = usize::try_from(runs.bytes()).map_err(|_| {
                             LoadError::Access(format!("storage {storage}: a slice of {runs:?}"))
                         })?;
-                        let mut owned = vec![0; len];
+                        let mut owned = Vec::new();
+                        owned.try_reserve_exact(len).map_err(|_| {
+                            LoadError::Access(format!(
+                                "storage {storage}: cannot hold a slice of {len} bytes on the host"
+                            ))
+                        })?;
+                        owned.resize(len, 0);
                         runs.copy(ckpt.storage_bytes(storage)?, 0, &mut owned)
                             .ok_or_else(|| {
                                 LoadError::Access(format!(
@@ -814,7 +820,10 @@ fn layout(ckpt: &Checkpoint, sources: &[Source], members: &[usize]) -> (Vec<usiz
     for &k in members {
         offsets.push(total);
         let len = sources.get(k).map_or(0, |s| s.len(ckpt));
-        total = total.saturating_add(len.div_ceil(ARENA_ALIGN) * ARENA_ALIGN);
+        let padded = len
+            .checked_next_multiple_of(ARENA_ALIGN)
+            .unwrap_or(usize::MAX);
+        total = total.saturating_add(padded);
     }
     (offsets, total)
 }

@@ -326,12 +326,20 @@ class safe_open:
         set's or a rank's tensor), else None."""
         if self._placed is None:
             return None
-        capsule = self._placed.capsule(self._index[name])
-        if capsule is None:
-            return None
+        info = self._info(name)
+        index = self._index[name]
         from . import _storages
 
-        return _storages._from_dlpack(capsule)
+        capsule = self._placed.capsule(index)
+        if capsule is not None:
+            return _storages._from_dlpack(capsule)
+        # A dtype DLPack has no code for: its bytes, viewed as torch's.
+        raw = self._placed.raw(index)
+        dtype = _storages._DTYPES.get(info.dtype)
+        if raw is None or dtype is None:
+            return None
+        capsule, shape, stride = raw
+        return _storages._from_dlpack(capsule).view(dtype).as_strided(shape, stride, 0)
 
     def _uploaded(self, name):
         """Whether ``name``'s storage was uploaded by :meth:`_upload`."""

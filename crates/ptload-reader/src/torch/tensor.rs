@@ -171,7 +171,9 @@ impl TensorInfo {
         let len = run.checked_mul(elem)?;
         let step = step.unwrap_or(run).checked_mul(elem)?;
         let first = self.storage_offset.checked_mul(elem)?;
-        let end = (count - 1)
+        // A dimension of size 0 with elements claimed: not a view at all.
+        let end = count
+            .checked_sub(1)?
             .checked_mul(step)?
             .checked_add(first)?
             .checked_add(len)?;
@@ -694,6 +696,11 @@ mod tests {
         assert!(view(DType::BF16, &[4, 3, 5], &[30, 5, 1], 15)
             .even_runs(len)
             .is_some());
+        // Elements claimed past a dimension of size 0 (the fields are
+        // public): refused, not underflowed.
+        let mut hollow = view(DType::BF16, &[0, 5], &[7, 1], 0);
+        hollow.numel = 5;
+        assert_eq!(hollow.even_runs(len), None);
         // Arithmetic that overflows is refused, not wrapped.
         assert_eq!(
             view(DType::F64, &[2, 2], &[u64::MAX / 4, 1], 0).even_runs(u64::MAX),
