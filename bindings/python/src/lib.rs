@@ -1334,6 +1334,42 @@ fn url_of(path: &str) -> Option<&str> {
 }
 
 /// Whether `path` is a URL ptload reads by ranges rather than a local path.
+/// Rule lists (`PATTERN=DEVICE[,PATTERN=DEVICE...]`) as the CLI's
+/// `--place` parses them: `(pattern, device)` pairs, devices normalised
+/// (`cuda` is `cuda:0`). A bad rule is a ValueError naming it.
+#[pyfunction]
+fn parse_place(lists: Vec<String>) -> PyResult<Vec<(String, String)>> {
+    let rules = ptload_reader::placement::ByName::parse(&lists)
+        .map_err(|e| PyValueError::new_err(e.message().to_owned()))?;
+    Ok(rules
+        .0
+        .into_iter()
+        .map(|(pattern, device)| (pattern, device.to_string()))
+        .collect())
+}
+
+/// A device as the placements take it (`cpu`, `cuda`, `cuda:N`, `meta`,
+/// any case), normalised; anything else is a ValueError.
+#[pyfunction]
+fn parse_device(text: &str) -> PyResult<String> {
+    text.parse::<Device>()
+        .map(|d| d.to_string())
+        .map_err(|e| PyValueError::new_err(e.message().to_owned()))
+}
+
+/// A budget as the CLI's `--budget` parses it (`0.9`, `90%`, `20GiB`,
+/// `512MB`, a byte count; a bare number from 2 to 999,999 is refused as a
+/// likely mistake): `("share", fraction, 0)` or `("bytes", 0.0, bytes)`.
+#[pyfunction]
+fn parse_budget(text: &str) -> PyResult<(&'static str, f64, u64)> {
+    use ptload_reader::placement::BudgetSpec;
+    match text.parse::<BudgetSpec>() {
+        Ok(BudgetSpec::Share(f)) => Ok(("share", f, 0)),
+        Ok(BudgetSpec::Bytes(b)) => Ok(("bytes", 0.0, b)),
+        Err(e) => Err(PyValueError::new_err(e.message().to_owned())),
+    }
+}
+
 #[pyfunction]
 fn is_url(path: &str) -> bool {
     url_of(path).is_some()
@@ -1439,6 +1475,9 @@ fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(describe_capsule, m)?)?;
     m.add_function(wrap_pyfunction!(open, m)?)?;
     m.add_function(wrap_pyfunction!(is_url, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_place, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_device, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_budget, m)?)?;
     m.add_function(wrap_pyfunction!(module_blocked, m)?)?;
     m.add_function(wrap_pyfunction!(select, m)?)?;
     Ok(())

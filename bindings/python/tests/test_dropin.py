@@ -7,6 +7,7 @@ import io
 import mmap
 import os
 import pickle
+import struct
 import sys
 import warnings
 import zipfile
@@ -74,8 +75,39 @@ def bad_legacy_magic():
     return bytes(data)
 
 
+def _zip_entries(data):
+    """``(name, local header offset, data start, size)`` of each entry of
+    the zip ``data``, in the file's order."""
+    out = []
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        for info in z.infolist():
+            at = info.header_offset
+            name_len, extra_len = struct.unpack("<HH", data[at + 26 : at + 30])
+            out.append((info.filename, at, at + 30 + name_len + extra_len, info.compress_size))
+    return out
+
+
+def _flipped(data, at):
+    out = bytearray(data)
+    out[at] ^= 0xFF
+    return bytes(out)
+
+
+def pickle_byte_flipped():
+    """A byte flipped inside data.pkl's first string (a key): torch's
+    unpickler fails on it; ptload's checksum of the record refuses it."""
+    data = saved({"weight": torch.ones(4)})
+    name, _, start, size = _zip_entries(data)[0]
+    assert name.endswith("data.pkl")
+    return _flipped(data, data.index(b"weight", start, start + size) + 2)
+
+
 CASES = {
     "not a checkpoint": (b"data that is no checkpoint at all", {}),
+    "plain text": (b"hello world, this is just text\n", {}),
+    "plain text popping": (b"some plain text\n", {}),
+    "zip cut short by 10 bytes": (saved({"w": torch.ones(4)})[:-10], {}),
+    "byte flipped in data.pkl": (pickle_byte_flipped(), {}),
     "empty": (b"", {}),
     "truncated zip": (truncated_zip(), {}),
     "bad legacy magic number": (bad_legacy_magic(), {}),
@@ -102,6 +134,90 @@ def test_errors_are_what_torch_raises(case):
     assert ours.kind and type(ours).__module__ == "ptload"
 
 
+def _corruptions():
+    """Every kind of record of both layouts damaged: a byte flipped in the
+    middle of each zip entry and in its local header, the central
+    directory and its end record, truncations; a byte flipped every few
+    bytes of a legacy file (magic number, protocol, sys_info, the object
+    pickle, the storage keys, storage data) and truncations."""
+    zipped = saved({"w": torch.arange(6.0), "n": 3, "s": "text"})
+    cases = {}
+    for name, header, start, size in _zip_entries(zipped):
+        cases[f"zip {name}: byte flipped"] = _flipped(zipped, start + size // 2)
+        cases[f"zip {name}: local header"] = _flipped(zipped, header)
+    cases["zip central directory"] = _flipped(zipped, zipped.rindex(b"PK\x01\x02"))
+    cases["zip end record"] = _flipped(zipped, zipped.rindex(b"PK\x05\x06"))
+    for cut in (1, 22, 100, len(zipped) // 2, len(zipped) - 10):
+        cases[f"zip cut by {cut}"] = zipped[:-cut]
+    legacy = saved({"w": torch.arange(6.0), "n": 3}, _use_new_zipfile_serialization=False)
+    for at in range(0, len(legacy), 7):
+        cases[f"legacy byte {at} flipped"] = _flipped(legacy, at)
+    for cut in (1, 10, len(legacy) // 2, len(legacy) - 4):
+        cases[f"legacy cut by {cut}"] = legacy[:-cut]
+    return cases
+
+
+CORRUPTIONS = _corruptions()
+# Records torch parses and ptload does not need to read the tensors: torch
+# fails on their damage; ptload reads the checkpoint intact (docs/python.md).
+UNREAD_RECORDS = (".storage_alignment", "serialization_id")
+
+
+def _outcome(load, data):
+    try:
+        return load(io.BytesIO(data)), None
+    except Exception as e:  # noqa: BLE001 - the exception is the answer
+        return None, e
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_corruptions_raise_what_torch_raises(case):
+    """For each damaged file, in this run: where torch raises, ptload
+    raises a ptload.Error that is also torch's class; where torch loads,
+    ptload loads the same values."""
+    data = CORRUPTIONS[case]
+    theirs, their_error = _outcome(torch.load, data)
+    ours, our_error = _outcome(ptload.torch.load, data)
+    if their_error is None:
+        assert our_error is None, f"{case}: torch loads it; ptload raised {our_error!r}"
+        assert list(ours) == list(theirs)
+        for k, v in theirs.items():
+            assert torch.equal(ours[k], v) if isinstance(v, torch.Tensor) else ours[k] == v
+        return
+    if our_error is None and any(r in case for r in UNREAD_RECORDS):
+        assert torch.equal(ours["w"], torch.arange(6.0))
+        return
+    assert isinstance(our_error, ptload.Error), f"{case}: ptload loaded what torch refuses ({their_error!r})"
+    assert isinstance(our_error, type(their_error)), (
+        f"{case}: torch raises {type(their_error).__name__} ({their_error}); ptload's "
+        f"{type(our_error).__name__} ({our_error}) is not one"
+    )
+
+
+def test_mmap_of_a_legacy_file_is_refused_as_torch_refuses_it(tmp_path):
+    path = tmp_path / "legacy.pt"
+    path.write_bytes(saved({"w": torch.ones(3)}, _use_new_zipfile_serialization=False))
+    with pytest.raises(RuntimeError, match="mmap can only be used") as theirs:
+        torch.load(path, mmap=True)
+    with pytest.raises(ptload.Error, match="mmap can only be used") as ours:
+        ptload.torch.load(path, mmap=True)
+    assert isinstance(ours.value, type(theirs.value))
+    assert torch.equal(ptload.torch.load(path)["w"], torch.ones(3))
+
+
+def test_error_classes_read_and_pickle_as_before():
+    """The widened classes keep their message as str() (KeyError would
+    quote it) and survive pickling, as multiprocessing sends them."""
+    with pytest.raises(ptload.Error) as info:
+        ptload.torch.load(io.BytesIO(CASES["plain text"][0]))
+    assert not str(info.value).startswith(("'", '"'))
+    for case in ("plain text", "byte flipped in data.pkl"):
+        with pytest.raises(ptload.Error) as info:
+            ptload.torch.load(io.BytesIO(CASES[case][0]))
+        again = pickle.loads(pickle.dumps(info.value))
+        assert type(again) is type(info.value) and str(again) == str(info.value)
+
+
 def test_invalid_objects_keep_torchs_words():
     """A sparse tensor torch refuses: torch's message, so tests matching
     it match ours."""
@@ -121,6 +237,32 @@ def test_python2_strings_decode_as_torch_decodes_them():
         assert torch.equal(next(iter(ours.values())), next(iter(theirs.values())))
     ascii_key = legacy_with_py2_key(b"key")
     assert list(ptload.torch.load(io.BytesIO(ascii_key), encoding="ascii")) == ["key"]
+
+
+def test_an_inert_module_explains_itself():
+    """A whole-model pickle under weights_only=False: calling a method of
+    its class says what the record is and what it offers, and its
+    state_dict() is torch's."""
+    with pytest.warns(UserWarning, match="ptload ran nothing"):
+        model = ptload.torch.load(fixture("whole_module.pt"), weights_only=False)
+    with pytest.raises(AttributeError) as info:
+        model.eval()
+    text = str(info.value)
+    assert "'eval'" in text and "ptload.Inert record of __main__.WholeNet" in text
+    assert ".state_dict()" in text and "load_state_dict" in text and "allow_globals" in text
+    assert not hasattr(model, "__array_interface__")  # protocol probes stay plain
+    from test_torch_load import expected_tensors, reachable_tensors
+
+    assert expected_tensors("whole_module.pt") <= reachable_tensors(model.state_dict())
+
+
+def test_numpy_objects_are_not_called_inert_in_the_warning():
+    with pytest.warns(UserWarning) as record:
+        out = ptload.torch.load(fixture("training.ckpt"), weights_only=False)
+    text = " ".join(str(w.message) for w in record)
+    assert "ptload ran nothing" in text and "numpy" in text
+    assert "Inert records: numpy" not in text and "built from their data" in text
+    assert type(out["best_acc"]).__module__ == "numpy"
 
 
 @pytest.mark.parametrize("name", ["training.ckpt", "whole_module.pt", "training_rng.ckpt"])

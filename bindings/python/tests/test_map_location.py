@@ -154,8 +154,47 @@ def test_placements_from_load_fall_back_naming_tensors():
         ptload.torch.load(fixture("llama_tiny.pt"), balance=2, map_location="cpu")
     with pytest.raises(ValueError, match="budget"):
         ptload.torch.load(fixture("llama_tiny.pt"), budget=1.5)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match=r"place rule '\*': 'tpu:0'"):
         ptload.torch.load(fixture("llama_tiny.pt"), place={"*": "tpu:0"})
+
+
+def test_placements_parse_as_the_cli_parses_them():
+    """place= and budget= go through the reader's parsers, the ones the
+    CLI's --place and --budget use: the CLI's spellings work, its refusals
+    hold, and errors name the keyword and the rule."""
+    name = fixture("llama_tiny.pt")
+    theirs = torch.load(name, weights_only=True)
+    # Every storage to the host by a rule string, as --place spells it.
+    ours = ptload.torch.load(name, place="model.*=cpu,*=cpu")
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    ours = ptload.torch.load(name, place=["*embed*=cpu", ("*", torch.device("cpu"))])
+    assert all(ours[k].device.type == "cpu" for k in ours)
+    with pytest.raises(ValueError, match=r"place='encoder\.\*': .*PATTERN=DEVICE"):
+        ptload.torch.load(name, place="encoder.*")
+    with pytest.raises(ValueError, match=r"place rule '\*': 'gpu0': .*cpu, cuda, cuda:N, meta"):
+        ptload.torch.load(name, place={"*": "gpu0"})
+    with pytest.raises(TypeError, match="place rule 3"):
+        ptload.torch.load(name, place=[3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # no GPU here: all on the host
+        for budget in ("20GiB", "90%", 0.9, 20 << 30):
+            ptload.torch.load(name, budget=budget)
+    with pytest.raises(ValueError, match=r"budget=2: .*write the unit"):
+        ptload.torch.load(name, budget=2)
+    with pytest.raises(ValueError, match=r"budget='lots': "):
+        ptload.torch.load(name, budget="lots")
+    with pytest.raises(TypeError, match="budget"):
+        ptload.torch.load(name, budget=True)
+
+
+def test_a_strict_refusal_names_the_keyword_that_placed_it():
+    """A rule that sends storages to a GPU that is not there, with
+    strict=True: the error names place=, not map_location."""
+    with pytest.raises(ptload.DeviceError) as info:
+        ptload.torch.load(fixture("llama_tiny.pt"), place={"*": "cuda:63"}, strict=True)
+    assert "place=" in str(info.value) and "map_location" not in str(info.value)
+    with pytest.raises(ptload.DeviceError, match="pass map_location"):
+        ptload.torch.load(fixture("llama_tiny.pt"), map_location="cuda:63", strict=True)
 
 
 def test_a_mapper_can_place_by_tensor_name():

@@ -251,3 +251,25 @@ def test_the_pread_backend_reads_each_storage_into_memory_of_its_own(tmp_path):
             ours = got[k] if framework == "pt" else torch.from_numpy(np.ascontiguousarray(got[k]))
             assert torch.equal(ours, t), (framework, k, "changed with the file")
         shutil.copy(fixture("views.pt"), path)
+
+
+@pytest.mark.parametrize("name", ["legacy.pt", "legacy_views.pt"])
+def test_legacy_files_are_closed_after_use(name):
+    """load_file and safe_open (with or without ``with``) leave no file
+    open: no ResourceWarning under -X dev -W error."""
+    code = (
+        "import gc, ptload, ptload.torch\n"
+        f"p = {fixture(name)!r}\n"
+        "ptload.torch.load_file(p)\n"
+        "with ptload.safe_open(p, 'pt') as f:\n"
+        "    [f.get_tensor(k) for k in f.keys()]\n"
+        "f = ptload.safe_open(p, 'pt', backend='pread')\n"
+        "[f.get_tensor(k) for k in f.keys()]\n"
+        "del f\n"
+        "gc.collect()\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error::ResourceWarning", "-c", code],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0 and "ResourceWarning" not in run.stderr, run.stderr

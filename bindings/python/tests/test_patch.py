@@ -19,6 +19,7 @@ import importlib
 import inspect
 import io
 import json
+import logging
 import os
 import pathlib
 import pickle
@@ -154,14 +155,63 @@ def test_signature_and_identity_are_torch_loads():
         assert [(p.name, p.kind, p.default) for p in own.values()] == [
             (p.name, p.kind, p.default) for p in theirs.values()
         ]
-        assert torch.load.__doc__ == TORCH_LOAD.__doc__
         assert torch.load.__name__ == TORCH_LOAD.__name__
-        assert torch.load.__module__ == TORCH_LOAD.__module__
+
+
+def test_the_patch_can_be_seen():
+    """After patch(), torch.load says it is ptload's: patched(), its repr
+    (with the options in force), its docstring, and a DEBUG line per load."""
+    assert not ptload.patched()
+    with ptload.patch(unknown="inert"):
+        assert ptload.patched()
+        assert "ptload" in repr(torch.load) and "unknown='inert'" in repr(torch.load)
+        assert torch.load.__doc__.startswith("torch.load replaced by ptload.patch(unknown='inert')")
+        assert TORCH_LOAD.__doc__ in torch.load.__doc__
+        assert torch.load.__module__.startswith("ptload")
+    assert not ptload.patched()
+    assert "ptload" not in repr(torch.load)
+
+
+def test_each_patched_load_logs_one_debug_line(tmp_path, caplog):
+    path = tmp_path / "w.pt"
+    torch.save({"w": torch.ones(2)}, path)
+    with ptload.patch(), caplog.at_level(logging.DEBUG, logger="ptload"):
+        torch.load(path)
+        torch.load(path)
+    lines = [r for r in caplog.records if r.name == "ptload" and "ptload.torch.load" in r.getMessage()]
+    assert len(lines) == 2 and str(path) in lines[0].getMessage()
+
+
+def test_patch_takes_a_default_map_location(tmp_path, spy):
+    """map_location given to patch() applies to the calls that pass none;
+    a call's own wins."""
+    path = tmp_path / "w.pt"
+    torch.save({"w": torch.ones(2)}, path)
+    with ptload.patch(map_location="meta"):
+        assert torch.load(path)["w"].device.type == "meta"
+        assert torch.load(path, map_location="cpu")["w"].device.type == "cpu"
+
+
+def test_refusal_under_patch_names_patchs_options(tmp_path):
+    """Through from_pretrained no ptload keyword reaches torch.load: the
+    refusal names ptload.patch(allow_globals=...) and says weights_only=False
+    is safe under ptload."""
+    path = tmp_path / "ns.pt"
+    torch.save({"args": argparse.Namespace(lr=0.1), "w": torch.ones(2)}, path)
+    with ptload.patch(), pytest.raises(ptload.UnsafeGlobalError) as info:
+        torch.load(path)
+    assert "ptload.patch(allow_globals=[...])" in str(info.value)
+    assert "weights_only=False is safe" in str(info.value)
+    with pytest.raises(ptload.UnsafeGlobalError) as direct:
+        ptload.torch.load(path)
+    assert "ptload.patch" not in str(direct.value) and "allow_globals=[...]" in str(direct.value)
 
 
 def test_patch_takes_only_ptloads_options():
-    with pytest.raises(TypeError, match="weights_only"):
+    with pytest.raises(TypeError, match="weights_only=False is safe under ptload"):
         ptload.patch(weights_only=False)
+    with pytest.raises(TypeError, match="mmap"):
+        ptload.patch(mmap=True)
     with pytest.raises(TypeError, match="no_such_option"):
         ptload.patch(no_such_option=1)
     assert torch.load is TORCH_LOAD

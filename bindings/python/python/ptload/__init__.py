@@ -9,7 +9,8 @@
 - ``ptload.numpy``: numpy arrays without torch installed.
 - ``ptload.patch()``: ``torch.load`` in the process goes through
   ``ptload.torch.load`` (transformers, Lightning and old code unchanged);
-  ``ptload.unpatch()`` puts torch's back.
+  ``ptload.unpatch()`` puts torch's back; ``ptload.patched()`` says
+  whether it is in force.
 
 Every error is a ``ptload.Error``, of a class per kind that is also the
 exception torch raises in the same case (``ptload.ContainerError`` is a
@@ -21,6 +22,7 @@ Importing ``ptload`` or ``ptload.numpy`` never imports torch.
 
 from ._errors import (
     ContainerError,
+    CorruptRecordError,
     DecodeError,
     DeviceError,
     EmptyFileError,
@@ -36,13 +38,14 @@ from ._errors import (
 )
 from ._graph import Global, Inert
 from ._safe import safe_open
-from ._patch import patch, unpatch  # noqa: F401 - torch.load made ptload's, process-wide
+from ._patch import patch, patched, unpatch  # noqa: F401 - torch.load made ptload's, process-wide
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Error",
     "ContainerError",
+    "CorruptRecordError",
     "DecodeError",
     "DeviceError",
     "EmptyFileError",
@@ -58,6 +61,7 @@ __all__ = [
     "Inert",
     "safe_open",
     "patch",
+    "patched",
     "unpatch",
     "__version__",
 ]

@@ -10,6 +10,7 @@ import errno
 import io
 import os
 import pickle
+import struct
 import sys
 
 from ._ptload import Error
@@ -20,6 +21,7 @@ __all__ = [
     "EmptyFileError",
     "ContainerError",
     "PickleError",
+    "CorruptRecordError",
     "DecodeError",
     "UnsafeGlobalError",
     "TensorError",
@@ -69,23 +71,56 @@ Error.message = property(lambda self: str(self.args[0]) if self.args else "")
 Error.__reduce__ = _reduce
 
 
-class NotACheckpointError(Error, RuntimeError, pickle.UnpicklingError):
-    """The bytes are not a torch checkpoint (torch's unpickler refuses them
-    with ``UnpicklingError``; a magic-number check with ``RuntimeError``)."""
-
-
-class EmptyFileError(NotACheckpointError, EOFError):
-    """An empty file or stream: torch's ``EOFError: Ran out of input``."""
-
-
 class ContainerError(Error, RuntimeError):
     """A zip or legacy container that is malformed, or a layout ptload does
     not read: torch raises ``RuntimeError`` (``PytorchStreamReader failed
     ...``, ``Invalid magic number; corrupt file?``)."""
 
 
-class PickleError(Error, pickle.UnpicklingError):
-    """The pickle program is malformed."""
+# What torch's unpickler lets through on corrupt bytes, as the broken byte
+# leads it: its own refusal, a string that does not decode, a memo key or
+# stack slot that is not there, data that ends early, a struct too short.
+_CORRUPT_PICKLE = (pickle.UnpicklingError, UnicodeDecodeError, KeyError, IndexError, EOFError, struct.error)
+
+
+class PickleError(Error, *_CORRUPT_PICKLE):
+    """The pickle program is malformed. On such bytes torch's unpickler
+    raises whatever the broken byte leads it to (``UnpicklingError``,
+    ``UnicodeDecodeError``, ``KeyError``, ``IndexError``, ``EOFError``,
+    ``struct.error``); this error is each of them, so torch's ``except``
+    clauses catch it whichever byte broke."""
+
+    __str__ = Exception.__str__
+
+    def __init__(self, message, encoding="utf-8"):
+        UnicodeDecodeError.__init__(self, encoding, b"", 0, 0, message)
+        self.args = (message,)
+
+
+class NotACheckpointError(Error, RuntimeError, *_CORRUPT_PICKLE):
+    """The bytes are not a torch checkpoint. torch hands bytes that are no
+    zip to its unpickler, which fails as the first bytes lead it: a
+    magic-number check (``RuntimeError``), ``UnpicklingError``, or a
+    ``KeyError`` / ``IndexError`` / ``EOFError`` from the opcode a text
+    byte happens to be (``h`` reads the memo, ``s`` pops an empty stack);
+    this error is each of them, so torch's ``except`` clauses catch it."""
+
+    __str__ = Exception.__str__
+
+    def __init__(self, message, encoding="utf-8"):
+        UnicodeDecodeError.__init__(self, encoding, b"", 0, 0, message)
+        self.args = (message,)
+
+
+class EmptyFileError(NotACheckpointError, EOFError):
+    """An empty file or stream: torch's ``EOFError: Ran out of input``."""
+
+
+class CorruptRecordError(ContainerError, PickleError):
+    """A zip record torch parses (the pickle, ``byteorder``, ``version``...)
+    whose bytes fail their checksum or cannot be found: torch would have
+    parsed the damaged bytes and failed as a malformed pickle does, so this
+    is both a ``ContainerError`` and a ``PickleError``."""
 
 
 class DecodeError(Error, UnicodeDecodeError):
@@ -182,13 +217,25 @@ class IoError(Error, OSError):
 
 _BY_KIND["Io"] = IoError
 
-for _cls in list(_BY_KIND.values()) + [EmptyFileError, DeviceError, InvalidObjectError]:
+# The records of torch's zip layout that torch parses itself (the pickle
+# and the small text records); storages it only copies.
+_PARSED_RECORDS = ("byteorder", "version", ".format_version", ".storage_alignment", "serialization_id")
+
+
+def _parsed_by_torch(record):
+    name = record.rsplit("/", 1)[-1]
+    return name.endswith(".pkl") or name in _PARSED_RECORDS
+
+
+for _cls in list(_BY_KIND.values()) + [EmptyFileError, DeviceError, InvalidObjectError, CorruptRecordError]:
     _cls.__module__ = "ptload"
 
 
 def from_reader(kind, message, offset=None, record=None, tensor=None, encoding=None):
     """The exception for a reader error of ``kind``."""
     cls = _BY_KIND.get(kind, Error)
+    if kind == "Zip" and record and _parsed_by_torch(record):
+        cls = CorruptRecordError
     e = cls(message, encoding or "utf-8") if cls is DecodeError else cls(message)
     e.kind = kind
     e.offset = offset

@@ -137,7 +137,29 @@ class Inert:
                     return part[attr]
         if isinstance(state, dict) and attr in state:
             return state[attr]
-        raise AttributeError(attr)
+        if attr.startswith("__") and attr.endswith("__"):
+            # Protocol lookups (copy, pickle, numpy, IPython): the plain
+            # answer, as any object without them gives.
+            raise AttributeError(attr)
+        raise AttributeError(self._explain(attr))
+
+    def _explain(self, attr):
+        """Why ``attr`` is missing, and what the record offers instead."""
+        what = self.path if self.callee is None else f"the result of {self.callee!r}"
+        text = (
+            f"{attr!r}: this is a ptload.Inert record of {what}, an object the file describes "
+            f"that ptload did not build (it runs no code from the file), so it has no methods "
+            f"of its class. It offers .module, .name, .args, .state, .items and .list"
+        )
+        if _module_state(self) is not None:
+            text += (
+                "; as a pickled nn.Module, .state_dict() gives its tensors: build the model "
+                "with your own class and call model.load_state_dict(record.state_dict())"
+            )
+        return text + (
+            ". To build it for real from a file you trust, pass "
+            f"allow_globals=[{self.path!r}] (its class is then imported and called)."
+        )
 
 
 def _module_state(record):
@@ -293,6 +315,14 @@ PLAIN_TYPE_NAMES = sorted(
     {f"{m}.{n}" for m, n in PLAIN_TYPES}
     | {f"{m}.{n}" for m, n in PLAIN_NEW}
     | {"collections.defaultdict"}
+)
+
+# The numpy globals the reader decodes itself (torch's full unpickler would
+# import them): their objects come back as real numpy scalars, dtypes and
+# arrays, not as Inert records.
+NUMPY_BUILT_NAMES = frozenset(
+    {f"numpy.{core}.multiarray.{n}" for core in ("core", "_core") for n in ("scalar", "_reconstruct")}
+    | {"numpy.dtype", "numpy.ndarray"}
 )
 
 

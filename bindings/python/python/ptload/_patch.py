@@ -13,18 +13,25 @@ The replacement has ``torch.load``'s signature and passes every argument
 through unchanged (``encoding`` from ``**pickle_load_args``); keywords
 given to ``patch()`` are ptload's own options (``unknown``,
 ``allow_globals``, ``strict``, ``progress``...) added to every call, where
-a call's own keywords win. Both ``torch.load`` and
+a call's own keywords win. ``map_location`` may be given too: it applies
+to the calls that pass none. Both ``torch.load`` and
 ``torch.serialization.load`` are replaced; a module that took its own
 reference to ``torch.load`` before ``patch()`` (``from torch import load``)
 keeps torch's.
+
+``ptload.patched()`` says whether the patch is in force, ``repr(torch.load)``
+names ptload and the options, and each load logs one line at ``DEBUG`` on
+the ``ptload`` logger.
 """
 
-import functools
+import contextvars
 import inspect
+import logging
+import os
 import threading
-from typing import Any
+from typing import Any, Optional
 
-__all__ = ["patch", "unpatch"]
+__all__ = ["patch", "unpatch", "patched"]
 
 _lock = threading.Lock()
 
@@ -62,30 +69,87 @@ def _check_options(defaults):
         if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in theirs
     )
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ours.values())
-    wrong = sorted(k for k in defaults if k in theirs or not (takes_any or k in options))
+    # map_location is the one torch argument a program may want for every
+    # load (a checkpoint saved on a GPU this machine lacks): a default for
+    # the calls that give none.
+    wrong = sorted(
+        k
+        for k in defaults
+        if (k in theirs and k != "map_location") or not (takes_any or k in options or k in theirs)
+    )
     if wrong:
+        why = ""
+        if "weights_only" in wrong:
+            why = (
+                "; weights_only is each call's own, and weights_only=False is safe under "
+                "ptload: it runs nothing from the file either"
+            )
         raise TypeError(
-            f"patch() takes ptload.torch.load's own options ({', '.join(options)}), "
-            f"not {', '.join(wrong)}"
+            f"patch() takes map_location (for calls that give none) and ptload.torch.load's "
+            f"own options ({', '.join(options)}), not {', '.join(wrong)}{why}"
         )
 
 
-def _wrapper(originals, defaults):
-    """A function with torch.load's signature that loads with ptload."""
+_log = logging.getLogger("ptload")
 
-    @functools.wraps(originals[0])
-    def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None, **pickle_load_args):
+# Set while a patched torch.load runs, so the refusals it raises name
+# ptload.patch()'s options (a library's from_pretrained passes no ptload
+# keyword through to torch.load).
+_in_patch: contextvars.ContextVar = contextvars.ContextVar("ptload_in_patch", default=False)
+
+
+def in_patch() -> bool:
+    """Whether the current load came through a patched ``torch.load``."""
+    return _in_patch.get()
+
+
+class _PatchedLoad:
+    """``torch.load`` as :func:`patch` makes it: torch.load's signature
+    (``inspect.signature`` follows ``__wrapped__`` to torch's), ptload's
+    loader behind it, and a repr and docstring that say so."""
+
+    def __init__(self, originals, defaults):
+        self.__ptload_defaults__ = dict(defaults)
+        self.__ptload_originals__ = originals
+        self.__wrapped__ = originals[0]
+        self.__name__ = getattr(originals[0], "__name__", "load")
+        self.__qualname__ = self.__name__
+        self.__module__ = __name__
+        shown = "".join(f", {k}={v!r}" for k, v in sorted(self.__ptload_defaults__.items()))
+        self._shown = shown
+        self.__doc__ = (
+            f"torch.load replaced by ptload.patch({shown.lstrip(', ')}): the checkpoint is read "
+            "by ptload.torch.load, which never runs code from the file; ptload.unpatch() puts "
+            "torch's function back.\n\ntorch's own documentation:\n\n"
+            + (getattr(originals[0], "__doc__", None) or "")
+        )
+
+    def __call__(
+        self, f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None, **pickle_load_args
+    ):
         # Looked up at each call, so importing ptload never imports torch.
         from . import torch as ptorch
 
-        options = {**defaults, **pickle_load_args}
-        return ptorch.load(
-            f, map_location, pickle_module, weights_only=weights_only, mmap=mmap, **options
+        options = {**self.__ptload_defaults__, **pickle_load_args}
+        if map_location is None:
+            map_location = options.pop("map_location", None)
+        else:
+            options.pop("map_location", None)
+        _log.debug(
+            "torch.load(%r) read by ptload.torch.load (ptload.patch options: %s)",
+            f if isinstance(f, (str, os.PathLike)) else type(f).__name__,
+            self._shown.lstrip(", ") or "none",
         )
+        token = _in_patch.set(True)
+        try:
+            return ptorch.load(
+                f, map_location, pickle_module, weights_only=weights_only, mmap=mmap, **options
+            )
+        finally:
+            _in_patch.reset(token)
 
-    load.__ptload_defaults__ = dict(defaults)
-    load.__ptload_originals__ = originals
-    return load
+    def __repr__(self):
+        return f"<torch.load patched by ptload.patch({self._shown.lstrip(', ')}): ptload.torch.load>"
 
 
 class _Patched:
@@ -120,7 +184,7 @@ def patch(**defaults: Any) -> "_Patched":
         previous = _current()
         current = getattr(previous[0], "__ptload_defaults__", None)
         if current is None or not _same(current, defaults) or previous[1] is not previous[0]:
-            wrapper = _wrapper(_originals(previous), defaults)
+            wrapper = _PatchedLoad(_originals(previous), defaults)
             _install((wrapper, wrapper))
     return _Patched(previous)
 
@@ -130,6 +194,17 @@ def _same(a, b):
         return bool(a == b)
     except Exception:  # noqa: BLE001 - options that cannot be compared differ
         return False
+
+
+def patched() -> bool:
+    """Whether ``torch.load`` is ptload's now (made so by :func:`patch`);
+    ``repr(torch.load)`` names the options in force."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    return isinstance(getattr(torch, "load", None), _PatchedLoad)
 
 
 def unpatch() -> None:

@@ -255,7 +255,15 @@ class safe_open:
         return self
 
     def __exit__(self, *exc):
+        self.close()
         return False
+
+    def close(self) -> None:
+        """Close the file kept open for reading storages (a legacy file's,
+        or with ``backend="pread"``); tensors already made stay valid, and a
+        later read opens it again. The end of a ``with`` block calls it."""
+        if self._torch_storages is not None:
+            self._torch_storages.close()
 
     def keys(self) -> List[str]:
         """The tensors' names, sorted (as safetensors gives them)."""

@@ -234,9 +234,16 @@ class _Storages:
         self.on_host = set()  # storages kept on the host instead of a GPU
         placer = _placer(map_location, self.names)
         self._targets = None
+        # The keywords that chose each storage's device where they did
+        # (a strict refusal names them, not map_location).
+        self._chosen_by = None
         if placement is not None:
             # place/budget/balance decide first; map_location the rest.
             decided = ckpt.placement(**placement)
+            chooser = " or ".join(
+                f"{k}=" for k in ("place", "budget", "balance") if placement.get(k)
+            )
+            self._chosen_by = [chooser if d is not None else None for d in decided]
             self._targets = [
                 d if d is not None else placer(n, i.key, i.location, i.nbytes)
                 for n, (d, i) in enumerate(zip(decided, self.infos))
@@ -300,10 +307,13 @@ class _Storages:
         location = info.location
         what = _storage_words(self.names(index), info.key)
         if self.strict:
-            raise DeviceError(
-                f"{what} saved on {location} cannot go to {device}: {why} "
-                "(strict=True; pass map_location to choose another device)"
+            chooser = self._chosen_by[index] if self._chosen_by is not None else None
+            advice = (
+                f"{chooser} put it there; change it, or pass strict=False to keep it on the host"
+                if chooser
+                else "pass map_location to choose another device"
             )
+            raise DeviceError(f"{what} saved on {location} cannot go to {device}: {why} (strict=True; {advice})")
         self.fallbacks.append((what, location, str(device), why))
 
     def names(self, index):
@@ -425,9 +435,15 @@ class _Storages:
         return flat
 
     def close(self):
-        if self._file is not None:
-            self._file.close()
+        f = getattr(self, "_file", None)  # None too when __init__ failed early
+        if f is not None:
             self._file = None
+            f.close()
+
+    def __del__(self):
+        # A safe_open used without ``with``: the file closes with it, not
+        # at the collector's leisure with a ResourceWarning.
+        self.close()
 
     def _root_of(self, index):
         """``(root, byte offset)`` when storage ``index`` lies inside

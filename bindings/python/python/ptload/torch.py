@@ -17,6 +17,7 @@ from typing import IO, Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, 
 import torch
 
 from . import _graph, _ptload
+from ._patch import in_patch
 from ._storages import (
     _DTYPES,
     _LAYOUTS,
@@ -182,8 +183,8 @@ def load(
     allow_globals: Union[str, Iterable[Any]] = (),
     strict: bool = False,
     progress: bool = False,
-    place: Union[Mapping[str, DeviceLike], Iterable[Tuple[str, DeviceLike]], None] = None,
-    budget: Union[float, int, None] = None,
+    place: Union[str, Mapping[str, DeviceLike], Iterable[Union[str, Tuple[str, DeviceLike]]], None] = None,
+    budget: Union[float, int, str, None] = None,
     balance: Optional[int] = None,
 ) -> Any:
     """Load a checkpoint as ``torch.load(f, map_location, weights_only=True)``
@@ -238,10 +239,12 @@ def load(
     ``EOFError``, ``UnicodeDecodeError``...).
 
     ``place``, ``budget``, ``balance``: placements torch's callable cannot
-    express, as the CLI's ``--place``, ``--budget`` and ``--balance``:
-    rules by tensor name (``{"encoder.*": "cuda:0", "*embed*": "cpu"}``),
-    each GPU filled to a share of its memory (``0.9``) or a number of bytes,
-    then the host, or storages split by bytes over N GPUs. A
+    express, parsed by the same code as the CLI's ``--place``, ``--budget``
+    and ``--balance``: rules by tensor name (``"encoder.*=cuda:0,*embed*=cpu"``,
+    or ``{"encoder.*": "cuda:0", "*embed*": "cpu"}``, or pairs), each GPU
+    filled to a share of its memory (``0.9``, ``"90%"``) or a number of
+    bytes (``20 << 30``, ``"20GiB"``; a bare ``2`` is refused as a likely
+    mistake), then the host, or storages split by bytes over N GPUs. A
     ``map_location`` callable's storage has ``.tensors``, the names of the
     tensors on it, so it can place by name too.
 
@@ -289,20 +292,14 @@ def _placement(map_location, place, budget, balance):
             "budget and balance place every storage, so map_location would never apply; "
             "give place rules with map_location instead"
         )
-    rules = list(place.items()) if isinstance(place, dict) else list(place or ())
-    out = {"place": [(str(pattern), str(torch.device(device))) for pattern, device in rules]}
+    out = {"place": _place_rules(place)}
     if budget is not None:
         count = _cuda_count()
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-            raise TypeError(f"budget is a share of each GPU (0.9) or bytes (20 << 30), not {budget!r}")
-        if isinstance(budget, float) and 0 < budget <= 1:
-            share = lambda total: int(total * budget)  # noqa: E731
-        elif isinstance(budget, int) and budget > 1:
-            share = lambda total: budget  # noqa: E731
+        kind, share_of, nbytes = _budget_spec(budget)
+        if kind == "share":
+            share = lambda total: int(total * share_of)  # noqa: E731
         else:
-            raise ValueError(
-                f"budget {budget!r}: a share of each GPU's memory in (0, 1] (0.9) or bytes (20 << 30)"
-            )
+            share = lambda total: nbytes  # noqa: E731
         if count == 0:
             warnings.warn(
                 "budget: no CUDA device is visible, so every storage the budget places "
@@ -318,6 +315,72 @@ def _placement(map_location, place, budget, balance):
             raise ValueError(f"balance {balance!r}: a number of GPUs, at least 1")
         out["balance"] = balance
     return out
+
+
+def _device_text(device):
+    """A device as the reader parses it: ``torch.device`` and ``int``
+    (a CUDA ordinal, as torch takes it) as their text."""
+    if isinstance(device, bool):
+        raise TypeError(f"a device is a str, torch.device or CUDA ordinal, not {device!r}")
+    if isinstance(device, int):
+        return f"cuda:{device}"
+    return str(device)
+
+
+def _place_rules(place):
+    """``place`` as ``(pattern, device)`` pairs, parsed by the reader as the
+    CLI's ``--place`` is: a string of ``PATTERN=DEVICE`` rules (comma
+    separated), a dict ``{pattern: device}``, or an iterable of pairs or
+    rule strings. Errors name the keyword and the rule."""
+    if place is None:
+        return []
+    if isinstance(place, str):
+        try:
+            return _ptload.parse_place([place])
+        except ValueError as e:
+            raise ValueError(f"place={place!r}: {e}") from None
+    items = place.items() if isinstance(place, Mapping) else place
+    try:
+        items = list(items)
+    except TypeError:
+        raise TypeError(
+            "place takes 'PATTERN=DEVICE' rules (a string, comma separated), a dict "
+            f"{{pattern: device}} or (pattern, device) pairs, not {type(place).__name__}"
+        ) from None
+    rules = []
+    for item in items:
+        if isinstance(item, str):
+            try:
+                rules.extend(_ptload.parse_place([item]))
+            except ValueError as e:
+                raise ValueError(f"place rule {item!r}: {e}") from None
+            continue
+        try:
+            pattern, device = item
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"place rule {item!r}: expected a (pattern, device) pair or a 'PATTERN=DEVICE' string"
+            ) from None
+        try:
+            rules.append((str(pattern), _ptload.parse_device(_device_text(device))))
+        except ValueError as e:
+            raise ValueError(f"place rule {pattern!r}: {device!r}: {e}") from None
+    return rules
+
+
+def _budget_spec(budget):
+    """``budget`` as the reader parses the CLI's ``--budget``:
+    ``(kind, share, bytes)``. Numbers are read as their text (``0.9`` a
+    share, ``20 << 30`` bytes, ``2`` refused as a likely mistake for GiB),
+    strings as written (``"20GiB"``, ``"90%"``)."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+        raise TypeError(
+            f"budget is a share of each GPU (0.9, '90%') or bytes (20 << 30, '20GiB'), not {budget!r}"
+        )
+    try:
+        return _ptload.parse_budget(str(budget) if not isinstance(budget, str) else budget)
+    except ValueError as e:
+        raise ValueError(f"budget={budget!r}: {e}") from None
 
 
 def _load(
@@ -360,6 +423,13 @@ def _load(
         # Where torch leaves the stream: just past the checkpoint, so the
         # next object saved after it can be read.
         stream[0].seek(stream[1] + ckpt.end_offset())
+    if mmap and ckpt.format() == "legacy":
+        # torch maps only the zip layout, and says so.
+        raise UnsupportedError(
+            "mmap can only be used with files saved with `torch.save(_use_new_zipfile_serialization=True)`: "
+            f"{path} is in the legacy layout (torch < 1.6, or _use_new_zipfile_serialization=False); "
+            "load it with mmap=None or mmap=False"
+        )
     if ckpt.format() == "torchscript":
         raise UnsupportedError(
             "this is a TorchScript archive (torch.jit.save); torch.load hands it to "
@@ -371,8 +441,17 @@ def _load(
             "Weights only load failed: the file names "
             f"{len(refused)} global(s) outside torch's weights_only allowlist: "
             + ", ".join(refused)
-            + ". Nothing was run. Pass unknown='inert' to get them as inert "
-            "ptload.Inert records, or allow_globals=[...] for the ones you trust."
+            + ". Nothing was run. "
+            + (
+                # Through from_pretrained or load_from_checkpoint no ptload
+                # keyword reaches this call: name what the caller can set.
+                "Call ptload.patch(allow_globals=[...]) for the ones you trust, or "
+                "ptload.patch(unknown='inert') to get them as inert ptload.Inert records; "
+                "weights_only=False is safe too under ptload, which runs nothing from the file."
+                if in_patch()
+                else "Pass unknown='inert' to get them as inert ptload.Inert records, or "
+                "allow_globals=[...] for the ones you trust."
+            )
             + "".join(
                 f" {p} is allowed, but its module is blocked whatever is allowed, as in torch."
                 for p in refused
@@ -380,11 +459,19 @@ def _load(
             ),
             refused,
         )
-    inert = [p for p in refused if p not in _graph.PLAIN_TYPE_NAMES]
-    if full and inert:
+    numpy_built = [p for p in refused if p in _graph.NUMPY_BUILT_NAMES]
+    inert = [p for p in refused if p not in _graph.PLAIN_TYPE_NAMES and p not in numpy_built]
+    if full and (inert or numpy_built):
+        built = "numpy scalars, dtypes and arrays are built from their data as numpy objects"
+        if inert:
+            said = (
+                f"{len(inert)} global(s) torch would have imported come back as ptload.Inert "
+                f"records: {', '.join(inert)}" + (f" ({built})" if numpy_built else "")
+            )
+        else:
+            said = f"what torch would have imported from numpy is not imported: {built}"
         warnings.warn(
-            f"weights_only=False: ptload ran nothing from this file; {len(inert)} global(s) "
-            f"torch would have imported come back as ptload.Inert records: {', '.join(inert)}",
+            f"weights_only=False: ptload ran nothing from this file; {said}",
             UserWarning,
             stacklevel=user_stacklevel(),
         )
