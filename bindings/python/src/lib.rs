@@ -550,7 +550,9 @@ impl Checkpoint {
     /// dtypes or as a storage object) is None, and so is every other
     /// tensor of its storage: the caller makes those.
     /// `progress` is called with the bytes read so far (`mmap=False`).
-    #[pyo3(signature = (from_dlpack, source, mmap, on_cpu, uploaded=None, progress=None, shared=false, host=true))]
+    /// `flat`: the flattened tensors (`tensors()`, as `safe_open` names
+    /// them) instead of the object graph's.
+    #[pyo3(signature = (from_dlpack, source, mmap, on_cpu, uploaded=None, progress=None, shared=false, host=true, flat=false))]
     #[allow(clippy::too_many_arguments)]
     fn torch_tensors<'py>(
         &self,
@@ -563,12 +565,18 @@ impl Checkpoint {
         progress: Option<&Bound<'py, PyAny>>,
         shared: bool,
         host: bool,
+        flat: bool,
     ) -> PyResult<Bound<'py, PyList>> {
-        let objects = self
-            .inner
-            .objects()
-            .ok_or_else(|| Error::new_err("opened without objects=True"))?;
-        let tensors = objects.tensors();
+        let objects = self.inner.objects();
+        let tensors: Vec<&TensorInfo> = if flat {
+            self.inner.tensors().map(|t| t.info()).collect()
+        } else {
+            objects
+                .ok_or_else(|| Error::new_err("opened without objects=True"))?
+                .tensors()
+                .iter()
+                .collect()
+        };
         let storages = self.inner.storages();
         let on_cpu: Vec<bool> = if on_cpu.is_none() {
             storages.iter().map(|s| s.location == "cpu").collect()
@@ -595,7 +603,10 @@ impl Checkpoint {
                 ((on_host || on_gpu(i).is_some()) && s.nbytes > 0).then(|| (s.dtype, Vec::new()))
             })
             .collect();
-        for node in objects.nodes() {
+        // Storages the object graph also holds as storage objects are made
+        // by the caller (as torch types each one on its own).
+        let graph_nodes = if flat { None } else { objects.map(|o| o.nodes()) };
+        for node in graph_nodes.into_iter().flatten() {
             if let Node::Storage { storage: i, .. } = node {
                 if let Some(slot) = plan.get_mut(*i) {
                     *slot = None;

@@ -8,7 +8,10 @@ import warnings
 
 import pytest
 
-from conftest import EXPECTED, fixture
+from conftest import EXPECTED, fixture, fixture_files
+
+import ptload
+import ptload.torch
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -273,3 +276,43 @@ def test_legacy_files_are_closed_after_use(name):
         capture_output=True, text=True,
     )
     assert run.returncode == 0 and "ResourceWarning" not in run.stderr, run.stderr
+
+
+def _readable(name):
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ptload.safe_open(fixture(name), "pt", key="all", strip_prefix="none")
+        return True
+    except ptload.Error:
+        return False
+
+
+@pytest.mark.parametrize("name", [n for n in fixture_files() if _readable(n)])
+def test_load_file_made_at_once_equals_tensor_by_tensor(name):
+    """load_file makes a file's tensors in one call where it can; each is
+    what safe_open's get_tensor gives (values, dtype, shape, strides, no
+    grad, bits resolved), and tensors of one storage share it."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        whole = ptload.torch.load_file(fixture(name), key="all", strip_prefix="none")
+        with ptload.safe_open(fixture(name), "pt", key="all", strip_prefix="none") as f:
+            one_by_one = {k: f.get_tensor(k) for k in f.offset_keys()}
+    assert list(whole) == list(one_by_one)
+    for k, want in one_by_one.items():
+        got = whole[k]
+        assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride()), k
+        assert not got.requires_grad and not got.is_conj() and not got.is_neg(), k
+        if want.device.type != "meta" and not want.is_quantized:
+            # Bytes, not values: NaNs in random data compare equal this way.
+            raw = lambda t: t.reshape(-1).contiguous().view(torch.uint8)  # noqa: E731
+            assert torch.equal(raw(got), raw(want)), k
+    shared = {}
+    for k, want in one_by_one.items():
+        if want.device.type == "cpu" and want.numel():
+            shared.setdefault(want.untyped_storage().data_ptr(), []).append(k)
+    for names in shared.values():
+        ptrs = {whole[k].untyped_storage().data_ptr() for k in names}
+        assert len(ptrs) == 1, names

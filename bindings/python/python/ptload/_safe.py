@@ -258,6 +258,33 @@ class safe_open:
         self.close()
         return False
 
+    def _made_at_once(self):
+        """The selected tensors made in one call, as ``ptload.torch.load``
+        makes a state dict's (DLPack views of a private map of the file, one
+        torch storage per file storage): ``{name: tensor}`` for those it
+        can make, empty where the per-tensor path is needed (a set or a
+        rank, a URL, pread, numpy, a GPU device, a big-endian file)."""
+        if (
+            self._sel is not None
+            or self._remote
+            or self._pread
+            or self._framework != "pt"
+            or self._big
+            or str(self._device) != "cpu"
+            or not self._ckpt.is_mapped()
+        ):
+            return {}
+        from ._storages import _from_dlpack
+
+        made = self._ckpt.torch_tensors(_from_dlpack, self._path, True, True, flat=True)
+        # Conj/neg bits and requires_grad are torch.load's; get_tensor
+        # resolves the bits and gives plain tensors, as safetensors does.
+        return {
+            name: made[i]
+            for name, i in self._index.items()
+            if made[i] is not None and not (made[i].requires_grad or made[i].is_conj() or made[i].is_neg())
+        }
+
     def close(self) -> None:
         """Close the file kept open for reading storages (a legacy file's,
         or with ``backend="pread"``); tensors already made stay valid, and a

@@ -234,6 +234,9 @@ class _Storages:
         self.on_host = set()  # storages kept on the host instead of a GPU
         placer = _placer(map_location, self.names)
         self._targets = None
+        # Every storage's target when map_location is one device (asked
+        # per tensor by safe_open: no call per storage).
+        self._target_all = None
         # The keywords that chose each storage's device where they did
         # (a strict refusal names them, not map_location).
         self._chosen_by = None
@@ -254,6 +257,7 @@ class _Storages:
             self.on_cpu = None  # each storage where it was saved
             wanted = [(i, loc) for i, loc in ckpt.off_host()]
         elif isinstance(map_location, (str, torch.device)):
+            self._target_all = str(map_location)
             self.on_cpu = torch.device(map_location).type == "cpu"
             every = range(len(self.infos)) if only is None else sorted(only)
             wanted = [] if self.on_cpu else [(i, str(map_location)) for i in every]
@@ -334,6 +338,8 @@ class _Storages:
         """The device storage ``index`` goes to."""
         if self._targets is not None:
             return self._targets[index]
+        if self._target_all is not None:
+            return self._target_all
         info = self.infos[index]
         return self.placer(index, info.key, info.location, info.nbytes)
 
@@ -492,6 +498,8 @@ class _Storages:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
     def _place(self, index, storage, target):
+        if target == "cpu":
+            return storage
         device = torch.device(target)
         if device.type == "cpu":
             return storage

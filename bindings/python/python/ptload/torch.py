@@ -636,4 +636,8 @@ def load_file(
         backend=backend,
     ) as f:
         f._upload()
-        return {name: f.get_tensor(name) for name in _progress(f.offset_keys(), progress, path)}
+        made = f._made_at_once()
+        return {
+            name: made[name] if name in made else f.get_tensor(name)
+            for name in _progress(f.offset_keys(), progress, path)
+        }
