@@ -120,7 +120,26 @@ python_tests() {
   local site=/tmp/ptload-site
   rm -rf "$site"
   python3 -m pip install -q --no-index --no-deps --target "$site" "$kit"/ptload-*.whl
-  (cd bindings/python && PYTHONPATH="$site" python3 -m pytest -q -rs tests) 2>&1 | log "${LOG_AS:-python}"
+  # A GPU machine has what its image ships, and no registry: a library the
+  # drop-in tests run under that is not installed there is deselected, and
+  # said so in the log (CI installs every one and runs them all).
+  local lib words missing=()
+  for lib in transformers:from_pretrained pytorch_lightning:lightning diffusers:diffusers; do
+    words=${lib#*:}
+    lib=${lib%%:*}
+    if ! python3 -c "import $lib" >/dev/null 2>&1; then
+      echo "deselected: tests named *$words* (they run under $lib, not installed on this machine)" |
+        log "${LOG_AS:-python}"
+      missing+=("not $words")
+    fi
+  done
+  local deselect=()
+  if [ ${#missing[@]} -gt 0 ]; then
+    local expr
+    expr=$(printf ' and %s' "${missing[@]}")
+    deselect=(-k "${expr# and }")
+  fi
+  (cd bindings/python && PYTHONPATH="$site" python3 -m pytest -q -rs "${deselect[@]}" tests) 2>&1 | log "${LOG_AS:-python}"
 }
 
 compare() {

@@ -22,6 +22,10 @@ from conftest import fixture
 warnings.filterwarnings("ignore", category=UserWarning)
 
 
+def _torch_version():
+    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
 def torch_raises(source, **kwargs):
     """The exception torch.load raises on ``source`` (bytes)."""
     try:
@@ -123,6 +127,10 @@ def test_errors_are_what_torch_raises(case):
     """Whatever torch raises for an input, ptload's error is an instance of
     that class too (and a ptload.Error with its kind)."""
     source, kwargs = CASES[case]
+    if case == "invalid sparse tensor" and _torch_version() < (2, 15):
+        # ptload validates sparse tensors as the pinned torch does; older
+        # versions (a GPU machine's image) load the spoofed tensor.
+        pytest.skip(f"torch {torch.__version__} does not validate sparse tensors on load")
     theirs = torch_raises(source, **kwargs)
     with pytest.raises(ptload.Error) as info:
         ptload.torch.load(io.BytesIO(source), **kwargs)

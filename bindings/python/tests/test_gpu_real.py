@@ -30,8 +30,9 @@ def test_a_fixture_lands_on_the_gpu_as_torch_puts_it(name):
         ours = ptload.torch.load(fixture(name), map_location="cuda:0")
     theirs = torch.load(fixture(name), weights_only=True, map_location="cuda:0")
     assert_same_object(ours, theirs)
-    dense = [t for t in _tensors(ours) if t.layout == torch.strided]
-    assert dense and all(t.device == torch.device("cuda", 0) for t in dense)
+    # Dense and sparse alike (sparse.pt holds only sparse tensors).
+    tensors = _tensors(ours)
+    assert tensors and all(t.device == torch.device("cuda", 0) for t in tensors)
 
 
 def test_saved_devices_past_the_last_stay_on_the_host():
