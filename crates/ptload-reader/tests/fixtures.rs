@@ -248,6 +248,7 @@ fixtures! {
     conj_neg => "conj_neg.pt",
     conversions => "conversions.pt",
     dataparallel => "dataparallel.pt",
+    dino => "dino.pth",
     deflated => "deflated.pt",
     download_html => "download.html.pt",
     dtypes => "dtypes.pt",
@@ -261,9 +262,11 @@ fixtures! {
     legacy_proto4 => "legacy_proto4.pt",
     legacy_views => "legacy_views.pt",
     lightning => "lightning.ckpt",
+    lightning_loops => "lightning_loops.ckpt",
     lfs_pointer => "lfs_pointer.pt",
     many_tensors => "many_tensors.pt",
     meta => "meta.pt",
+    model_ema => "model_ema.pth",
     multi_gpu => "multi_gpu.pt",
     parameter_state => "parameter_state.pt",
     plain_model => "plain_model.pt",
@@ -280,7 +283,9 @@ fixtures! {
     quantized_script => "quantized_script.pt",
     quantized_traced => "quantized_traced.pt",
     random => "random.bin",
+    resemblyzer => "resemblyzer.pt",
     sparse => "sparse.pt",
+    stream => "stream.pt",
     tensor_root => "tensor_root.pt",
     torchscript => "torchscript.pt",
     training => "training.ckpt",
@@ -514,4 +519,48 @@ fn positioned_storage_reads_equal_the_map() {
             }
         }
     }
+}
+
+/// Three objects saved one after another on one stream: each starts where
+/// torch's stream was when it read it and ends where torch left it, with
+/// torch's tensors and values (the first is `stream`'s answers).
+#[test]
+fn stream_objects_end_where_torch_left_the_stream() {
+    let want = expected("stream.pt");
+    let bytes = std::fs::read(root().join("files/stream.pt")).expect("read");
+    let objects = want["objects"].as_array().expect("objects");
+    assert_eq!(objects.len(), 3);
+    for (i, o) in objects.iter().enumerate() {
+        let at = o["offset"].as_u64().expect("offset") as usize;
+        let end = o["end"].as_u64().expect("end") as usize;
+        let rest = bytes.get(at..).expect("in the file").to_vec();
+        let ckpt = Checkpoint::from_bytes(rest).unwrap_or_else(|e| panic!("object {i}: {e}"));
+        assert_eq!(ckpt.end_offset() as usize, end - at, "object {i}");
+        let ours: Vec<(String, String)> = ckpt
+            .tensors()
+            .map(|t| (t.name().to_owned(), sha256_of(&t)))
+            .collect();
+        let theirs: Vec<(String, String)> = o["tensors"]
+            .as_array()
+            .expect("tensors")
+            .iter()
+            .map(|t| {
+                (
+                    t["name"].as_str().unwrap_or_default().to_owned(),
+                    t["sha256"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(ours, theirs, "object {i}");
+        let values: serde_json::Map<String, Json> = ckpt
+            .values()
+            .iter()
+            .filter_map(|(n, v)| Some((n.clone(), scalar_json(v)?)))
+            .collect();
+        assert_eq!(Json::Object(values), o["values"], "object {i}");
+    }
+    assert_eq!(
+        objects.last().and_then(|o| o["end"].as_u64()),
+        Some(bytes.len() as u64)
+    );
 }
