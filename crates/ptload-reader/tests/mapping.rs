@@ -356,6 +356,83 @@ fn auto_key_reads_real_training_layouts() {
         .any(|d| d.to_string() == "strip-prefix auto: removed \"module.\" from every name"));
 }
 
+/// Keys of real projects: resemblyzer's `model_state` is a model; a model
+/// beside its average (torchvision's `model` and `model_ema`) or tensors
+/// under no known key beside training state (DINO's `student` and
+/// `teacher`) leave `auto` unsure, and its decision says so, with the key
+/// to pass. A plain state dict decides nothing.
+#[test]
+fn auto_key_knows_real_projects_keys_and_says_when_unsure() {
+    use ptload_reader::advice::Hint;
+    use ptload_reader::state_dict::{auto_key, Decision};
+    let resemblyzer = open("resemblyzer.pt");
+    let auto = auto_key(&resemblyzer);
+    assert_eq!(auto.key, Some("model_state"), "{}", auto.why);
+    let decision = auto.decision.expect("decided");
+    assert!(!decision.is_unsure(), "{decision}");
+    let sd = StateDictOptions::default()
+        .select(&resemblyzer)
+        .expect("select");
+    assert_eq!(sd.len(), 16);
+    assert!(sd.get("lstm.weight_ih_l0").is_some() && sd.get("similarity_bias").is_some());
+
+    let ema = open("model_ema.pth");
+    let auto = auto_key(&ema);
+    assert_eq!(auto.key, Some("model"), "{}", auto.why);
+    let decision = auto.decision.expect("decided");
+    assert!(decision.is_unsure(), "{decision}");
+    assert!(
+        matches!(&decision, Decision::KeyChosen { other_models, .. } if other_models == &["model_ema"]),
+        "{decision:?}"
+    );
+    assert_eq!(
+        decision.hint(),
+        Some(Hint::PassKey(Some("model_ema".into())))
+    );
+    assert!(
+        auto.why
+            .starts_with("unsure which model you want: took \"model\""),
+        "{}",
+        auto.why
+    );
+    // Beside the model: what is not another model.
+    assert!(!auto.why.contains("beside them: model_ema"), "{}", auto.why);
+
+    let dino = open("dino.pth");
+    let auto = auto_key(&dino);
+    assert_eq!(auto.key, None, "{}", auto.why);
+    let decision = auto.decision.expect("decided");
+    assert!(
+        decision.is_unsure() && decision.is_automatic(),
+        "{decision}"
+    );
+    match &decision {
+        Decision::Unrecognized { candidates, beside } => {
+            assert_eq!(candidates, &["student", "teacher"]);
+            assert_eq!(beside, &["optimizer", "dino_loss", "epoch"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(decision.hint(), Some(Hint::PassKey(None)));
+    let sd = StateDictOptions::default().select(&dino).expect("select");
+    assert_eq!(sd.len(), dino.len());
+    assert_eq!(sd.decisions().first(), Some(&decision));
+
+    for plain in [
+        "plain_model.pt",
+        "whole_module.pt",
+        "hf_lm.pt",
+        "llama_tiny.pt",
+    ] {
+        let auto = auto_key(&open(plain));
+        assert!(
+            auto.decision.as_ref().is_none_or(|d| !d.is_unsure()),
+            "{plain}: {}",
+            auto.why
+        );
+    }
+}
+
 #[test]
 fn renames_prefixes_and_collisions() {
     let ckpt = open("plain_model.pt");

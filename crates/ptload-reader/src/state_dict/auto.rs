@@ -5,25 +5,67 @@ use super::top;
 use crate::advice::{Hint, Neutral, Setting, Terms};
 use crate::checkpoint::Checkpoint;
 
-/// Top-level keys that hold the model in training checkpoints, in the order
-/// [`KeySelect::Auto`](super::KeySelect::Auto) tries them.
+/// Top-level keys under which training code saves the model, in the order
+/// [`KeySelect::Auto`](super::KeySelect::Auto) prefers them: the model
+/// itself first, then its averaged copies ([`AVERAGED_MODEL_KEYS`]).
+/// Each comes from code that writes it:
 pub const MODEL_KEYS: &[&str] = &[
+    // PyTorch Lightning (`.ckpt`), timm's train.py (`CheckpointSaver`),
+    // MMEngine and the OpenMMLab projects, NVIDIA's Tacotron 2, MoCo.
     "state_dict",
+    // PyTorch's tutorial "Saving and loading a general checkpoint",
+    // OpenAI's Whisper, and the many scripts that follow the tutorial.
     "model_state_dict",
+    // torchvision's reference scripts, detectron2 and fvcore's
+    // `Checkpointer`, fairseq, DeiT, MAE, Swin, ConvNeXt, Megatron-LM,
+    // nanoGPT, VITS, Coqui TTS, fastai's `save_model`, Ultralytics YOLO (a
+    // pickled module).
     "model",
+    // resemblyzer's voice encoder and Real-Time-Voice-Cloning (encoder,
+    // synthesizer, vocoder).
+    "model_state",
+    // DeepSpeed (`mp_rank_00_model_states.pt`).
     "module",
+    // Research code: `{"net": model.state_dict(), ...}`, "network".
     "net",
     "network",
-    "ema",
+    // BasicSR and what builds on it (Real-ESRGAN, GFPGAN, CodeFormer).
+    "params",
+    // Averaged copies, after the model (see AVERAGED_MODEL_KEYS).
     "model_ema",
     "state_dict_ema",
+    "ema",
+    "params_ema",
+    "ema_state_dict",
+    "ema_model",
+];
+
+/// Those of [`MODEL_KEYS`] that hold an averaged copy of the model (an
+/// exponential moving average): torchvision's reference scripts and DeiT
+/// (`model_ema`, an `AveragedModel`), timm's train.py (`state_dict_ema`),
+/// Ultralytics YOLO (`ema`), BasicSR (`params_ema`), and scripts that
+/// save an EMA beside the model (`ema_state_dict`, `ema_model`). A file
+/// that holds both the model and its average has two models: `auto` takes
+/// the first and says it is unsure.
+pub const AVERAGED_MODEL_KEYS: &[&str] = &[
+    "model_ema",
+    "state_dict_ema",
+    "ema",
+    "params_ema",
+    "ema_state_dict",
+    "ema_model",
 ];
 
 /// Top-level entries of training checkpoints that hold tensors but are not
 /// the model: optimizer and scheduler state, mixed-precision scalers,
 /// random-number generator states, Lightning's loops and callbacks (a
-/// `ModelCheckpoint` callback keeps `best_model_score` as a tensor).
+/// `ModelCheckpoint` callback keeps `best_model_score` as a tensor). Each
+/// comes from code that writes it:
 pub const TRAINING_STATE: &[&str] = &[
+    // The PyTorch tutorial ("optimizer_state_dict"), torchvision's
+    // references and detectron2 ("optimizer", "lr_scheduler",
+    // "scheduler"), timm ("optimizer", "amp_scaler"), Lightning
+    // ("optimizer_states", "lr_schedulers", "loops", "callbacks").
     "optimizer",
     "optimizer_state_dict",
     "optimizer_states",
@@ -33,10 +75,30 @@ pub const TRAINING_STATE: &[&str] = &[
     "scheduler_state_dict",
     "lr_scheduler",
     "lr_schedulers",
+    // resemblyzer and Real-Time-Voice-Cloning.
+    "optimizer_state",
+    "optim_state",
+    // fastai ("opt"), fairseq ("last_optimizer_state", "extra_state"),
+    // Megatron-LM ("opt_param_scheduler").
+    "opt",
+    "last_optimizer_state",
+    "extra_state",
+    "opt_param_scheduler",
+    // GANs: HiFi-GAN ("optim_g", "optim_d"), rosinality's StyleGAN2
+    // ("g_optim", "d_optim").
+    "optim_g",
+    "optim_d",
+    "g_optim",
+    "d_optim",
+    // Mixed precision: torch.amp's GradScaler as scripts save it, timm's
+    // "amp_scaler", Apex's "amp".
     "scaler",
     "scaler_state_dict",
     "grad_scaler",
+    "amp_scaler",
     "amp",
+    // Random-number generators: Megatron-LM ("rng_state"), scripts that
+    // save each generator.
     "rng",
     "rng_state",
     "rng_states",
@@ -45,10 +107,13 @@ pub const TRAINING_STATE: &[&str] = &[
     "cuda_rng_states",
     "numpy_rng_state",
     "random_state",
+    // Lightning's loops and callbacks, metrics.
     "callbacks",
     "loops",
     "metrics",
     "best_model_score",
+    // DINO's loss (its running center).
+    "dino_loss",
 ];
 
 /// What [`KeySelect::Auto`](super::KeySelect::Auto) decided for a checkpoint, and why, in words.
@@ -80,8 +145,21 @@ pub enum Decision {
         key: String,
         /// The other top-level entries (training state, plain values).
         beside: Vec<String>,
-        /// Other model keys the file has, not taken.
+        /// Other model keys the file has, not taken: when there are any,
+        /// `auto` is unsure which model is wanted ([`is_unsure`](Self::is_unsure)).
         other_models: Vec<String>,
+    },
+    /// [`KeySelect::Auto`](super::KeySelect::Auto) kept the whole file
+    /// without knowing where the model is: no key known to hold one
+    /// ([`MODEL_KEYS`]) holds tensors, yet the file is laid out as a
+    /// training checkpoint (training state or plain values beside the
+    /// tensors). Always [unsure](Self::is_unsure).
+    Unrecognized {
+        /// Top-level entries holding tensors that are not training state:
+        /// where the model may be, in file order.
+        candidates: Vec<String>,
+        /// The training state and plain values beside them.
+        beside: Vec<String>,
     },
     /// [`KeySelect::Auto`](super::KeySelect::Auto) kept the whole file although it has a model key.
     WholeFile {
@@ -136,17 +214,37 @@ impl Decision {
             self.inner(),
             Decision::KeyChosen { .. }
                 | Decision::WholeFile { .. }
+                | Decision::Unrecognized { .. }
                 | Decision::PrefixStripped { .. }
         )
+    }
+
+    /// Whether [`KeySelect::Auto`](super::KeySelect::Auto) is unsure of
+    /// its choice: the file holds several models (a model and its
+    /// average), or none under a key it knows. The decision's
+    /// [`hint`](Self::hint) names the key option.
+    pub fn is_unsure(&self) -> bool {
+        match self.inner() {
+            Decision::KeyChosen { other_models, .. } => !other_models.is_empty(),
+            Decision::Unrecognized { .. } => true,
+            _ => false,
+        }
     }
 
     /// The hint the decision carries (the key to pass to take only the
     /// model the file has).
     pub fn hint(&self) -> Option<Hint> {
         match self.inner() {
-            Decision::KeyChosen { other_models, .. } if !other_models.is_empty() => {
-                Some(Hint::PassKey(None))
-            }
+            Decision::KeyChosen { other_models, .. } => match other_models.as_slice() {
+                [] => None,
+                [one] => Some(Hint::PassKey(Some(one.clone()))),
+                _ => Some(Hint::PassKey(None)),
+            },
+            Decision::Unrecognized { candidates, .. } => match candidates.as_slice() {
+                [] => None,
+                [one] => Some(Hint::PassKey(Some(one.clone()))),
+                _ => Some(Hint::PassKey(None)),
+            },
             Decision::WholeFile { candidate, foreign } if !foreign.is_empty() => {
                 Some(Hint::PassKey(Some(candidate.clone())))
             }
@@ -163,16 +261,42 @@ impl Decision {
                 beside,
                 other_models,
             } => {
+                if other_models.is_empty() {
+                    return format!(
+                        "{key:?}: a training checkpoint's model (beside it: {})",
+                        some_of(beside)
+                    );
+                }
+                format!(
+                    "unsure which model you want: took {key:?}, the first of {} models (beside \
+                     them: {}); {} also hold{} a model{hint}",
+                    other_models.len() + 1,
+                    some_of(beside),
+                    other_models
+                        .iter()
+                        .map(|m| match AVERAGED_MODEL_KEYS.contains(&m.as_str()) {
+                            true => format!("{m} (an averaged copy)"),
+                            false => m.clone(),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if other_models.len() == 1 { "s" } else { "" }
+                )
+            }
+            Decision::Unrecognized { candidates, beside } => {
                 let mut why = format!(
-                    "{key:?}: a training checkpoint's model (beside it: {})",
+                    "the whole file, unsure where the model is: no key known to hold one ({}) \
+                     holds tensors, but the file holds training state or plain values ({})",
+                    some_of(MODEL_KEYS),
                     some_of(beside)
                 );
-                if !other_models.is_empty() {
-                    why.push_str(&format!(
-                        "; {} also hold{} a model{hint}",
-                        other_models.join(", "),
-                        if other_models.len() == 1 { "s" } else { "" }
-                    ));
+                match candidates.as_slice() {
+                    [] => why.push_str("; no other entry holds tensors"),
+                    [one] => why.push_str(&format!("; the model may be {one:?}{hint}")),
+                    more => why.push_str(&format!(
+                        "; the model may be one of {}{hint}",
+                        more.join(", ")
+                    )),
                 }
                 why
             }
@@ -193,7 +317,9 @@ impl Decision {
     /// hints in the reader's sentence.
     pub fn render(&self, terms: &dyn Terms) -> String {
         match self {
-            Decision::KeyChosen { .. } | Decision::WholeFile { .. } => {
+            Decision::KeyChosen { .. }
+            | Decision::WholeFile { .. }
+            | Decision::Unrecognized { .. } => {
                 format!("{} auto: {}", terms.setting(Setting::Key), self.why(terms))
             }
             Decision::GroupsLeftOut { key, groups } => {
@@ -236,7 +362,10 @@ fn some_of<S: AsRef<str>>(items: &[S]) -> String {
 /// What [`KeySelect::Auto`](super::KeySelect::Auto) picks for `ckpt`: the model of a training
 /// checkpoint (the first of [`MODEL_KEYS`] holding tensors, when every
 /// other top-level entry holding tensors is training state, see
-/// [`TRAINING_STATE`]), or the whole file, with the reason either way.
+/// [`TRAINING_STATE`], or another model), or the whole file, with the
+/// reason either way. When it is unsure (several models, or training
+/// state and plain values beside tensors under no key it knows), its
+/// decision says so ([`Decision::is_unsure`]) and names the key option.
 pub fn auto_key(ckpt: &Checkpoint) -> AutoKey {
     auto_key_of(&[ckpt])
 }
@@ -260,18 +389,53 @@ pub(super) fn auto_key_of(files: &[&Checkpoint]) -> AutoKey {
         .copied()
         .filter(|k| seen.contains(k) && is_model_tree(k))
         .collect();
+    let owned = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    // Top-level entries holding only plain values (epoch, args, ...).
+    let mut plain: Vec<&str> = Vec::new();
+    let mut plain_seen = std::collections::HashSet::new();
+    for (name, _) in files.iter().flat_map(|c| c.values()) {
+        let top = top(name);
+        if !seen.contains(top) && plain_seen.insert(top) {
+            plain.push(top);
+        }
+    }
     let Some(&pick) = models.first() else {
+        // No model key: a plain state dict, unless training state or plain
+        // values lie beside the tensors (a training checkpoint whose
+        // model is under a key not known here).
+        let training: Vec<&str> = tops
+            .iter()
+            .copied()
+            .filter(|t| TRAINING_STATE.contains(t))
+            .collect();
+        if tops.is_empty() || (training.is_empty() && plain.is_empty()) {
+            return AutoKey {
+                key: None,
+                candidate: None,
+                why: format!(
+                    "the whole file: no training-checkpoint key ({}) holds the tensors",
+                    some_of(MODEL_KEYS)
+                ),
+                decision: None,
+            };
+        }
+        let candidates: Vec<&str> = tops
+            .iter()
+            .copied()
+            .filter(|t| !TRAINING_STATE.contains(t))
+            .collect();
+        let beside: Vec<&str> = training.iter().chain(&plain).copied().collect();
+        let decision = Decision::Unrecognized {
+            candidates: owned(&candidates),
+            beside: owned(&beside),
+        };
         return AutoKey {
             key: None,
             candidate: None,
-            why: format!(
-                "the whole file: no training-checkpoint key ({}) holds the tensors",
-                some_of(MODEL_KEYS)
-            ),
-            decision: None,
+            why: decision.why(&Neutral),
+            decision: Some(decision),
         };
     };
-    let owned = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let others: Vec<&str> = tops.iter().copied().filter(|t| *t != pick).collect();
     let foreign: Vec<&str> = others
         .iter()
@@ -288,15 +452,6 @@ pub(super) fn auto_key_of(files: &[&Checkpoint]) -> AutoKey {
             },
         );
     }
-    // Top-level entries holding only plain values (epoch, args, ...).
-    let mut plain: Vec<&str> = Vec::new();
-    let mut plain_seen = std::collections::HashSet::new();
-    for (name, _) in files.iter().flat_map(|c| c.values()) {
-        let top = top(name);
-        if !seen.contains(top) && plain_seen.insert(top) {
-            plain.push(top);
-        }
-    }
     if others.is_empty() && plain.is_empty() {
         return AutoKey::decided(
             None,
@@ -307,7 +462,13 @@ pub(super) fn auto_key_of(files: &[&Checkpoint]) -> AutoKey {
             },
         );
     }
-    let beside: Vec<&str> = others.iter().chain(&plain).copied().collect();
+    // Beside the model: what is not another model.
+    let beside: Vec<&str> = others
+        .iter()
+        .filter(|t| !models.contains(t))
+        .chain(&plain)
+        .copied()
+        .collect();
     AutoKey::decided(
         Some(pick),
         pick,

@@ -19,7 +19,7 @@ mod auto;
 mod select;
 mod sets;
 
-pub use auto::{auto_key, AutoKey, Decision, MODEL_KEYS, TRAINING_STATE};
+pub use auto::{auto_key, AutoKey, Decision, AVERAGED_MODEL_KEYS, MODEL_KEYS, TRAINING_STATE};
 
 /// Which part of the checkpoint is the state dict.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,7 +28,9 @@ pub enum KeySelect {
     All,
     /// If the checkpoint is a training checkpoint (its top level holds one
     /// of [`MODEL_KEYS`] next to plain values or optimizer-like state), that
-    /// key's sub-tree; otherwise the whole checkpoint.
+    /// key's sub-tree; otherwise the whole checkpoint. Unsure (two models,
+    /// or none under a known key beside training state), it says so in
+    /// its [`Decision`].
     #[default]
     Auto,
     /// The sub-tree under this dotted path.

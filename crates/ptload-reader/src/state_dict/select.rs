@@ -211,13 +211,32 @@ fn under(ckpt: &Checkpoint, key: Option<&str>) -> Result<(Vec<usize>, Vec<String
     if let (Some(k), true) = (key, indices.is_empty()) {
         let mut tops: Vec<&str> = ckpt.tensors().map(|t| top(t.name())).collect();
         tops.dedup();
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "no tensors under key {k:?}; top-level keys with tensors: {}",
-                tops.join(", ")
-            ),
-        ));
+        let mut text = format!(
+            "no tensors under key {k:?}; top-level keys with tensors: {}",
+            tops.join(", ")
+        );
+        // The key holds plain values only (Lightning's hyper_parameters),
+        // or is not in the file: which keys hold plain values only.
+        if ckpt
+            .values()
+            .iter()
+            .any(|(n, _)| under_key(n, Some(k)).is_some())
+        {
+            text.push_str(&format!("; {k:?} holds plain values only"));
+        } else {
+            let mut seen: std::collections::HashSet<&str> = tops.iter().copied().collect();
+            let mut plain: Vec<&str> = Vec::new();
+            for (n, _) in ckpt.values() {
+                let t = top(n);
+                if seen.insert(t) {
+                    plain.push(t);
+                }
+            }
+            if !plain.is_empty() {
+                text.push_str(&format!("; with plain values only: {}", plain.join(", ")));
+            }
+        }
+        return Err(Error::new(ErrorKind::Unsupported, text));
     }
     Ok((indices, names))
 }
