@@ -164,8 +164,8 @@ impl MapArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub(crate) struct StateDictArgs {
     /// The sub-tree that is the state dict: a dotted path (state_dict, model.ema), `auto`
-    /// (the model of a training checkpoint: state_dict, model_state_dict, model, module, net, ema...)
-    /// or `all`.
+    /// (the model of a training checkpoint: state_dict, model_state_dict, model, model_state,
+    /// module, ema...; it says when it is unsure) or `all`.
     #[arg(long, value_name = "PATH|auto|all")]
     pub(crate) key: Option<String>,
     /// Remove a prefix from every name: `auto` (module. and _orig_mod., when every name has
@@ -207,8 +207,8 @@ pub(crate) struct StateDictArgs {
 pub(crate) fn key_help(default: &str) -> String {
     format!(
         "The sub-tree that is the state dict: a dotted path (state_dict, model.ema), `auto` \
-         (the model of a training checkpoint: state_dict, model_state_dict, model, module, net, \
-         ema...) or `all` [default here: {default}]"
+         (the model of a training checkpoint: state_dict, model_state_dict, model, model_state, \
+         module, ema...; it says when it is unsure) or `all` [default here: {default}]"
     )
 }
 
@@ -221,6 +221,19 @@ pub(crate) fn strip_help(default: &str) -> String {
 }
 
 impl StateDictArgs {
+    /// Whether any option of the state dict is given.
+    pub(crate) fn is_set(&self) -> bool {
+        self.key.is_some()
+            || self.strip_prefix.is_some()
+            || self.add_prefix.is_some()
+            || !self.rename.is_empty()
+            || !self.include.is_empty()
+            || !self.exclude.is_empty()
+            || self.shard.is_some()
+            || !self.split.is_empty()
+            || self.split_preset.is_some()
+    }
+
     /// The rank and rules of --shard, --split and --split-preset.
     pub(crate) fn parallel(&self) -> CliResult<Option<(Shard, Splits)>> {
         let Some(shard) = self.shard.as_deref() else {

@@ -220,6 +220,45 @@ struct InspectJson<'r, 'a> {
     /// For a URL: the bytes and requests fetched, the tensors' included.
     #[serde(skip_serializing_if = "Option::is_none")]
     fetched: Option<FetchedJson<'r>>,
+    /// In a stream of objects saved one after another: this one's place.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    object: Option<ObjectAt>,
+    /// The objects after the first of a stream, each a document of its
+    /// own (with its `object`).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    more_objects: &'r [serde_json::Value],
+    /// Bytes after the last object that are not another one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trailing: Option<&'r Trailing>,
+}
+
+/// Where an object of a stream lies: its index (0 for the first) and the
+/// byte it starts at.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct ObjectAt {
+    pub(crate) index: usize,
+    pub(crate) offset: u64,
+}
+
+/// Bytes after the last object of a file that are not another object.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Trailing {
+    pub(crate) offset: u64,
+    pub(crate) bytes: u64,
+    /// Why they are not read as an object.
+    pub(crate) error: String,
+}
+
+/// What a document of `inspect --json` adds about the stream its object
+/// is in.
+#[derive(Default)]
+pub(crate) struct InStream<'r> {
+    pub(crate) object: Option<ObjectAt>,
+    pub(crate) more_objects: &'r [serde_json::Value],
+    pub(crate) trailing: Option<&'r Trailing>,
+    /// Whether to report what was fetched by ranges (not for the later
+    /// objects of a local stream, which are read by positioned reads).
+    pub(crate) no_fetched: bool,
 }
 
 /// What the files read by ranges fetched, counted when serialized (after
@@ -289,6 +328,14 @@ struct ValueJson<'a> {
     name: &'a str,
     value: serde_json::Value,
     text: String,
+}
+
+/// The plain values of every file of `set`, under their names.
+pub(crate) fn file_values(set: &CheckpointSet) -> Vec<(&str, &Scalar)> {
+    checkpoints(set)
+        .flat_map(|c| c.values())
+        .map(|(n, v)| (n.as_str(), v))
+        .collect()
 }
 
 fn value_json<'a>(name: &'a str, v: &Scalar) -> ValueJson<'a> {
@@ -381,12 +428,15 @@ fn file_names(set: &CheckpointSet) -> Option<Vec<String>> {
     (set.files().len() > 1).then(|| set.files().iter().map(|f| f.name()).collect())
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn json(
     out: &mut impl Write,
     set: &CheckpointSet,
     rows: &[Row<'_>],
+    values: &[(&str, &Scalar)],
     file: &str,
     hash: bool,
+    stream: &InStream<'_>,
 ) -> CliResult<()> {
     let Some(first) = set.files().first().map(|f| &**f.checkpoint()) else {
         return Err("a set of no files".into());
@@ -407,10 +457,7 @@ pub(crate) fn json(
             bar: hash_bar(rows, hash),
         },
         totals: Totals::of(set, rows),
-        values: checkpoints()
-            .flat_map(|c| c.values())
-            .map(|(name, v)| value_json(name, v))
-            .collect(),
+        values: values.iter().map(|(name, v)| value_json(name, v)).collect(),
         globals: distinct_globals(checkpoints().flat_map(|c| c.globals()).map(|g| g.path())),
         outside_allowlist: distinct_globals(
             checkpoints()
@@ -437,7 +484,12 @@ pub(crate) fn json(
             .collect(),
         files: names.as_deref(),
         bytes_read: BytesRead,
-        fetched: crate::remote::Fetched::of(set).map(|_| FetchedJson(set)),
+        fetched: crate::remote::Fetched::of(set)
+            .filter(|_| !stream.no_fetched)
+            .map(|_| FetchedJson(set)),
+        object: stream.object,
+        more_objects: stream.more_objects,
+        trailing: stream.trailing,
     };
     serde_json::to_writer(&mut *out, &doc)?;
     writeln!(out)?;
@@ -448,6 +500,7 @@ pub(crate) fn table(
     out: &mut impl Write,
     set: &CheckpointSet,
     rows: &[Row<'_>],
+    values: &[(&str, &Scalar)],
     label: &str,
     hash: bool,
     columns: Option<usize>,
@@ -460,21 +513,120 @@ pub(crate) fn table(
     let header = shown.header();
     let widths = column_widths(&header, &cells, columns);
     let cells = shorten_names(cells, widths.first().copied().unwrap_or(0));
-    title_line(out, set, ckpt, label, shown.files.as_deref())?;
+    title_line(out, set, ckpt, label, shown.files.as_deref(), columns)?;
     tensor_lines(out, &header, &cells, &widths, rows, hash)?;
-    totals_line(out, set, rows)?;
-    let values: Vec<&(String, Scalar)> = checkpoints(set).flat_map(|c| c.values()).collect();
-    values_table(out, &values, columns)?;
-    findings(out, set)?;
+    totals_line(out, set, rows, columns)?;
+    values_table(out, values, columns)?;
+    findings(out, set, columns)?;
     for w in set
         .warnings()
         .iter()
         .chain(checkpoints(set).flat_map(|c| c.warnings()))
     {
-        writeln!(out, "warning: {w}")?;
+        prose(out, &format!("warning: {w}"), columns)?;
     }
     Ok(())
 }
+
+/// `inspect --key KEY` where `KEY` holds plain values only (Lightning's
+/// `hyper_parameters`): the values under it, named below it.
+pub(crate) fn values_view(
+    out: &mut impl Write,
+    set: &CheckpointSet,
+    key: &str,
+    values: &[(&str, &Scalar)],
+    label: &str,
+    columns: Option<usize>,
+) -> CliResult<()> {
+    let Some(ckpt) = set.files().first().map(|f| &**f.checkpoint()) else {
+        return Err("a set of no files".into());
+    };
+    title_line(out, set, ckpt, label, file_names(set).as_deref(), columns)?;
+    let count = values.len();
+    let text = format!(
+        "{count} plain value{} under {key:?} (no tensors)",
+        if count == 1 { "" } else { "s" }
+    );
+    prose(out, &text, columns)?;
+    values_table(out, values, columns)?;
+    findings(out, set, columns)?;
+    Ok(())
+}
+
+/// `text` as lines of at most `columns` characters (whole when the width
+/// is not known): broken at spaces, each line after the first indented by
+/// two; a word longer than a line loses its middle, marked `…`.
+pub(crate) fn wrap(text: &str, columns: Option<usize>) -> Vec<String> {
+    let Some(width) = columns.map(|c| c.max(MIN_PROSE_WIDTH)) else {
+        return vec![text.to_owned()];
+    };
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    let mut used = 0;
+    for word in text.split(' ') {
+        // What a line after the first holds, past its indent.
+        let word = shorten(word, width - 2);
+        let len = word.chars().count();
+        let room = if lines.is_empty() { width } else { width - 2 };
+        if used > 0 && used + 1 + len > room {
+            lines.push(std::mem::take(&mut line));
+            used = 0;
+        }
+        if used > 0 {
+            line.push(' ');
+            used += 1;
+        } else if !lines.is_empty() {
+            line.push_str("  ");
+        }
+        line.push_str(&word);
+        used += len;
+    }
+    lines.push(line);
+    lines
+}
+
+/// A line of prose (a title, a warning, a list of globals), wrapped to the
+/// terminal's width.
+fn prose(out: &mut impl Write, text: &str, columns: Option<usize>) -> io::Result<()> {
+    for line in wrap(text, columns) {
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
+
+/// [`prose`], for the other tables of the command.
+pub(crate) fn prose_line(
+    out: &mut impl Write,
+    text: &str,
+    columns: Option<usize>,
+) -> io::Result<()> {
+    prose(out, text, columns)
+}
+
+/// A table of `cells` under `header` that fits `columns` (the first column
+/// shortened), each row followed by what `after` gives for it.
+pub(crate) fn simple_table(
+    out: &mut impl Write,
+    header: &[&str],
+    cells: Vec<Vec<String>>,
+    columns: Option<usize>,
+    after: impl Fn(usize) -> Option<String>,
+) -> io::Result<()> {
+    let widths = column_widths(header, &cells, columns);
+    let cells = shorten_names(cells, widths.first().copied().unwrap_or(0));
+    table_line(out, header, &widths)?;
+    for (i, row) in cells.iter().enumerate() {
+        let refs: Vec<&str> = row.iter().map(String::as_str).collect();
+        table_line(out, &refs, &widths)?;
+        if let Some(line) = after(i) {
+            writeln!(out, "{line}")?;
+        }
+    }
+    Ok(())
+}
+
+/// The narrowest that prose is wrapped to, however narrow the terminal.
+const MIN_PROSE_WIDTH: usize = 40;
 
 /// Each file's checkpoint, in the set's order.
 fn checkpoints(set: &CheckpointSet) -> impl Iterator<Item = &ptload_reader::Checkpoint> {
@@ -581,10 +733,10 @@ fn title_line(
     ckpt: &ptload_reader::Checkpoint,
     label: &str,
     names: Option<&[String]>,
+    columns: Option<usize>,
 ) -> io::Result<()> {
-    match names {
-        Some(names) => writeln!(
-            out,
+    let text = match names {
+        Some(names) => format!(
             "{label}: a set of {} files{}, {} checkpoints, {}-endian",
             names.len(),
             set.index()
@@ -594,14 +746,14 @@ fn title_line(
             ckpt.format().name(),
             ckpt.byte_order().name(),
         ),
-        None => writeln!(
-            out,
+        None => format!(
             "{label}: {} checkpoint, {}-endian, pickle protocol {}",
             ckpt.format().name(),
             ckpt.byte_order().name(),
             ckpt.pickle_protocol()
         ),
-    }
+    };
+    prose(out, &text, columns)
 }
 
 /// The header and one line per tensor, each followed by its sha256 under
@@ -648,27 +800,31 @@ fn table_line(out: &mut impl Write, cells: &[&str], widths: &[usize]) -> io::Res
     writeln!(out, "{text}")
 }
 
-fn totals_line(out: &mut impl Write, set: &CheckpointSet, rows: &[Row<'_>]) -> io::Result<()> {
+fn totals_line(
+    out: &mut impl Write,
+    set: &CheckpointSet,
+    rows: &[Row<'_>],
+    columns: Option<usize>,
+) -> io::Result<()> {
     let totals = Totals::of(set, rows);
-    writeln!(
-        out,
+    let text = format!(
         "{} tensors, {} storages, {} of tensor data ({} stored)",
         totals.tensors,
         totals.storages,
         human_size(totals.bytes),
         human_size(totals.stored_bytes)
-    )
+    );
+    prose(out, &text, columns)
 }
 
 /// In scan's vocabulary: what scan reports at unknown-call or above; then,
 /// apart, what --strict refuses.
-fn findings(out: &mut impl Write, set: &CheckpointSet) -> CliResult<()> {
+fn findings(out: &mut impl Write, set: &CheckpointSet, columns: Option<usize>) -> CliResult<()> {
     let found = suspicious(set).map_err(|e| e.render(&crate::terms::Flags))?;
     let (dangerous, calls): (Vec<_>, Vec<_>) =
         found.iter().partition(|g| g.level() == Level::Dangerous);
     if !dangerous.is_empty() {
-        writeln!(
-            out,
+        let text = format!(
             "DANGEROUS globals (read, never run; torch.load(weights_only=False) would \
              reach them): {}. Run `ptload scan` on the file: it is the gate.",
             dangerous
@@ -676,18 +832,19 @@ fn findings(out: &mut impl Write, set: &CheckpointSet) -> CliResult<()> {
                 .map(|g| finding_text(g))
                 .collect::<Vec<_>>()
                 .join(", ")
-        )?;
+        );
+        prose(out, &text, columns)?;
     }
     if !calls.is_empty() {
-        writeln!(
-            out,
+        let text = format!(
             "scan would also report (read, never run): {}",
             calls
                 .iter()
                 .map(|g| finding_text(g))
                 .collect::<Vec<_>>()
                 .join(", ")
-        )?;
+        );
+        prose(out, &text, columns)?;
     }
     let outside = distinct_globals(
         checkpoints(set)
@@ -695,11 +852,11 @@ fn findings(out: &mut impl Write, set: &CheckpointSet) -> CliResult<()> {
             .map(|g| g.path()),
     );
     if !outside.is_empty() {
-        writeln!(
-            out,
+        let text = format!(
             "globals outside torch's weights_only allowlist (refused by --strict; read, never run): {}",
             outside.join(", ")
-        )?;
+        );
+        prose(out, &text, columns)?;
     }
     Ok(())
 }
@@ -707,43 +864,146 @@ fn findings(out: &mut impl Write, set: &CheckpointSet) -> CliResult<()> {
 /// Plain values shown at most; `--json` lists them all.
 const VALUES_SHOWN: usize = 40;
 
-/// The file's plain values (epoch, step, args, config), a second table.
-fn values_table(
+/// The top-level entries of a training checkpoint's plain values that a
+/// person looks for first, in the order the table shows them; the other
+/// values follow in file order, and training state (optimizer and
+/// scheduler settings, Lightning's loop counters and callbacks: the
+/// reader's `TRAINING_STATE`) comes last.
+const FIRST_VALUES: &[&str] = &[
+    // Hyper-parameters and configuration: Lightning ("hyper_parameters",
+    // "hparams_name", "datamodule_hyper_parameters"), torchvision's
+    // references and timm ("args"), fairseq and detectron2 ("cfg",
+    // "config"), Ultralytics ("train_args"), nanoGPT ("model_args",
+    // "config"), Whisper ("dims").
+    "hyper_parameters",
+    "hparams",
+    "hparams_name",
+    "hyper_params",
+    "datamodule_hyper_parameters",
+    "config",
+    "cfg",
+    "args",
+    "train_args",
+    "model_args",
+    "dims",
+    // Progress: Lightning ("epoch", "global_step"), resemblyzer ("step"),
+    // detectron2 and Megatron-LM ("iteration"), nanoGPT ("iter_num"),
+    // Ultralytics ("updates").
+    "epoch",
+    "global_step",
+    "step",
+    "steps",
+    "iteration",
+    "iter_num",
+    "updates",
+    // Results: timm ("metric"), torchvision's references ("best_acc1"),
+    // Ultralytics ("best_fitness"), nanoGPT ("best_val_loss").
+    "metric",
+    "best_metric",
+    "best_acc",
+    "best_acc1",
+    "best_fitness",
+    "best_val_loss",
+    "best_score",
+    // Versions: Lightning, timm ("version", "arch"), DeepSpeed, Ultralytics
+    // ("version", "date").
+    "pytorch-lightning_version",
+    "version",
+    "torch_version",
+    "ds_version",
+    "arch",
+    "date",
+];
+
+/// The values in the order the table shows them: [`FIRST_VALUES`] first,
+/// then the others in file order, training state last.
+fn ordered<'v, 'a>(values: &'v [(&'a str, &'a Scalar)]) -> Vec<&'v (&'a str, &'a Scalar)> {
+    let rank = |name: &str| {
+        let top = name.split('.').next().unwrap_or(name);
+        match FIRST_VALUES.iter().position(|f| *f == top) {
+            Some(at) => (0, at),
+            None if ptload_reader::state_dict::TRAINING_STATE.contains(&top) => (2, 0),
+            None => (1, 0),
+        }
+    };
+    let mut shown: Vec<&(&str, &Scalar)> = values.iter().collect();
+    // Stable: each group keeps the file's order.
+    shown.sort_by_key(|(name, _)| rank(name));
+    shown
+}
+
+/// What the values left out of the table are, by top-level entry: the
+/// four largest groups, then how many more.
+fn left_out_groups(left: &[&(&str, &Scalar)]) -> String {
+    let mut groups: Vec<(&str, usize)> = Vec::new();
+    for (name, _) in left {
+        let top = name.split('.').next().unwrap_or(name);
+        match groups.iter_mut().find(|(g, _)| *g == top) {
+            Some((_, n)) => *n += 1,
+            None => groups.push((top, 1)),
+        }
+    }
+    groups.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+    let mut text: Vec<String> = groups
+        .iter()
+        .take(4)
+        .map(|(g, n)| format!("{}: {n}", display_name(g)))
+        .collect();
+    match groups.len().saturating_sub(4) {
+        0 => {}
+        1 => text.push("1 more entry".to_owned()),
+        more => text.push(format!("{more} more entries")),
+    }
+    text.join(", ")
+}
+
+/// The file's plain values (hyper-parameters, epoch, step, config first),
+/// a second table.
+pub(crate) fn values_table(
     out: &mut impl Write,
-    values: &[&(String, Scalar)],
+    values: &[(&str, &Scalar)],
     columns: Option<usize>,
 ) -> io::Result<()> {
     if values.is_empty() {
         return Ok(());
     }
-    let shown = values
-        .get(..values.len().min(VALUES_SHOWN))
-        .unwrap_or_default();
+    let all = ordered(values);
+    let (shown, left) = all.split_at(all.len().min(VALUES_SHOWN));
     let width = shown
         .iter()
-        .map(|(n, _)| n.chars().count())
+        .map(|(n, _)| display_name(n).chars().count())
         .max()
         .unwrap_or(0)
         .max("NAME".len());
     // Half a terminal at most for names; values take the rest.
     let width = name_budget(columns.map(|c| c / 2), 0).map_or(width, |b| width.min(b));
+    let value_width = columns.map(|c| c.saturating_sub(width + 2).max(MIN_VALUE_WIDTH));
     let mut line = String::new();
     pad(&mut line, "NAME", width, false);
     writeln!(out, "{line}  VALUE")?;
     for (name, v) in shown.iter().copied() {
         let mut line = String::new();
         pad(&mut line, &shorten(display_name(name), width), width, false);
-        writeln!(out, "{line}  {}", scalar_text(v))?;
+        let text = scalar_text(v);
+        let text = match value_width {
+            Some(w) => shorten(&text, w).into_owned(),
+            None => text,
+        };
+        writeln!(out, "{line}  {text}")?;
     }
-    if values.len() > shown.len() {
-        writeln!(
-            out,
-            "... {} more values (--json lists them all)",
-            values.len() - shown.len()
-        )?;
+    if !left.is_empty() {
+        let text = format!(
+            "... {} more values ({}); --json lists them all, --key ENTRY lists one entry",
+            left.len(),
+            left_out_groups(left)
+        );
+        prose(out, &text, columns)?;
     }
     Ok(())
 }
+
+/// The narrowest a shortened VALUE gets, however narrow the terminal.
+const MIN_VALUE_WIDTH: usize = 12;
 
 /// The narrowest a shortened NAME column gets, however narrow the terminal.
 const MIN_NAME_WIDTH: usize = 24;
@@ -754,12 +1014,21 @@ fn name_budget(columns: Option<usize>, others: usize) -> Option<usize> {
     columns.map(|c| c.saturating_sub(others).max(MIN_NAME_WIDTH))
 }
 
-/// The width of the terminal standard output is, if it is one: piped
-/// output (and `--json`) keeps whole names for the programs that read it.
+/// The width the table must fit: `COLUMNS` when it is set to a number
+/// (also when the output is piped: the caller asked for that width), else
+/// the width of the terminal standard output is, if it is one. Other
+/// piped output (and `--json`) keeps whole names for the programs that
+/// read it.
 pub(crate) fn terminal_columns() -> Option<usize> {
-    console::Term::stdout()
-        .size_checked()
-        .map(|(_rows, columns)| usize::from(columns))
+    let from_env = std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<usize>().ok())
+        .filter(|&c| c > 0);
+    from_env.or_else(|| {
+        console::Term::stdout()
+            .size_checked()
+            .map(|(_rows, columns)| usize::from(columns))
+    })
 }
 
 /// `name` in at most `width` characters: a longer one loses its middle,
@@ -780,7 +1049,11 @@ pub(crate) fn shorten(name: &str, width: usize) -> Cow<'_, str> {
 
 /// A distributed checkpoint's layout: each key's chunks (`offsets+sizes`
 /// boxes) and the files they are in, or the file of a non-tensor item.
-pub(crate) fn dcp_chunks(out: &mut impl Write, dcp: &ptload_reader::dcp::Dcp) -> CliResult<()> {
+pub(crate) fn dcp_chunks(
+    out: &mut impl Write,
+    dcp: &ptload_reader::dcp::Dcp,
+    columns: Option<usize>,
+) -> CliResult<()> {
     let files: Vec<&str> = dcp.files().collect();
     let mut cells: Vec<[String; 3]> = Vec::new();
     for t in dcp.tensors() {
@@ -805,18 +1078,28 @@ pub(crate) fn dcp_chunks(out: &mut impl Write, dcp: &ptload_reader::dcp::Dcp) ->
             capped(&in_files, ", ", "files"),
         ]);
     }
-    writeln!(
-        out,
+    let title = format!(
         "DCP chunks: {} tensors in {} files",
         dcp.tensors().len(),
         files.len()
-    )?;
+    );
+    prose(out, &title, columns)?;
     let header = ["NAME", "CHUNKS (OFFSETS+SIZES)", "FILES"];
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in &cells {
+    let mut widths = [0usize; 3];
+    for row in std::iter::once(&header.map(str::to_owned)).chain(&cells) {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
+    }
+    // On a terminal: names, then chunks, give up what the line lacks.
+    if let Some(c) = columns {
+        let [name, chunks, in_files] = &mut widths;
+        *name = (*name).min(
+            c.saturating_sub(*chunks + *in_files + 4)
+                .max(MIN_NAME_WIDTH),
+        );
+        *chunks = (*chunks).min(c.saturating_sub(*name + *in_files + 4).max(16));
+        *in_files = (*in_files).min(c.saturating_sub(*name + *chunks + 4).max(8));
     }
     let mut text = String::new();
     for row in std::iter::once(header.map(str::to_owned)).chain(cells) {
@@ -825,7 +1108,8 @@ pub(crate) fn dcp_chunks(out: &mut impl Write, dcp: &ptload_reader::dcp::Dcp) ->
                 text.push_str("  ");
             }
             let last = i + 1 == row.len();
-            pad(&mut text, cell, if last { 0 } else { w }, false);
+            let cell = shorten(cell, w);
+            pad(&mut text, &cell, if last { 0 } else { w }, false);
         }
         text.push('\n');
     }
@@ -881,6 +1165,56 @@ mod tests {
         assert_eq!(name_budget(None, 50), None);
         assert_eq!(name_budget(Some(80), 50), Some(30));
         assert_eq!(name_budget(Some(60), 50), Some(MIN_NAME_WIDTH));
+    }
+
+    #[test]
+    fn prose_wraps_to_the_width_and_long_words_lose_their_middle() {
+        let text = "globals outside the allowlist: argparse.Namespace, numpy.dtype, \
+                    a.very.long.module.path.that.does.not.fit.on.one.line.of.forty.Class";
+        let lines = wrap(text, Some(40));
+        assert!(lines.len() > 2, "{lines:?}");
+        assert!(lines.iter().all(|l| l.chars().count() <= 40), "{lines:?}");
+        assert!(
+            lines.iter().skip(1).all(|l| l.starts_with("  ")),
+            "{lines:?}"
+        );
+        assert!(lines.iter().any(|l| l.contains('…')), "{lines:?}");
+        assert_eq!(wrap(text, None), [text]);
+        // A word as long as a line, after the first: still within the width.
+        let long = format!("{} {}", "a".repeat(39), "b".repeat(60));
+        assert!(
+            wrap(&long, Some(40))
+                .iter()
+                .all(|l| l.chars().count() <= 40),
+            "{:?}",
+            wrap(&long, Some(40))
+        );
+        assert_eq!(wrap("short", Some(80)), ["short"]);
+    }
+
+    #[test]
+    fn values_people_look_for_come_first() {
+        let v = Scalar::Int(1);
+        let values = [
+            ("loops.fit_loop.total", &v),
+            ("optimizer.param_groups.0.lr", &v),
+            ("note", &v),
+            ("hyper_parameters.lr", &v),
+            ("epoch", &v),
+            ("hyper_parameters.data.path", &v),
+        ];
+        let names: Vec<&str> = ordered(&values).iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "hyper_parameters.lr",
+                "hyper_parameters.data.path",
+                "epoch",
+                "note",
+                "loops.fit_loop.total",
+                "optimizer.param_groups.0.lr",
+            ]
+        );
     }
 
     #[test]

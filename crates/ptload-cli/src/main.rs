@@ -13,7 +13,9 @@ mod args;
 mod cmd;
 mod inspect;
 mod remote;
+mod safetensors_file;
 mod scancmd;
+mod stream;
 mod terms;
 mod ui;
 

@@ -28,9 +28,12 @@ fn expected(name: &str) -> Json {
     serde_json::from_str(&text).expect("json")
 }
 
+/// `ptload` with `args`, its output piped; `COLUMNS` removed, so that a
+/// width set where the tests run does not shorten names.
 fn ptload(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ptload"))
         .args(args)
+        .env_remove("COLUMNS")
         .output()
         .expect("run ptload")
 }
@@ -152,7 +155,6 @@ fn files_that_are_not_checkpoints_exit_2_with_one_line() {
         ("empty.pt", "empty file"),
         ("lfs_pointer.pt", "git lfs pointer"),
         ("download.html.pt", "html page"),
-        ("weights.safetensors.pt", "safetensors"),
         ("truncated.pt", "truncated"),
         ("pre1.0_tar.pt", "tar"),
         ("random.bin", "unknown format"),
@@ -1385,12 +1387,33 @@ fn outputs_match_golden_files() {
             "inspect_dcp_world4.txt",
             &["inspect", "fixtures/files/dcp/world4"],
         ),
+        (
+            "inspect_lightning_loops.txt",
+            &["inspect", "fixtures/files/lightning_loops.ckpt"],
+        ),
+        (
+            "inspect_model_ema_auto.txt",
+            &["inspect", "--key", "auto", "fixtures/files/model_ema.pth"],
+        ),
+        (
+            "inspect_dino_auto.txt",
+            &["inspect", "--key", "auto", "fixtures/files/dino.pth"],
+        ),
+        (
+            "inspect_stream.txt",
+            &["inspect", "fixtures/files/stream.pt"],
+        ),
+        (
+            "inspect_safetensors.txt",
+            &["inspect", "fixtures/files/weights.safetensors.pt"],
+        ),
     ];
     let mut stale = Vec::new();
     for (golden, args) in cases {
         let out = Command::new(env!("CARGO_BIN_EXE_ptload"))
             .args(*args)
             .current_dir(&root)
+            .env_remove("COLUMNS")
             .output()
             .expect("run");
         let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -2388,4 +2411,381 @@ fn distributed_checkpoints_diff_equal_to_their_conversions() {
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// `ptload` with `args` and the environment variable `COLUMNS` set to
+/// `columns`, its output piped.
+fn ptload_in_columns(columns: usize, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ptload"))
+        .args(args)
+        .env("COLUMNS", columns.to_string())
+        .output()
+        .expect("run ptload")
+}
+
+/// The tensor names of a safetensors file `convert` wrote, and its
+/// metadata.
+fn safetensors_names(path: &Path) -> (Vec<String>, Vec<(String, String)>) {
+    let bytes = std::fs::read(path).expect("read the output");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("a safetensors file");
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_owned).collect();
+    names.sort();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("header");
+    let mut metadata: Vec<(String, String)> = meta
+        .metadata()
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    metadata.sort();
+    (names, metadata)
+}
+
+/// resemblyzer saves its model under `model_state`, beside
+/// `optimizer_state` and `step`: `--key auto` takes the model, and
+/// `convert` writes neither the optimizer's tensors nor its parameter ids.
+#[test]
+fn key_auto_takes_resemblyzers_model_state() {
+    let dir = temp_dir("resemblyzer");
+    let output = dir.join("encoder.safetensors");
+    let out = ptload(&[
+        "convert",
+        &fixture("resemblyzer.pt"),
+        &output.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--key auto: \"model_state\": a training checkpoint's model"),
+        "{err}"
+    );
+    let (names, metadata) = safetensors_names(&output);
+    // torch's answers: the model's tensors are those under model_state.
+    let want = expected("resemblyzer.pt");
+    let mut model: Vec<String> = want["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .filter_map(|t| t["name"].as_str()?.strip_prefix("model_state."))
+        .map(str::to_owned)
+        .collect();
+    model.sort();
+    assert_eq!(names, model);
+    assert_eq!(names.len(), 16);
+    assert!(
+        metadata.iter().all(|(k, _)| !k.contains("optimizer")),
+        "{metadata:?}"
+    );
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+/// A file with two models (torchvision's references: `model` and its
+/// average `model_ema`) or none under a known key (DINO's `student` and
+/// `teacher`): `--key auto` says it is unsure and names `--key`.
+#[test]
+fn key_auto_says_when_it_is_unsure() {
+    let out = ptload(&["load", "--json", &fixture("model_ema.pth")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--key auto: unsure which model you want: took \"model\""),
+        "{err}"
+    );
+    assert!(
+        err.contains("to take only \"model_ema\", pass --key model_ema"),
+        "{err}"
+    );
+    let doc: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(doc["tensors"].as_array().map(Vec::len), Some(9), "{doc}");
+
+    let out = ptload(&["load", "--json", &fixture("dino.pth")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--key auto: the whole file, unsure where the model is"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the model may be one of student, teacher: select it with --key"),
+        "{err}"
+    );
+    // A plain state dict: nothing to be unsure about, nothing said.
+    let plain = ptload(&["load", "--json", &fixture("plain_model.pt")]);
+    assert!(!stderr(&plain).contains("unsure"), "{}", stderr(&plain));
+}
+
+/// A Lightning checkpoint: the table shows the hyper-parameters, epoch,
+/// step and version before the loops' counters, and `--key` shows a
+/// subtree of plain values.
+#[test]
+fn inspect_shows_hyper_parameters_first_and_key_shows_plain_values() {
+    let out = ptload(&["inspect", &fixture("lightning_loops.ckpt")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !(l.starts_with("NAME ") && l.ends_with(" VALUE")))
+        .skip(1)
+        .collect();
+    let position = |name: &str| {
+        table
+            .iter()
+            .position(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} not shown:\n{text}"))
+    };
+    let hparams = position("hyper_parameters.lr");
+    let first_loop = table
+        .iter()
+        .position(|l| l.starts_with("loops."))
+        .unwrap_or(table.len());
+    for name in [
+        "hyper_parameters.data.path",
+        "epoch",
+        "global_step",
+        "pytorch-lightning_version",
+    ] {
+        assert!(
+            position(name) < first_loop,
+            "{name} after the loops:\n{text}"
+        );
+    }
+    assert!(hparams < first_loop, "{text}");
+    // What the table leaves out, by entry.
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("... ") && last.contains("loops: ") && last.contains("--key"),
+        "{last}"
+    );
+    // torch's answers: the values under hyper_parameters.
+    let want = expected("lightning_loops.ckpt");
+    let hyper: Vec<(&str, &Json)> = want["values"]
+        .as_object()
+        .expect("values")
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("hyper_parameters.")?, v)))
+        .collect();
+    assert_eq!(hyper.len(), 9);
+    let out = ptload(&[
+        "inspect",
+        "--key",
+        "hyper_parameters",
+        &fixture("lightning_loops.ckpt"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("9 plain values under \"hyper_parameters\""),
+        "{text}"
+    );
+    for (name, _) in &hyper {
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().next() == Some(name)),
+            "{name}:\n{text}"
+        );
+    }
+    let doc = inspect_json("lightning_loops.ckpt", &["--key", "hyper_parameters.data"]);
+    assert_eq!(doc["tensors"], serde_json::json!([]));
+    let values: Vec<(&str, &Json)> = doc["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .filter_map(|v| Some((v["name"].as_str()?, &v["value"])))
+        .collect();
+    let want_data: Vec<(&str, &Json)> = hyper
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("data.")?, *v)))
+        .collect();
+    assert_eq!(values, want_data);
+    // A key holding nothing still fails, naming what holds plain values.
+    let out = ptload(&[
+        "inspect",
+        "--key",
+        "hyper_parameter",
+        &fixture("lightning_loops.ckpt"),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("with plain values only: epoch, global_step"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// In a terminal of 100 columns (`COLUMNS=100`), no line of `inspect` is
+/// longer: Lightning's callback state keys and long parameter names lose
+/// their middle, long values and prose are shortened or wrapped.
+#[test]
+fn inspect_fits_the_terminal_width() {
+    // (file, options, widths): a digest (71 columns with its indent) is
+    // never shortened.
+    for (file, extra, widths) in [
+        ("lightning_loops.ckpt", &[][..], &[100, 60][..]),
+        ("lightning_loops.ckpt", &["--hash"][..], &[100][..]),
+        (
+            "lightning_loops.ckpt",
+            &["--key", "auto"][..],
+            &[100, 60][..],
+        ),
+        ("training.ckpt", &[][..], &[100, 60][..]),
+        ("dcp/world4", &[][..], &[100, 60][..]),
+    ] {
+        let path = fixture(file);
+        let mut args = vec!["inspect", path.as_str()];
+        args.extend_from_slice(extra);
+        for &columns in widths {
+            let out = ptload_in_columns(columns, &args);
+            assert_eq!(out.status.code(), Some(0), "{file}: {}", stderr(&out));
+            let text = stdout(&out);
+            for line in text.lines() {
+                assert!(
+                    line.chars().count() <= columns,
+                    "{file} {extra:?}, {columns} columns: {} characters: {line}",
+                    line.chars().count()
+                );
+            }
+            if file != "dcp/world4" {
+                assert!(text.contains("…"), "{file}: nothing shortened:\n{text}");
+            }
+        }
+    }
+    // Piped without COLUMNS: every name whole.
+    let text = stdout(&ptload(&["inspect", &fixture("lightning_loops.ckpt")]));
+    assert!(text.contains(
+        "callbacks.ModelCheckpoint{'monitor': 'val/loss', 'mode': 'min', \
+         'every_n_train_steps': 0, 'every_n_epochs': 1, 'train_time_interval': None}\
+         .best_model_score"
+    ));
+}
+
+/// Three objects saved one after another on one stream: `inspect` shows
+/// each, where torch's stream was when it read it, and stops at the end
+/// of the file, where torch.load has nothing left to read.
+#[test]
+fn inspect_shows_every_object_of_a_stream() {
+    let want = expected("stream.pt");
+    let objects = want["objects"].as_array().expect("objects");
+    assert_eq!(objects.len(), 3);
+    assert_eq!(want["load_after_last"], "EOFError: Ran out of input");
+    let doc = inspect_json("stream.pt", &["--hash"]);
+    let mut docs = vec![&doc];
+    docs.extend(doc["more_objects"].as_array().expect("more_objects"));
+    assert_eq!(docs.len(), objects.len());
+    for (i, (ours, theirs)) in docs.iter().zip(objects).enumerate() {
+        assert_eq!(ours["object"]["index"], i, "object {i}");
+        assert_eq!(ours["object"]["offset"], theirs["offset"], "object {i}");
+        assert_eq!(ours["format"], theirs["format"], "object {i}");
+        let tensors = |d: &Json, key: &str| -> Vec<(Json, Json)> {
+            d["tensors"]
+                .as_array()
+                .expect("tensors")
+                .iter()
+                .map(|t| (t["name"].clone(), t[key].clone()))
+                .collect()
+        };
+        for key in ["sha256", "shape", "dtype"] {
+            assert_eq!(
+                tensors(ours, key),
+                tensors(theirs, key),
+                "object {i}: {key}"
+            );
+        }
+        let values: serde_json::Map<String, Json> = ours["values"]
+            .as_array()
+            .expect("values")
+            .iter()
+            .filter_map(|v| Some((v["name"].as_str()?.to_owned(), v["value"].clone())))
+            .collect();
+        assert_eq!(Json::Object(values), theirs["values"], "object {i}");
+    }
+    assert!(doc.get("trailing").is_none(), "{doc}");
+    let out = ptload(&["inspect", &fixture("stream.pt")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    for (i, o) in objects.iter().enumerate().skip(1) {
+        let title = format!(
+            "stream.pt, object {} (at byte {}): legacy",
+            i + 1,
+            o["offset"]
+        );
+        assert!(text.contains(&title), "{title}:\n{text}");
+    }
+    assert!(!text.to_lowercase().contains("empty"), "{text}");
+    assert!(
+        !stderr(&out).to_lowercase().contains("empty"),
+        "{}",
+        stderr(&out)
+    );
+    // A file of one checkpoint: one object, no stream fields.
+    let plain = inspect_json("legacy.pt", &[]);
+    assert!(plain.get("object").is_none() && plain.get("more_objects").is_none());
+    // Bytes after the last object that are not one: said, not an error.
+    let dir = temp_dir("stream");
+    let junk = dir.join("junk_after.pt");
+    let mut bytes = std::fs::read(fixture("legacy.pt")).expect("read");
+    let end = bytes.len();
+    bytes.extend_from_slice(b"not a checkpoint at all");
+    std::fs::write(&junk, &bytes).expect("write");
+    let out = ptload(&["inspect", &junk.display().to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!(
+            "warning: 23 bytes after the last object (at byte {end}) are not another object"
+        )),
+        "{}",
+        stdout(&out)
+    );
+    let doc: Json = serde_json::from_str(&stdout(&ptload(&[
+        "inspect",
+        "--json",
+        &junk.display().to_string(),
+    ])))
+    .expect("json");
+    assert_eq!(doc["trailing"]["offset"], end);
+    assert_eq!(doc["trailing"]["bytes"], 23);
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+/// A safetensors file, found by its content (this one is named `.pt`):
+/// `inspect` lists its tensors, dtypes, shapes and `__metadata__`, as the
+/// safetensors library reads them; `--hash` hashes their bytes.
+#[test]
+fn inspect_reads_a_safetensors_file_by_its_content() {
+    let path = fixture("weights.safetensors.pt");
+    let bytes = std::fs::read(&path).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let out = ptload(&["inspect", &path]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("safetensors file"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("__metadata__.format") && l.ends_with("\"pt\"")),
+        "{text}"
+    );
+    let doc = inspect_json("weights.safetensors.pt", &["--hash"]);
+    assert_eq!(doc["format"], "safetensors");
+    assert_eq!(doc["metadata"], serde_json::json!({"format": "pt"}));
+    let tensors = doc["tensors"].as_array().expect("tensors");
+    assert_eq!(tensors.len(), st.len());
+    for t in tensors {
+        let name = t["name"].as_str().expect("name");
+        let view = st.tensor(name).expect("in the file");
+        assert_eq!(t["dtype"], format!("{:?}", view.dtype()), "{name}");
+        assert_eq!(t["shape"], serde_json::json!(view.shape()), "{name}");
+        assert_eq!(t["nbytes"], view.data().len(), "{name}");
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(view.data()));
+        assert_eq!(t["sha256"], digest, "{name}");
+    }
+    // The same file as `diff` takes it.
+    let same = ptload(&["diff", &path, &path]);
+    assert_eq!(same.status.code(), Some(0), "{}", stderr(&same));
+    // Options that select from or map a torch checkpoint do not apply.
+    let out = ptload(&["inspect", "--key", "auto", &path]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is a safetensors file"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -31,6 +31,7 @@ pub(crate) fn run(out: &mut impl Write) -> CliResult<u8> {
         out,
         &set,
         &rows,
+        &inspect::file_values(&set),
         "training.ckpt (embedded)",
         false,
         inspect::terminal_columns(),

@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use ptload_reader::checkpoint::Scalar;
+use ptload_reader::set::CheckpointSet;
+
 use super::MachineGpus;
 use crate::args::{self, CliResult, MapArgs, OpenArgs, StateDictArgs};
 use crate::inspect;
@@ -15,9 +18,9 @@ use crate::inspect;
     mut_arg("strip_prefix", |a| a.help(args::strip_help("none")))
 )]
 pub(crate) struct InspectArgs {
-    /// Checkpoints (.pt, .pth, .bin, .ckpt: the layout is detected from the content), or
-    /// http(s)://, s3://, gs://, az:// URLs read by ranged requests (the directory and pickles;
-    /// tensors when read).
+    /// Checkpoints (.pt, .pth, .bin, .ckpt: the layout is detected from the content; objects
+    /// saved one after another are shown in turn), safetensors files, or http(s)://, s3://,
+    /// gs://, az:// URLs read by ranged requests (the directory and pickles; tensors when read).
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// Print JSON instead of a table (one document per line, one line per file).
@@ -68,34 +71,193 @@ pub(crate) fn run(a: &InspectArgs, out: &mut impl Write) -> CliResult<u8> {
 }
 
 fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliResult<()> {
-    let set = crate::remote::open_set(file, &a.open.options())?;
-    let sd = a.state.options(true)?.select_set(&set)?;
-    let rows = inspect::rows(&sd, &a.map, &MachineGpus)?;
-    let print = |mut out: &mut dyn Write| -> CliResult<()> {
-        if a.json {
-            inspect::json(&mut out, &set, &rows, label, a.hash)?;
-        } else {
-            let columns = inspect::terminal_columns();
-            inspect::table(&mut out, &set, &rows, label, a.hash, columns)?;
+    let columns = inspect::terminal_columns();
+    // A safetensors file (found by its content, whatever its name): its
+    // header's tensors and metadata.
+    if crate::remote::url_of(file).is_none() && crate::cmd::diff::is_safetensors(file) {
+        if a.state.is_set() || a.map.is_set() {
+            return Err(format!(
+                "{label} is a safetensors file: the state dict and mapping options apply to \
+                 torch checkpoints"
+            )
+            .into());
         }
-        Ok(())
-    };
+        return crate::safetensors_file::inspect(out, file, label, a.json, a.hash, columns);
+    }
+    let opts = a.open.options();
+    let set = crate::remote::open_set(file, &opts)?;
+    // Objects saved one after another on one stream: each in turn.
+    let stream = crate::stream::after_first(file, &set, &opts);
+    if a.json {
+        let mut more = Vec::with_capacity(stream.objects.len());
+        for (i, (offset, later)) in stream.objects.iter().enumerate() {
+            let mut doc = Vec::new();
+            let at = inspect::InStream {
+                object: Some(inspect::ObjectAt {
+                    index: i + 1,
+                    offset: *offset,
+                }),
+                no_fetched: true,
+                ..Default::default()
+            };
+            match show(a, later, label, &mut doc, &at, columns) {
+                Ok(()) => more.push(serde_json::from_slice(&doc)?),
+                Err(e) => later_failed(label, i, *offset, &*e),
+            }
+        }
+        let at = inspect::InStream {
+            object: (!more.is_empty() || stream.trailing.is_some()).then_some(inspect::ObjectAt {
+                index: 0,
+                offset: 0,
+            }),
+            more_objects: &more,
+            trailing: stream.trailing.as_ref(),
+            no_fetched: false,
+        };
+        show(a, &set, label, out, &at, columns)?;
+    } else {
+        show(a, &set, label, out, &inspect::InStream::default(), columns)?;
+        for (i, (offset, later)) in stream.objects.iter().enumerate() {
+            let title = format!("{label}, object {} (at byte {offset})", i + 2);
+            let mut table = Vec::new();
+            let shown = show(
+                a,
+                later,
+                &title,
+                &mut table,
+                &inspect::InStream::default(),
+                columns,
+            );
+            match shown {
+                Ok(()) => {
+                    writeln!(out)?;
+                    out.write_all(&table)?;
+                }
+                Err(e) => {
+                    out.flush()?;
+                    later_failed(label, i, *offset, &*e);
+                }
+            }
+        }
+        if let Some(t) = &stream.trailing {
+            for line in inspect::wrap(
+                &format!(
+                    "warning: {} bytes after the last object (at byte {}) are not another \
+                     object: {}",
+                    t.bytes, t.offset, t.error
+                ),
+                columns,
+            ) {
+                writeln!(out, "{line}")?;
+            }
+        }
+    }
+    if !a.json && ptload_reader::dcp::is_dcp_dir(file) {
+        let dcp = ptload_reader::dcp::Dcp::open_with(file, &opts)?;
+        inspect::dcp_chunks(out, &dcp, columns)?;
+    }
+    out.flush()?;
+    // The process ends soon: the OS reclaims the checkpoints' memory
+    // faster than freeing it piece by piece.
+    std::mem::forget(stream);
+    std::mem::forget(set);
+    Ok(())
+}
+
+/// A later object of a stream that could not be shown (its selection
+/// failed): said on stderr; the first object is the command's.
+fn later_failed(label: &str, i: usize, offset: u64, e: &(dyn std::error::Error + 'static)) {
+    eprintln!(
+        "ptload: {label}, object {} (at byte {offset}): {}",
+        i + 2,
+        crate::terms::error_text(e)
+    );
+}
+
+/// One object: the tensors the options select and the file's plain
+/// values, or, when `--key` names a subtree of plain values only, those
+/// values.
+fn show(
+    a: &InspectArgs,
+    set: &CheckpointSet,
+    label: &str,
+    mut out: &mut dyn Write,
+    stream: &inspect::InStream<'_>,
+    columns: Option<usize>,
+) -> CliResult<()> {
+    if let Some(key) = values_only_key(a.state.key.as_deref(), set) {
+        let values = values_under(set, &key);
+        if a.json {
+            return inspect::json(&mut out, set, &[], &values, label, a.hash, stream);
+        }
+        return inspect::values_view(&mut out, set, &key, &values, label, columns);
+    }
+    let sd = a.state.options(true)?.select_set(set)?;
+    let rows = inspect::rows(&sd, &a.map, &MachineGpus)?;
+    let values = inspect::file_values(set);
     // Hashing a file read by ranges reads every storage: they are fetched
     // ahead of the hashing, several requests in flight.
     if a.hash {
-        crate::remote::reading_ahead(&sd, || print(out))?;
+        crate::remote::reading_ahead(&sd, || {
+            print(a, set, &rows, &values, label, out, stream, columns)
+        })?;
     } else {
-        print(out)?;
+        print(a, set, &rows, &values, label, out, stream, columns)?;
     }
-    if !a.json && ptload_reader::dcp::is_dcp_dir(file) {
-        let dcp = ptload_reader::dcp::Dcp::open_with(file, &a.open.options())?;
-        inspect::dcp_chunks(out, &dcp)?;
-    }
-    out.flush()?;
-    // The process ends soon: the OS reclaims the checkpoint's memory
-    // faster than freeing it piece by piece.
     std::mem::forget(rows);
     std::mem::forget(sd);
-    std::mem::forget(set);
     Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn print(
+    a: &InspectArgs,
+    set: &CheckpointSet,
+    rows: &[inspect::Row<'_>],
+    values: &[(&str, &Scalar)],
+    label: &str,
+    mut out: &mut dyn Write,
+    stream: &inspect::InStream<'_>,
+    columns: Option<usize>,
+) -> CliResult<()> {
+    if a.json {
+        inspect::json(&mut out, set, rows, values, label, a.hash, stream)
+    } else {
+        inspect::table(&mut out, set, rows, values, label, a.hash, columns)
+    }
+}
+
+/// The dotted path `--key` names when no tensor lies under it in any
+/// file of `set` but plain values do (Lightning's `hyper_parameters`).
+fn values_only_key(key: Option<&str>, set: &CheckpointSet) -> Option<String> {
+    let key = key?.trim_end_matches('.');
+    if matches!(key, "" | "auto" | "all") {
+        return None;
+    }
+    let files = || set.files().iter().map(|f| f.checkpoint());
+    let tensors = files().any(|c| c.tensors().any(|t| under(t.name(), key).is_some()));
+    let values = files().any(|c| c.values().iter().any(|(n, _)| under(n, key).is_some()));
+    (!tensors && values).then(|| key.to_owned())
+}
+
+/// The plain values under `key`, named below it (a value that is the key
+/// itself keeps its whole name).
+fn values_under<'s>(set: &'s CheckpointSet, key: &str) -> Vec<(&'s str, &'s Scalar)> {
+    set.files()
+        .iter()
+        .flat_map(|f| f.checkpoint().values())
+        .filter_map(|(n, v)| match under(n, key)? {
+            "" => Some((n.as_str(), v)),
+            rest => Some((rest, v)),
+        })
+        .collect()
+}
+
+/// `name` below `key`: empty when it is the key, `None` when it is not
+/// under it.
+fn under<'n>(name: &'n str, key: &str) -> Option<&'n str> {
+    match name.strip_prefix(key)? {
+        "" => Some(""),
+        rest => rest.strip_prefix('.'),
+    }
 }
