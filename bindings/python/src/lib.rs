@@ -605,7 +605,11 @@ impl Checkpoint {
             .collect();
         // Storages the object graph also holds as storage objects are made
         // by the caller (as torch types each one on its own).
-        let graph_nodes = if flat { None } else { objects.map(|o| o.nodes()) };
+        let graph_nodes = if flat {
+            None
+        } else {
+            objects.map(|o| o.nodes())
+        };
         for node in graph_nodes.into_iter().flatten() {
             if let Node::Storage { storage: i, .. } = node {
                 if let Some(slot) = plan.get_mut(*i) {

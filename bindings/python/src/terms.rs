@@ -39,7 +39,8 @@ impl Terms for Kwargs {
 }
 
 /// A decision as `(kind, text)`: the kind says which option made it
-/// ("key", "whole_file", "left_out", "filtered", "stripped"), the text
+/// ("key", "whole_file", "left_out", "filtered", "stripped", "unsure":
+/// tensors under no key `auto` knows, the whole file kept), the text
 /// is in this package's words.
 pub fn decision(d: &Decision) -> (&'static str, String) {
     let kind = match d.inner() {
@@ -48,6 +49,7 @@ pub fn decision(d: &Decision) -> (&'static str, String) {
         Decision::GroupsLeftOut { .. } => "left_out",
         Decision::Filtered { .. } => "filtered",
         Decision::PrefixStripped { .. } => "stripped",
+        Decision::Unrecognized { .. } => "unsure",
         _ => "other",
     };
     (kind, d.render(&Kwargs))

@@ -316,3 +316,19 @@ def test_load_file_made_at_once_equals_tensor_by_tensor(name):
     for names in shared.values():
         ptrs = {whole[k].untyped_storage().data_ptr() for k in names}
         assert len(ptrs) == 1, names
+
+
+def test_load_file_says_when_auto_is_unsure():
+    """Where --key auto is unsure (two models, or tensors under no key it
+    knows), load_file's warning says so and names the key= to pass."""
+    with pytest.warns(UserWarning, match=r'unsure which model.*pass key="model_ema"'):
+        sd = ptload.torch.load_file(fixture("model_ema.pth"))
+    assert sd and not any(k.startswith(("optimizer", "model_ema")) for k in sd)
+    with pytest.warns(UserWarning, match=r"unsure where the model is.*student, teacher.*key="):
+        ptload.torch.load_file(fixture("dino.pth"))
+    with pytest.warns(UserWarning, match=r'"model_state"'):
+        sd = ptload.torch.load_file(fixture("resemblyzer.pt"))
+    assert not any(k.startswith("optimizer") for k in sd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ptload.torch.load_file(fixture("dino.pth"), key="student", strip_prefix=None)  # asked for: not said

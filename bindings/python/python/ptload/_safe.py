@@ -74,7 +74,7 @@ def _changed(kind, key, strip_prefix):
     """Whether a decision of the reader's (its kind, from the binding)
     changed what the caller gets: not the whole file kept, nor what an
     explicit key or include/exclude left out as asked."""
-    if kind in ("key", "left_out"):
+    if kind in ("key", "left_out", "unsure"):
         return key == "auto"
     if kind == "stripped":
         return strip_prefix == "auto"
