@@ -221,19 +221,6 @@ pub(crate) fn strip_help(default: &str) -> String {
 }
 
 impl StateDictArgs {
-    /// Whether any option of the state dict is given.
-    pub(crate) fn is_set(&self) -> bool {
-        self.key.is_some()
-            || self.strip_prefix.is_some()
-            || self.add_prefix.is_some()
-            || !self.rename.is_empty()
-            || !self.include.is_empty()
-            || !self.exclude.is_empty()
-            || self.shard.is_some()
-            || !self.split.is_empty()
-            || self.split_preset.is_some()
-    }
-
     /// The rank and rules of --shard, --split and --split-preset.
     pub(crate) fn parallel(&self) -> CliResult<Option<(Shard, Splits)>> {
         let Some(shard) = self.shard.as_deref() else {

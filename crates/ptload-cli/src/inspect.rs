@@ -594,37 +594,6 @@ fn prose(out: &mut impl Write, text: &str, columns: Option<usize>) -> io::Result
     Ok(())
 }
 
-/// [`prose`], for the other tables of the command.
-pub(crate) fn prose_line(
-    out: &mut impl Write,
-    text: &str,
-    columns: Option<usize>,
-) -> io::Result<()> {
-    prose(out, text, columns)
-}
-
-/// A table of `cells` under `header` that fits `columns` (the first column
-/// shortened), each row followed by what `after` gives for it.
-pub(crate) fn simple_table(
-    out: &mut impl Write,
-    header: &[&str],
-    cells: Vec<Vec<String>>,
-    columns: Option<usize>,
-    after: impl Fn(usize) -> Option<String>,
-) -> io::Result<()> {
-    let widths = column_widths(header, &cells, columns);
-    let cells = shorten_names(cells, widths.first().copied().unwrap_or(0));
-    table_line(out, header, &widths)?;
-    for (i, row) in cells.iter().enumerate() {
-        let refs: Vec<&str> = row.iter().map(String::as_str).collect();
-        table_line(out, &refs, &widths)?;
-        if let Some(line) = after(i) {
-            writeln!(out, "{line}")?;
-        }
-    }
-    Ok(())
-}
-
 /// The narrowest that prose is wrapped to, however narrow the terminal.
 const MIN_PROSE_WIDTH: usize = 40;
 
@@ -744,6 +713,11 @@ fn title_line(
                 .map(|n| format!(" ({})", n.to_string_lossy()))
                 .unwrap_or_default(),
             ckpt.format().name(),
+            ckpt.byte_order().name(),
+        ),
+        // A safetensors file holds no pickle.
+        None if ckpt.format() == ptload_reader::checkpoint::Format::Safetensors => format!(
+            "{label}: a safetensors file (no pickle), {}-endian",
             ckpt.byte_order().name(),
         ),
         None => format!(

@@ -13,7 +13,6 @@ mod args;
 mod cmd;
 mod inspect;
 mod remote;
-mod safetensors_file;
 mod scancmd;
 mod stream;
 mod terms;

@@ -253,7 +253,7 @@ fn scan_url(url: &str, request: &ScanRequest) -> FileScan {
             )
         }
     };
-    if let Some(scan) = not_scanned(url, &head, file.len()) {
+    if let Some(scan) = not_scanned(url, &head) {
         return scan;
     }
     let (report, (bytes, requests)) = match scan::scan_ranged(file, &Limits::default()) {
@@ -276,8 +276,8 @@ fn scan_url(url: &str, request: &ScanRequest) -> FileScan {
 }
 
 /// A file torch.load cannot read, named from its first bytes `head` and
-/// its length: an archive of another kind, or a safetensors file.
-fn not_scanned(file: &str, head: &[u8], len: u64) -> Option<FileScan> {
+/// its length: an archive of another kind.
+fn not_scanned(file: &str, head: &[u8]) -> Option<FileScan> {
     if let Some(kind) = not_loadable(head) {
         return Some(FileScan::bare(
             file.to_owned(),
@@ -287,16 +287,7 @@ fn not_scanned(file: &str, head: &[u8], len: u64) -> Option<FileScan> {
             ),
         ));
     }
-    // safetensors holds no pickle: torch.load fails on it (it reads it as a
-    // pickle stream), and nothing in it can run. A pickle named
-    // `.safetensors` has no such header, and is scanned.
-    crate::cmd::diff::is_safetensors_head(head, len).then(|| {
-        FileScan::bare(
-            file.to_owned(),
-            "not-loadable",
-            "a safetensors file: it holds no pickle, and torch.load cannot read it".into(),
-        )
-    })
+    None
 }
 
 /// The URL `path` holds when it names an index (its path ends in `.json`).
@@ -314,8 +305,7 @@ fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
         return scan_url(url, request);
     }
     let file = path.display().to_string();
-    let len = std::fs::metadata(path).map_or(0, |m| m.len());
-    if let Some(scan) = not_scanned(&file, &head_of(path), len) {
+    if let Some(scan) = not_scanned(&file, &head_of(path)) {
         return scan;
     }
     let report = if request.positioned {

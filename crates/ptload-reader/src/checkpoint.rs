@@ -258,6 +258,16 @@ pub fn while_prefetching<T>(ahead: &[(&Checkpoint, &[usize])], work: impl FnOnce
 /// row-major host-order bytes when they are held.
 pub(crate) type AssembledTensor = (String, DType, Vec<u64>, Option<Vec<u8>>);
 
+/// Where a whole tensor's bytes are (see `Checkpoint::of_parts`).
+enum Held {
+    /// In memory of the checkpoint's own, row-major, in host order.
+    Owned(Vec<u8>),
+    /// In the checkpoint's file, at this offset, row-major.
+    File(u64),
+    /// Elsewhere: the tensor has no storage here.
+    Elsewhere,
+}
+
 /// A decoded checkpoint: tensor metadata and values, with tensor bytes left
 /// in the (memory-mapped) file until asked for.
 #[derive(Debug)]
@@ -524,6 +534,13 @@ fn decode_pickles(
             )?
         }
         Detected::Legacy => decode_legacy(data, heap, interp, &mut vm)?,
+        // Read by `Checkpoint::from_safetensors` before any pickle.
+        Detected::Safetensors => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "a safetensors file holds no pickle",
+            ))
+        }
     };
     Ok((decoded, leading))
 }
@@ -720,6 +737,9 @@ impl Checkpoint {
     }
 
     fn decode(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
+        if detect(source.view())? == Detected::Safetensors {
+            return Checkpoint::from_safetensors(source, opts);
+        }
         let mut heap = Heap::new(&opts.limits);
         let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);
         let (decoded, leading) = decode_pickles(&source, opts, &mut heap, &mut interp)?;
@@ -798,11 +818,28 @@ impl Checkpoint {
         protocol: u8,
         format: Format,
     ) -> Result<Checkpoint> {
+        let parts = parts.into_iter().map(|(name, dtype, shape, bytes)| {
+            let held = bytes.map_or(Held::Elsewhere, Held::Owned);
+            (name, dtype, shape, held)
+        });
+        Checkpoint::of_parts(parts, values, warnings, protocol, format)
+    }
+
+    /// A checkpoint of whole row-major tensors, each its own storage: the
+    /// body of [`assembled`](Self::assembled), whose storages may also lie
+    /// in the checkpoint's own file (a safetensors file's).
+    fn of_parts(
+        parts: impl ExactSizeIterator<Item = (String, DType, Vec<u64>, Held)>,
+        values: Vec<(String, Scalar)>,
+        warnings: Vec<String>,
+        protocol: u8,
+        format: Format,
+    ) -> Result<Checkpoint> {
         let mut by_name = NameIndex::with_capacity(parts.len());
         let mut storages = Vec::with_capacity(parts.len());
         let mut tensors: Vec<TensorInfo> = Vec::with_capacity(parts.len());
         let mut owned = Vec::with_capacity(parts.len());
-        for (i, (name, dtype, shape, bytes)) in parts.into_iter().enumerate() {
+        for (i, (name, dtype, shape, held)) in parts.enumerate() {
             let at =
                 u32::try_from(i).map_err(|_| Error::limit("max_tensors", u64::from(u32::MAX)))?;
             let numel = shape
@@ -814,7 +851,7 @@ impl Checkpoint {
             let nbytes = numel
                 .checked_mul(dtype.size() as u64)
                 .ok_or_else(|| Error::new(ErrorKind::Tensor, "size overflows").for_tensor(&name))?;
-            if bytes.as_ref().is_some_and(|b| b.len() as u64 != nbytes) {
+            if matches!(&held, Held::Owned(b) if b.len() as u64 != nbytes) {
                 return Err(Error::new(
                     ErrorKind::Tensor,
                     format!("{nbytes} bytes for {numel} elements of {dtype}"),
@@ -835,24 +872,28 @@ impl Checkpoint {
                         .for_tensor(&name),
                 );
             }
-            let storage = match bytes {
-                Some(bytes) => {
-                    storages.push(StorageInfo {
-                        key: storages.len().to_string(),
-                        location: "cpu".to_owned(),
-                        dtype,
-                        numel,
-                        nbytes,
-                        record: None,
-                        file_offset: None,
-                        data: StorageData::Owned(owned.len()),
-                        quantized: None,
-                    });
+            let (file_offset, data) = match held {
+                Held::Owned(bytes) => {
                     owned.push(bytes);
-                    Some(storages.len() - 1)
+                    (None, Some(StorageData::Owned(owned.len() - 1)))
                 }
-                None => None,
+                Held::File(at) => (Some(at), Some(StorageData::File(at))),
+                Held::Elsewhere => (None, None),
             };
+            let storage = data.map(|data| {
+                storages.push(StorageInfo {
+                    key: storages.len().to_string(),
+                    location: "cpu".to_owned(),
+                    dtype,
+                    numel,
+                    nbytes,
+                    record: None,
+                    file_offset,
+                    data,
+                    quantized: None,
+                });
+                storages.len() - 1
+            });
             tensors.push(TensorInfo {
                 name,
                 dtype,
@@ -896,6 +937,54 @@ impl Checkpoint {
             end: 0,
             fetched: Fetched::default(),
         })
+    }
+
+    /// A safetensors file: each tensor its own storage, a view of the
+    /// file's bytes (little-endian, as the format stores them); the
+    /// header's `__metadata__` as string values; with `opts.objects`, the
+    /// `{name: tensor}` dict safetensors' `load_file` returns.
+    fn from_safetensors(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
+        let header = crate::container::safetensors::parse(source.view(), &opts.limits, |name| {
+            DType::from_name(name).map(|d| d.size() as u64)
+        })?;
+        let start = header.data_start;
+        let mut parts = Vec::with_capacity(header.entries.len());
+        for e in header.entries {
+            let at = start
+                .checked_add(e.begin)
+                .ok_or_else(|| Error::new(ErrorKind::Tensor, "offset overflows"))?;
+            let dtype = DType::from_name(&e.dtype).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Tensor,
+                    format!("dtype {:?} is not one ptload reads", e.dtype),
+                )
+            })?;
+            parts.push((e.name, dtype, e.shape, Held::File(at)));
+        }
+        let values = header
+            .metadata
+            .into_iter()
+            .map(|(k, v)| (k, Scalar::Str(v)))
+            .collect();
+        let mut ckpt = Checkpoint::of_parts(
+            parts.into_iter(),
+            values,
+            Vec::new(),
+            0,
+            Format::Safetensors,
+        )?;
+        ckpt.byte_order = ByteOrder::Little;
+        ckpt.end = header.end;
+        ckpt.limits = opts.limits.clone();
+        if opts.objects {
+            ckpt.objects = Some(crate::object::name_dict(&ckpt.tensors));
+        }
+        ckpt.fetched = match source.fetcher() {
+            None => Fetched::default(),
+            Some(_) => Fetched::for_storages(&ckpt.storages),
+        };
+        ckpt.source = source;
+        Ok(ckpt)
     }
 
     /// The unpickled object, when opened with

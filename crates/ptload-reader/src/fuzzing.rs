@@ -133,6 +133,12 @@ pub fn read_container(data: &[u8], limits: &Limits) -> Result<usize> {
             }
             Ok(archive.entries().len())
         }
+        Detected::Safetensors => {
+            let header = crate::container::safetensors::parse(data.into(), limits, |name| {
+                crate::torch::dtype::DType::from_name(name).map(|d| d.size() as u64)
+            })?;
+            Ok(header.entries.len())
+        }
         Detected::Legacy => {
             let mut heap = Heap::new(limits);
             let allowed = Vec::new();

@@ -200,6 +200,32 @@ impl Objects {
     }
 }
 
+/// The object of a file that holds only named tensors (a safetensors
+/// file): a dict of each name to its tensor, in `tensors`' order.
+pub(crate) fn name_dict(tensors: &[TensorInfo]) -> Objects {
+    let mut nodes = Vec::with_capacity(tensors.len() * 2 + 1);
+    let mut items = Vec::with_capacity(tensors.len());
+    for (i, t) in tensors.iter().enumerate() {
+        nodes.push(Node::Str(t.name.clone()));
+        nodes.push(Node::Tensor {
+            tensor: i,
+            qparams: None,
+            attrs: None,
+        });
+        items.push((2 * i, 2 * i + 1));
+    }
+    nodes.push(Node::Dict {
+        ordered: false,
+        items,
+        state: None,
+    });
+    Objects {
+        root: nodes.len() - 1,
+        nodes,
+        tensors: tensors.to_vec(),
+    }
+}
+
 /// Build the graph under `root`. `make_tensor` describes a tensor heap
 /// value (validated against its storage), given the id of its node: named
 /// as the walk named it where the walk reached it, else `<node N>`. Work

@@ -77,14 +77,15 @@ pub struct CheckpointSet {
 }
 
 /// File names a directory's checkpoints may have.
-const EXTENSIONS: &[&str] = &["pt", "pth", "bin", "ckpt"];
+const EXTENSIONS: &[&str] = &["pt", "pth", "bin", "ckpt", "safetensors"];
 
 impl CheckpointSet {
     /// Open `path` with default options: a directory (a
     /// `torch.distributed.checkpoint` save when it holds `.metadata`, see
-    /// [`open_dcp`](Self::open_dcp); its `*.index.json` if it has one, else every `.pt`, `.pth`, `.bin` and `.ckpt` file in
-    /// it, in name order), an index file, or one checkpoint file (a set of
-    /// one).
+    /// [`open_dcp`](Self::open_dcp); its `*.index.json` if it has one, else every `.pt`, `.pth`, `.bin`, `.ckpt` and
+    /// `.safetensors` file in it, in name order, only the `.safetensors`
+    /// ones where both kinds are there, as transformers takes them), an
+    /// index file, or one checkpoint file (a set of one).
     pub fn open(path: impl AsRef<Path>) -> Result<CheckpointSet> {
         CheckpointSet::open_with(path, &OpenOptions::new())
     }
@@ -137,6 +138,16 @@ impl CheckpointSet {
                     ));
                 }
             }
+            // A model saved both ways (`model.safetensors` beside
+            // `pytorch_model.bin`): two copies of one state dict, of which
+            // transformers reads the safetensors one.
+            let is_st = |p: &PathBuf| {
+                p.extension()
+                    .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
+            };
+            if files.iter().any(is_st) && !files.iter().all(is_st) {
+                files.retain(is_st);
+            }
             files.sort_by_cached_key(|p| (rank_in_name(p), p.clone()));
             let sidecar = path.join(crate::dcp::fsdp::SIDECAR);
             if sidecar.is_file() && !files.is_empty() {
@@ -154,7 +165,7 @@ impl CheckpointSet {
                 return Err(Error::new(
                     ErrorKind::NotACheckpoint,
                     format!(
-                        "{} holds no checkpoint (no *.index.json, no .pt, .pth, .bin or .ckpt file)",
+                        "{} holds no checkpoint (no *.index.json, no .pt, .pth, .bin, .ckpt or .safetensors file)",
                         path.display()
                     ),
                 ));

@@ -285,6 +285,9 @@ fixtures! {
     random => "random.bin",
     resemblyzer => "resemblyzer.pt",
     sparse => "sparse.pt",
+    st_dtypes => "st_dtypes.safetensors",
+    st_shard_1 => "st_sharded/model-00001-of-00002.safetensors",
+    st_shard_2 => "st_sharded/model-00002-of-00002.safetensors",
     stream => "stream.pt",
     tensor_root => "tensor_root.pt",
     torchscript => "torchscript.pt",
@@ -300,15 +303,20 @@ fixtures! {
 #[test]
 fn every_generated_fixture_is_tested() {
     let mut missing = Vec::new();
-    for entry in std::fs::read_dir(root().join("expected")).expect("expected dir") {
-        let name = entry
-            .expect("entry")
-            .file_name()
-            .to_string_lossy()
-            .into_owned();
-        let file = name.strip_suffix(".json").expect("json");
-        if !COVERED.contains(&file) {
-            missing.push(file.to_owned());
+    // The answers of a set's files lie in a folder named as the set's.
+    let mut dirs = vec![(root().join("expected"), String::new())];
+    while let Some((dir, prefix)) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("expected dir") {
+            let entry = entry.expect("entry");
+            let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
+            if entry.path().is_dir() {
+                dirs.push((entry.path(), format!("{name}/")));
+                continue;
+            }
+            let file = name.strip_suffix(".json").expect("json");
+            if !COVERED.contains(&file) {
+                missing.push(file.to_owned());
+            }
         }
     }
     assert!(missing.is_empty(), "fixtures without a test: {missing:?}");
@@ -563,4 +571,34 @@ fn stream_objects_end_where_torch_left_the_stream() {
         objects.last().and_then(|o| o["end"].as_u64()),
         Some(bytes.len() as u64)
     );
+}
+
+/// A sharded safetensors set as transformers wrote it, opened by its
+/// directory and by its index: every tensor of every shard, each equal to
+/// safetensors' own reading of its shard.
+#[test]
+fn safetensors_set_reads_as_its_shards() {
+    let dir = root().join("files").join("st_sharded");
+    let mut want = std::collections::BTreeMap::new();
+    for shard in ["model-00001-of-00002", "model-00002-of-00002"] {
+        let doc = expected(&format!("st_sharded/{shard}.safetensors"));
+        for t in doc["tensors"].as_array().expect("tensors") {
+            want.insert(
+                t["name"].as_str().expect("name").to_owned(),
+                t["sha256"].as_str().expect("sha256").to_owned(),
+            );
+        }
+    }
+    for path in [dir.clone(), dir.join("model.safetensors.index.json")] {
+        let set = ptload_reader::set::CheckpointSet::open(&path).expect("set");
+        let mut got = std::collections::BTreeMap::new();
+        for file in set.files() {
+            let ckpt = file.checkpoint();
+            assert_eq!(ckpt.format().name(), "safetensors");
+            for view in ckpt.tensors() {
+                got.insert(view.name().to_owned(), sha256_of(&view));
+            }
+        }
+        assert_eq!(got, want, "{}", path.display());
+    }
 }

@@ -658,13 +658,10 @@ fn torch_written_fixtures_are_clean() {
         let want = match name.as_str() {
             "whole_module.pt" => NeedsCode,
             // No pickle torch could reach: what torch.load fails on.
-            "download.html.pt"
-            | "empty.pt"
-            | "lfs_pointer.pt"
-            | "prefixed.pt"
-            | "random.bin"
-            | "truncated.pt"
-            | "weights.safetensors.pt" => Unreadable,
+            "download.html.pt" | "empty.pt" | "lfs_pointer.pt" | "prefixed.pt" | "random.bin"
+            | "truncated.pt" => Unreadable,
+            // safetensors files (weights.safetensors.pt is one under a torch
+            // name): no pickle, a header that reads, nothing that can run.
             _ => Clean,
         };
         let found: Vec<String> = report
@@ -1209,4 +1206,46 @@ fn a_frame_longer_than_the_bytes_left_is_read_on() {
     let report = ptload_reader::scan::scan_bytes(&pickle, &Limits::default());
     assert_eq!(report.verdict(), Dangerous);
     assert!(report.ambiguities.is_empty(), "{report:#?}");
+}
+
+/// A safetensors file holds no pickle: clean when its header reads and
+/// checks out, unreadable (never clean) when it is hostile, whatever the
+/// file is named.
+#[test]
+fn safetensors_headers_are_checked_not_trusted() {
+    use ptload_reader::scan::{scan_bytes, Verdict};
+    let file = |header: &str, data: usize| {
+        let mut out = (header.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(header.as_bytes());
+        out.resize(out.len() + data, 0);
+        out
+    };
+    let good = file(
+        r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+        8,
+    );
+    let report = scan_bytes(&good, &Limits::default());
+    assert_eq!(
+        (report.layout, report.verdict()),
+        ("safetensors", Verdict::Clean)
+    );
+    assert!(report.holds_no_pickle && report.notes[0].contains("nothing in it can run"));
+    for (header, data) in [
+        (
+            r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            8,
+        ),
+        (
+            r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+            8,
+        ),
+        (
+            r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#,
+            16,
+        ),
+    ] {
+        let report = scan_bytes(&file(header, data), &Limits::default());
+        assert_eq!(report.verdict(), Verdict::Unreadable, "{header}");
+        assert!(!report.holds_no_pickle, "{header}");
+    }
 }

@@ -1,8 +1,8 @@
-//! `ptload diff`: two checkpoints compared tensor by tensor (a torch
-//! file's model, as convert takes it, or a safetensors file).
+//! `ptload diff`: two checkpoints compared tensor by tensor (each file's
+//! model, as convert takes it: torch files and safetensors files alike).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 use ptload_reader::set::CheckpointSet;
@@ -24,9 +24,9 @@ pub(crate) type Verdict = u8;
     mut_arg("strip_prefix", |a| a.help(args::strip_help("auto")))
 )]
 pub(crate) struct DiffArgs {
-    /// First checkpoint (a torch file or URL (http(s)://, s3://, gs://, az://), or a .safetensors file).
+    /// First checkpoint (a torch or safetensors file, a set of either, or a URL (http(s)://, s3://, gs://, az://)).
     a: PathBuf,
-    /// Second checkpoint (a torch file or URL (http(s)://, s3://, gs://, az://), or a .safetensors file).
+    /// Second checkpoint (a torch or safetensors file, a set of either, or a URL (http(s)://, s3://, gs://, az://)).
     b: PathBuf,
     /// Print JSON.
     #[arg(long)]
@@ -50,55 +50,25 @@ pub(crate) struct DiffArgs {
     state: StateDictArgs,
 }
 
-/// One side of `diff`, as read.
-pub(crate) enum Opened {
-    Torch(CheckpointSet),
-    /// A safetensors file, or the files of a sharded set, in name order.
-    Safetensors(Vec<Vec<u8>>),
-}
-
-/// A side of `diff` ready to compare: a torch checkpoint's model, selected
-/// as convert selects it (`key` overriding `--key`), or the safetensors
-/// file's tensors.
+/// A side of `diff` ready to compare: the checkpoint's model (a torch
+/// file, a safetensors file or a set of either), selected as convert
+/// selects it (`key` overriding `--key`).
 fn diff_side<'o>(
-    opened: &'o Opened,
+    set: &'o CheckpointSet,
     key: &Option<String>,
     path: &std::path::Path,
     state: &StateDictArgs,
 ) -> CliResult<Side<'o>> {
-    match opened {
-        Opened::Torch(set) => {
-            let mut state = state.clone();
-            if key.is_some() {
-                state.key.clone_from(key);
-            }
-            let sel = state.options(false)?.select_set(set)?;
-            // Two files: each note says which.
-            for d in crate::terms::decisions(sel.decisions()) {
-                crate::ui::note(&format!("{}: {d}", path.display()));
-            }
-            Ok(Side::Torch(sel))
-        }
-        Opened::Safetensors(files) => {
-            let mut read = Vec::with_capacity(files.len());
-            let mut names = std::collections::HashSet::new();
-            for bytes in files {
-                let st = safetensors::SafeTensors::deserialize(bytes)
-                    .map_err(|e| format!("{}: safetensors: {e}", path.display()))?;
-                for name in st.names() {
-                    if !names.insert(name.to_owned()) {
-                        return Err(format!(
-                            "{}: {name} is in two files of the safetensors set",
-                            path.display()
-                        )
-                        .into());
-                    }
-                }
-                read.push(st);
-            }
-            Ok(Side::Safetensors(read))
-        }
+    let mut state = state.clone();
+    if key.is_some() {
+        state.key.clone_from(key);
     }
+    let sel = state.options(false)?.select_set(set)?;
+    // Two files: each note says which.
+    for d in crate::terms::decisions(sel.decisions()) {
+        crate::ui::note(&format!("{}: {d}", path.display()));
+    }
+    Ok(sel)
 }
 
 /// Compare the two sides; exit 1 when they differ.
@@ -107,27 +77,10 @@ pub(crate) fn run(a: &DiffArgs, out: &mut impl Write) -> CliResult<u8> {
         return Err("invalid --atol/--rtol: expected numbers of 0 or more".into());
     }
     let opts = a.open.options();
-    // Each side is a torch checkpoint or a safetensors file; an error says
-    // which side failed.
-    let read = |path: &PathBuf| -> CliResult<Opened> {
-        let fail = |e: String| format!("{}: {e}", path.display());
-        if is_safetensors(path) {
-            let bytes = std::fs::read(path).map_err(|e| fail(format!("io: {e}")))?;
-            return Ok(Opened::Safetensors(vec![bytes]));
-        }
-        // A sharded safetensors set (what convert --max-shard-size
-        // writes): every .safetensors file of the directory.
-        if let Some(shards) = safetensors_shards(path) {
-            let files = shards
-                .iter()
-                .map(std::fs::read)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| fail(format!("io: {e}")))?;
-            return Ok(Opened::Safetensors(files));
-        }
+    // An error says which side failed.
+    let read = |path: &PathBuf| -> CliResult<CheckpointSet> {
         crate::remote::open_set(path, &opts)
-            .map(Opened::Torch)
-            .map_err(|e| fail(e.render(&crate::terms::Flags)).into())
+            .map_err(|e| format!("{}: {}", path.display(), e.render(&crate::terms::Flags)).into())
     };
     let (oa, ob) = (read(&a.a)?, read(&a.b)?);
     let sa = diff_side(&oa, &a.key_a, &a.a, &a.state)?;
@@ -179,69 +132,8 @@ impl Tolerance {
     }
 }
 
-/// Whether `path` holds a safetensors file: an 8-byte little-endian
-/// header length that fits the file, then `{`.
-pub(crate) fn is_safetensors(path: &Path) -> bool {
-    use std::io::Read;
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return false;
-    };
-    let mut head = [0u8; 9];
-    if f.read_exact(&mut head).is_err() {
-        return false;
-    }
-    let len = f.metadata().map_or(0, |m| m.len());
-    is_safetensors_head(&head, len)
-}
-
-/// Whether a file of `len` bytes starting with `head` is a safetensors
-/// file: a header length that fits, then the header's `{`.
-pub(crate) fn is_safetensors_head(head: &[u8], len: u64) -> bool {
-    let (Some(n), Some(&brace)) = (head.get(..8), head.get(8)) else {
-        return false;
-    };
-    let mut b = [0u8; 8];
-    b.copy_from_slice(n);
-    let n = u64::from_le_bytes(b);
-    n >= 2 && n <= len.saturating_sub(8) && brace == b'{'
-}
-
-/// The `.safetensors` files of the directory `path`, in name order, when
-/// it holds some and no torch checkpoint (`None` otherwise).
-fn safetensors_shards(path: &Path) -> Option<Vec<PathBuf>> {
-    if !path.is_dir() || ptload_reader::dcp::is_dcp_dir(path) {
-        return None;
-    }
-    let mut shards = Vec::new();
-    for entry in std::fs::read_dir(path).ok()? {
-        let p = entry.ok()?.path();
-        let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
-        if ["pt", "pth", "bin", "ckpt"].contains(&ext) {
-            return None;
-        }
-        if ext == "safetensors" && is_safetensors(&p) {
-            shards.push(p);
-        }
-    }
-    shards.sort();
-    (!shards.is_empty()).then_some(shards)
-}
-
-/// One side of a diff: a torch checkpoint's selection, or a safetensors
-/// file or sharded set (read whole; its names as they are, each in one
-/// file).
-pub(crate) enum Side<'a> {
-    Torch(ptload_reader::state_dict::StateDict<'a>),
-    Safetensors(Vec<safetensors::SafeTensors<'a>>),
-}
-
-/// The file of a safetensors set that holds `name`.
-fn holding<'s, 'a>(
-    files: &'s [safetensors::SafeTensors<'a>],
-    name: &str,
-) -> Option<safetensors::tensor::TensorView<'s>> {
-    files.iter().find_map(|st| st.tensor(name).ok())
-}
+/// One side of a diff: the selection of a checkpoint's model.
+pub(crate) type Side<'a> = ptload_reader::state_dict::StateDict<'a>;
 
 /// A tensor of either side.
 struct Entry<'a> {
@@ -251,68 +143,32 @@ struct Entry<'a> {
     data: Option<std::borrow::Cow<'a, [u8]>>,
 }
 
-impl<'a> Side<'a> {
-    fn names(&self) -> Vec<String> {
-        match self {
-            Side::Torch(sel) => sel.iter().map(|s| s.name.clone()).collect(),
-            Side::Safetensors(files) => files
-                .iter()
-                .flat_map(|st| {
-                    // The header's order is the data's (offsets ascending).
-                    let mut named: Vec<(usize, String)> = st
-                        .tensors()
-                        .into_iter()
-                        .map(|(n, v)| (v.data().as_ptr() as usize, n))
-                        .collect();
-                    named.sort();
-                    named.into_iter().map(|(_, n)| n)
-                })
-                .collect(),
-        }
-    }
-
+/// The names, sizes and elements of a side's tensors.
+trait Tensors {
+    fn names(&self) -> Vec<String>;
     /// Bytes of the tensor's elements.
-    fn nbytes(&self, name: &str) -> Option<u64> {
-        match self {
-            Side::Torch(sel) => sel.get(name).map(|t| t.info().nbytes),
-            Side::Safetensors(files) => holding(files, name).map(|v| v.data().len() as u64),
-        }
+    fn nbytes(&self, name: &str) -> Option<u64>;
+    fn entry(&self, name: &str) -> CliResult<Option<Entry<'_>>>;
+}
+
+impl Tensors for Side<'_> {
+    fn names(&self) -> Vec<String> {
+        self.iter().map(|s| s.name.clone()).collect()
     }
 
-    fn contains(&self, name: &str) -> bool {
-        match self {
-            Side::Torch(sel) => sel.contains(name),
-            Side::Safetensors(files) => holding(files, name).is_some(),
-        }
+    fn nbytes(&self, name: &str) -> Option<u64> {
+        self.get(name).map(|t| t.info().nbytes)
     }
 
     fn entry(&self, name: &str) -> CliResult<Option<Entry<'_>>> {
-        match self {
-            Side::Torch(sel) => {
-                let Some(t) = sel.get(name) else {
-                    return Ok(None);
-                };
-                Ok(Some(Entry {
-                    dtype: t.dtype(),
-                    shape: t.shape().to_vec(),
-                    data: t.storage().map(|_| t.data()).transpose()?,
-                }))
-            }
-            Side::Safetensors(files) => {
-                let Some(view) = holding(files, name) else {
-                    return Ok(None);
-                };
-                let dtype_name = format!("{:?}", view.dtype());
-                let dtype = dtype_name.parse::<DType>().map_err(|_| {
-                    format!("{name}: safetensors dtype {dtype_name} is not one ptload reads")
-                })?;
-                Ok(Some(Entry {
-                    dtype,
-                    shape: view.shape().iter().map(|&d| d as u64).collect(),
-                    data: Some(std::borrow::Cow::Borrowed(view.data())),
-                }))
-            }
-        }
+        let Some(t) = self.get(name) else {
+            return Ok(None);
+        };
+        Ok(Some(Entry {
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            data: t.storage().map(|_| t.data()).transpose()?,
+        }))
     }
 }
 

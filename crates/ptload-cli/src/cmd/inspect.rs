@@ -72,18 +72,6 @@ pub(crate) fn run(a: &InspectArgs, out: &mut impl Write) -> CliResult<u8> {
 
 fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliResult<()> {
     let columns = inspect::terminal_columns();
-    // A safetensors file (found by its content, whatever its name): its
-    // header's tensors and metadata.
-    if crate::remote::url_of(file).is_none() && crate::cmd::diff::is_safetensors(file) {
-        if a.state.is_set() || a.map.is_set() {
-            return Err(format!(
-                "{label} is a safetensors file: the state dict and mapping options apply to \
-                 torch checkpoints"
-            )
-            .into());
-        }
-        return crate::safetensors_file::inspect(out, file, label, a.json, a.hash, columns);
-    }
     let opts = a.open.options();
     let set = crate::remote::open_set(file, &opts)?;
     // Objects saved one after another on one stream: each in turn.

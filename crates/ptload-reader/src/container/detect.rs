@@ -15,6 +15,9 @@ pub(crate) enum Detected {
     Zip,
     /// A stream of pickles starting with torch's legacy magic number.
     Legacy,
+    /// A safetensors file (what `torch.load` of a `.safetensors` path
+    /// hands to safetensors since torch 2.15), found by its content.
+    Safetensors,
 }
 
 /// The pickled magic number of the legacy layout, as torch writes it:
@@ -99,10 +102,7 @@ pub(crate) fn detect<'d>(data: impl Into<FileView<'d>>) -> Result<Detected> {
         return Err(not_a_checkpoint(what));
     }
     if looks_like_safetensors(data, total) {
-        return Err(not_a_checkpoint(
-            "this is a safetensors file, not a torch checkpoint: read it with the safetensors \
-             library (it needs no conversion)",
-        ));
+        return Ok(Detected::Safetensors);
     }
     if starts_with_legacy_magic(data) {
         return Ok(Detected::Legacy);
@@ -253,7 +253,7 @@ mod tests {
                 .contains("Git LFS pointer of a 42-byte file")
         );
         assert!(message(b"\n  <!DOCTYPE html><html>").contains("HTML page"));
-        assert!(message(b"\x02\0\0\0\0\0\0\0{}").contains("safetensors"));
+        assert!(message(b"\x02\0\0\0\0\0\0\0{}").contains("Safetensors"));
         assert!(message(b"\x1f\x8b\x08\0rest").contains("gzip-compressed"));
         assert!(message(b"\xfd7zXZ\0rest").contains("xz-compressed"));
         assert!(message(b"GGUF\x03\0").contains("GGUF"));

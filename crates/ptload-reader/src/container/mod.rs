@@ -3,6 +3,7 @@
 mod detect;
 pub(crate) mod layout;
 pub(crate) mod legacy;
+pub(crate) mod safetensors;
 pub(crate) mod zip;
 
 pub(crate) use detect::{detect, Detected, LEGACY_MAGIC_VALUE};
@@ -23,10 +24,12 @@ pub enum Format {
     /// Per-rank `torch.save` files of a sharded model (FSDP2's DTensors,
     /// or their local shards), put together.
     Ranks,
+    /// A safetensors file: a JSON header and the tensors' bytes, no pickle.
+    Safetensors,
 }
 
 impl Format {
-    /// `zip`, `legacy`, `torchscript`, `dcp` or `ranks`.
+    /// `zip`, `legacy`, `torchscript`, `dcp`, `ranks` or `safetensors`.
     pub fn name(self) -> &'static str {
         match self {
             Format::Zip => "zip",
@@ -34,6 +37,7 @@ impl Format {
             Format::TorchScript => "torchscript",
             Format::Dcp => "dcp",
             Format::Ranks => "ranks",
+            Format::Safetensors => "safetensors",
         }
     }
 }

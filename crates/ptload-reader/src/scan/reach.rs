@@ -26,6 +26,7 @@ use crate::error::Result;
 use crate::limits::Limits;
 use crate::pickle::{Heap, Interpreter, Obj, ObjId, Object, StringEncoding, Value, Vm};
 use crate::ranged::{fetch_more_until, Extents, Fetcher, FileView, RangeRead};
+use crate::torch::dtype::DType;
 
 /// How a global is used by the pickle that names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -256,6 +257,9 @@ pub struct ScanReport {
     /// Problems with the container itself (a zip directory torch could not
     /// read either, ...).
     pub notes: Vec<String>,
+    /// A file that holds no pickle and whose header was read and checked
+    /// (a safetensors file): nothing in it can run.
+    pub holds_no_pickle: bool,
 }
 
 impl ScanReport {
@@ -278,10 +282,11 @@ impl ScanReport {
 
     /// The verdict: a level at or above [`Level::UnknownCall`] wherever it
     /// was found (a broken file included); else unreadable when no pickle
-    /// torch.load would reach could be read; else the level.
+    /// torch.load would reach could be read (and the file is no checked
+    /// safetensors file); else the level.
     pub fn verdict(&self) -> Verdict {
         let level = self.level();
-        if level < Level::UnknownCall && !self.readable() {
+        if level < Level::UnknownCall && !self.readable() && !self.holds_no_pickle {
             Verdict::Unreadable
         } else {
             Verdict::of(level)
@@ -343,6 +348,26 @@ fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
         ran_out: false,
     };
     let head = view.up_to(0, 512);
+    if crate::container::detect(view).ok() == Some(crate::container::Detected::Safetensors) {
+        // No pickle: what the header says is all there is. torch 2.15 hands
+        // a `.safetensors` path to safetensors, which runs nothing either.
+        scan.report.layout = "safetensors";
+        let sizes = |name: &str| DType::from_name(name).map(|d| d.size() as u64);
+        match crate::container::safetensors::parse(view, limits, sizes) {
+            Ok(header) => {
+                scan.report.holds_no_pickle = true;
+                scan.report.notes.push(format!(
+                    "a safetensors file: {} tensors under a JSON header and no pickle, so \
+                     nothing in it can run",
+                    header.entries.len()
+                ));
+            }
+            // A header not fetched yet is read in a later round.
+            Err(_) if view.incomplete() => {}
+            Err(e) => scan.report.notes.push(e.to_string()),
+        }
+        return scan.report;
+    }
     if head.starts_with(b"PK\x03\x04") {
         scan.report.layout = "zip";
         scan.zip_file(view);

@@ -158,6 +158,12 @@ impl DType {
         }
     }
 
+    /// The dtype of this [`name`](Self::name) (safetensors' names for its
+    /// dtypes are these too).
+    pub(crate) fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == name)
+    }
+
     /// The dtype named `torch.<name>` (a dtype global), if torch saves it.
     pub(crate) fn from_torch_name(name: &str) -> Option<DType> {
         Some(match name {
