@@ -347,9 +347,25 @@ fn node_tuple<'py>(py: Python<'py>, node: &Node) -> PyResult<Bound<'py, PyAny>> 
 
 #[pymethods]
 impl Checkpoint {
-    /// The layout: `zip`, `legacy`, `torchscript`.
+    /// The layout: `zip`, `legacy`, `torchscript`, `safetensors`...
     fn format(&self) -> String {
         format!("{:?}", self.inner.format()).to_lowercase()
+    }
+
+    /// A safetensors file's `__metadata__` (its string values, in the
+    /// header's order); empty for other layouts.
+    fn safetensors_metadata(&self) -> Vec<(String, String)> {
+        if self.inner.format() != ptload_reader::checkpoint::Format::Safetensors {
+            return Vec::new();
+        }
+        self.inner
+            .values()
+            .iter()
+            .filter_map(|(k, v)| match v {
+                ptload_reader::checkpoint::Scalar::Str(s) => Some((k.clone(), s.clone())),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The offset just past the checkpoint's last byte (where torch.load

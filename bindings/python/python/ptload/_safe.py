@@ -305,6 +305,11 @@ class safe_open:
         return {name: self.get_tensor(name) for name in self.offset_keys()}
 
     def metadata(self) -> Dict[str, str]:
+        """A safetensors file's ``__metadata__``, as safetensors gives it;
+        ``{"format": "pt"}`` for a torch checkpoint (what transformers
+        checks for)."""
+        if self._sel is None and self._ckpt.format() == "safetensors":
+            return dict(self._ckpt.safetensors_metadata())
         return {"format": "pt"}
 
     def _info(self, name):

@@ -393,7 +393,13 @@ pub(super) fn auto_key_of(files: &[&Checkpoint]) -> AutoKey {
     // Top-level entries holding only plain values (epoch, args, ...).
     let mut plain: Vec<&str> = Vec::new();
     let mut plain_seen = std::collections::HashSet::new();
-    for (name, _) in files.iter().flat_map(|c| c.values()) {
+    // A safetensors file's values are its header's metadata, not entries
+    // beside its tensors.
+    let tree_values = files
+        .iter()
+        .filter(|c| c.format() != crate::checkpoint::Format::Safetensors)
+        .flat_map(|c| c.values());
+    for (name, _) in tree_values {
         let top = top(name);
         if !seen.contains(top) && plain_seen.insert(top) {
             plain.push(top);
