@@ -2801,3 +2801,67 @@ fn inspect_reads_a_safetensors_file_by_its_content() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(!stdout(&out).contains("bias"), "{}", stdout(&out));
 }
+
+/// safetensors in, safetensors out: a file and transformers' sharded set
+/// convert (whole, cast, resharded) to files the safetensors library reads,
+/// equal to the input, the input's `__metadata__` kept once (a set's files
+/// each say `format`).
+#[test]
+fn safetensors_files_and_sets_convert() {
+    let dir = temp_dir("st-convert");
+    let one = dir.join("one.safetensors");
+    let out = ptload(&[
+        "convert",
+        &fixture("st_dtypes.safetensors"),
+        &one.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).is_empty(),
+        "a plain state dict: {}",
+        stderr(&out)
+    );
+    let bytes = std::fs::read(&one).expect("read");
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("safetensors");
+    let kept = meta.metadata().clone().expect("metadata");
+    assert_eq!(kept.get("made_by").map(String::as_str), Some("generate.py"));
+    assert_eq!(kept.get("format").map(String::as_str), Some("pt"));
+    let same = ptload(&[
+        "diff",
+        &fixture("st_dtypes.safetensors"),
+        &one.display().to_string(),
+    ]);
+    assert_eq!(same.status.code(), Some(0), "{}", stdout(&same));
+    let cast = dir.join("cast.safetensors");
+    let out = ptload(&[
+        "convert",
+        &fixture("st_sharded"),
+        &cast.display().to_string(),
+        "--dtype",
+        "bf16",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let bytes = std::fs::read(&cast).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    assert_eq!(st.len(), 28);
+    assert!(st
+        .tensors()
+        .iter()
+        .all(|(_, v)| v.dtype() == safetensors::Dtype::BF16));
+    let shards = dir.join("shards");
+    let out = ptload(&[
+        "convert",
+        &fixture("st_sharded/model.safetensors.index.json"),
+        &shards.display().to_string(),
+        "--max-shard-size",
+        "10KB",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let same = ptload(&[
+        "diff",
+        &fixture("st_sharded"),
+        &shards.display().to_string(),
+    ]);
+    assert_eq!(same.status.code(), Some(0), "{}", stdout(&same));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -4,6 +4,7 @@
 use super::header::{plain_json, Entry, Header};
 use super::{safetensors_dtype, Metadata, SafetensorsOptions, Written};
 use crate::advice::Hint;
+use crate::checkpoint::Scalar;
 use crate::error::{Error, ErrorKind, Result};
 use crate::state_dict::{Selected, StateDict};
 use crate::torch::dtype::DType;
@@ -134,11 +135,14 @@ fn metadata(
     let mut metadata: Vec<(String, String)> = vec![("format".to_owned(), "pt".to_owned())];
     // The selected values under the names they are written with, each
     // with the call it is an argument of, if any.
+    // A safetensors file's values are its metadata's strings: copied as
+    // they are, not as JSON text.
     let selected = sd.checkpoints().iter().flat_map(|c| {
+        let verbatim = c.format() == crate::checkpoint::Format::Safetensors;
         c.values()
             .iter()
             .enumerate()
-            .map(move |(i, (name, v))| (name.as_str(), v, c.value_call(i)))
+            .map(move |(i, (name, v))| (name.as_str(), v, c.value_call(i), verbatim))
     });
     let selected: Vec<_> = match &opts.metadata {
         Metadata::None => Vec::new(),
@@ -146,17 +150,28 @@ fn metadata(
         Metadata::Selected { key: Some(key) } => {
             let key = key.trim_end_matches('.');
             selected
-                .filter_map(|(n, v, call)| {
+                .filter_map(|(n, v, call, verbatim)| {
                     let rest = n.strip_prefix(key)?.strip_prefix('.')?;
-                    Some((rest, v, call))
+                    Some((rest, v, call, verbatim))
                 })
                 .collect()
         }
     };
-    for (name, value, call) in selected {
-        let Some(json) = plain_json(value) else {
+    // A name once: the format marker, then the first value of a name (the
+    // files of a safetensors set each say `format`).
+    let mut named: std::collections::HashSet<String> =
+        metadata.iter().map(|(k, _)| k.clone()).collect();
+    for (name, value, call, verbatim) in selected {
+        let text = match value {
+            Scalar::Str(s) if verbatim => Some(s.clone()),
+            _ => plain_json(value),
+        };
+        let Some(json) = text else {
             continue;
         };
+        if !named.insert(name.to_owned()) {
+            continue;
+        }
         match call.filter(|c| !plain_call(c)) {
             // What the file would hand to a call that may act (a command
             // line, a file to open) is not a setting of the model: never
