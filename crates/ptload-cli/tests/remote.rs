@@ -177,6 +177,8 @@ fn inspect_and_scan_of_a_url_equal_the_local_files() {
         "llama_tiny.pt",
         "prefixed.pt",
         "wide_storages.pt",
+        "st_dtypes.safetensors",
+        "weights.safetensors.pt",
     ];
     for name in names {
         std::fs::copy(fixture(name), server.www().join("files").join(name)).unwrap();
@@ -199,12 +201,7 @@ fn inspect_and_scan_of_a_url_equal_the_local_files() {
         assert_eq!(here["pickles"], there["pickles"], "{name}");
     }
     // Files that are no checkpoint scan as the local file does.
-    for name in [
-        "weights.safetensors.pt",
-        "download.html.pt",
-        "pre1.0_tar.pt",
-        "empty.pt",
-    ] {
+    for name in ["download.html.pt", "pre1.0_tar.pt", "empty.pt"] {
         std::fs::copy(fixture(name), server.www().join("files").join(name)).unwrap();
         let local = fixture(name).display().to_string();
         let url = server.url(&format!("files/{name}"));
@@ -512,6 +509,21 @@ fn an_index_url_reads_as_the_local_set() {
     let there = json(&ptload(&["inspect", "--json", "--hash", &url]));
     assert!(there["fetched"]["bytes"].as_u64().unwrap() > 0, "{there}");
     assert_eq!(located(here), located(there));
+    // A sharded safetensors set (transformers' save_pretrained) by its index.
+    let st = server.www().join("files/st_sharded");
+    std::fs::create_dir_all(&st).unwrap();
+    for entry in std::fs::read_dir(fixture("st_sharded")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), st.join(entry.file_name())).unwrap();
+    }
+    let st_local = fixture("st_sharded/model.safetensors.index.json")
+        .display()
+        .to_string();
+    let st_url = server.url("files/st_sharded/model.safetensors.index.json");
+    let st_here = json(&ptload(&["inspect", "--json", "--hash", &st_local]));
+    let st_there = json(&ptload(&["inspect", "--json", "--hash", &st_url]));
+    assert_eq!(st_there["format"], "safetensors");
+    assert_eq!(located(st_here), located(st_there));
     // Every shard was asked for at its URL beside the index.
     for n in 1..=3 {
         let (_, made) = server.sent(&format!(
