@@ -80,7 +80,8 @@ def torch_cpu(name):
 @pytest.mark.parametrize(
     "name",
     ["multi_gpu.pt", "views.pt", "dtypes.pt", "bigendian.pt", "conj_neg.pt",
-     "quantized.pt", "sparse.pt", "parameter_state.pt", "llama_tiny.pt", "legacy.pt"],
+     "quantized.pt", "sparse.pt", "parameter_state.pt", "llama_tiny.pt", "legacy.pt",
+     "st_dtypes.safetensors"],
 )
 def test_every_storage_goes_to_the_gpu_and_reads_back_as_torch(gpus, name):
     with warnings.catch_warnings():
@@ -181,7 +182,9 @@ def test_an_exception_while_uploading_comes_out_of_the_call(gpus):
     assert all(uploaded.on_device(i) for i, _ in targets)
 
 
-@pytest.mark.parametrize("name", ["llama_tiny.pt", "views.pt", "dtypes.pt", "bigendian.pt"])
+@pytest.mark.parametrize(
+    "name", ["llama_tiny.pt", "views.pt", "dtypes.pt", "bigendian.pt", "st_dtypes.safetensors"]
+)
 def test_load_file_onto_a_gpu_uploads_through_the_pipeline(gpus, name):
     """safetensors' ``load_file(path, device="cuda:0")`` on a ``.pt`` file:
     the selected tensors' storages are uploaded at once by ptload-device
