@@ -945,7 +945,7 @@ impl Checkpoint {
     /// `{name: tensor}` dict safetensors' `load_file` returns.
     fn from_safetensors(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
         let header = crate::container::safetensors::parse(source.view(), &opts.limits, |name| {
-            DType::from_name(name).map(|d| d.size() as u64)
+            DType::from_safetensors_name(name).map(|d| d.size() as u64)
         })?;
         let start = header.data_start;
         let mut parts = Vec::with_capacity(header.entries.len());
@@ -953,7 +953,7 @@ impl Checkpoint {
             let at = start
                 .checked_add(e.begin)
                 .ok_or_else(|| Error::new(ErrorKind::Tensor, "offset overflows"))?;
-            let dtype = DType::from_name(&e.dtype).ok_or_else(|| {
+            let dtype = DType::from_safetensors_name(&e.dtype).ok_or_else(|| {
                 Error::new(
                     ErrorKind::Tensor,
                     format!("dtype {:?} is not one ptload reads", e.dtype),

@@ -135,7 +135,7 @@ pub fn read_container(data: &[u8], limits: &Limits) -> Result<usize> {
         }
         Detected::Safetensors => {
             let header = crate::container::safetensors::parse(data.into(), limits, |name| {
-                crate::torch::dtype::DType::from_name(name).map(|d| d.size() as u64)
+                crate::torch::dtype::DType::from_safetensors_name(name).map(|d| d.size() as u64)
             })?;
             Ok(header.entries.len())
         }

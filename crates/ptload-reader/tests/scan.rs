@@ -1229,7 +1229,7 @@ fn safetensors_headers_are_checked_not_trusted() {
         (report.layout, report.verdict()),
         ("safetensors", Verdict::Clean)
     );
-    assert!(report.holds_no_pickle && report.notes[0].contains("nothing in it can run"));
+    assert!(report.holds_no_pickle && report.notes[0].contains("scanned too"));
     for (header, data) in [
         (
             r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
@@ -1248,4 +1248,23 @@ fn safetensors_headers_are_checked_not_trusted() {
         assert_eq!(report.verdict(), Verdict::Unreadable, "{header}");
         assert!(!report.holds_no_pickle, "{header}");
     }
+}
+
+/// A safetensors file whose first bytes are also a pickle program: torch
+/// unpickles any file not named `.safetensors` from byte 0 (every torch
+/// before 2.15 does so with any name), so the header's checks do not make
+/// it clean. The header length 0x03580280 reads as PROTO 2 and a
+/// BINUNICODE of 3 bytes that swallows the length's last byte and `{"`;
+/// what follows, inside the first name, is a call of `os.system`.
+#[test]
+fn a_safetensors_header_that_is_also_a_pickle_is_scanned_as_one() {
+    use ptload_reader::scan::{scan_bytes, Verdict};
+    let n: u64 = 0x0358_0280;
+    let mut file = vec![b' '; usize::try_from(n).unwrap() + 8 + 1];
+    file[..8].copy_from_slice(&n.to_le_bytes());
+    let program = b"{\"cos\nsystem\n)R.";
+    file[8..8 + program.len()].copy_from_slice(program);
+    let report = scan_bytes(&file, &Limits::default());
+    assert_eq!(report.layout, "safetensors");
+    assert_eq!(report.verdict(), Verdict::Dangerous, "{report:?}");
 }

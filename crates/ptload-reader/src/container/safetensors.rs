@@ -42,6 +42,14 @@ pub(crate) struct Header {
     pub(crate) end: u64,
 }
 
+/// The largest header the safetensors library reads (its own bound, below
+/// `Limits::max_index_bytes`).
+const MAX_HEADER: u64 = 100_000_000;
+
+/// Dimensions a tensor may have: torch's own bound; a longer list in a
+/// header is refused while it is read, before it is held.
+const MAX_DIMS: usize = 64;
+
 fn bad(message: impl Into<String>) -> Error {
     Error::new(
         ErrorKind::Tensor,
@@ -64,12 +72,9 @@ pub(crate) fn parse(
     let mut b = [0u8; 8];
     b.copy_from_slice(len);
     let n = u64::from_le_bytes(b);
-    if n > limits.max_index_bytes {
-        return Err(Error::limit_needing(
-            "max_index_bytes",
-            limits.max_index_bytes,
-            n,
-        ));
+    let most = limits.max_index_bytes.min(MAX_HEADER);
+    if n > most {
+        return Err(Error::limit_needing("max_index_bytes", most, n));
     }
     let data_start = n.checked_add(8).filter(|&s| s <= total).ok_or_else(|| {
         bad(format!(
@@ -80,27 +85,20 @@ pub(crate) fn parse(
         .get(8..usize::try_from(data_start).map_err(|_| bad("header too large"))?)
         .ok_or_else(|| bad("the header is not fetched yet"))?;
     let data_len = total - data_start;
-    let raw = parse_json(text)?;
-    if raw.tensors.len() > limits.max_tensors {
-        return Err(Error::limit_needing(
-            "max_tensors",
-            limits.max_tensors as u64,
-            raw.tensors.len() as u64,
-        ));
-    }
+    let raw = parse_json(text, limits.max_tensors)?;
     let mut entries = Vec::with_capacity(raw.tensors.len());
     for (name, t) in raw.tensors {
         let at = |m: String| bad(m).for_tensor(&name);
+        let shape = t.shape.0;
         let size = element_size(&t.dtype)
             .ok_or_else(|| at(format!("dtype {:?} is not one ptload reads", t.dtype)))?;
-        let numel = t
-            .shape
+        let numel = shape
             .iter()
             .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .ok_or_else(|| at(format!("shape {:?} overflows", t.shape)))?;
+            .ok_or_else(|| at(format!("shape {shape:?} overflows")))?;
         let nbytes = numel
             .checked_mul(size)
-            .ok_or_else(|| at(format!("shape {:?} overflows", t.shape)))?;
+            .ok_or_else(|| at(format!("shape {shape:?} overflows")))?;
         let [begin, end] = t.data_offsets;
         if begin > end || end > data_len {
             return Err(at(format!(
@@ -109,16 +107,15 @@ pub(crate) fn parse(
         }
         if end - begin != nbytes {
             return Err(at(format!(
-                "data_offsets [{begin}, {end}] hold {} bytes, where {} {:?} takes {nbytes}",
+                "data_offsets [{begin}, {end}] hold {} bytes, where {} {shape:?} takes {nbytes}",
                 end - begin,
                 t.dtype,
-                t.shape
             )));
         }
         entries.push(Entry {
             name,
             dtype: t.dtype,
-            shape: t.shape,
+            shape,
             begin,
             end,
         });
@@ -170,20 +167,59 @@ struct RawHeader {
 #[derive(serde::Deserialize)]
 struct RawTensor {
     dtype: String,
-    shape: Vec<u64>,
+    shape: Shape,
     data_offsets: [u64; 2],
 }
 
-fn parse_json(text: &[u8]) -> Result<RawHeader> {
+/// A shape, its length bounded while it is read.
+struct Shape(Vec<u64>);
+
+impl<'de> serde::Deserialize<'de> for Shape {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Shape, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Shape;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a shape: a list of at most 64 sizes")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<Shape, A::Error> {
+                let mut dims = Vec::new();
+                while let Some(d) = seq.next_element::<u64>()? {
+                    if dims.len() == MAX_DIMS {
+                        return Err(de::Error::custom(format!(
+                            "a shape of more than {MAX_DIMS} dimensions"
+                        )));
+                    }
+                    dims.push(d);
+                }
+                Ok(Shape(dims))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+fn parse_json(text: &[u8], max_tensors: usize) -> Result<RawHeader> {
     let mut de = serde_json::Deserializer::from_slice(text);
     let raw = de
-        .deserialize_map(HeaderVisitor)
+        .deserialize_map(HeaderVisitor { max_tensors })
         .and_then(|raw| de.end().map(|()| raw))
-        .map_err(|e| bad(format!("header: {e}")))?;
+        .map_err(|e| match e.classify() {
+            serde_json::error::Category::Data if e.to_string().contains("max_tensors") => {
+                Error::limit("max_tensors", max_tensors as u64)
+            }
+            _ => bad(format!("header: {e}")),
+        })?;
     Ok(raw)
 }
 
-struct HeaderVisitor;
+/// The header's top level: tensors in order, counted as they are read.
+struct HeaderVisitor {
+    max_tensors: usize,
+}
 
 impl<'de> Visitor<'de> for HeaderVisitor {
     type Value = RawHeader;
@@ -203,6 +239,9 @@ impl<'de> Visitor<'de> for HeaderVisitor {
             if key == "__metadata__" {
                 metadata = Some(map.next_value::<Metadata>()?.0);
             } else {
+                if tensors.len() == self.max_tensors {
+                    return Err(de::Error::custom("more tensors than max_tensors"));
+                }
                 tensors.push((key, map.next_value()?));
             }
         }
@@ -375,7 +414,7 @@ mod tests {
 
     #[test]
     fn an_enormous_header_length_is_refused_before_reading() {
-        let mut bytes = u64::MAX.to_le_bytes().to_vec();
+        let mut bytes = (MAX_HEADER + 1).to_le_bytes().to_vec();
         bytes.push(b'{');
         let e = parse(FileView::from(bytes.as_slice()), &Limits::default(), sizes).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::LimitExceeded);
@@ -383,5 +422,24 @@ mod tests {
         bytes.extend_from_slice(b"{}");
         let e = parse(FileView::from(bytes.as_slice()), &Limits::default(), sizes).unwrap_err();
         assert!(e.to_string().contains("runs past"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod count_tests {
+    use super::*;
+
+    #[test]
+    fn tensors_past_the_limit_are_refused_while_read() {
+        let header = r#"{"a":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[],"data_offsets":[4,8]}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.resize(bytes.len() + 8, 0);
+        let limits = Limits {
+            max_tensors: 1,
+            ..Limits::default()
+        };
+        let e = parse(FileView::from(bytes.as_slice()), &limits, |_| Some(4)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
     }
 }

@@ -348,17 +348,20 @@ fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
         ran_out: false,
     };
     let head = view.up_to(0, 512);
-    if crate::container::detect(view).ok() == Some(crate::container::Detected::Safetensors) {
-        // No pickle: what the header says is all there is. torch 2.15 hands
-        // a `.safetensors` path to safetensors, which runs nothing either.
-        scan.report.layout = "safetensors";
-        let sizes = |name: &str| DType::from_name(name).map(|d| d.size() as u64);
+    let safetensors =
+        crate::container::detect(view).ok() == Some(crate::container::Detected::Safetensors);
+    if safetensors {
+        // torch 2.15 hands a `.safetensors` path to safetensors, which runs
+        // nothing; any other name (and every older torch) is unpickled from
+        // byte 0, so the stream below is scanned too: a header that is also
+        // a pickle program is what it is.
+        let sizes = |name: &str| DType::from_safetensors_name(name).map(|d| d.size() as u64);
         match crate::container::safetensors::parse(view, limits, sizes) {
             Ok(header) => {
                 scan.report.holds_no_pickle = true;
                 scan.report.notes.push(format!(
-                    "a safetensors file: {} tensors under a JSON header and no pickle, so \
-                     nothing in it can run",
+                    "a safetensors file: {} tensors under a JSON header; what a pickle reader \
+                     makes of its first bytes is scanned too",
                     header.entries.len()
                 ));
             }
@@ -366,7 +369,6 @@ fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
             Err(_) if view.incomplete() => {}
             Err(e) => scan.report.notes.push(e.to_string()),
         }
-        return scan.report;
     }
     if head.starts_with(b"PK\x03\x04") {
         scan.report.layout = "zip";
@@ -402,6 +404,9 @@ fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
         }
     }
     scan.nested_pickles();
+    if safetensors {
+        scan.report.layout = "safetensors";
+    }
     scan.report
 }
 

@@ -158,10 +158,15 @@ impl DType {
         }
     }
 
-    /// The dtype of this [`name`](Self::name) (safetensors' names for its
-    /// dtypes are these too).
-    pub(crate) fn from_name(name: &str) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.name() == name)
+    /// The dtype a safetensors header names: safetensors' names are
+    /// ptload's, for the dtypes safetensors has (not complex32, complex128
+    /// or packed float4 pairs; its `F4` and `F6_*` count elements in
+    /// nibbles and are not read).
+    pub(crate) fn from_safetensors_name(name: &str) -> Option<DType> {
+        DType::ALL
+            .into_iter()
+            .filter(|d| !matches!(d, DType::C32 | DType::C128 | DType::F4E2M1X2))
+            .find(|d| d.name() == name)
     }
 
     /// The dtype named `torch.<name>` (a dtype global), if torch saves it.
