@@ -558,3 +558,21 @@ def test_a_module_of_a_class_defined_in_main_gives_torchs_state_dict():
     assert list(ours) == [t["name"] for t in expected]
     for t in expected:
         assert reachable_tensors(ours[t["name"]]) == {(t["dtype"], tuple(t["shape"]), t["sha256"])}
+
+
+def test_a_stream_read_to_its_end_says_so():
+    """Objects saved one after another on one stream: each load reads the
+    next, and the one after the last raises torch's EOFError, saying the
+    stream was read to its end (not that the checkpoint is empty)."""
+    buf = io.BytesIO()
+    torch.save({"a": torch.ones(2)}, buf)
+    torch.save({"b": torch.zeros(3)}, buf)
+    buf.seek(0)
+    assert torch.equal(ptload.torch.load(buf)["a"], torch.ones(2))
+    assert torch.equal(ptload.torch.load(buf)["b"], torch.zeros(3))
+    end = buf.tell()
+    with pytest.raises(EOFError, match=f"nothing follows byte {end} of the stream") as info:
+        ptload.torch.load(buf)
+    assert isinstance(info.value, ptload.Error) and "empty" not in str(info.value)
+    with pytest.raises(EOFError, match="the checkpoint is empty"):
+        ptload.torch.load(io.BytesIO(b""))

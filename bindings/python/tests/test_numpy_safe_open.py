@@ -332,3 +332,20 @@ def test_load_file_says_when_auto_is_unsure():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ptload.torch.load_file(fixture("dino.pth"), key="student", strip_prefix=None)  # asked for: not said
+
+
+def test_load_file_keeps_a_storage_shared_when_one_of_its_tensors_is_made_apart(tmp_path):
+    """A tensor made through get_tensor (here: one saved with
+    requires_grad) keeps sharing its storage with the others of it."""
+    import torch
+
+    base = torch.arange(8.0, requires_grad=True)
+    path = tmp_path / "tied.pt"
+    torch.save({"a": base, "b": base.detach()[2:6], "p": base.detach().view(2, 4)}, path)
+    sd = ptload.torch.load_file(path, key="all", strip_prefix="none")
+    with ptload.safe_open(path, "pt", key="all", strip_prefix="none") as f:
+        one_by_one = {k: f.get_tensor(k) for k in f.offset_keys()}
+    ptrs = lambda d: {k: v.untyped_storage().data_ptr() for k, v in d.items()}  # noqa: E731
+    same = lambda d: {frozenset(k for k in d if d[k] == p) for p in d.values()}  # noqa: E731
+    assert same(ptrs(sd)) == same(ptrs(one_by_one))
+    assert not any(t.requires_grad for t in sd.values())

@@ -568,3 +568,16 @@ def test_diffusers_reads_bin_and_ckpt_files_through_patch(tmp_path, spy):
     theirs = unet.state_dict()
     assert list(state["state_dict"]) == list(theirs)
     assert all(torch.equal(state["state_dict"][k], theirs[k]) for k in theirs)
+
+
+def test_a_patched_torch_load_pickles_by_reference():
+    """A dataset holding torch.load, sent to spawned DataLoader workers, is
+    pickled: the patched function goes by reference, as torch's does, and
+    unpickles as torch.load in the receiving process."""
+    import functools
+
+    with ptload.patch():
+        again = pickle.loads(pickle.dumps(torch.load))
+        assert again is torch.load
+        partial = pickle.loads(pickle.dumps(functools.partial(torch.load, map_location="cpu")))
+        assert partial.func is torch.load

@@ -118,3 +118,10 @@ def test_hostile_headers_are_errors(tmp_path, header):
 
 def test_the_safetensors_version_is_the_pinned_one():
     assert safetensors.__version__ == "0.8.0"
+
+
+def test_metadata_is_none_where_the_header_has_none(tmp_path):
+    path = tmp_path / "bare.safetensors"
+    safetensors.torch.save_file({"w": torch.ones(2)}, path)
+    with safetensors.safe_open(path, "pt") as theirs, ptload.safe_open(path, "pt") as ours:
+        assert theirs.metadata() is None and ours.metadata() is None

@@ -13,7 +13,9 @@ use ptload_reader::OpenOptions;
 use crate::inspect::Trailing;
 
 /// Objects shown at most after the first; a file holding more says so.
-const MAX_OBJECTS: usize = 4096;
+/// Each later object keeps what opening it fetched (up to 256 KiB), so
+/// this bounds what a small file of many objects makes `inspect` hold.
+const MAX_OBJECTS: usize = 64;
 
 /// The objects of a file after its first, and what follows the last.
 #[derive(Default)]

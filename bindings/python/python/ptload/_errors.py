@@ -321,6 +321,18 @@ def read_at(fh, offset, view, path):
         done += n
 
 
+def stream_ended(start):
+    """The error for a stream read to its end at ``start`` (several objects
+    saved one after another, all read): torch's ``EOFError``, saying where,
+    not that the checkpoint is empty."""
+    e = EmptyFileError(
+        f"Ran out of input: nothing follows byte {start} of the stream "
+        "(every object saved on it was read)"
+    )
+    e.kind = "NotACheckpoint"
+    return e
+
+
 def is_url(f):
     """Whether ``f`` is a URL the reader fetches by ranged requests
     (``http://``, ``https://``, ``s3://``, ``gs://``, ``az://``) rather
@@ -364,8 +376,10 @@ def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None, byte_ord
         source = f if isinstance(f, (bytes, bytearray)) else bytes(f)
         empty = len(source) == 0
     elif hasattr(f, "read"):
-        source = read_stream(f)[0]
+        source, start = read_stream(f)
         empty = len(source) == 0
+        if empty and start > 0:
+            raise stream_ended(start)
     else:
         raise TypeError(f"expected a path, bytes or a binary file object, got {type(f).__name__}")
     if empty:

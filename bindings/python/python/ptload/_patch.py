@@ -151,6 +151,18 @@ class _PatchedLoad:
     def __repr__(self):
         return f"<torch.load patched by ptload.patch({self._shown.lstrip(', ')}): ptload.torch.load>"
 
+    def __reduce__(self):
+        # Pickled by reference, as torch's function is (a DataLoader worker
+        # started by spawn gets `torch.load` in its own process).
+        return (_torch_load, ())
+
+
+def _torch_load():
+    """``torch.load`` as it is in the process that unpickles it."""
+    import torch
+
+    return torch.load
+
 
 class _Patched:
     """What ``patch()`` returns: as a context manager, it puts back on exit

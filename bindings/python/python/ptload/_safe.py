@@ -279,10 +279,17 @@ class safe_open:
         made = self._ckpt.torch_tensors(_from_dlpack, self._path, True, True, flat=True)
         # Conj/neg bits and requires_grad are torch.load's; get_tensor
         # resolves the bits and gives plain tensors, as safetensors does.
+        # Such a tensor goes through get_tensor, and so does every other
+        # tensor of its storage, so that they keep sharing it.
+        slow = {
+            self._tensors[i].storage
+            for i, t in enumerate(made)
+            if t is None or t.requires_grad or t.is_conj() or t.is_neg()
+        }
         return {
             name: made[i]
             for name, i in self._index.items()
-            if made[i] is not None and not (made[i].requires_grad or made[i].is_conj() or made[i].is_neg())
+            if self._tensors[i].storage not in slow
         }
 
     def close(self) -> None:
@@ -304,12 +311,13 @@ class safe_open:
         """Every tensor, ``{name: tensor}`` in the file's order."""
         return {name: self.get_tensor(name) for name in self.offset_keys()}
 
-    def metadata(self) -> Dict[str, str]:
+    def metadata(self) -> Optional[Dict[str, str]]:
         """A safetensors file's ``__metadata__``, as safetensors gives it;
         ``{"format": "pt"}`` for a torch checkpoint (what transformers
         checks for)."""
         if self._sel is None and self._ckpt.format() == "safetensors":
-            return dict(self._ckpt.safetensors_metadata())
+            # None where the header has no __metadata__, as safetensors says.
+            return dict(self._ckpt.safetensors_metadata()) or None
         return {"format": "pt"}
 
     def _info(self, name):

@@ -39,6 +39,7 @@ from ._errors import (
     is_url,
     open_checkpoint,
     read_stream,
+    stream_ended,
     url_name,
     user_stacklevel,
 )
@@ -408,6 +409,8 @@ def _load(
         path = None
         source, start = read_stream(f)
         stream = (f, start)
+        if not source and start > 0:
+            raise stream_ended(start)
     else:
         raise TypeError(f"expected a path, bytes or a binary file object, got {type(f).__name__}")
     if mmap and remote:
