@@ -1364,7 +1364,6 @@ fn url_of(path: &str) -> Option<&str> {
     ptload_reader::ranged::is_url(path).then_some(path)
 }
 
-/// Whether `path` is a URL ptload reads by ranges rather than a local path.
 /// Rule lists (`PATTERN=DEVICE[,PATTERN=DEVICE...]`) as the CLI's
 /// `--place` parses them: `(pattern, device)` pairs, devices normalised
 /// (`cuda` is `cuda:0`). A bad rule is a ValueError naming it.
@@ -1401,6 +1400,7 @@ fn parse_budget(text: &str) -> PyResult<(&'static str, f64, u64)> {
     }
 }
 
+/// Whether `path` is a URL ptload reads by ranges rather than a local path.
 #[pyfunction]
 fn is_url(path: &str) -> bool {
     url_of(path).is_some()
