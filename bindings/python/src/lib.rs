@@ -1161,7 +1161,7 @@ impl PlacedTensors {
 /// `shard=(rank, world)` with `splits` (`GLOB=DIM` rules) and/or a split
 /// `preset` gives that rank's slices, every unmatched tensor whole.
 #[pyfunction]
-#[pyo3(signature = (path, *, key="auto", strip="auto", include=Vec::new(), exclude=Vec::new(), shard=None, splits=Vec::new(), preset=None))]
+#[pyo3(signature = (path, *, key="auto", strip="auto", include=Vec::new(), exclude=Vec::new(), shard=None, splits=Vec::new(), preset=None, rank_files=None))]
 #[allow(clippy::too_many_arguments)]
 fn select(
     py: Python<'_>,
@@ -1173,6 +1173,7 @@ fn select(
     shard: Option<(u32, u32)>,
     splits: Vec<String>,
     preset: Option<String>,
+    rank_files: Option<String>,
 ) -> PyResult<Selection> {
     let parallel = match shard {
         None if splits.is_empty() && preset.is_none() => None,
@@ -1190,12 +1191,19 @@ fn select(
         parallel,
         ..state_dict_options(key, strip, include, exclude)
     };
+    let rank_rules = rank_files
+        .as_deref()
+        .map(ptload_reader::dcp::fsdp::rank_rules)
+        .transpose()
+        .map_err(to_py)?;
     let set = py
-        .allow_threads(|| match path.to_str().and_then(url_of) {
+        .allow_threads(|| match (path.to_str().and_then(url_of), &rank_rules) {
+            // The rank files of a sharded model, cut as the caller says.
+            (_, Some(rules)) => CheckpointSet::open_rank_parts(&path, rules, &OpenOptions::new()),
             // A file, or a set's index, read by ranges: the storages a
             // selection reads are fetched when it reads them.
-            Some(url) => CheckpointSet::open_url(url, &OpenOptions::new()),
-            None => CheckpointSet::open(&path),
+            (Some(url), None) => CheckpointSet::open_url(url, &OpenOptions::new()),
+            (None, None) => CheckpointSet::open(&path),
         })
         .map_err(to_py)?;
     let sd = opts.select_set(&set).map_err(to_py)?;

@@ -19,6 +19,11 @@ impl Terms for Kwargs {
             },
             Hint::PassKey(Some(key)) => format!("pass key={key:?}"),
             Hint::PassKey(None) => "key=\"...\"".to_owned(),
+            Hint::RankFiles => {
+                "rank_files=\"RULES\" (\"fsdp2\": every parameter on dim 0, as FSDP2's \
+                 fully_shard cuts them)"
+                    .to_owned()
+            }
             Hint::MapLocation { from, to } => match (from, to) {
                 (Some(from), Some(to)) => format!("map_location={{{from:?}: {to:?}}}"),
                 (None, Some(to)) => format!("map_location={to:?}"),

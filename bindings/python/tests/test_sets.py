@@ -152,3 +152,21 @@ def test_fsdp_rank_files_read_as_torchs_full_tensors(name):
 def test_fsdp_replicated_copies_that_differ_are_an_error():
     with pytest.raises(Exception, match="rank 0 and rank 1 hold different values"):
         ptload.torch.load_file(fixture(os.path.join("fsdp", "replicate_mismatch2")), key="all")
+
+
+def test_rank_files_without_placements_read_by_stated_rules(tmp_path):
+    """FSDP rank files that record no placement: refused as duplicate names
+    with rank_files= named; read with it as the placements sidecar reads
+    them (the same tensors, bytes for bytes)."""
+    import shutil
+
+    for r in range(2):
+        name = f"model_world_size_2_rank_{r}.pt"
+        shutil.copy(fixture(f"fsdp/local2/{name}"), tmp_path / name)
+    with pytest.raises(ptload.Error, match="rank_files="):
+        ptload.torch.load_file(tmp_path, key="all")
+    stated = ptload.torch.load_file(tmp_path, key="all", rank_files="model.scale=replicate,fsdp2")
+    sidecar = ptload.torch.load_file(fixture("fsdp/local2"), key="all")
+    assert sorted(stated) == sorted(sidecar)
+    for k in sidecar:
+        assert torch.equal(stated[k], sidecar[k]), k

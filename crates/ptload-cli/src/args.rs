@@ -40,6 +40,13 @@ pub(crate) struct OpenArgs {
     /// tensors asked for, for network file systems where mapped reads are slow or stall.
     #[arg(long, conflicts_with = "no_mmap")]
     pub(crate) pread: bool,
+    /// Read the directory's rank files (each rank's torch.save of its part of a sharded model,
+    /// no placement recorded) as one state dict, each tensor cut among the ranks as RULES say:
+    /// GLOB=DIM or GLOB=replicate, comma-separated, the first match deciding (a tensor no rule
+    /// matches is whole on every rank, its copies checked equal); fsdp2 is FSDP2's fully_shard
+    /// (*.step=replicate,*=0).
+    #[arg(long = "rank-files", value_name = "RULES|fsdp2")]
+    pub(crate) rank_files: Option<String>,
 }
 
 /// `convert --metadata`.
@@ -51,6 +58,24 @@ pub(crate) enum MetadataArg {
 }
 
 impl OpenArgs {
+    /// The checkpoint at `path` as a set (a file, a directory of shards, an
+    /// index, a URL), or with --rank-files the rank files of the
+    /// directory `path` as one state dict.
+    pub(crate) fn open_set(
+        &self,
+        path: &std::path::Path,
+        opts: &OpenOptions,
+    ) -> ptload_reader::Result<ptload_reader::set::CheckpointSet> {
+        match &self.rank_files {
+            Some(rules) => ptload_reader::set::CheckpointSet::open_rank_parts(
+                path,
+                &ptload_reader::dcp::fsdp::rank_rules(rules)?,
+                opts,
+            ),
+            None => crate::remote::open_set(path, opts),
+        }
+    }
+
     pub(crate) fn options(&self) -> OpenOptions {
         let mut opts = OpenOptions::new()
             .policy(if self.strict {

@@ -21,6 +21,11 @@ impl Terms for Flags {
                 _ => "--map-location".to_owned(),
             },
             Hint::SkipUnsupported => "use --skip-unsupported".to_owned(),
+            Hint::RankFiles => {
+                "--rank-files RULES (fsdp2: every parameter on dim 0, as FSDP2's fully_shard \
+                 cuts them)"
+                    .to_owned()
+            }
             // No flag raises a limit: the message names it.
             other => Neutral.hint(other),
         }

@@ -2865,3 +2865,60 @@ fn safetensors_files_and_sets_convert() {
     assert_eq!(same.status.code(), Some(0), "{}", stdout(&same));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// FSDP rank files that record no placement (each rank's
+/// `torch.save` of its local shards): refused as duplicate names with the
+/// option that reads them named; read with --rank-files as the placements
+/// sidecar reads them; a missing rank is an error.
+#[test]
+fn rank_files_without_placements_read_by_stated_rules() {
+    let dir = temp_dir("rank-files");
+    std::fs::create_dir_all(&dir).expect("dir");
+    for r in 0..2 {
+        let name = format!("model_world_size_2_rank_{r}.pt");
+        std::fs::copy(fixture(&format!("fsdp/local2/{name}")), dir.join(&name)).expect("copy");
+    }
+    let d = dir.display().to_string();
+    let refused = ptload(&["inspect", &d]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        stderr(&refused).contains("--rank-files"),
+        "{}",
+        stderr(&refused)
+    );
+    let sidecar = inspect_json("fsdp/local2", &["--hash"]);
+    let stated = ptload(&[
+        "inspect",
+        "--json",
+        "--hash",
+        "--rank-files",
+        "model.scale=replicate,fsdp2",
+        &d,
+    ]);
+    assert_eq!(stated.status.code(), Some(0), "{}", stderr(&stated));
+    let stated: Json = serde_json::from_str(&stdout(&stated)).expect("json");
+    let digests = |doc: &Json| -> Vec<(String, Json, Json)> {
+        let mut out: Vec<_> = doc["tensors"]
+            .as_array()
+            .expect("tensors")
+            .iter()
+            .map(|t| {
+                (
+                    t["name"].as_str().expect("name").to_owned(),
+                    t["shape"].clone(),
+                    t["sha256"].clone(),
+                )
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    };
+    assert_eq!(digests(&stated), digests(&sidecar));
+    std::fs::remove_file(dir.join("model_world_size_2_rank_1.pt")).expect("rm");
+    let short = ptload(&["inspect", "--rank-files", "fsdp2", &d]);
+    assert_eq!(short.status.code(), Some(2));
+    assert!(stderr(&short).contains("world of 2"), "{}", stderr(&short));
+    let bad = ptload(&["inspect", "--rank-files", "nonsense", &d]);
+    assert_eq!(bad.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}

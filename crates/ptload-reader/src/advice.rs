@@ -44,6 +44,10 @@ pub enum Hint {
     /// Leave out the tensors the output format cannot hold
     /// ([`SafetensorsOptions::skip_unsupported`](crate::export::SafetensorsOptions)).
     SkipUnsupported,
+    /// Read rank files of a sharded model as one state dict by saying how
+    /// each tensor was cut among the ranks
+    /// ([`CheckpointSet::open_rank_parts`](crate::set::CheckpointSet::open_rank_parts)).
+    RankFiles,
 }
 
 /// An option of the state-dict selection that a decision names.
@@ -66,6 +70,8 @@ pub enum Setting {
 /// - `MapLocation` of a tag: "map it with ___"; of every storage: "map your
 ///   storages to the CPU with ___." (the sentence before it says where);
 /// - `SkipUnsupported`: "(___ to leave them out)";
+/// - `RankFiles`: "read them as one state dict with ___ saying how each was
+///   cut";
 /// - `RaiseLimit`: after the limit's message, "; ___" (an empty phrase
 ///   adds nothing).
 pub trait Terms {
@@ -95,6 +101,11 @@ impl Terms for Neutral {
                 _ => "a map location".to_owned(),
             },
             Hint::SkipUnsupported => "skip unsupported tensors".to_owned(),
+            Hint::RankFiles => {
+                "rank-file rules (fsdp2: every parameter on dim 0, as FSDP2's fully_shard cuts \
+                 them)"
+                    .to_owned()
+            }
         }
     }
 
@@ -124,6 +135,10 @@ impl Hint {
             Hint::MapLocation { from: Some(_), .. } => format!(": map it with {phrase}"),
             Hint::MapLocation { from: None, .. } => format!(" with {phrase}."),
             Hint::SkipUnsupported => format!(" ({phrase} to leave them out)"),
+            Hint::RankFiles => format!(
+                "; each rank's file holds a part of every tensor: read them as one state dict \
+                 with {phrase}, saying how each tensor was cut"
+            ),
         }
     }
 }

@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use crate::advice::Hint;
 use crate::checkpoint::{Checkpoint, OpenOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::name_index::NameIndex;
@@ -176,6 +177,77 @@ impl CheckpointSet {
             return CheckpointSet::open_index(path, opts);
         }
         CheckpointSet::open_files(&[path], opts)
+    }
+
+    /// The rank files in the directory `dir` (each rank's `torch.save` of
+    /// its part of a sharded model, `model_world_size_W_rank_R.pt`, with no
+    /// placement recorded), read as one state dict by `splits`: the rules
+    /// the caller states for how each tensor was cut among the ranks (see
+    /// [`LocalLayout::of_splits`](crate::dcp::fsdp::LocalLayout::of_splits)).
+    /// Files are ranks in the order their names give; every part is
+    /// checked against the others (shapes that tile, replicated copies
+    /// equal).
+    pub fn open_rank_parts(
+        dir: impl AsRef<Path>,
+        splits: &crate::tp::Splits,
+        opts: &OpenOptions,
+    ) -> Result<CheckpointSet> {
+        let dir = dir.as_ref();
+        let entries = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(format!("cannot list {}", dir.display()), e))?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| Error::io(format!("cannot list {}", dir.display()), e))?;
+            let p = entry.path();
+            if p.is_file()
+                && p.extension()
+                    .is_some_and(|e| EXTENSIONS.iter().any(|x| e.eq_ignore_ascii_case(x)))
+            {
+                files.push(p);
+            }
+            if files.len() > opts.limits_ref().max_set_files {
+                return Err(Error::limit(
+                    "max_set_files",
+                    opts.limits_ref().max_set_files as u64,
+                ));
+            }
+        }
+        if files.is_empty() {
+            return Err(Error::new(
+                ErrorKind::NotACheckpoint,
+                format!("{} holds no rank file", dir.display()),
+            ));
+        }
+        files.sort_by_cached_key(|p| (rank_in_name(p), p.clone()));
+        // Names that give ranks must give each of 0..N once, and a world
+        // size they all name must be the number of files.
+        let ranks: Vec<u64> = files.iter().map(|p| rank_in_name(p)).collect();
+        let world = files.len() as u64;
+        if ranks.iter().all(|&r| r != u64::MAX) && !ranks.iter().copied().eq(0..world) {
+            return Err(Error::new(
+                ErrorKind::InvalidSpec,
+                format!(
+                    "{}: the file names give ranks {ranks:?}; rank files are ranks 0 to {} once each",
+                    dir.display(),
+                    world - 1
+                ),
+            ));
+        }
+        let named_world: Vec<Option<u64>> = files.iter().map(|p| world_in_name(p)).collect();
+        if let Some(Some(w)) = named_world.first() {
+            if named_world.iter().all(|n| *n == Some(*w)) && *w != world {
+                return Err(Error::new(
+                    ErrorKind::InvalidSpec,
+                    format!(
+                        "{}: the file names say a world of {w}, and {world} rank files are there",
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+        let layout = crate::dcp::fsdp::LocalLayout::of_splits(world, splits)?;
+        CheckpointSet::open_fsdp_files(&files, Some(&layout), opts)
     }
 
     /// A `torch.distributed.checkpoint` directory as a set of one: its
@@ -543,7 +615,7 @@ impl CheckpointSet {
                         .get(first as usize)
                         // Indices of files already read: always there.
                         .map_or_else(String::new, SetFile::name);
-                    return Err(Error::new(
+                    let error = Error::new(
                         ErrorKind::DuplicateName,
                         format!(
                             "in two files of the set: {first} and {}{}",
@@ -551,7 +623,14 @@ impl CheckpointSet {
                             ranks_hint(&files)
                         ),
                     )
-                    .for_tensor(name));
+                    .for_tensor(name);
+                    // Files that name their ranks: a sharded model's parts.
+                    let ranks = files.iter().all(|f| rank_in_name(&f.path) != u64::MAX);
+                    return Err(if ranks {
+                        error.with_hint(Hint::RankFiles)
+                    } else {
+                        error
+                    });
                 }
             }
         }
@@ -627,6 +706,19 @@ fn ranks_hint(files: &[SetFile]) -> &'static str {
     } else {
         ""
     }
+}
+
+/// The world size a rank file's name gives (`model_world_size_4_rank_2.pt`:
+/// 4), if any.
+fn world_in_name(p: &Path) -> Option<u64> {
+    let name = p.file_stem()?.to_string_lossy().to_ascii_lowercase();
+    let rest = name.get(name.find("world_size")? + "world_size".len()..)?;
+    let digits: String = rest
+        .trim_start_matches(['_', '-'])
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }
 
 /// The rank a file's name gives (`model_world_size_4_rank_2.pt`: 2), to

@@ -73,6 +73,7 @@ class Checkpoint:
         progress: Optional[Callable[[int], Any]] = ...,
         shared: bool = ...,
         host: bool = ...,
+        flat: bool = ...,
     ) -> List[Any]: ...
     def upload(
         self, targets: Sequence[Tuple[int, int]], progress: Optional[Callable[[int], Any]] = ...
@@ -100,6 +101,7 @@ def select(
     shard: Optional[Tuple[int, int]] = ...,
     splits: Sequence[str] = ...,
     preset: Optional[str] = ...,
+    rank_files: Optional[str] = ...,
 ) -> Selection: ...
 
 def open(

@@ -140,7 +140,13 @@ class safe_open:
     match wins) and/or a split ``preset`` (``"llama"``, ``"gpt2"``, ...)
     gives that tensor-parallel rank's slices, in ``torch.tensor_split``
     semantics, reading only their bytes; unmatched tensors come whole.
-    Sets and slices come as copies.
+    Sets and slices come as copies. ``rank_files``: read the directory
+    ``path``'s rank files (each rank's ``torch.save`` of its part of a
+    sharded model, no placement recorded) as one state dict, each tensor
+    cut as the rules say (``"GLOB=DIM"`` or ``"GLOB=replicate"``,
+    comma-separated, first match wins; ``"fsdp2"``: every parameter on dim
+    0, as FSDP2's ``fully_shard`` cuts them), as the CLI's
+    ``--rank-files``.
 
     ``path`` may be an ``http://``, ``https://``, ``s3://``, ``gs://`` or
     ``az://`` URL of a checkpoint file or of a set's index (a ``str``): it
@@ -170,6 +176,7 @@ class safe_open:
         splits: Union[str, Iterable[str]] = (),
         preset: Optional[str] = None,
         backend: str = "mmap",
+        rank_files: Optional[str] = None,
     ) -> None:
         if backend not in ("mmap", "pread"):
             raise ValueError(f"backend {backend!r}: 'mmap' or 'pread'")
@@ -202,7 +209,7 @@ class safe_open:
             is_set = bare.endswith(".json") or bare.endswith("/")
         else:
             is_set = os.path.isdir(self._path) or self._path.endswith(".json")
-        if shard is not None or splits or preset or is_set:
+        if shard is not None or splits or preset or is_set or rank_files is not None:
             from . import _ptload
 
             self._sel = _ptload.select(
@@ -214,6 +221,7 @@ class safe_open:
                 shard=tuple(shard) if shard is not None else None,
                 splits=[splits] if isinstance(splits, str) else list(splits),
                 preset=preset,
+                rank_files=rank_files,
             )
             self._warn(self._sel.decisions(), key, strip_prefix)
             self._tensors = self._sel.tensors()

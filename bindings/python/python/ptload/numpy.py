@@ -31,14 +31,16 @@ def load_file(
     preset: Optional[str] = None,
     progress: bool = False,
     backend: str = "mmap",
+    rank_files: Optional[str] = None,
 ) -> Dict[str, "numpy.ndarray"]:
     """``{name: numpy.ndarray}``, as safetensors.numpy.load_file gives; a
-    directory of shards or an index file, and ``shard=(rank, world)`` with
-    ``splits``/``preset``, as :class:`ptload.safe_open` takes them.
+    directory of shards or an index file, ``shard=(rank, world)`` with
+    ``splits``/``preset``, and ``rank_files``, as :class:`ptload.safe_open`
+    takes them.
     ``progress=True`` shows a tqdm bar when tqdm is installed."""
     with safe_open(
         path, framework="numpy", key=key, strip_prefix=strip_prefix,
         include=include, exclude=exclude, shard=shard, splits=splits, preset=preset,
-        backend=backend,
+        backend=backend, rank_files=rank_files,
     ) as f:
         return {name: f.get_tensor(name) for name in _progress(f.offset_keys(), progress, path)}

@@ -620,13 +620,15 @@ def load_file(
     preset: Optional[str] = None,
     progress: bool = False,
     backend: str = "mmap",
+    rank_files: Optional[str] = None,
 ) -> Dict[str, "torch.Tensor"]:
     """safetensors' ``load_file`` on a torch checkpoint: ``{name: tensor}``,
     the state dict the CLI would take (``key``/``strip_prefix`` as in
     ``ptload convert``; what ``auto`` decided is printed as a warning when
     it changed anything). ``path`` may be a directory of shards or an index
     file; ``shard=(rank, world)`` with ``splits``/``preset`` gives that
-    rank's slices (see :class:`ptload.safe_open`). With a CUDA ``device``,
+    rank's slices, and ``rank_files`` reads a directory of FSDP rank files
+    by stated rules (see :class:`ptload.safe_open`). With a CUDA ``device``,
     one file's selected storages are uploaded at once by ptload-device, as
     :func:`load` uploads them. ``progress=True``
     shows a tqdm bar over the tensors when tqdm is installed."""
@@ -636,7 +638,7 @@ def load_file(
     with safe_open(
         path, framework="pt", device=device, key=key, strip_prefix=strip_prefix,
         include=include, exclude=exclude, shard=shard, splits=splits, preset=preset,
-        backend=backend,
+        backend=backend, rank_files=rank_files,
     ) as f:
         f._upload()
         made = f._made_at_once()

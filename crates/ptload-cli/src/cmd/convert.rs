@@ -77,7 +77,7 @@ pub(crate) fn run(a: &ConvertArgs, out: &mut impl Write) -> CliResult<u8> {
     };
     let set = match &dcp {
         Some(d) => CheckpointSet::of(&a.input, Arc::new(d.skeleton()?))?,
-        None => crate::remote::open_set(&a.input, &a.open.options())?,
+        None => a.open.open_set(&a.input, &a.open.options())?,
     };
     let state = a.state.options(false)?;
     let request =

@@ -79,7 +79,8 @@ pub(crate) fn run(a: &DiffArgs, out: &mut impl Write) -> CliResult<u8> {
     let opts = a.open.options();
     // An error says which side failed.
     let read = |path: &PathBuf| -> CliResult<CheckpointSet> {
-        crate::remote::open_set(path, &opts)
+        a.open
+            .open_set(path, &opts)
             .map_err(|e| format!("{}: {}", path.display(), e.render(&crate::terms::Flags)).into())
     };
     let (oa, ob) = (read(&a.a)?, read(&a.b)?);

@@ -73,7 +73,7 @@ pub(crate) fn run(a: &InspectArgs, out: &mut impl Write) -> CliResult<u8> {
 fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliResult<()> {
     let columns = inspect::terminal_columns();
     let opts = a.open.options();
-    let set = crate::remote::open_set(file, &opts)?;
+    let set = a.open.open_set(file, &opts)?;
     // Objects saved one after another on one stream: each in turn.
     let stream = crate::stream::after_first(file, &set, &opts);
     if a.json {

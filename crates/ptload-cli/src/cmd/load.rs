@@ -48,7 +48,7 @@ pub(crate) struct LoadArgs {
 /// report where everything went.
 pub(crate) fn run(a: &LoadArgs, out: &mut impl Write) -> CliResult<u8> {
     let started = std::time::Instant::now();
-    let set = crate::remote::open_set(&a.file, &a.open.options())?;
+    let set = a.open.open_set(&a.file, &a.open.options())?;
     let open_seconds = started.elapsed().as_secs_f64();
     let gpus = ptload_device::probe();
     let request = Request {

@@ -122,6 +122,35 @@ impl LocalLayout {
         LocalLayout::new(doc.mesh, rules)
     }
 
+    /// Rank files cut by `splits` among `world` ranks on one mesh
+    /// dimension, as the caller states it (FSDP2's `fully_shard` cuts every
+    /// parameter on dim 0: `*=0`): a tensor a rule splits is cut as
+    /// `torch.chunk` cuts it, one a rule replicates (or no rule matches)
+    /// is whole on every rank, and its copies are checked equal. A
+    /// negative dim is refused: it needs the tensor's rank.
+    pub fn of_splits(world: u64, splits: &crate::tp::Splits) -> Result<LocalLayout> {
+        let mut rules = Vec::with_capacity(splits.rules().len() + 1);
+        for (pattern, split) in splits.rules() {
+            let placement = match *split {
+                crate::tp::Split::Dim(d) => {
+                    MeshPlacement::Shard(u64::try_from(d).map_err(|_| {
+                        Error::new(
+                            ErrorKind::InvalidSpec,
+                            format!(
+                                "rule {pattern}={d}: rank files are cut on a dim counted from the \
+                             first (0, 1, ...)"
+                            ),
+                        )
+                    })?)
+                }
+                crate::tp::Split::Replicate => MeshPlacement::Replicate,
+            };
+            rules.push((pattern.clone(), vec![placement]));
+        }
+        rules.push(("*".to_owned(), vec![MeshPlacement::Replicate]));
+        LocalLayout::new(vec![world], rules)
+    }
+
     /// The mesh's sizes.
     pub fn mesh(&self) -> &[u64] {
         &self.mesh
@@ -135,6 +164,37 @@ impl LocalLayout {
             .find(|(p, _)| crate::glob::glob(p, name))
             .map(|(_, v)| v.as_slice())
     }
+}
+
+/// FSDP2's `fully_shard` as rank-file rules: every parameter cut on dim
+/// 0, an optimizer's step counters (0-dim tensors) whole on each rank.
+pub const FSDP2_RULES: &str = "*.step=replicate,*=0";
+
+/// Rank-file rules as the front ends take them (`--rank-files`,
+/// `rank_files=`): `GLOB=DIM` or `GLOB=replicate` rules, comma-separated
+/// and tried in order (as tensor-parallel split rules are written), where
+/// `fsdp2` stands for [`FSDP2_RULES`] (`model.scale=replicate,fsdp2`: a
+/// buffer FSDP2 leaves whole, then its rule).
+pub fn rank_rules(text: &str) -> Result<crate::tp::Splits> {
+    let rules: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .flat_map(|r| {
+            if r.eq_ignore_ascii_case("fsdp2") {
+                FSDP2_RULES.split(',').collect()
+            } else {
+                vec![r]
+            }
+        })
+        .filter(|r| !r.is_empty())
+        .collect();
+    if rules.is_empty() {
+        return Err(Error::new(
+            ErrorKind::InvalidSpec,
+            "no rank-file rules: give GLOB=DIM or GLOB=replicate rules, or fsdp2",
+        ));
+    }
+    crate::tp::Splits::parse(&rules)
 }
 
 /// `Shard(1)`, `Replicate()` (a placement as torch prints it).
