@@ -581,3 +581,38 @@ def test_a_patched_torch_load_pickles_by_reference():
         assert again is torch.load
         partial = pickle.loads(pickle.dumps(functools.partial(torch.load, map_location="cpu")))
         assert partial.func is torch.load
+
+
+# -- safetensors under transformers ---------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bert"])
+def test_from_pretrained_safetensors_under_patch(tmp_path, monkeypatch, kind):
+    """patch(safetensors=True): transformers' from_pretrained of a model
+    saved as safetensors (its default) reads every file through ptload's
+    safe_open, with outputs equal to the original's; the routes are put
+    back on exit."""
+    import safetensors
+
+    model, auto = tiny_model(kind)
+    model.save_pretrained(tmp_path / "repo")
+    files = sorted(p.name for p in (tmp_path / "repo").iterdir() if p.suffix == ".safetensors")
+    assert files, list((tmp_path / "repo").iterdir())
+    opened = []
+    real = ptload._safe.safe_open
+
+    def counting(path, *args, **kwargs):
+        opened.append(os.path.basename(os.fspath(path)))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(ptload._safe, "safe_open", counting)
+    theirs = safetensors.safe_open
+    with ptload.patch(safetensors=True):
+        assert safetensors.safe_open is not theirs
+        loaded = auto.from_pretrained(tmp_path / "repo").eval()
+    assert safetensors.safe_open is theirs
+    assert set(files) <= set(opened), opened
+    assert torch.equal(outputs(loaded, kind), outputs(model, kind))
+    import transformers.modeling_utils
+
+    assert transformers.modeling_utils.safe_open is theirs

@@ -25,6 +25,7 @@ the ``ptload`` logger.
 """
 
 import contextvars
+import importlib
 import inspect
 import logging
 import os
@@ -164,12 +165,81 @@ def _torch_load():
     return torch.load
 
 
+# safetensors' readers as libraries call them, by (module, name): the
+# safetensors package's own and the references transformers took when it
+# was imported (`from safetensors import safe_open`). diffusers calls
+# `safetensors.torch.load_file` through the module, and its `safe_open`
+# import happens at call time, from the package.
+_SAFETENSORS_NAMES = (
+    ("safetensors", "safe_open"),
+    ("safetensors.torch", "safe_open"),
+    ("safetensors.torch", "load_file"),
+    ("transformers.modeling_utils", "safe_open"),
+)
+
+
+def _st_safe_open(filename, framework="pt", device="cpu", backend=None, **kwargs):
+    """safetensors' ``safe_open`` read by ptload: the file's own names (no
+    key or prefix choice), its checks, and torch checkpoints too."""
+    from ._safe import safe_open
+
+    return safe_open(
+        filename, framework, device, key=None, strip_prefix=None,
+        backend=backend if backend in ("mmap", "pread") else "mmap",
+    )
+
+
+def _st_load_file(filename, device="cpu", **kwargs):
+    """safetensors' ``load_file`` read by ptload (a GPU device goes through
+    ptload-device's pipeline)."""
+    from .torch import load_file
+
+    return load_file(filename, device=device, key=None, strip_prefix=None)
+
+
+_st_safe_open.__ptload_safetensors__ = True
+_st_load_file.__ptload_safetensors__ = True
+_ST_WRAPPERS = {"safe_open": _st_safe_open, "load_file": _st_load_file}
+# What the routes replaced, to put back: {(module, name): original}.
+_st_originals: dict = {}
+
+
+def _route_safetensors():
+    """Point safetensors' readers, where they are imported, at ptload's."""
+    import sys
+
+    for module_name, name in _SAFETENSORS_NAMES:
+        module = sys.modules.get(module_name)
+        if module_name.startswith("safetensors") and module is None:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
+        current = getattr(module, name, None) if module is not None else None
+        if current is None or getattr(current, "__ptload_safetensors__", False):
+            continue
+        _st_originals[(module_name, name)] = current
+        setattr(module, name, _ST_WRAPPERS[name])
+
+
+def _unroute_safetensors():
+    import sys
+
+    for (module_name, name), original in list(_st_originals.items()):
+        module = sys.modules.get(module_name)
+        if module is not None:
+            setattr(module, name, original)
+        del _st_originals[(module_name, name)]
+
+
 class _Patched:
     """What ``patch()`` returns: as a context manager, it puts back on exit
-    what ``torch.load`` was when ``patch()`` was called, exception or not."""
+    what ``torch.load`` was when ``patch()`` was called (and safetensors'
+    readers, when this patch routed them), exception or not."""
 
-    def __init__(self, previous):
+    def __init__(self, previous, routed=False):
         self._previous = previous
+        self._routed = routed
 
     def __enter__(self):
         return self
@@ -177,10 +247,12 @@ class _Patched:
     def __exit__(self, *exc):
         with _lock:
             _install(self._previous)
+            if self._routed:
+                _unroute_safetensors()
         return False
 
 
-def patch(**defaults: Any) -> "_Patched":
+def patch(*, safetensors: bool = False, **defaults: Any) -> "_Patched":
     """Replace ``torch.load`` and ``torch.serialization.load`` with
     :func:`ptload.torch.load`, called with ``defaults`` (ptload's options,
     such as ``unknown="inert"`` or ``allow_globals=[...]``) as well as the
@@ -190,6 +262,13 @@ def patch(**defaults: Any) -> "_Patched":
     when used as ``with ptload.patch(): ...``. Patching again with the same
     defaults changes nothing; with others, it replaces them. ``unpatch``
     always puts torch's own function back.
+
+    ``safetensors=True`` routes safetensors' ``safe_open`` and
+    ``safetensors.torch.load_file`` through ptload as well, where
+    safetensors defines them and where transformers imported them
+    (``from_pretrained`` of a safetensors model then reads with ptload's
+    checks, a GPU device through ptload-device), with safetensors' answers:
+    the file's own names, its ``__metadata__``.
     """
     _check_options(defaults)
     with _lock:
@@ -198,7 +277,10 @@ def patch(**defaults: Any) -> "_Patched":
         if current is None or not _same(current, defaults) or previous[1] is not previous[0]:
             wrapper = _PatchedLoad(_originals(previous), defaults)
             _install((wrapper, wrapper))
-    return _Patched(previous)
+        routed = bool(safetensors) and not _st_originals
+        if routed:
+            _route_safetensors()
+    return _Patched(previous, routed)
 
 
 def _same(a, b):
@@ -224,3 +306,4 @@ def unpatch() -> None:
     back; nothing happens when they are not patched."""
     with _lock:
         _install(_originals(_current()))
+        _unroute_safetensors()
