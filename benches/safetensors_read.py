@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare import gpt2_files  # noqa: E402
+from compare import gpt2_files, median_ms  # noqa: E402
 
 import ptload.torch  # noqa: E402
 
@@ -48,16 +48,6 @@ def touched(sd):
         if t.numel():
             t.view(-1)[0].item()
     return sd
-
-
-def median_ms(fn, runs):
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
 
 
 def process_ms(argv, runs):
