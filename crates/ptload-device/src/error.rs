@@ -170,7 +170,8 @@ pub enum LoadError {
     /// on a GPU, a selection entry the checkpoint does not have).
     #[error("{0}")]
     Access(String),
-    /// [`LoadOptions::cancel`] was set before the load finished.
+    /// [`LoadOptions::cancel`](crate::LoadOptions::cancel) was set before
+    /// the load finished.
     #[error("the load was cancelled")]
     Cancelled,
 }

@@ -2,10 +2,10 @@
 //! storage an engine reaches through its own client.
 //!
 //! Parsing never sees a byte that was not fetched. It reads through a
-//! [`FileView`]: the whole file (a map, a buffer), or the [`Extents`]
+//! `FileView`: the whole file (a map, a buffer), or the `Extents`
 //! fetched so far. A read of a range that is not fetched answers `None`,
 //! exactly as a read past the end of a file does, and notes the range as
-//! missed; the parse then fails. The caller ([`fetch_until`]) fetches what
+//! missed; the parse then fails. The caller (`fetch_until`) fetches what
 //! was missed (with its neighbourhood) and parses again from the start,
 //! until a parse misses nothing: its result, success or error, is the
 //! file's. Unfetched bytes are never zeros, never stale.
