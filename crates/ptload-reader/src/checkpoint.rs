@@ -507,6 +507,7 @@ fn storage_infos(
 /// (bytes torch's reader skips, and scan reports).
 fn decode_pickles(
     source: &Source,
+    detected: Detected,
     opts: &OpenOptions,
     heap: &mut Heap,
     interp: &mut TorchInterp<'_>,
@@ -515,7 +516,7 @@ fn decode_pickles(
     let mut vm = Vm::new(&opts.limits, opts.encoding);
     vm.cancel = opts.cancel.clone();
     let mut leading = Vec::new();
-    let decoded = match detect(data)? {
+    let decoded = match detected {
         Detected::Zip => {
             if data.up_to(0, 4) != b"PK\x03\x04" {
                 let all = data.get(0..data.len()).ok_or_else(|| {
@@ -737,12 +738,13 @@ impl Checkpoint {
     }
 
     fn decode(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
-        if detect(source.view())? == Detected::Safetensors {
+        let detected = detect(source.view())?;
+        if detected == Detected::Safetensors {
             return Checkpoint::from_safetensors(source, opts);
         }
         let mut heap = Heap::new(&opts.limits);
         let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);
-        let (decoded, leading) = decode_pickles(&source, opts, &mut heap, &mut interp)?;
+        let (decoded, leading) = decode_pickles(&source, detected, opts, &mut heap, &mut interp)?;
         let walked = walk_all(
             &heap,
             &decoded.roots,
