@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ptload_reader::ranged::RangeRead;
+use ptload_reader::ranged::{LocalFile, RangeRead};
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::OpenOptions;
 
@@ -38,12 +38,10 @@ pub(crate) fn after_first(path: &Path, set: &CheckpointSet, opts: &OpenOptions) 
     if crate::remote::url_of(path).is_some() || !path.is_file() {
         return stream;
     }
-    let Ok(file) = std::fs::File::open(path) else {
+    let Ok(file) = LocalFile::open(path) else {
         return stream;
     };
-    let Ok(len) = file.metadata().map(|m| m.len()) else {
-        return stream;
-    };
+    let len = file.len();
     let file = Arc::new(file);
     let mut at = first.checkpoint().end_offset();
     // Each object takes at least one byte, so the loop ends with the file.
@@ -96,7 +94,7 @@ pub(crate) fn after_first(path: &Path, set: &CheckpointSet, opts: &OpenOptions) 
 /// object of a stream, opened as a file of its own.
 #[derive(Debug)]
 struct Window {
-    file: Arc<std::fs::File>,
+    file: Arc<LocalFile>,
     start: u64,
     len: u64,
     name: String,
@@ -119,32 +117,10 @@ impl RangeRead for Window {
             return Err(past());
         }
         let at = self.start.checked_add(offset).ok_or_else(past)?;
-        let mut out = vec![0u8; usize::try_from(len).map_err(|_| past())?];
-        read_exact_at(&self.file, &mut out, at)?;
-        Ok(out)
+        self.file.read_at(at, len)
     }
 
     fn name(&self) -> &str {
         &self.name
     }
-}
-
-#[cfg(unix)]
-fn read_exact_at(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
-}
-
-#[cfg(windows)]
-fn read_exact_at(file: &std::fs::File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
-    use std::os::windows::fs::FileExt;
-    while !buf.is_empty() {
-        match file.seek_read(buf, offset)? {
-            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            n => {
-                buf = &mut buf[n..];
-                offset += n as u64;
-            }
-        }
-    }
-    Ok(())
 }
