@@ -79,7 +79,9 @@ def test_progress_through_tqdm(capsys):
 
 
 # The package is built with the reader's zstd feature: the zstd save too.
-DCP_SAVES = ["world1", "world2", "world4", "world2_threads", "world2_safetensors", "world2_zstd", "world2_rank_metadata", "fsdp2_adamw"]
+# And the Hugging Face-format saves (HuggingFaceStorageWriter), whose
+# answers are torch's HuggingFaceStorageReader's (fixtures/hf_dcp.json).
+DCP_SAVES = ["world1", "world2", "world4", "world2_threads", "world2_safetensors", "world2_zstd", "world2_rank_metadata", "fsdp2_adamw", "hf_world1", "hf_world2", "hf_world2_split"]
 
 
 def _dcp_answers():
@@ -87,8 +89,11 @@ def _dcp_answers():
 
     from conftest import ROOT
 
-    with open(os.path.join(ROOT, "fixtures", "dcp.json")) as fh:
-        return json.load(fh)["saves"]
+    saves = {}
+    for doc in ("dcp.json", "hf_dcp.json"):
+        with open(os.path.join(ROOT, "fixtures", doc)) as fh:
+            saves.update(json.load(fh)["saves"])
+    return saves
 
 
 def _sha(t):
@@ -147,6 +152,27 @@ def test_fsdp_rank_files_read_as_torchs_full_tensors(name):
         assert _sha(t) == want["sha256"], key
     with ptload.safe_open(path, framework="pt", key="all") as f:
         assert torch.equal(f.get_tensor("model.fc1.weight"), whole["model.fc1.weight"])
+
+
+@pytest.mark.parametrize("name", ["local2", "local4"])
+def test_fsdp2_local_shards_read_by_the_stated_rule(name):
+    """Each rank's torch.save of its to_local() shards, no placement
+    recorded, at worlds 2 and 4: read with rank_files= as torch's whole
+    tensors."""
+    import shutil
+    import tempfile
+
+    answers = _fsdp_answers()[name]["tensors"]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = fixture(os.path.join("fsdp", name))
+        for f in os.listdir(src):
+            if f.endswith(".pt"):
+                shutil.copy(os.path.join(src, f), tmp)
+        whole = ptload.torch.load_file(tmp, key="all", rank_files="model.scale=replicate,fsdp2")
+    assert sorted(whole) == sorted(answers)
+    for key, want in answers.items():
+        assert list(whole[key].shape) == want["shape"], key
+        assert _sha(whole[key]) == want["sha256"], key
 
 
 def test_fsdp_replicated_copies_that_differ_are_an_error():

@@ -720,6 +720,15 @@ fn title_line(
             "{label}: a safetensors file (no pickle), {}-endian",
             ckpt.byte_order().name(),
         ),
+        // A Hugging Face-format DCP save: safetensors shards, no pickle.
+        None if ckpt.format() == ptload_reader::checkpoint::Format::Dcp
+            && ckpt.pickle_protocol() == 0 =>
+        {
+            format!(
+                "{label}: a dcp checkpoint in the Hugging Face format (safetensors shards, no pickle), {}-endian",
+                ckpt.byte_order().name(),
+            )
+        }
         None => format!(
             "{label}: {} checkpoint, {}-endian, pickle protocol {}",
             ckpt.format().name(),

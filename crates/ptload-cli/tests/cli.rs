@@ -2922,3 +2922,87 @@ fn rank_files_without_placements_read_by_stated_rules() {
     assert_eq!(bad.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Hugging Face-format DCP saves (safetensors shards that place their
+/// chunks, no .metadata): inspect says what they are and gives torch's
+/// whole tensors; convert writes a safetensors file and a sharded set
+/// that diff equal to the save. FSDP2 local shards at world 4 read with
+/// the stated rule.
+#[test]
+fn hugging_face_format_saves_and_world_4_rank_files_read_as_torchs() {
+    let doc: Json = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("hf_dcp.json")).expect("hf_dcp.json"),
+    )
+    .expect("json");
+    let tmp = temp_dir("hf-dcp");
+    for (name, save) in doc["saves"].as_object().expect("saves") {
+        let input = format!("dcp/{name}");
+        let text = ptload(&["inspect", &fixture(&input)]);
+        assert!(text.status.success(), "{}", stderr(&text));
+        assert!(
+            stdout(&text).contains("Hugging Face format (safetensors shards, no pickle)"),
+            "{}",
+            stdout(&text)
+        );
+        let got = inspect_json(&input, &["--hash"]);
+        let want = save["tensors"].as_object().expect("tensors");
+        let tensors = got["tensors"].as_array().expect("tensors");
+        assert_eq!(tensors.len(), want.len(), "{name}");
+        for t in tensors {
+            let w = &want[t["name"].as_str().expect("name")];
+            assert_eq!(
+                (&t["shape"], &t["sha256"]),
+                (&w["shape"], &w["sha256"]),
+                "{name}"
+            );
+        }
+        let one = tmp.join(format!("{name}.safetensors"));
+        let shards = tmp.join(format!("{name}-shards"));
+        for (out, size) in [(&one, None), (&shards, Some("100B"))] {
+            let mut owned: Vec<String> = vec![
+                "convert".into(),
+                fixture(&input),
+                out.to_str().expect("path").into(),
+            ];
+            if let Some(size) = size {
+                owned.extend(["--max-shard-size".into(), size.into()]);
+            }
+            let refs: Vec<&str> = owned.iter().map(String::as_str).collect();
+            let made = ptload(&refs);
+            assert!(made.status.success(), "{name}: {}", stderr(&made));
+            let diff = ptload(&["diff", &fixture(&input), out.to_str().expect("path")]);
+            assert_eq!(diff.status.code(), Some(0), "{name}: {}", stdout(&diff));
+        }
+    }
+    let fsdp: Json = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("fsdp.json")).expect("fsdp.json"),
+    )
+    .expect("json");
+    let out = ptload(&[
+        "inspect",
+        "--json",
+        "--hash",
+        "--rank-files",
+        "model.scale=replicate,fsdp2",
+        &fixture("fsdp/local4"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let got: Json = serde_json::from_str(&stdout(&out)).expect("json");
+    let want = fsdp["sets"]["local4"]["tensors"]
+        .as_object()
+        .expect("tensors");
+    let tensors = got["tensors"].as_array().expect("tensors");
+    assert_eq!(tensors.len(), want.len());
+    for t in tensors {
+        let w = &want[t["name"].as_str().expect("name")];
+        assert_eq!((&t["shape"], &t["sha256"]), (&w["shape"], &w["sha256"]));
+    }
+    let refused = ptload(&["inspect", &fixture("fsdp/local4")]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        stderr(&refused).contains("--rank-files"),
+        "{}",
+        stderr(&refused)
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}

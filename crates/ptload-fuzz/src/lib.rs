@@ -405,7 +405,8 @@ pub fn plain(data: &[u8]) -> Option<Plain> {
 
 /// A distributed checkpoint as one fuzz input: records of a one-byte name
 /// length, the name, a little-endian u32 length and the bytes; the record
-/// named `.metadata` is the metadata, the others its files.
+/// named `.metadata` is the metadata, the others its files (with no
+/// metadata record: a Hugging Face-format save of `.safetensors` files).
 pub fn dcp_input(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, bytes) in files {
@@ -454,7 +455,7 @@ pub fn dcp(data: &[u8]) -> usize {
     if metadata.len() > 1 && metadata.iter().any(|(n, _)| n == ".metadata") {
         metadata.retain(|(n, _)| n == ".metadata");
     }
-    if metadata.is_empty() || metadata.len() > 64 {
+    if metadata.len() > 64 || (metadata.is_empty() && files.len() > 64) {
         return 0;
     }
     let metadata: Vec<&[u8]> = metadata.iter().map(|(_, b)| b.as_slice()).collect();

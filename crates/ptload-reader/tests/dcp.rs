@@ -1023,6 +1023,31 @@ fn fsdp_rank_files_read_as_torchs_full_tensors() {
     assert_fsdp_as_torch(&set, &doc["sets"]["world4"], "world4 reversed");
 }
 
+/// FSDP2 local shards that record no placement (each rank's
+/// `torch.save` of `to_local()`), at worlds 2 and 4: refused as one state
+/// dict until the rule is stated, then torch's whole tensors; the
+/// world-2 set has a placements sidecar, the world-4 set none.
+#[test]
+fn fsdp2_local_shards_read_by_the_stated_rule_at_worlds_2_and_4() {
+    let doc = fsdp_answers();
+    let rules = ptload_reader::dcp::fsdp::rank_rules("model.scale=replicate,fsdp2").expect("rules");
+    for (name, world) in [("local2", 2), ("local4", 4)] {
+        let want = &doc["sets"][name];
+        assert_eq!(want["world"], world);
+        let set = CheckpointSet::open_rank_parts(fsdp_dir(name), &rules, &OpenOptions::new())
+            .expect(name);
+        assert_fsdp_as_torch(&set, want, name);
+    }
+    let e = CheckpointSet::open(fsdp_dir("local4")).expect_err("no rule stated");
+    assert_eq!(e.kind(), ErrorKind::DuplicateName, "{e}");
+    // The preset alone splits the replicated buffer too: its four
+    // copies do not make one tensor of the saved shape.
+    let preset = ptload_reader::dcp::fsdp::rank_rules("fsdp2").expect("preset");
+    let wrong = CheckpointSet::open_rank_parts(fsdp_dir("local4"), &preset, &OpenOptions::new())
+        .map(|set| set.tensor("model.scale").map(|(_, v)| v.shape().to_vec()));
+    assert!(!matches!(wrong, Ok(Some(ref s)) if s == &[2]), "{wrong:?}");
+}
+
 #[test]
 fn one_fsdp_rank_file_lists_its_local_parts_with_their_spec() {
     use ptload_reader::dcp::fsdp::MeshPlacement;

@@ -35,6 +35,7 @@
 //! ```
 
 pub mod fsdp;
+mod hf;
 mod metadata;
 
 use std::collections::HashMap;
@@ -56,9 +57,14 @@ use metadata::{RawChunk, RawCopy, RawItem, RawStorage};
 pub const METADATA_FILE: &str = ".metadata";
 
 /// Whether `dir` is a DCP directory: it holds a `.metadata` file, or the
-/// `__0.metadata` of a save without collectives (one per rank).
+/// `__0.metadata` of a save without collectives (one per rank), or it is a
+/// Hugging Face-format save (safetensors files whose headers place their
+/// chunks, see [`Dcp::open`]).
 pub fn is_dcp_dir(dir: &Path) -> bool {
-    dir.is_dir() && (dir.join(METADATA_FILE).is_file() || dir.join(rank_metadata(0)).is_file())
+    dir.is_dir()
+        && (dir.join(METADATA_FILE).is_file()
+            || dir.join(rank_metadata(0)).is_file()
+            || hf::is_hf_dir(dir))
 }
 
 /// The metadata file rank `rank` writes when saved without collectives.
@@ -168,8 +174,37 @@ struct Blob {
     data_start: u64,
     /// Each tensor: dtype name, shape, data offsets within the data.
     entries: HashMap<String, (String, Vec<u64>, u64, u64)>,
-    /// `DCP_SHARDING_INFO`: each tensor's chunk offsets.
+    /// `DCP_SHARDING_INFO`: each tensor's chunk offsets (none listed: each
+    /// at the origin, as torch reads a blob without it).
     offsets: HashMap<String, Vec<u64>>,
+}
+
+impl Blob {
+    /// The blob whose checked header is `header`, at `offset` in its file.
+    fn of(
+        header: crate::container::safetensors::Header,
+        offset: u64,
+        offsets: HashMap<String, Vec<u64>>,
+    ) -> Blob {
+        Blob {
+            data_start: offset.saturating_add(header.data_start),
+            entries: header
+                .entries
+                .into_iter()
+                .map(|e| (e.name, (e.dtype, e.shape, e.begin, e.end)))
+                .collect(),
+            offsets,
+        }
+    }
+
+    /// Where the blob places `name`'s chunk: its saved offsets, or the
+    /// origin of a tensor of `dims` dimensions when none are listed.
+    fn offsets_of(&self, name: &str, dims: usize) -> Vec<u64> {
+        self.offsets
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| vec![0; dims])
+    }
 }
 
 /// The memory a chunk's archive is read from: a range of a file's map.
@@ -209,6 +244,14 @@ impl Dcp {
         let dir = dir.as_ref();
         let limits = opts.limits_ref();
         let meta_path = dir.join(METADATA_FILE);
+        // No metadata file: a Hugging Face-format save, if the directory
+        // holds safetensors files (whose headers then must place chunks).
+        if !meta_path.is_file()
+            && !dir.join(rank_metadata(0)).is_file()
+            && hf::holds_safetensors(dir)
+        {
+            return Dcp::open_hf(dir, opts);
+        }
         let (raw, meta_name) = if meta_path.is_file() || !dir.join(rank_metadata(0)).is_file() {
             let data = read_bounded(&meta_path, limits.max_pickle_bytes, "max_pickle_bytes")
                 .map_err(|e| e.in_file(METADATA_FILE))?;
@@ -260,14 +303,58 @@ impl Dcp {
         Dcp::build(dir, raw, opts, &mut open).map_err(|e| e.in_file(&meta_name))
     }
 
+    /// A Hugging Face-format save: its metadata inferred from the files'
+    /// headers, then checked as a `.metadata` is.
+    fn open_hf(dir: &Path, opts: &OpenOptions) -> Result<Dcp> {
+        Dcp::of_hf(dir, hf::read_dir(dir, opts)?, opts)
+    }
+
+    /// The Dcp of a Hugging Face-format save read.
+    fn of_hf(dir: &Path, save: hf::HfSave, opts: &OpenOptions) -> Result<Dcp> {
+        let hf::HfSave {
+            raw,
+            mut files,
+            headers,
+        } = save;
+        let mut open = |name: &str| -> Result<Source> {
+            files.remove(name).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Io,
+                    format!("{name} is missing from {}", dir.display()),
+                )
+            })
+        };
+        let dcp = Dcp::build(dir, raw, opts, &mut open)?;
+        // Each file's header is parsed already: the blobs chunks are read
+        // from start with it.
+        if let Ok(mut cache) = dcp.blobs.lock() {
+            for (name, header, offsets) in headers {
+                if let Some(file) = dcp.files.iter().position(|(n, _)| *n == name) {
+                    cache.insert((file, 0), Arc::new(Blob::of(header, 0, offsets)));
+                }
+            }
+        }
+        Ok(dcp)
+    }
+
     /// A DCP checkpoint held in memory: the bytes of its `.metadata` (or,
     /// saved without collectives, of each rank's `__R.metadata`, in rank
-    /// order) and of each file they name, by name.
+    /// order) and of each file they name, by name. With no metadata, a
+    /// Hugging Face-format save: its `.safetensors` files, by name.
     pub fn from_memory(
         metadata: &[&[u8]],
         files: Vec<(String, Vec<u8>)>,
         opts: &OpenOptions,
     ) -> Result<Dcp> {
+        if metadata.is_empty() {
+            let mut files: Vec<(String, Source)> = files
+                .into_iter()
+                .map(|(n, b)| (n, Source::given(b)))
+                .collect();
+            files.sort_by(|a, b| a.0.cmp(&b.0));
+            let save = hf::read_files(files, opts.limits_ref())?;
+            return Dcp::of_hf(Path::new(""), save, opts);
+        }
         let raw = match metadata {
             [one] => {
                 metadata::decode(one, opts.limits_ref()).map_err(|e| e.in_file(METADATA_FILE))?
@@ -335,7 +422,9 @@ impl Dcp {
         self.files.iter().map(|(_, s)| s)
     }
 
-    /// The protocol of the `.metadata` pickle.
+    /// The protocol of the `.metadata` pickle: 0 for a Hugging Face-format
+    /// save, which holds no pickle (torch writes `.metadata` with protocol
+    /// 2 or higher).
     pub fn pickle_protocol(&self) -> u8 {
         self.protocol
     }
@@ -497,10 +586,10 @@ impl Dcp {
                     t.dtype, c.sizes
                 )));
             }
-            if blob.offsets.get(name) != Some(&c.offsets) {
+            let placed = blob.offsets_of(name, c.offsets.len());
+            if placed != c.offsets {
                 return Err(chunk_err(format!(
-                    "the safetensors blob there places it at {:?}, where the metadata says {:?}",
-                    blob.offsets.get(name),
+                    "the safetensors blob there places it at {placed:?}, where the metadata says {:?}",
                     c.offsets
                 )));
             }
@@ -744,7 +833,8 @@ impl Placer<'_> {
         let file = self.file_index(key, &s.relative_path)?;
         let len = self.files.get(file).map_or(0, |(_, src)| src.bytes().len()) as u64;
         match s.start.checked_add(s.length) {
-            Some(end) if end <= len && s.length > 0 => {}
+            // A chunk of no elements has no bytes.
+            Some(end) if end <= len => {}
             _ => {
                 return Err(geometry(format!(
                     "its bytes {}..{} lie outside {} ({len} bytes)",
@@ -1056,77 +1146,18 @@ fn unzstd(data: &[u8], limits: &Limits) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The safetensors blob at the start of `rest` (at `offset` in its file):
-/// `None` when the bytes are not one.
+/// The safetensors blob at the start of `rest` (at `offset` in its file),
+/// its header checked as any safetensors file's is (its data reaching the
+/// end of the file): `None` when the bytes are not one.
 fn parse_blob(rest: &[u8], offset: u64, limits: &Limits) -> Result<Option<Blob>> {
-    let bad = |m: String| Error::new(ErrorKind::Tensor, format!("safetensors blob: {m}"));
-    let Some((len, after)) = rest.split_first_chunk::<8>() else {
-        return Ok(None);
-    };
-    let n = u64::from_le_bytes(*len);
-    if after.first() != Some(&b'{') {
+    if rest.get(8) != Some(&b'{') {
         return Ok(None);
     }
-    if n > limits.max_index_bytes {
-        return Err(Error::limit("max_index_bytes", limits.max_index_bytes));
-    }
-    let header = usize::try_from(n)
-        .ok()
-        .and_then(|n| after.get(..n))
-        .ok_or_else(|| bad(format!("a header of {n} bytes runs past the file")))?;
-    let data_len = (after.len() as u64).saturating_sub(n);
-    let data_start = offset
-        .checked_add(8)
-        .and_then(|o| o.checked_add(n))
-        .ok_or_else(|| bad("offset overflows".into()))?;
-    let json: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(header).map_err(|e| bad(format!("header: {e}")))?;
-    let mut entries = HashMap::new();
-    let mut offsets = HashMap::new();
-    let dims = |v: &serde_json::Value| -> Option<Vec<u64>> {
-        v.as_array()?
-            .iter()
-            .map(serde_json::Value::as_u64)
-            .collect()
-    };
-    for (key, v) in &json {
-        if key == "__metadata__" {
-            let info = v
-                .get("DCP_SHARDING_INFO")
-                .and_then(serde_json::Value::as_str)
-                .ok_or_else(|| bad("no DCP_SHARDING_INFO in its metadata".into()))?;
-            let info: serde_json::Map<String, serde_json::Value> =
-                serde_json::from_str(info).map_err(|e| bad(format!("DCP_SHARDING_INFO: {e}")))?;
-            for (name, v) in info {
-                let at = v
-                    .get("saved_offsets")
-                    .and_then(dims)
-                    .ok_or_else(|| bad(format!("no saved_offsets for {name}")))?;
-                offsets.insert(name, at);
-            }
-            continue;
-        }
-        let entry = (|| {
-            let dtype = v.get("dtype")?.as_str()?.to_owned();
-            let shape = dims(v.get("shape")?)?;
-            let range = dims(v.get("data_offsets")?)?;
-            match range.as_slice() {
-                &[b, e] if b <= e && e <= data_len => Some((dtype, shape, b, e)),
-                _ => None,
-            }
-        })()
-        .ok_or_else(|| {
-            bad(format!(
-                "{key}: no dtype, shape and data_offsets inside the data"
-            ))
-        })?;
-        entries.insert(key.clone(), entry);
-    }
-    Ok(Some(Blob {
-        data_start,
-        entries,
-        offsets,
-    }))
+    let header = crate::container::safetensors::parse(rest.into(), limits, |name| {
+        DType::from_safetensors_name(name).map(|d| d.size() as u64)
+    })?;
+    let offsets = hf::saved_offsets(&header)?;
+    Ok(Some(Blob::of(header, offset, offsets)))
 }
 
 /// The box two boxes share, as `(start, end)` per dimension; `None` when
