@@ -26,6 +26,9 @@ drop all its pages), then per file:
     (0.8.0: backend="mmap", the default, and "pread"; found with
     inspect.signature and a tiny file): ptload is judged against the
     fastest;
+- ptload on the .safetensors file, warm (`gpu_load FILE.safetensors
+  --json`): the same load from the same bytes safetensors reads, judged
+  against safetensors' fastest path too;
 - a tensor-parallel rank, warm: `gpu_load FILE --tp 2 --rank 0` (rank 0
   of 2, the llama split preset, as `ptload load --shard 0/2
   --split-preset llama`), medians of --tp-runs;
@@ -605,6 +608,8 @@ def report(rows, info, smoke, judged, backends, simulated):
         if not smoke:
             head += " torch.load | ptload vs torch.load |" + "".join(f" {c} |" for c in st_cols)
             head += " ptload vs fastest safetensors |"
+            if mode == "warm":
+                head += " ptload on the .safetensors | its % of limit | it vs fastest safetensors |"
         lines.append(head)
         lines.append("|" + " --- |" * (head.count("|") - 1))
         for row in rows:
@@ -625,6 +630,13 @@ def report(rows, info, smoke, judged, backends, simulated):
                 fast = fastest_st(m)
                 line += f" {ratio(fast[1], b)} ({st_name(None if fast[0] == 'default' else fast[0])}) |" \
                     if fast else " - |"
+                if mode == "warm":
+                    s_ = m.get("ptload_st")
+                    if measured(s_):
+                        line += (f" {secs(s_):.4f} s | {100 * s_['ptload']['fraction_of_pinned']:.1f}% |"
+                                 f" {ratio(fast[1], s_) if fast else '-'} |")
+                    else:
+                        line += f" {why_not(s_)} | | |"
             lines.append(line)
         lines.append("")
 
@@ -881,6 +893,7 @@ def main():
         if st is not None:
             row["safetensors_file"] = st
             steps.append(lambda: measure_python(row, "warm", pt, st, args, backends, budget))
+            steps.append(lambda: measure_rust(row["warm"], "ptload_st", st, args.runs, args, budget))
         steps.append(lambda: measure_rust(row, "tp", tp_file, args.tp_runs if not args.smoke else args.runs,
                                           args, budget, TP_ARGS))
         steps.append(lambda: measure_rust(row["cold"], "ptload", pt, args.cold_runs if not args.smoke else args.runs,

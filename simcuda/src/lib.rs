@@ -13,7 +13,8 @@
 //!   `SIMCUDA_COPY_FAULT_AT=k` (the k-th copy faults when it runs: the
 //!   context's error is sticky, as on a GPU), `SIMCUDA_SLOW_US=n` (each copy
 //!   takes n microseconds more), `SIMCUDA_OPEN_FAIL=k` (device k's primary
-//!   context cannot be retained: the device is unavailable).
+//!   context cannot be retained: the device is unavailable),
+//!   `SIMCUDA_TOTAL_MEM_FAIL=k` (device k's total memory cannot be read).
 //! - Built with `--features without-htod`, the library lacks
 //!   `cuMemcpyHtoDAsync_v2` (cudarc panics when it first calls a missing
 //!   symbol).
@@ -63,6 +64,7 @@ struct Config {
     copy_fault_at: Option<u64>,
     slow_us: u64,
     open_fail: Option<u64>,
+    total_mem_fail: Option<u64>,
     violations: Option<String>,
 }
 
@@ -83,6 +85,7 @@ fn config() -> &'static Config {
         copy_fault_at: env_u64("SIMCUDA_COPY_FAULT_AT"),
         slow_us: env_u64("SIMCUDA_SLOW_US").unwrap_or(0),
         open_fail: env_u64("SIMCUDA_OPEN_FAIL"),
+        total_mem_fail: env_u64("SIMCUDA_TOTAL_MEM_FAIL"),
         violations: std::env::var("SIMCUDA_VIOLATIONS").ok(),
     })
 }
@@ -512,7 +515,10 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: c_i
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CUresult {
-    try_cu!(device(dev));
+    let d = try_cu!(device(dev));
+    if config().total_mem_fail == Some(d as u64) {
+        return DEVICE_UNAVAILABLE;
+    }
     *bytes = config().memory as usize;
     SUCCESS
 }

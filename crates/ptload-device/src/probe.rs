@@ -141,7 +141,12 @@ impl Gpus {
             let _keep = KeepCurrent::new();
             let name =
                 guarded(|| ctx.name().map_err(text)).unwrap_or_else(|_| "CUDA device".into());
-            let total = guarded(|| ctx.total_mem().map_err(text)).unwrap_or(0);
+            // A device whose memory cannot be read is not counted as one of
+            // 0 bytes: budgets and plans need it.
+            let total = match guarded(|| ctx.total_mem().map_err(text)) {
+                Ok(total) => total,
+                Err(why) => return Gpus::Unusable(memory_unread(ordinal, &why)),
+            };
             let cell = OnceLock::new();
             let _ = cell.set(Ok(Context(Some(ctx))));
             gpus.push(Gpu {
@@ -153,6 +158,12 @@ impl Gpus {
         }
         Gpus::Devices(gpus)
     }
+}
+
+/// Why the machine's devices are unusable when one's memory cannot be
+/// read.
+fn memory_unread(ordinal: impl std::fmt::Display, why: &str) -> String {
+    format!("cuda:{ordinal}: its total memory cannot be read ({why})")
 }
 
 /// Number of CUDA devices, without creating contexts; 0 when there is no
@@ -173,7 +184,9 @@ pub(crate) fn driver_present() -> bool {
 
 /// The machine's devices: their names and memory, read without opening a
 /// context on any of them (a load opens the contexts of the devices it
-/// places storages on, and only those). Never panics.
+/// places storages on, and only those). A device whose total memory the
+/// driver cannot report makes the driver [`Gpus::Unusable`], with that
+/// reason: it is never taken for a device of 0 bytes. Never panics.
 pub fn probe() -> Gpus {
     if !driver_present() {
         return Gpus::NoDriver;
@@ -193,7 +206,8 @@ pub fn probe() -> Gpus {
             let name = result::device::get_name(dev).unwrap_or_else(|_| "CUDA device".into());
             // SAFETY: `dev` was returned by cuDeviceGet just above.
             #[allow(unsafe_code)]
-            let total = unsafe { result::device::total_mem(dev) }.unwrap_or(0);
+            let total = unsafe { result::device::total_mem(dev) }
+                .map_err(|e| memory_unread(i, &text(e)))?;
             gpus.push(Gpu {
                 ordinal: u32::try_from(i).map_err(|_| "device ordinal".to_owned())?,
                 name,

@@ -729,6 +729,23 @@ fn simulated_driver_faults() {
             ),
             Err(other) => panic!("a missing {symbol} must fail the load with cuda:0: {other}"),
         }
+    } else if let Some(k) = set("SIMCUDA_TOTAL_MEM_FAIL") {
+        // A device whose memory the driver cannot report: never a device
+        // of 0 bytes. The driver is unusable, saying which device and why,
+        // and every tensor falls back with that reason.
+        let why = format!("cuda:{k}: its total memory cannot be read");
+        assert!(gpus.devices().is_empty(), "{:?}", gpus.devices());
+        assert!(gpus.why_none().contains(&why), "{}", gpus.why_none());
+        let loaded = result.expect("falls back");
+        for t in loaded.tensors() {
+            assert_eq!(t.device, Device::Host, "{}", t.info.name);
+            let fallback = t.fallback.as_ref().map(ToString::to_string);
+            assert!(
+                fallback.as_deref().is_some_and(|f| f.contains(&why)),
+                "{fallback:?}"
+            );
+        }
+        check_values(&loaded);
     } else if let Some(k) = set("SIMCUDA_OPEN_FAIL") {
         // That device alone cannot be opened: its tensors fall back, each
         // saying so; the machine and its other devices stay usable.

@@ -131,9 +131,13 @@ impl Error {
     }
 
     pub(crate) fn io(message: impl Into<String>, source: std::io::Error) -> Self {
-        let mut e = Error::new(ErrorKind::Io, message);
-        e.inner.source = Some(Box::new(source));
-        e
+        Error::new(ErrorKind::Io, message).caused_by(source)
+    }
+
+    /// The OS error behind this one (kept as its source).
+    pub(crate) fn caused_by(mut self, source: std::io::Error) -> Self {
+        self.inner.source = Some(Box::new(source));
+        self
     }
 
     pub(crate) fn limit(name: &'static str, value: u64) -> Self {

@@ -35,7 +35,9 @@ pub(crate) struct Source {
 }
 
 enum Inner {
-    Mapped(memmap2::Mmap, File),
+    /// A map of the file, the open file, and which file it is (taken when
+    /// it was opened: a later `fstat` that fails cannot lose it).
+    Mapped(memmap2::Mmap, File, Option<FileId>),
     /// Bytes held in memory; `identity` is the file they were read from.
     Owned(Vec<u8>, Option<FileId>),
     /// Bytes the caller owns and hands over (a static slice, an `Arc`, its
@@ -94,7 +96,7 @@ impl Source {
         let map = unsafe { memmap2::Mmap::map(&file) }
             .map_err(|e| Error::io(format!("cannot map {}", path.display()), e))?;
         Ok(Source {
-            inner: Arc::new(Inner::Mapped(map, file)),
+            inner: Arc::new(Inner::Mapped(map, file, FileId::of(&meta))),
         })
     }
 
@@ -230,7 +232,7 @@ impl Source {
     /// The open file behind a map, for positioned reads.
     pub(crate) fn file(&self) -> Option<&File> {
         match &*self.inner {
-            Inner::Mapped(_, f) => Some(f),
+            Inner::Mapped(_, f, _) => Some(f),
             Inner::Owned(..) | Inner::Given(_) | Inner::Ranged(..) => None,
         }
     }
@@ -238,7 +240,7 @@ impl Source {
     /// The file the bytes came from, if they came from one.
     pub(crate) fn identity(&self) -> Option<FileId> {
         match &*self.inner {
-            Inner::Mapped(_, f) => f.metadata().ok().as_ref().and_then(FileId::of),
+            Inner::Mapped(.., id) => *id,
             Inner::Owned(_, id) => *id,
             Inner::Ranged(.., id) => *id,
             Inner::Given(_) => None,

@@ -285,8 +285,23 @@ fn target(path: &Path) -> Result<PathBuf> {
 /// Refuse the input, anything but a regular file, and an existing file
 /// unless `overwrite`.
 fn check(target: &Path, input: Option<FileId>, overwrite: bool) -> Result<()> {
-    let Ok(meta) = std::fs::metadata(target) else {
-        return Ok(());
+    let meta = match std::fs::metadata(target) {
+        Ok(meta) => meta,
+        // Nothing there: nothing to protect.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        // Something that cannot be looked at (no permission, a path
+        // through a file): it may be the input or a file to keep, so
+        // nothing is written.
+        Err(e) => {
+            return Err(Error::new(
+                ErrorKind::OutputRefused,
+                format!(
+                    "{}: cannot tell whether it is the input or a file to keep ({e})",
+                    target.display()
+                ),
+            )
+            .caused_by(e))
+        }
     };
     let shown = target.display();
     if input.is_some() && FileId::of(&meta) == input {
@@ -359,5 +374,37 @@ fn finish(tmp: &Path, target: &Path, overwrite: bool) -> Result<()> {
         )),
         // File systems without hard links: the check at the start stands.
         Err(_) => std::fs::rename(tmp, target).map_err(failed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_target_that_cannot_be_looked_at_is_refused() {
+        let dir = std::env::temp_dir().join(format!("ptload-output-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("plain");
+        std::fs::write(&file, b"x").expect("file");
+        // A path through a regular file: looking at it fails (ENOTDIR),
+        // which is not "nothing there".
+        let e = check(&file.join("out.safetensors"), None, true).expect_err("refused");
+        assert_eq!(e.kind(), ErrorKind::OutputRefused, "{e}");
+        assert!(e.to_string().contains("cannot tell whether"), "{e}");
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the OS error is kept"
+        );
+        // Nothing there: written.
+        assert!(check(&dir.join("absent.safetensors"), None, false).is_ok());
+        // The input itself, found by the identity the source took at open.
+        let source = crate::source::Source::map(&file).expect("map");
+        let e = check(&file, source.identity(), true).expect_err("the input");
+        assert!(
+            e.to_string().contains("is the checkpoint being read"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }
