@@ -1196,14 +1196,15 @@ fn select(
         .map(ptload_reader::dcp::fsdp::rank_rules)
         .transpose()
         .map_err(to_py)?;
+    let input = ptload_reader::set::Input::new(&path);
     let set = py
-        .allow_threads(|| match (path.to_str().and_then(url_of), &rank_rules) {
+        .allow_threads(|| match &rank_rules {
             // The rank files of a sharded model, cut as the caller says.
-            (_, Some(rules)) => CheckpointSet::open_rank_parts(&path, rules, &OpenOptions::new()),
-            // A file, or a set's index, read by ranges: the storages a
-            // selection reads are fetched when it reads them.
-            (Some(url), None) => CheckpointSet::open_url(url, &OpenOptions::new()),
-            (None, None) => CheckpointSet::open(&path),
+            Some(rules) => input.open_rank_parts(rules, &OpenOptions::new()),
+            // A file, a directory, or a set's index (read by ranges when a
+            // URL: the storages a selection reads are fetched when it
+            // reads them).
+            None => input.open(&OpenOptions::new()),
         })
         .map_err(to_py)?;
     let sd = opts.select_set(&set).map_err(to_py)?;
@@ -1365,13 +1366,6 @@ fn module_blocked(module: &str) -> bool {
     ptload_reader::Policy::always_blocks(module)
 }
 
-/// `path` when it names a checkpoint the reader fetches by ranged requests
-/// instead of a local file: the one test of what is a URL, for every entry
-/// point (`open`, `select`, and Python's through [`is_url`]).
-fn url_of(path: &str) -> Option<&str> {
-    ptload_reader::ranged::is_url(path).then_some(path)
-}
-
 /// Rule lists (`PATTERN=DEVICE[,PATTERN=DEVICE...]`) as the CLI's
 /// `--place` parses them: `(pattern, device)` pairs, devices normalised
 /// (`cuda` is `cuda:0`). A bad rule is a ValueError naming it.
@@ -1408,10 +1402,12 @@ fn parse_budget(text: &str) -> PyResult<(&'static str, f64, u64)> {
     }
 }
 
-/// Whether `path` is a URL ptload reads by ranges rather than a local path.
+/// Whether `path` is a URL ptload reads by ranges rather than a local path
+/// (the reader's [`Input`](ptload_reader::set::Input) decides, as for
+/// every entry point).
 #[pyfunction]
 fn is_url(path: &str) -> bool {
-    url_of(path).is_some()
+    ptload_reader::set::Input::new(path).url().is_some()
 }
 
 /// Open a checkpoint: `source` is a path (str), a URL (`http(s)://`,
@@ -1470,14 +1466,11 @@ fn open(
         })?
     } else {
         let path: std::path::PathBuf = source.extract()?;
-        match path.to_str().and_then(url_of) {
-            Some(url) => {
-                let url = url.to_owned();
-                interruptible(py, None, move |work| {
-                    opts.cancel(work.cancel.clone()).open_url(&url)
-                })?
-            }
-            None => interruptible(py, None, move |work| {
+        match ptload_reader::set::Input::new(&path) {
+            ptload_reader::set::Input::Url(url) => interruptible(py, None, move |work| {
+                opts.cancel(work.cancel.clone()).open_url(&url)
+            })?,
+            ptload_reader::set::Input::Path(path) => interruptible(py, None, move |work| {
                 opts.cancel(work.cancel.clone()).open(path)
             })?,
         }

@@ -66,13 +66,12 @@ impl OpenArgs {
         path: &std::path::Path,
         opts: &OpenOptions,
     ) -> ptload_reader::Result<ptload_reader::set::CheckpointSet> {
+        let input = ptload_reader::set::Input::new(path);
         match &self.rank_files {
-            Some(rules) => ptload_reader::set::CheckpointSet::open_rank_parts(
-                path,
-                &ptload_reader::dcp::fsdp::rank_rules(rules)?,
-                opts,
-            ),
-            None => crate::remote::open_set(path, opts),
+            Some(rules) => {
+                input.open_rank_parts(&ptload_reader::dcp::fsdp::rank_rules(rules)?, opts)
+            }
+            None => input.open(opts),
         }
     }
 

@@ -2,28 +2,12 @@
 //! `az://`): read by ranged requests, fetching only what each command
 //! reads.
 
-use std::path::Path;
-
 use std::sync::Arc;
 
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::StateDict;
-use ptload_reader::{Checkpoint, OpenOptions};
+use ptload_reader::Checkpoint;
 use serde::Serialize;
-
-/// The URL `path` holds, if it is one (see [`ptload_reader::ranged::is_url`]).
-pub(crate) fn url_of(path: &Path) -> Option<&str> {
-    path.to_str().filter(|s| ptload_reader::ranged::is_url(s))
-}
-
-/// The checkpoint at `path`: a local file, directory or index, or a URL
-/// (of a file, or of an index and the shards beside it).
-pub(crate) fn open_set(path: &Path, opts: &OpenOptions) -> ptload_reader::Result<CheckpointSet> {
-    match url_of(path) {
-        Some(url) => CheckpointSet::open_url(url, opts),
-        None => CheckpointSet::open_with(path, opts),
-    }
-}
 
 /// Bytes and requests fetched from URLs, in JSON output.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
@@ -127,6 +111,8 @@ pub(crate) fn reading_ahead<T>(selection: &StateDict<'_>, work: impl FnOnce() ->
 mod tests {
     use super::*;
     use ptload_reader::ranged::RangeRead;
+    use ptload_reader::OpenOptions;
+    use std::path::Path;
 
     #[derive(Debug)]
     struct Memory(Vec<u8>);

@@ -5,7 +5,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use ptload_reader::scan::{self, Level, Verdict};
-use ptload_reader::set::CheckpointSet;
+use ptload_reader::set::{CheckpointSet, Input};
 use ptload_reader::{Limits, OpenOptions};
 use serde::Serialize;
 use serde_json::json;
@@ -292,17 +292,15 @@ fn not_scanned(file: &str, head: &[u8]) -> Option<FileScan> {
 
 /// The URL `path` holds when it names an index (its path ends in `.json`).
 fn index_url(path: &Path) -> Option<&str> {
-    crate::remote::url_of(path).filter(|u| {
-        u.split(['?', '#'])
-            .next()
-            .is_some_and(|p| p.ends_with(".json"))
-    })
+    let input = Input::new(path);
+    path.to_str()
+        .filter(|_| input.url().is_some() && input.is_index())
 }
 
 /// Scan one file as torch.load would read it.
 fn scan_file(path: &Path, request: &ScanRequest) -> FileScan {
-    if let Some(url) = crate::remote::url_of(path) {
-        return scan_url(url, request);
+    if let Input::Url(url) = Input::new(path) {
+        return scan_url(&url, request);
     }
     let file = path.display().to_string();
     if let Some(scan) = not_scanned(&file, &head_of(path)) {

@@ -35,7 +35,7 @@ pub(crate) fn after_first(path: &Path, set: &CheckpointSet, opts: &OpenOptions) 
     let [first] = set.files() else {
         return stream;
     };
-    if crate::remote::url_of(path).is_some() || !path.is_file() {
+    if ptload_reader::set::Input::new(path).url().is_some() || !path.is_file() {
         return stream;
     }
     let Ok(file) = LocalFile::open(path) else {

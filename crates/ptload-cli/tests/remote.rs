@@ -641,6 +641,70 @@ fn a_rank_of_a_url_fetches_its_slices() {
     }
 }
 
+/// `plan` takes URLs as every other command does: the plan of a URL (a
+/// file, and a set by its index) is the local file's, byte range for byte
+/// range, and planning fetches no tensor data.
+#[test]
+#[ignore = "needs nginx: .ci/run sets PTLOAD_NGINX and runs it with --ignored"]
+fn plan_of_a_url_is_the_local_files_plan() {
+    let server = Nginx::start("plan");
+    let name = "llama_wide.pt";
+    std::fs::copy(fixture(name), server.www().join("files").join(name)).unwrap();
+    let shards = "llama_tiny_sharded";
+    let dir = server.www().join("files").join(shards);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut index = None;
+    for f in std::fs::read_dir(fixture(shards)).unwrap() {
+        let f = f.unwrap();
+        let n = f.file_name().to_string_lossy().into_owned();
+        if n.ends_with(".index.json") {
+            index = Some(n.clone());
+        }
+        std::fs::copy(f.path(), dir.join(&n)).unwrap();
+    }
+    let index = index.expect("the set's index");
+    for (local, remote, args) in [
+        (
+            fixture(name),
+            server.url(&format!("files/{name}")),
+            vec!["--world", "2", "--split-preset", "llama"],
+        ),
+        (
+            fixture(shards).join(&index),
+            server.url(&format!("files/{shards}/{index}")),
+            vec!["--world", "4", "--nodes", "2", "--read-once"],
+        ),
+    ] {
+        let run = |input: &str| {
+            let mut all = vec!["plan"];
+            all.extend(&args);
+            all.push(input);
+            let out = ptload(&all);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{input}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            json(&out)
+        };
+        let mut here = run(&local.display().to_string());
+        server.clear_log();
+        let mut there = run(&remote);
+        let size = std::fs::metadata(&local).unwrap().len();
+        // The files are named as given; everything else is the same.
+        let files = there["files"].as_array().unwrap().len();
+        assert_eq!(files, here["files"].as_array().unwrap().len());
+        here["files"] = Json::Null;
+        there["files"] = Json::Null;
+        assert_eq!(here, there, "{remote}");
+        if !args.contains(&"--read-once") {
+            let (sent, _) = server.sent(&format!("/files/{name}"));
+            assert!(sent * 4 < size, "{sent} of {size} bytes fetched to plan");
+        }
+    }
+}
+
 /// Indexes that name shards elsewhere, that are too large, that name a
 /// missing shard, and directories, each give their error.
 #[test]

@@ -64,6 +64,103 @@ impl SetFile {
     }
 }
 
+/// What a front end was given to read, decided in one place: a URL read by
+/// ranged requests (`http(s)://`, `s3://`, `gs://`, `az://`, see
+/// [`crate::ranged::is_url`]) or a local path (a file, a directory of
+/// shards, a DCP save, an index). Every front end opens what the user
+/// names through [`Input::open`], so each command and function takes the
+/// same inputs.
+///
+/// ```
+/// use ptload_reader::set::Input;
+///
+/// assert!(Input::new("https://host/model.safetensors.index.json").is_index());
+/// assert_eq!(Input::new("model.pt").path(), Some(std::path::Path::new("model.pt")));
+/// assert_eq!(Input::new("s3://bucket/model.pt").url(), Some("s3://bucket/model.pt"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// A file or directory on this machine.
+    Path(PathBuf),
+    /// A file read by ranged requests.
+    Url(String),
+}
+
+impl Input {
+    /// The input `text` names: a URL when it is one, a path otherwise (a
+    /// path that is not UTF-8 is always a path).
+    pub fn new(text: impl AsRef<std::ffi::OsStr>) -> Input {
+        let text = text.as_ref();
+        match text.to_str() {
+            Some(s) if crate::ranged::is_url(s) => Input::Url(s.to_owned()),
+            _ => Input::Path(PathBuf::from(text)),
+        }
+    }
+
+    /// The URL, when it is one.
+    pub fn url(&self) -> Option<&str> {
+        match self {
+            Input::Url(u) => Some(u),
+            Input::Path(_) => None,
+        }
+    }
+
+    /// The local path, when it is one.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Input::Path(p) => Some(p),
+            Input::Url(_) => None,
+        }
+    }
+
+    /// Whether it names a set's index (`*.json`; for a URL, before any
+    /// query or fragment).
+    pub fn is_index(&self) -> bool {
+        match self {
+            Input::Url(u) => u
+                .split(['?', '#'])
+                .next()
+                .is_some_and(|p| p.ends_with(".json")),
+            Input::Path(p) => p.to_string_lossy().ends_with(".json"),
+        }
+    }
+
+    /// Open it as a set: [`CheckpointSet::open_url`] or
+    /// [`CheckpointSet::open_with`].
+    pub fn open(&self, opts: &OpenOptions) -> Result<CheckpointSet> {
+        match self {
+            Input::Url(u) => CheckpointSet::open_url(u, opts),
+            Input::Path(p) => CheckpointSet::open_with(p, opts),
+        }
+    }
+
+    /// Open the rank files of the directory it names as one state dict, by
+    /// `splits` ([`CheckpointSet::open_rank_parts`]); a URL is refused:
+    /// a directory cannot be listed by URL.
+    pub fn open_rank_parts(
+        &self,
+        splits: &crate::tp::Splits,
+        opts: &OpenOptions,
+    ) -> Result<CheckpointSet> {
+        match self {
+            Input::Path(p) => CheckpointSet::open_rank_parts(p, splits, opts),
+            Input::Url(u) => Err(Error::new(
+                ErrorKind::InvalidSpec,
+                format!("{u}: rank files are read from a local directory, which a URL cannot list"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Input {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Input::Url(u) => f.write_str(u),
+            Input::Path(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
 /// Several checkpoint files read as one: every tensor of every file under
 /// its own name, each name in exactly one file.
 #[derive(Debug)]
@@ -472,7 +569,7 @@ impl CheckpointSet {
                 ),
             ));
         }
-        if path.ends_with(".json") {
+        if Input::Url(url.to_owned()).is_index() {
             let index = crate::remote::open_url(url)?;
             return CheckpointSet::open_index_with(index, crate::remote::open_url, opts);
         }

@@ -818,3 +818,36 @@ fn hostile_indexes_read_by_ranges_are_refused() {
     let err = store.open_set(&url, &OpenOptions::new()).unwrap_err();
     assert!(err.to_string().contains("not a checkpoint index"), "{err}");
 }
+
+/// What a front end is given is decided in one place: a URL or a path,
+/// whichever command or function opens it.
+#[test]
+fn an_input_is_a_url_or_a_path_and_opens_as_a_set() {
+    use ptload_reader::set::Input;
+    for url in [
+        "http://host/model.pt",
+        "HTTPS://host/a/model.safetensors.index.json?x=1",
+        "s3://bucket/model.pt",
+        "gs://bucket/model.pt",
+        "az://container/model.pt",
+    ] {
+        assert_eq!(Input::new(url).url(), Some(url), "{url}");
+        assert_eq!(Input::new(url).path(), None, "{url}");
+    }
+    for path in ["model.pt", "ftp://host/model.pt", "dir/", "C:/models/x.pt"] {
+        assert_eq!(Input::new(path), Input::Path(path.into()), "{path}");
+    }
+    assert!(Input::new("https://host/i.json#frag").is_index());
+    assert!(!Input::new("https://host/i.json.pt").is_index());
+    let local = Input::new(files().join("llama_tiny_sharded"));
+    let set = local.open(&OpenOptions::new()).expect("a directory");
+    assert_eq!(set.files().len(), 3);
+    assert_eq!(
+        local.to_string(),
+        files().join("llama_tiny_sharded").display().to_string()
+    );
+    let e = Input::new("https://host/ranks/")
+        .open_rank_parts(&rank_rules(), &OpenOptions::new())
+        .expect_err("a URL cannot be listed");
+    assert_eq!(e.kind(), ErrorKind::InvalidSpec, "{e}");
+}

@@ -5,14 +5,14 @@ use std::path::PathBuf;
 
 use clap::Args;
 use ptload_reader::read_plan::ReadPlan;
-use ptload_reader::set::CheckpointSet;
 use ptload_reader::tp::Splits;
 
 use crate::args::{CliResult, OpenArgs, StateDictArgs};
 
 #[derive(Args)]
 pub(crate) struct PlanArgs {
-    /// The checkpoint: a file, a directory of shards, or a *.index.json.
+    /// The checkpoint: a file, a directory of shards, a *.index.json, or the URL of a file or an
+    /// index.
     input: PathBuf,
     /// Ranks in the job.
     #[arg(long)]
@@ -37,7 +37,7 @@ pub(crate) struct PlanArgs {
 /// The plan, as one JSON document.
 pub(crate) fn run(a: &PlanArgs, out: &mut impl Write) -> CliResult<u8> {
     let opts = a.open.options();
-    let set = CheckpointSet::open_with(&a.input, &opts)?;
+    let set = a.open.open_set(&a.input, &opts)?;
     let state = StateDictArgs::default().options(false)?;
     let limits = ptload_reader::Limits::default();
     let plan = if a.read_once {
