@@ -351,6 +351,13 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("functools.partial", true)),
     ),
+    // Calls the unpickler makes (torch_implicit.json): APPEND / APPENDS
+    // call an instance attribute BUILD set.
+    ("ia_append_attr.pkl", UnknownCall, Some(("logging.warning", true))),
+    ("ia_extend_attr.pkl", UnknownCall, Some(("logging.warning", true))),
+    ("ia_slotstate.pkl", UnknownCall, Some(("logging.warning", true))),
+    ("ia_partial_attr.pkl", Dangerous, Some(("functools.partial", true))),
+    ("ia_benign_deque.pkl", Clean, None),
     (
         "t_plain_pickle_renamed.bin",
         Dangerous,
@@ -1267,4 +1274,48 @@ fn a_safetensors_header_that_is_also_a_pickle_is_scanned_as_one() {
     let report = scan_bytes(&file, &Limits::default());
     assert_eq!(report.layout, "safetensors");
     assert_eq!(report.verdict(), Verdict::Dangerous, "{report:?}");
+}
+
+/// Calls the unpickler makes for the file (`tests/scan/torch_implicit.json`,
+/// labelled by running torch.load on each): APPEND and APPENDS on an
+/// object that is no list call its `append` / `extend`, looked up on the
+/// instance first, so a BUILD state that put a callable there (from a dict
+/// state, a slot state, or nested in a partial) chose what runs. Each
+/// payload torch ran is reported with the callable called, at the default
+/// gate; a class that fills itself with its own method is not.
+#[test]
+fn calls_the_unpickler_makes_are_calls() {
+    use ptload_reader::scan::Usage;
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_implicit.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = doc.as_object().unwrap();
+    assert!(files.len() >= 5, "{files:?}");
+    let mut ran = 0;
+    for (name, facts) in files {
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        let called: Vec<String> = report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .filter(|g| g.usage == Usage::Called)
+            .map(|g| g.path())
+            .collect();
+        if facts["payload_ran"] == true {
+            ran += 1;
+            assert!(report.level() >= Level::UnknownCall, "{name}: {called:?}");
+            assert!(
+                called.iter().any(|c| c == "logging.warning"),
+                "{name}: {called:?}"
+            );
+        } else {
+            assert!(report.level() <= Level::NeedsCode, "{name}: {called:?}");
+            assert!(called.is_empty(), "{name}: {called:?}");
+        }
+    }
+    assert!(ran >= 4, "{ran} payloads torch ran");
 }

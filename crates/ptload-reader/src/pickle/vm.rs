@@ -82,6 +82,20 @@ pub(crate) trait Interpreter {
     fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()>;
     /// PERSID / BINPERSID.
     fn persistent_load(&mut self, heap: &mut Heap, pid: Value) -> Result<Value>;
+    /// APPEND / APPENDS on `target`, an object the interpreter made (not a
+    /// list): Python calls `target.append(value)` for each value, or for
+    /// APPENDS `target.extend(values)` when it has one; the attribute is
+    /// looked up on the instance first. `methods` are the names looked up,
+    /// in order. By default nothing is recorded (the items are kept).
+    fn method_call(
+        &mut self,
+        _heap: &mut Heap,
+        _target: Value,
+        _methods: &[&str],
+        _values: &[Value],
+    ) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The result of running one pickle.
@@ -734,6 +748,10 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             b'a' => {
                 let v = self.pop()?;
                 let list = self.top()?;
+                if matches!(self.heap.get(list), Some(Obj::Object(_))) {
+                    self.interp
+                        .method_call(self.heap, list, &["append"], &[v])?;
+                }
                 self.heap
                     .append(list, &[v])
                     .map_err(|m| self.heap.container_error("APPEND", m))?;
@@ -741,6 +759,10 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             b'e' => {
                 let items = self.pop_mark()?;
                 let list = self.top()?;
+                if matches!(self.heap.get(list), Some(Obj::Object(_))) {
+                    self.interp
+                        .method_call(self.heap, list, &["extend", "append"], &items)?;
+                }
                 self.heap
                     .append(list, &items)
                     .map_err(|m| self.heap.container_error("APPENDS", m))?;

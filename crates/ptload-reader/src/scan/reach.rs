@@ -1016,7 +1016,17 @@ struct Recorder {
     /// What calling a wrapper (a `functools.partial`) calls: the function
     /// it was made with, and any its BUILD state put in.
     wrapped: HashMap<ObjId, Vec<Value>>,
+    /// The instance attributes BUILD set that the unpickler itself calls
+    /// later (`append`, `extend`: see [`IMPLICIT_METHODS`]), by object.
+    methods: HashMap<ObjId, Vec<(String, Value)>>,
 }
+
+/// The methods the unpickler calls on an object the pickle made: APPEND
+/// calls `append`, APPENDS `extend` (or `append`). Python looks them up on
+/// the instance first, so a BUILD that set one chose what is called.
+/// (SETITEM and SETITEMS go through the type's `__setitem__`, and BUILD's
+/// `__setstate__` set by an earlier BUILD is a dunder, a gadget already.)
+const IMPLICIT_METHODS: [&str; 2] = ["append", "extend"];
 
 impl Recorder {
     fn inert(&mut self, heap: &mut Heap, origin: Option<Origin>) -> Result<Value> {
@@ -1107,6 +1117,35 @@ impl Recorder {
             if let Value::Obj(id) = v {
                 if let Some(wrapped) = self.wrapped.remove(&id) {
                     stack.extend(wrapped);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The attributes BUILD's `state` sets on `obj` (from a dict state, or
+    /// either dict of a `(state, slotstate)` pair) that the unpickler may
+    /// call later: see [`IMPLICIT_METHODS`].
+    fn note_methods(&mut self, heap: &Heap, obj: Value, state: Value) -> Result<()> {
+        let Value::Obj(id) = obj else {
+            return Ok(());
+        };
+        let parts = match heap.tuple(state) {
+            Some(items) => items.to_vec(),
+            None => vec![state],
+        };
+        heap.charge_work(parts.len() as u64)?;
+        for part in parts {
+            let Some(dict) = heap.dict(part) else {
+                continue;
+            };
+            heap.charge_work(dict.entries().len() as u64)?;
+            for &(k, v) in dict.entries() {
+                if let Some(name) = heap.str(k).filter(|k| IMPLICIT_METHODS.contains(k)) {
+                    self.methods
+                        .entry(id)
+                        .or_default()
+                        .push((name.to_owned(), v));
                 }
             }
         }
@@ -1328,6 +1367,7 @@ impl Interpreter for Recorder {
     }
 
     fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()> {
+        self.note_methods(heap, obj, state)?;
         match self.origin(obj) {
             // BUILD fills the instance: its class's `__setstate__` (code
             // of the class, not of the file) or its `__dict__`. A partial
@@ -1430,6 +1470,31 @@ impl Interpreter for Recorder {
             }
         }
         Ok(v)
+    }
+
+    fn method_call(
+        &mut self,
+        heap: &mut Heap,
+        target: Value,
+        methods: &[&str],
+        _values: &[Value],
+    ) -> Result<()> {
+        // The first of `methods` the instance has an attribute for is
+        // what Python calls: whatever BUILD put there is called. Without
+        // one, the class's own method runs (code of the class, which
+        // making the instance already reported).
+        let Value::Obj(id) = target else {
+            return Ok(());
+        };
+        let found = self.methods.get(&id).and_then(|attrs| {
+            methods
+                .iter()
+                .find_map(|m| attrs.iter().rev().find(|(k, _)| k == m).map(|&(_, v)| v))
+        });
+        if let Some(v) = found {
+            self.calls(heap, v)?;
+        }
+        Ok(())
     }
 
     fn persistent_load(&mut self, heap: &mut Heap, pid: Value) -> Result<Value> {
