@@ -1413,7 +1413,7 @@ fn is_url(path: &str) -> bool {
 /// Open a checkpoint: `source` is a path (str), a URL (`http(s)://`,
 /// `s3://`, `gs://`, `az://`) read by ranged requests, or the file's bytes.
 #[pyfunction]
-#[pyo3(signature = (source, *, objects=true, in_memory=false, encoding=None, byte_order=None))]
+#[pyo3(signature = (source, *, objects=true, in_memory=false, encoding=None, byte_order=None, refuse_at=None))]
 fn open(
     py: Python<'_>,
     source: &Bound<'_, PyAny>,
@@ -1421,7 +1421,19 @@ fn open(
     in_memory: bool,
     encoding: Option<&str>,
     byte_order: Option<&str>,
+    refuse_at: Option<&str>,
 ) -> PyResult<Checkpoint> {
+    // The scanner's level at which the file is refused (`ptload scan`'s
+    // names), as the CLI's --refuse-at.
+    let refuse_at = refuse_at
+        .map(|name| {
+            ptload_reader::scan::Level::from_name(name).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "refuse_at {name:?}: 'needs-code', 'unknown-call', 'ambiguous' or 'dangerous'"
+                ))
+            })
+        })
+        .transpose()?;
     // Python 2 strings, decoded as torch.load's `encoding` says.
     let encoding = match encoding {
         None => ptload_reader::checkpoint::StringEncoding::Utf8,
@@ -1447,6 +1459,7 @@ fn open(
     limits.max_expanded_view_bytes = u64::MAX;
     let opts = OpenOptions::new()
         .objects(objects)
+        .refuse_at(refuse_at)
         .in_memory(in_memory)
         .encoding(encoding)
         .assume_byte_order(assumed)

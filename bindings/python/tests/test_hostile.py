@@ -51,3 +51,28 @@ def test_hostile_corpus_never_crashes(tmp_path):
     # Python-level exceptions other than ptload.Error are defects to know of.
     odd = {k: v for k, v in results.items() if any(r.startswith("python:") for r in v)}
     assert not odd, odd
+
+
+def test_refuse_at_follows_the_scan():
+    """refuse_at= refuses what ``ptload scan`` puts at that level or above
+    (an UnsafeGlobalError naming the finding, kind "Refused"), whatever
+    weights_only says, and reads the rest."""
+    import pytest
+
+    import ptload
+    import ptload.torch
+    from conftest import ROOT, fixture
+
+    payload = os.path.join(ROOT, "tests", "scan", "polyglot_pickle_then_zip.pt")
+    with pytest.raises(ptload.UnsafeGlobalError, match="os.system") as caught:
+        ptload.torch.load(payload, weights_only=False, refuse_at="dangerous")
+    assert caught.value.kind == "Refused"
+    # A whole pickled model: its classes are only constructed.
+    model = ptload.torch.load(fixture("whole_module.pt"), weights_only=False, refuse_at="dangerous")
+    assert model is not None
+    with pytest.raises(ptload.UnsafeGlobalError, match="needs-code"):
+        ptload.torch.load(fixture("whole_module.pt"), weights_only=False, refuse_at="needs-code")
+    plain = ptload.torch.load(fixture("basic.pt"), refuse_at="needs-code")
+    assert len(plain) > 0
+    with pytest.raises(ValueError, match="refuse_at"):
+        ptload.torch.load(fixture("basic.pt"), refuse_at="sometimes")

@@ -47,6 +47,16 @@ pub(crate) struct OpenArgs {
     /// (*.step=replicate,*=0).
     #[arg(long = "rank-files", value_name = "RULES|fsdp2")]
     pub(crate) rank_files: Option<String>,
+    /// Refuse a file that `ptload scan` puts at LEVEL or above, naming what it found, and read
+    /// the rest: dangerous (code, processes, files, network, gadgets), ambiguous, unknown-call,
+    /// needs-code (any pickled class).
+    #[arg(
+        long = "refuse-at",
+        value_name = "LEVEL",
+        value_parser = PossibleValuesParser::new(["needs-code", "unknown-call", "ambiguous", "dangerous"])
+            .try_map(|name| ptload_reader::scan::Level::from_name(&name).ok_or("unknown level")),
+    )]
+    pub(crate) refuse_at: Option<ptload_reader::scan::Level>,
 }
 
 /// `convert --metadata`.
@@ -84,7 +94,8 @@ impl OpenArgs {
             })
             .encoding(self.encoding)
             .in_memory(self.no_mmap)
-            .positioned(self.pread);
+            .positioned(self.pread)
+            .refuse_at(self.refuse_at);
         for g in self.allow_global.iter().flat_map(|list| list.split(',')) {
             if !g.trim().is_empty() {
                 opts = opts.allow_global(g.trim());

@@ -3006,3 +3006,36 @@ fn hugging_face_format_saves_and_world_4_rank_files_read_as_torchs() {
     );
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// `--refuse-at LEVEL` follows the scanner: a payload is refused (exit 2,
+/// the finding named), a whole pickled model read at `dangerous` and
+/// refused at `needs-code`, a plain state dict read at every level.
+#[test]
+fn refuse_at_follows_the_scan() {
+    let payload = shared_data("scan")
+        .join("polyglot_pickle_then_zip.pt")
+        .display()
+        .to_string();
+    let out = ptload(&["inspect", "--refuse-at", "dangerous", &payload]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("os.system called"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(ptload(&["inspect", &payload]).status.success());
+    let model = fixture("whole_module.pt");
+    let read = ptload(&["inspect", "--refuse-at", "dangerous", &model]);
+    assert_eq!(read.status.code(), Some(0), "{}", stderr(&read));
+    let refused = ptload(&["load", "--refuse-at", "needs-code", &model]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        stderr(&refused).contains("needs-code"),
+        "{}",
+        stderr(&refused)
+    );
+    let plain = ptload(&["inspect", "--refuse-at", "needs-code", &fixture("basic.pt")]);
+    assert_eq!(plain.status.code(), Some(0), "{}", stderr(&plain));
+    let bad = ptload(&["inspect", "--refuse-at", "sometimes", &model]);
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -46,6 +46,7 @@ pub struct OpenOptions {
     objects: bool,
     cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     assumed_byte_order: ByteOrder,
+    refuse_at: Option<crate::scan::Level>,
 }
 
 impl OpenOptions {
@@ -71,6 +72,24 @@ impl OpenOptions {
     /// What to do with globals outside torch's safe allowlist.
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// Refuse a file the scanner ([`crate::scan`], `ptload scan`) puts at
+    /// `level` or above, with an error of kind
+    /// [`Refused`](crate::ErrorKind::Refused) naming what it found; read
+    /// the rest as the policy says. `Level::Dangerous` refuses what runs
+    /// code, spawns processes, touches files or the network and gadgets,
+    /// and reads ordinary training files (argparse namespaces, full
+    /// models); `Level::UnknownCall` also refuses calls of anything
+    /// outside the known-safe set; `Level::NeedsCode` every pickled class.
+    /// Off by default (`None`): the default policy reads any checkpoint's
+    /// tensors, running nothing, and lists the globals it did not allow.
+    ///
+    /// The scan reads the file's pickles a second time (for a file read by
+    /// ranges, fetching what it needs); tensors' bytes are not read.
+    pub fn refuse_at(mut self, level: Option<crate::scan::Level>) -> Self {
+        self.refuse_at = level;
         self
     }
 
@@ -439,6 +458,49 @@ impl Inflated {
     }
 }
 
+/// The scanner's verdict on `source`: an error of kind `Refused` naming
+/// the worst finding when it is at `level` or above.
+fn refuse_at(source: &Source, limits: &Limits, level: crate::scan::Level) -> Result<()> {
+    let report = match source.fetcher() {
+        Some(fetcher) => crate::scan::scan_fetched(fetcher, source.extents(), limits)?,
+        None => crate::scan::scan_bytes(source.bytes(), limits),
+    };
+    let found = report.level();
+    if found < level {
+        return Ok(());
+    }
+    let worst = report
+        .pickles
+        .iter()
+        .flat_map(|p| p.globals.iter().map(move |g| (p, g)))
+        .filter(|(_, g)| g.level() == found)
+        .map(|(p, g)| {
+            format!(
+                "{} {} ({}) in {}",
+                g.path(),
+                g.usage.name(),
+                g.class.label(),
+                p.source
+            )
+        })
+        .next()
+        .or_else(|| {
+            report
+                .ambiguities
+                .first()
+                .map(|a| format!("{} ({} at offset {})", a.what, a.record, a.offset))
+        })
+        .unwrap_or_else(|| "the file's structure".to_owned());
+    Err(Error::new(
+        ErrorKind::Refused,
+        format!(
+            "scan: {worst}: the file is at {}, and files at {} or above are refused",
+            found.name(),
+            level.name()
+        ),
+    ))
+}
+
 /// Torch names the first global it refuses; a user fixing a file one
 /// global per run needs the whole list. Read the file again without the
 /// policy (nothing is ever run either way) and name every global the
@@ -727,6 +789,12 @@ impl Checkpoint {
 
     fn load(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
         source.advise(true);
+        if let Some(level) = opts.refuse_at {
+            if let Err(e) = refuse_at(&source, &opts.limits, level) {
+                source.advise(false);
+                return Err(e);
+            }
+        }
         let checkpoint = match Checkpoint::decode(source.clone(), opts) {
             Err(e) if e.kind() == ErrorKind::UnsupportedGlobal => {
                 Err(every_refusal(e, &source, opts))

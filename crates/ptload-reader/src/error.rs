@@ -25,6 +25,10 @@ pub enum ErrorKind {
     Decode,
     /// A global that the strict policy does not allow.
     UnsupportedGlobal,
+    /// The scanner's verdict on the file is at or above the level the
+    /// caller refuses ([`OpenOptions::refuse_at`](crate::OpenOptions::refuse_at)):
+    /// the message names the finding.
+    Refused,
     /// A storage or tensor record is inconsistent with its data.
     Tensor,
     /// A configured [`Limits`](crate::Limits) value was exceeded.
@@ -61,7 +65,7 @@ impl ErrorKind {
             ErrorKind::Legacy => "legacy",
             ErrorKind::Pickle => "pickle",
             ErrorKind::Decode => "decode",
-            ErrorKind::UnsupportedGlobal => "policy",
+            ErrorKind::UnsupportedGlobal | ErrorKind::Refused => "policy",
             ErrorKind::Tensor => "tensor",
             ErrorKind::LimitExceeded => "limit",
             ErrorKind::Unsupported => "unsupported",

@@ -1319,3 +1319,50 @@ fn calls_the_unpickler_makes_are_calls() {
     }
     assert!(ran >= 4, "{ran} payloads torch ran");
 }
+
+/// `OpenOptions::refuse_at`: the open follows the scanner's verdict,
+/// refusing at the level the caller chooses and reading the rest.
+#[test]
+fn an_open_can_refuse_what_the_scan_puts_at_a_level() {
+    use ptload_reader::{ErrorKind, OpenOptions};
+    let payload = root().join("tests/scan/polyglot_pickle_then_zip.pt");
+    // The default reads its tensors (running nothing)...
+    assert!(OpenOptions::new().open(&payload).is_ok());
+    // ...refusing at dangerous names the finding.
+    let e = OpenOptions::new()
+        .refuse_at(Some(Level::Dangerous))
+        .open(&payload)
+        .expect_err("refused");
+    assert_eq!(e.kind(), ErrorKind::Refused, "{e}");
+    assert!(e.to_string().contains("os.system"), "{e}");
+    assert!(e.to_string().contains("dangerous"), "{e}");
+    // A whole pickled model needs its classes' code: read at dangerous
+    // and unknown-call, refused at needs-code.
+    let model = root().join("fixtures/files/whole_module.pt");
+    for level in [Level::Dangerous, Level::UnknownCall] {
+        let ckpt = OpenOptions::new()
+            .refuse_at(Some(level))
+            .open(&model)
+            .unwrap_or_else(|e| panic!("{level:?}: {e}"));
+        assert!(!ckpt.is_empty());
+    }
+    let e = OpenOptions::new()
+        .refuse_at(Some(Level::NeedsCode))
+        .open(&model)
+        .expect_err("needs code");
+    assert_eq!(e.kind(), ErrorKind::Refused, "{e}");
+    // A plain state dict passes every level.
+    let plain = root().join("fixtures/files/basic.pt");
+    assert!(OpenOptions::new()
+        .refuse_at(Some(Level::NeedsCode))
+        .open(&plain)
+        .is_ok());
+    // An implicit call the unpickler would make: refused at unknown-call.
+    let bytes = std::fs::read(root().join("tests/scan/ia_append_attr.pkl")).unwrap();
+    let e = OpenOptions::new()
+        .refuse_at(Some(Level::UnknownCall))
+        .open_bytes(bytes)
+        .expect_err("refused");
+    assert_eq!(e.kind(), ErrorKind::Refused, "{e}");
+    assert!(e.to_string().contains("logging.warning called"), "{e}");
+}

@@ -199,6 +199,8 @@ _BY_KIND = {
     "Pickle": PickleError,
     "Decode": DecodeError,
     "UnsupportedGlobal": UnsafeGlobalError,
+    # The scanner's verdict at or above the level refused (refuse_at).
+    "Refused": UnsafeGlobalError,
     "Tensor": TensorError,
     "LimitExceeded": LimitError,
     "Unsupported": UnsupportedError,
@@ -348,13 +350,14 @@ def url_name(url):
     return url.split("?", 1)[0].split("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
 
-def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None, byte_order=None):
+def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None, byte_order=None, refuse_at=None):
     """Open ``f`` (a path, a URL, bytes, or a binary file object) with the
     reader. A URL is read by ranged requests: what opening parses now, each
-    storage's bytes when first asked for (``in_memory`` does not apply)."""
+    storage's bytes when first asked for (``in_memory`` does not apply).
+    ``refuse_at``: the scanner's level at which the file is refused."""
     from . import _ptload
 
-    opts = {"objects": objects, "encoding": encoding, "byte_order": byte_order}
+    opts = {"objects": objects, "encoding": encoding, "byte_order": byte_order, "refuse_at": refuse_at}
     if is_url(f):
         # The reader learns the length with its first request; an empty
         # file is its error, as any other.

@@ -111,6 +111,7 @@ def open(
     in_memory: bool = ...,
     encoding: Optional[str] = ...,
     byte_order: Optional[str] = ...,
+    refuse_at: Optional[str] = ...,
 ) -> Checkpoint: ...
 
 def is_url(path: str) -> bool: ...

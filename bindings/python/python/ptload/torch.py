@@ -187,6 +187,7 @@ def load(
     place: Union[str, Mapping[str, DeviceLike], Iterable[Union[str, Tuple[str, DeviceLike]]], None] = None,
     budget: Union[float, int, str, None] = None,
     balance: Optional[int] = None,
+    refuse_at: Optional[str] = None,
 ) -> Any:
     """Load a checkpoint as ``torch.load(f, map_location, weights_only=True)``
     would, without running anything the file names.
@@ -249,6 +250,14 @@ def load(
     ``map_location`` callable's storage has ``.tensors``, the names of the
     tensors on it, so it can place by name too.
 
+    ``refuse_at``: refuse a file that ``ptload scan`` puts at this level
+    or above (``"dangerous"``, ``"ambiguous"``, ``"unknown-call"``,
+    ``"needs-code"``), raising :class:`ptload.UnsafeGlobalError` that names
+    what it found, whatever ``unknown`` and ``weights_only`` say: with
+    ``weights_only=False``, ``refuse_at="dangerous"`` reads training files
+    that pickle their own classes and refuses payloads. None (default):
+    no such gate.
+
     ``progress=True`` shows a tqdm bar over the file's bytes as they are
     read (``mmap=False``) or uploaded to GPUs. Ctrl-C interrupts a load
     at any point, the reading of the file included.
@@ -267,7 +276,7 @@ def load(
         placement = _placement(map_location, place, budget, balance)
         return _load(
             f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding,
-            placement,
+            placement, refuse_at,
         )
     finally:
         if collecting:
@@ -386,7 +395,7 @@ def _budget_spec(budget):
 
 def _load(
     f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding=None,
-    placement=None,
+    placement=None, refuse_at=None,
 ):
     # False is torch's full unpickler; ptload still runs nothing: what torch
     # would have imported and called comes back as ptload.Inert records.
@@ -421,7 +430,9 @@ def _load(
     if mmap and path is None:
         # torch's words: there is no file to map.
         raise ValueError("f must be a file path in order to use the mmap argument")
-    ckpt = open_checkpoint(source, objects=True, encoding=encoding, byte_order=_assumed_byte_order())
+    ckpt = open_checkpoint(
+        source, objects=True, encoding=encoding, byte_order=_assumed_byte_order(), refuse_at=refuse_at
+    )
     if stream is not None:
         # Where torch leaves the stream: just past the checkpoint, so the
         # next object saved after it can be read.
