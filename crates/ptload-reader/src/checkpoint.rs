@@ -233,9 +233,9 @@ impl OpenOptions {
 }
 
 /// Run `work` while the listed storages of each checkpoint are fetched
-/// ahead of it, beside it (see [`Checkpoint::prefetch`]): `work` reads
-/// what landed, waits for what is in flight, and fetches itself what is
-/// not asked for yet. When `work` ends (returns, fails or panics), no
+/// ahead of it, beside it (see [`Checkpoint::read_ahead`]): `work` takes
+/// what landed (and drops it when done: memory stays bounded), waits for
+/// what is in flight, and fetches itself what is not asked for yet. When `work` ends (returns, fails or panics), no
 /// further request starts. A failed request of the read-ahead is not the
 /// answer: `work` fetches what it needs again and reports its own error.
 /// Checkpoints not read by ranges, and empty lists, fetch nothing.
@@ -265,7 +265,7 @@ pub fn while_prefetching<T>(ahead: &[(&Checkpoint, &[usize])], work: impl FnOnce
             let _ = std::thread::Builder::new()
                 .name("ptload-read-ahead".into())
                 .spawn_scoped(scope, move || {
-                    let _ = ckpt.prefetch(storages, Some(done));
+                    let _ = ckpt.read_ahead(storages, Some(done));
                 });
         }
         let _stop = StopOnDrop(&done);
@@ -349,6 +349,41 @@ struct Fetched {
     /// Signalled whenever claims are released (the bytes landed, or the
     /// request failed and a waiter fetches them itself).
     landed: std::sync::Condvar,
+    /// Storages fetched before their reader asked (by a read-ahead, or as
+    /// the neighbours of a storage fetched with them), handed to the first
+    /// reader that takes them and so released (see `take_storage`); a
+    /// borrowing reader keeps them in `storages` instead.
+    loose: std::sync::Mutex<Loose>,
+    /// Signalled whenever loose bytes are taken or dropped.
+    room: std::sync::Condvar,
+    /// Most bytes `loose` holds (see [`Checkpoint::read_ahead_bytes`]).
+    loose_cap: u64,
+}
+
+/// See [`Fetched::loose`].
+#[derive(Debug, Default)]
+struct Loose {
+    bytes: std::collections::HashMap<usize, Vec<u8>>,
+    /// Oldest first, for dropping when over the cap.
+    order: std::collections::VecDeque<usize>,
+    total: u64,
+    /// Bytes of read-ahead requests in flight, counted against the cap.
+    reserved: u64,
+}
+
+/// Where a fetched run's storages go.
+#[derive(Clone, Copy)]
+enum Hand {
+    /// Kept with the checkpoint, for borrowing readers.
+    Keep,
+    /// Handed over: `target`'s bytes returned, the other storages loose;
+    /// `make_room` drops the oldest loose storages past the cap (a
+    /// reader's neighbours), else the caller waited for room (a
+    /// read-ahead).
+    Over {
+        target: Option<usize>,
+        make_room: bool,
+    },
 }
 
 /// Storages fetched in one request: the bytes `offset..end`, cut into
@@ -362,6 +397,13 @@ struct Run {
 
 /// Most bytes one coalesced read of storages fetches.
 const MAX_COALESCED: u64 = 64 << 20;
+
+/// Most bytes of storages fetched before their reader takes them (a
+/// read-ahead, a reader's neighbours): as many as the requests in flight
+/// fetch at once.
+fn read_ahead_bytes(limits: &Limits) -> u64 {
+    (limits.max_fetches_in_flight.max(1) as u64).saturating_mul(limits.max_fetch_request_bytes)
+}
 
 /// A tensor the walk named, checked against its storage: a rebuilt
 /// tensor, or a storage pickled on its own.
@@ -412,6 +454,10 @@ impl Storages for Checkpoint {
 
     fn fetch_span(&self, info: &TensorInfo) -> Option<Result<Vec<u8>>> {
         Checkpoint::fetch_span(self, info)
+    }
+
+    fn stream_span(&self, info: &TensorInfo, f: &mut dyn FnMut(&[u8])) -> Option<Result<()>> {
+        Checkpoint::stream_span(self, info, f)
     }
 }
 
@@ -708,7 +754,7 @@ fn dtensor_warning(dtensors: &[(u32, DTensorSpec)]) -> Option<String> {
 impl Fetched {
     /// Nothing fetched yet of `storages`, those stored in the file ordered
     /// by offset.
-    fn for_storages(storages: &[StorageInfo]) -> Fetched {
+    fn for_storages(storages: &[StorageInfo], limits: &Limits) -> Fetched {
         let mut order: Vec<usize> = (0..storages.len())
             .filter(|&i| storages.get(i).is_some_and(|s| s.file_offset.is_some()))
             .collect();
@@ -719,11 +765,107 @@ impl Fetched {
             in_parts: storages.iter().map(|_| Default::default()).collect(),
             claimed: std::sync::Mutex::new(vec![false; storages.len()]),
             landed: Default::default(),
+            loose: Default::default(),
+            room: Default::default(),
+            loose_cap: read_ahead_bytes(limits),
         }
     }
 
+    /// Fetched already: kept, or loose.
     fn done(&self, i: usize) -> bool {
-        self.storages.get(i).is_some_and(|c| c.get().is_some())
+        self.storages.get(i).is_some_and(|c| c.get().is_some()) || self.is_loose(i)
+    }
+
+    fn loose(&self) -> std::sync::MutexGuard<'_, Loose> {
+        // Only whole insertions and removals happen under the lock: what
+        // a panic leaves is consistent.
+        self.loose
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn is_loose(&self, i: usize) -> bool {
+        self.loose().bytes.contains_key(&i)
+    }
+
+    /// Take storage `i`'s bytes out of the loose ones: the taker owns them.
+    fn take_loose(&self, i: usize) -> Option<Vec<u8>> {
+        let mut loose = self.loose();
+        let bytes = loose.bytes.remove(&i)?;
+        loose.order.retain(|&j| j != i);
+        loose.total = loose.total.saturating_sub(bytes.len() as u64);
+        drop(loose);
+        self.room.notify_all();
+        Some(bytes)
+    }
+
+    /// Hand storage `i`'s bytes over to its first reader; with
+    /// `make_room`, the oldest others are dropped while over the cap (they
+    /// are fetched again if read).
+    fn put_loose(&self, i: usize, bytes: Vec<u8>, make_room: bool) {
+        let mut loose = self.loose();
+        loose.total = loose.total.saturating_add(bytes.len() as u64);
+        if let Some(old) = loose.bytes.insert(i, bytes) {
+            loose.total = loose.total.saturating_sub(old.len() as u64);
+        } else {
+            loose.order.push_back(i);
+        }
+        let mut dropped = false;
+        while make_room && loose.total > self.loose_cap {
+            let Some(oldest) = loose.order.iter().position(|&j| j != i) else {
+                break;
+            };
+            if let Some(j) = loose.order.remove(oldest) {
+                if let Some(gone) = loose.bytes.remove(&j) {
+                    loose.total = loose.total.saturating_sub(gone.len() as u64);
+                    dropped = true;
+                }
+            }
+        }
+        drop(loose);
+        if dropped {
+            self.room.notify_all();
+        }
+    }
+
+    /// Wait until `need` more bytes fit under the cap with those loose and
+    /// in flight (or there are none), then count them in flight until
+    /// [`unreserve`](Self::unreserve); or until `stop` is set: whether
+    /// there is room.
+    fn wait_for_room(&self, need: u64, stop: Option<&std::sync::atomic::AtomicBool>) -> bool {
+        let mut loose = self.loose();
+        loop {
+            let used = loose.total.saturating_add(loose.reserved);
+            if used == 0 || used.saturating_add(need) <= self.loose_cap {
+                loose.reserved = loose.reserved.saturating_add(need);
+                return true;
+            }
+            if stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed)) {
+                return false;
+            }
+            loose = match self
+                .room
+                .wait_timeout(loose, std::time::Duration::from_millis(20))
+            {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+
+    /// A request of `need` bytes counted by `wait_for_room` landed (its
+    /// storages are loose now) or failed.
+    fn unreserve(&self, need: u64) {
+        let mut loose = self.loose();
+        loose.reserved = loose.reserved.saturating_sub(need);
+        drop(loose);
+        self.room.notify_all();
+    }
+
+    /// Bytes loose now, and in flight for a read-ahead.
+    fn loose_bytes(&self) -> u64 {
+        let loose = self.loose();
+        loose.total.saturating_add(loose.reserved)
     }
 
     fn claims(&self) -> Result<std::sync::MutexGuard<'_, Vec<bool>>> {
@@ -847,7 +989,7 @@ impl Checkpoint {
         warnings.extend(dtensor_warning(&dtensors));
         let fetched = match source.fetcher() {
             None => Fetched::default(),
-            Some(_) => Fetched::for_storages(&storages),
+            Some(_) => Fetched::for_storages(&storages, &opts.limits),
         };
         Ok(Checkpoint {
             source,
@@ -1051,7 +1193,7 @@ impl Checkpoint {
         }
         ckpt.fetched = match source.fetcher() {
             None => Fetched::default(),
-            Some(_) => Fetched::for_storages(&ckpt.storages),
+            Some(_) => Fetched::for_storages(&ckpt.storages, &ckpt.limits),
         };
         ckpt.source = source;
         Ok(ckpt)
@@ -1316,6 +1458,13 @@ impl Checkpoint {
                 .and_then(|c| c.get())
                 .map(Vec::as_slice)
         };
+        // Fetched ahead and handed over: kept from now on.
+        let keep_loose = || {
+            let bytes = self.fetched.take_loose(index)?;
+            let cell = self.fetched.storages.get(index)?;
+            let _ = cell.set(bytes);
+            cell.get().map(Vec::as_slice)
+        };
         if let Some(done) = landed() {
             return Ok(done);
         }
@@ -1324,10 +1473,13 @@ impl Checkpoint {
         if let Some(held) = self.source.view().held(offset, nbytes) {
             return Ok(held);
         }
+        if let Some(done) = keep_loose() {
+            return Ok(done);
+        }
         let run = {
             let mut claimed = self.fetched.claims()?;
             loop {
-                if let Some(done) = landed() {
+                if let Some(done) = landed().or_else(keep_loose) {
                     return Ok(done);
                 }
                 if !claimed.get(index).copied().unwrap_or(false) {
@@ -1352,7 +1504,7 @@ impl Checkpoint {
                 runs: std::slice::from_ref(&run),
                 from: None,
             };
-            self.fetch_run(&run, fetcher)?;
+            self.fetch_run(&run, fetcher, Hand::Keep)?;
         }
         landed().ok_or_else(missing)
     }
@@ -1377,7 +1529,15 @@ impl Checkpoint {
         let (offset, nbytes) = self.file_range(first).unwrap_or_default();
         let mut end = offset.saturating_add(nbytes);
         let mut members = vec![(first, offset, nbytes)];
-        let busy = |i: usize| self.fetched.done(i) || claimed.get(i).copied().unwrap_or(true);
+        let view = self.source.view();
+        // Fetched, being fetched, or at hand since opening.
+        let busy = |i: usize| {
+            self.fetched.done(i)
+                || claimed.get(i).copied().unwrap_or(true)
+                || self
+                    .file_range(i)
+                    .is_some_and(|(o, n)| view.held(o, n).is_some())
+        };
         let at = self
             .fetched
             .order
@@ -1421,10 +1581,15 @@ impl Checkpoint {
         }
     }
 
-    /// Fetch `run` (claimed by the caller) into its storages' cells; the
-    /// bytes requested.
-    fn fetch_run(&self, run: &Run, fetcher: &Fetcher) -> Result<u64> {
-        let cell = |i: usize| self.fetched.storages.get(i);
+    /// Fetch `run` (claimed by the caller) and put its storages where
+    /// `hand` says; the bytes requested, and the target's bytes when they
+    /// are handed over.
+    fn fetch_run(
+        &self,
+        run: &Run,
+        fetcher: &Fetcher,
+        hand: Hand,
+    ) -> Result<(u64, Option<Vec<u8>>)> {
         let missing =
             |i: usize| Error::new(ErrorKind::Tensor, format!("storage {i}: not in the file"));
         // Only the parts not fetched while opening (around the zip's
@@ -1433,13 +1598,23 @@ impl Checkpoint {
         let holes = view.holes(run.offset, run.end);
         let len: u64 = holes.iter().map(|(a, b)| b - a).sum();
         let bytes = read_unheld(view, fetcher, run.offset, run.end)?;
+        let mut target = None;
+        let mut place = |i: usize, part: Vec<u8>| match hand {
+            Hand::Keep => {
+                if let Some(c) = self.fetched.storages.get(i) {
+                    let _ = c.set(part);
+                }
+            }
+            Hand::Over {
+                target: Some(t), ..
+            } if t == i => target = Some(part),
+            Hand::Over { make_room, .. } => self.fetched.put_loose(i, part, make_room),
+        };
         // One storage keeps the buffer as read: no second copy of it.
         if let [(i, _, n)] = run.members[..] {
             if bytes.len() as u64 == n {
-                if let Some(c) = cell(i) {
-                    let _ = c.set(bytes);
-                }
-                return Ok(len);
+                place(i, bytes);
+                return Ok((len, target));
             }
         }
         for &(i, o, n) in &run.members {
@@ -1448,11 +1623,74 @@ impl Checkpoint {
             let part = to
                 .and_then(|to| bytes.get(from..to))
                 .ok_or_else(|| missing(i))?;
-            if let Some(c) = cell(i) {
-                let _ = c.set(part.to_vec());
-            }
+            place(i, part.to_vec());
         }
-        Ok(len)
+        Ok((len, target))
+    }
+
+    /// The bytes of storage `index` of a file read by ranges, for a reader
+    /// that owns them and drops them when done (a hash, a writer, a copy):
+    /// taken from those fetched ahead of it, or fetched now (with the
+    /// storages that follow it, as [`fetch_storage`](Self::fetch_storage)
+    /// does, which wait loose for their own readers), and kept nowhere.
+    /// `None` when the checkpoint keeps the storage already (a borrowing
+    /// reader asked for it, or it was fetched while opening): borrow it.
+    fn take_storage(&self, index: usize, fetcher: &Fetcher) -> Result<Option<Vec<u8>>> {
+        let missing = || {
+            Error::new(
+                ErrorKind::Tensor,
+                format!("storage {index}: not in the file"),
+            )
+        };
+        let kept = || {
+            self.fetched
+                .storages
+                .get(index)
+                .is_some_and(|c| c.get().is_some())
+        };
+        let (offset, nbytes) = self.file_range(index).ok_or_else(missing)?;
+        if self.source.view().held(offset, nbytes).is_some() {
+            return Ok(None);
+        }
+        let run = {
+            let mut claimed = self.fetched.claims()?;
+            loop {
+                if kept() {
+                    return Ok(None);
+                }
+                if let Some(bytes) = self.fetched.take_loose(index) {
+                    return Ok(Some(bytes));
+                }
+                if !claimed.get(index).copied().unwrap_or(false) {
+                    break;
+                }
+                claimed =
+                    self.fetched.landed.wait(claimed).map_err(|_| {
+                        Error::new(ErrorKind::Io, "a thread fetching storages failed")
+                    })?;
+            }
+            // Its neighbours wait loose for their readers: no more of
+            // them than may wait.
+            let cap = MAX_COALESCED.min(self.fetched.loose_cap);
+            let run = self.plan_run(index, &claimed, cap, |_| true);
+            for &(i, _, _) in &run.members {
+                if let Some(c) = claimed.get_mut(i) {
+                    *c = true;
+                }
+            }
+            run
+        };
+        let _claims = Claims {
+            fetched: &self.fetched,
+            runs: std::slice::from_ref(&run),
+            from: None,
+        };
+        let hand = Hand::Over {
+            target: Some(index),
+            make_room: true,
+        };
+        let (_, bytes) = self.fetch_run(&run, fetcher, hand)?;
+        bytes.map(Some).ok_or_else(missing)
     }
 
     /// For a file read by ranges: fetch the `storages` listed that are not
@@ -1524,7 +1762,7 @@ impl Checkpoint {
                 };
                 let stopped = stop.is_some_and(|s| s.load(Ordering::Relaxed));
                 if !stopped && !failed.load(Ordering::Relaxed) {
-                    match self.fetch_run(run, fetcher) {
+                    match self.fetch_run(run, fetcher, Hand::Keep).map(|(n, _)| n) {
                         Ok(n) => {
                             fetched.fetch_add(n, Ordering::Relaxed);
                         }
@@ -1565,6 +1803,160 @@ impl Checkpoint {
         }
     }
 
+    /// For a file read by ranges: fetch the `storages` listed, in the
+    /// order given, ahead of a reader that reads them in about that order
+    /// beside it (several requests in flight, neighbours in the file
+    /// fetched together, each request at most
+    /// [`Limits::max_fetch_request_bytes`] unless one storage is larger),
+    /// handing each to the first reader that takes it (a hash, a writer,
+    /// a copy, a tensor made of it), which drops it when done: at most
+    /// [`read_ahead_bytes`](Self::read_ahead_bytes) wait to be taken, and
+    /// the read-ahead pauses while they do. A storage larger than that is
+    /// left to its reader. A borrowing reader keeps what it takes, as for
+    /// any storage it reads. Returns the bytes fetched; a mapped or
+    /// in-memory file fetches nothing. `stop`, once set, starts no further
+    /// request (and ends a pause); the first failed request ends the
+    /// read-ahead (its reader fetches what it needs itself).
+    pub fn read_ahead(
+        &self,
+        storages: &[usize],
+        stop: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<u64> {
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+        let Some(fetcher) = self.source.fetcher() else {
+            return Ok(0);
+        };
+        let cap = self.fetched.loose_cap;
+        let mut wanted = vec![false; self.storages.len()];
+        for &i in storages {
+            if let Some(w) = wanted.get_mut(i) {
+                *w = true;
+            }
+        }
+        let take = |i: usize| wanted.get(i).copied().unwrap_or(false);
+        let view = self.source.view();
+        // The runs, planned now in the reader's order; each is claimed
+        // only when its request starts, so a reader never waits for a
+        // run that is paused.
+        let runs: Vec<Run> = {
+            let claimed = self.fetched.claims()?;
+            let mut planned = vec![false; self.storages.len()];
+            let mut runs = Vec::new();
+            for &i in storages {
+                let small = self
+                    .file_range(i)
+                    .is_some_and(|(o, n)| n > 0 && n <= cap && view.held(o, n).is_none());
+                if !small || planned.get(i) != Some(&false) || self.fetched.done(i) {
+                    continue;
+                }
+                let run = self.plan_run(
+                    i,
+                    &claimed,
+                    self.limits.max_fetch_request_bytes.min(cap),
+                    |j| take(j) && !planned.get(j).copied().unwrap_or(true),
+                );
+                for &(m, _, _) in &run.members {
+                    if let Some(p) = planned.get_mut(m) {
+                        *p = true;
+                    }
+                }
+                runs.push(run);
+            }
+            runs
+        };
+        let next = AtomicUsize::new(0);
+        let fetched = AtomicU64::new(0);
+        let first_error: std::sync::Mutex<Option<Error>> = std::sync::Mutex::new(None);
+        let stopped = || {
+            stop.is_some_and(|s| s.load(Ordering::Relaxed))
+                || first_error.lock().map_or(true, |e| e.is_some())
+        };
+        let work = || {
+            while let Some(run) = runs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let need = run.end - run.offset;
+                if stopped() || !self.fetched.wait_for_room(need, stop) {
+                    return;
+                }
+                struct Reserved<'f>(&'f Fetched, u64);
+                impl Drop for Reserved<'_> {
+                    fn drop(&mut self) {
+                        self.0.unreserve(self.1);
+                    }
+                }
+                let _reserved = Reserved(&self.fetched, need);
+                // Claimed now, unless its reader got there first.
+                {
+                    let Ok(mut claimed) = self.fetched.claims() else {
+                        return;
+                    };
+                    let taken = run.members.iter().any(|&(m, _, _)| {
+                        self.fetched.done(m) || claimed.get(m).copied().unwrap_or(true)
+                    });
+                    if taken {
+                        continue;
+                    }
+                    for &(m, _, _) in &run.members {
+                        if let Some(c) = claimed.get_mut(m) {
+                            *c = true;
+                        }
+                    }
+                }
+                let _claims = Claims {
+                    fetched: &self.fetched,
+                    runs: std::slice::from_ref(run),
+                    from: None,
+                };
+                let hand = Hand::Over {
+                    target: None,
+                    make_room: false,
+                };
+                match self.fetch_run(run, fetcher, hand) {
+                    Ok((n, _)) => {
+                        fetched.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        if let Ok(mut slot) = first_error.lock() {
+                            slot.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+        };
+        let threads = self
+            .limits
+            .max_fetches_in_flight
+            .clamp(1, 64)
+            .min(runs.len());
+        std::thread::scope(|scope| {
+            for _ in 1..threads {
+                let _ = std::thread::Builder::new()
+                    .name("ptload-read-ahead".into())
+                    .spawn_scoped(scope, work);
+            }
+            work();
+        });
+        match first_error.into_inner().ok().flatten() {
+            Some(e) => Err(e),
+            None => Ok(fetched.into_inner()),
+        }
+    }
+
+    /// Most bytes of storages fetched ahead of their readers and not yet
+    /// taken ([`read_ahead`](Self::read_ahead), and the neighbours a read
+    /// fetches with its storage): [`Limits::max_fetches_in_flight`] times
+    /// [`Limits::max_fetch_request_bytes`] (64 MiB by default).
+    pub fn read_ahead_bytes(&self) -> u64 {
+        read_ahead_bytes(&self.limits)
+    }
+
+    /// Bytes of storages fetched ahead and waiting for their readers, or
+    /// in flight for a read-ahead, now (at most
+    /// [`read_ahead_bytes`](Self::read_ahead_bytes), or one storage when
+    /// none other is).
+    pub fn waiting_bytes(&self) -> u64 {
+        self.fetched.loose_bytes()
+    }
+
     /// The elements of `info`, a view of a storage of a file read by
     /// ranges, row-major and as they lie in the file (its byte order, no
     /// conj/neg bit applied), fetched on their own when that reads less
@@ -1573,9 +1965,10 @@ impl Checkpoint {
     /// in ranges, runs closer than [`COALESCE_GAP`] in one (so a column
     /// split whose rows lie close together fetches the span covering
     /// them), and nothing is kept: the storage is never fetched whole for
-    /// it. `None` when the storage is at hand already (fetched, or held
-    /// since opening), when the view's ranges would cover all of it (it
-    /// is then fetched whole and kept, for every view of it), and for
+    /// it. When the view's ranges would cover all of it, or it was
+    /// fetched ahead and waits for its reader, the storage is taken whole
+    /// ([`take_storage`](Self::take_storage)) and kept nowhere. `None`
+    /// when the storage is kept already (or held since opening), and for
     /// anything but a stored storage of a file read by ranges.
     pub(crate) fn fetch_span(&self, info: &TensorInfo) -> Option<Result<Vec<u8>>> {
         let fetcher = self.source.fetcher()?;
@@ -1596,9 +1989,26 @@ impl Checkpoint {
         if info.numel == 0
             || self.fetched.storages.get(index)?.get().is_some()
             || self.source.view().held(base, s.nbytes).is_some()
-            || claimed()
         {
             return None;
+        }
+        // The whole storage, owned by this read and kept nowhere: taken
+        // from what was fetched ahead, or fetched now; the view's runs of
+        // it unless it is the whole of it.
+        let whole = || {
+            let whole_view =
+                info.storage_offset == 0 && info.is_contiguous() && info.nbytes == s.nbytes;
+            match self.take_storage(index, fetcher) {
+                Ok(None) => None,
+                Ok(Some(bytes)) if whole_view => Some(Ok(bytes)),
+                Ok(Some(bytes)) => Some(info.gather(&bytes)),
+                Err(e) => Some(Err(e)),
+            }
+        };
+        // Being fetched whole (a read-ahead), or fetched already: wait for
+        // it rather than fetch its bytes twice.
+        if claimed() || self.fetched.is_loose(index) {
+            return whole();
         }
         // The ranges the runs fall in, in storage offsets. Runs that do
         // not come in increasing order (a transposed view) are covered by
@@ -1626,9 +2036,63 @@ impl Checkpoint {
         }
         let total: u64 = ranges.iter().map(|(a, b)| b - a).sum();
         if total >= s.nbytes {
-            return None;
+            return whole();
         }
         Some(self.gather_ranges(fetcher, base, &ranges, info))
+    }
+
+    /// The elements of `info`, a contiguous view of a storage of a file
+    /// read by ranges that is larger than one request
+    /// ([`Limits::max_fetch_request_bytes`]) and not at hand (not kept,
+    /// not waiting for its reader, not being fetched), handed to `f` in
+    /// pieces of at most that size, fetched one after another and dropped
+    /// once handed on: its reader never holds the whole of it. `None`
+    /// otherwise (the elements are read whole).
+    pub(crate) fn stream_span(
+        &self,
+        info: &TensorInfo,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Option<Result<()>> {
+        let fetcher = self.source.fetcher()?;
+        let index = info.storage?;
+        let s = self.storages.get(index)?;
+        let StorageData::File(_) = s.data else {
+            return None;
+        };
+        let piece = self.limits.max_fetch_request_bytes.max(1 << 20);
+        if info.nbytes <= piece || !info.is_contiguous() {
+            return None;
+        }
+        let base = s.file_offset?;
+        let start = info
+            .storage_offset
+            .checked_mul(info.dtype.size() as u64)
+            .filter(|&o| o.checked_add(info.nbytes).is_some_and(|e| e <= s.nbytes))?;
+        let claimed = self
+            .fetched
+            .claimed
+            .lock()
+            .map_or(true, |c| c.get(index).copied().unwrap_or(true));
+        if claimed || self.fetched.done(index) || self.source.view().held(base, s.nbytes).is_some()
+        {
+            return None;
+        }
+        // Whole elements in every piece, so that each can be put in host
+        // order on its own.
+        let elem = (info.dtype.size() as u64).max(1);
+        let piece = piece - piece % elem;
+        let from = base.checked_add(start)?;
+        let end = from.checked_add(info.nbytes)?;
+        let mut at = from;
+        while at < end {
+            let to = at.saturating_add(piece).min(end);
+            match read_unheld(self.source.view(), fetcher, at, to) {
+                Ok(bytes) => f(&bytes),
+                Err(e) => return Some(Err(e)),
+            }
+            at = to;
+        }
+        Some(Ok(()))
     }
 
     /// Fetch `ranges` of the storage at file offset `base` and gather the
@@ -2018,10 +2482,83 @@ mod tests {
         .data()
         .unwrap_err();
         assert!(err.to_string().contains("outside its storage"), "{err}");
-        // The whole tensor: its storage fetched whole, once, and kept.
+        // The whole tensor read by an owner: its storage fetched whole,
+        // handed over and kept nowhere (a second read fetches it again).
         let whole = ranged.tensor("model.embed_tokens.weight").unwrap();
         let here = local.tensor("model.embed_tokens.weight").unwrap();
-        assert_eq!(whole.data().unwrap(), here.data().unwrap());
+        let nbytes = ranged.storages()[storage].nbytes;
+        for _ in 0..2 {
+            let (before, _) = ranged.fetched_bytes().unwrap();
+            assert_eq!(whole.data().unwrap(), here.data().unwrap());
+            let (after, _) = ranged.fetched_bytes().unwrap();
+            assert!(after - before > nbytes / 2, "{} fetched", after - before);
+            assert!(ranged.fetched.storages[storage].get().is_none());
+            assert!(!ranged.fetched.is_loose(storage));
+        }
+        // A borrowing reader keeps it: read once, then at hand.
+        assert_eq!(whole.storage_bytes().unwrap().len() as u64, nbytes);
         assert!(ranged.fetched.storages[storage].get().is_some());
+        let (before, _) = ranged.fetched_bytes().unwrap();
+        assert_eq!(whole.data().unwrap(), here.data().unwrap());
+        assert_eq!(ranged.fetched_bytes().unwrap().0, before);
+    }
+
+    /// A read-ahead beside a reader: every storage read equals the local
+    /// file's, each fetched once, and no more than the read-ahead's bytes
+    /// ever wait to be taken; nothing is kept once read.
+    #[test]
+    fn a_read_ahead_hands_storages_over_and_holds_a_bounded_amount() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/files/llama_wide.pt"
+        );
+        let bytes = std::fs::read(path).unwrap();
+        let local = Checkpoint::open(path).unwrap();
+        // A small read-ahead: four requests of 64 KiB, so the storages
+        // wait for their reader and the read-ahead pauses.
+        let limits = Limits {
+            max_fetch_request_bytes: 64 << 10,
+            ..Limits::default()
+        };
+        let reader = Arc::new(Logged(bytes.clone(), Mutex::new(Vec::new())));
+        let ranged = OpenOptions::new()
+            .limits(limits)
+            .open_ranged(reader.clone())
+            .unwrap();
+        let cap = ranged.read_ahead_bytes();
+        assert_eq!(cap, 256 << 10);
+        let order: Vec<usize> = (0..ranged.len())
+            .filter_map(|i| ranged.tensor_at(i)?.info().storage)
+            .collect();
+        let (opened, _) = ranged.fetched_bytes().unwrap();
+        let mut most = 0;
+        while_prefetching(&[(&ranged, order.as_slice())], || {
+            for i in 0..ranged.len() {
+                let there = ranged.tensor_at(i).unwrap();
+                let here = local.tensor_at(i).unwrap();
+                let mut got = Vec::new();
+                there.visit_bytes(|b| got.extend_from_slice(b)).unwrap();
+                assert_eq!(got, here.data().unwrap().into_owned(), "{}", there.name());
+                most = most.max(ranged.waiting_bytes());
+            }
+        });
+        assert!(most <= cap, "{most} waiting");
+        let kept: Vec<usize> = (0..ranged.storages().len())
+            .filter(|&i| ranged.fetched.storages[i].get().is_some())
+            .collect();
+        assert!(
+            kept.is_empty(),
+            "kept: {kept:?} of {}",
+            ranged.storages().len()
+        );
+        // Each stored byte fetched once (the storages tile the file's
+        // data), plus what opening fetched.
+        let stored: u64 = ranged.storages().iter().map(|s| s.nbytes).sum();
+        let (all, _) = ranged.fetched_bytes().unwrap();
+        assert!(
+            all - opened <= stored,
+            "{} fetched for {stored}",
+            all - opened
+        );
     }
 }

@@ -37,6 +37,13 @@ pub(crate) trait Storages: std::fmt::Debug + Sync {
     /// from a file read by ranges, when that reads less than their
     /// storage; `None` to read them from the storage.
     fn fetch_span(&self, info: &TensorInfo) -> Option<Result<Vec<u8>>>;
+    /// Hand the elements of `info` (row-major, as stored) to `f` in
+    /// pieces fetched one after another from a file read by ranges, none
+    /// kept: a large contiguous tensor read by a reader that needs no
+    /// whole buffer (a hash, a writer). `None` to read them otherwise.
+    fn stream_span(&self, _info: &TensorInfo, _f: &mut dyn FnMut(&[u8])) -> Option<Result<()>> {
+        None
+    }
 }
 
 /// Row-major chunks are handed out in pieces of at most this many bytes
@@ -296,6 +303,28 @@ impl<'a> TensorView<'a> {
         if let Some(read) = self.lazy() {
             f(&read?);
             return Ok(());
+        }
+        // A large tensor of a file read by ranges, in pieces fetched one
+        // after another and dropped once handed on.
+        let swap = self.needs_swap().then(|| self.info.dtype.swap_unit());
+        let transform = self.needs_transform();
+        let mut piece = Vec::new();
+        let streamed = self.ckpt.stream_span(self.info, &mut |chunk| {
+            if swap.is_none() && !transform {
+                return f(chunk);
+            }
+            piece.clear();
+            piece.extend_from_slice(chunk);
+            if let Some(unit) = swap {
+                self.ckpt.byte_order().to_host(&mut piece, unit);
+            }
+            if transform {
+                self.transform(&mut piece);
+            }
+            f(&piece);
+        });
+        if let Some(done) = streamed {
+            return done.map_err(|e| e.for_tensor(&self.info.name));
         }
         if let Some(span) = self.span() {
             f(&span?);

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Peak host memory of ptload reading a checkpoint at a URL, against its size.
+
+A checkpoint read by ranged requests is fetched storage by storage; this
+measures what a whole pass over it holds at its peak: the largest resident
+set (`ru_maxrss` of the child, which counts the file's fetched bytes, not a
+page cache) of one ptload process per command, for the GPT-2-small state
+dict of benches/compare.py (475 MiB, its largest tensor 147 MiB, shared by
+two names) and a transformer of layers of 8 MiB tensors, served by nginx
+on loopback:
+
+- `ptload inspect --hash URL` (every tensor read and hashed);
+- `ptload convert URL out.safetensors` (every tensor written);
+- `ptload load --hash --map-location cpu URL` (a load to the host holds
+  what it loaded);
+- the local file's `inspect --hash`, for reference (the map: RSS counts
+  the pages it touched, which the kernel may drop).
+
+Each command also runs --runs more times for its median wall time, and
+the bytes nginx sent for it are counted. With several --ptload binaries
+(a build before a change and one after), each command's runs alternate
+between them, so both see the same machine.
+
+Usage (from the repository root, torch from the test environment, a
+release CLI: `cargo build --release -p ptload-cli`):
+
+    python benches/remote_memory.py [--ptload BIN ...] [--nginx /usr/sbin/nginx] [--dir DIR] [--runs N]
+
+Prints a Markdown table per binary: MiB at the peak and as a share of the
+file, the median time and the MiB sent.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare import gpt2_files  # noqa: E402
+from remote import Nginx, write_checkpoint  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def peak_mib(argv):
+    """Run argv to completion; the peak resident set of that child, MiB.
+
+    Each measurement runs in a fresh Python so that ru_maxrss of its
+    children is this command's alone."""
+    probe = (
+        "import resource, subprocess, sys\n"
+        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, *argv], check=True, capture_output=True, text=True)
+    return int(out.stdout.strip().splitlines()[-1]) / 1024
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ptload", action="append", help="the CLI binary (repeat to compare builds)")
+    ap.add_argument("--nginx", default="/usr/sbin/nginx")
+    ap.add_argument("--dir", default="/tmp/ptload-bench-remote-memory")
+    ap.add_argument("--layers-mb", type=int, default=500, help="size of the 8 MiB-layer file (MB)")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per command (default 3)")
+    args = ap.parse_args()
+    binaries = args.ptload or [str(ROOT / "target" / "release" / "ptload")]
+    os.makedirs(args.dir, exist_ok=True)
+    gpt2, _ = gpt2_files(args.dir)
+    layers = os.path.join(args.dir, f"layers-{args.layers_mb}mb.pt")
+    if not os.path.exists(layers):
+        write_checkpoint(sys.executable, layers, args.layers_mb)
+    work = tempfile.mkdtemp(prefix="ptload-nginx-")
+    nginx = Nginx(args.nginx, args.dir, work)
+    rows = {b: [] for b in binaries}
+    try:
+        for path in (gpt2, layers):
+            name = os.path.basename(path)
+            url = nginx.url(name)
+            size = os.path.getsize(path) / (1 << 20)
+            out = os.path.join(work, name + ".safetensors")
+            cases = [
+                ("inspect --hash URL", ["inspect", "--hash", url]),
+                ("convert URL", ["convert", "--force", url, out]),
+                ("load --hash URL", ["load", "--hash", "--map-location", "cpu", url]),
+                ("inspect --hash FILE", ["inspect", "--hash", path]),
+            ]
+            for label, argv in cases:
+                times = {b: [] for b in binaries}
+                peaks = {}
+                for b in binaries:
+                    mark = nginx.lines()
+                    peaks[b] = (peak_mib([b, *argv]), nginx.sent_since(mark)[0] / (1 << 20))
+                for _ in range(args.runs):
+                    for b in binaries:
+                        t = time.perf_counter()
+                        subprocess.run([b, *argv], check=True, stdout=subprocess.DEVNULL)
+                        times[b].append(time.perf_counter() - t)
+                for b in binaries:
+                    mib, sent = peaks[b]
+                    rows[b].append((name, size, label, mib, statistics.median(times[b]), sent))
+                    print(f"{b}: {name} {label}: {mib:.0f} MiB", file=sys.stderr)
+            if os.path.exists(out):
+                os.remove(out)
+    finally:
+        nginx.stop()
+    for b in binaries:
+        print(f"\n{b}\n")
+        print("| file | size | command | peak RSS | share of the file | time (median) | sent by nginx |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for name, size, label, mib, secs, sent in rows[b]:
+            print(f"| {name} | {size:.0f} MiB | `{label}` | {mib:.0f} MiB | {100 * mib / size:.0f}% | {secs:.3f} s"
+                  f" | {sent:.0f} MiB |")
+
+
+if __name__ == "__main__":
+    main()
