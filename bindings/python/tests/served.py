@@ -83,10 +83,25 @@ http {{
             return ""
 
     def sent(self, path):
-        """Bytes sent for the requests of ``/path``, and their count."""
-        lines = [l.split(" ") for l in self.log("access.log").splitlines()]
-        mine = [l for l in lines if l[0] == "/" + path]
-        return sum(int(l[2]) for l in mine), len(mine)
+        """Bytes sent for the requests of ``/path``, and their count.
+
+        nginx writes a request's log line after the response has gone out,
+        so a client may see the last byte before the line is there: the log
+        is read until two readings 20 ms apart agree (at most a second)."""
+
+        def reading():
+            lines = [l.split(" ") for l in self.log("access.log").splitlines()]
+            mine = [l for l in lines if l[0] == "/" + path]
+            return sum(int(l[2]) for l in mine), len(mine)
+
+        last = reading()
+        for _ in range(50):
+            time.sleep(0.02)
+            now = reading()
+            if now == last:
+                return now
+            last = now
+        return last
 
     def stop(self):
         # SIGTERM: the master stops its workers before it exits.

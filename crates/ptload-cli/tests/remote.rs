@@ -114,17 +114,33 @@ http {{
     }
 
     /// Bytes sent for the requests of `path`, and their count.
+    /// Bytes sent for the requests of `path`, and their count. nginx
+    /// writes a request's log line after the response has gone out, so
+    /// the log is read until two readings 20 ms apart agree (at most a
+    /// second).
     fn sent(&self, path: &str) -> (u64, usize) {
-        let log = self.log("access.log");
-        let lines: Vec<&str> = log
-            .lines()
-            .filter(|l| l.split(' ').next() == Some(path))
-            .collect();
-        let bytes = lines
-            .iter()
-            .map(|l| l.split(' ').nth(2).unwrap().parse::<u64>().unwrap())
-            .sum();
-        (bytes, lines.len())
+        let reading = || {
+            let log = self.log("access.log");
+            let lines: Vec<&str> = log
+                .lines()
+                .filter(|l| l.split(' ').next() == Some(path))
+                .collect();
+            let bytes: u64 = lines
+                .iter()
+                .map(|l| l.split(' ').nth(2).unwrap().parse::<u64>().unwrap())
+                .sum();
+            (bytes, lines.len())
+        };
+        let mut last = reading();
+        for _ in 0..50 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let now = reading();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        last
     }
 
     fn clear_log(&self) {
@@ -216,10 +232,14 @@ fn inspect_and_scan_of_a_url_equal_the_local_files() {
             here["files"][0]["verdict"], there["files"][0]["verdict"],
             "{name}"
         );
-        // The same words, the URL named after them.
+        // The same words, each naming what it read: the file, the URL.
         let (here, there) = (&here["files"][0]["error"], &there["files"][0]["error"]);
         let alike = match (here.as_str(), there.as_str()) {
-            (Some(h), Some(t)) => t.starts_with(h),
+            (Some(h), Some(t)) => {
+                let h = h.strip_suffix(&format!(" in file {local}"));
+                let t = t.strip_suffix(&format!(" in file {url}"));
+                h.is_some() && h == t
+            }
             _ => here == there,
         };
         assert!(alike, "{name}: {here} / {there}");

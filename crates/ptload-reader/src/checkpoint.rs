@@ -173,16 +173,21 @@ impl OpenOptions {
     /// [`in_memory`](Self::in_memory), or by positioned reads with
     /// [`positioned`](Self::positioned).
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Checkpoint> {
+        let path = path.as_ref();
+        // Every error names the file (an engine's log has nothing else).
+        let named = |e: Error| e.in_file(&path.display().to_string());
         let source = if self.in_memory {
-            Source::read(path.as_ref())?
+            Source::read(path).map_err(named)?
         } else if self.positioned {
-            let (file, meta) = crate::ranged::LocalFile::open_with_metadata(path.as_ref())?;
+            let (file, meta) = crate::ranged::LocalFile::open_with_metadata(path).map_err(named)?;
             let fetcher = Fetcher::new(std::sync::Arc::new(file));
-            return self.open_fetched(fetcher, crate::source::FileId::of(&meta));
+            return self
+                .open_fetched(fetcher, crate::source::FileId::of(&meta))
+                .map_err(named);
         } else {
-            Source::map(path.as_ref())?
+            Source::map(path).map_err(named)?
         };
-        Checkpoint::load(source, self)
+        Checkpoint::load(source, self).map_err(named)
     }
 
     /// Open a file read by ranges: `reader` fetches the parts of it that
@@ -342,6 +347,10 @@ struct Fetched {
     /// By storage index: read in parts (a rank's slices), so never fetched
     /// whole as the neighbour of another storage.
     in_parts: Vec<std::sync::atomic::AtomicBool>,
+    /// By storage index: handed over to a reader already, so not fetched
+    /// again as the neighbour of another storage (a reader of it again
+    /// fetches it itself).
+    handed: Vec<std::sync::atomic::AtomicBool>,
     /// By storage index: a request in flight is fetching it. A reader of
     /// a claimed storage waits for it (`landed`) instead of fetching it
     /// again: each byte is read once, whichever thread asks first.
@@ -763,6 +772,7 @@ impl Fetched {
             storages: storages.iter().map(|_| Default::default()).collect(),
             order,
             in_parts: storages.iter().map(|_| Default::default()).collect(),
+            handed: storages.iter().map(|_| Default::default()).collect(),
             claimed: std::sync::Mutex::new(vec![false; storages.len()]),
             landed: Default::default(),
             loose: Default::default(),
@@ -784,6 +794,18 @@ impl Fetched {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn mark_handed(&self, i: usize) {
+        if let Some(h) = self.handed.get(i) {
+            h.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn was_handed(&self, i: usize) -> bool {
+        self.handed
+            .get(i)
+            .is_some_and(|h| h.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     fn is_loose(&self, i: usize) -> bool {
         self.loose().bytes.contains_key(&i)
     }
@@ -792,6 +814,7 @@ impl Fetched {
     fn take_loose(&self, i: usize) -> Option<Vec<u8>> {
         let mut loose = self.loose();
         let bytes = loose.bytes.remove(&i)?;
+        self.mark_handed(i);
         loose.order.retain(|&j| j != i);
         loose.total = loose.total.saturating_sub(bytes.len() as u64);
         drop(loose);
@@ -1561,7 +1584,8 @@ impl Checkpoint {
                 .fetched
                 .in_parts
                 .get(next)
-                .is_some_and(|p| p.load(std::sync::atomic::Ordering::Relaxed));
+                .is_some_and(|p| p.load(std::sync::atomic::Ordering::Relaxed))
+                || self.fetched.was_handed(next);
             if busy(next)
                 || !take(next)
                 || in_parts
@@ -1690,6 +1714,7 @@ impl Checkpoint {
             make_room: true,
         };
         let (_, bytes) = self.fetch_run(&run, fetcher, hand)?;
+        self.fetched.mark_handed(index);
         bytes.map(Some).ok_or_else(missing)
     }
 

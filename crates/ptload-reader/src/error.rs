@@ -101,6 +101,9 @@ struct Inner {
     /// The bytes at hand ended before what was being read: with more of
     /// the file (a read by ranges), the same read may succeed.
     ran_out: bool,
+    /// The file ends before what it says it holds (see
+    /// [`Error::is_truncated`]).
+    truncated: bool,
 }
 
 impl Error {
@@ -116,6 +119,7 @@ impl Error {
                 note: None,
                 source: None,
                 ran_out: false,
+                truncated: false,
             }),
         }
     }
@@ -132,6 +136,23 @@ impl Error {
     /// that more of the file could let the same read succeed.
     pub(crate) fn ran_out(&self) -> bool {
         self.inner.ran_out
+    }
+
+    /// Mark the error as the file ending early (see
+    /// [`is_truncated`](Self::is_truncated)).
+    pub(crate) fn truncated(mut self) -> Self {
+        self.inner.truncated = true;
+        self
+    }
+
+    /// Whether the file ends before what it says it holds: a zip whose
+    /// directory is missing from its end, a pickle or a record that runs
+    /// past the last byte. An interrupted download or copy looks like
+    /// this: fetching the file again may help, where a file of another
+    /// kind ([`ErrorKind::NotACheckpoint`] without this) will not change.
+    /// The kind stays the layer's (`NotACheckpoint`, `Pickle`, `Zip`...).
+    pub fn is_truncated(&self) -> bool {
+        self.inner.truncated || self.inner.ran_out
     }
 
     pub(crate) fn io(message: impl Into<String>, source: std::io::Error) -> Self {

@@ -961,18 +961,15 @@ fn open_all<P: AsRef<Path> + Sync>(paths: &[P], opts: &OpenOptions) -> Result<Ve
             opts.limits_ref().max_set_files as u64,
         ));
     }
-    // A set of one is a checkpoint: its errors read as the file's own.
-    let one = paths.len() == 1;
+    // Each file's errors name it (`OpenOptions::open` does).
     paths
         .par_iter()
         .map(|p| {
             let path = p.as_ref();
-            opts.open(path)
-                .map(|c| SetFile {
-                    path: path.to_path_buf(),
-                    checkpoint: Arc::new(c),
-                })
-                .map_err(|e| if one { e } else { e.in_file(&file_name(path)) })
+            opts.open(path).map(|c| SetFile {
+                path: path.to_path_buf(),
+                checkpoint: Arc::new(c),
+            })
         })
         .collect::<Vec<Result<SetFile>>>()
         .into_iter()

@@ -170,7 +170,10 @@ fn broken_sets_are_errors_naming_the_files() {
     }
     std::fs::write(bad.0.join(&names[1]), b"not a checkpoint").expect("write");
     let e = CheckpointSet::open(&bad.0).expect_err("bad shard");
-    assert_eq!(e.file(), Some(names[1].as_str()), "{e}");
+    assert!(
+        e.file().is_some_and(|f| f.ends_with(names[1].as_str())),
+        "{e}"
+    );
     // Meta's per-rank files repeat every name: said so.
     let e = CheckpointSet::open(files().join("llama_tiny_consolidated")).expect_err("ranks");
     assert!(e.to_string().contains("model-parallel rank"), "{e}");

@@ -74,7 +74,8 @@ pub(crate) fn detect<'d>(data: impl Into<FileView<'d>>) -> Result<Detected> {
             Err(not_a_checkpoint(format!(
                 "truncated zip archive: no end-of-central-directory record in {total} bytes \
                  (an interrupted download or copy?)"
-            )))
+            ))
+            .truncated())
         };
     }
     if data.starts_with(b"version https://git-lfs.github.com/spec/") {

@@ -301,9 +301,15 @@ impl<'l> Vm<'l> {
             }
             self.frame_short |= m.frame_short;
             m.heap.charge_work(1).map_err(|e| e.at(offset as u64))?;
-            let op =
-                m.r.u8()
-                    .map_err(|_| pickle_err("pickle ended without STOP").at(offset as u64))?;
+            let op = m.r.u8().map_err(|e| {
+                let err = pickle_err("pickle ended without STOP").at(offset as u64);
+                // The bytes ended, not the program: the file was cut.
+                if e.ran_out() {
+                    err.truncated()
+                } else {
+                    err
+                }
+            })?;
             let stepped = m.step(op);
             // An opcode (or its argument) that ends past the frame it began
             // in: see `Vm::frame_crossed`.
