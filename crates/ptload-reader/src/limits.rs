@@ -2,6 +2,14 @@
 
 /// Bounds on every resource a file can make the reader spend.
 ///
+/// ```
+/// use ptload_reader::Limits;
+///
+/// // From the defaults, one limit at a time (each field has a setter).
+/// let limits = Limits::default().max_tensors(10_000).max_pickle_bytes(64 << 20);
+/// assert_eq!(limits.max_tensors, 10_000);
+/// ```
+///
 /// The defaults admit a real 100 GB checkpoint (hundreds of thousands of
 /// tensors, a pickle of tens of megabytes) and stop the known bombs. Each
 /// limit is named in the error that reports it, so a user knows which field
@@ -66,6 +74,68 @@ pub struct Limits {
     /// small enough that a prefetch of a few hundred megabytes keeps
     /// several requests in flight.
     pub max_fetch_request_bytes: u64,
+}
+
+/// One setter per limit, named as its field, each taking `self` and
+/// handing it back: `Limits` is `#[non_exhaustive]` (a new limit is not a
+/// breaking change), so other crates build one from the defaults by these
+/// instead of struct update syntax.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty,)*) => {
+        impl Limits {
+            $(
+                $(#[$doc])*
+                #[must_use]
+                pub fn $name(mut self, value: $ty) -> Self {
+                    self.$name = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+setters! {
+        /// Set [`max_pickle_bytes`](Limits#structfield.max_pickle_bytes).
+        max_pickle_bytes: u64,
+        /// Set [`max_opcodes`](Limits#structfield.max_opcodes).
+        max_opcodes: u64,
+        /// Set [`max_work_per_byte`](Limits#structfield.max_work_per_byte).
+        max_work_per_byte: u64,
+        /// Set [`max_stack_depth`](Limits#structfield.max_stack_depth).
+        max_stack_depth: usize,
+        /// Set [`max_memo_entries`](Limits#structfield.max_memo_entries).
+        max_memo_entries: usize,
+        /// Set [`max_container_len`](Limits#structfield.max_container_len).
+        max_container_len: usize,
+        /// Set [`max_objects`](Limits#structfield.max_objects).
+        max_objects: usize,
+        /// Set [`max_decoded_bytes`](Limits#structfield.max_decoded_bytes).
+        max_decoded_bytes: u64,
+        /// Set [`max_decompressed_bytes`](Limits#structfield.max_decompressed_bytes).
+        max_decompressed_bytes: u64,
+        /// Set [`max_zip_entries`](Limits#structfield.max_zip_entries).
+        max_zip_entries: usize,
+        /// Set [`max_tensors`](Limits#structfield.max_tensors).
+        max_tensors: usize,
+        /// Set [`max_walk_steps`](Limits#structfield.max_walk_steps).
+        max_walk_steps: u64,
+        /// Set [`max_shared_visits`](Limits#structfield.max_shared_visits).
+        max_shared_visits: u64,
+        /// Set [`max_name_bytes`](Limits#structfield.max_name_bytes).
+        max_name_bytes: u64,
+        /// Set [`max_expanded_view_bytes`](Limits#structfield.max_expanded_view_bytes).
+        max_expanded_view_bytes: u64,
+        /// Set [`max_set_files`](Limits#structfield.max_set_files).
+        max_set_files: usize,
+        /// Set [`max_index_bytes`](Limits#structfield.max_index_bytes).
+        max_index_bytes: u64,
+        /// Set [`max_open_fetch_bytes`](Limits#structfield.max_open_fetch_bytes).
+        max_open_fetch_bytes: u64,
+        /// Set [`max_fetches_in_flight`](Limits#structfield.max_fetches_in_flight).
+        max_fetches_in_flight: usize,
+        /// Set [`max_fetch_request_bytes`](Limits#structfield.max_fetch_request_bytes).
+        max_fetch_request_bytes: u64,
 }
 
 impl Default for Limits {
