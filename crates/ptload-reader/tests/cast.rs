@@ -97,3 +97,54 @@ fn both_safetensors_writers_agree() {
     }
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
+
+/// `TensorView::read_as` converts as `cast::convert` does (itself checked
+/// against torch above), into the type asked for; the same type is
+/// `to_vec`, and a pair the casts do not cover is refused naming both.
+#[test]
+fn typed_reads_convert_as_the_casts_do() {
+    use ptload_reader::{Checkpoint, DType, ErrorKind};
+    let ckpt = Checkpoint::open(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files/dtypes.pt"),
+    )
+    .expect("open");
+    for name in [
+        "f64",
+        "f32",
+        "f16",
+        "bf16",
+        "f8_e4m3fn",
+        "f8_e5m2",
+        "scalar_bf16",
+        "empty_f32",
+    ] {
+        let t = ckpt.tensor(name).expect(name);
+        let wide: Vec<f32> = t.read_as().expect(name);
+        let want = ptload_reader::cast::convert(&t.data().unwrap(), t.dtype(), DType::F32).unwrap();
+        assert_eq!(
+            bytemuck::cast_slice::<f32, u8>(&wide),
+            want.as_slice(),
+            "{name}"
+        );
+        let narrow: Vec<half::bf16> = t.read_as().expect(name);
+        let want =
+            ptload_reader::cast::convert(&t.data().unwrap(), t.dtype(), DType::BF16).unwrap();
+        assert_eq!(
+            bytemuck::cast_slice::<half::bf16, u8>(&narrow),
+            want.as_slice(),
+            "{name}"
+        );
+    }
+    let f32s = ckpt.tensor("f32").unwrap();
+    assert_eq!(
+        f32s.read_as::<f32>().unwrap(),
+        f32s.to_vec::<f32>().unwrap()
+    );
+    let e = ckpt
+        .tensor("i64")
+        .unwrap()
+        .read_as::<f32>()
+        .expect_err("int");
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    assert_eq!(e.tensor(), Some("i64"));
+}
