@@ -24,6 +24,7 @@ impl Terms for Kwargs {
                  fully_shard cuts them)"
                     .to_owned()
             }
+            Hint::SplitRules => "splits=[\"GLOB=DIM\", ...] or preset=\"llama\"".to_owned(),
             Hint::MapLocation { from, to } => match (from, to) {
                 (Some(from), Some(to)) => format!("map_location={{{from:?}: {to:?}}}"),
                 (None, Some(to)) => format!("map_location={to:?}"),

@@ -196,3 +196,13 @@ def test_rank_files_without_placements_read_by_stated_rules(tmp_path):
     assert sorted(stated) == sorted(sidecar)
     for k in sidecar:
         assert torch.equal(stated[k], sidecar[k]), k
+
+
+def test_a_share_without_split_rules_is_refused():
+    """shard=(rank, world) with nothing to cut would hand every rank every
+    whole tensor: refused, naming the keywords that say what to cut."""
+    with pytest.raises(ptload.Error, match=r'splits=\["GLOB=DIM", ...\] or preset="llama"'):
+        with ptload.safe_open(fixture("llama_tiny.pt"), framework="pt", shard=(0, 2)) as f:
+            f.keys()
+    with ptload.safe_open(fixture("llama_tiny.pt"), framework="pt", shard=(0, 2), preset="llama") as f:
+        assert len(f.keys()) > 0

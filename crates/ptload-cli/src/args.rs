@@ -271,13 +271,9 @@ impl StateDictArgs {
         } else {
             Shard::parse(shard)?
         };
+        // A share with no rules is refused by the selection (in the
+        // reader, for every front end).
         let splits = Splits::with_preset(&self.split, self.split_preset.as_deref())?;
-        if splits.rules().is_empty() {
-            return Err(
-                "--shard needs rules saying what to split: --split GLOB=DIM or --split-preset NAME"
-                    .into(),
-            );
-        }
         Ok(Some((shard, splits)))
     }
 }

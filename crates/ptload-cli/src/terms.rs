@@ -26,6 +26,7 @@ impl Terms for Flags {
                  cuts them)"
                     .to_owned()
             }
+            Hint::SplitRules => "--split GLOB=DIM or --split-preset NAME".to_owned(),
             // No flag raises a limit: the message names it.
             other => Neutral.hint(other),
         }

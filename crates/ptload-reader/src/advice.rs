@@ -48,6 +48,9 @@ pub enum Hint {
     /// each tensor was cut among the ranks
     /// ([`CheckpointSet::open_rank_parts`](crate::set::CheckpointSet::open_rank_parts)).
     RankFiles,
+    /// Say which tensors a rank's share cuts, along which dimension
+    /// ([`Splits`](crate::tp::Splits): rules, or a preset).
+    SplitRules,
 }
 
 /// An option of the state-dict selection that a decision names.
@@ -72,6 +75,8 @@ pub enum Setting {
 /// - `SkipUnsupported`: "(___ to leave them out)";
 /// - `RankFiles`: "read them as one state dict with ___ saying how each was
 ///   cut";
+/// - `SplitRules`: "say which tensors to cut along which dimension with
+///   ___";
 /// - `RaiseLimit`: after the limit's message, "; ___" (an empty phrase
 ///   adds nothing).
 pub trait Terms {
@@ -106,6 +111,7 @@ impl Terms for Neutral {
                  them)"
                     .to_owned()
             }
+            Hint::SplitRules => "split rules (GLOB=DIM, or a preset such as llama)".to_owned(),
         }
     }
 
@@ -139,6 +145,9 @@ impl Hint {
                 "; each rank's file holds a part of every tensor: read them as one state dict \
                  with {phrase}, saying how each tensor was cut"
             ),
+            Hint::SplitRules => {
+                format!(": say which tensors to cut along which dimension with {phrase}")
+            }
         }
     }
 }

@@ -854,3 +854,23 @@ fn an_input_is_a_url_or_a_path_and_opens_as_a_set() {
         .expect_err("a URL cannot be listed");
     assert_eq!(e.kind(), ErrorKind::InvalidSpec, "{e}");
 }
+
+/// A rank's share with no rule saying what to cut would hand every rank
+/// every whole tensor: the selection refuses it, for every front end.
+#[test]
+fn a_share_without_split_rules_is_refused() {
+    let ckpt = Checkpoint::open(files().join("llama_tiny.pt")).expect("open");
+    let opts = StateDictOptions {
+        parallel: Some((Shard::new(0, 2).unwrap(), Splits::default())),
+        ..every()
+    };
+    let e = opts.select(&ckpt).expect_err("nothing to cut");
+    assert_eq!(e.kind(), ErrorKind::InvalidSpec, "{e}");
+    assert!(e.to_string().contains("split rules"), "{e}");
+    // A world of one is the whole tensor: nothing to say.
+    let whole = StateDictOptions {
+        parallel: Some((Shard::new(0, 1).unwrap(), Splits::default())),
+        ..every()
+    };
+    assert_eq!(whole.select(&ckpt).expect("whole").len(), ckpt.len());
+}

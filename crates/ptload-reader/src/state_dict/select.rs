@@ -179,6 +179,18 @@ impl StateDictOptions {
         let Some((shard, splits)) = &self.parallel else {
             return Ok(());
         };
+        // A share of more than one rank with nothing to cut would give
+        // every rank every whole tensor, silently.
+        if shard.world > 1 && splits.rules().is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidSpec,
+                format!(
+                    "rank {} of {} takes a share of nothing: no rule splits a tensor",
+                    shard.rank, shard.world
+                ),
+            )
+            .with_hint(crate::advice::Hint::SplitRules));
+        }
         ckpt.advise_scattered();
         for e in entries.iter_mut() {
             let Some(view) = ckpt.tensor_at(e.index) else {
