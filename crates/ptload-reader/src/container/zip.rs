@@ -74,8 +74,10 @@ pub(crate) enum Headers<'a> {
 const SPREAD_FOR_PREAD: u64 = 256 * 1024;
 
 impl Headers<'_> {
-    /// Read `buf.len()` bytes at `offset`, or as many as the file has.
-    fn read<'b>(&self, data: FileView<'b>, offset: u64, buf: &'b mut [u8]) -> &'b [u8] {
+    /// Read `buf.len()` bytes at `offset`, or as many as the file has. A
+    /// read the system fails (other than an interrupted one, tried again)
+    /// is an I/O error, never taken for a short file.
+    fn read<'b>(&self, data: FileView<'b>, offset: u64, buf: &'b mut [u8]) -> Result<&'b [u8]> {
         match self {
             #[cfg(unix)]
             Headers::File(file) => {
@@ -86,13 +88,20 @@ impl Headers<'_> {
                         break;
                     };
                     match file.read_at(rest, offset + filled as u64) {
-                        Ok(0) | Err(_) => break,
+                        Ok(0) => break,
                         Ok(n) => filled += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            return Err(Error::io(
+                                format!("cannot read the local header at offset {offset}"),
+                                e,
+                            ))
+                        }
                     }
                 }
-                buf.get(..filled).unwrap_or_default()
+                Ok(buf.get(..filled).unwrap_or_default())
             }
-            _ => data.up_to(usize::try_from(offset).unwrap_or(usize::MAX), buf.len()),
+            _ => Ok(data.up_to(usize::try_from(offset).unwrap_or(usize::MAX), buf.len())),
         }
     }
 }
@@ -845,7 +854,7 @@ fn read_central<'d>(
     // The fixed header and, if it agrees, the name: one read.
     scratch.clear();
     scratch.resize(LOCAL_LEN as usize + name.len(), 0);
-    let read = headers.read(data, local_abs, scratch);
+    let read = headers.read(data, local_abs, scratch)?;
     // An entry without its local header cannot be read by anyone: it is
     // left out, named, and fails only a read that needs it (as in torch).
     let Some(header) = read.get(..LOCAL_LEN as usize) else {
@@ -1068,4 +1077,36 @@ fn crc_matches(bytes: &[u8], recorded: u32, record: &str) -> Result<()> {
         .in_record(record));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Local headers read with `pread` (entries far apart): a read the
+    /// system fails is an I/O error, not an entry taken as broken.
+    #[test]
+    fn a_failed_read_of_a_local_header_is_an_io_error() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/files/llama_wide.pt"
+        );
+        let data = std::fs::read(path).unwrap();
+        let limits = Limits::default();
+        let readable = std::fs::File::open(path).unwrap();
+        let archive = Archive::parse(&data, Headers::File(&readable), &limits).unwrap();
+        assert!(
+            (data.len() as u64) / (archive.entries().len() as u64) >= SPREAD_FOR_PREAD,
+            "the fixture's entries must be read by pread"
+        );
+        // A handle that cannot be read from: every read fails (EBADF).
+        let copy = std::env::temp_dir().join(format!("ptload-zip-wronly-{}", std::process::id()));
+        std::fs::write(&copy, &data).unwrap();
+        let unreadable = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+        let e =
+            Archive::parse(&data, Headers::File(&unreadable), &limits).expect_err("the reads fail");
+        assert_eq!(e.kind(), crate::error::ErrorKind::Io, "{e}");
+        assert!(e.to_string().contains("local header"), "{e}");
+        let _ = std::fs::remove_file(&copy);
+    }
 }
