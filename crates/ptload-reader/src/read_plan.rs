@@ -59,11 +59,24 @@ pub struct RankReads {
     pub ranges: Vec<Range>,
 }
 
+/// How a plan shares the bytes among ranks (`"sliced"` or `"read_once"`
+/// in JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PlanKind {
+    /// Each rank reads its slices of the tensors the rules split, and the
+    /// tensors they do not whole.
+    Sliced,
+    /// Every byte read once per node, split evenly among its ranks.
+    ReadOnce,
+}
+
 /// Which bytes each rank of a job reads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReadPlan {
-    /// `sliced` or `read_once`.
-    pub kind: &'static str,
+    /// How the bytes are shared.
+    pub kind: PlanKind,
     /// The set's files, by path, in [`Range::file`] order.
     pub files: Vec<String>,
     /// Ranks.
@@ -223,7 +236,7 @@ impl ReadPlan {
             });
         }
         Ok(ReadPlan {
-            kind: "sliced",
+            kind: PlanKind::Sliced,
             files: file_names(set),
             world,
             nodes,
@@ -305,7 +318,7 @@ impl ReadPlan {
             });
         }
         Ok(ReadPlan {
-            kind: "read_once",
+            kind: PlanKind::ReadOnce,
             files: file_names(set),
             world,
             nodes,
