@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::torch::dtype::DType;
+use crate::torch::dtype::{DType, Element};
 
 fn supported(d: DType) -> bool {
     matches!(
@@ -215,6 +215,53 @@ pub fn convert(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>> {
         convert_run((&mut out, bytes));
     }
     Ok(out)
+}
+
+/// Typed reads into the caller's float type: `view.read_as::<f32>()` with
+/// this trait in scope.
+pub trait ReadAs {
+    /// The elements as an owned vector of `T`, converted from the tensor's
+    /// element type as torch's `tensor.to(dtype)` converts them (round to
+    /// nearest even; see [`convert`]): `read_as::<f32>()` of a BF16 or F16
+    /// tensor, `read_as::<half::bf16>()` of an F32 one. The same type is a
+    /// plain [`TensorView::to_vec`](crate::TensorView::to_vec). Between
+    /// floating types only (F64, F32, F16, BF16, F8_E4M3, F8_E5M2); another
+    /// pair is an [`Unsupported`](ErrorKind::Unsupported) error naming both.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), ptload_reader::Error> {
+    /// use ptload_reader::cast::ReadAs;
+    ///
+    /// let ckpt = ptload_reader::Checkpoint::open("../../fixtures/files/dtypes.pt")?;
+    /// let bf16 = ckpt.tensor("bf16").unwrap();
+    /// let wide: Vec<f32> = bf16.read_as()?;
+    /// assert_eq!(wide.len() as u64, bf16.info().numel);
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn read_as<T: Element>(&self) -> Result<Vec<T>>;
+}
+
+impl ReadAs for crate::view::TensorView<'_> {
+    fn read_as<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE == self.dtype() {
+            return self.to_vec();
+        }
+        let data = self.data()?;
+        let bytes =
+            convert(&data, self.dtype(), T::DTYPE).map_err(|e| e.for_tensor(self.name()))?;
+        let numel = usize::try_from(self.info().numel).unwrap_or(usize::MAX);
+        if bytes.len() != numel.saturating_mul(std::mem::size_of::<T>()) {
+            return Err(Error::new(
+                ErrorKind::Tensor,
+                "the converted elements disagree with the tensor's shape",
+            )
+            .for_tensor(self.name()));
+        }
+        let mut out = vec![T::zeroed(); numel];
+        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
+        Ok(out)
+    }
 }
 
 #[cfg(test)]

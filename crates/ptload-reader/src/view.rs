@@ -249,39 +249,6 @@ impl<'a> TensorView<'a> {
         Ok(out)
     }
 
-    /// The elements as an owned vector of `T`, converted from the tensor's
-    /// element type as torch's `tensor.to(dtype)` converts them (round to
-    /// nearest even; see [`crate::cast`]): `read_as::<f32>()` of a BF16 or
-    /// F16 tensor, `read_as::<half::bf16>()` of an F32 one. The same type
-    /// is a plain [`to_vec`](Self::to_vec). Between floating types only
-    /// (F64, F32, F16, BF16, F8_E4M3, F8_E5M2); another pair is an
-    /// [`Unsupported`](ErrorKind::Unsupported) error naming both.
-    ///
-    /// ```
-    /// # fn main() -> Result<(), ptload_reader::Error> {
-    /// let ckpt = ptload_reader::Checkpoint::open("../../fixtures/files/dtypes.pt")?;
-    /// let bf16 = ckpt.tensor("bf16").unwrap();
-    /// let wide: Vec<f32> = bf16.read_as()?;
-    /// assert_eq!(wide.len() as u64, bf16.info().numel);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn read_as<T: Element>(&self) -> Result<Vec<T>> {
-        if T::DTYPE == self.info.dtype {
-            return self.to_vec();
-        }
-        let data = self.data()?;
-        let bytes = crate::cast::convert(&data, self.info.dtype, T::DTYPE)
-            .map_err(|e| e.for_tensor(&self.info.name))?;
-        let numel = usize::try_from(self.info.numel).map_err(|_| self.extent_error())?;
-        if bytes.len() != numel.saturating_mul(std::mem::size_of::<T>()) {
-            return Err(self.extent_error());
-        }
-        let mut out = vec![T::zeroed(); numel];
-        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
-        Ok(out)
-    }
-
     fn expect_dtype<T: Element>(&self) -> Result<()> {
         if T::DTYPE == self.info.dtype {
             return Ok(());

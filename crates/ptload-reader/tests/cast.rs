@@ -103,6 +103,7 @@ fn both_safetensors_writers_agree() {
 /// `to_vec`, and a pair the casts do not cover is refused naming both.
 #[test]
 fn typed_reads_convert_as_the_casts_do() {
+    use ptload_reader::cast::ReadAs;
     use ptload_reader::{Checkpoint, DType, ErrorKind};
     let ckpt = Checkpoint::open(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files/dtypes.pt"),

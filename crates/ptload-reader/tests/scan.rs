@@ -351,6 +351,27 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("functools.partial", true)),
     ),
+    // Names as torch's zip reader finds them, letter case aside
+    // (torch_case.json): DATA.PKL is the pickle torch reads.
+    (
+        "zcase_upper_data_pkl_payload.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    ("zcase_upper_data_pkl.pt", Clean, None),
+    ("zcase_upper_folder.pt", Clean, None),
+    ("zcase_upper_data_folder.pt", Clean, None),
+    ("zcase_upper_byteorder_big.pt", Clean, None),
+    (
+        "zcase_duplicate_lower_first.pt",
+        Ambiguous,
+        Some(("without regard to letter case", true)),
+    ),
+    (
+        "zcase_duplicate_upper_first.pt",
+        Ambiguous,
+        Some(("without regard to letter case", true)),
+    ),
     // Calls the unpickler makes (torch_implicit.json): APPEND / APPENDS
     // call an instance attribute BUILD set.
     ("ia_append_attr.pkl", UnknownCall, Some(("logging.warning", true))),
@@ -1365,4 +1386,44 @@ fn an_open_can_refuse_what_the_scan_puts_at_a_level() {
         .expect_err("refused");
     assert_eq!(e.kind(), ErrorKind::Refused, "{e}");
     assert!(e.to_string().contains("logging.warning called"), "{e}");
+}
+
+/// Zip names as torch's reader finds them (`tests/scan/torch_case.json`,
+/// torch 2.15's answers): without regard to letter case. The reader reads
+/// each benign file as torch does (`DATA.PKL`, `ARCHIVE/`, `DATA/`, a
+/// big-endian file's `BYTEORDER`); names equal but for case are
+/// duplicates, refused as duplicates are (torch takes the last).
+#[test]
+fn zip_names_are_found_as_torch_finds_them() {
+    use ptload_reader::Checkpoint;
+    use sha2::{Digest, Sha256};
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_case.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = doc.as_object().unwrap();
+    assert_eq!(files.len(), 7);
+    for (name, answer) in files {
+        let path = root().join("tests/scan").join(name);
+        let opened = Checkpoint::open(&path);
+        if name.contains("duplicate") {
+            let e = opened.expect_err(name);
+            assert!(e.to_string().contains("letter case"), "{name}: {e}");
+            continue;
+        }
+        if answer["loads"] == false {
+            // The payload: torch refused the pickle it read, DATA.PKL.
+            assert_eq!(answer["error"], "UnpicklingError", "{name}");
+            let ckpt = opened.expect(name);
+            let outside: Vec<String> = ckpt.outside_allowlist().map(|g| g.path()).collect();
+            assert_eq!(outside, ["builtins.print"], "{name}");
+            continue;
+        }
+        let ckpt = opened.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = answer["tensors"].as_object().unwrap();
+        assert_eq!(ckpt.len(), want.len(), "{name}");
+        for (key, w) in want {
+            let t = ckpt.tensor(key).unwrap_or_else(|| panic!("{name}: {key}"));
+            let digest = hex::encode(Sha256::digest(t.data().unwrap()));
+            assert_eq!(digest, w["sha256"].as_str().unwrap(), "{name} {key}");
+        }
+    }
 }

@@ -46,7 +46,9 @@ pub(crate) fn torch_records<'a, 'd>(
     let data_pkl = find_data_pkl(archive)?;
     let prefix = data_pkl
         .name
-        .strip_suffix("data.pkl")
+        .len()
+        .checked_sub("data.pkl".len())
+        .and_then(|at| data_pkl.name.get(..at))
         .map(str::to_owned)
         .ok_or_else(|| Error::new(ErrorKind::Zip, "data.pkl record without its name"))?;
     for record in [
@@ -92,15 +94,32 @@ pub(crate) fn torch_records<'a, 'd>(
     })
 }
 
-/// The entry ending in `data.pkl` directly under one folder (or at the root).
+/// Whether `name` is `data.pkl` directly under one folder (or at the
+/// root), letter case aside, as torch's reader finds it.
+fn is_data_pkl(name: &str) -> bool {
+    let ends = name.len() >= 8
+        && name
+            .get(name.len() - 8..)
+            .is_some_and(|tail| tail.eq_ignore_ascii_case("data.pkl"));
+    let folders = name.matches('/').count();
+    ends && (folders == 0 && name.len() == 8
+        || folders == 1 && name.as_bytes().get(name.len() - 9) == Some(&b'/'))
+}
+
+/// The entry named `data.pkl` directly under one folder (or at the root),
+/// letter case aside; of names equal but for case, the last (what torch
+/// reads).
 pub(crate) fn find_data_pkl<'a, 'd>(archive: &'a Archive<'d>) -> Result<&'a Entry<'d>> {
-    let mut candidates = archive.entries().iter().filter(|e| {
-        e.name == "data.pkl" || e.name.ends_with("/data.pkl") && e.name.matches('/').count() == 1
-    });
+    let mut candidates = archive
+        .entries()
+        .iter()
+        .filter(|e| is_data_pkl(e.name))
+        .filter_map(|e| archive.get(e.name));
     let Some(first) = candidates.next() else {
-        let broken = archive.broken_locals().iter().find(|&&(name, _)| {
-            name == "data.pkl" || name.ends_with("/data.pkl") && name.matches('/').count() == 1
-        });
+        let broken = archive
+            .broken_locals()
+            .iter()
+            .find(|&&(name, _)| is_data_pkl(name));
         return Err(match broken {
             Some(&(name, at)) => Archive::broken_err(name, at),
             None => Error::new(
@@ -109,7 +128,7 @@ pub(crate) fn find_data_pkl<'a, 'd>(archive: &'a Archive<'d>) -> Result<&'a Entr
             ),
         });
     };
-    if let Some(second) = candidates.next() {
+    if let Some(second) = candidates.find(|e| !std::ptr::eq(*e, first)) {
         return Err(Error::new(
             ErrorKind::Zip,
             format!(

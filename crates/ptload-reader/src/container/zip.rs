@@ -106,6 +106,26 @@ impl Headers<'_> {
     }
 }
 
+/// An entry name as torch's zip reader (miniz) looks it up: without
+/// regard to ASCII letter case (torch 2.15 reads `ARCHIVE/DATA.PKL` for
+/// `archive/data.pkl`, and of names equal but for case, the last).
+#[derive(Clone, Copy)]
+struct Folded<'n>(&'n str);
+
+impl std::hash::Hash for Folded<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        for b in self.0.bytes() {
+            state.write_u8(b.to_ascii_lowercase());
+        }
+        state.write_u8(0xff);
+    }
+}
+
+/// Whether two entry names are one name to torch.
+pub(crate) fn same_name(a: &str, b: &str) -> bool {
+    a.eq_ignore_ascii_case(b)
+}
+
 /// The archive's directory, borrowing names from the file.
 #[derive(Debug)]
 pub(crate) struct Archive<'d> {
@@ -533,7 +553,7 @@ impl<'d> Archive<'d> {
     pub(crate) fn broken(&self, name: &str) -> Option<u64> {
         self.broken_locals
             .iter()
-            .find(|&&(n, _)| n == name)
+            .find(|&&(n, _)| same_name(n, name))
             .map(|&(_, at)| at)
     }
 
@@ -546,11 +566,14 @@ impl<'d> Archive<'d> {
         .in_record(name)
     }
 
+    /// The entry torch reads for `name`: names compared without regard to
+    /// ASCII letter case, as torch's reader compares them; of several such
+    /// (tolerant rules only), the last.
     pub(crate) fn get(&self, name: &str) -> Option<&Entry<'d>> {
-        let hash = self.hasher.hash_one(name);
+        let hash = self.hasher.hash_one(Folded(name));
         let &i = self
             .by_name
-            .find(hash, |&i| name_of(&self.entries, i) == name)?;
+            .find(hash, |&i| same_name(name_of(&self.entries, i), name))?;
         self.entries.get(i as usize)
     }
 }
@@ -668,20 +691,29 @@ impl<'d> Listing<'d> {
                 return Ok(());
             }
         };
-        let hash = self.hasher.hash_one(entry.name);
+        let hash = self.hasher.hash_one(Folded(entry.name));
         let index = u32::try_from(self.entries.len()).map_err(|_| zip_err("too many entries"))?;
         let (entries, hasher) = (&self.entries, &self.hasher);
         match self.by_name.entry(
             hash,
-            |&i: &u32| name_of(entries, i) == entry.name,
-            |&i: &u32| hasher.hash_one(name_of(entries, i)),
+            |&i: &u32| same_name(name_of(entries, i), entry.name),
+            |&i: &u32| hasher.hash_one(Folded(name_of(entries, i))),
         ) {
             hashbrown::hash_table::Entry::Occupied(mut slot) => {
+                let earlier = name_of(entries, *slot.get());
+                let message = if earlier == entry.name {
+                    format!("duplicate entry name {:?}", entry.name)
+                } else {
+                    format!(
+                        "duplicate entry name {:?}: torch finds names without regard to letter \
+                         case, and {earlier:?} is the same name",
+                        entry.name
+                    )
+                };
                 if rules == Rules::Canonical {
-                    return Err(zip_err(format!("duplicate entry name {:?}", entry.name)).at(at));
+                    return Err(zip_err(message).at(at));
                 }
-                self.disagreements
-                    .push((format!("duplicate entry name {:?}", entry.name), at));
+                self.disagreements.push((message, at));
                 // Lookups find the last of duplicates.
                 *slot.get_mut() = index;
             }
@@ -701,11 +733,11 @@ impl<'d> Listing<'d> {
         for &(name, local) in &self.broken_locals {
             let listed = self
                 .by_name
-                .find(self.hasher.hash_one(name), |&i| {
-                    name_of(&self.entries, i) == name
+                .find(self.hasher.hash_one(Folded(name)), |&i| {
+                    same_name(name_of(&self.entries, i), name)
                 })
                 .is_some();
-            if listed || !names.insert(name) {
+            if listed || !names.insert(name.to_ascii_lowercase()) {
                 return Err(zip_err(format!("duplicate entry name {name:?}")).at(local));
             }
         }

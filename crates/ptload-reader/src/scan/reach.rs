@@ -749,7 +749,7 @@ impl Scanner<'_> {
             let is_reached = order
                 .iter()
                 .any(|(r, _)| std::ptr::eq(*r, e) || r.data_start == e.data_start);
-            if (e.name.ends_with(".pkl") || e.name.ends_with(".npy")) && !is_reached {
+            if pickle_name(e.name) && !is_reached {
                 order.push((e, false));
             }
         }
@@ -805,7 +805,7 @@ impl Scanner<'_> {
                 offset: entry.local,
                 what: "zip: a local header the central directory does not list: torch does not read it; readers that walk local headers do".into(),
             });
-            let pickle = entry.name.ends_with(".pkl") || entry.name.ends_with(".npy");
+            let pickle = pickle_name(entry.name);
             if !pickle || !seen.insert(entry.data_start) {
                 continue;
             }
@@ -990,6 +990,14 @@ fn npy_pickle(data: &[u8]) -> Option<usize> {
 
 /// A pickle starts with PROTO 2 to 5 (protocols 0 and 1 have no header to
 /// tell them from other bytes).
+/// Whether an entry's name says it holds a pickle (`.pkl`) or a numpy
+/// array that may (`.npy`), letter case aside (torch's reader finds names
+/// so).
+fn pickle_name(name: &str) -> bool {
+    let tail = name.len().checked_sub(4).and_then(|at| name.get(at..));
+    tail.is_some_and(|t| t.eq_ignore_ascii_case(".pkl") || t.eq_ignore_ascii_case(".npy"))
+}
+
 fn looks_like_pickle(bytes: &[u8]) -> bool {
     matches!(bytes, [0x80, 2..=5, ..]) && bytes.len() > 3
 }
