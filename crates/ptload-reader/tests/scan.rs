@@ -351,6 +351,34 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("functools.partial", true)),
     ),
+    // Tar checkpoints as Python's tarfile names their members
+    // (torch_tar.json): a PAX path, a GNU long name, the last of a name.
+    ("t_tar_plain.pt", UnknownCall, Some(("builtins.print", true))),
+    (
+        "t_tar_pax_path.pt",
+        Ambiguous,
+        Some(("a PAX or GNU long-name record", true)),
+    ),
+    (
+        "t_tar_pax_path_hides.pt",
+        Ambiguous,
+        Some(("a PAX or GNU long-name record", true)),
+    ),
+    (
+        "t_tar_duplicate_last_payload.pt",
+        Ambiguous,
+        Some(("two members named \"pickle\"", true)),
+    ),
+    (
+        "t_tar_duplicate_first_payload.pt",
+        Ambiguous,
+        Some(("two members named \"pickle\"", true)),
+    ),
+    (
+        "t_tar_gnu_long_name.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
     // Names as torch's zip reader finds them, letter case aside
     // (torch_case.json): DATA.PKL is the pickle torch reads.
     (
@@ -1424,6 +1452,46 @@ fn zip_names_are_found_as_torch_finds_them() {
             let t = ckpt.tensor(key).unwrap_or_else(|| panic!("{name}: {key}"));
             let digest = hex::encode(Sha256::digest(t.data().unwrap()));
             assert_eq!(digest, w["sha256"].as_str().unwrap(), "{name} {key}");
+        }
+    }
+}
+
+/// Tar checkpoints (`tests/scan/torch_tar.json`, torch 2.15 run on each):
+/// the payload torch ran is reported called in a pickle marked read by
+/// torch.load, whatever names it (a PAX `path` record, the last of two
+/// members); the one torch did not run (the first of two) is reported,
+/// not marked read, and the file is ambiguous.
+#[test]
+fn tar_members_are_named_as_torch_names_them() {
+    use ptload_reader::scan::Usage;
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_tar.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = doc.as_object().unwrap();
+    assert_eq!(files.len(), 6);
+    for (name, facts) in files {
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        let print = |reachable: bool| {
+            report.pickles.iter().any(|p| {
+                p.reachable == reachable
+                    && p.globals
+                        .iter()
+                        .any(|g| g.path() == "builtins.print" && g.usage == Usage::Called)
+            })
+        };
+        assert!(report.level() >= Level::UnknownCall, "{name}");
+        if facts["payload_ran"] == true {
+            assert!(
+                print(true),
+                "{name}: the payload torch ran is read by torch.load"
+            );
+        } else {
+            assert!(print(false) && !print(true), "{name}");
+            assert!(report.level() >= Level::Ambiguous, "{name}");
         }
     }
 }

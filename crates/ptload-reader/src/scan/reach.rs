@@ -868,46 +868,57 @@ impl Scanner<'_> {
     /// The pre-1.0 tar layout: torch unpickles `sys_info`, the first
     /// records of `storages` and `tensors`, and `pickle`.
     fn tar(&mut self, data: &[u8]) {
-        let mut at = 0usize;
-        while let Some(header) = data.get(at..at + 512) {
-            if header.iter().all(|&b| b == 0) {
-                break;
-            }
-            // The name field: 100 bytes, ended early by a NUL.
-            let field = crate::bytes::head(header, 100);
-            let name = crate::bytes::head(
-                field,
-                field.iter().position(|&b| b == 0).unwrap_or(field.len()),
+        let Some(members) = tar_members(data, &mut self.report.notes) else {
+            return;
+        };
+        // torch opens the tar with Python's tarfile, which names a member
+        // by its PAX `path` record, a GNU long name or its ustar prefix, and
+        // finds the last member of a name (torch 2.15: `tests/scan/t_tar_*`).
+        let last_of = |name: &str| members.iter().rposition(|m| m.name == name);
+        for (i, m) in members.iter().enumerate() {
+            let read = matches!(
+                m.name.as_str(),
+                "sys_info" | "pickle" | "storages" | "tensors"
             );
-            let size = header
-                .get(124..136)
-                .and_then(|s| std::str::from_utf8(s).ok())
-                .and_then(|s| {
-                    u64::from_str_radix(s.trim_matches(|c: char| c == '\0' || c == ' '), 8).ok()
+            if !read {
+                continue;
+            }
+            let reachable = last_of(&m.name) == Some(i);
+            if !reachable {
+                self.report.ambiguities.push(Ambiguity {
+                    record: m.name.clone(),
+                    offset: m.header as u64,
+                    what: format!(
+                        "tar: two members named {:?}: torch reads the last, other readers may read this one",
+                        m.name
+                    ),
                 });
-            let Some(size) = size.and_then(|s| usize::try_from(s).ok()) else {
-                self.report.notes.push("tar header with a bad size".into());
-                break;
+            }
+            if let Some(header_name) = &m.renamed {
+                self.report.ambiguities.push(Ambiguity {
+                    record: m.name.clone(),
+                    offset: m.header as u64,
+                    what: format!(
+                        "tar: the member's header names it {header_name:?}, and a PAX or GNU \
+                         long-name record {:?}, which torch reads",
+                        m.name
+                    ),
+                });
+            }
+            let Some(member) = data.get(m.start..m.start.saturating_add(m.size)) else {
+                continue;
             };
-            let start = at + 512;
-            let Some(member) = data.get(start..start.saturating_add(size)) else {
-                self.report
-                    .notes
-                    .push("tar member runs past the end".into());
-                break;
-            };
-            let name = String::from_utf8_lossy(name).into_owned();
-            if matches!(name.as_str(), "sys_info" | "pickle") {
-                let source = PickleSource::TarMember(name);
-                self.run(member, 0, source, true, 0, Some(start as u64));
-            } else if matches!(name.as_str(), "storages" | "tensors") {
+            let source = || PickleSource::TarMember(m.name.clone());
+            let base = Some(m.start as u64);
+            if matches!(m.name.as_str(), "sys_info" | "pickle") {
+                self.run(member, 0, source(), reachable, 0, base);
+            } else {
                 // A count, then that many pickles, each unpickled by torch;
                 // raw tensor data may follow, so only what parses is read.
                 let mut offset = 0;
                 while self.report.pickles.len() < MAX_PICKLES {
-                    let source = PickleSource::TarMember(name.clone());
-                    let base = Some(start as u64);
-                    let Some((end, _)) = self.run(member, offset, source, true, 0, base) else {
+                    let Some((end, _)) = self.run(member, offset, source(), reachable, 0, base)
+                    else {
                         break;
                     };
                     if end <= offset || end >= member.len() {
@@ -916,7 +927,6 @@ impl Scanner<'_> {
                     offset = end;
                 }
             }
-            at = start + size.div_ceil(512) * 512;
         }
     }
 
@@ -1004,6 +1014,147 @@ fn looks_like_pickle(bytes: &[u8]) -> bool {
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A regular member of a tar archive, as Python's tarfile names it.
+struct TarMember {
+    /// Its name: a PAX `path` record's, a GNU long name's, or the ustar
+    /// prefix and name of its header.
+    name: String,
+    /// The header's own name when a PAX or GNU record gave another one.
+    renamed: Option<String>,
+    /// Offset of its header, and of its data and the data's length.
+    header: usize,
+    start: usize,
+    size: usize,
+}
+
+/// Most members of a tar archive looked at.
+const MAX_TAR_MEMBERS: usize = 4096;
+
+/// The regular members of the tar archive `data`, named and sized as
+/// Python's tarfile names and sizes them (PAX `path` and `size` records,
+/// global ones too, GNU long names, ustar prefixes), in order; what cannot
+/// be read is noted and ends the list. `None` when nothing is.
+fn tar_members(data: &[u8], notes: &mut Vec<String>) -> Option<Vec<TarMember>> {
+    let mut members = Vec::new();
+    let mut global: Vec<(String, String)> = Vec::new();
+    let mut pax: Vec<(String, String)> = Vec::new();
+    let mut long_name: Option<String> = None;
+    let mut at = 0usize;
+    let text = |b: &[u8]| -> String {
+        let b = crate::bytes::head(b, b.iter().position(|&c| c == 0).unwrap_or(b.len()));
+        String::from_utf8_lossy(b).into_owned()
+    };
+    while let Some(header) = data.get(at..at.saturating_add(512)) {
+        if header.iter().all(|&b| b == 0) || members.len() >= MAX_TAR_MEMBERS {
+            break;
+        }
+        let octal = |range: std::ops::Range<usize>| {
+            header
+                .get(range)
+                .and_then(|s| std::str::from_utf8(s).ok())
+                .and_then(|s| {
+                    u64::from_str_radix(s.trim_matches(|c: char| c == '\0' || c == ' '), 8).ok()
+                })
+        };
+        let Some(header_size) = octal(124..136).and_then(|s| usize::try_from(s).ok()) else {
+            notes.push("tar header with a bad size".into());
+            break;
+        };
+        let kind = header.get(156).copied().unwrap_or(0);
+        let find = |records: &[(String, String)], key: &str| {
+            records
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+        };
+        // A PAX size applies to the member it describes.
+        let size = if matches!(kind, b'x' | b'g' | b'L' | b'K') {
+            header_size
+        } else {
+            find(&pax, "size")
+                .or_else(|| find(&global, "size"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(header_size)
+        };
+        let start = at.saturating_add(512);
+        let Some(body) = data.get(start..start.saturating_add(size)) else {
+            notes.push("tar member runs past the end".into());
+            break;
+        };
+        match kind {
+            b'x' | b'g' => {
+                let records = pax_records(body);
+                if kind == b'x' {
+                    pax.extend(records);
+                } else {
+                    global.extend(records);
+                }
+            }
+            b'L' => long_name = Some(text(body)),
+            b'K' => {}
+            _ => {
+                let own = {
+                    let name = text(header.get(..100).unwrap_or_default());
+                    let ustar = header.get(257..262) == Some(b"ustar".as_slice());
+                    let prefix = text(header.get(345..500).unwrap_or_default());
+                    if ustar && !prefix.is_empty() {
+                        format!("{prefix}/{name}")
+                    } else {
+                        name
+                    }
+                };
+                let given = find(&pax, "path")
+                    .or_else(|| long_name.take())
+                    .or_else(|| find(&global, "path"));
+                let renamed = given.as_ref().filter(|g| **g != own).map(|_| own.clone());
+                members.push(TarMember {
+                    name: given.unwrap_or(own),
+                    renamed,
+                    header: at,
+                    start,
+                    size,
+                });
+                pax.clear();
+                long_name = None;
+            }
+        }
+        at = start.saturating_add(size.div_ceil(512).saturating_mul(512));
+    }
+    (!members.is_empty()).then_some(members)
+}
+
+/// The `key=value` records of a PAX extended header: each `LEN key=value\n`,
+/// LEN counting the whole record; a malformed one ends the list.
+fn pax_records(body: &[u8]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < body.len() && out.len() < 256 {
+        let rest = crate::bytes::after(body, at);
+        let Some(space) = rest.iter().position(|&b| b == b' ') else {
+            break;
+        };
+        let Some(len) = std::str::from_utf8(crate::bytes::head(rest, space))
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&n| n > space + 1)
+        else {
+            break;
+        };
+        let Some(record) = rest.get(space + 1..len) else {
+            break;
+        };
+        let record = record.strip_suffix(b"\n").unwrap_or(record);
+        if let Some(eq) = record.iter().position(|&b| b == b'=') {
+            let key = String::from_utf8_lossy(crate::bytes::head(record, eq)).into_owned();
+            let value = String::from_utf8_lossy(crate::bytes::after(record, eq + 1)).into_owned();
+            out.push((key, value));
+        }
+        at += len;
+    }
+    out
 }
 
 /// What a value of the scanned pickle came from.
