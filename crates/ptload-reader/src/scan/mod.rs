@@ -213,6 +213,10 @@ const CODE_ROOTS: &[&str] = &[
     "torch.utils.cpp_extension",
     "torch.package",
     "torch.testing",
+    // Configuration that constructs any callable it names ('()' in
+    // dictConfig) or evaluates what a socket sends (listen).
+    "logging.config",
+    "sympy.parsing",
     // numpy's readers: `load` unpickles with allow_pickle=True.
     "numpy.lib.npyio",
     "numpy.lib._npyio_impl",
@@ -332,6 +336,31 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
         )
     {
         return Some(Some(FileSystem));
+    }
+    // Writers of files by effect: torch's and safetensors' savers,
+    // Lightning's atomic save (each writes or replaces the path it is
+    // given).
+    if (matches!(module, "torch" | "torch.serialization")
+        && matches!(name, "save" | "_save" | "_legacy_save"))
+        || (under(module, "safetensors") && matches!(name, "save_file" | "save_model"))
+        || ((under(module, "lightning")
+            || under(module, "lightning_fabric")
+            || under(module, "pytorch_lightning"))
+            && module.ends_with("cloud_io")
+            && matches!(name, "_atomic_save" | "atomic_save"))
+    {
+        return Some(Some(FileSystem));
+    }
+    // Strings evaluated as code: YAML's loaders that build any object,
+    // sympy's parsers (they eval).
+    if (under(module, "yaml")
+        && matches!(
+            name,
+            "load" | "load_all" | "unsafe_load" | "unsafe_load_all" | "full_load" | "full_load_all"
+        ))
+        || (under(module, "sympy") && matches!(name, "sympify" | "parse_expr" | "S"))
+    {
+        return Some(Some(CodeExecution));
     }
     if module == "uuid" && name.starts_with('_') {
         return Some(Some(Process));
@@ -692,6 +721,44 @@ mod tests {
         assert_eq!(
             classify("torch.hub", "load"),
             GlobalClass::Dangerous(Danger::CodeExecution)
+        );
+        // By effect: writers of files, evaluators of strings, factories.
+        for (m, n, d) in [
+            ("torch", "save", Danger::FileSystem),
+            ("torch.serialization", "_save", Danger::FileSystem),
+            ("safetensors.torch", "save_file", Danger::FileSystem),
+            (
+                "lightning.fabric.utilities.cloud_io",
+                "_atomic_save",
+                Danger::FileSystem,
+            ),
+            (
+                "pytorch_lightning.utilities.cloud_io",
+                "atomic_save",
+                Danger::FileSystem,
+            ),
+            ("dbm", "open", Danger::FileSystem),
+            ("yaml", "unsafe_load", Danger::CodeExecution),
+            ("yaml", "load", Danger::CodeExecution),
+            ("sympy", "sympify", Danger::CodeExecution),
+            (
+                "sympy.parsing.sympy_parser",
+                "parse_expr",
+                Danger::CodeExecution,
+            ),
+            ("logging.config", "dictConfig", Danger::CodeExecution),
+        ] {
+            assert_eq!(classify(m, n), GlobalClass::Dangerous(d), "{m}.{n}");
+        }
+        // Their harmless neighbours stay as they were.
+        assert_eq!(classify("yaml", "safe_load"), GlobalClass::Unknown);
+        assert_eq!(
+            classify("safetensors.torch", "load_file"),
+            GlobalClass::Unknown
+        );
+        assert_ne!(
+            classify("torch", "Size"),
+            GlobalClass::Dangerous(Danger::FileSystem)
         );
         // Exact names: attribute paths from allowed starts are gadgets.
         for (m, n) in [
