@@ -874,3 +874,39 @@ fn a_share_without_split_rules_is_refused() {
     };
     assert_eq!(whole.select(&ckpt).expect("whole").len(), ckpt.len());
 }
+
+/// `Weights` owns what it reads: a rank's slices of a sharded set, read on
+/// another thread after the set and its selection are gone, equal the
+/// selection's own views.
+#[test]
+fn weights_outlive_the_selection_and_cross_threads() {
+    use ptload_reader::state_dict::Weights;
+    fn owned<T: Send + Sync + 'static>(_: &T) {}
+    let set = CheckpointSet::open(files().join("llama_tiny_sharded")).expect("open");
+    let opts = StateDictOptions {
+        parallel: Some((
+            Shard::new(1, 2).unwrap(),
+            Splits::with_preset::<String>(&[], Some("llama")).unwrap(),
+        )),
+        ..every()
+    };
+    let want: Vec<(String, Vec<u64>, String)> = opts
+        .select_set(&set)
+        .expect("select")
+        .tensors()
+        .map(|(n, v)| (n.to_owned(), v.shape().to_vec(), sha(&v)))
+        .collect();
+    let weights = Weights::select_set(&opts, &set).expect("weights");
+    drop(set);
+    owned(&weights);
+    let got = std::thread::spawn(move || {
+        weights
+            .iter()
+            .map(|(n, v)| (n.to_owned(), v.shape().to_vec(), sha(&v)))
+            .collect::<Vec<_>>()
+    })
+    .join()
+    .expect("thread");
+    assert_eq!(got, want);
+    assert!(want.iter().any(|(n, ..)| n.ends_with("q_proj.weight")));
+}

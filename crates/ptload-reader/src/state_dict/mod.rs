@@ -18,8 +18,10 @@ use crate::view::TensorView;
 mod auto;
 mod select;
 mod sets;
+mod weights;
 
 pub use auto::{auto_key, AutoKey, Decision, AVERAGED_MODEL_KEYS, MODEL_KEYS, TRAINING_STATE};
+pub use weights::Weights;
 
 /// Which part of the checkpoint is the state dict.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
