@@ -129,6 +129,22 @@ impl Gpus {
         self.devices().iter().find(|g| g.ordinal == ordinal)
     }
 
+    /// A [`Budget`](ptload_reader::placement::Budget) of these devices, in
+    /// ordinal order: a share of each device's total memory (`"90%"`,
+    /// `0.9`) turned into bytes, or the same bytes on each. With no device,
+    /// a budget of none (everything it places stays on the host).
+    pub fn budget(
+        &self,
+        spec: ptload_reader::placement::BudgetSpec,
+    ) -> ptload_reader::placement::Budget {
+        let totals: Vec<(u32, u64)> = self
+            .devices()
+            .iter()
+            .map(|g| (g.ordinal, g.total))
+            .collect();
+        spec.budget(&totals)
+    }
+
     /// The devices of contexts the caller already holds (an engine that
     /// runs its own CUDA work): a load places storages in these contexts,
     /// and each device keeps the ordinal its context reports.
@@ -220,5 +236,36 @@ pub fn probe() -> Gpus {
     match result {
         Ok(gpus) => Gpus::Devices(gpus),
         Err(why) => Gpus::Unusable(why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ptload_reader::placement::BudgetSpec;
+
+    /// A share of memory becomes bytes of each device's own total; no
+    /// device, no budget.
+    #[test]
+    fn a_budget_share_is_turned_into_each_devices_bytes() {
+        let gpu = |ordinal, total| Gpu {
+            ordinal,
+            name: "test".into(),
+            total,
+            ctx: Arc::new(OnceLock::new()),
+        };
+        let gpus = Gpus::Devices(vec![gpu(0, 1000), gpu(1, 4000)]);
+        let text = format!("{:?}", gpus.budget(BudgetSpec::Share(0.5)));
+        assert!(
+            text.contains("(Cuda(0), 500)") && text.contains("(Cuda(1), 2000)"),
+            "{text}"
+        );
+        let text = format!("{:?}", gpus.budget(BudgetSpec::Bytes(300)));
+        assert!(
+            text.contains("(Cuda(0), 300)") && text.contains("(Cuda(1), 300)"),
+            "{text}"
+        );
+        let none = format!("{:?}", Gpus::NoDriver.budget(BudgetSpec::Share(0.9)));
+        assert!(none.contains("devices: []"), "{none}");
     }
 }

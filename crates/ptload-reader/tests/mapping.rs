@@ -478,3 +478,78 @@ fn renames_prefixes_and_collisions() {
     let e = stars.select(&ckpt).expect_err("more stars than captures");
     assert_eq!(e.kind(), ptload_reader::ErrorKind::InvalidSpec, "{e}");
 }
+
+/// A plan of a selection asks about the storages the selected tensors
+/// read only, with their selected names and the bytes a load copies (a
+/// rank's slices at their size), so a budget is spent on the model and
+/// name rules see the model's names.
+#[test]
+fn a_plan_of_a_selection_sees_the_model_not_the_file() {
+    use ptload_reader::tp::{Shard, Splits};
+    struct Record(Vec<(Vec<String>, u64, u64)>);
+    impl Mapper for Record {
+        fn map(&mut self, s: &StorageRequest<'_>) -> Option<Device> {
+            let whole = s.numel * s.dtype.size() as u64;
+            self.0.push((
+                s.tensors.iter().map(|t| t.to_string()).collect(),
+                s.nbytes,
+                whole,
+            ));
+            None
+        }
+    }
+    // A training checkpoint: only the model's storages are asked about,
+    // under the names the selection gives them.
+    let ckpt = open("training.ckpt");
+    let sd = StateDictOptions::default().select(&ckpt).expect("auto");
+    let mut seen = Record(Vec::new());
+    let plan = DeviceMap::of_selection(&sd, 0, &mut seen).expect("plan");
+    let asked: usize = seen.0.iter().map(|(names, ..)| names.len()).sum();
+    assert_eq!(asked, sd.len());
+    for (names, copied, whole) in &seen.0 {
+        for n in names {
+            assert!(sd.contains(n), "{n} is not a selected name");
+        }
+        assert_eq!(copied, whole);
+    }
+    assert!(
+        seen.0.len() < ckpt.storages().len(),
+        "the optimizer's storages are not asked about"
+    );
+    let planned: u64 = plan.per_device(&ckpt).iter().map(|(_, b, _)| b).sum();
+    let model: u64 = sd.tensors().map(|(_, v)| v.info().nbytes).sum();
+    assert_eq!(planned, model);
+    // A rank's slices are charged at their size: a budget of the rank's
+    // share fits it all.
+    let llama = open("llama_tiny.pt");
+    let opts = StateDictOptions {
+        parallel: Some((
+            Shard::new(0, 2).unwrap(),
+            Splits::with_preset::<String>(&[], Some("llama")).unwrap(),
+        )),
+        ..StateDictOptions::default()
+    };
+    let rank = opts.select(&llama).expect("rank");
+    let mut seen = Record(Vec::new());
+    DeviceMap::of_selection(&rank, 0, &mut seen).expect("plan");
+    let q = seen
+        .0
+        .iter()
+        .find(|(names, ..)| {
+            names
+                .iter()
+                .any(|n| n.ends_with("layers.0.self_attn.q_proj.weight"))
+        })
+        .expect("q_proj");
+    assert_eq!(q.1 * 2, q.2, "half of q_proj: {q:?}");
+    let share: u64 = seen.0.iter().map(|(_, c, _)| c).sum();
+    let mut budget = Budget::new(vec![(Device::Cuda(0), share)]);
+    let plan = DeviceMap::of_selection(&rank, 0, &mut budget).expect("plan");
+    let on_gpu = plan
+        .per_device(&llama)
+        .into_iter()
+        .find(|(d, ..)| *d == Device::Cuda(0))
+        .map_or(0, |(_, b, _)| b);
+    assert_eq!(on_gpu, share, "the whole share fits the budget of its size");
+    assert!(DeviceMap::of_selection(&rank, 1, &mut Keep).is_err());
+}

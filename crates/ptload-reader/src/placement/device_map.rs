@@ -18,6 +18,10 @@ pub struct Placement {
     pub target: Device,
     /// Whether a mapper decided (`false`: the saved location was kept).
     pub mapped: bool,
+    /// Bytes the load copies from the storage: all of it, or (a plan of a
+    /// selection) what the selected tensors read of it, a rank's slices at
+    /// their size; 0 for a storage no selected tensor reads.
+    pub nbytes: u64,
 }
 
 /// The decision for every storage of a checkpoint: a value the device crate
@@ -47,19 +51,79 @@ impl DeviceMap {
         }
         // Storages no named tensor views (kept for completeness) come last.
         order.extend((0..storages.len()).filter(|&i| names.get(i).is_some_and(Vec::is_empty)));
+        let nbytes: Vec<u64> = storages.iter().map(|s| s.nbytes).collect();
+        DeviceMap::decide(ckpt, &order, &names, &nbytes, mapper)
+    }
+
+    /// The plan of what `sd` selects from its file `file` (0 for a single
+    /// checkpoint): `mapper` is asked once per storage a selected tensor
+    /// reads, in selection order, with the tensors' *selected* names
+    /// (after the key, stripping and renames) and the bytes the load will
+    /// copy from it (a rank's slices at their size, not their storage's),
+    /// so name rules and budgets see the model, not the training state
+    /// around it. Storages nothing selected reads are not asked about:
+    /// they stay where they were saved, with 0 bytes, and are not counted
+    /// by [`per_device`](Self::per_device).
+    pub fn of_selection(
+        sd: &crate::state_dict::StateDict<'_>,
+        file: usize,
+        mapper: &mut dyn Mapper,
+    ) -> Result<DeviceMap> {
+        let ckpt = sd.checkpoints().get(file).copied().ok_or_else(|| {
+            crate::error::Error::new(
+                crate::error::ErrorKind::InvalidSpec,
+                format!("the selection has no file {file}"),
+            )
+        })?;
+        let storages = ckpt.storages();
+        let mut names: Vec<Vec<&str>> = vec![Vec::new(); storages.len()];
+        let mut nbytes: Vec<u64> = vec![0; storages.len()];
+        let mut order: Vec<usize> = Vec::new();
+        for entry in sd.iter().filter(|e| e.file == file) {
+            let Some(view) = entry.view(ckpt) else {
+                continue;
+            };
+            let Some(i) = view.info().storage else {
+                continue;
+            };
+            if let (Some(list), Some(n)) = (names.get_mut(i), nbytes.get_mut(i)) {
+                if list.is_empty() {
+                    order.push(i);
+                }
+                list.push(entry.name.as_str());
+                // Tied views read one storage once: at most all of it.
+                let whole = storages.get(i).map_or(0, |s| s.nbytes);
+                *n = n.saturating_add(view.info().nbytes).min(whole);
+            }
+        }
+        DeviceMap::decide(ckpt, &order, &names, &nbytes, mapper)
+    }
+
+    /// Ask `mapper` about the storages `order` lists, each with its
+    /// tensors' names and the bytes copied from it; every other storage
+    /// stays where it was saved, unasked, with 0 bytes.
+    fn decide(
+        ckpt: &Checkpoint,
+        order: &[usize],
+        names: &[Vec<&str>],
+        nbytes: &[u64],
+        mapper: &mut dyn Mapper,
+    ) -> Result<DeviceMap> {
+        let storages = ckpt.storages();
         let mut placements: Vec<Option<Placement>> = vec![None; storages.len()];
-        for i in order {
+        for &i in order {
             let Some(s) = storages.get(i) else { continue };
             let location = Location::parse(&s.location);
             // One list per storage: a storage no tensor views has none.
             let tensors: &[&str] = names.get(i).map_or(&[], Vec::as_slice);
+            let copied = nbytes.get(i).copied().unwrap_or(s.nbytes);
             let request = StorageRequest {
                 index: i,
                 key: &s.key,
                 location: &location,
                 dtype: s.dtype,
                 numel: s.numel,
-                nbytes: s.nbytes,
+                nbytes: copied,
                 tensors,
             };
             let (target, mapped) = match mapper.map(&request) {
@@ -78,12 +142,31 @@ impl DeviceMap {
                     location,
                     target,
                     mapped,
+                    nbytes: copied,
                 });
             }
         }
-        Ok(DeviceMap {
-            placements: placements.into_iter().flatten().collect(),
-        })
+        // Unasked storages keep their saved location (or the host when it
+        // names no device this build knows), by index like the others.
+        let placements = placements
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                p.unwrap_or_else(|| {
+                    let location = storages
+                        .get(i)
+                        .map_or_else(|| Location::parse("cpu"), |s| Location::parse(&s.location));
+                    Placement {
+                        storage: i,
+                        target: location.restore().unwrap_or(Device::Host),
+                        location,
+                        mapped: false,
+                        nbytes: 0,
+                    }
+                })
+            })
+            .collect();
+        Ok(DeviceMap { placements })
     }
 
     /// Every placement, by storage index.
@@ -107,8 +190,14 @@ impl DeviceMap {
     /// Bytes and storages planned per device, in device order.
     pub fn per_device(&self, ckpt: &Checkpoint) -> Vec<(Device, u64, usize)> {
         let mut out: Vec<(Device, u64, usize)> = Vec::new();
-        for p in &self.placements {
-            let bytes = ckpt.storages().get(p.storage).map_or(0, |s| s.nbytes);
+        let whole = |p: &Placement| ckpt.storages().get(p.storage).map_or(0, |s| s.nbytes);
+        // A storage nothing selected reads is not part of the load.
+        for p in self
+            .placements
+            .iter()
+            .filter(|p| p.nbytes > 0 || whole(p) == 0)
+        {
+            let bytes = p.nbytes;
             match out.iter_mut().find(|(d, _, _)| *d == p.target) {
                 Some(entry) => {
                     entry.1 += bytes;

@@ -23,9 +23,12 @@ pub struct StorageRequest<'a> {
     pub dtype: DType,
     /// Elements.
     pub numel: u64,
-    /// Bytes.
+    /// Bytes the load copies from it: the whole storage, or in a plan of
+    /// a selection ([`DeviceMap::of_selection`](super::DeviceMap::of_selection))
+    /// what the selected tensors read of it (a rank's slices at their size).
     pub nbytes: u64,
-    /// Names of every tensor that views this storage, in checkpoint order.
+    /// Names of every tensor that views this storage, in checkpoint order
+    /// (in a plan of a selection, their selected names).
     pub tensors: &'a [&'a str],
 }
 
@@ -156,7 +159,9 @@ impl Mapper for BySize {
 /// Fill each device up to its budget, in order, then send the rest to the
 /// host. A storage that does not fit in what is left of one device goes to
 /// the next. Budgets given as a fraction of a device's memory are resolved
-/// to bytes by the device crate.
+/// to bytes by the device crate, which knows the memory
+/// (`ptload_device::Gpus::budget`), or by [`BudgetSpec::budget`] from
+/// totals the caller has.
 #[derive(Debug, Clone)]
 pub struct Budget {
     devices: Vec<(Device, u64)>,
