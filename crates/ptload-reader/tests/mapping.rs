@@ -503,7 +503,7 @@ fn a_plan_of_a_selection_sees_the_model_not_the_file() {
     let ckpt = open("training.ckpt");
     let sd = StateDictOptions::default().select(&ckpt).expect("auto");
     let mut seen = Record(Vec::new());
-    let plan = DeviceMap::of_selection(&sd, 0, &mut seen).expect("plan");
+    let plan = sd.device_map(0, &mut seen).expect("plan");
     let asked: usize = seen.0.iter().map(|(names, ..)| names.len()).sum();
     assert_eq!(asked, sd.len());
     for (names, copied, whole) in &seen.0 {
@@ -531,7 +531,7 @@ fn a_plan_of_a_selection_sees_the_model_not_the_file() {
     };
     let rank = opts.select(&llama).expect("rank");
     let mut seen = Record(Vec::new());
-    DeviceMap::of_selection(&rank, 0, &mut seen).expect("plan");
+    rank.device_map(0, &mut seen).expect("plan");
     let q = seen
         .0
         .iter()
@@ -544,12 +544,12 @@ fn a_plan_of_a_selection_sees_the_model_not_the_file() {
     assert_eq!(q.1 * 2, q.2, "half of q_proj: {q:?}");
     let share: u64 = seen.0.iter().map(|(_, c, _)| c).sum();
     let mut budget = Budget::new(vec![(Device::Cuda(0), share)]);
-    let plan = DeviceMap::of_selection(&rank, 0, &mut budget).expect("plan");
+    let plan = rank.device_map(0, &mut budget).expect("plan");
     let on_gpu = plan
         .per_device(&llama)
         .into_iter()
         .find(|(d, ..)| *d == Device::Cuda(0))
         .map_or(0, |(_, b, _)| b);
     assert_eq!(on_gpu, share, "the whole share fits the budget of its size");
-    assert!(DeviceMap::of_selection(&rank, 1, &mut Keep).is_err());
+    assert!(rank.device_map(1, &mut Keep).is_err());
 }

@@ -20,7 +20,8 @@ pub struct Placement {
     pub mapped: bool,
     /// Bytes the load copies from the storage: all of it, or (a plan of a
     /// selection) what the selected tensors read of it, a rank's slices at
-    /// their size; 0 for a storage no selected tensor reads.
+    /// their size; 0 for a storage no selected tensor reads (see
+    /// [`StateDict::device_map`](crate::state_dict::StateDict::device_map)).
     pub nbytes: u64,
 }
 
@@ -55,54 +56,10 @@ impl DeviceMap {
         DeviceMap::decide(ckpt, &order, &names, &nbytes, mapper)
     }
 
-    /// The plan of what `sd` selects from its file `file` (0 for a single
-    /// checkpoint): `mapper` is asked once per storage a selected tensor
-    /// reads, in selection order, with the tensors' *selected* names
-    /// (after the key, stripping and renames) and the bytes the load will
-    /// copy from it (a rank's slices at their size, not their storage's),
-    /// so name rules and budgets see the model, not the training state
-    /// around it. Storages nothing selected reads are not asked about:
-    /// they stay where they were saved, with 0 bytes, and are not counted
-    /// by [`per_device`](Self::per_device).
-    pub fn of_selection(
-        sd: &crate::state_dict::StateDict<'_>,
-        file: usize,
-        mapper: &mut dyn Mapper,
-    ) -> Result<DeviceMap> {
-        let ckpt = sd.checkpoints().get(file).copied().ok_or_else(|| {
-            crate::error::Error::new(
-                crate::error::ErrorKind::InvalidSpec,
-                format!("the selection has no file {file}"),
-            )
-        })?;
-        let storages = ckpt.storages();
-        let mut names: Vec<Vec<&str>> = vec![Vec::new(); storages.len()];
-        let mut nbytes: Vec<u64> = vec![0; storages.len()];
-        let mut order: Vec<usize> = Vec::new();
-        for entry in sd.iter().filter(|e| e.file == file) {
-            let Some(view) = entry.view(ckpt) else {
-                continue;
-            };
-            let Some(i) = view.info().storage else {
-                continue;
-            };
-            if let (Some(list), Some(n)) = (names.get_mut(i), nbytes.get_mut(i)) {
-                if list.is_empty() {
-                    order.push(i);
-                }
-                list.push(entry.name.as_str());
-                // Tied views read one storage once: at most all of it.
-                let whole = storages.get(i).map_or(0, |s| s.nbytes);
-                *n = n.saturating_add(view.info().nbytes).min(whole);
-            }
-        }
-        DeviceMap::decide(ckpt, &order, &names, &nbytes, mapper)
-    }
-
     /// Ask `mapper` about the storages `order` lists, each with its
     /// tensors' names and the bytes copied from it; every other storage
     /// stays where it was saved, unasked, with 0 bytes.
-    fn decide(
+    pub(crate) fn decide(
         ckpt: &Checkpoint,
         order: &[usize],
         names: &[Vec<&str>],

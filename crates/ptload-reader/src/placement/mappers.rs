@@ -24,7 +24,7 @@ pub struct StorageRequest<'a> {
     /// Elements.
     pub numel: u64,
     /// Bytes the load copies from it: the whole storage, or in a plan of
-    /// a selection ([`DeviceMap::of_selection`](super::DeviceMap::of_selection))
+    /// a selection ([`StateDict::device_map`](crate::state_dict::StateDict::device_map))
     /// what the selected tensors read of it (a rank's slices at their size).
     pub nbytes: u64,
     /// Names of every tensor that views this storage, in checkpoint order

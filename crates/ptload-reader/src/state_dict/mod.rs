@@ -9,8 +9,9 @@
 use std::ops::Deref;
 
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::name_index::NameIndex;
+use crate::placement::DeviceMap;
 use crate::torch::tensor::TensorInfo;
 use crate::tp::{Shard, Slice, Splits};
 use crate::view::TensorView;
@@ -194,6 +195,50 @@ impl<'c> StateDict<'c> {
     /// The view of `entry` (one of this state dict's entries).
     pub fn view<'s>(&'s self, entry: &'s Selected) -> Option<TensorView<'s>> {
         entry.view(self.files.get(entry.file)?)
+    }
+
+    /// The device plan of what this selects from its file `file` (0 for
+    /// a single checkpoint): `mapper` is asked once per storage a selected
+    /// tensor reads, in selection order, with the tensors' *selected*
+    /// names (after the key, stripping and renames) and the bytes the load
+    /// will copy from it (a rank's slices at their size, not their
+    /// storage's), so name rules and budgets see the model, not the
+    /// training state around it. Storages nothing selected reads are not
+    /// asked about: they stay where they were saved, with 0 bytes, and are
+    /// not counted by [`DeviceMap::per_device`].
+    pub fn device_map(
+        &self,
+        file: usize,
+        mapper: &mut dyn crate::placement::Mapper,
+    ) -> Result<DeviceMap> {
+        let ckpt = self.files.get(file).copied().ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidSpec,
+                format!("the selection has no file {file}"),
+            )
+        })?;
+        let storages = ckpt.storages();
+        let mut names: Vec<Vec<&str>> = vec![Vec::new(); storages.len()];
+        let mut nbytes: Vec<u64> = vec![0; storages.len()];
+        let mut order: Vec<usize> = Vec::new();
+        for entry in self.entries.iter().filter(|e| e.file == file) {
+            let Some(view) = entry.view(ckpt) else {
+                continue;
+            };
+            let Some(i) = view.info().storage else {
+                continue;
+            };
+            if let (Some(list), Some(n)) = (names.get_mut(i), nbytes.get_mut(i)) {
+                if list.is_empty() {
+                    order.push(i);
+                }
+                list.push(entry.name.as_str());
+                // Tied views read one storage once: at most all of it.
+                let whole = storages.get(i).map_or(0, |s| s.nbytes);
+                *n = n.saturating_add(view.info().nbytes).min(whole);
+            }
+        }
+        DeviceMap::decide(ckpt, &order, &names, &nbytes, mapper)
     }
 
     /// The entry named `name`: its final name and checkpoint index.

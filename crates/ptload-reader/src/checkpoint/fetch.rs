@@ -1,0 +1,1223 @@
+//! Storages of a file read by ranges (a URL, a bucket object, `--pread`):
+//! fetched when first read, neighbours in the file together, several
+//! requests in flight for a read-ahead; kept for borrowing readers,
+//! handed over to owning ones (docs/architecture.md, "Storages handed
+//! over, not kept").
+
+use super::*;
+
+/// Run `work` while the listed storages of each checkpoint are fetched
+/// ahead of it, beside it (see [`Checkpoint::read_ahead`]): `work` takes
+/// what landed (and drops it when done: memory stays bounded), waits for
+/// what is in flight, and fetches itself what is not asked for yet. When `work` ends (returns, fails or panics), no
+/// further request starts. A failed request of the read-ahead is not the
+/// answer: `work` fetches what it needs again and reports its own error.
+/// Checkpoints not read by ranges, and empty lists, fetch nothing.
+pub fn while_prefetching<T>(ahead: &[(&Checkpoint, &[usize])], work: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    /// Sets the flag when dropped, also while a panic of `work` unwinds
+    /// (the scope would otherwise wait for every prefetch to finish first).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let ahead: Vec<_> = ahead
+        .iter()
+        .filter(|(c, s)| !s.is_empty() && c.source.fetcher().is_some())
+        .collect();
+    if ahead.is_empty() {
+        return work();
+    }
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for &&(ckpt, storages) in &ahead {
+            let done = &done;
+            // A thread the system refuses to start leaves `work` to fetch
+            // what it reads itself.
+            let _ = std::thread::Builder::new()
+                .name("ptload-read-ahead".into())
+                .spawn_scoped(scope, move || {
+                    let _ = ckpt.read_ahead(storages, Some(done));
+                });
+        }
+        let _stop = StopOnDrop(&done);
+        work()
+    })
+}
+
+/// The storages' bytes of a file read by ranges, each fetched once.
+#[derive(Debug, Default)]
+pub(super) struct Fetched {
+    /// By storage index.
+    storages: Vec<std::sync::OnceLock<Vec<u8>>>,
+    /// Indices of the storages stored in the file, by offset.
+    order: Vec<usize>,
+    /// By storage index: read in parts (a rank's slices), so never fetched
+    /// whole as the neighbour of another storage.
+    pub(super) in_parts: Vec<std::sync::atomic::AtomicBool>,
+    /// By storage index: handed over to a reader already, so not fetched
+    /// again as the neighbour of another storage (a reader of it again
+    /// fetches it itself).
+    handed: Vec<std::sync::atomic::AtomicBool>,
+    /// By storage index: a request in flight is fetching it. A reader of
+    /// a claimed storage waits for it (`landed`) instead of fetching it
+    /// again: each byte is read once, whichever thread asks first.
+    claimed: std::sync::Mutex<Vec<bool>>,
+    /// Signalled whenever claims are released (the bytes landed, or the
+    /// request failed and a waiter fetches them itself).
+    landed: std::sync::Condvar,
+    /// Storages fetched before their reader asked (by a read-ahead, or as
+    /// the neighbours of a storage fetched with them), handed to the first
+    /// reader that takes them and so released (see `take_storage`); a
+    /// borrowing reader keeps them in `storages` instead.
+    loose: std::sync::Mutex<Loose>,
+    /// Signalled whenever loose bytes are taken or dropped.
+    room: std::sync::Condvar,
+    /// Most bytes `loose` holds (see [`Checkpoint::read_ahead_bytes`]).
+    loose_cap: u64,
+}
+
+/// See [`Fetched::loose`].
+#[derive(Debug, Default)]
+struct Loose {
+    bytes: std::collections::HashMap<usize, Vec<u8>>,
+    /// Oldest first, for dropping when over the cap.
+    order: std::collections::VecDeque<usize>,
+    total: u64,
+    /// Bytes of read-ahead requests in flight, counted against the cap.
+    reserved: u64,
+}
+
+/// Where a fetched run's storages go.
+#[derive(Clone, Copy)]
+enum Hand {
+    /// Kept with the checkpoint, for borrowing readers.
+    Keep,
+    /// Handed over: `target`'s bytes returned, the other storages loose;
+    /// `make_room` drops the oldest loose storages past the cap (a
+    /// reader's neighbours), else the caller waited for room (a
+    /// read-ahead).
+    Over {
+        target: Option<usize>,
+        make_room: bool,
+    },
+}
+
+/// Storages fetched in one request: the bytes `offset..end`, cut into
+/// `members` (storage index, offset, length).
+#[derive(Debug)]
+struct Run {
+    offset: u64,
+    end: u64,
+    members: Vec<(usize, u64, u64)>,
+}
+
+/// Most bytes one coalesced read of storages fetches.
+const MAX_COALESCED: u64 = 64 << 20;
+
+/// Most bytes of storages fetched before their reader takes them (a
+/// read-ahead, a reader's neighbours): as many as the requests in flight
+/// fetch at once.
+fn read_ahead_bytes(limits: &Limits) -> u64 {
+    (limits.max_fetches_in_flight.max(1) as u64).saturating_mul(limits.max_fetch_request_bytes)
+}
+
+impl Fetched {
+    /// Nothing fetched yet of `storages`, those stored in the file ordered
+    /// by offset.
+    pub(super) fn for_storages(storages: &[StorageInfo], limits: &Limits) -> Fetched {
+        let mut order: Vec<usize> = (0..storages.len())
+            .filter(|&i| storages.get(i).is_some_and(|s| s.file_offset.is_some()))
+            .collect();
+        order.sort_by_key(|&i| storages.get(i).and_then(|s| s.file_offset));
+        Fetched {
+            storages: storages.iter().map(|_| Default::default()).collect(),
+            order,
+            in_parts: storages.iter().map(|_| Default::default()).collect(),
+            handed: storages.iter().map(|_| Default::default()).collect(),
+            claimed: std::sync::Mutex::new(vec![false; storages.len()]),
+            landed: Default::default(),
+            loose: Default::default(),
+            room: Default::default(),
+            loose_cap: read_ahead_bytes(limits),
+        }
+    }
+
+    /// Fetched already: kept, or loose.
+    fn done(&self, i: usize) -> bool {
+        self.storages.get(i).is_some_and(|c| c.get().is_some()) || self.is_loose(i)
+    }
+
+    fn loose(&self) -> std::sync::MutexGuard<'_, Loose> {
+        // Only whole insertions and removals happen under the lock: what
+        // a panic leaves is consistent.
+        self.loose
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn mark_handed(&self, i: usize) {
+        if let Some(h) = self.handed.get(i) {
+            h.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn was_handed(&self, i: usize) -> bool {
+        self.handed
+            .get(i)
+            .is_some_and(|h| h.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn is_loose(&self, i: usize) -> bool {
+        self.loose().bytes.contains_key(&i)
+    }
+
+    /// Take storage `i`'s bytes out of the loose ones: the taker owns them.
+    fn take_loose(&self, i: usize) -> Option<Vec<u8>> {
+        let mut loose = self.loose();
+        let bytes = loose.bytes.remove(&i)?;
+        self.mark_handed(i);
+        loose.order.retain(|&j| j != i);
+        loose.total = loose.total.saturating_sub(bytes.len() as u64);
+        drop(loose);
+        self.room.notify_all();
+        Some(bytes)
+    }
+
+    /// Hand storage `i`'s bytes over to its first reader; with
+    /// `make_room`, the oldest others are dropped while over the cap (they
+    /// are fetched again if read).
+    fn put_loose(&self, i: usize, bytes: Vec<u8>, make_room: bool) {
+        let mut loose = self.loose();
+        loose.total = loose.total.saturating_add(bytes.len() as u64);
+        if let Some(old) = loose.bytes.insert(i, bytes) {
+            loose.total = loose.total.saturating_sub(old.len() as u64);
+        } else {
+            loose.order.push_back(i);
+        }
+        let mut dropped = false;
+        while make_room && loose.total > self.loose_cap {
+            let Some(oldest) = loose.order.iter().position(|&j| j != i) else {
+                break;
+            };
+            if let Some(j) = loose.order.remove(oldest) {
+                if let Some(gone) = loose.bytes.remove(&j) {
+                    loose.total = loose.total.saturating_sub(gone.len() as u64);
+                    dropped = true;
+                }
+            }
+        }
+        drop(loose);
+        if dropped {
+            self.room.notify_all();
+        }
+    }
+
+    /// Wait until `need` more bytes fit under the cap with those loose and
+    /// in flight (or there are none), then count them in flight until
+    /// [`unreserve`](Self::unreserve); or until `stop` is set: whether
+    /// there is room.
+    fn wait_for_room(&self, need: u64, stop: Option<&std::sync::atomic::AtomicBool>) -> bool {
+        let mut loose = self.loose();
+        loop {
+            let used = loose.total.saturating_add(loose.reserved);
+            if used == 0 || used.saturating_add(need) <= self.loose_cap {
+                loose.reserved = loose.reserved.saturating_add(need);
+                return true;
+            }
+            if stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed)) {
+                return false;
+            }
+            loose = match self
+                .room
+                .wait_timeout(loose, std::time::Duration::from_millis(20))
+            {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+
+    /// A request of `need` bytes counted by `wait_for_room` landed (its
+    /// storages are loose now) or failed.
+    fn unreserve(&self, need: u64) {
+        let mut loose = self.loose();
+        loose.reserved = loose.reserved.saturating_sub(need);
+        drop(loose);
+        self.room.notify_all();
+    }
+
+    /// Bytes loose now, and in flight for a read-ahead.
+    fn loose_bytes(&self) -> u64 {
+        let loose = self.loose();
+        loose.total.saturating_add(loose.reserved)
+    }
+
+    fn claims(&self) -> Result<std::sync::MutexGuard<'_, Vec<bool>>> {
+        self.claimed.lock().map_err(|_| {
+            Error::new(
+                ErrorKind::Io,
+                "a thread fetching storages failed while holding their claims",
+            )
+        })
+    }
+
+    /// Release the claims of `run` and wake the readers waiting for them.
+    fn release(&self, run: &Run) {
+        // Released even after a panic elsewhere poisoned the lock: a claim
+        // left set would keep its readers waiting for ever.
+        let mut claimed = self
+            .claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for &(i, _, _) in &run.members {
+            if let Some(c) = claimed.get_mut(i) {
+                *c = false;
+            }
+        }
+        drop(claimed);
+        self.landed.notify_all();
+    }
+}
+
+/// The claims of runs, released when dropped: after their fetch, after
+/// its error, and while a panic unwinds (a reader waiting for a claim
+/// nobody will release would wait for ever). `runs[*from..]` are
+/// released: all of them, or those no worker took (`from` is the next
+/// run a worker would take).
+struct Claims<'a> {
+    fetched: &'a Fetched,
+    runs: &'a [Run],
+    from: Option<&'a std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for Claims<'_> {
+    fn drop(&mut self) {
+        let from = self
+            .from
+            .map_or(0, |n| n.load(std::sync::atomic::Ordering::Relaxed));
+        for run in self.runs.get(from..).unwrap_or_default() {
+            self.fetched.release(run);
+        }
+    }
+}
+
+impl Checkpoint {
+    /// The bytes of storage `index` of a file read by ranges: fetched the
+    /// first time, with the storages that follow it in the file and are
+    /// not fetched yet, while they lie within [`COALESCE_GAP`] of each
+    /// other (up to [`MAX_COALESCED`] bytes): reading tensors in file
+    /// order costs few requests. A storage another thread is fetching
+    /// (a [`prefetch`](Self::prefetch)) is waited for, not fetched again.
+    pub(super) fn fetch_storage(&self, index: usize, fetcher: &Fetcher) -> Result<&[u8]> {
+        let missing = || {
+            Error::new(
+                ErrorKind::Tensor,
+                format!("storage {index}: not in the file"),
+            )
+        };
+        let landed = || {
+            self.fetched
+                .storages
+                .get(index)
+                .and_then(|c| c.get())
+                .map(Vec::as_slice)
+        };
+        // Fetched ahead and handed over: kept from now on.
+        let keep_loose = || {
+            let bytes = self.fetched.take_loose(index)?;
+            let cell = self.fetched.storages.get(index)?;
+            let _ = cell.set(bytes);
+            cell.get().map(Vec::as_slice)
+        };
+        if let Some(done) = landed() {
+            return Ok(done);
+        }
+        let (offset, nbytes) = self.file_range(index).ok_or_else(missing)?;
+        // Fetched already while opening (a small file's head and tail).
+        if let Some(held) = self.source.view().held(offset, nbytes) {
+            return Ok(held);
+        }
+        if let Some(done) = keep_loose() {
+            return Ok(done);
+        }
+        let run = {
+            let mut claimed = self.fetched.claims()?;
+            loop {
+                if let Some(done) = landed().or_else(keep_loose) {
+                    return Ok(done);
+                }
+                if !claimed.get(index).copied().unwrap_or(false) {
+                    break;
+                }
+                claimed =
+                    self.fetched.landed.wait(claimed).map_err(|_| {
+                        Error::new(ErrorKind::Io, "a thread fetching storages failed")
+                    })?;
+            }
+            let run = self.plan_run(index, &claimed, MAX_COALESCED, |_| true);
+            for &(i, _, _) in &run.members {
+                if let Some(c) = claimed.get_mut(i) {
+                    *c = true;
+                }
+            }
+            run
+        };
+        {
+            let _claims = Claims {
+                fetched: &self.fetched,
+                runs: std::slice::from_ref(&run),
+                from: None,
+            };
+            self.fetch_run(&run, fetcher, Hand::Keep)?;
+        }
+        landed().ok_or_else(missing)
+    }
+
+    /// Where storage `i` lies in the file: its offset and length.
+    fn file_range(&self, i: usize) -> Option<(u64, u64)> {
+        let s = self.storages.get(i)?;
+        Some((s.file_offset?, s.nbytes))
+    }
+
+    /// The request that fetches storage `first` (not fetched, not
+    /// claimed), with the storages after it in the file that `take`
+    /// accepts, are neither fetched nor claimed, and lie within
+    /// [`COALESCE_GAP`] of each other, up to `cap` bytes.
+    fn plan_run(
+        &self,
+        first: usize,
+        claimed: &[bool],
+        cap: u64,
+        take: impl Fn(usize) -> bool,
+    ) -> Run {
+        let (offset, nbytes) = self.file_range(first).unwrap_or_default();
+        let mut end = offset.saturating_add(nbytes);
+        let mut members = vec![(first, offset, nbytes)];
+        let view = self.source.view();
+        // Fetched, being fetched, or at hand since opening.
+        let busy = |i: usize| {
+            self.fetched.done(i)
+                || claimed.get(i).copied().unwrap_or(true)
+                || self
+                    .file_range(i)
+                    .is_some_and(|(o, n)| view.held(o, n).is_some())
+        };
+        let at = self
+            .fetched
+            .order
+            .partition_point(|&i| self.file_range(i).is_some_and(|(o, _)| o < offset));
+        for &next in self.fetched.order.iter().skip(at) {
+            let Some((o, n)) = self.file_range(next) else {
+                break;
+            };
+            let new_end = o.saturating_add(n);
+            if next == first {
+                continue;
+            }
+            // A storage inside the range (a view of a legacy storage).
+            if o >= offset && new_end <= end {
+                if !busy(next) {
+                    members.push((next, o, n));
+                }
+                continue;
+            }
+            let in_parts = self
+                .fetched
+                .in_parts
+                .get(next)
+                .is_some_and(|p| p.load(std::sync::atomic::Ordering::Relaxed))
+                || self.fetched.was_handed(next);
+            if busy(next)
+                || !take(next)
+                || in_parts
+                || o < end
+                || o > end.saturating_add(COALESCE_GAP)
+                || new_end - offset > cap
+            {
+                break;
+            }
+            members.push((next, o, n));
+            end = new_end;
+        }
+        Run {
+            offset,
+            end,
+            members,
+        }
+    }
+
+    /// Fetch `run` (claimed by the caller) and put its storages where
+    /// `hand` says; the bytes requested, and the target's bytes when they
+    /// are handed over.
+    fn fetch_run(
+        &self,
+        run: &Run,
+        fetcher: &Fetcher,
+        hand: Hand,
+    ) -> Result<(u64, Option<Vec<u8>>)> {
+        let missing =
+            |i: usize| Error::new(ErrorKind::Tensor, format!("storage {i}: not in the file"));
+        // Only the parts not fetched while opening (around the zip's
+        // headers) are requested: each byte is read once.
+        let view = self.source.view();
+        let holes = view.holes(run.offset, run.end);
+        let len: u64 = holes.iter().map(|(a, b)| b - a).sum();
+        let bytes = read_unheld(view, fetcher, run.offset, run.end)?;
+        let mut target = None;
+        let mut place = |i: usize, part: Vec<u8>| match hand {
+            Hand::Keep => {
+                if let Some(c) = self.fetched.storages.get(i) {
+                    let _ = c.set(part);
+                }
+            }
+            Hand::Over {
+                target: Some(t), ..
+            } if t == i => target = Some(part),
+            Hand::Over { make_room, .. } => self.fetched.put_loose(i, part, make_room),
+        };
+        // One storage keeps the buffer as read: no second copy of it.
+        if let [(i, _, n)] = run.members[..] {
+            if bytes.len() as u64 == n {
+                place(i, bytes);
+                return Ok((len, target));
+            }
+        }
+        for &(i, o, n) in &run.members {
+            let from = usize::try_from(o - run.offset).map_err(|_| missing(i))?;
+            let to = usize::try_from(n).ok().and_then(|n| from.checked_add(n));
+            let part = to
+                .and_then(|to| bytes.get(from..to))
+                .ok_or_else(|| missing(i))?;
+            place(i, part.to_vec());
+        }
+        Ok((len, target))
+    }
+
+    /// The bytes of storage `index` of a file read by ranges, for a reader
+    /// that owns them and drops them when done (a hash, a writer, a copy):
+    /// taken from those fetched ahead of it, or fetched now (with the
+    /// storages that follow it, as [`fetch_storage`](Self::fetch_storage)
+    /// does, which wait loose for their own readers), and kept nowhere.
+    /// `None` when the checkpoint keeps the storage already (a borrowing
+    /// reader asked for it, or it was fetched while opening): borrow it.
+    fn take_storage(&self, index: usize, fetcher: &Fetcher) -> Result<Option<Vec<u8>>> {
+        let missing = || {
+            Error::new(
+                ErrorKind::Tensor,
+                format!("storage {index}: not in the file"),
+            )
+        };
+        let kept = || {
+            self.fetched
+                .storages
+                .get(index)
+                .is_some_and(|c| c.get().is_some())
+        };
+        let (offset, nbytes) = self.file_range(index).ok_or_else(missing)?;
+        if self.source.view().held(offset, nbytes).is_some() {
+            return Ok(None);
+        }
+        let run = {
+            let mut claimed = self.fetched.claims()?;
+            loop {
+                if kept() {
+                    return Ok(None);
+                }
+                if let Some(bytes) = self.fetched.take_loose(index) {
+                    return Ok(Some(bytes));
+                }
+                if !claimed.get(index).copied().unwrap_or(false) {
+                    break;
+                }
+                claimed =
+                    self.fetched.landed.wait(claimed).map_err(|_| {
+                        Error::new(ErrorKind::Io, "a thread fetching storages failed")
+                    })?;
+            }
+            // Its neighbours wait loose for their readers: no more of
+            // them than may wait.
+            let cap = MAX_COALESCED.min(self.fetched.loose_cap);
+            let run = self.plan_run(index, &claimed, cap, |_| true);
+            for &(i, _, _) in &run.members {
+                if let Some(c) = claimed.get_mut(i) {
+                    *c = true;
+                }
+            }
+            run
+        };
+        let _claims = Claims {
+            fetched: &self.fetched,
+            runs: std::slice::from_ref(&run),
+            from: None,
+        };
+        let hand = Hand::Over {
+            target: Some(index),
+            make_room: true,
+        };
+        let (_, bytes) = self.fetch_run(&run, fetcher, hand)?;
+        self.fetched.mark_handed(index);
+        bytes.map(Some).ok_or_else(missing)
+    }
+
+    /// For a file read by ranges: fetch the `storages` listed that are not
+    /// fetched yet, with up to [`Limits::max_fetches_in_flight`] requests
+    /// in flight, so that reading them later costs no request. Storages
+    /// close in the file are fetched together (each request at most
+    /// [`Limits::max_fetch_request_bytes`] unless one storage is larger),
+    /// each byte once, also when other
+    /// threads read tensors meanwhile: a storage being fetched is waited
+    /// for, never fetched twice. Returns the bytes fetched; a mapped or
+    /// in-memory file fetches nothing (a file opened with
+    /// [`OpenOptions::positioned`] is read by ranges, and is prefetched).
+    ///
+    /// What is fetched stays with the checkpoint, as every storage read
+    /// does: the caller bounds the memory by the list it passes (say the
+    /// next few hundred megabytes ahead of its reads). `stop`, once set
+    /// (from any thread), starts no further request. The first failed
+    /// request is the error (naming the file); the others still in flight
+    /// end first, and what did not land is fetched again when read.
+    pub fn prefetch(
+        &self,
+        storages: &[usize],
+        stop: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<u64> {
+        use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+        let Some(fetcher) = self.source.fetcher() else {
+            return Ok(0);
+        };
+        let mut wanted = vec![false; self.storages.len()];
+        for &i in storages {
+            if let Some(w) = wanted.get_mut(i) {
+                *w = true;
+            }
+        }
+        let take = |i: usize| wanted.get(i).copied().unwrap_or(false);
+        let view = self.source.view();
+        let runs: Vec<Run> = {
+            let mut claimed = self.fetched.claims()?;
+            let mut runs = Vec::new();
+            for &i in &self.fetched.order {
+                let held = self
+                    .file_range(i)
+                    .is_some_and(|(o, n)| view.held(o, n).is_some());
+                if !take(i) || held || self.fetched.done(i) || claimed.get(i) != Some(&false) {
+                    continue;
+                }
+                let run = self.plan_run(i, &claimed, self.limits.max_fetch_request_bytes, take);
+                for &(m, _, _) in &run.members {
+                    if let Some(c) = claimed.get_mut(m) {
+                        *c = true;
+                    }
+                }
+                runs.push(run);
+            }
+            runs
+        };
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let fetched = AtomicU64::new(0);
+        let first_error: std::sync::Mutex<Option<Error>> = std::sync::Mutex::new(None);
+        // Every run is taken by exactly one worker and released by it,
+        // fetched or not: no reader waits for a claim nobody holds.
+        let work = || {
+            while let Some(run) = runs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let _claims = Claims {
+                    fetched: &self.fetched,
+                    runs: std::slice::from_ref(run),
+                    from: None,
+                };
+                let stopped = stop.is_some_and(|s| s.load(Ordering::Relaxed));
+                if !stopped && !failed.load(Ordering::Relaxed) {
+                    match self.fetch_run(run, fetcher, Hand::Keep).map(|(n, _)| n) {
+                        Ok(n) => {
+                            fetched.fetch_add(n, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            failed.store(true, Ordering::Relaxed);
+                            if let Ok(mut slot) = first_error.lock() {
+                                slot.get_or_insert(e);
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let threads = self
+            .limits
+            .max_fetches_in_flight
+            .clamp(1, 64)
+            .min(runs.len());
+        // Runs no worker took (every worker panicked) are released too.
+        let _untaken = Claims {
+            fetched: &self.fetched,
+            runs: &runs,
+            from: Some(&next),
+        };
+        std::thread::scope(|scope| {
+            // This thread is one of the workers; a helper the system
+            // refuses to start leaves fewer in flight, not runs untaken.
+            for _ in 1..threads {
+                let _ = std::thread::Builder::new()
+                    .name("ptload-fetch".into())
+                    .spawn_scoped(scope, work);
+            }
+            work();
+        });
+        match first_error.into_inner().ok().flatten() {
+            Some(e) => Err(e),
+            None => Ok(fetched.into_inner()),
+        }
+    }
+
+    /// For a file read by ranges: fetch the `storages` listed, in the
+    /// order given, ahead of a reader that reads them in about that order
+    /// beside it (several requests in flight, neighbours in the file
+    /// fetched together, each request at most
+    /// [`Limits::max_fetch_request_bytes`] unless one storage is larger),
+    /// handing each to the first reader that takes it (a hash, a writer,
+    /// a copy, a tensor made of it), which drops it when done: at most
+    /// [`read_ahead_bytes`](Self::read_ahead_bytes) wait to be taken, and
+    /// the read-ahead pauses while they do. A storage larger than that is
+    /// left to its reader. A borrowing reader keeps what it takes, as for
+    /// any storage it reads. Returns the bytes fetched; a mapped or
+    /// in-memory file fetches nothing. `stop`, once set, starts no further
+    /// request (and ends a pause); the first failed request ends the
+    /// read-ahead (its reader fetches what it needs itself).
+    pub fn read_ahead(
+        &self,
+        storages: &[usize],
+        stop: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<u64> {
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+        let Some(fetcher) = self.source.fetcher() else {
+            return Ok(0);
+        };
+        let cap = self.fetched.loose_cap;
+        let mut wanted = vec![false; self.storages.len()];
+        for &i in storages {
+            if let Some(w) = wanted.get_mut(i) {
+                *w = true;
+            }
+        }
+        let take = |i: usize| wanted.get(i).copied().unwrap_or(false);
+        let view = self.source.view();
+        // The runs, planned now in the reader's order; each is claimed
+        // only when its request starts, so a reader never waits for a
+        // run that is paused.
+        let runs: Vec<Run> = {
+            let claimed = self.fetched.claims()?;
+            let mut planned = vec![false; self.storages.len()];
+            let mut runs = Vec::new();
+            for &i in storages {
+                let small = self
+                    .file_range(i)
+                    .is_some_and(|(o, n)| n > 0 && n <= cap && view.held(o, n).is_none());
+                if !small || planned.get(i) != Some(&false) || self.fetched.done(i) {
+                    continue;
+                }
+                let run = self.plan_run(
+                    i,
+                    &claimed,
+                    self.limits.max_fetch_request_bytes.min(cap),
+                    |j| take(j) && !planned.get(j).copied().unwrap_or(true),
+                );
+                for &(m, _, _) in &run.members {
+                    if let Some(p) = planned.get_mut(m) {
+                        *p = true;
+                    }
+                }
+                runs.push(run);
+            }
+            runs
+        };
+        let next = AtomicUsize::new(0);
+        let fetched = AtomicU64::new(0);
+        let first_error: std::sync::Mutex<Option<Error>> = std::sync::Mutex::new(None);
+        let stopped = || {
+            stop.is_some_and(|s| s.load(Ordering::Relaxed))
+                || first_error.lock().map_or(true, |e| e.is_some())
+        };
+        let work = || {
+            while let Some(run) = runs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let need = run.end - run.offset;
+                if stopped() || !self.fetched.wait_for_room(need, stop) {
+                    return;
+                }
+                struct Reserved<'f>(&'f Fetched, u64);
+                impl Drop for Reserved<'_> {
+                    fn drop(&mut self) {
+                        self.0.unreserve(self.1);
+                    }
+                }
+                let _reserved = Reserved(&self.fetched, need);
+                // Claimed now, unless its reader got there first.
+                {
+                    let Ok(mut claimed) = self.fetched.claims() else {
+                        return;
+                    };
+                    let taken = run.members.iter().any(|&(m, _, _)| {
+                        self.fetched.done(m) || claimed.get(m).copied().unwrap_or(true)
+                    });
+                    if taken {
+                        continue;
+                    }
+                    for &(m, _, _) in &run.members {
+                        if let Some(c) = claimed.get_mut(m) {
+                            *c = true;
+                        }
+                    }
+                }
+                let _claims = Claims {
+                    fetched: &self.fetched,
+                    runs: std::slice::from_ref(run),
+                    from: None,
+                };
+                let hand = Hand::Over {
+                    target: None,
+                    make_room: false,
+                };
+                match self.fetch_run(run, fetcher, hand) {
+                    Ok((n, _)) => {
+                        fetched.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        if let Ok(mut slot) = first_error.lock() {
+                            slot.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+        };
+        let threads = self
+            .limits
+            .max_fetches_in_flight
+            .clamp(1, 64)
+            .min(runs.len());
+        std::thread::scope(|scope| {
+            for _ in 1..threads {
+                let _ = std::thread::Builder::new()
+                    .name("ptload-read-ahead".into())
+                    .spawn_scoped(scope, work);
+            }
+            work();
+        });
+        match first_error.into_inner().ok().flatten() {
+            Some(e) => Err(e),
+            None => Ok(fetched.into_inner()),
+        }
+    }
+
+    /// Most bytes of storages fetched ahead of their readers and not yet
+    /// taken ([`read_ahead`](Self::read_ahead), and the neighbours a read
+    /// fetches with its storage): [`Limits::max_fetches_in_flight`] times
+    /// [`Limits::max_fetch_request_bytes`] (64 MiB by default).
+    pub fn read_ahead_bytes(&self) -> u64 {
+        read_ahead_bytes(&self.limits)
+    }
+
+    /// Bytes of storages fetched ahead and waiting for their readers, or
+    /// in flight for a read-ahead, now (at most
+    /// [`read_ahead_bytes`](Self::read_ahead_bytes), or one storage when
+    /// none other is).
+    pub fn waiting_bytes(&self) -> u64 {
+        self.fetched.loose_bytes()
+    }
+
+    /// The elements of `info`, a view of a storage of a file read by
+    /// ranges, row-major and as they lie in the file (its byte order, no
+    /// conj/neg bit applied), fetched on their own when that reads less
+    /// than the whole storage: a rank's slice, a view of a small part of
+    /// a large storage. The runs of elements the view reads are fetched
+    /// in ranges, runs closer than [`COALESCE_GAP`] in one (so a column
+    /// split whose rows lie close together fetches the span covering
+    /// them), and nothing is kept: the storage is never fetched whole for
+    /// it. When the view's ranges would cover all of it, or it was
+    /// fetched ahead and waits for its reader, the storage is taken whole
+    /// ([`take_storage`](Self::take_storage)) and kept nowhere. `None`
+    /// when the storage is kept already (or held since opening), and for
+    /// anything but a stored storage of a file read by ranges.
+    pub(crate) fn fetch_span(&self, info: &TensorInfo) -> Option<Result<Vec<u8>>> {
+        let fetcher = self.source.fetcher()?;
+        let index = info.storage?;
+        let s = self.storages.get(index)?;
+        let StorageData::File(_) = s.data else {
+            return None;
+        };
+        let base = s.file_offset?;
+        // Being fetched whole (a prefetch): wait for it rather than fetch
+        // its bytes twice.
+        let claimed = || {
+            self.fetched
+                .claimed
+                .lock()
+                .map_or(true, |c| c.get(index).copied().unwrap_or(false))
+        };
+        if info.numel == 0
+            || self.fetched.storages.get(index)?.get().is_some()
+            || self.source.view().held(base, s.nbytes).is_some()
+        {
+            return None;
+        }
+        // The whole storage, owned by this read and kept nowhere: taken
+        // from what was fetched ahead, or fetched now; the view's runs of
+        // it unless it is the whole of it.
+        let whole = || {
+            let whole_view =
+                info.storage_offset == 0 && info.is_contiguous() && info.nbytes == s.nbytes;
+            match self.take_storage(index, fetcher) {
+                Ok(None) => None,
+                Ok(Some(bytes)) if whole_view => Some(Ok(bytes)),
+                Ok(Some(bytes)) => Some(info.gather(&bytes)),
+                Err(e) => Some(Err(e)),
+            }
+        };
+        // Being fetched whole (a read-ahead), or fetched already: wait for
+        // it rather than fetch its bytes twice.
+        if claimed() || self.fetched.is_loose(index) {
+            return whole();
+        }
+        // The ranges the runs fall in, in storage offsets. Runs that do
+        // not come in increasing order (a transposed view) are covered by
+        // one range from the first byte read to the last.
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut ascending = true;
+        let (mut low, mut high) = (u64::MAX, 0u64);
+        let walked = info.run_bounds(s.nbytes, |start, len| {
+            let end = start.saturating_add(len);
+            low = low.min(start);
+            high = high.max(end);
+            match ranges.last_mut() {
+                Some(last) if start < last.1 => ascending = false,
+                Some(last) if start <= last.1.saturating_add(COALESCE_GAP) => last.1 = end,
+                _ if ascending => ranges.push((start, end)),
+                _ => {}
+            }
+            Ok(())
+        });
+        if let Err(e) = walked {
+            return Some(Err(e));
+        }
+        if !ascending {
+            ranges = vec![(low, high)];
+        }
+        let total: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+        if total >= s.nbytes {
+            return whole();
+        }
+        Some(self.gather_ranges(fetcher, base, &ranges, info))
+    }
+
+    /// The elements of `info`, a contiguous view of a storage of a file
+    /// read by ranges that is larger than one request
+    /// ([`Limits::max_fetch_request_bytes`]) and not at hand (not kept,
+    /// not waiting for its reader, not being fetched), handed to `f` in
+    /// pieces of at most that size, fetched one after another and dropped
+    /// once handed on: its reader never holds the whole of it. `None`
+    /// otherwise (the elements are read whole).
+    pub(crate) fn stream_span(
+        &self,
+        info: &TensorInfo,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Option<Result<()>> {
+        let fetcher = self.source.fetcher()?;
+        let index = info.storage?;
+        let s = self.storages.get(index)?;
+        let StorageData::File(_) = s.data else {
+            return None;
+        };
+        let piece = self.limits.max_fetch_request_bytes.max(1 << 20);
+        if info.nbytes <= piece || !info.is_contiguous() {
+            return None;
+        }
+        let base = s.file_offset?;
+        let start = info
+            .storage_offset
+            .checked_mul(info.dtype.size() as u64)
+            .filter(|&o| o.checked_add(info.nbytes).is_some_and(|e| e <= s.nbytes))?;
+        let claimed = self
+            .fetched
+            .claimed
+            .lock()
+            .map_or(true, |c| c.get(index).copied().unwrap_or(true));
+        if claimed || self.fetched.done(index) || self.source.view().held(base, s.nbytes).is_some()
+        {
+            return None;
+        }
+        // Whole elements in every piece, so that each can be put in host
+        // order on its own.
+        let elem = (info.dtype.size() as u64).max(1);
+        let piece = piece - piece % elem;
+        let from = base.checked_add(start)?;
+        let end = from.checked_add(info.nbytes)?;
+        let mut at = from;
+        while at < end {
+            let to = at.saturating_add(piece).min(end);
+            match read_unheld(self.source.view(), fetcher, at, to) {
+                Ok(bytes) => f(&bytes),
+                Err(e) => return Some(Err(e)),
+            }
+            at = to;
+        }
+        Some(Ok(()))
+    }
+
+    /// Fetch `ranges` of the storage at file offset `base` and gather the
+    /// runs of `info` from them.
+    fn gather_ranges(
+        &self,
+        fetcher: &Fetcher,
+        base: u64,
+        ranges: &[(u64, u64)],
+        info: &TensorInfo,
+    ) -> Result<Vec<u8>> {
+        let extent = || {
+            Error::new(ErrorKind::Tensor, "tensor extent outside its storage")
+                .for_tensor(&info.name)
+        };
+        let mut fetched = Vec::with_capacity(ranges.len());
+        for &(a, b) in ranges {
+            let at = base.checked_add(a).ok_or_else(extent)?;
+            let to = base.checked_add(b).ok_or_else(extent)?;
+            fetched.push((a, read_unheld(self.source.view(), fetcher, at, to)?));
+        }
+        let size = usize::try_from(info.nbytes).map_err(|_| extent())?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(size).map_err(|_| {
+            Error::new(
+                ErrorKind::Tensor,
+                format!("cannot hold {size} bytes in memory"),
+            )
+            .for_tensor(&info.name)
+        })?;
+        let storage_len = ranges.last().map_or(0, |r| r.1);
+        info.run_bounds(storage_len, |start, len| {
+            let i = fetched.partition_point(|(a, _)| *a <= start);
+            let (a, bytes) = fetched
+                .get(i.checked_sub(1).ok_or_else(extent)?)
+                .ok_or_else(extent)?;
+            let from = usize::try_from(start - a).map_err(|_| extent())?;
+            let to = usize::try_from(len)
+                .ok()
+                .and_then(|n| from.checked_add(n))
+                .ok_or_else(extent)?;
+            let run = bytes.get(from..to).ok_or_else(extent)?;
+            if out.len() + run.len() > size {
+                return Err(extent());
+            }
+            out.extend_from_slice(run);
+            Ok(())
+        })?;
+        if out.len() != size {
+            return Err(extent());
+        }
+        Ok(out)
+    }
+
+    /// For a file read by ranges (a URL): the bytes fetched so far and
+    /// the number of reads that fetched them; `None` for a mapped or
+    /// in-memory file (a file opened with [`OpenOptions::positioned`]
+    /// counts its reads).
+    pub fn fetched_bytes(&self) -> Option<(u64, u64)> {
+        self.source
+            .fetcher()
+            .map(|f| (f.bytes_read(), f.requests()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A file in memory read by ranges; every read is logged.
+    #[derive(Debug)]
+    struct Logged(Vec<u8>, Mutex<Vec<(u64, u64)>>);
+
+    impl RangeRead for Logged {
+        fn len(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+            self.1.lock().unwrap().push((offset, len));
+            Ok(self.0[offset as usize..(offset + len) as usize].to_vec())
+        }
+        fn name(&self) -> &str {
+            "memory://llama_wide.pt"
+        }
+    }
+
+    /// Views of a part of a large storage, read by ranges, fetch the runs
+    /// they read (far apart: one range each; close together or out of
+    /// order: the span covering them), give the local file's elements,
+    /// and leave the storage unfetched.
+
+    #[test]
+    fn a_view_of_part_of_a_storage_fetches_its_spans_only() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/files/llama_wide.pt"
+        );
+        let bytes = std::fs::read(path).unwrap();
+        let local = Checkpoint::open(path).unwrap();
+        let reader = Arc::new(Logged(bytes, Mutex::new(Vec::new())));
+        let ranged = OpenOptions::new().open_ranged(reader.clone()).unwrap();
+        let embed = ranged
+            .tensor("model.embed_tokens.weight")
+            .unwrap()
+            .info()
+            .clone();
+        let storage = embed.storage.unwrap();
+        assert_eq!(
+            (embed.shape.clone(), embed.dtype),
+            (vec![32000, 64], DType::BF16)
+        );
+        let row = 64 * 2;
+        let view = |shape: Vec<u64>, stride: Vec<u64>, offset: u64| TensorInfo {
+            numel: shape.iter().product(),
+            nbytes: shape.iter().product::<u64>() * 2,
+            shape,
+            stride,
+            storage_offset: offset,
+            ..embed.clone()
+        };
+        // The first 128 KiB of the file were fetched while opening.
+        let base = ranged.storages()[storage].file_offset.unwrap();
+        let head = 128 << 10;
+        assert!(base < head);
+        let far = 2000 * 64; // row 2000: past the head
+                             // (view, reads, bytes fetched)
+        let cases = [
+            // Four rows 8000 rows apart: four reads of one row.
+            (view(vec![4, 64], vec![8000 * 64, 1], far), 4, 4 * row),
+            // The first half of each of 1000 rows: the span covering them.
+            (
+                view(vec![1000, 32], vec![64, 1], far),
+                1,
+                999 * row + row / 2,
+            ),
+            // Transposed: the runs go back and forth, one covering span.
+            (view(vec![64, 4], vec![1, 64], far), 1, 4 * row),
+            // Starting in the head: only what the head lacks is fetched.
+            (
+                view(vec![2000, 32], vec![64, 1], 0),
+                1,
+                base + 1999 * row + row / 2 - head,
+            ),
+        ];
+        for (info, reads, fetched) in cases {
+            let before = reader.1.lock().unwrap().len();
+            let (bytes_before, _) = ranged.fetched_bytes().unwrap();
+            let there = TensorView {
+                ckpt: &ranged,
+                info: &info,
+            };
+            let here = TensorView {
+                ckpt: &local,
+                info: &info,
+            };
+            assert_eq!(there.data().unwrap(), here.data().unwrap(), "{info:?}");
+            let mut visited = Vec::new();
+            there.visit_bytes(|b| visited.extend_from_slice(b)).unwrap();
+            assert_eq!(visited, here.data().unwrap().into_owned());
+            let (bytes_after, _) = ranged.fetched_bytes().unwrap();
+            // Each of the two reads fetched alike.
+            assert_eq!(
+                reader.1.lock().unwrap().len() - before,
+                2 * reads,
+                "{info:?}"
+            );
+            assert_eq!(bytes_after - bytes_before, 2 * fetched, "{info:?}");
+            assert!(ranged.fetched.storages[storage].get().is_none());
+        }
+        // A view past its storage's end is an error, not a read.
+        let past = view(vec![2, 64], vec![32000 * 64, 1], 0);
+        let err = TensorView {
+            ckpt: &ranged,
+            info: &past,
+        }
+        .data()
+        .unwrap_err();
+        assert!(err.to_string().contains("outside its storage"), "{err}");
+        // The whole tensor read by an owner: its storage fetched whole,
+        // handed over and kept nowhere (a second read fetches it again).
+        let whole = ranged.tensor("model.embed_tokens.weight").unwrap();
+        let here = local.tensor("model.embed_tokens.weight").unwrap();
+        let nbytes = ranged.storages()[storage].nbytes;
+        for _ in 0..2 {
+            let (before, _) = ranged.fetched_bytes().unwrap();
+            assert_eq!(whole.data().unwrap(), here.data().unwrap());
+            let (after, _) = ranged.fetched_bytes().unwrap();
+            assert!(after - before > nbytes / 2, "{} fetched", after - before);
+            assert!(ranged.fetched.storages[storage].get().is_none());
+            assert!(!ranged.fetched.is_loose(storage));
+        }
+        // A borrowing reader keeps it: read once, then at hand.
+        assert_eq!(whole.storage_bytes().unwrap().len() as u64, nbytes);
+        assert!(ranged.fetched.storages[storage].get().is_some());
+        let (before, _) = ranged.fetched_bytes().unwrap();
+        assert_eq!(whole.data().unwrap(), here.data().unwrap());
+        assert_eq!(ranged.fetched_bytes().unwrap().0, before);
+    }
+
+    /// A read-ahead beside a reader: every storage read equals the local
+    /// file's, each fetched once, and no more than the read-ahead's bytes
+    /// ever wait to be taken; nothing is kept once read.
+    #[test]
+    fn a_read_ahead_hands_storages_over_and_holds_a_bounded_amount() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/files/llama_wide.pt"
+        );
+        let bytes = std::fs::read(path).unwrap();
+        let local = Checkpoint::open(path).unwrap();
+        // A small read-ahead: four requests of 64 KiB, so the storages
+        // wait for their reader and the read-ahead pauses.
+        let limits = Limits {
+            max_fetch_request_bytes: 64 << 10,
+            ..Limits::default()
+        };
+        let reader = Arc::new(Logged(bytes.clone(), Mutex::new(Vec::new())));
+        let ranged = OpenOptions::new()
+            .limits(limits)
+            .open_ranged(reader.clone())
+            .unwrap();
+        let cap = ranged.read_ahead_bytes();
+        assert_eq!(cap, 256 << 10);
+        let order: Vec<usize> = (0..ranged.len())
+            .filter_map(|i| ranged.tensor_at(i)?.info().storage)
+            .collect();
+        let (opened, _) = ranged.fetched_bytes().unwrap();
+        let mut most = 0;
+        while_prefetching(&[(&ranged, order.as_slice())], || {
+            for i in 0..ranged.len() {
+                let there = ranged.tensor_at(i).unwrap();
+                let here = local.tensor_at(i).unwrap();
+                let mut got = Vec::new();
+                there.visit_bytes(|b| got.extend_from_slice(b)).unwrap();
+                assert_eq!(got, here.data().unwrap().into_owned(), "{}", there.name());
+                most = most.max(ranged.waiting_bytes());
+            }
+        });
+        assert!(most <= cap, "{most} waiting");
+        let kept: Vec<usize> = (0..ranged.storages().len())
+            .filter(|&i| ranged.fetched.storages[i].get().is_some())
+            .collect();
+        assert!(
+            kept.is_empty(),
+            "kept: {kept:?} of {}",
+            ranged.storages().len()
+        );
+        // Each stored byte fetched once (the storages tile the file's
+        // data), plus what opening fetched.
+        let stored: u64 = ranged.storages().iter().map(|s| s.nbytes).sum();
+        let (all, _) = ranged.fetched_bytes().unwrap();
+        assert!(
+            all - opened <= stored,
+            "{} fetched for {stored}",
+            all - opened
+        );
+    }
+}
