@@ -504,22 +504,24 @@ impl Checkpoint {
     }
 
     /// A copy of storage `index`'s bytes, each `swap_unit`-byte element
-    /// reversed when the file is big-endian.
+    /// reversed when the file is big-endian, as a `bytearray` a tensor can
+    /// be made over (writable: no further copy). A file read by ranges
+    /// hands the storage over: nothing is kept behind it.
     fn storage_bytes<'py>(
         &self,
         py: Python<'py>,
         index: usize,
         swap_unit: usize,
-    ) -> PyResult<Bound<'py, PyBytes>> {
+    ) -> PyResult<Bound<'py, PyByteArray>> {
         let inner = self.inner.clone();
         let bytes = py.allow_threads(move || -> Result<Vec<u8>, ptload_reader::Error> {
-            let mut bytes = inner.storage_bytes(index)?.to_vec();
+            let mut bytes = inner.read_storage(index)?.into_owned();
             if inner.byte_order() == ByteOrder::Big && swap_unit > 1 {
                 bytes.chunks_exact_mut(swap_unit).for_each(<[u8]>::reverse);
             }
             Ok(bytes)
         });
-        Ok(PyBytes::new(py, &bytes.map_err(to_py)?))
+        Ok(PyByteArray::new(py, &bytes.map_err(to_py)?))
     }
 
     /// The unpickled object: (root node id, nodes, tensors). Each node is a

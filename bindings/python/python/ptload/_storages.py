@@ -492,10 +492,11 @@ class _Storages:
             # Misaligned in a mapped file (a legacy file's storages): read
             # into memory of its own, one copy.
             return self._read(offset, nbytes)
+        # A bytearray of its own: the tensor is made over it, no copy.
         data = self.ckpt.storage_bytes(index, elem_size)
         if self.remote and self.bar is not None:
             self.bar.update(nbytes)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return torch.frombuffer(data, dtype=torch.uint8)
 
     def _place(self, index, storage, target):
         if target == "cpu":

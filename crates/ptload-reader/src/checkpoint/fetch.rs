@@ -496,6 +496,24 @@ impl Checkpoint {
         Ok((len, target))
     }
 
+    /// The bytes of storage `index`, in the file's byte order, for a reader
+    /// that copies them out (into tensors of its own) and is done: borrowed
+    /// where the checkpoint holds them (a map, memory, a storage a
+    /// borrowing reader kept), or for a file read by ranges fetched for
+    /// this reader and kept nowhere, as [`TensorView::data`] does
+    /// (see docs/architecture.md, "Storages handed over, not kept").
+    /// [`storage_bytes`](Self::storage_bytes) keeps them instead.
+    pub fn read_storage(&self, index: usize) -> Result<std::borrow::Cow<'_, [u8]>> {
+        if let (Some(fetcher), Some(s)) = (self.source.fetcher(), self.storages.get(index)) {
+            if let StorageData::File(_) = s.data {
+                if let Some(owned) = self.take_storage(index, fetcher)? {
+                    return Ok(std::borrow::Cow::Owned(owned));
+                }
+            }
+        }
+        self.storage_bytes(index).map(std::borrow::Cow::Borrowed)
+    }
+
     /// The bytes of storage `index` of a file read by ranges, for a reader
     /// that owns them and drops them when done (a hash, a writer, a copy):
     /// taken from those fetched ahead of it, or fetched now (with the
@@ -1160,6 +1178,31 @@ mod tests {
         let (before, _) = ranged.fetched_bytes().unwrap();
         assert_eq!(whole.data().unwrap(), here.data().unwrap());
         assert_eq!(ranged.fetched_bytes().unwrap().0, before);
+    }
+
+    /// `read_storage` borrows what a checkpoint holds and hands a ranged
+    /// file's storage over, keeping nothing.
+    #[test]
+    fn read_storage_hands_a_ranged_storage_over() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/files/llama_wide.pt"
+        );
+        let bytes = std::fs::read(path).unwrap();
+        let local = Checkpoint::open(path).unwrap();
+        let ranged = OpenOptions::new()
+            .open_ranged(Arc::new(Logged(bytes, Mutex::new(Vec::new()))))
+            .unwrap();
+        for i in 0..local.storages().len() {
+            let here = local.read_storage(i).unwrap();
+            assert!(matches!(here, std::borrow::Cow::Borrowed(_)));
+            let there = ranged.read_storage(i).unwrap();
+            assert_eq!(here, there, "storage {i}");
+            assert!(
+                ranged.fetched.storages[i].get().is_none(),
+                "storage {i} kept"
+            );
+        }
     }
 
     /// A read-ahead beside a reader: every storage read equals the local
