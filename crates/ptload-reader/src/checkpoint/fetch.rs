@@ -343,27 +343,9 @@ impl Checkpoint {
         if let Some(done) = keep_loose() {
             return Ok(done);
         }
-        let run = {
-            let mut claimed = self.fetched.claims()?;
-            loop {
-                if let Some(done) = landed().or_else(keep_loose) {
-                    return Ok(done);
-                }
-                if !claimed.get(index).copied().unwrap_or(false) {
-                    break;
-                }
-                claimed =
-                    self.fetched.landed.wait(claimed).map_err(|_| {
-                        Error::new(ErrorKind::Io, "a thread fetching storages failed")
-                    })?;
-            }
-            let run = self.plan_run(index, &claimed, MAX_COALESCED, |_| true);
-            for &(i, _, _) in &run.members {
-                if let Some(c) = claimed.get_mut(i) {
-                    *c = true;
-                }
-            }
-            run
+        let run = match self.claim_run(index, MAX_COALESCED, || landed().or_else(keep_loose))? {
+            Ok(done) => return Ok(done),
+            Err(run) => run,
         };
         {
             let _claims = Claims {
@@ -374,6 +356,39 @@ impl Checkpoint {
             self.fetch_run(&run, fetcher, Hand::Keep)?;
         }
         landed().ok_or_else(missing)
+    }
+
+    /// Wait while storage `index` is being fetched; then `at_hand`'s
+    /// answer when it has one, or the run that fetches it (with its
+    /// neighbours, up to `cap` bytes: see [`plan_run`](Self::plan_run)),
+    /// claimed for the caller, who fetches it and releases the claims.
+    fn claim_run<T>(
+        &self,
+        index: usize,
+        cap: u64,
+        at_hand: impl Fn() -> Option<T>,
+    ) -> Result<std::result::Result<T, Run>> {
+        let mut claimed = self.fetched.claims()?;
+        loop {
+            if let Some(done) = at_hand() {
+                return Ok(Ok(done));
+            }
+            if !claimed.get(index).copied().unwrap_or(false) {
+                break;
+            }
+            claimed = self
+                .fetched
+                .landed
+                .wait(claimed)
+                .map_err(|_| Error::new(ErrorKind::Io, "a thread fetching storages failed"))?;
+        }
+        let run = self.plan_run(index, &claimed, cap, |_| true);
+        for &(i, _, _) in &run.members {
+            if let Some(c) = claimed.get_mut(i) {
+                *c = true;
+            }
+        }
+        Ok(Err(run))
     }
 
     /// Where storage `i` lies in the file: its offset and length.
@@ -538,33 +553,20 @@ impl Checkpoint {
         if self.source.view().held(offset, nbytes).is_some() {
             return Ok(None);
         }
-        let run = {
-            let mut claimed = self.fetched.claims()?;
-            loop {
-                if kept() {
-                    return Ok(None);
-                }
-                if let Some(bytes) = self.fetched.take_loose(index) {
-                    return Ok(Some(bytes));
-                }
-                if !claimed.get(index).copied().unwrap_or(false) {
-                    break;
-                }
-                claimed =
-                    self.fetched.landed.wait(claimed).map_err(|_| {
-                        Error::new(ErrorKind::Io, "a thread fetching storages failed")
-                    })?;
+        // Kept (borrow it), or handed over from those fetched ahead.
+        let at_hand = || {
+            if kept() {
+                Some(None)
+            } else {
+                self.fetched.take_loose(index).map(Some)
             }
-            // Its neighbours wait loose for their readers: no more of
-            // them than may wait.
-            let cap = MAX_COALESCED.min(self.fetched.loose_cap);
-            let run = self.plan_run(index, &claimed, cap, |_| true);
-            for &(i, _, _) in &run.members {
-                if let Some(c) = claimed.get_mut(i) {
-                    *c = true;
-                }
-            }
-            run
+        };
+        // Its neighbours wait loose for their readers: no more of them
+        // than may wait.
+        let cap = MAX_COALESCED.min(self.fetched.loose_cap);
+        let run = match self.claim_run(index, cap, at_hand)? {
+            Ok(done) => return Ok(done),
+            Err(run) => run,
         };
         let _claims = Claims {
             fetched: &self.fetched,
