@@ -665,31 +665,32 @@ impl Checkpoint {
                 }
             }
         };
-        let threads = self
-            .limits
-            .max_fetches_in_flight
-            .clamp(1, 64)
-            .min(runs.len());
         // Runs no worker took (every worker panicked) are released too.
         let _untaken = Claims {
             fetched: &self.fetched,
             runs: &runs,
             from: Some(&next),
         };
-        std::thread::scope(|scope| {
-            // This thread is one of the workers; a helper the system
-            // refuses to start leaves fewer in flight, not runs untaken.
-            for _ in 1..threads {
-                let _ = std::thread::Builder::new()
-                    .name("ptload-fetch".into())
-                    .spawn_scoped(scope, work);
-            }
-            work();
-        });
+        self.on_workers("ptload-fetch", runs.len(), work);
         match first_error.into_inner().ok().flatten() {
             Some(e) => Err(e),
             None => Ok(fetched.into_inner()),
         }
+    }
+
+    /// Run `work` on as many threads as requests may be in flight (at
+    /// most `jobs`): this thread is one of them, and a helper the system
+    /// refuses to start leaves fewer in flight, never work undone.
+    fn on_workers(&self, name: &str, jobs: usize, work: impl Fn() + Sync) {
+        let threads = self.limits.max_fetches_in_flight.clamp(1, 64).min(jobs);
+        std::thread::scope(|scope| {
+            for _ in 1..threads {
+                let _ = std::thread::Builder::new()
+                    .name(name.into())
+                    .spawn_scoped(scope, &work);
+            }
+            work();
+        });
     }
 
     /// For a file read by ranges: fetch the `storages` listed, in the
@@ -811,19 +812,7 @@ impl Checkpoint {
                 }
             }
         };
-        let threads = self
-            .limits
-            .max_fetches_in_flight
-            .clamp(1, 64)
-            .min(runs.len());
-        std::thread::scope(|scope| {
-            for _ in 1..threads {
-                let _ = std::thread::Builder::new()
-                    .name("ptload-read-ahead".into())
-                    .spawn_scoped(scope, work);
-            }
-            work();
-        });
+        self.on_workers("ptload-read-ahead", runs.len(), work);
         match first_error.into_inner().ok().flatten() {
             Some(e) => Err(e),
             None => Ok(fetched.into_inner()),
