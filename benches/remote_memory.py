@@ -13,6 +13,11 @@ on loopback:
 - `ptload convert URL out.safetensors` (every tensor written);
 - `ptload load --hash --map-location cpu URL` (a load to the host holds
   what it loaded);
+- with --simcuda DIR (the simulated driver, simcuda/target/release):
+  `ptload load --hash --map-location cuda:0 URL`. The simulator keeps the
+  device's memory in the process's own, so the table also gives the peak
+  less the bytes placed on the device (`totals.stored_bytes` of `inspect
+  --json`): what the host held besides the GPU;
 - the local file's `inspect --hash`, for reference (the map: RSS counts
   the pages it touched, which the kernel may drop).
 
@@ -31,6 +36,7 @@ file, the median time and the MiB sent.
 """
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -46,7 +52,7 @@ from remote import Nginx, write_checkpoint  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def peak_mib(argv):
+def peak_mib(argv, env=None):
     """Run argv to completion; the peak resident set of that child, MiB.
 
     Each measurement runs in a fresh Python so that ru_maxrss of its
@@ -56,7 +62,8 @@ def peak_mib(argv):
         "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)\n"
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe, *argv], check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", probe, *argv], check=True, capture_output=True, text=True,
+                         env=env)
     return int(out.stdout.strip().splitlines()[-1]) / 1024
 
 
@@ -67,6 +74,7 @@ def main():
     ap.add_argument("--dir", default="/tmp/ptload-bench-remote-memory")
     ap.add_argument("--layers-mb", type=int, default=500, help="size of the 8 MiB-layer file (MB)")
     ap.add_argument("--runs", type=int, default=3, help="timed runs per command (default 3)")
+    ap.add_argument("--simcuda", help="simulated driver's folder: also load each URL onto its cuda:0")
     args = ap.parse_args()
     binaries = args.ptload or [str(ROOT / "target" / "release" / "ptload")]
     os.makedirs(args.dir, exist_ok=True)
@@ -89,20 +97,30 @@ def main():
                 ("load --hash URL", ["load", "--hash", "--map-location", "cpu", url]),
                 ("inspect --hash FILE", ["inspect", "--hash", path]),
             ]
+            gpu_env = None
+            if args.simcuda:
+                gpu_env = dict(os.environ, LD_LIBRARY_PATH=os.path.abspath(args.simcuda))
+                cases.insert(3, ("load --hash URL to cuda:0 (simulated)",
+                                 ["load", "--hash", "--map-location", "cuda:0", url]))
+            totals = subprocess.run([binaries[0], "inspect", "--json", path], check=True, capture_output=True,
+                                    text=True).stdout
+            on_device = json.loads(totals)["totals"]["stored_bytes"] / (1 << 20)
             for label, argv in cases:
+                env = gpu_env if "cuda:0" in argv else None
                 times = {b: [] for b in binaries}
                 peaks = {}
                 for b in binaries:
                     mark = nginx.lines()
-                    peaks[b] = (peak_mib([b, *argv]), nginx.sent_since(mark)[0] / (1 << 20))
+                    peaks[b] = (peak_mib([b, *argv], env), nginx.sent_since(mark)[0] / (1 << 20))
                 for _ in range(args.runs):
                     for b in binaries:
                         t = time.perf_counter()
-                        subprocess.run([b, *argv], check=True, stdout=subprocess.DEVNULL)
+                        subprocess.run([b, *argv], check=True, stdout=subprocess.DEVNULL, env=env)
                         times[b].append(time.perf_counter() - t)
                 for b in binaries:
                     mib, sent = peaks[b]
-                    rows[b].append((name, size, label, mib, statistics.median(times[b]), sent))
+                    beside = mib - on_device if env else None
+                    rows[b].append((name, size, label, mib, beside, statistics.median(times[b]), sent))
                     print(f"{b}: {name} {label}: {mib:.0f} MiB", file=sys.stderr)
             if os.path.exists(out):
                 os.remove(out)
@@ -112,8 +130,10 @@ def main():
         print(f"\n{b}\n")
         print("| file | size | command | peak RSS | share of the file | time (median) | sent by nginx |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
-        for name, size, label, mib, secs, sent in rows[b]:
-            print(f"| {name} | {size:.0f} MiB | `{label}` | {mib:.0f} MiB | {100 * mib / size:.0f}% | {secs:.3f} s"
+        for name, size, label, mib, beside, secs, sent in rows[b]:
+            held = f"{mib:.0f} MiB" if beside is None else f"{mib:.0f} MiB ({beside:.0f} MiB beside the device's)"
+            share = mib if beside is None else beside
+            print(f"| {name} | {size:.0f} MiB | `{label}` | {held} | {100 * share / size:.0f}% | {secs:.3f} s"
                   f" | {sent:.0f} MiB |")
 
 

@@ -39,17 +39,15 @@ pub(crate) struct Upload<'a> {
     pub(crate) counted: bool,
 }
 
-/// The bytes of an upload: at hand, or a storage of a checkpoint read by
-/// ranges, fetched when a run first needs it (while other runs copy).
+/// The bytes of an upload: at hand, or read into the staging buffers.
 pub(crate) enum UploadBytes<'a> {
     Ready(&'a [u8]),
-    Storage {
-        ckpt: &'a ptload_reader::Checkpoint,
-        index: usize,
-        len: usize,
-    },
-    /// A storage of a mapped checkpoint, read into the staging buffers by
-    /// positioned reads of its file ([`Fill::Read`]).
+    /// A storage of a checkpoint, read into the staging buffers run by
+    /// run ([`Checkpoint::read_storage_at`](ptload_reader::Checkpoint::read_storage_at)):
+    /// of a mapped file by positioned reads ([`Fill::Read`]); of a file
+    /// read by ranges (a URL, a bucket object) from what was fetched ahead
+    /// of the copies, or fetched as the run needs it, nothing kept on the
+    /// host (each byte is read once).
     Read {
         ckpt: &'a ptload_reader::Checkpoint,
         index: usize,
@@ -69,9 +67,7 @@ impl<'a> UploadBytes<'a> {
     pub(crate) fn len(&self) -> usize {
         match self {
             UploadBytes::Ready(b) => b.len(),
-            UploadBytes::Storage { len, .. }
-            | UploadBytes::Read { len, .. }
-            | UploadBytes::Runs { len, .. } => *len,
+            UploadBytes::Read { len, .. } | UploadBytes::Runs { len, .. } => *len,
         }
     }
 
@@ -79,9 +75,6 @@ impl<'a> UploadBytes<'a> {
     fn copy(&self, from: usize, out: &mut [u8]) -> Result<(), CopyError> {
         let whole = match self {
             UploadBytes::Ready(b) => *b,
-            UploadBytes::Storage { ckpt, index, .. } => {
-                ckpt.storage_bytes(*index).map_err(CopyError::Read)?
-            }
             UploadBytes::Runs { storage, runs, .. } => {
                 return runs
                     .copy(storage, from as u64, out)

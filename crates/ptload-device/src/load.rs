@@ -103,13 +103,12 @@ impl Source {
         fill: Fill,
     ) -> Result<UploadBytes<'a>, LoadError> {
         Ok(match &self.bytes {
-            // Read by ranges: fetched when a copy needs it.
-            SourceBytes::Checkpoint(index) if ranged => UploadBytes::Storage {
-                ckpt,
-                index: *index,
-                len: self.len(ckpt),
-            },
-            SourceBytes::Checkpoint(index) if fill == Fill::Read && ckpt.is_mapped() => {
+            // Read by ranges: taken from the read-ahead, or fetched when
+            // a copy needs it, and never kept. Mapped: by positioned reads
+            // when asked.
+            SourceBytes::Checkpoint(index)
+                if ranged || (fill == Fill::Read && ckpt.is_mapped()) =>
+            {
                 UploadBytes::Read {
                     ckpt,
                     index: *index,

@@ -5,9 +5,7 @@
 //! A test binary of its own: the allocator below counts every heap byte
 //! the process holds, so no other test may run beside these.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ptload_device::{load, probe, Fallback, LoadOptions};
@@ -18,57 +16,8 @@ use ptload_reader::Checkpoint;
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
-/// The system allocator, counting the bytes held and their peak.
-struct Counting;
-
-static HELD: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn held(more: usize) {
-    let now = HELD.fetch_add(more, Ordering::Relaxed) + more;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-// SAFETY: every call is passed to the system allocator unchanged; the
-// counters only observe sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            held(layout.size());
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            held(layout.size());
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) };
-        HELD.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            HELD.fetch_sub(layout.size(), Ordering::Relaxed);
-            held(new_size);
-        }
-        p
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+mod common;
+use common::heap::peak_during;
 
 /// One test at a time: they share the device and the counters.
 fn turn() -> MutexGuard<'static, ()> {
@@ -212,17 +161,17 @@ fn a_rank_share_is_staged_without_a_host_copy() {
     assert_eq!(dims, [0, 1].into(), "slices along both dims");
     assert!(share > 4_000_000, "{share} bytes of slices");
 
-    let before = HELD.load(Ordering::Relaxed);
-    PEAK.store(before, Ordering::Relaxed);
-    let loaded = load(
-        Arc::clone(&ckpt),
-        &sd,
-        &plan,
-        &gpus,
-        &LoadOptions::default(),
-    )
-    .expect("load");
-    let peak = (PEAK.load(Ordering::Relaxed) - before) as u64;
+    let (loaded, peak) = peak_during(|| {
+        load(
+            Arc::clone(&ckpt),
+            &sd,
+            &plan,
+            &gpus,
+            &LoadOptions::default(),
+        )
+        .expect("load")
+    });
+    let peak = peak as u64;
 
     let mut fell_back = 0;
     for (name, view) in sd.tensors() {

@@ -88,6 +88,20 @@ struct Loose {
     total: u64,
     /// Bytes of read-ahead requests in flight, counted against the cap.
     reserved: u64,
+    /// Of a loose storage read in parts (see [`Fetched::copy_loose_part`]):
+    /// the bytes copied out so far.
+    parts: std::collections::HashMap<usize, u64>,
+}
+
+impl Loose {
+    /// Storage `i` gone from the loose ones (taken or dropped): its bytes.
+    fn remove(&mut self, i: usize) -> Option<Vec<u8>> {
+        self.order.retain(|&j| j != i);
+        self.parts.remove(&i);
+        let bytes = self.bytes.remove(&i)?;
+        self.total = self.total.saturating_sub(bytes.len() as u64);
+        Some(bytes)
+    }
 }
 
 /// Where a fetched run's storages go.
@@ -177,13 +191,40 @@ impl Fetched {
     /// Take storage `i`'s bytes out of the loose ones: the taker owns them.
     fn take_loose(&self, i: usize) -> Option<Vec<u8>> {
         let mut loose = self.loose();
-        let bytes = loose.bytes.remove(&i)?;
+        let bytes = loose.remove(i)?;
         self.mark_handed(i);
-        loose.order.retain(|&j| j != i);
-        loose.total = loose.total.saturating_sub(bytes.len() as u64);
         drop(loose);
         self.room.notify_all();
         Some(bytes)
+    }
+
+    /// Copy bytes `offset..offset + out.len()` of storage `i` out of the
+    /// loose ones, for a reader that reads it in parts (each byte once):
+    /// released when every one of its bytes was copied out. Whether it
+    /// was loose (and held those bytes).
+    fn copy_loose_part(&self, i: usize, offset: u64, out: &mut [u8]) -> bool {
+        let mut loose = self.loose();
+        let Some(bytes) = loose.bytes.get(&i) else {
+            return false;
+        };
+        let len = bytes.len() as u64;
+        let part = usize::try_from(offset)
+            .ok()
+            .and_then(|from| bytes.get(from..from.checked_add(out.len())?));
+        let Some(part) = part else {
+            return false;
+        };
+        out.copy_from_slice(part);
+        let read = loose.parts.entry(i).or_default();
+        *read = read.saturating_add(out.len() as u64);
+        if *read < len {
+            return true;
+        }
+        loose.remove(i);
+        self.mark_handed(i);
+        drop(loose);
+        self.room.notify_all();
+        true
     }
 
     /// Hand storage `i`'s bytes over to its first reader; with
@@ -202,11 +243,8 @@ impl Fetched {
             let Some(oldest) = loose.order.iter().position(|&j| j != i) else {
                 break;
             };
-            if let Some(j) = loose.order.remove(oldest) {
-                if let Some(gone) = loose.bytes.remove(&j) {
-                    loose.total = loose.total.saturating_sub(gone.len() as u64);
-                    dropped = true;
-                }
+            if let Some(&j) = loose.order.get(oldest) {
+                dropped |= loose.remove(j).is_some();
             }
         }
         drop(loose);
@@ -529,6 +567,77 @@ impl Checkpoint {
         self.storage_bytes(index).map(std::borrow::Cow::Borrowed)
     }
 
+    /// Bytes `offset..offset + out.len()` (inside the storage: the caller
+    /// checked) of storage `index` of a file read by ranges, copied into
+    /// `out` for a reader that fills buffers of its own part by part, each
+    /// byte once (a GPU's staging), keeping nothing: copied from those
+    /// fetched ahead, which are released once every byte was copied out;
+    /// or fetched now, the part alone (the storage is then left out of any
+    /// read-ahead). A storage being fetched is waited for. `None` when the
+    /// checkpoint keeps or holds the storage (borrow it), and for anything
+    /// but a stored storage of a file read by ranges.
+    pub(super) fn read_part(
+        &self,
+        index: usize,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Option<Result<()>> {
+        let fetcher = self.source.fetcher()?;
+        let StorageData::File(_) = self.storages.get(index)?.data else {
+            return None;
+        };
+        let (base, nbytes) = self.file_range(index)?;
+        let kept = || {
+            self.fetched
+                .storages
+                .get(index)
+                .is_some_and(|c| c.get().is_some())
+        };
+        if kept() || self.source.view().held(base, nbytes).is_some() {
+            return None;
+        }
+        if out.is_empty() {
+            return Some(Ok(()));
+        }
+        Some((|| {
+            let mut claimed = self.fetched.claims()?;
+            // In flight (a read-ahead's request): wait for it to land.
+            while claimed.get(index).copied().unwrap_or(false) {
+                claimed =
+                    self.fetched.landed.wait(claimed).map_err(|_| {
+                        Error::new(ErrorKind::Io, "a thread fetching storages failed")
+                    })?;
+            }
+            if self.fetched.copy_loose_part(index, offset, out) {
+                return Ok(());
+            }
+            // Neither in flight nor loose: read in parts from now on
+            // (marked while the claims are held, so no read-ahead starts
+            // on it after this).
+            self.fetched.mark_handed(index);
+            drop(claimed);
+            let start = base
+                .checked_add(offset)
+                .ok_or_else(|| Error::new(ErrorKind::Tensor, format!("storage {index}: offset")))?;
+            let end = start
+                .checked_add(out.len() as u64)
+                .ok_or_else(|| Error::new(ErrorKind::Tensor, format!("storage {index}: offset")))?;
+            let bytes = read_unheld(self.source.view(), fetcher, start, end)?;
+            if bytes.len() != out.len() {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "storage {index}: asked for {} bytes at {start}, received {}",
+                        out.len(),
+                        bytes.len()
+                    ),
+                ));
+            }
+            out.copy_from_slice(&bytes);
+            Ok(())
+        })())
+    }
+
     /// The bytes of storage `index` of a file read by ranges, for a reader
     /// that owns them and drops them when done (a hash, a writer, a copy):
     /// taken from those fetched ahead of it, or fetched now (with the
@@ -779,8 +888,12 @@ impl Checkpoint {
                     let Ok(mut claimed) = self.fetched.claims() else {
                         return;
                     };
+                    // Taken by its reader already (fetched, being fetched,
+                    // or read in parts).
                     let taken = run.members.iter().any(|&(m, _, _)| {
-                        self.fetched.done(m) || claimed.get(m).copied().unwrap_or(true)
+                        self.fetched.done(m)
+                            || self.fetched.was_handed(m)
+                            || claimed.get(m).copied().unwrap_or(true)
                     });
                     if taken {
                         continue;

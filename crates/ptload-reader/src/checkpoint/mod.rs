@@ -1064,9 +1064,15 @@ impl Checkpoint {
     /// holds uncompressed is read from the file by a positioned read: the
     /// kernel copies from its page cache and the map's pages are never
     /// touched (no page faults in this process), which suits a reader
-    /// filling buffers of its own, such as pinned staging for a GPU. Any
-    /// other storage is copied from [`storage_bytes`](Self::storage_bytes).
-    /// An error when the bytes lie outside the storage or the read fails.
+    /// filling buffers of its own, such as pinned staging for a GPU. A
+    /// storage of a file read by ranges (a URL, a bucket object) that the
+    /// checkpoint does not keep is copied from the bytes fetched ahead of
+    /// the reader ([`read_ahead`](Self::read_ahead)), released once every
+    /// byte of it was read this way, or else fetched part by part, as
+    /// asked: nothing is kept, so a reader that reads each byte once holds
+    /// no more than the read-ahead and its own buffers. Any other storage
+    /// is copied from [`storage_bytes`](Self::storage_bytes). An error
+    /// when the bytes lie outside the storage or the read fails.
     pub fn read_storage_at(&self, index: usize, offset: u64, out: &mut [u8]) -> Result<()> {
         let s = self.storages.get(index).ok_or_else(|| {
             Error::new(
@@ -1088,6 +1094,9 @@ impl Checkpoint {
                     s.nbytes
                 ),
             ));
+        }
+        if let Some(read) = self.read_part(index, offset, out) {
+            return read;
         }
         if let (StorageData::File(at), Some(file)) = (s.data, self.source.file()) {
             let at = at.checked_add(offset).ok_or_else(|| {

@@ -1,0 +1,135 @@
+//! A file read by ranges (a URL, a bucket object; here a local file read
+//! by positioned reads, the same path) loaded onto a GPU: its storages go
+//! from the requests into the staging buffers, and the host holds no more
+//! than the read-ahead window and the requests in flight, never the file.
+//!
+//! A test binary of its own: the allocator counts every heap byte the
+//! process holds, so no other test may run beside these.
+
+mod common;
+use common::heap::peak_during;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ptload_device::{load, probe, LoadOptions, Staging};
+use ptload_reader::placement::{Device, DeviceMap, To};
+use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
+use ptload_reader::{Checkpoint, Limits, OpenOptions};
+use sha2::{Digest, Sha256};
+
+/// One test at a time: they share the device and the counters.
+fn turn() -> MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/files")
+        .join(name)
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Requests of at most 256 KiB, four in flight: a read-ahead window of
+/// 1 MiB, so that the files here are many windows long.
+const REQUEST: u64 = 256 << 10;
+const IN_FLIGHT: usize = 4;
+
+fn ranged(name: &str) -> Arc<Checkpoint> {
+    let mut limits = Limits::default();
+    limits.max_fetch_request_bytes = REQUEST;
+    limits.max_fetches_in_flight = IN_FLIGHT;
+    let ckpt = OpenOptions::new()
+        .limits(limits)
+        .positioned(true)
+        .open(fixture(name))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(ckpt.fetched_bytes().is_some(), "{name}: not read by ranges");
+    Arc::new(ckpt)
+}
+
+/// Every tensor of a Llama-shaped file (8.3 MB, eight read-ahead windows
+/// long: small storages fetched ahead and handed to the copies, storages
+/// larger than a request read part by part into the staging buffers)
+/// lands on cuda:0 equal to the mapped file's bytes; each byte of the file
+/// is fetched at most once; and the heap's peak during the load stays
+/// under the read-ahead window plus the requests in flight, under a
+/// quarter of the file. Before, a load kept every storage it fetched
+/// until the checkpoint was dropped: the whole file.
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn a_file_read_by_ranges_goes_to_the_gpu_without_a_host_copy() {
+    let _turn = turn();
+    let gpus = probe();
+    assert!(
+        !gpus.devices().is_empty(),
+        "this test needs a CUDA device: {}",
+        gpus.why_none()
+    );
+    let staging = Staging {
+        buffer_bytes: 256 << 10,
+        ..Default::default()
+    };
+    // The window, one request in flight per worker for the storages read
+    // part by part, and room for the load's own records. (The staging
+    // buffers are the driver's pinned memory, not the heap.)
+    let bound = REQUEST as usize * IN_FLIGHT * 2 + (1 << 20);
+    for name in ["llama_wide.pt"] {
+        let file_len = std::fs::metadata(fixture(name)).expect("metadata").len();
+        let ckpt = ranged(name);
+        let local = Arc::new(Checkpoint::open(fixture(name)).expect("open"));
+        let sd = StateDictOptions {
+            key: KeySelect::All,
+            strip: Strip::None,
+            ..Default::default()
+        }
+        .select(&ckpt)
+        .expect("select");
+        let stored: u64 = ckpt.storages().iter().map(|s| s.nbytes).sum();
+        let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+        let opts = LoadOptions {
+            staging,
+            ..Default::default()
+        };
+        let (loaded, peak) = peak_during(|| {
+            load(Arc::clone(&ckpt), &sd, &plan, &gpus, &opts)
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+        });
+        let (fetched, requests) = ckpt.fetched_bytes().expect("read by ranges");
+        assert!(
+            fetched <= file_len,
+            "{name}: fetched {fetched} bytes of a {file_len}-byte file in {requests} requests"
+        );
+        assert!(
+            peak < bound && (peak as u64) < stored / 4,
+            "{name}: the heap held {peak} more bytes during the load (bound {bound}), for \
+             {stored} bytes of storages"
+        );
+        let mut checked = 0;
+        for (entry_name, _) in sd.tensors() {
+            let got = loaded
+                .get(entry_name)
+                .unwrap_or_else(|| panic!("{entry_name}"));
+            if got.info.numel == 0 {
+                continue;
+            }
+            assert_eq!(got.device, Device::Cuda(0), "{name} {entry_name}");
+            let want = local
+                .tensor(entry_name)
+                .unwrap_or_else(|| panic!("{entry_name}"))
+                .data()
+                .expect("data");
+            assert_eq!(
+                sha256(&loaded.elements(got).expect("elements")),
+                sha256(&want),
+                "{name} {entry_name}"
+            );
+            checked += 1;
+        }
+        assert!(checked > 10, "{name}: {checked} tensors");
+    }
+}
