@@ -4,6 +4,7 @@
 //! Conversions go through f32 (torch converts float64 to the 16- and 8-bit
 //! types through float as well); to F64 they are exact.
 
+#[cfg(feature = "parallel")]
 use rayon::prelude::*;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -178,6 +179,7 @@ fn write(from: DType, to: DType, v: Elem, out: &mut [u8]) {
 
 /// Elements converted per parallel task: large enough that splitting costs
 /// nothing measurable, small enough to keep every core busy on one tensor.
+#[cfg_attr(not(feature = "parallel"), allow(dead_code))]
 const PARALLEL_CHUNK: usize = 1 << 16;
 
 /// Convert little-endian elements of `from` to little-endian elements of
@@ -205,15 +207,16 @@ pub fn convert(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>> {
             write(from, to, read(from, e), d);
         }
     };
-    // Tensors of many elements are split over the cores (rayon's pool);
-    // small ones stay on the calling thread.
+    // Tensors of many elements are split over the cores (rayon's pool,
+    // feature `parallel`); small ones stay on the calling thread.
+    #[cfg(feature = "parallel")]
     if n > PARALLEL_CHUNK {
         out.par_chunks_mut(PARALLEL_CHUNK * to_size)
             .zip(bytes.par_chunks(PARALLEL_CHUNK * from_size))
             .for_each(convert_run);
-    } else {
-        convert_run((&mut out, bytes));
+        return Ok(out);
     }
+    convert_run((&mut out, bytes));
     Ok(out)
 }
 

@@ -49,6 +49,7 @@ pub mod cast;
 pub mod checkpoint;
 mod container;
 pub mod dcp;
+pub mod engine;
 mod error;
 pub mod export;
 #[cfg(feature = "fuzzing")]
@@ -78,7 +79,8 @@ mod view;
 // The root: what reading a checkpoint needs. Everything else is a public
 // module: what a checkpoint holds besides tensors (`checkpoint`),
 // placement, state-dict selection, export, casts, scanning, sets,
-// distributed checkpoints, tensor parallelism.
+// distributed checkpoints, tensor parallelism (and `engine`, which gathers what an
+// inference engine's weight store needs).
 pub use checkpoint::{Checkpoint, OpenOptions};
 pub use error::{Error, ErrorKind, Result};
 pub use limits::Limits;

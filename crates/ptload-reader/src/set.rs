@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+#[cfg(feature = "parallel")]
 use rayon::prelude::*;
 
 use crate::advice::Hint;
@@ -604,8 +605,7 @@ impl CheckpointSet {
         let url = index.name().to_owned();
         let (weight_map, urls) = read_ranged_index(index.as_ref(), opts)?;
         let one = urls.len() == 1;
-        let files = urls
-            .par_iter()
+        let files = each(&urls)
             .map(|u| {
                 shard(u)
                     .and_then(|file| opts.open_ranged(file))
@@ -952,7 +952,19 @@ fn file_name(p: &Path) -> String {
     )
 }
 
-/// Open every file, in parallel; the first failure (in set order) names
+/// The items, as a parallel iterator on rayon's pool (feature `parallel`:
+/// a set's files open at once), else in order on this thread.
+#[cfg(feature = "parallel")]
+fn each<T: Sync>(items: &[T]) -> rayon::slice::Iter<'_, T> {
+    items.par_iter()
+}
+
+#[cfg(not(feature = "parallel"))]
+fn each<T>(items: &[T]) -> std::slice::Iter<'_, T> {
+    items.iter()
+}
+
+/// Open every file (in parallel with feature `parallel`); the first failure (in set order) names
 /// its file.
 fn open_all<P: AsRef<Path> + Sync>(paths: &[P], opts: &OpenOptions) -> Result<Vec<SetFile>> {
     if paths.len() > opts.limits_ref().max_set_files {
@@ -962,8 +974,7 @@ fn open_all<P: AsRef<Path> + Sync>(paths: &[P], opts: &OpenOptions) -> Result<Ve
         ));
     }
     // Each file's errors name it (`OpenOptions::open` does).
-    paths
-        .par_iter()
+    each(paths)
         .map(|p| {
             let path = p.as_ref();
             opts.open(path).map(|c| SetFile {

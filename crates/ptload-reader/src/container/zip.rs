@@ -6,7 +6,6 @@
 //! is shifted by where the directory really is.
 
 use std::hash::BuildHasher;
-use std::io::Read;
 
 use crate::bytes::ByteReader;
 use crate::error::{Error, ErrorKind, Result};
@@ -1075,9 +1074,7 @@ impl Deflated {
             .size
             .min(self.compressed_size.saturating_mul(4).saturating_add(4096));
         let mut out = Vec::with_capacity(usize::try_from(reserve).unwrap_or(0));
-        let mut decoder = flate2::read::DeflateDecoder::new(raw).take(self.size.saturating_add(1));
-        decoder
-            .read_to_end(&mut out)
+        inflate_into(raw, self.size, &mut out)
             .map_err(|e| zip_err(format!("inflating failed: {e}")).in_record(&self.name))?;
         if out.len() as u64 != self.size {
             return Err(zip_err(format!(
@@ -1090,6 +1087,26 @@ impl Deflated {
         crc_matches(&out, self.crc32, &self.name)?;
         Ok(out)
     }
+}
+
+/// Inflate `raw` into `out`, at most `size + 1` bytes (one more than the
+/// record says, so that a longer stream is told apart).
+#[cfg(feature = "deflate")]
+fn inflate_into(raw: &[u8], size: u64, out: &mut Vec<u8>) -> std::io::Result<()> {
+    use std::io::Read;
+    flate2::read::DeflateDecoder::new(raw)
+        .take(size.saturating_add(1))
+        .read_to_end(out)
+        .map(|_| ())
+}
+
+/// Without feature `deflate`, a deflated record is refused, naming it.
+#[cfg(not(feature = "deflate"))]
+fn inflate_into(_: &[u8], _: u64, _: &mut Vec<u8>) -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "deflated records need ptload-reader's feature `deflate` (off in this build)",
+    ))
 }
 
 /// Check an entry's CRC-32 (a zero CRC means "not computed" and passes).
