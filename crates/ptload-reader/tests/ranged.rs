@@ -126,6 +126,14 @@ fn hostile_and_scan_corpora_read_alike_by_ranges() {
             let bytes = std::fs::read(&path).unwrap();
             let local = Checkpoint::from_bytes(bytes.clone());
             let ranged = OpenOptions::new().open_ranged(logged(bytes.clone()));
+            // Scanned on a second thread while decoded (`inspect`'s way):
+            // the same checkpoint, findings and errors.
+            let scanned = OpenOptions::new().scan(true).open_bytes(bytes.clone());
+            match (&local, &scanned) {
+                (Ok(l), Ok(s)) => assert_eq!(tensors(l), tensors(s), "{name}"),
+                (Err(l), Err(s)) => assert_eq!(l.to_string(), s.to_string(), "{name}"),
+                _ => panic!("{name}: scanned while opened, it opened otherwise"),
+            }
             match (local, ranged) {
                 (Ok(local), Ok(ranged)) => {
                     assert_eq!(tensors(&local), tensors(&ranged), "{name}");
@@ -133,6 +141,8 @@ fn hostile_and_scan_corpora_read_alike_by_ranges() {
                     // fetched by ranges for the ranged file.
                     let found = |c: &Checkpoint| format!("{:?}", c.suspicious().unwrap());
                     assert_eq!(found(&local), found(&ranged), "{name}");
+                    let scanned = scanned.expect("opened");
+                    assert_eq!(found(&local), found(&scanned), "{name}");
                     flagged += usize::from(!local.suspicious().unwrap().is_empty());
                 }
                 (Err(local), Err(ranged)) => {

@@ -1495,3 +1495,43 @@ fn tar_members_are_named_as_torch_names_them() {
         }
     }
 }
+
+/// An archive of many records (20,000 storages) is scanned on a second
+/// thread while it is decoded (`OpenOptions::scan`): the same tensors as
+/// a plain open, the scanner's report kept for `suspicious` (the same as
+/// a scan of the bytes), and `refuse_at` decided on it.
+#[test]
+fn a_large_archive_scanned_while_decoded_reads_and_reports_alike() {
+    use ptload_reader::{Checkpoint, OpenOptions};
+    let path = root().join("fixtures/files/many_tensors.pt");
+    let plain = Checkpoint::open(&path).expect("open");
+    let scanned = OpenOptions::new().scan(true).open(&path).expect("open");
+    assert_eq!(plain.len(), scanned.len());
+    assert!(plain.len() >= 20_000);
+    for (a, b) in plain.tensors().zip(scanned.tensors()) {
+        assert_eq!(a.info(), b.info());
+    }
+    let bytes = std::fs::read(&path).expect("read");
+    let report = ptload_reader::scan::scan_bytes(&bytes, &ptload_reader::Limits::default());
+    let from_report: Vec<String> = report
+        .pickles
+        .iter()
+        .flat_map(|p| &p.globals)
+        .filter(|g| g.level() >= Level::UnknownCall)
+        .map(|g| g.path())
+        .collect();
+    let found: Vec<String> = scanned
+        .suspicious()
+        .expect("kept")
+        .iter()
+        .map(|g| g.path())
+        .collect();
+    assert_eq!(found, from_report);
+    // Torch's own file of plain tensors: not refused even at needs-code;
+    // its report says clean.
+    assert_eq!(report.level(), Level::Clean);
+    OpenOptions::new()
+        .refuse_at(Some(Level::NeedsCode))
+        .open(&path)
+        .expect("clean");
+}

@@ -72,7 +72,9 @@ pub(crate) fn run(a: &InspectArgs, out: &mut impl Write) -> CliResult<u8> {
 
 fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliResult<()> {
     let columns = inspect::terminal_columns();
-    let opts = a.open.options();
+    // Scanned while decoded: the findings inspect prints cost the longer
+    // of the two passes, not their sum.
+    let opts = a.open.options().scan(true);
     let set = a.open.open_set(file, &opts)?;
     // Objects saved one after another on one stream: each in turn.
     let stream = crate::stream::after_first(file, &set, &opts);

@@ -188,6 +188,18 @@ pub(crate) fn find_eocd_in(data: FileView<'_>) -> Option<usize> {
     find_eocd(tail).map(|pos| tail_start + pos)
 }
 
+/// How many records the end-of-central-directory record of the archive
+/// `data` says it holds (`u16::MAX` for a zip64 archive, which says more
+/// elsewhere); `None` when no such record is found. A size hint only
+/// (nothing is checked), read from the last 64 KiB + 22 bytes.
+pub(crate) fn records_hint(data: &[u8]) -> Option<u16> {
+    let tail_start = data.len().saturating_sub(EOCD_LEN + u16::MAX as usize);
+    let pos = tail_start.checked_add(find_eocd(data.get(tail_start..)?)?)?;
+    ByteReader::at(data, pos.checked_add(10)?, ErrorKind::Zip)
+        .u16()
+        .ok()
+}
+
 /// `len` bytes at `pos` of the file, for reading fields.
 fn reader_at(data: FileView<'_>, pos: usize, len: usize) -> Result<ByteReader<'_>> {
     let bytes = data
