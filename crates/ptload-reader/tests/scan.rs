@@ -400,6 +400,23 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Ambiguous,
         Some(("without regard to letter case", true)),
     ),
+    // Enum members (torch_enum.json): looked up by a call of their class,
+    // at needs-code when the class is of the model's own code (a package
+    // or `__main__` the pickle instantiates a class of), an unknown call
+    // otherwise (alone, or of the standard library).
+    ("en_model_enum.pt", NeedsCode, None),
+    ("en_main_enum.pt", NeedsCode, None),
+    ("en_model_class_call.pt", NeedsCode, None),
+    (
+        "en_lone_enum.pt",
+        UnknownCall,
+        Some(("ptload_enum_model.format.Format", true)),
+    ),
+    (
+        "en_stdlib_call.pt",
+        UnknownCall,
+        Some(("calendar.TextCalendar", true)),
+    ),
     // Calls the unpickler makes (torch_implicit.json): APPEND / APPENDS
     // call an instance attribute BUILD set.
     ("ia_append_attr.pkl", UnknownCall, Some(("logging.warning", true))),
@@ -1534,4 +1551,62 @@ fn a_large_archive_scanned_while_decoded_reads_and_reports_alike() {
         .refuse_at(Some(Level::NeedsCode))
         .open(&path)
         .expect("clean");
+}
+
+/// Enum members (`tests/scan/torch_enum.json`, each file loaded by torch
+/// with its package importable): a class of the model's own code (a
+/// package, or `__main__`, that the same pickle instantiates a class of)
+/// called with one constant is an enum member looked up, at needs-code
+/// like the model's classes; the same call with no class of its package
+/// instantiated, or of the standard library, stays an unknown call. The
+/// limit, tested as such: a class of the model's package whose
+/// constructor does something (it logs a marker, which torch ran) is
+/// looked up the same way, as its code would run if the class were
+/// instantiated.
+#[test]
+fn enum_members_of_the_model_s_own_code_need_code() {
+    use ptload_reader::scan::Usage;
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_enum.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let usage = |name: &str, global: &str| {
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .find(|g| g.path() == global)
+            .map(|g| g.usage)
+            .unwrap_or_else(|| panic!("{name}: no {global}"))
+    };
+    for name in [
+        "en_model_enum.pt",
+        "en_main_enum.pt",
+        "en_lone_enum.pt",
+        "en_stdlib_call.pt",
+    ] {
+        assert_eq!(doc[name]["weights_only_false"], "loads", "{name}");
+        assert_eq!(doc[name]["payload_ran"], false, "{name}");
+    }
+    let format = "ptload_enum_model.format.Format";
+    assert_eq!(usage("en_model_enum.pt", format), Usage::LookedUp);
+    assert_eq!(
+        usage("en_main_enum.pt", "__main__.EnColor"),
+        Usage::LookedUp
+    );
+    assert_eq!(usage("en_lone_enum.pt", format), Usage::Called);
+    assert_eq!(
+        usage("en_stdlib_call.pt", "calendar.TextCalendar"),
+        Usage::Called
+    );
+    // The limit: torch ran the class's constructor, reported looked up.
+    assert_eq!(doc["en_model_class_call.pt"]["payload_ran"], true);
+    assert_eq!(
+        usage("en_model_class_call.pt", "ptload_enum_model.runner.Runner"),
+        Usage::LookedUp
+    );
 }

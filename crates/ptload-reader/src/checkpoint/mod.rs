@@ -1414,7 +1414,10 @@ fn leading_globals(data: &[u8], opts: &OpenOptions) -> Result<Vec<GlobalRef>> {
             record: "(bytes before the zip)".into(),
             offset: g.offset,
             torch_allowed: crate::torch::policy::torch_allows(&g.module, &g.name),
-            called: g.usage == crate::scan::Usage::Called,
+            called: matches!(
+                g.usage,
+                crate::scan::Usage::Called | crate::scan::Usage::LookedUp
+            ),
             instantiated: g.usage == crate::scan::Usage::Instantiated,
         })
         .collect();

@@ -25,6 +25,7 @@
 use crate::torch::policy::torch_allows;
 
 mod reach;
+mod stdlib;
 
 pub(crate) use reach::scan_fetched;
 pub use reach::{

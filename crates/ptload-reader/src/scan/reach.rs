@@ -40,6 +40,15 @@ pub enum Usage {
     /// filled by BUILD (its `__setstate__` or `__dict__`). A
     /// `functools.partial` made and kept, never called, counts here too.
     Instantiated,
+    /// A class of the model's own code called with one constant, and in
+    /// no other way: how an `Enum` member pickles (`Format('NCHW')`,
+    /// looked up by its value). The model's own code is a package (or
+    /// `__main__`) the same pickle instantiates an unknown class of, other
+    /// than the standard library, torch and numpy; the name is a class's
+    /// (capitalized, no attribute path). Its code runs as an instantiated
+    /// class's does, and the file chose only the constant: loading needs
+    /// the code ([`Level::NeedsCode`]), as for the class instantiated.
+    LookedUp,
     /// Called: REDUCE, OBJ and INST (`cls(*args)`: `__init__` runs, or the
     /// function), `copyreg._reconstructor`'s base (its `__init__`), the
     /// function of `_rebuild_from_type_v2`, calling an instance (its
@@ -53,6 +62,7 @@ impl Usage {
         match self {
             Usage::Referenced => "referenced",
             Usage::Instantiated => "instantiated",
+            Usage::LookedUp => "looked-up",
             Usage::Called => "called",
         }
     }
@@ -486,6 +496,7 @@ impl Scanner<'_> {
         let mut heap = Heap::new(self.limits);
         let mut recorder = Recorder::default();
         let outcome = self.vm.run(&mut heap, &mut recorder, data, start);
+        recorder.settle_lookups();
         let parent = source.to_string();
         if self.vm.frame_crossed {
             // CPython's C unpickler and its Python one read different
@@ -1178,6 +1189,9 @@ struct Recorder {
     /// The instance attributes BUILD set that the unpickler itself calls
     /// later (`append`, `extend`: see [`IMPLICIT_METHODS`]), by object.
     methods: HashMap<ObjId, Vec<(String, Value)>>,
+    /// By global: whether every call of it so far had one constant for
+    /// its arguments (a candidate for [`Usage::LookedUp`]).
+    lookups: HashMap<usize, bool>,
 }
 
 /// The methods the unpickler calls on an object the pickle made: APPEND
@@ -1188,6 +1202,43 @@ struct Recorder {
 const IMPLICIT_METHODS: [&str; 2] = ["append", "extend"];
 
 impl Recorder {
+    /// Once the pickle has run: the classes of the model's own code called
+    /// only with one constant are enum member lookups
+    /// ([`Usage::LookedUp`]).
+    fn settle_lookups(&mut self) {
+        fn top(module: &str) -> &str {
+            module.split('.').next().unwrap_or(module)
+        }
+        let own = |module: &str| {
+            let t = top(module);
+            !super::stdlib::is_stdlib(t) && !matches!(t, "torch" | "numpy")
+        };
+        let packages: std::collections::HashSet<String> = self
+            .globals
+            .iter()
+            .filter(|u| u.usage == Usage::Instantiated && u.class == GlobalClass::Unknown)
+            .filter(|u| own(&u.module))
+            .map(|u| top(&u.module).to_owned())
+            .collect();
+        let class_like = |name: &str| {
+            !name.contains('.') && name.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+        };
+        for (&g, &only) in &self.lookups {
+            let Some(u) = self.globals.get_mut(g) else {
+                continue;
+            };
+            if only
+                && u.usage == Usage::Called
+                && u.class == GlobalClass::Unknown
+                && class_like(&u.name)
+                && own(&u.module)
+                && packages.contains(top(&u.module))
+            {
+                u.usage = Usage::LookedUp;
+            }
+        }
+    }
+
     fn inert(&mut self, heap: &mut Heap, origin: Option<Origin>) -> Result<Value> {
         let v = heap.alloc(Obj::Object(Box::new(Object {
             class: Value::None,
@@ -1236,6 +1287,10 @@ impl Recorder {
     }
 
     fn mark(&mut self, global: Option<usize>, usage: Usage) {
+        if let (Some(i), Usage::Called) = (global, usage) {
+            // A call by any other way than `call`'s with one constant.
+            self.lookups.insert(i, false);
+        }
         if let Some(g) = global.and_then(|i| self.globals.get_mut(i)) {
             g.usage = g.usage.max(usage);
             // Plain data only for the arguments `call` checks: called any
@@ -1427,7 +1482,12 @@ impl Interpreter for Recorder {
                 self.inert(heap, o)
             }
             Some(Origin::Global(g)) => {
+                let lookup = items.len() == 1 && constant(heap, arg(0));
+                let before = self.lookups.get(&g).copied();
                 self.mark(Some(g), Usage::Called);
+                if lookup && before != Some(false) {
+                    self.lookups.insert(g, true);
+                }
                 // What comes out: an instance of the class a constructor is
                 // given (so that calling it, or its `__new__`, counts against
                 // that class), else something the callable made.
