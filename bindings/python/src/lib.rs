@@ -505,8 +505,9 @@ impl Checkpoint {
 
     /// A copy of storage `index`'s bytes, each `swap_unit`-byte element
     /// reversed when the file is big-endian, as a `bytearray` a tensor can
-    /// be made over (writable: no further copy). A file read by ranges
-    /// hands the storage over: nothing is kept behind it.
+    /// be made over (writable: no further copy), read straight into it
+    /// (`read_storage_at`): a file read by ranges hands the storage over,
+    /// a deflated record is inflated into it, nothing is kept behind it.
     fn storage_bytes<'py>(
         &self,
         py: Python<'py>,
@@ -514,14 +515,23 @@ impl Checkpoint {
         swap_unit: usize,
     ) -> PyResult<Bound<'py, PyByteArray>> {
         let inner = self.inner.clone();
-        let bytes = py.allow_threads(move || -> Result<Vec<u8>, ptload_reader::Error> {
-            let mut bytes = inner.read_storage(index)?.into_owned();
-            if inner.byte_order() == ByteOrder::Big && swap_unit > 1 {
-                bytes.chunks_exact_mut(swap_unit).for_each(<[u8]>::reverse);
-            }
-            Ok(bytes)
-        });
-        Ok(PyByteArray::new(py, &bytes.map_err(to_py)?))
+        let len = inner
+            .storages()
+            .get(index)
+            .and_then(|s| usize::try_from(s.nbytes).ok())
+            .ok_or_else(|| Error::new_err(format!("no storage {index}")))?;
+        // Read (or inflated) straight into the bytearray: one copy of the
+        // storage, none kept behind it.
+        PyByteArray::new_with(py, len, |buf| {
+            py.allow_threads(|| -> Result<(), ptload_reader::Error> {
+                inner.read_storage_at(index, 0, buf)?;
+                if inner.byte_order() == ByteOrder::Big && swap_unit > 1 {
+                    buf.chunks_exact_mut(swap_unit).for_each(<[u8]>::reverse);
+                }
+                Ok(())
+            })
+            .map_err(to_py)
+        })
     }
 
     /// The unpickled object: (root node id, nodes, tensors). Each node is a

@@ -436,6 +436,42 @@ fn deflated_storages_are_inflated_when_read_not_at_open() {
     assert!(failed > 0);
 }
 
+/// A deflated record read whole into a buffer of the reader's own
+/// (`read_storage_at`, what Python's `torch.load` does) is inflated
+/// straight into it: the same bytes as the kept inflation, before and
+/// after a borrowing reader inflated it; a damaged record, or a buffer of
+/// another size, is an error naming the record.
+#[test]
+fn deflated_storages_inflate_into_the_reader_s_buffer() {
+    let path = root().join("files/deflated.pt");
+    let owned = Checkpoint::open(&path).unwrap();
+    let kept = Checkpoint::open(&path).unwrap();
+    assert!(!owned.storages().is_empty());
+    for (i, s) in owned.storages().iter().enumerate() {
+        let mut buf = vec![0u8; s.nbytes as usize];
+        owned.read_storage_at(i, 0, &mut buf).unwrap();
+        assert_eq!(buf, kept.storage_bytes(i).unwrap(), "storage {i}");
+        // Once inflated and kept, copied from there.
+        let mut again = vec![0u8; s.nbytes as usize];
+        kept.read_storage_at(i, 0, &mut again).unwrap();
+        assert_eq!(again, buf);
+        // A part of it: from the kept inflation.
+        if s.nbytes > 8 {
+            let mut part = [0u8; 4];
+            owned.read_storage_at(i, 4, &mut part).unwrap();
+            assert_eq!(part, buf[4..8]);
+        }
+    }
+    let victim = owned.storages()[0].record.clone().expect("a zip record");
+    let damaged = Checkpoint::from_bytes(with_damaged_record(&victim)).expect("opens");
+    let mut buf = vec![0u8; damaged.storages()[0].nbytes as usize];
+    let e = damaged
+        .read_storage_at(0, 0, &mut buf)
+        .expect_err("damaged");
+    assert_eq!(e.kind(), ErrorKind::Zip, "{e}");
+    assert_eq!(e.record(), Some(victim.as_str()), "{e}");
+}
+
 fn ckpt_len(file: &str) -> u64 {
     Checkpoint::open(root().join("files").join(file))
         .expect("open")

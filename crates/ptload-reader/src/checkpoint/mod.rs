@@ -409,6 +409,44 @@ impl Inflated {
         // Two threads may inflate at once; the first to finish is kept.
         Ok(self.bytes.get_or_init(|| made))
     }
+
+    /// Inflated into `out` (the record's size exactly), kept nowhere: an
+    /// owning reader of the whole storage. Copied from the kept bytes when
+    /// a borrowing reader inflated them already.
+    fn inflate_into(
+        &self,
+        file: FileView<'_>,
+        fetcher: Option<&Fetcher>,
+        out: &mut [u8],
+    ) -> Result<()> {
+        if let Some(done) = self.bytes.get() {
+            if done.len() != out.len() {
+                return Err(Error::new(
+                    ErrorKind::Tensor,
+                    "an inflated storage of another size",
+                ));
+            }
+            out.copy_from_slice(done);
+            return Ok(());
+        }
+        match (file.whole(), fetcher) {
+            (Some(whole), _) => {
+                let (offset, len) = self.record.range();
+                self.record
+                    .inflate_raw_into(crate::bytes::slice(whole, offset, len), out)
+            }
+            (None, Some(f)) => {
+                let (offset, len) = self.record.range();
+                match file.held(offset, len) {
+                    Some(held) => self.record.inflate_raw_into(Some(held), out),
+                    None => self
+                        .record
+                        .inflate_raw_into(Some(&f.read(offset, len)?), out),
+                }
+            }
+            (None, None) => self.record.inflate_raw_into(None, out),
+        }
+    }
 }
 
 /// Whether `source` is worth scanning on a thread of its own while it is
@@ -1127,8 +1165,10 @@ impl Checkpoint {
     /// the reader ([`read_ahead`](Self::read_ahead)), released once every
     /// byte of it was read this way, or else fetched part by part, as
     /// asked: nothing is kept, so a reader that reads each byte once holds
-    /// no more than the read-ahead and its own buffers. Any other storage
-    /// is copied from [`storage_bytes`](Self::storage_bytes). An error
+    /// no more than the read-ahead and its own buffers. A storage of a
+    /// deflated record read whole is inflated straight into `out` (not
+    /// kept) unless a borrowing reader inflated it already. Any other
+    /// storage is copied from [`storage_bytes`](Self::storage_bytes). An error
     /// when the bytes lie outside the storage or the read fails.
     pub fn read_storage_at(&self, index: usize, offset: u64, out: &mut [u8]) -> Result<()> {
         let s = self.storages.get(index).ok_or_else(|| {
@@ -1154,6 +1194,15 @@ impl Checkpoint {
         }
         if let Some(read) = self.read_part(index, offset, out) {
             return read;
+        }
+        // A deflated record read whole by a reader with a buffer of its
+        // own: inflated straight into it, kept nowhere.
+        if let StorageData::Deflated(i) = s.data {
+            if let (Some(lazy), 0, true) =
+                (self.inflated.get(i), offset, out.len() as u64 == s.nbytes)
+            {
+                return lazy.inflate_into(self.source.view(), self.source.fetcher(), out);
+            }
         }
         if let (StorageData::File(at), Some(file)) = (s.data, self.source.file()) {
             let at = at.checked_add(offset).ok_or_else(|| {

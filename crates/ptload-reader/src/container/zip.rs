@@ -1101,15 +1101,106 @@ impl Deflated {
     }
 }
 
-/// Inflate `raw` into `out`, at most `size + 1` bytes (one more than the
-/// record says, so that a longer stream is told apart).
+impl Deflated {
+    /// Inflate `raw` (the record's compressed bytes; `None`: not in the
+    /// file) into `out`, which must be exactly the record's size: for a
+    /// reader that owns its buffer (nothing is allocated here). A stream
+    /// shorter or longer than the record says, and a CRC mismatch, are
+    /// errors.
+    pub(crate) fn inflate_raw_into(&self, raw: Option<&[u8]>, out: &mut [u8]) -> Result<()> {
+        let raw =
+            raw.ok_or_else(|| zip_err("deflated data lies outside the file").at(self.data_start))?;
+        if out.len() as u64 != self.size {
+            return Err(zip_err(format!(
+                "a buffer of {} bytes for a record of {}",
+                out.len(),
+                self.size
+            ))
+            .in_record(&self.name));
+        }
+        inflate_exact(raw, out)
+            .map_err(|e| zip_err(format!("inflating failed: {e}")).in_record(&self.name))?;
+        crc_matches(out, self.crc32, &self.name)
+    }
+}
+
+/// Inflate `raw` into `out`, filling it exactly: fewer bytes, or more
+/// after it, are an error.
+#[cfg(feature = "deflate")]
+fn inflate_exact(raw: &[u8], out: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read;
+    let mut decoder = flate2::read::DeflateDecoder::new(raw);
+    decoder.read_exact(out)?;
+    let mut more = [0u8; 1];
+    if decoder.read(&mut more)? != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the stream inflates to more bytes than the record says",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "deflate"))]
+fn inflate_exact(_: &[u8], _: &mut [u8]) -> std::io::Result<()> {
+    inflate_into(&[], 0, &mut Vec::new())
+}
+
+/// Inflate `raw` into `out`, at most `size` bytes (fewer when the stream
+/// ends first: the caller compares), an error when it goes on past them.
+/// First as much as `out` has room for (what the compressed bytes could
+/// plausibly make), growing nothing; a stream that goes on past that (a
+/// run of zeros, or a bomb) gets the rest of `size` (charged to the limits
+/// when the record was found) reserved at once and filled in place as its
+/// bytes come: never copied to a larger buffer, so the peak is the bytes
+/// inflated, not twice them.
 #[cfg(feature = "deflate")]
 fn inflate_into(raw: &[u8], size: u64, out: &mut Vec<u8>) -> std::io::Result<()> {
     use std::io::Read;
-    flate2::read::DeflateDecoder::new(raw)
-        .take(size.saturating_add(1))
-        .read_to_end(out)
-        .map(|_| ())
+    let mut decoder = flate2::read::DeflateDecoder::new(raw);
+    let first = (out.capacity() as u64).min(size);
+    (&mut decoder).take(first).read_to_end(out)?;
+    if (out.len() as u64) < first {
+        return Ok(());
+    }
+    let whole = usize::try_from(size)
+        .map_err(|_| std::io::Error::other(format!("a record of {size} bytes")))?;
+    if out.len() < whole {
+        let old = out.len();
+        out.try_reserve_exact(whole - old).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("cannot hold {size} inflated bytes"),
+            )
+        })?;
+        // Filled a step at a time: a record that declares more than its
+        // stream makes touches only the pages its bytes fill.
+        const STEP: usize = 1 << 20;
+        while out.len() < whole {
+            let from = out.len();
+            out.resize(from.saturating_add(STEP).min(whole), 0);
+            let mut filled = from;
+            while let Some(rest) = out.get_mut(filled..).filter(|r| !r.is_empty()) {
+                match decoder.read(rest)? {
+                    0 => break,
+                    n => filled += n,
+                }
+            }
+            let ended = filled < out.len();
+            out.truncate(filled);
+            if ended {
+                return Ok(());
+            }
+        }
+    }
+    let mut more = [0u8; 1];
+    if decoder.read(&mut more)? != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("inflated to more than {size} bytes, the directory says {size}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Without feature `deflate`, a deflated record is refused, naming it.
