@@ -47,10 +47,13 @@ pub(crate) enum UploadBytes<'a> {
     /// of a mapped file by positioned reads ([`Fill::Read`]); of a file
     /// read by ranges (a URL, a bucket object) from what was fetched ahead
     /// of the copies, or fetched as the run needs it, nothing kept on the
-    /// host (each byte is read once).
+    /// host (each byte is read once). From byte `offset` of the storage:
+    /// a tensor-parallel rank's contiguous slice of a file read by ranges
+    /// is read this way too, its ranges alone.
     Read {
         ckpt: &'a ptload_reader::Checkpoint,
         index: usize,
+        offset: u64,
         len: usize,
     },
     /// Evenly spaced runs of a storage (a tensor-parallel rank's slice),
@@ -80,9 +83,15 @@ impl<'a> UploadBytes<'a> {
                     .copy(storage, from as u64, out)
                     .ok_or(CopyError::Outside);
             }
-            UploadBytes::Read { ckpt, index, .. } => {
+            UploadBytes::Read {
+                ckpt,
+                index,
+                offset,
+                ..
+            } => {
+                let at = offset.checked_add(from as u64).ok_or(CopyError::Outside)?;
                 return ckpt
-                    .read_storage_at(*index, from as u64, out)
+                    .read_storage_at(*index, at, out)
                     .map_err(CopyError::Read);
             }
         };

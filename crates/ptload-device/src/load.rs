@@ -84,10 +84,10 @@ enum SourceBytes {
     /// Storage `index` of the checkpoint.
     Checkpoint(usize),
     Converted(Vec<u8>),
-    /// A tensor-parallel rank's slice of storage `storage` of a mapped
-    /// checkpoint, as evenly spaced runs: gathered straight into the
-    /// staging buffers of its device (or into a buffer of its own if it
-    /// falls back to the host).
+    /// A tensor-parallel rank's slice of storage `storage`, as evenly
+    /// spaced runs (of a file read by ranges, one run): gathered straight
+    /// into the staging buffers of its device (or into a buffer of its own
+    /// if it falls back to the host).
     Runs {
         storage: usize,
         runs: EvenRuns,
@@ -112,9 +112,19 @@ impl Source {
                 UploadBytes::Read {
                     ckpt,
                     index: *index,
+                    offset: 0,
                     len: self.len(ckpt),
                 }
             }
+            // A rank's contiguous slice of a file read by ranges: its own
+            // ranges, read into the staging buffers (the storage is never
+            // fetched whole).
+            SourceBytes::Runs { storage, runs } if ranged => UploadBytes::Read {
+                ckpt,
+                index: *storage,
+                offset: runs.first,
+                len: self.len(ckpt),
+            },
             SourceBytes::Checkpoint(i) => UploadBytes::Ready(ckpt.storage_bytes(*i)?),
             SourceBytes::Converted(b) => UploadBytes::Ready(b),
             SourceBytes::Runs { storage, runs } => UploadBytes::Runs {
@@ -262,12 +272,17 @@ fn place_rest(
                             ))
                         })?;
                         owned.resize(len, 0);
-                        runs.copy(ckpt.storage_bytes(storage)?, 0, &mut owned)
-                            .ok_or_else(|| {
-                                LoadError::Access(format!(
-                                    "storage {storage}: a slice outside it ({runs:?})"
-                                ))
-                            })?;
+                        if ranged {
+                            // Contiguous (see `resolve`): its range alone.
+                            ckpt.read_storage_at(storage, runs.first, &mut owned)?;
+                        } else {
+                            runs.copy(ckpt.storage_bytes(storage)?, 0, &mut owned)
+                                .ok_or_else(|| {
+                                    LoadError::Access(format!(
+                                        "storage {storage}: a slice outside it ({runs:?})"
+                                    ))
+                                })?;
+                        }
                         source.order.to_host(&mut owned, source.unit);
                         HostRepr::Owned(owned)
                     }
@@ -496,16 +511,21 @@ fn resolve(
                     info.conj,
                     info.neg,
                 );
-                // A rank's slice of a mapped file, bound for a GPU as it is
-                // stored, is gathered into the staging buffers instead.
+                // A rank's slice bound for a GPU as it is stored is gathered
+                // into the staging buffers instead: of a mapped file, any
+                // slice; of a file read by ranges, a contiguous one (one
+                // range; a column split's rows are fetched together by the
+                // host's gather, in far fewer requests).
                 let direct = || {
-                    if convert.is_some() || bits || ranged || !matches!(device, Device::Cuda(_)) {
+                    if convert.is_some() || bits || !matches!(device, Device::Cuda(_)) {
                         return None;
                     }
                     s.slice?;
                     let storage = ckpt.storages().get(si)?;
                     storage.file_offset?;
-                    info.even_runs(storage.nbytes)
+                    let runs = info.even_runs(storage.nbytes)?;
+                    let contiguous = runs.count == 1 || runs.step == runs.len;
+                    (!ranged || contiguous).then_some(runs)
                 };
                 let k = match converted.get(&key) {
                     Some(&k) => k,
