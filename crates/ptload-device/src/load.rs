@@ -456,7 +456,6 @@ fn resolve(
     // Identical views of one storage (tied weights) share one converted copy.
     type View = (usize, u64, Vec<u64>, Vec<u64>, DType, bool, bool);
     let mut converted: HashMap<View, usize> = HashMap::new();
-    let ranged = ckpt.fetched_bytes().is_some();
     let mut tensors = Vec::with_capacity(selection.len());
     for s in selection {
         let view = tensor(ckpt, s)?;
@@ -499,9 +498,6 @@ fn resolve(
                 loaded.fallback = None;
             }
             (Some(si), Some(to)) => {
-                // Conversion happens on the host, from the row-major
-                // elements, into a storage of its own; it is never fused
-                // into a copy.
                 let key: View = (
                     si,
                     info.storage_offset,
@@ -511,58 +507,23 @@ fn resolve(
                     info.conj,
                     info.neg,
                 );
-                // A rank's slice bound for a GPU as it is stored is gathered
-                // into the staging buffers instead: of a mapped file, any
-                // slice; of a file read by ranges, a contiguous one (one
-                // range; a column split's rows are fetched together by the
-                // host's gather, in far fewer requests).
-                let direct = || {
-                    if convert.is_some() || bits || !matches!(device, Device::Cuda(_)) {
-                        return None;
-                    }
-                    s.slice?;
-                    let storage = ckpt.storages().get(si)?;
-                    storage.file_offset?;
-                    let runs = info.even_runs(storage.nbytes)?;
-                    let contiguous = runs.count == 1 || runs.step == runs.len;
-                    (!ranged || contiguous).then_some(runs)
-                };
                 let k = match converted.get(&key) {
                     Some(&k) => k,
                     None => {
-                        let source = match direct() {
-                            Some(runs) => {
-                                view.will_read();
-                                Source {
-                                    bytes: SourceBytes::Runs { storage: si, runs },
-                                    order: ckpt.byte_order(),
-                                    unit: info.dtype.swap_unit(),
-                                    device,
-                                    fallback,
-                                }
-                            }
-                            None => {
-                                let data = view.data()?;
-                                let read = data.len() as u64;
-                                let bytes = if to == info.dtype {
-                                    data.into_owned()
-                                } else {
-                                    ptload_reader::cast::convert(&data, info.dtype, to)?
-                                };
-                                // Conversion is most of such a load's time: it
-                                // counts the bytes it read.
-                                if let Some(p) = &opts.progress {
-                                    p(read);
-                                }
-                                Source {
-                                    bytes: SourceBytes::Converted(bytes),
-                                    order: ByteOrder::HOST,
-                                    unit: to.swap_unit(),
-                                    device,
-                                    fallback,
-                                }
-                            }
-                        };
+                        let source = rewritten(
+                            ckpt,
+                            Rewrite {
+                                entry: s,
+                                view: &view,
+                                storage: si,
+                                to,
+                                convert: convert.is_some(),
+                                bits,
+                                device,
+                                fallback,
+                            },
+                            opts,
+                        )?;
                         sources.push(source);
                         converted.insert(key, sources.len() - 1);
                         sources.len() - 1
@@ -607,6 +568,80 @@ fn resolve(
         tensors.push(loaded);
     }
     Ok((sources, tensors))
+}
+
+/// What `resolve` asks of [`rewritten`]: a selected tensor whose bytes are
+/// rewritten on their way (converted, bits applied, or a rank's slice).
+struct Rewrite<'a, 'c> {
+    entry: &'a Selected,
+    view: &'a ptload_reader::TensorView<'c>,
+    storage: usize,
+    /// The dtype it lands as.
+    to: DType,
+    /// Converted to `to` (else `to` is its own dtype).
+    convert: bool,
+    /// A conj/neg bit to apply.
+    bits: bool,
+    device: Device,
+    fallback: Option<Fallback>,
+}
+
+/// The source of a rewritten tensor: a rank's slice bound for a GPU as it
+/// is stored is gathered into the staging buffers instead (of a mapped
+/// file, any slice; of a file read by ranges, a contiguous one: one range,
+/// where a column split's rows are fetched together by the host's gather,
+/// in far fewer requests); anything else is rewritten on the host, from
+/// the row-major elements, into a storage of its own (never fused into a
+/// copy).
+fn rewritten(
+    ckpt: &Checkpoint,
+    r: Rewrite<'_, '_>,
+    opts: &LoadOptions,
+) -> Result<Source, LoadError> {
+    let info = r.view.info();
+    let ranged = ckpt.fetched_bytes().is_some();
+    let direct = || {
+        if r.convert || r.bits || !matches!(r.device, Device::Cuda(_)) {
+            return None;
+        }
+        r.entry.slice?;
+        let storage = ckpt.storages().get(r.storage)?;
+        storage.file_offset?;
+        let runs = info.even_runs(storage.nbytes)?;
+        let contiguous = runs.count == 1 || runs.step == runs.len;
+        (!ranged || contiguous).then_some(runs)
+    };
+    if let Some(runs) = direct() {
+        r.view.will_read();
+        return Ok(Source {
+            bytes: SourceBytes::Runs {
+                storage: r.storage,
+                runs,
+            },
+            order: ckpt.byte_order(),
+            unit: info.dtype.swap_unit(),
+            device: r.device,
+            fallback: r.fallback,
+        });
+    }
+    let data = r.view.data()?;
+    let read = data.len() as u64;
+    let bytes = if r.to == info.dtype {
+        data.into_owned()
+    } else {
+        ptload_reader::cast::convert(&data, info.dtype, r.to)?
+    };
+    // Conversion is most of such a load's time: it counts the bytes it read.
+    if let Some(p) = &opts.progress {
+        p(read);
+    }
+    Ok(Source {
+        bytes: SourceBytes::Converted(bytes),
+        order: ByteOrder::HOST,
+        unit: r.to.swap_unit(),
+        device: r.device,
+        fallback: r.fallback,
+    })
 }
 
 /// CUDA storages: one arena per device, in source order (file order), all

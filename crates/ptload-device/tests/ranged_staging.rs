@@ -183,8 +183,7 @@ fn a_rank_share_read_by_ranges_goes_to_the_gpu_by_its_own_ranges() {
         ..Default::default()
     };
     let (loaded, peak) = peak_during(|| {
-        load(Arc::clone(&ckpt), &sd, &plan, &gpus, &opts)
-            .unwrap_or_else(|e| panic!("{name}: {e}"))
+        load(Arc::clone(&ckpt), &sd, &plan, &gpus, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
     });
     let (fetched, _) = ckpt.fetched_bytes().expect("read by ranges");
     let file_len = std::fs::metadata(fixture(name)).expect("metadata").len();
