@@ -717,12 +717,7 @@ impl Checkpoint {
         let Some(fetcher) = self.source.fetcher() else {
             return Ok(0);
         };
-        let mut wanted = vec![false; self.storages.len()];
-        for &i in storages {
-            if let Some(w) = wanted.get_mut(i) {
-                *w = true;
-            }
-        }
+        let wanted = self.listed(storages);
         let take = |i: usize| wanted.get(i).copied().unwrap_or(false);
         let view = self.source.view();
         let runs: Vec<Run> = {
@@ -787,6 +782,17 @@ impl Checkpoint {
         }
     }
 
+    /// By storage index: whether `storages` lists it.
+    fn listed(&self, storages: &[usize]) -> Vec<bool> {
+        let mut listed = vec![false; self.storages.len()];
+        for &i in storages {
+            if let Some(w) = listed.get_mut(i) {
+                *w = true;
+            }
+        }
+        listed
+    }
+
     /// Run `work` on as many threads as requests may be in flight (at
     /// most `jobs`): this thread is one of them, and a helper the system
     /// refuses to start leaves fewer in flight, never work undone.
@@ -826,12 +832,7 @@ impl Checkpoint {
             return Ok(0);
         };
         let cap = self.fetched.loose_cap;
-        let mut wanted = vec![false; self.storages.len()];
-        for &i in storages {
-            if let Some(w) = wanted.get_mut(i) {
-                *w = true;
-            }
-        }
+        let wanted = self.listed(storages);
         let take = |i: usize| wanted.get(i).copied().unwrap_or(false);
         let view = self.source.view();
         // The runs, planned now in the reader's order; each is claimed
