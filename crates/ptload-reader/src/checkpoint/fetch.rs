@@ -128,6 +128,11 @@ struct Run {
     members: Vec<(usize, u64, u64)>,
 }
 
+/// Storage `i` lies in no part of the file (its record or range is gone).
+fn not_in_file(i: usize) -> Error {
+    Error::new(ErrorKind::Tensor, format!("storage {i}: not in the file"))
+}
+
 /// Most bytes one coalesced read of storages fetches.
 const MAX_COALESCED: u64 = 64 << 20;
 
@@ -159,9 +164,17 @@ impl Fetched {
         }
     }
 
+    /// Storage `i`'s bytes, when kept for borrowing readers.
+    fn kept(&self, i: usize) -> Option<&[u8]> {
+        self.storages
+            .get(i)
+            .and_then(|c| c.get())
+            .map(Vec::as_slice)
+    }
+
     /// Fetched already: kept, or loose.
     fn done(&self, i: usize) -> bool {
-        self.storages.get(i).is_some_and(|c| c.get().is_some()) || self.is_loose(i)
+        self.kept(i).is_some() || self.is_loose(i)
     }
 
     fn loose(&self) -> std::sync::MutexGuard<'_, Loose> {
@@ -350,19 +363,8 @@ impl Checkpoint {
     /// order costs few requests. A storage another thread is fetching
     /// (a [`prefetch`](Self::prefetch)) is waited for, not fetched again.
     pub(super) fn fetch_storage(&self, index: usize, fetcher: &Fetcher) -> Result<&[u8]> {
-        let missing = || {
-            Error::new(
-                ErrorKind::Tensor,
-                format!("storage {index}: not in the file"),
-            )
-        };
-        let landed = || {
-            self.fetched
-                .storages
-                .get(index)
-                .and_then(|c| c.get())
-                .map(Vec::as_slice)
-        };
+        let missing = || not_in_file(index);
+        let landed = || self.fetched.kept(index);
         // Fetched ahead and handed over: kept from now on.
         let keep_loose = || {
             let bytes = self.fetched.take_loose(index)?;
@@ -511,8 +513,7 @@ impl Checkpoint {
         fetcher: &Fetcher,
         hand: Hand,
     ) -> Result<(u64, Option<Vec<u8>>)> {
-        let missing =
-            |i: usize| Error::new(ErrorKind::Tensor, format!("storage {i}: not in the file"));
+        let missing = not_in_file;
         // Only the parts not fetched while opening (around the zip's
         // headers) are requested: each byte is read once.
         let view = self.source.view();
@@ -587,12 +588,7 @@ impl Checkpoint {
             return None;
         };
         let (base, nbytes) = self.file_range(index)?;
-        let kept = || {
-            self.fetched
-                .storages
-                .get(index)
-                .is_some_and(|c| c.get().is_some())
-        };
+        let kept = || self.fetched.kept(index).is_some();
         if kept() || self.source.view().held(base, nbytes).is_some() {
             return None;
         }
@@ -646,18 +642,8 @@ impl Checkpoint {
     /// `None` when the checkpoint keeps the storage already (a borrowing
     /// reader asked for it, or it was fetched while opening): borrow it.
     fn take_storage(&self, index: usize, fetcher: &Fetcher) -> Result<Option<Vec<u8>>> {
-        let missing = || {
-            Error::new(
-                ErrorKind::Tensor,
-                format!("storage {index}: not in the file"),
-            )
-        };
-        let kept = || {
-            self.fetched
-                .storages
-                .get(index)
-                .is_some_and(|c| c.get().is_some())
-        };
+        let missing = || not_in_file(index);
+        let kept = || self.fetched.kept(index).is_some();
         let (offset, nbytes) = self.file_range(index).ok_or_else(missing)?;
         if self.source.view().held(offset, nbytes).is_some() {
             return Ok(None);
