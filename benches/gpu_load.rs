@@ -5,7 +5,8 @@
 //! ```text
 //! cargo bench -p ptload-device --bench gpu_load -- FILE [--runs N] [--json]
 //!     [--cold] [--tp WORLD [--rank R] [--split-preset NAME]]
-//!     [--streams N] [--buffer-mib N] [--fill map|read] [--keep]
+//!     [--streams N] [--buffer-mib N] [--fill map|read] [--pin register|alloc]
+//!     [--no-keep]
 //! ```
 //!
 //! `benches/gpu_compare.py` runs it on 2 GB and 8 GB checkpoints next to
@@ -40,12 +41,18 @@
 //!   advice, a file on tmpfs), or when `mincore` fails, the runs are
 //!   reported as not cold.
 //! - Staging (for tuning on the machine at hand, without a rebuild):
-//!   `--streams N` copy workers and streams (default 4), `--buffer-mib N`
-//!   per pinned buffer (default 32), `--fill read` fills them by
-//!   positioned reads of the file instead of copies from the map, `--keep`
-//!   keeps the pinned buffers from one load to the next (the unmeasured
-//!   first load pins them; the memory budget then counts the pool it
-//!   keeps).
+//!   `--streams N` copy workers and streams and `--buffer-mib N` per pinned
+//!   buffer (default: `Staging::default`'s rule, a worker per core from 4
+//!   to 16 sharing 128 MiB), `--fill map` fills them from the map instead
+//!   of by positioned reads, `--pin alloc` has the driver allocate them
+//!   (`cuMemHostAlloc`) instead of registering ordinary memory,
+//!   `--no-keep` pins and unpins them in every load instead of keeping
+//!   them in the process's pool (`--keep`, the default, is accepted).
+//! - The first load: the context exists, nothing is pinned yet, the file
+//!   is in the page cache (the process's first load of a warm file). It
+//!   checks the placement and is reported apart from the measured runs,
+//!   which (keeping) reuse the staging it pinned; `--no-keep` makes every
+//!   run a first load's staging.
 //! - Host memory: a thread reads `/proc/self/status` about every
 //!   millisecond during each measured load. ptload's host memory is the
 //!   peak of RssAnon + RssShmem above their sum just before the load; the
@@ -71,13 +78,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DevicePtr, DriverError};
-use ptload_device::{load, probe, Fill, LoadOptions, Staging, WorkerTime};
+use ptload_device::{load, probe, Fill, LoadOptions, Pin, Staging, WorkerTime};
 use ptload_reader::placement::{Device, DeviceMap, To};
 use ptload_reader::state_dict::StateDictOptions;
 use ptload_reader::tp::{Shard, Splits};
 use ptload_reader::Checkpoint;
 
-const USAGE: &str = "usage: gpu_load FILE [--runs N] [--json] [--cold] [--tp WORLD [--rank R] [--split-preset NAME]] [--streams N] [--buffer-mib N] [--fill map|read] [--keep]";
+const USAGE: &str = "usage: gpu_load FILE [--runs N] [--json] [--cold] [--tp WORLD [--rank R] [--split-preset NAME]] [--streams N] [--buffer-mib N] [--fill map|read] [--pin register|alloc] [--no-keep]";
 
 const CUDA0: Device = Device::Cuda(0);
 
@@ -150,7 +157,15 @@ fn parse_args() -> Result<Args, String> {
                     _ => return Err(format!("--fill takes map or read\n{USAGE}")),
                 };
             }
+            Some("--pin") => {
+                staging.pin = match args.next().as_ref().and_then(|v| v.to_str()) {
+                    Some("register") => Pin::Register,
+                    Some("alloc") => Pin::Allocate,
+                    _ => return Err(format!("--pin takes register or alloc\n{USAGE}")),
+                };
+            }
             Some("--keep") => staging.keep = true,
+            Some("--no-keep") => staging.keep = false,
             Some("--rank") => rank = Some(number(&mut args, "--rank")?),
             Some("--split-preset") => {
                 preset = Some(
@@ -501,8 +516,10 @@ struct Run {
     bytes: u64,
     /// Tensors that are not on cuda:0, with where they are and why.
     fallbacks: Vec<String>,
-    /// Page-locked staging bytes the load allocated for cuda:0.
+    /// Page-locked staging bytes the load allocated for cuda:0, and the
+    /// driver calls that did it.
     pinned_bytes: usize,
+    pinnings: usize,
     /// Host-to-device copies made.
     copies: usize,
     /// Where the copy workers spent their time.
@@ -568,6 +585,7 @@ fn ptload_run(
         bytes: cuda0.map_or(0, |d| d.bytes),
         fallbacks,
         pinned_bytes: cuda0.map_or(0, |d| d.pinned_bytes),
+        pinnings: cuda0.map_or(0, |d| d.pinnings),
         copies: cuda0.map_or(0, |d| d.copies),
         time: cuda0.map_or_else(WorkerTime::default, |d| d.time),
         faults,
@@ -647,7 +665,9 @@ fn measure(args: &Args, gpus: &ptload_device::Gpus) -> Result<ExitCode, String> 
         fsync(&args.file)?;
     }
 
-    // Unmeasured: checks the placement before anything is timed.
+    // Nothing kept from before: the first load pins its staging.
+    ptload_device::release_staging();
+    // Checks the placement before anything else is timed; reported apart.
     let first = ptload_run(&args.file, gpus, &options, args.staging)?;
     if !first.fallbacks.is_empty() {
         eprintln!(
@@ -732,9 +752,13 @@ struct Report<'a> {
     tensors: usize,
     split: usize,
     bytes: u64,
-    /// Pinned bytes the unmeasured first load allocated (with `--keep`,
-    /// the pool the measured loads reuse).
+    /// Pinned bytes the first load allocated (kept: the pool the measured
+    /// loads reuse), and the driver calls that pinned them.
     first_pinned: usize,
+    first_pinnings: usize,
+    /// The first load: open, state dict, plan and load, seconds.
+    first_seconds: f64,
+    first_time: WorkerTime,
     pinned: &'a Pinned,
     runs: &'a [Run],
     /// `--cold`: the share of the file cached before each measured run.
@@ -757,6 +781,9 @@ impl<'a> Report<'a> {
             split: first.split,
             bytes: first.bytes,
             first_pinned: first.pinned_bytes,
+            first_pinnings: first.pinnings,
+            first_seconds: first.seconds,
+            first_time: first.time,
             pinned,
             runs,
             resident_before,
@@ -857,6 +884,17 @@ impl<'a> Report<'a> {
                 "buffer_bytes": self.args.staging.buffer_bytes,
                 "fill": match self.args.staging.fill { Fill::Map => "map", Fill::Read => "read" },
                 "keep": self.args.staging.keep,
+                "pin": match self.args.staging.pin { Pin::Register => "register", Pin::Allocate => "alloc" },
+            },
+            "first": {
+                "seconds": self.first_seconds,
+                "gbps": self.bytes as f64 / self.first_seconds / 1e9,
+                "fraction_of_pinned": self.bytes as f64 / self.first_seconds / 1e9 / self.pinned.gbps(),
+                "pinned_bytes": self.first_pinned,
+                "pinnings": self.first_pinnings,
+                "setup_seconds": self.first_time.setup_seconds,
+                "fill_seconds": self.first_time.fill_seconds,
+                "wait_seconds": self.first_time.wait_seconds,
             },
             "tp": self.args.tp.as_ref().map(|tp| serde_json::json!({
                 "world": tp.world, "rank": tp.rank, "split_preset": tp.preset,
@@ -963,6 +1001,16 @@ impl<'a> Report<'a> {
         println!(
             "  of which load()             {:>9.4} s",
             median(&self.each(|r| r.load_seconds))
+        );
+        let first_gbps = self.bytes as f64 / self.first_seconds / 1e9;
+        println!(
+            "first load of the process     {:>9.4} s     {:>7.2} GB/s  {:.0}% of the pinned limit; pinned {:.0} MiB in {} driver calls, setup {:.4} thread-s",
+            self.first_seconds,
+            first_gbps,
+            first_gbps / pinned.gbps() * 100.0,
+            mib(self.first_pinned as u64),
+            self.first_pinnings,
+            self.first_time.setup_seconds
         );
         println!(
             "  copy workers (thread-s)     setup {:.4}, fill {:.4}, wait {:.4}; {} copies",

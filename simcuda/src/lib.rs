@@ -9,6 +9,8 @@
 //! - Faults: `SIMCUDA_NO_DEVICE=1` (cuInit answers NO_DEVICE),
 //!   `SIMCUDA_OOM_AT=k` (the k-th device allocation fails, 1-based),
 //!   `SIMCUDA_PINNED_FAIL=1` (every pinned allocation fails),
+//!   `SIMCUDA_REGISTER_FAIL=1` (every host registration fails, as where
+//!   the driver cannot lock ordinary memory),
 //!   `SIMCUDA_COPY_FAIL_AT=k` (the k-th copy is refused when queued),
 //!   `SIMCUDA_COPY_FAULT_AT=k` (the k-th copy faults when it runs: the
 //!   context's error is sticky, as on a GPU), `SIMCUDA_SLOW_US=n` (each copy
@@ -21,7 +23,8 @@
 //! - Misuse that is undefined behaviour on a GPU is a *violation*: printed
 //!   to stderr and appended to the file `SIMCUDA_VIOLATIONS` names: a
 //!   pinned host buffer changed between a copy being queued and it running,
-//!   pinned memory freed with copies pending, device addresses outside an
+//!   pinned memory freed with copies pending, host memory registered twice
+//!   or unregistered with copies pending, device addresses outside an
 //!   allocation or freed, work with no current context.
 //!
 //! Pageable host memory is staged when a copy is queued, as the real driver
@@ -60,6 +63,7 @@ struct Config {
     no_device: bool,
     oom_at: Option<u64>,
     pinned_fail: bool,
+    register_fail: bool,
     copy_fail_at: Option<u64>,
     copy_fault_at: Option<u64>,
     slow_us: u64,
@@ -81,6 +85,7 @@ fn config() -> &'static Config {
         no_device: env_u64("SIMCUDA_NO_DEVICE") == Some(1),
         oom_at: env_u64("SIMCUDA_OOM_AT"),
         pinned_fail: env_u64("SIMCUDA_PINNED_FAIL") == Some(1),
+        register_fail: env_u64("SIMCUDA_REGISTER_FAIL") == Some(1),
         copy_fail_at: env_u64("SIMCUDA_COPY_FAIL_AT"),
         copy_fault_at: env_u64("SIMCUDA_COPY_FAULT_AT"),
         slow_us: env_u64("SIMCUDA_SLOW_US").unwrap_or(0),
@@ -113,7 +118,9 @@ struct Alloc {
 struct Pinned {
     len: usize,
     pending: usize,
-    layout: std::alloc::Layout,
+    /// Allocated by `cuMemHostAlloc` with this layout; `None`: the
+    /// caller's memory, registered by `cuMemHostRegister`.
+    layout: Option<std::alloc::Layout>,
 }
 
 #[derive(Default)]
@@ -845,7 +852,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(
         Pinned {
             len: bytes,
             pending: 0,
-            layout,
+            layout: Some(layout),
         },
     );
     *pp = p.cast();
@@ -855,21 +862,124 @@ pub unsafe extern "C" fn cuMemHostAlloc(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     let mut s = sim();
-    match s.pinned.remove(&(p as usize)) {
-        Some(a) => {
-            if a.pending > 0 {
-                violation(&format!(
-                    "pinned memory freed with {} copies pending",
-                    a.pending
-                ));
+    match s.pinned.get(&(p as usize)).map(|a| a.layout) {
+        Some(Some(layout)) => {
+            if let Some(a) = s.pinned.remove(&(p as usize)) {
+                if a.pending > 0 {
+                    violation(&format!(
+                        "pinned memory freed with {} copies pending",
+                        a.pending
+                    ));
+                }
             }
-            std::alloc::dealloc(p.cast(), a.layout);
+            std::alloc::dealloc(p.cast(), layout);
             SUCCESS
+        }
+        Some(None) => {
+            violation("cuMemFreeHost of registered memory (cuMemHostUnregister unpins it)");
+            INVALID_VALUE
         }
         None => {
             violation("cuMemFreeHost of memory that is not pinned");
             INVALID_VALUE
         }
+    }
+}
+
+const HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
+const HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
+
+/// Registered ranges and bytes so far, for tests that count driver calls:
+/// `(calls, bytes)` of every successful `cuMemHostRegister`.
+static REGISTERED: Mutex<(u64, u64)> = Mutex::new((0, 0));
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostRegister_v2(
+    p: *mut c_void,
+    bytes: usize,
+    _flags: c_uint,
+) -> CUresult {
+    try_cu!(need_context());
+    if config().register_fail {
+        return OUT_OF_MEMORY;
+    }
+    let base = p as usize;
+    if p.is_null() || bytes == 0 || !base.is_multiple_of(4096) {
+        return INVALID_VALUE;
+    }
+    let mut s = sim();
+    let overlaps = s
+        .pinned
+        .iter()
+        .any(|(&b, a)| base < b + a.len && b < base + bytes);
+    if overlaps {
+        violation(&format!(
+            "host memory at {base:#x} ({bytes} bytes) registered while pinned already"
+        ));
+        return HOST_MEMORY_ALREADY_REGISTERED;
+    }
+    // The driver faults every page in to lock it.
+    let pages = std::slice::from_raw_parts(p.cast::<u8>(), bytes);
+    for page in pages.chunks(4096) {
+        std::ptr::read_volatile(page.as_ptr());
+    }
+    s.pinned.insert(
+        base,
+        Pinned {
+            len: bytes,
+            pending: 0,
+            layout: None,
+        },
+    );
+    drop(s);
+    let mut r = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
+    r.0 += 1;
+    r.1 += bytes as u64;
+    SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    try_cu!(need_context());
+    let mut s = sim();
+    match s.pinned.get(&(p as usize)).map(|a| a.layout) {
+        Some(None) => {
+            if let Some(a) = s.pinned.remove(&(p as usize)) {
+                if a.pending > 0 {
+                    violation(&format!(
+                        "registered memory unregistered with {} copies pending",
+                        a.pending
+                    ));
+                }
+            }
+            SUCCESS
+        }
+        Some(Some(_)) => {
+            violation("cuMemHostUnregister of memory cuMemHostAlloc made");
+            INVALID_VALUE
+        }
+        None => {
+            violation("cuMemHostUnregister of memory that is not registered");
+            HOST_MEMORY_NOT_REGISTERED
+        }
+    }
+}
+
+/// Not a driver call: `(calls, bytes)` of every successful
+/// `cuMemHostRegister` so far, and the host bytes pinned now (allocated
+/// or registered), for tests.
+#[no_mangle]
+pub unsafe extern "C" fn simcuda_host_pinning(calls: *mut u64, bytes: *mut u64, live: *mut u64) {
+    let r = *REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
+    let now: usize = sim().pinned.values().map(|a| a.len).sum();
+    if !calls.is_null() {
+        *calls = r.0;
+    }
+    if !bytes.is_null() {
+        *bytes = r.1;
+    }
+    if !live.is_null() {
+        *live = now as u64;
     }
 }
 

@@ -1076,17 +1076,11 @@ impl Selection {
             let opts = ptload_device::LoadOptions {
                 progress: Some(Arc::new(move |n| counter.add(n))),
                 cancel: Some(Arc::clone(&work.cancel)),
-                // The files load one after another: the buffers pinned for
-                // the first serve the rest, and are freed after the last.
-                staging: ptload_device::Staging {
-                    keep: true,
-                    ..Default::default()
-                },
+                // The staging pinned by the process's first load serves
+                // every later one (`ptload.release_staging()` unpins it).
                 ..Default::default()
             };
-            let placed = place_selection(&set, &entries, ordinal, &opts);
-            ptload_device::release_staging();
-            placed
+            place_selection(&set, &entries, ordinal, &opts)
         })?;
         let tensors = placed.map_err(|e| Error::new_err(e.render(&terms::Kwargs)))?;
         Ok(PlacedTensors { tensors })
@@ -1512,6 +1506,13 @@ fn global_allowed(allowed: Vec<String>, module: &str, name: &str) -> bool {
     ptload_reader::Policy::allowlist_admits(&allowed, module, name)
 }
 
+/// Unpin the page-locked staging that loads onto GPUs keep for the
+/// next load of the process; returns the bytes freed.
+#[pyfunction]
+fn release_staging() -> usize {
+    ptload_device::release_staging()
+}
+
 #[pymodule]
 fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", m.py().get_type::<Error>())?;
@@ -1527,6 +1528,7 @@ fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Uploaded>()?;
     m.add_class::<PlacedTensors>()?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(release_staging, m)?)?;
     m.add_function(wrap_pyfunction!(terms::fallback_text, m)?)?;
     m.add_function(wrap_pyfunction!(global_allowed, m)?)?;
     m.add_function(wrap_pyfunction!(describe_capsule, m)?)?;

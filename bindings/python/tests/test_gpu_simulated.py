@@ -268,3 +268,16 @@ def test_a_selection_of_every_dtype_goes_to_the_gpu_once(gpus):
         assert ours[name].dtype == t.dtype and ours[name].shape == t.shape, name
         raw = lambda x: x.reshape(-1).contiguous().view(torch.uint8)  # noqa: E731
         assert torch.equal(raw(ours[name]), raw(t)), name
+
+
+def test_staging_is_pinned_by_the_first_load_and_kept_until_released(gpus):
+    ptload.release_staging()
+    want = torch_cpu("llama_wide.pt")
+    for _ in range(3):
+        assert_same_object(ptload.torch.load(fixture("llama_wide.pt"), map_location="cuda:0"), want)
+    # The first load pinned the staging; the others reused it.
+    kept = ptload.release_staging()
+    assert kept > 0
+    assert ptload.release_staging() == 0
+    assert_same_object(ptload.torch.load(fixture("llama_wide.pt"), map_location="cuda:0"), want)
+    assert ptload.release_staging() == kept

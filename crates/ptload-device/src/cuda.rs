@@ -17,7 +17,6 @@ use std::time::Instant;
 
 use cudarc::driver::{
     result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr,
-    PinnedHostSlice,
 };
 
 use ptload_reader::checkpoint::ByteOrder;
@@ -25,6 +24,7 @@ use ptload_reader::tp::EvenRuns;
 
 use crate::driver::{guarded, make_current, text, KeepCurrent};
 use crate::probe::Gpu;
+use crate::staging::{Buffer, Stager, Staging};
 
 /// Bytes from one host slice to one offset of the arena.
 pub(crate) struct Upload<'a> {
@@ -109,106 +109,6 @@ enum CopyError {
     Read(ptload_reader::Error),
     /// They lie outside what the upload holds.
     Outside,
-}
-
-/// Sizes of the staging pool.
-#[derive(Debug, Clone, Copy)]
-pub struct Staging {
-    /// Bytes per pinned buffer at most (each copy moves at most this
-    /// much); a smaller load uses smaller buffers.
-    pub buffer_bytes: usize,
-    /// Streams (and worker threads) per device at most; each has two
-    /// buffers (one when it has a single run to copy).
-    pub streams_per_device: usize,
-    /// How the buffers are filled from a mapped file.
-    pub fill: Fill,
-    /// Keep the page-locked buffers when the load ends, for the next
-    /// load onto the same device in this process, instead of freeing
-    /// them: a process loading several files (the shards of a set) pins
-    /// memory once. [`release_staging`] frees what is kept.
-    pub keep: bool,
-}
-
-impl Default for Staging {
-    fn default() -> Self {
-        // 4 streams x 2 buffers x 32 MiB = 256 MiB of pinned memory per device.
-        Staging {
-            buffer_bytes: 32 << 20,
-            streams_per_device: 4,
-            fill: Fill::Map,
-            keep: false,
-        }
-    }
-}
-
-/// Page-locked buffers kept between loads ([`Staging::keep`]), by the
-/// ordinal of the device whose context made them.
-static KEPT: Mutex<Vec<(u32, PinnedHostSlice<u8>)>> = Mutex::new(Vec::new());
-
-/// Kept buffers at most; a load that finds more to return frees the rest.
-const MOST_KEPT: usize = 64;
-
-/// Free the staging buffers loads kept ([`Staging::keep`]); returns the
-/// bytes freed. Loads under way keep theirs until they end.
-pub fn release_staging() -> usize {
-    let kept = match KEPT.lock() {
-        Ok(mut kept) => std::mem::take(&mut *kept),
-        Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
-    };
-    let bytes = kept.iter().map(|(_, b)| b.len()).sum();
-    // Freed on the device's context (each buffer holds it).
-    let _keep = KeepCurrent::new();
-    drop(kept);
-    bytes
-}
-
-/// Keep `buffer`, made on device `ordinal`'s context, for a later load;
-/// past [`MOST_KEPT`] it is freed (outside the lock: freeing pinned
-/// memory can take a while).
-fn keep(ordinal: u32, buffer: PinnedHostSlice<u8>) {
-    let refused = match KEPT.lock() {
-        Ok(mut kept) if kept.len() < MOST_KEPT => {
-            kept.push((ordinal, buffer));
-            None
-        }
-        _ => Some(buffer),
-    };
-    drop(refused);
-}
-
-/// A kept buffer made on device `ordinal`'s context holding at least
-/// `bytes`, if any.
-fn take_kept(ordinal: u32, bytes: usize) -> Option<PinnedHostSlice<u8>> {
-    let mut kept = KEPT.lock().ok()?;
-    let at = kept
-        .iter()
-        .position(|(o, b)| *o == ordinal && b.len() >= bytes)?;
-    Some(kept.swap_remove(at).1)
-}
-
-/// How the copy workers fill the staging buffers with the storages of a
-/// memory-mapped checkpoint. Both give the same bytes; which is faster
-/// depends on the machine (page faults cost more under some kernels and
-/// sandboxes). Other storages (converted, a rank's slices, a file read
-/// by ranges) are copied as they are held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Fill {
-    /// Copy from the map: its page faults bring the file in.
-    #[default]
-    Map,
-    /// Positioned reads of the file into the buffers
-    /// ([`Checkpoint::read_storage_at`](ptload_reader::Checkpoint::read_storage_at)):
-    /// the kernel copies from its page cache, the map is not touched.
-    Read,
-}
-
-impl Staging {
-    /// Pinned bytes one device's upload uses at most.
-    pub fn pinned_bytes(&self) -> usize {
-        self.buffer_bytes
-            .saturating_mul(2)
-            .saturating_mul(self.streams_per_device)
-    }
 }
 
 /// A device allocation holding storages as sub-slices. It is freed (on
@@ -398,8 +298,10 @@ impl Pool {
 pub(crate) struct Copied {
     /// Host-to-device copies queued.
     pub(crate) copies: usize,
-    /// Pinned staging bytes allocated (pageable buffers are not counted).
+    /// Staging bytes this upload page-locked (kept buffers and pageable
+    /// ones are not counted), and the driver calls that did it.
     pub(crate) pinned: usize,
+    pub(crate) pinnings: usize,
     /// Where the workers' time went, summed over them.
     pub(crate) time: WorkerTime,
 }
@@ -477,7 +379,15 @@ pub(crate) fn upload(
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let copies = AtomicUsize::new(0);
-    let pinned = AtomicUsize::new(0);
+    // Buffers needed: no more than the runs.
+    let stager = Stager::new(
+        ctx,
+        gpu.ordinal,
+        staging,
+        pool.buffer,
+        pool.workers,
+        pool.runs.min(pool.workers.saturating_mul(pool.buffers)),
+    );
     let clock = Clock::default();
     let error: Mutex<Option<String>> = Mutex::new(None);
     let read_error: Mutex<Option<ptload_reader::Error>> = Mutex::new(None);
@@ -490,10 +400,8 @@ pub(crate) fn upload(
         next: &next,
         failed: &failed,
         copies: &copies,
-        pinned: &pinned,
+        stager: &stager,
         clock: &clock,
-        ordinal: gpu.ordinal,
-        keep: staging.keep,
         progress,
         cancel,
         read_error: &read_error,
@@ -528,7 +436,8 @@ pub(crate) fn upload(
     }
     Ok(Copied {
         copies: copies.into_inner(),
-        pinned: pinned.into_inner(),
+        pinned: stager.pinned.load(Ordering::Relaxed),
+        pinnings: stager.pinnings.load(Ordering::Relaxed),
         time: clock.time(),
     })
 }
@@ -547,33 +456,14 @@ struct Shared<'s, 'a> {
     /// Set by a failing worker so the others stop.
     failed: &'s AtomicBool,
     copies: &'s AtomicUsize,
-    pinned: &'s AtomicUsize,
+    /// Where the staging buffers come from and go back to.
+    stager: &'s Stager<'s>,
     clock: &'s Clock,
-    /// The device's ordinal, and whether its buffers are kept and reused.
-    ordinal: u32,
-    keep: bool,
     progress: Option<&'s (dyn Fn(u64) + Send + Sync)>,
     /// Set by the caller to stop taking runs.
     cancel: Option<&'s AtomicBool>,
     /// The first failure to read an upload's bytes.
     read_error: &'s Mutex<Option<ptload_reader::Error>>,
-}
-
-/// A staging buffer: page-locked when the driver gives one, else pageable
-/// (the driver then stages each copy itself before the call returns, so
-/// the buffer is free again at once).
-enum Buffer {
-    Pinned(PinnedHostSlice<u8>),
-    Pageable(Vec<u8>),
-}
-
-impl Buffer {
-    fn as_mut_slice(&mut self) -> Result<&mut [u8], String> {
-        match self {
-            Buffer::Pinned(p) => p.as_mut_slice().map_err(text),
-            Buffer::Pageable(v) => Ok(v),
-        }
-    }
 }
 
 /// One staging buffer, the event guarding its reuse, and the bytes of the
@@ -627,13 +517,9 @@ fn worker(shared: &Shared<'_, '_>) -> Result<(), String> {
         }
         // Every copy out of the buffers is done: they may serve another
         // load.
-        if shared.keep {
-            for slot in slots.drain(..) {
-                if let Buffer::Pinned(b) = slot.buffer {
-                    keep(shared.ordinal, b);
-                }
-            }
-        }
+        shared
+            .stager
+            .give_back(slots.drain(..).map(|slot| slot.buffer));
     }
     result.and(waited)
 }
@@ -649,32 +535,7 @@ fn new_slot(shared: &Shared<'_, '_>) -> Result<Slot, String> {
         ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
             .map_err(text)
     })?;
-    let kept = shared
-        .keep
-        .then(|| take_kept(shared.ordinal, shared.pool.buffer))
-        .flatten();
-    let buffer = match kept {
-        Some(b) => Buffer::Pinned(b),
-        None => guarded(|| {
-            // SAFETY: page-locked host memory, uninitialized; only the
-            // bytes a run writes are ever passed to a copy. PORTABLE makes
-            // it usable from every context, not write-combined so staging
-            // reads stay fast.
-            let pinned = unsafe {
-                ctx.alloc_pinned_with_flags::<u8>(shared.pool.buffer, sys::CU_MEMHOSTALLOC_PORTABLE)
-            };
-            Ok(match pinned {
-                Ok(p) => {
-                    shared
-                        .pinned
-                        .fetch_add(shared.pool.buffer, Ordering::Relaxed);
-                    Buffer::Pinned(p)
-                }
-                // Fewer pinned bytes than asked for: pageable copies instead.
-                Err(_) => Buffer::Pageable(vec![0; shared.pool.buffer]),
-            })
-        })?,
-    };
+    let buffer = shared.stager.buffer()?;
     Ok(Slot {
         buffer,
         event,
@@ -726,7 +587,7 @@ fn copy_runs(
         }
         let host = slot
             .buffer
-            .as_mut_slice()?
+            .as_mut_slice()
             .get_mut(..len)
             .ok_or("run longer than its buffer")?;
         let filling = Instant::now();
@@ -806,7 +667,11 @@ mod tests {
 
     #[test]
     fn the_pool_is_no_larger_than_the_work() {
-        let staging = Staging::default();
+        let staging = Staging {
+            buffer_bytes: 32 << 20,
+            streams_per_device: 4,
+            ..Staging::default()
+        };
         let tiny = Pool::for_work(&staging, 232);
         assert_eq!(
             (tiny.buffer, tiny.workers, tiny.buffers, tiny.runs),

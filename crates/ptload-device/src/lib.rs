@@ -58,12 +58,15 @@ mod error;
 mod load;
 mod loaded;
 mod probe;
+#[allow(unsafe_code)]
+mod staging;
 
-pub use cuda::{release_staging, Arena, Fill, Staging, WorkerTime};
+pub use cuda::{Arena, WorkerTime};
 pub use error::{DeviceError, DeviceErrorKind, Fallback, LoadError, NoGpu};
 pub use load::{load, upload_storages, LoadOptions};
 pub use loaded::{CudaStorage, DeviceReport, HostStorage, Loaded, LoadedTensor, Placed};
 pub use probe::{device_count, probe, Gpu, Gpus};
+pub use staging::{release_staging, Fill, Pin, Staging};
 
 /// The CUDA binding ptload uses, for engines that launch work on the
 /// buffers it fills (same version, so its types match).

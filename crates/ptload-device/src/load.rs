@@ -14,14 +14,13 @@ use ptload_reader::state_dict::Selected;
 use ptload_reader::tp::EvenRuns;
 use ptload_reader::{Checkpoint, DType};
 
-use crate::cuda::{
-    self, Arena, Copied, Fill, Staging, Upload, UploadBytes, UploadError, WorkerTime,
-};
+use crate::cuda::{self, Arena, Copied, Upload, UploadBytes, UploadError, WorkerTime};
 use crate::error::{Fallback, LoadError};
 use crate::loaded::{
     CudaStorage, DeviceReport, HostRepr, HostStorage, Loaded, LoadedTensor, Placed,
 };
 use crate::probe::{Gpu, Gpus};
+use crate::staging::{Fill, Staging};
 
 pub use ptload_reader::export::Progress;
 
@@ -838,6 +837,7 @@ fn reports(
                 seconds: 0.0,
                 copies: 0,
                 pinned_bytes: 0,
+                pinnings: 0,
                 time: WorkerTime::default(),
             }),
         }
@@ -860,6 +860,7 @@ fn reports(
             d.seconds = w.seconds;
             d.copies = w.copied.copies;
             d.pinned_bytes = w.copied.pinned;
+            d.pinnings = w.copied.pinnings;
             d.time = w.copied.time;
         }
     }

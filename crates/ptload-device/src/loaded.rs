@@ -163,10 +163,12 @@ pub struct DeviceReport {
     /// Host-to-device copies made (each at most the staging buffer size;
     /// many small storages share one).
     pub copies: usize,
-    /// Page-locked staging bytes allocated for it (buffers kept from an
-    /// earlier load, [`Staging::keep`](crate::Staging::keep), are not
-    /// counted).
+    /// Staging bytes page-locked for it (buffers kept from an earlier
+    /// load, [`Staging::keep`](crate::Staging::keep), are not counted).
     pub pinned_bytes: usize,
+    /// Driver calls that page-locked them: one per round of buffers (at
+    /// most two for a load), none when kept buffers served it.
+    pub pinnings: usize,
     /// Where its copy workers spent their time (zero for the host and
     /// meta).
     pub time: WorkerTime,

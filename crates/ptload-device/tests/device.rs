@@ -445,12 +445,15 @@ fn uploads_read_back_as_the_readers_values() {
     let odd = ptload_device::Staging {
         buffer_bytes: 4096 + 6,
         streams_per_device: 3,
+        fill: ptload_device::Fill::Map,
         ..Default::default()
     };
     let stagings = [
         odd,
         ptload_device::Staging {
             fill: ptload_device::Fill::Read,
+            pin: ptload_device::Pin::Allocate,
+            keep: false,
             ..odd
         },
         ptload_device::Staging::default(),
@@ -548,6 +551,8 @@ fn contexts_are_opened_only_where_storages_go_and_the_callers_stays_current() {
     let _turn = gpu_turn();
     let gpus = a_gpu();
     let ordinals: Vec<i32> = gpus.devices().iter().map(|g| g.ordinal as i32).collect();
+    // Staging kept by earlier loads holds its device's context.
+    ptload_device::release_staging();
     assert!(ordinals.iter().all(|&i| !primary_context_active(i)));
     assert_eq!(current_context(), 0);
     let ckpt = open("basic.pt");
@@ -669,6 +674,8 @@ fn simulated_driver_faults() {
     let _turn = gpu_turn();
     let set = |name: &str| std::env::var(name).ok();
     let gpus = probe();
+    // Nothing kept from another test: this load pins its own staging.
+    ptload_device::release_staging();
     let ckpt = open("many_tensors.pt");
     let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
     // Small runs: many copies, so a fault at the k-th lands mid-load.
@@ -803,11 +810,17 @@ fn simulated_driver_faults() {
                 .expect_err("strict refuses a device it cannot open");
             assert!(e.to_string().starts_with(&why), "{e}");
         }
-    } else if set("SIMCUDA_PINNED_FAIL").is_some() {
-        // Pageable staging instead: slower, the same bytes.
-        let loaded = result.expect("pageable copies");
+    } else if set("SIMCUDA_PINNED_FAIL").is_some() || set("SIMCUDA_REGISTER_FAIL").is_some() {
+        // Staging pinned the other way; where neither works, pageable
+        // staging: slower, the same bytes.
+        let loaded = result.expect("staged");
         assert!(loaded.tensors().iter().all(|t| t.device == Device::Cuda(0)));
         check_values(&loaded);
+        let report = &loaded.devices()[0];
+        let neither =
+            set("SIMCUDA_PINNED_FAIL").is_some() && set("SIMCUDA_REGISTER_FAIL").is_some();
+        assert_eq!(report.pinned_bytes == 0, neither, "{report:?}");
+        assert_eq!(report.pinnings == 0, neither, "{report:?}");
     } else if set("SIMCUDA_MEMORY").is_some() {
         // Less device memory than the checkpoint: what fits stays, the
         // rest spills to the host, each saying why.
@@ -1302,22 +1315,50 @@ fn a_file_cut_short_while_read_into_staging_is_an_error() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Staging kept between loads (`Staging::keep`): the second load onto
-/// the device pins nothing new and lands the same bytes; once released,
-/// the next load pins its own again.
+/// The simulated driver's count of host memory pinned now, in bytes
+/// (`simcuda_host_pinning`, not a driver call); `None` on a real driver.
+#[allow(unsafe_code)]
+fn simulated_pinned_now() -> Option<u64> {
+    type Counts = unsafe extern "C" fn(*mut u64, *mut u64, *mut u64);
+    // SAFETY: dlopen with RTLD_NOLOAD only finds the library cudarc has
+    // loaded; the symbol, when present, has the signature above.
+    unsafe {
+        let lib = libc::dlopen(c"libcuda.so".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        if lib.is_null() {
+            return None;
+        }
+        let f = libc::dlsym(lib, c"simcuda_host_pinning".as_ptr());
+        let live = (!f.is_null()).then(|| {
+            let f: Counts = std::mem::transmute(f);
+            let mut live = 0u64;
+            f(std::ptr::null_mut(), std::ptr::null_mut(), &mut live);
+            live
+        });
+        libc::dlclose(lib);
+        live
+    }
+}
+
+/// Staging is one pool per process (`Staging::keep`, the default): the
+/// first load pins its buffers in two driver calls (the workers' first
+/// buffers, then their second ones); later loads onto the device pin
+/// nothing, however many, and land the same bytes; released, the pool
+/// is unpinned and the next load pins again; a load told not to keep
+/// pins and unpins its own, leaving the pool as it was.
 #[test]
 #[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
-fn kept_staging_serves_the_next_load() {
+fn staging_is_pinned_once_per_process_and_released_on_request() {
     let _turn = gpu_turn();
     let gpus = a_gpu();
     ptload_device::release_staging();
+    let before = simulated_pinned_now();
     let ckpt = open("llama_wide.pt");
     let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
     let load_with = |keep: bool| {
         let opts = LoadOptions {
             staging: ptload_device::Staging {
                 buffer_bytes: 1 << 20,
-                streams_per_device: 1,
+                streams_per_device: 4,
                 keep,
                 ..Default::default()
             },
@@ -1344,15 +1385,27 @@ fn kept_staging_serves_the_next_load() {
             .find(|d| d.device == Device::Cuda(0))
             .cloned()
             .expect("cuda:0");
-        report.pinned_bytes
+        (report.pinned_bytes, report.pinnings)
     };
-    // 8 MB in 1 MiB runs: one worker, two buffers.
+    // 8 MB in 1 MiB runs: 4 workers, 2 buffers each, in two rounds.
     let first = load_with(true);
-    assert_eq!(first, 2 << 20);
-    assert_eq!(load_with(true), 0, "the kept buffers serve the second load");
-    assert_eq!(ptload_device::release_staging(), first);
+    assert_eq!(first, (8 << 20, 2));
+    let pool = before.map(|b| b + (8 << 20));
+    for _ in 0..20 {
+        assert_eq!(load_with(true), (0, 0), "the kept buffers serve the load");
+        assert_eq!(simulated_pinned_now(), pool, "no more pinned");
+    }
+    assert_eq!(ptload_device::release_staging(), first.0);
+    assert_eq!(simulated_pinned_now(), before, "released: unpinned");
     assert_eq!(ptload_device::release_staging(), 0);
     assert_eq!(load_with(true), first, "released: pinned again");
-    assert_eq!(load_with(false), first, "not asked to keep: pins its own");
-    assert_eq!(ptload_device::release_staging(), first);
+    // A load that keeps nothing leaves the pool alone and unpins its own.
+    assert_eq!(load_with(false), first, "not kept: pins its own");
+    assert_eq!(
+        simulated_pinned_now(),
+        pool,
+        "not kept: unpinned at the end"
+    );
+    assert_eq!(ptload_device::release_staging(), first.0);
+    assert_eq!(simulated_pinned_now(), before);
 }

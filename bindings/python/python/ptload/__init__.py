@@ -20,6 +20,8 @@ exception torch raises in the same case (``ptload.ContainerError`` is a
 Importing ``ptload`` or ``ptload.numpy`` never imports torch.
 """
 
+import atexit
+
 from ._errors import (
     ContainerError,
     CorruptRecordError,
@@ -39,6 +41,22 @@ from ._errors import (
 from ._graph import Global, Inert
 from ._safe import safe_open
 from ._patch import patch, patched, unpatch  # noqa: F401 - torch.load made ptload's, process-wide
+from ._ptload import release_staging as _release_staging
+
+
+def release_staging() -> int:
+    """Unpin the page-locked host memory that loads onto GPUs keep.
+
+    The first load onto a GPU pins its staging buffers (128 MiB per
+    device by default) and keeps them for the next load of the process, so
+    later loads pin nothing. This frees them now and returns the bytes
+    freed; it also runs when the interpreter exits. A later load pins
+    again.
+    """
+    return _release_staging()
+
+
+atexit.register(release_staging)
 
 __version__ = "0.1.0"
 
@@ -62,6 +80,7 @@ __all__ = [
     "safe_open",
     "patch",
     "patched",
+    "release_staging",
     "unpatch",
     "__version__",
 ]

@@ -117,12 +117,8 @@ pub(crate) fn load_file(
     crate::args::tell_decisions(selection.decisions());
     let mut opts = LoadOptions {
         strict: req.strict,
-        // A set's files load one after another: the staging buffers
-        // pinned for the first serve the others (the process ends after).
-        staging: ptload_device::Staging {
-            keep: true,
-            ..Default::default()
-        },
+        // A set's files load one after another: the staging pinned for
+        // the first serves the others (kept, the default).
         ..Default::default()
     };
     if let Some(d) = req.dtype {
