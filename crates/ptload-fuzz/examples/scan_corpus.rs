@@ -208,6 +208,60 @@ fn main() {
             ZipEntry::new("archive/data/0", storage4()),
         ]),
     );
+    // TorchScript 1.x (PyTorch's own iOS demo models): each module of the
+    // archive is a `__torch__` class whose state holds `__constants__` and
+    // `__overloads__`, lists of names that TorchScript's loader sets as
+    // attributes of the compiled type.
+    let torchscript_module = |dunder_value: &dyn Fn(&mut Pickle)| {
+        let mut p = Pickle::proto(2);
+        p.global("__torch__", "Model")
+            .op(b")")
+            .op(&[0x81])
+            .op(b"}(");
+        p.str("weight").tensor(&tensor());
+        p.str("fc")
+            .global("__torch__.torch.nn.modules.linear", "Linear");
+        p.op(b")").op(&[0x81]).op(b"}(").str("__constants__");
+        p.op(b"(").str("in_features").str("out_features").op(b"l");
+        p.str("training").bool(true).op(b"ub");
+        p.str("__overloads__");
+        dunder_value(&mut p);
+        p.str("training").bool(true).op(b"ub");
+        p.stop()
+    };
+    let torchscript_archive = |pickle: Vec<u8>| {
+        archive(vec![
+            ZipEntry::new("archive/data.pkl", pickle),
+            ZipEntry::new(
+                "archive/code/__torch__.py",
+                b"class Model(Module):\n  __parameters__ = [\"weight\", ]\n".to_vec(),
+            ),
+            ZipEntry::new("archive/constants.pkl", {
+                let mut p = Pickle::proto(2);
+                p.op(b")");
+                p.stop()
+            }),
+            ZipEntry::new("archive/data/0", storage4()),
+        ])
+    };
+    add(
+        "torchscript_1x_module_attributes.pt",
+        torchscript_archive(torchscript_module(&|p| {
+            p.op(b"}(")
+                .str("forward")
+                .op(b"(")
+                .str("forward_tensor")
+                .op(b"lu");
+        })),
+    );
+    // The same place holding a dangerous callable: TorchScript's loader
+    // calls nothing there, but the callable is in the file.
+    add(
+        "torchscript_1x_dunder_holds_payload.pt",
+        torchscript_archive(torchscript_module(&|p| {
+            p.global("os", "system");
+        })),
+    );
     let mut encrypted = ZipEntry::new("archive/data.pkl", payload_pickle());
     encrypted.flags = 1;
     add(
@@ -499,12 +553,8 @@ fn main() {
         ]),
     );
 
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "pt" || e == "pkl") {
-            std::fs::remove_file(path).unwrap();
-        }
-    }
+    // Its own files only: the folder also holds files torch wrote
+    // (fixtures/generate.py) and their answers.
     for (name, bytes) in &files {
         std::fs::write(dir.join(name), bytes).unwrap();
     }

@@ -504,6 +504,16 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
+    // TorchScript 1.x modules (PyTorch's iOS demo models): `__constants__`
+    // and `__overloads__` in a `__torch__` class's state are attributes
+    // TorchScript's loader sets, not a smuggled `__setstate__`.
+    ("torchscript_1x_module_attributes.pt", Clean, None),
+    // The same place holding os.system: it is in the file.
+    (
+        "torchscript_1x_dunder_holds_payload.pt",
+        Dangerous,
+        Some(("os.system", true)),
+    ),
     // An entry torch never reads whose local header is broken: torch
     // loads the file, and so do scan and open (torch_zip.json).
     ("zb_benign_unrelated_broken_local_header.pt", Clean, None),

@@ -1592,9 +1592,18 @@ impl Interpreter for Recorder {
             // of the class, not of the file) or its `__dict__`. A partial
             // takes its function from the state. A dunder attribute set
             // here (`__setstate__`, `__reduce__`...) changes what a later
-            // BUILD or call runs: a gadget, and its value is called.
+            // BUILD or call runs: a gadget, and its value is called. Not
+            // for TorchScript's own classes (`__torch__.*`): TorchScript's
+            // loader sets their attributes as slots of the compiled type,
+            // calling nothing (TorchScript 1.x wrote `__constants__` and
+            // `__overloads__` there), and no Python module of that name
+            // exists for Python's unpickler to build them from.
             Some(Origin::Made(g)) => {
                 self.mark(Some(g), Usage::Instantiated);
+                let torchscript = self
+                    .globals
+                    .get(g)
+                    .is_some_and(|u| u.module == "__torch__" || u.module.starts_with("__torch__."));
                 let parts = match heap.tuple(state) {
                     Some(items) => items.to_vec(),
                     None => vec![state],
@@ -1610,7 +1619,7 @@ impl Interpreter for Recorder {
                     }
                 }
                 let mut smuggled = Vec::new();
-                for part in parts {
+                for part in parts.into_iter().filter(|_| !torchscript) {
                     let Some(dict) = heap.dict(part) else {
                         continue;
                     };
