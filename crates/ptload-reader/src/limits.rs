@@ -160,7 +160,7 @@ impl Default for Limits {
             max_index_bytes: 256 << 20,
             max_open_fetch_bytes: 2 << 30,
             max_fetches_in_flight: 4,
-            max_fetch_request_bytes: 16 << 20,
+            max_fetch_request_bytes: 8 << 20,
         }
     }
 }

@@ -714,6 +714,60 @@ fn a_prefetch_keeps_several_requests_in_flight_and_reads_each_byte_once() {
     assert_eq!(ranged.prefetch(&[0, 1, 2], None).unwrap(), 0);
 }
 
+/// A tensor larger than one request, which its reader streams in pieces,
+/// is not fetched whole again by a read-ahead that comes after it (it
+/// was, for storages between one request and the read-ahead's window).
+#[test]
+fn a_storage_streamed_in_pieces_is_not_fetched_again_by_a_read_ahead() {
+    let path = fixture("llama_wide.pt");
+    let reader = Concurrent::new(std::fs::read(&path).unwrap());
+    let mut limits = ptload_reader::Limits::default();
+    limits.max_fetches_in_flight = 4;
+    limits.max_fetch_request_bytes = 1 << 20;
+    let ranged = OpenOptions::new()
+        .limits(limits)
+        .open_ranged(reader.clone())
+        .unwrap();
+    let local = Checkpoint::open(&path).unwrap();
+    // Two tensors of 3.9 MiB: over one request, within the window.
+    let mut streamed = 0;
+    for t in ranged.tensors().filter(|t| t.info().nbytes > 1 << 20) {
+        let mut got = Vec::new();
+        t.visit_bytes(|b| got.extend_from_slice(b)).unwrap();
+        let want = local.tensors().find(|l| l.name() == t.name()).unwrap();
+        assert_eq!(got, want.data().unwrap().as_ref(), "{}", t.name());
+        streamed += 1;
+    }
+    assert_eq!(streamed, 2);
+    let big: Vec<usize> = ranged
+        .tensors()
+        .filter(|t| t.info().nbytes > 1 << 20)
+        .filter_map(|t| t.info().storage)
+        .collect();
+    // Nothing left for a read-ahead of them to fetch. (Were they fetched
+    // again, nobody would take them: the read-ahead would wait for room
+    // until stopped.)
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let fetched = std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..500 {
+                if done.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        let n = ranged.read_ahead(&big, Some(&stop)).unwrap();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        n
+    });
+    assert_eq!(fetched, 0);
+    each_byte_once(&reader.delivered.lock().unwrap());
+    assert_eq!(tensors(&local), tensors(&ranged));
+}
+
 #[test]
 fn readers_beside_a_prefetch_wait_for_its_bytes_instead_of_fetching_them_again() {
     let (path, bytes) = wide_storages();

@@ -922,7 +922,7 @@ impl Checkpoint {
     /// Most bytes of storages fetched ahead of their readers and not yet
     /// taken ([`read_ahead`](Self::read_ahead), and the neighbours a read
     /// fetches with its storage): [`Limits::max_fetches_in_flight`] times
-    /// [`Limits::max_fetch_request_bytes`] (64 MiB by default).
+    /// [`Limits::max_fetch_request_bytes`] (32 MiB by default).
     pub fn read_ahead_bytes(&self) -> u64 {
         read_ahead_bytes(&self.limits)
     }
@@ -1046,14 +1046,17 @@ impl Checkpoint {
             .storage_offset
             .checked_mul(info.dtype.size() as u64)
             .filter(|&o| o.checked_add(info.nbytes).is_some_and(|e| e <= s.nbytes))?;
-        let claimed = self
-            .fetched
-            .claimed
-            .lock()
-            .map_or(true, |c| c.get(index).copied().unwrap_or(true));
-        if claimed || self.fetched.done(index) || self.source.view().held(base, s.nbytes).is_some()
         {
-            return None;
+            let claimed = self.fetched.claimed.lock().ok()?;
+            if claimed.get(index).copied().unwrap_or(true)
+                || self.fetched.done(index)
+                || self.source.view().held(base, s.nbytes).is_some()
+            {
+                return None;
+            }
+            // Read in pieces from now on: marked while the claims are
+            // held, so that no read-ahead fetches it whole as well.
+            self.fetched.mark_handed(index);
         }
         // Whole elements in every piece, so that each can be put in host
         // order on its own.
