@@ -354,6 +354,18 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     // Tar checkpoints as Python's tarfile names their members
     // (torch_tar.json): a PAX path, a GNU long name, the last of a name.
     ("t_tar_plain.pt", UnknownCall, Some(("builtins.print", true))),
+    // Behind a storage's raw bytes, and a tensor record's, which torch
+    // steps over to unpickle what follows.
+    (
+        "t_tar_payload_after_raw_storage.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
+    (
+        "t_tar_payload_after_raw_tensor.pt",
+        UnknownCall,
+        Some(("builtins.print", true)),
+    ),
     (
         "t_tar_pax_path.pt",
         Ambiguous,
@@ -1486,15 +1498,16 @@ fn zip_names_are_found_as_torch_finds_them() {
 /// Tar checkpoints (`tests/scan/torch_tar.json`, torch 2.15 run on each):
 /// the payload torch ran is reported called in a pickle marked read by
 /// torch.load, whatever names it (a PAX `path` record, the last of two
-/// members); the one torch did not run (the first of two) is reported,
-/// not marked read, and the file is ambiguous.
+/// members, behind a storage's or a tensor record's raw bytes); the one
+/// torch did not run (the first of two) is reported, not marked read, and
+/// the file is ambiguous.
 #[test]
 fn tar_members_are_named_as_torch_names_them() {
     use ptload_reader::scan::Usage;
     let text = std::fs::read_to_string(root().join("tests/scan/torch_tar.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 6);
+    assert_eq!(files.len(), 8);
     for (name, facts) in files {
         let report = scan_file(
             &root().join("tests/scan").join(name),

@@ -924,21 +924,89 @@ impl Scanner<'_> {
             if matches!(m.name.as_str(), "sys_info" | "pickle") {
                 self.run(member, 0, source(), reachable, 0, base);
             } else {
-                // A count, then that many pickles, each unpickled by torch;
-                // raw tensor data may follow, so only what parses is read.
-                let mut offset = 0;
-                while self.report.pickles.len() < MAX_PICKLES {
-                    let Some((end, _)) = self.run(member, offset, source(), reachable, 0, base)
-                    else {
-                        break;
-                    };
-                    if end <= offset || end >= member.len() {
-                        break;
-                    }
-                    offset = end;
-                }
+                self.tar_records(member, &m.name, reachable, base);
             }
         }
+    }
+
+    /// The pickles of a tar layout's `storages` or `tensors` member, as
+    /// torch reads them: a count, then per record a pickle of its
+    /// arguments followed by raw bytes (a storage: an int64 element count
+    /// and the elements, sized by the storage class the arguments name; a
+    /// tensor: an int32 rank, 4 bytes, the sizes and strides and an int64
+    /// offset), and after the storages a pickle of their views. The raw
+    /// bytes are stepped over, so a pickle behind them is read as torch
+    /// reads it; where they cannot be (a storage class of unknown element
+    /// size, a length past the member), that is an ambiguity and the rest
+    /// is read from where pickles parse.
+    fn tar_records(&mut self, member: &[u8], name: &str, reachable: bool, base: Option<u64>) {
+        let source = || PickleSource::TarMember(name.to_owned());
+        let mut offset = 0;
+        while self.report.pickles.len() < MAX_PICKLES {
+            let scanned = self.report.pickles.len();
+            let Some((end, _)) = self.run(member, offset, source(), reachable, 0, base) else {
+                break;
+            };
+            if end <= offset || end >= member.len() {
+                break;
+            }
+            // What the pickle just read names: a storage or a tensor
+            // record's arguments are followed by raw bytes.
+            let named = |suffix: &str| {
+                self.report
+                    .pickles
+                    .get(scanned)
+                    .into_iter()
+                    .flat_map(|p| p.globals.iter())
+                    .find(|g| {
+                        (g.module == "torch" || g.module == "torch.cuda")
+                            && g.name.ends_with(suffix)
+                    })
+                    .map(|g| g.name.clone())
+            };
+            let raw = match name {
+                "storages" => named("Storage").map(|class| {
+                    let count = read_i64(member, end);
+                    storage_element_size(&class)
+                        .zip(count)
+                        .and_then(|(size, n)| u64::try_from(n).ok()?.checked_mul(size))
+                        .and_then(|n| n.checked_add(8))
+                }),
+                _ => named("Tensor").map(|_| {
+                    let rank = read_i32(member, end).and_then(|r| u64::try_from(r).ok());
+                    rank.and_then(|r| r.checked_mul(16)?.checked_add(16))
+                }),
+            };
+            offset = match raw {
+                None => end,
+                Some(Some(n)) => match usize::try_from(n).ok().and_then(|n| end.checked_add(n)) {
+                    Some(next) if next <= member.len() => next,
+                    _ => {
+                        self.tar_raw_ambiguity(name, end, base);
+                        end
+                    }
+                },
+                Some(None) => {
+                    self.tar_raw_ambiguity(name, end, base);
+                    end
+                }
+            };
+            if offset >= member.len() {
+                break;
+            }
+        }
+    }
+
+    fn tar_raw_ambiguity(&mut self, name: &str, at: usize, base: Option<u64>) {
+        self.report.ambiguities.push(Ambiguity {
+            record: name.to_owned(),
+            offset: base.unwrap_or(0).saturating_add(at as u64),
+            what: format!(
+                "tar: the raw bytes after a record of {name:?} cannot be stepped over as torch \
+                 does (unknown element size, or a length past the member): what torch unpickles \
+                 after them is not known"
+            ),
+        });
     }
 
     /// Pickles found as bytes values, breadth first, to a bounded depth.
@@ -954,6 +1022,28 @@ impl Scanner<'_> {
             self.run(&bytes, 0, source, false, depth, None);
         }
     }
+}
+
+/// Bytes per element of a legacy storage class (`FloatStorage`...).
+fn storage_element_size(class: &str) -> Option<u64> {
+    Some(match class.strip_suffix("Storage")? {
+        "Double" | "Long" | "ComplexFloat" => 8,
+        "Float" | "Int" | "QInt32" => 4,
+        "Half" | "BFloat16" | "Short" => 2,
+        "Char" | "Byte" | "Bool" | "QInt8" | "QUInt8" | "QUInt4x2" | "QUInt2x4" => 1,
+        "ComplexDouble" => 16,
+        _ => return None,
+    })
+}
+
+fn read_i64(data: &[u8], at: usize) -> Option<i64> {
+    let bytes: [u8; 8] = data.get(at..at.checked_add(8)?)?.try_into().ok()?;
+    Some(i64::from_le_bytes(bytes))
+}
+
+fn read_i32(data: &[u8], at: usize) -> Option<i32> {
+    let bytes: [u8; 4] = data.get(at..at.checked_add(4)?)?.try_into().ok()?;
+    Some(i32::from_le_bytes(bytes))
 }
 
 /// The bytes of a zip record, inflated if need be; the CRC is not checked
