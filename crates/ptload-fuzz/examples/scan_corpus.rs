@@ -363,6 +363,70 @@ fn main() {
         })),
     );
 
+    // ---- effects by catalogue (each a bare pickle calling one callable
+    // with a string argument): files, processes, evaluation, imports,
+    // callables run later, and wrappers that call what they wrap.
+    let call_with_str = |module: &str, name: &str| {
+        let mut p = Pickle::proto(2);
+        p.global(module, name).str("x").op(&[0x85]).op(b"R");
+        p.stop()
+    };
+    for (file, module, name) in [
+        ("c_codecs_open.pkl", "codecs", "open"),
+        ("c_sqlite3_connect.pkl", "sqlite3", "connect"),
+        ("c_py_compile.pkl", "py_compile", "compile"),
+        (
+            "c_lightning_save_hparams.pkl",
+            "pytorch_lightning.core.saving",
+            "save_hparams_to_yaml",
+        ),
+        (
+            "c_subprocess_helper.pkl",
+            "huggingface_hub.utils._subprocess",
+            "run_subprocess",
+        ),
+        ("c_sympy_expand.pkl", "sympy", "expand"),
+        (
+            "c_jinja2_import_string.pkl",
+            "jinja2.utils",
+            "import_string",
+        ),
+        ("c_warnings_getcategory.pkl", "warnings", "_getcategory"),
+        ("c_typing_get_type_hints.pkl", "typing", "get_type_hints"),
+        ("c_atexit_register.pkl", "atexit", "register"),
+        ("c_numpy_vectorize.pkl", "numpy", "vectorize"),
+        ("c_functools_lru_cache.pkl", "functools", "lru_cache"),
+        ("c_package_main.pkl", "unittest.__main__", "main"),
+    ] {
+        add(file, call_with_str(module, name));
+    }
+    // Naming a global imports its module: `this` prints when imported.
+    add("c_import_side_effect.pkl", {
+        let mut p = Pickle::proto(2);
+        p.global("this", "s");
+        p.stop()
+    });
+    // `type(name, bases, namespace)`: a class whose `__setstate__` is a
+    // callable of the file's choosing, run by BUILD on its instance.
+    add("c_type_namespace_setstate.pkl", {
+        let mut p = Pickle::proto(2);
+        p.global("builtins", "type").str("X");
+        p.global("builtins", "str").op(&[0x85]);
+        p.op(b"}")
+            .str("__setstate__")
+            .global("codecs", "open")
+            .op(b"s");
+        p.op(&[0x87]).op(b"R");
+        p.op(b")").op(&[0x81]).str("w").op(b"b");
+        p.stop()
+    });
+    // `type(None)`, as pickle writes NoneType: one argument, no class made.
+    add("c_type_of_none.pkl", {
+        let mut p = Pickle::proto(2);
+        p.global("builtins", "type").op(b"N").op(&[0x85]).op(b"R");
+        p.stop()
+    });
+
     // ---- harmless things other scanners flag
     add(
         "builtins_len.pt",

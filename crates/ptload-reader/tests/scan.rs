@@ -514,6 +514,54 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         UnknownCall,
         Some(("builtins.print", true)),
     ),
+    // Callables by effect (a fresh corpus labelled by torch 2.15 ran each):
+    // files written, processes started, strings evaluated, names imported,
+    // callables run later or wrapped: dangerous, so that `--fail-on
+    // dangerous` stops them too.
+    ("c_codecs_open.pkl", Dangerous, Some(("codecs.open", true))),
+    ("c_sqlite3_connect.pkl", Dangerous, Some(("sqlite3.connect", true))),
+    ("c_py_compile.pkl", Dangerous, Some(("py_compile.compile", true))),
+    (
+        "c_lightning_save_hparams.pkl",
+        Dangerous,
+        Some(("pytorch_lightning.core.saving.save_hparams_to_yaml", true)),
+    ),
+    (
+        "c_subprocess_helper.pkl",
+        Dangerous,
+        Some(("huggingface_hub.utils._subprocess.run_subprocess", true)),
+    ),
+    ("c_sympy_expand.pkl", Dangerous, Some(("sympy.expand", true))),
+    (
+        "c_jinja2_import_string.pkl",
+        Dangerous,
+        Some(("jinja2.utils.import_string", true)),
+    ),
+    (
+        "c_warnings_getcategory.pkl",
+        Dangerous,
+        Some(("warnings._getcategory", true)),
+    ),
+    (
+        "c_typing_get_type_hints.pkl",
+        Dangerous,
+        Some(("typing.get_type_hints", true)),
+    ),
+    ("c_atexit_register.pkl", Dangerous, Some(("atexit.register", true))),
+    ("c_numpy_vectorize.pkl", Dangerous, Some(("numpy.vectorize", true))),
+    (
+        "c_functools_lru_cache.pkl",
+        Dangerous,
+        Some(("functools.lru_cache", true)),
+    ),
+    ("c_package_main.pkl", Dangerous, Some(("unittest.__main__.main", true))),
+    ("c_import_side_effect.pkl", Dangerous, Some(("this.s", true))),
+    (
+        "c_type_namespace_setstate.pkl",
+        Dangerous,
+        Some(("builtins.type", true)),
+    ),
+    ("c_type_of_none.pkl", Clean, None),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
     // TorchScript 1.x modules (PyTorch's iOS demo models): `__constants__`

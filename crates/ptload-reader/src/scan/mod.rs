@@ -175,6 +175,8 @@ const PROCESS_ROOTS: &[&str] = &[
     "venv",
     "_osx_support",
     "torch.utils.collect_env",
+    // click's launch, edit and pager start programs.
+    "click",
 ];
 
 /// Modules whose callables run code: evaluators, unpicklers, installers,
@@ -217,7 +219,16 @@ const CODE_ROOTS: &[&str] = &[
     // Configuration that constructs any callable it names ('()' in
     // dictConfig) or evaluates what a socket sends (listen).
     "logging.config",
-    "sympy.parsing",
+    // sympy turns string arguments into expressions by evaluating them
+    // (`sympify`), in most of its functions (`expand`, `simplify`...);
+    // numexpr and jinja2 evaluate strings; Hydra's `instantiate` and
+    // `call` construct or call any target a config names.
+    "sympy",
+    "numexpr",
+    "jinja2",
+    "hydra",
+    // Callables registered to run later: at exit.
+    "atexit",
     // numpy's readers: `load` unpickles with allow_pickle=True.
     "numpy.lib.npyio",
     "numpy.lib._npyio_impl",
@@ -244,6 +255,16 @@ const FILE_ROOTS: &[&str] = &[
     "lzma",
     "linecache",
     "dbm",
+    // Opened by path and created when missing.
+    "sqlite3",
+    "_sqlite3",
+    "mailbox",
+    "wave",
+    "aifc",
+    "sunau",
+    // Write bytecode next to, or wherever, a path says.
+    "py_compile",
+    "compileall",
 ];
 
 /// Modules whose callables reach the network.
@@ -270,16 +291,57 @@ const NETWORK_ROOTS: &[&str] = &[
     "httpx",
 ];
 
-/// Modules whose callables import by name or change what imports find.
-const IMPORT_ROOTS: &[&str] = &["importlib", "imp", "pkgutil", "zipimport", "sys", "site"];
+/// Modules whose callables import by name or change what imports find,
+/// and modules whose import alone does something (naming any of their
+/// globals imports them): `this` prints, `antigravity` opens a browser,
+/// `__hello__` and `__phello__` print.
+const IMPORT_ROOTS: &[&str] = &[
+    "importlib",
+    "imp",
+    "pkgutil",
+    "zipimport",
+    "sys",
+    "site",
+    "this",
+    "antigravity",
+    "__hello__",
+    "__phello__",
+];
+
+/// Callables that import or look up what a string names, in whatever
+/// package defines them (`jinja2.utils.import_string`,
+/// `warnings._getcategory`, `pydoc.locate`, Hydra's `get_class`...).
+const IMPORTERS_BY_NAME: &[&str] = &[
+    "import_string",
+    "import_module",
+    "import_object",
+    "locate",
+    "_locate",
+    "get_class",
+    "get_method",
+    "get_obj_from_str",
+    "instantiate_from_config",
+    "resolve_name",
+    "_getcategory",
+];
 
 fn dangerous(module: &str, name: &str) -> Option<Danger> {
     if module == "builtins" || module == "__builtin__" {
         return dangerous_builtin(name);
     }
     let root = |roots: &[&str]| roots.iter().any(|r| under(module, r));
-    if root(PROCESS_ROOTS) {
+    // Any module of a subprocess helper (`asyncio.subprocess`,
+    // `huggingface_hub.utils._subprocess`...).
+    if root(PROCESS_ROOTS) || module.split('.').any(|m| m.contains("subprocess")) {
         return Some(Danger::Process);
+    }
+    // A package's `__main__` module runs the package's program when
+    // imported (the script's own `__main__`, first, is the model's code).
+    if module.split('.').skip(1).any(|m| m == "__main__") {
+        return Some(Danger::Import);
+    }
+    if IMPORTERS_BY_NAME.contains(&name) {
+        return Some(Danger::Import);
     }
     if root(CODE_ROOTS) {
         return Some(Danger::CodeExecution);
@@ -347,8 +409,8 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
         || ((under(module, "lightning")
             || under(module, "lightning_fabric")
             || under(module, "pytorch_lightning"))
-            && module.ends_with("cloud_io")
-            && matches!(name, "_atomic_save" | "atomic_save"))
+            && ((module.ends_with("cloud_io") && matches!(name, "_atomic_save" | "atomic_save"))
+                || name.starts_with("save")))
     {
         return Some(Some(FileSystem));
     }
@@ -362,6 +424,30 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
         || (under(module, "sympy") && matches!(name, "sympify" | "parse_expr" | "S"))
     {
         return Some(Some(CodeExecution));
+    }
+    // Annotations given as strings are evaluated.
+    if (module == "typing" && matches!(name, "get_type_hints" | "_eval_type"))
+        || (module == "inspect" && name == "get_annotations")
+    {
+        return Some(Some(CodeExecution));
+    }
+    // Callables run later: by a thread, or when an object is collected.
+    if (module == "threading" && matches!(name, "Thread" | "Timer" | "_start_new_thread"))
+        || (module == "_thread"
+            && matches!(
+                name,
+                "start_new_thread" | "start_new" | "start_joinable_thread"
+            ))
+        || (module == "weakref" && name == "finalize")
+    {
+        return Some(Some(CodeExecution));
+    }
+    if module == "codecs" && name == "open" {
+        return Some(Some(FileSystem));
+    }
+    if module == "inspect" && matches!(name, "getattr_static" | "getmembers" | "getmembers_static")
+    {
+        return Some(Some(Gadget));
     }
     if module == "uuid" && name.starts_with('_') {
         return Some(Some(Process));
@@ -387,9 +473,28 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
 
 /// The call-anything gadgets of `operator` and `functools`.
 fn dangerous_gadget(module: &str, name: &str) -> Option<Danger> {
+    // Wrappers that call what they wrap when called (a cache, a
+    // vectorized function) or apply it along an array.
     let gadget = (module == "operator"
         && matches!(name, "attrgetter" | "methodcaller" | "itemgetter" | "call"))
-        || (module == "functools" && matches!(name, "partial" | "reduce" | "partialmethod"));
+        || (module == "functools"
+            && matches!(
+                name,
+                "partial"
+                    | "reduce"
+                    | "partialmethod"
+                    | "lru_cache"
+                    | "cache"
+                    | "cached_property"
+                    | "singledispatch"
+                    | "update_wrapper"
+                    | "wraps"
+            ))
+        || (module == "numpy"
+            && matches!(
+                name,
+                "vectorize" | "frompyfunc" | "apply_along_axis" | "apply_over_axes" | "piecewise"
+            ));
     gadget.then_some(Danger::Gadget)
 }
 

@@ -1626,9 +1626,31 @@ impl Interpreter for Recorder {
                     // callable is called, and what comes out keeps the
                     // origin of what went in.
                     Some(("builtins" | "__builtin__", name)) => {
-                        if matches!(name, "map" | "filter") || (name == "iter" && items.len() == 2)
-                        {
+                        let calls_first = matches!(name, "map" | "filter")
+                            || (name == "iter" && items.len() == 2);
+                        let makes_class = name == "type" && items.len() == 3;
+                        if calls_first {
                             self.calls(heap, arg(0))?;
+                        }
+                        // `type(name, bases, namespace)` makes a class whose
+                        // methods are what the file put in the namespace;
+                        // Python calls its dunders itself (`__setstate__`
+                        // on BUILD, `__lt__` in `sorted`, `__format__`,
+                        // `__hash__`...): a gadget, each value called.
+                        // (`type(x)`, one argument, as `type(None)` pickles,
+                        // is not.)
+                        if makes_class {
+                            if let Some(u) = self.globals.get_mut(g) {
+                                u.class = GlobalClass::Dangerous(Danger::Gadget);
+                            }
+                            let values: Vec<Value> = heap
+                                .dict(arg(2))
+                                .map(|d| d.entries().iter().map(|&(_, v)| v).collect())
+                                .unwrap_or_default();
+                            heap.charge_work(values.len() as u64)?;
+                            for v in values {
+                                self.calls(heap, v)?;
+                            }
                         }
                         if let Some(o) = self.origin_within(heap, &items)? {
                             return self.inert(heap, Some(o));
