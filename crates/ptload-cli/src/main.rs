@@ -11,9 +11,8 @@ use clap::{Parser, Subcommand};
 
 mod args;
 mod cmd;
-mod inspect;
 mod remote;
-mod scancmd;
+mod render;
 mod stream;
 mod terms;
 mod ui;

@@ -10,7 +10,7 @@ use ptload_reader::ranged::{LocalFile, RangeRead};
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::OpenOptions;
 
-use crate::inspect::Trailing;
+use crate::render::Trailing;
 
 /// Objects shown at most after the first; a file holding more says so.
 /// Each later object keeps what opening it fetched (up to 256 KiB), so

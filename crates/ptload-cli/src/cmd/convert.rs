@@ -14,7 +14,7 @@ use ptload_reader::ErrorKind;
 use serde::Serialize;
 
 use crate::args::{self, parse_dtype, CliResult, OpenArgs, StateDictArgs};
-use crate::inspect::human_size;
+use crate::render::human_size;
 
 #[derive(Args)]
 #[command(

@@ -7,7 +7,7 @@ use ptload_reader::Checkpoint;
 
 use super::{load, MachineGpus};
 use crate::args::{CliResult, MapArgs, StateDictArgs};
-use crate::inspect;
+use crate::render;
 
 /// The checkpoint `ptload demo` runs on: a training checkpoint written by
 /// torch 2.15 (model and optimizer state, argparse args, a numpy scalar).
@@ -26,15 +26,15 @@ pub(crate) fn run(out: &mut impl Write) -> CliResult<u8> {
     let open_seconds = started.elapsed().as_secs_f64();
     let set = CheckpointSet::of("training.ckpt", std::sync::Arc::clone(&ckpt))?;
     let sd = StateDictArgs::default().options(true)?.select_set(&set)?;
-    let rows = inspect::rows(&sd, &MapArgs::default(), &MachineGpus)?;
-    inspect::table(
+    let rows = render::rows(&sd, &MapArgs::default(), &MachineGpus)?;
+    render::table(
         out,
         &set,
         &rows,
-        &inspect::file_values(&set),
+        &render::file_values(&set),
         "training.ckpt (embedded)",
         false,
-        inspect::terminal_columns(),
+        render::terminal_columns(),
     )?;
     writeln!(
         out,
@@ -55,7 +55,7 @@ pub(crate) fn run(out: &mut impl Write) -> CliResult<u8> {
     let (loaded, _) = load::load_file(&ckpt, &gpus, &request)?;
     load::summary(out, &loaded, &gpus, open_seconds)?;
     match gpus.devices().first() {
-        Some(g) => writeln!(out, "GPU: the tensors above went to cuda:0 ({}, {} total).", g.name, inspect::human_size(g.total))?,
+        Some(g) => writeln!(out, "GPU: the tensors above went to cuda:0 ({}, {} total).", g.name, render::human_size(g.total))?,
         None => writeln!(out, "Without a GPU, auto places everything on the host; on a CUDA machine the same command uploads to cuda:0.")?,
     }
     writeln!(

@@ -10,7 +10,7 @@ use ptload_reader::set::CheckpointSet;
 
 use super::MachineGpus;
 use crate::args::{self, CliResult, MapArgs, OpenArgs, StateDictArgs};
-use crate::inspect;
+use crate::render;
 
 #[derive(Args)]
 #[command(
@@ -71,7 +71,7 @@ pub(crate) fn run(a: &InspectArgs, out: &mut impl Write) -> CliResult<u8> {
 }
 
 fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliResult<()> {
-    let columns = inspect::terminal_columns();
+    let columns = render::terminal_columns();
     // Scanned while decoded: the findings inspect prints cost the longer
     // of the two passes, not their sum.
     let opts = a.open.options().scan(true);
@@ -82,8 +82,8 @@ fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliRe
         let mut more = Vec::with_capacity(stream.objects.len());
         for (i, (offset, later)) in stream.objects.iter().enumerate() {
             let mut doc = Vec::new();
-            let at = inspect::InStream {
-                object: Some(inspect::ObjectAt {
+            let at = render::InStream {
+                object: Some(render::ObjectAt {
                     index: i + 1,
                     offset: *offset,
                 }),
@@ -95,8 +95,8 @@ fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliRe
                 Err(e) => later_failed(label, i, *offset, &*e),
             }
         }
-        let at = inspect::InStream {
-            object: (!more.is_empty() || stream.trailing.is_some()).then_some(inspect::ObjectAt {
+        let at = render::InStream {
+            object: (!more.is_empty() || stream.trailing.is_some()).then_some(render::ObjectAt {
                 index: 0,
                 offset: 0,
             }),
@@ -106,7 +106,7 @@ fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliRe
         };
         show(a, &set, label, out, &at, columns)?;
     } else {
-        show(a, &set, label, out, &inspect::InStream::default(), columns)?;
+        show(a, &set, label, out, &render::InStream::default(), columns)?;
         for (i, (offset, later)) in stream.objects.iter().enumerate() {
             let title = format!("{label}, object {} (at byte {offset})", i + 2);
             let mut table = Vec::new();
@@ -115,7 +115,7 @@ fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliRe
                 later,
                 &title,
                 &mut table,
-                &inspect::InStream::default(),
+                &render::InStream::default(),
                 columns,
             );
             match shown {
@@ -130,7 +130,7 @@ fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliRe
             }
         }
         if let Some(t) = &stream.trailing {
-            for line in inspect::wrap(
+            for line in render::wrap(
                 &format!(
                     "warning: {} bytes after the last object (at byte {}) are not another \
                      object: {}",
@@ -144,7 +144,7 @@ fn one(a: &InspectArgs, file: &Path, label: &str, out: &mut impl Write) -> CliRe
     }
     if !a.json && ptload_reader::dcp::is_dcp_dir(file) {
         let dcp = ptload_reader::dcp::Dcp::open_with(file, &opts)?;
-        inspect::dcp_chunks(out, &dcp, columns)?;
+        render::dcp_chunks(out, &dcp, columns)?;
     }
     out.flush()?;
     // The process ends soon: the OS reclaims the checkpoints' memory
@@ -172,19 +172,19 @@ fn show(
     set: &CheckpointSet,
     label: &str,
     mut out: &mut dyn Write,
-    stream: &inspect::InStream<'_>,
+    stream: &render::InStream<'_>,
     columns: Option<usize>,
 ) -> CliResult<()> {
     if let Some(key) = values_only_key(a.state.key.as_deref(), set) {
         let values = values_under(set, &key);
         if a.json {
-            return inspect::json(&mut out, set, &[], &values, label, a.hash, stream);
+            return render::json(&mut out, set, &[], &values, label, a.hash, stream);
         }
-        return inspect::values_view(&mut out, set, &key, &values, label, columns);
+        return render::values_view(&mut out, set, &key, &values, label, columns);
     }
     let sd = a.state.options(true)?.select_set(set)?;
-    let rows = inspect::rows(&sd, &a.map, &MachineGpus)?;
-    let values = inspect::file_values(set);
+    let rows = render::rows(&sd, &a.map, &MachineGpus)?;
+    let values = render::file_values(set);
     // Hashing a file read by ranges reads every storage: they are fetched
     // ahead of the hashing, several requests in flight.
     if a.hash {
@@ -203,17 +203,17 @@ fn show(
 fn print(
     a: &InspectArgs,
     set: &CheckpointSet,
-    rows: &[inspect::Row<'_>],
+    rows: &[render::Row<'_>],
     values: &[(&str, &Scalar)],
     label: &str,
     mut out: &mut dyn Write,
-    stream: &inspect::InStream<'_>,
+    stream: &render::InStream<'_>,
     columns: Option<usize>,
 ) -> CliResult<()> {
     if a.json {
-        inspect::json(&mut out, set, rows, values, label, a.hash, stream)
+        render::json(&mut out, set, rows, values, label, a.hash, stream)
     } else {
-        inspect::table(&mut out, set, rows, values, label, a.hash, columns)
+        render::table(&mut out, set, rows, values, label, a.hash, columns)
     }
 }
 

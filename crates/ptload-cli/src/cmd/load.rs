@@ -12,7 +12,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::args::{self, parse_dtype, CliResult, GpuInfo, MapArgs, OpenArgs, StateDictArgs};
-use crate::inspect::human_size;
+use crate::render::human_size;
 
 #[derive(Args)]
 #[command(
@@ -219,9 +219,9 @@ pub(crate) fn hashes(out: &mut impl Write, loaded: &Loaded) -> CliResult<()> {
         // Padded by hand: format!'s width panics past 65,535, and a name
         // from a file can be longer.
         let mut line = String::new();
-        crate::inspect::pad(&mut line, &t.info.name, width, false);
+        crate::render::pad(&mut line, &t.info.name, width, false);
         line.push_str("  ");
-        crate::inspect::pad(&mut line, &t.device.to_string(), 8, false);
+        crate::render::pad(&mut line, &t.device.to_string(), 8, false);
         writeln!(out, "{line}  sha256 {hash}")?;
     }
     if let Some(bar) = bar {

@@ -1,4 +1,6 @@
-//! `ptload inspect`: the table and the JSON document.
+//! What the commands print: `inspect`'s table and JSON document, and the
+//! pieces `load`, `convert`, `scan`, `demo` and streams render with it
+//! (sizes, wrapped prose, padded cells, shortened names).
 
 use std::borrow::Cow;
 use std::io::{self, Write};
