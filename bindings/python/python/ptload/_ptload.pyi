@@ -1,14 +1,41 @@
 """Type stubs of the Rust extension (see src/lib.rs)."""
 
 from os import PathLike
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, final
+
+__all__ = [
+    "Error",
+    "MAX_EXPANDED_VIEW_BYTES",
+    "Checkpoint",
+    "TensorRecord",
+    "QuantRecord",
+    "StorageRecord",
+    "Selection",
+    "Uploaded",
+    "PlacedTensors",
+    "cuda_device_count",
+    "release_staging",
+    "fallback_text",
+    "global_allowed",
+    "describe_capsule",
+    "open",
+    "is_url",
+    "parse_place",
+    "parse_device",
+    "parse_budget",
+    "module_blocked",
+    "select",
+]
 
 class Error(Exception):
+    @property
+    def message(self) -> Any: ...
     kind: str
     offset: Optional[int]
     record: Optional[str]
     tensor: Optional[str]
 
+@final
 class QuantRecord:
     per: str
     kind: str
@@ -18,6 +45,7 @@ class QuantRecord:
     axis: Optional[int]
     values_shape: Optional[List[int]]
 
+@final
 class TensorRecord:
     name: str
     dtype: str
@@ -30,6 +58,7 @@ class TensorRecord:
     neg: bool
     quantization: Optional[QuantRecord]
 
+@final
 class StorageRecord:
     key: str
     location: str
@@ -38,6 +67,7 @@ class StorageRecord:
     nbytes: int
     file_offset: Optional[int]
 
+@final
 class Checkpoint:
     def format(self) -> str: ...
     def safetensors_metadata(self) -> List[Tuple[str, str]]: ...
@@ -80,16 +110,27 @@ class Checkpoint:
     ) -> Uploaded: ...
     def build_plain(self, made: List[Any], set_state: Any) -> Optional[Tuple[Any]]: ...
 
+@final
 class Uploaded:
     def fallbacks(self) -> List[Tuple[int, str]]: ...
     def on_device(self, index: int) -> bool: ...
     def capsule(self, index: int) -> Any: ...
 
+@final
 class Selection:
     def decisions(self) -> List[Tuple[str, str]]: ...
     def files(self) -> List[str]: ...
     def tensors(self) -> List[TensorRecord]: ...
     def tensor_bytes(self, index: int) -> bytes: ...
+    def upload(
+        self, ordinal: int, progress: Optional[Callable[[int], Any]] = ...
+    ) -> PlacedTensors: ...
+
+@final
+class PlacedTensors:
+    def capsule(self, index: int) -> Any: ...
+    def raw(self, index: int) -> Optional[Tuple[Any, List[int], List[int]]]: ...
+    def fallbacks(self) -> List[Tuple[int, str]]: ...
 
 def select(
     path: Union[str, PathLike],
