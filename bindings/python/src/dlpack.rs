@@ -214,7 +214,10 @@ impl Memory {
                 return Err(std::io::Error::other("the read was cancelled"));
             }
             let end = len.min(done.saturating_add(PIECE));
-            match file.read(&mut bytes[done..end])? {
+            let Some(piece) = bytes.get_mut(done..end) else {
+                return Err(std::io::Error::other("a read past its buffer"));
+            };
+            match file.read(piece)? {
                 0 => return Err(std::io::Error::other("the file shrank while it was read")),
                 n => {
                     done += n;

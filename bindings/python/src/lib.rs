@@ -4,6 +4,17 @@
 //! The package's Python half (`python/ptload`) builds torch or numpy
 //! objects from them; nothing here imports torch or runs the file.
 #![deny(unsafe_code)]
+// No unwrap/expect/panic and no unchecked indexing, as in the library
+// crates: a failure is a Python exception, never an abort.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 
 mod dlpack;
 mod terms;
@@ -61,7 +72,7 @@ fn to_py(err: ptload_reader::Error) -> PyErr {
 
 /// Work done on a thread of its own while Python waits: what it counts
 /// for progress, and the flag that tells it to stop.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Work {
     done: Arc<AtomicU64>,
     cancel: Arc<AtomicBool>,
@@ -652,7 +663,10 @@ impl Checkpoint {
             };
             let Some((dtype, users)) = slot else { continue };
             let size = info.dtype.size() as u64;
-            let storage = &storages[s];
+            let Some(storage) = storages.get(s) else {
+                *slot = None;
+                continue;
+            };
             let offset = if on_gpu(s).is_some() {
                 0
             } else {
@@ -702,24 +716,30 @@ impl Checkpoint {
             if users.is_empty() {
                 continue;
             }
-            let storage = &storages[s];
+            let Some(storage) = storages.get(s) else {
+                continue;
+            };
             let (region, offset) = match (on_gpu(s), &host) {
                 (Some(gpu), _) => (dlpack::Region::Cuda(gpu.clone()), 0),
                 (None, Some(host)) => (host.clone(), storage.file_offset.unwrap_or(0)),
                 (None, None) => continue,
             };
             let size = dtype.size() as u64;
-            let dl = dlpack::dl_dtype(*dtype).expect("checked above");
+            let Some(dl) = dlpack::dl_dtype(*dtype) else {
+                continue;
+            };
             let whole = |t: &TensorInfo| {
                 t.storage_offset == 0
                     && dlpack::extent(&t.shape, &t.stride, size) == Some(storage.nbytes)
             };
-            if let [only] = users[..] {
-                let t = &tensors[only];
+            if let ([only], Some(t)) = (&users[..], users.first().and_then(|&u| tensors.get(u))) {
                 if whole(t) {
                     // The common case: one tensor spanning its storage.
                     let c = dlpack::capsule(py, &region, offset, dl, size, &t.shape, &t.stride)?;
-                    made[only] = finish(from_dlpack.call1((c,))?, t)?.unbind();
+                    let tensor = finish(from_dlpack.call1((c,))?, t)?.unbind();
+                    if let Some(m) = made.get_mut(*only) {
+                        *m = tensor;
+                    }
                     continue;
                 }
             }
@@ -728,12 +748,14 @@ impl Checkpoint {
             let c = dlpack::capsule(py, &region, offset, dl, size, &[numel], &[1])?;
             let flat = from_dlpack.call1((c,))?;
             for &u in users {
-                let t = &tensors[u];
+                let (Some(t), Some(m)) = (tensors.get(u), made.get_mut(u)) else {
+                    continue;
+                };
                 let view = flat.call_method1(
                     "as_strided",
                     (t.shape.clone(), t.stride.clone(), t.storage_offset),
                 )?;
-                made[u] = finish(view, t)?.unbind();
+                *m = finish(view, t)?.unbind();
             }
         }
         PyList::new(py, made)
@@ -894,8 +916,8 @@ fn build_plain<'py>(
     use pyo3::types::{PyByteArray, PyDict, PyFrozenSet, PySet};
     let nodes = objects.nodes();
     let mut objs: Vec<Option<Bound<'py, PyAny>>> = vec![None; nodes.len()];
-    for (i, node) in nodes.iter().enumerate() {
-        objs[i] = Some(match node {
+    for (slot, node) in objs.iter_mut().zip(nodes) {
+        *slot = Some(match node {
             Node::None => py.None().into_bound(py),
             Node::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
             Node::Int(v) => v.into_pyobject(py)?.into_any(),
@@ -918,7 +940,7 @@ fn build_plain<'py>(
     let ordered_dict = py.import("collections")?.getattr("OrderedDict")?;
     let member = |objs: &[Option<Bound<'py, PyAny>>], c: usize| objs.get(c).cloned().flatten();
     for (i, node) in nodes.iter().enumerate() {
-        if objs[i].is_some() {
+        if objs.get(i).is_none_or(Option::is_some) {
             continue;
         }
         let made_here = match node {
@@ -950,11 +972,15 @@ fn build_plain<'py>(
             },
             _ => return Ok(None),
         };
-        objs[i] = Some(made_here);
+        if let Some(slot) = objs.get_mut(i) {
+            *slot = Some(made_here);
+        }
     }
     let mut states = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
-        let Some(obj) = &objs[i] else { return Ok(None) };
+        let Some(Some(obj)) = objs.get(i) else {
+            return Ok(None);
+        };
         match node {
             Node::List(items) | Node::Set(items) => {
                 for &c in items {
@@ -1044,11 +1070,11 @@ impl Selection {
     /// The tensors, as tensor tuples named as in the state dict (a rank's
     /// slice has the slice's shape), each with the file it is in.
     fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let items = (0..self.entries.len())
-            .map(|i| {
+        let items = (self.entries.iter().enumerate())
+            .map(|(i, entry)| {
                 let view = self.view(i)?;
                 let mut info = view.info().clone();
-                info.name.clone_from(&self.entries[i].name);
+                info.name.clone_from(&entry.name);
                 tensor_record_bound(py, &info)
             })
             .collect::<PyResult<Vec<_>>>()?;
@@ -1147,7 +1173,8 @@ impl PlacedTensors {
             .ok_or_else(|| Error::new_err(format!("{}: its extent overflows", info.name)))?;
         let offset = info.storage_offset.saturating_mul(size);
         let region = dlpack::Region::Cuda(Arc::clone(storage));
-        let u8 = dlpack::dl_dtype(DType::U8).expect("uint8");
+        let u8 = dlpack::dl_dtype(DType::U8)
+            .ok_or_else(|| Error::new_err("DLPack has no code for uint8"))?;
         let c = dlpack::capsule(py, &region, offset, u8, 1, &[span], &[1])?;
         Ok(Some((c, info.shape.clone(), info.stride.clone())))
     }
@@ -1241,8 +1268,9 @@ fn place_selection(
         .map(|_| Err("not loaded".to_owned()))
         .collect();
     for (f, file) in set.files().iter().enumerate() {
-        let positions: Vec<usize> = (0..entries.len())
-            .filter(|&i| entries[i].file == f)
+        let positions: Vec<usize> = (entries.iter().enumerate())
+            .filter(|(_, e)| e.file == f)
+            .map(|(i, _)| i)
             .collect();
         if positions.is_empty() {
             continue;
@@ -1253,19 +1281,21 @@ fn place_selection(
         let positions: Vec<usize> = positions
             .into_iter()
             .filter(|&i| {
-                let quantized = entries[i]
-                    .view(ckpt)
+                let quantized = entries
+                    .get(i)
+                    .and_then(|e| e.view(ckpt))
                     .is_some_and(|v| v.info().quantization.is_some());
-                if quantized {
-                    out[i] = Err("quantized: torch makes none from device memory".to_owned());
+                if let (true, Some(o)) = (quantized, out.get_mut(i)) {
+                    *o = Err("quantized: torch makes none from device memory".to_owned());
                 }
                 !quantized
             })
             .collect();
         let mine: Vec<Selected> = positions
             .iter()
-            .map(|&i| {
-                let mut e = entries[i].clone();
+            .filter_map(|&i| entries.get(i))
+            .map(|e| {
+                let mut e = e.clone();
                 e.file = 0;
                 e
             })
@@ -1274,7 +1304,8 @@ fn place_selection(
         let plan = DeviceMap::new(ckpt, &mut to)?;
         let loaded = ptload_device::load(Arc::clone(ckpt), &mine, &plan, gpus(), opts)?;
         for (t, &i) in loaded.tensors().iter().zip(&positions) {
-            out[i] = match loaded.storage_of(t) {
+            let Some(o) = out.get_mut(i) else { continue };
+            *o = match loaded.storage_of(t) {
                 Some(ptload_device::Placed::Cuda(c)) => Ok((Arc::new(c.clone()), t.info.clone())),
                 _ => Err(t
                     .fallback
@@ -1348,7 +1379,8 @@ impl Uploaded {
         };
         let region = dlpack::Region::Cuda(gpu.clone());
         let n = gpu.len() as u64;
-        let u8 = dlpack::dl_dtype(DType::U8).expect("uint8");
+        let u8 = dlpack::dl_dtype(DType::U8)
+            .ok_or_else(|| Error::new_err("DLPack has no code for uint8"))?;
         dlpack::capsule(py, &region, 0, u8, 1, &[n], &[1])
     }
 }
