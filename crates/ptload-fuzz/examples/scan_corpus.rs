@@ -290,7 +290,7 @@ fn main() {
         "obj_file_handler.pt",
         standard(checkpoint_pickle(|p| {
             p.op(b"(")
-                .global("logging", "FileHandler")
+                .global("logging", "StreamHandler")
                 .str("/tmp/ptload-scan-test.log")
                 .op(b"o");
         })),
@@ -300,13 +300,13 @@ fn main() {
         standard(checkpoint_pickle(|p| {
             p.op(b"(")
                 .str("/tmp/ptload-scan-test.log")
-                .op(b"ilogging\nFileHandler\n");
+                .op(b"ilogging\nStreamHandler\n");
         })),
     );
     add(
         "newobj_file_handler.pt",
         standard(checkpoint_pickle(|p| {
-            p.global("logging", "FileHandler")
+            p.global("logging", "StreamHandler")
                 .str("/tmp/ptload-scan-test.log")
                 .op(&[0x85, 0x81]);
         })),
@@ -314,7 +314,7 @@ fn main() {
     add(
         "newobj_ex_file_handler.pt",
         standard(checkpoint_pickle(|p| {
-            p.global("logging", "FileHandler")
+            p.global("logging", "StreamHandler")
                 .str("/tmp/ptload-scan-test.log")
                 .op(&[0x85])
                 .op(b"}")
@@ -397,6 +397,13 @@ fn main() {
         ("c_numpy_vectorize.pkl", "numpy", "vectorize"),
         ("c_functools_lru_cache.pkl", "functools", "lru_cache"),
         ("c_package_main.pkl", "unittest.__main__", "main"),
+        ("c_pyio_fileio.pkl", "_pyio", "FileIO"),
+        ("c_torch_from_file.pkl", "torch", "from_file"),
+        ("c_import_dotted_name.pkl", "torch._utils", "_import_dotted_name"),
+        ("c_add_extension.pkl", "copyreg", "add_extension"),
+        ("c_logging_file_handler.pkl", "logging", "FileHandler"),
+        // A Python 2 name, read as Python 3 reads it (`dbm.open`).
+        ("c_py2_anydbm_open.pkl", "anydbm", "open"),
     ] {
         add(file, call_with_str(module, name));
     }
@@ -418,6 +425,13 @@ fn main() {
             .op(b"s");
         p.op(&[0x87]).op(b"R");
         p.op(b")").op(&[0x81]).str("w").op(b"b");
+        p.stop()
+    });
+    // An enum of a package that is otherwise network code, looked up by
+    // its value.
+    add("c_http_status_enum.pkl", {
+        let mut p = Pickle::proto(2);
+        p.global("http", "HTTPStatus").int(200).op(&[0x85]).op(b"R");
         p.stop()
     });
     // `type(None)`, as pickle writes NoneType: one argument, no class made.

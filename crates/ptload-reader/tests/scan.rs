@@ -118,22 +118,22 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     (
         "obj_file_handler.pt",
         UnknownCall,
-        Some(("logging.FileHandler", true)),
+        Some(("logging.StreamHandler", true)),
     ),
     (
         "inst_file_handler.pt",
         UnknownCall,
-        Some(("logging.FileHandler", true)),
+        Some(("logging.StreamHandler", true)),
     ),
     (
         "newobj_file_handler.pt",
         NeedsCode,
-        Some(("logging.FileHandler", true)),
+        Some(("logging.StreamHandler", true)),
     ),
     (
         "newobj_ex_file_handler.pt",
         NeedsCode,
-        Some(("logging.FileHandler", true)),
+        Some(("logging.StreamHandler", true)),
     ),
     (
         "reconstructor_runs_base_init.pt",
@@ -562,6 +562,21 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Some(("builtins.type", true)),
     ),
     ("c_type_of_none.pkl", Clean, None),
+    ("c_pyio_fileio.pkl", Dangerous, Some(("_pyio.FileIO", true))),
+    ("c_torch_from_file.pkl", Dangerous, Some(("torch.from_file", true))),
+    (
+        "c_import_dotted_name.pkl",
+        Dangerous,
+        Some(("torch._utils._import_dotted_name", true)),
+    ),
+    ("c_add_extension.pkl", Dangerous, Some(("copyreg.add_extension", true))),
+    (
+        "c_logging_file_handler.pkl",
+        Dangerous,
+        Some(("logging.FileHandler", true)),
+    ),
+    ("c_py2_anydbm_open.pkl", Dangerous, Some(("dbm.open", true))),
+    ("c_http_status_enum.pkl", Clean, None),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
     // TorchScript 1.x modules (PyTorch's iOS demo models): `__constants__`
@@ -700,7 +715,13 @@ fn check_finding(
 
 /// Python 2 names as Python 3 reads them.
 fn python3_name(path: &str) -> String {
-    for (old, new) in [("__builtin__.", "builtins."), ("copy_reg.", "copyreg.")] {
+    // The Python 2 modules the corpus names (torch's find_class sees the
+    // name as written, and maps it as the scanner does).
+    for (old, new) in [
+        ("__builtin__.", "builtins."),
+        ("copy_reg.", "copyreg."),
+        ("anydbm.", "dbm."),
+    ] {
         if let Some(rest) = path.strip_prefix(old) {
             return format!("{new}{rest}");
         }

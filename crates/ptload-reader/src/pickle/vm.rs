@@ -504,6 +504,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
         // judged as that; other Python 2 modules keep their names, which
         // the scanner knows (`commands`, `cPickle`).
         let py2 = self.protocol.unwrap_or(0) < 3;
+        let module = if py2 { python3_module(module) } else { module };
         let (module, name) = match (py2, module, name) {
             (true, "__builtin__", "xrange") => ("builtins", "range"),
             (true, "__builtin__", "long") => ("builtins", "int"),
@@ -1121,6 +1122,60 @@ impl std::fmt::Debug for Vm<'_> {
         f.debug_struct("Vm")
             .field("opcodes", &self.opcodes)
             .finish()
+    }
+}
+
+/// The Python 3 module a Python 2 module name is read as (Python's
+/// `_compat_pickle.IMPORT_MAPPING`, which its unpickler applies to
+/// protocols 0 to 2, torch.load included), or the name itself.
+fn python3_module(module: &str) -> &str {
+    match module {
+        "copy_reg" => "copyreg",
+        "Queue" => "queue",
+        "SocketServer" => "socketserver",
+        "ConfigParser" => "configparser",
+        "repr" => "reprlib",
+        "tkFileDialog" | "FileDialog" => "tkinter.filedialog",
+        "tkSimpleDialog" | "SimpleDialog" => "tkinter.simpledialog",
+        "tkColorChooser" => "tkinter.colorchooser",
+        "tkCommonDialog" => "tkinter.commondialog",
+        "Dialog" => "tkinter.dialog",
+        "Tkdnd" => "tkinter.dnd",
+        "tkFont" => "tkinter.font",
+        "tkMessageBox" => "tkinter.messagebox",
+        "ScrolledText" => "tkinter.scrolledtext",
+        "Tkconstants" => "tkinter.constants",
+        "Tix" => "tkinter.tix",
+        "ttk" => "tkinter.ttk",
+        "Tkinter" => "tkinter",
+        "markupbase" => "_markupbase",
+        "_winreg" => "winreg",
+        "thread" => "_thread",
+        "dummy_thread" => "_dummy_thread",
+        "dbhash" => "dbm.bsd",
+        "dumbdbm" => "dbm.dumb",
+        "dbm" => "dbm.ndbm",
+        "gdbm" => "dbm.gnu",
+        "anydbm" | "whichdb" => "dbm",
+        "xmlrpclib" => "xmlrpc.client",
+        "SimpleXMLRPCServer" | "DocXMLRPCServer" => "xmlrpc.server",
+        "httplib" => "http.client",
+        "htmlentitydefs" => "html.entities",
+        "HTMLParser" => "html.parser",
+        "Cookie" => "http.cookies",
+        "cookielib" => "http.cookiejar",
+        "BaseHTTPServer" | "SimpleHTTPServer" | "CGIHTTPServer" => "http.server",
+        "test.test_support" => "test.support",
+        "commands" => "subprocess",
+        "urlparse" => "urllib.parse",
+        "robotparser" => "urllib.robotparser",
+        "urllib2" => "urllib.request",
+        "_abcoll" => "collections.abc",
+        "cPickle" => "pickle",
+        "_elementtree" => "xml.etree.ElementTree",
+        "UserDict" | "UserList" | "UserString" => "collections",
+        "StringIO" | "cStringIO" => "io",
+        other => other,
     }
 }
 

@@ -243,6 +243,14 @@ const CODE_ROOTS: &[&str] = &[
 const FILE_ROOTS: &[&str] = &[
     "io",
     "_io",
+    // The pure-Python io: its classes write what their state holds to
+    // the descriptor it names when collected (`__del__` flushes).
+    "_pyio",
+    "fsspec",
+    "mmap",
+    "uu",
+    // Grammar tables are pickled files it loads and writes.
+    "lib2to3",
     "shutil",
     "tempfile",
     "shelve",
@@ -258,6 +266,7 @@ const FILE_ROOTS: &[&str] = &[
     // Opened by path and created when missing.
     "sqlite3",
     "_sqlite3",
+    "logging.handlers",
     "mailbox",
     "wave",
     "aifc",
@@ -313,6 +322,10 @@ const IMPORT_ROOTS: &[&str] = &[
 /// `warnings._getcategory`, `pydoc.locate`, Hydra's `get_class`...).
 const IMPORTERS_BY_NAME: &[&str] = &[
     "import_string",
+    "_import_dotted_name",
+    // The extension registry: a later EXT opcode resolves to the global it
+    // registers, which the bytes do not name.
+    "add_extension",
     "import_module",
     "import_object",
     "locate",
@@ -328,6 +341,10 @@ const IMPORTERS_BY_NAME: &[&str] = &[
 fn dangerous(module: &str, name: &str) -> Option<Danger> {
     if module == "builtins" || module == "__builtin__" {
         return dangerous_builtin(name);
+    }
+    // Enums of packages that are otherwise network code.
+    if known_enum(module, name) {
+        return None;
     }
     let root = |roots: &[&str]| roots.iter().any(|r| under(module, r));
     // Any module of a subprocess helper (`asyncio.subprocess`,
@@ -442,7 +459,13 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
     {
         return Some(Some(CodeExecution));
     }
-    if module == "codecs" && name == "open" {
+    if (module == "codecs" && name == "open")
+        || (module == "logging"
+            && matches!(name, "FileHandler" | "WatchedFileHandler" | "basicConfig"))
+        || (module == "torch" && name == "from_file")
+        || (module == "torch._C" && matches!(name, "PyTorchFileWriter" | "PyTorchFileReader"))
+        || (module == "torch.serialization" && name.starts_with("_open"))
+    {
         return Some(Some(FileSystem));
     }
     if module == "inspect" && matches!(name, "getattr_static" | "getmembers" | "getmembers_static")
@@ -610,6 +633,7 @@ const KNOWN_ENUMS: &[(&str, &[&str])] = &[
     ),
     ("peft.utils.peft_types", &["PeftType", "TaskType"]),
     ("re", &["RegexFlag"]),
+    ("http", &["HTTPStatus", "HTTPMethod"]),
     (
         "transformers.trainer_utils",
         &[
