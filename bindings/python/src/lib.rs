@@ -54,14 +54,21 @@ create_exception!(
 fn to_py(err: ptload_reader::Error) -> PyErr {
     Python::with_gil(|py| {
         let kind = format!("{:?}", err.kind());
+        let hint = err.hint().map(|h| h.clause(&terms::Kwargs));
         let made = py.import("ptload._errors").and_then(|m| {
-            m.getattr("from_reader")?.call1((
-                kind.as_str(),
-                err.render(&terms::Kwargs),
-                err.offset(),
-                err.record(),
-                err.tensor(),
-            ))
+            let extra = pyo3::types::PyDict::new(py);
+            extra.set_item("file", err.file())?;
+            extra.set_item("hint", hint)?;
+            m.getattr("from_reader")?.call(
+                (
+                    kind.as_str(),
+                    err.render(&terms::Kwargs),
+                    err.offset(),
+                    err.record(),
+                    err.tensor(),
+                ),
+                Some(&extra),
+            )
         });
         match made {
             Ok(exc) => PyErr::from_value(exc),

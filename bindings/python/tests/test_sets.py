@@ -206,3 +206,30 @@ def test_a_share_without_split_rules_is_refused():
             f.keys()
     with ptload.safe_open(fixture("llama_tiny.pt"), framework="pt", shard=(0, 2), preset="llama") as f:
         assert len(f.keys()) > 0
+
+
+def test_an_error_in_a_shard_names_its_file(tmp_path):
+    """A reader error in one file of a set carries that file (and the
+    message says it), so a caller can retry or report the right one."""
+    import shutil
+
+    broken = tmp_path / "set"
+    shutil.copytree(SHARDED, broken)
+    shard = broken / "pytorch_model-00002-of-00003.bin"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ptload.Error) as info:
+        ptload.torch.load_file(str(broken), key="all")
+    assert info.value.file is not None and info.value.file.endswith(shard.name), info.value.file
+    assert shard.name in str(info.value)
+
+
+def test_an_error_carries_its_hint():
+    """What the caller could do is an attribute as well as part of the
+    message, in the package's keywords: a share with nothing to cut."""
+    with pytest.raises(ptload.Error) as info:
+        with ptload.safe_open(fixture("llama_tiny.pt"), framework="pt", shard=(0, 2)) as f:
+            f.keys()
+    hint = info.value.hint
+    assert hint is not None and 'preset="llama"' in hint and hint in str(info.value)
+    assert info.value.file is not None and info.value.file.endswith("llama_tiny.pt")

@@ -3,7 +3,8 @@ failure, each also the exception ``torch.load`` raises in the same case
 (``RuntimeError`` for a corrupt container, ``pickle.UnpicklingError`` for a
 pickle it refuses, ``UnicodeDecodeError`` for a Python 2 string that does not
 decode...), so code written for torch catches them unchanged. Each carries
-``kind`` (the reader's error kind), ``offset``, ``record`` and ``tensor``.
+``kind`` (the reader's error kind), ``offset``, ``record``, ``tensor``,
+``file`` (the file of a set it concerns) and ``hint`` (what to do).
 """
 
 import errno
@@ -42,6 +43,8 @@ Error.kind = "Other"
 Error.offset = None
 Error.record = None
 Error.tensor = None
+Error.file = None
+Error.hint = None
 # Named where users import it, so an error pickles (multiprocessing sends
 # it back to the parent) and prints as ptload.Error.
 Error.__module__ = "ptload"
@@ -233,8 +236,10 @@ for _cls in list(_BY_KIND.values()) + [EmptyFileError, DeviceError, InvalidObjec
     _cls.__module__ = "ptload"
 
 
-def from_reader(kind, message, offset=None, record=None, tensor=None, encoding=None):
-    """The exception for a reader error of ``kind``."""
+def from_reader(kind, message, offset=None, record=None, tensor=None, encoding=None, file=None, hint=None):
+    """The exception for a reader error of ``kind``: ``file`` is the file
+    of a set it concerns, ``hint`` what the caller could do (both also in
+    the message)."""
     cls = _BY_KIND.get(kind, Error)
     if kind == "Zip" and record and _parsed_by_torch(record):
         cls = CorruptRecordError
@@ -243,6 +248,8 @@ def from_reader(kind, message, offset=None, record=None, tensor=None, encoding=N
     e.offset = offset
     e.record = record
     e.tensor = tensor
+    e.file = file
+    e.hint = hint
     return e
 
 

@@ -34,6 +34,8 @@ class Error(Exception):
     offset: Optional[int]
     record: Optional[str]
     tensor: Optional[str]
+    file: Optional[str]
+    hint: Optional[str]
 
 @final
 class QuantRecord:
