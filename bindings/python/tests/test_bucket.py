@@ -20,7 +20,7 @@ import torch
 import ptload
 import ptload.torch
 from conftest import fixture
-from ptload._errors import is_url
+from ptload._io import is_url
 
 S3S = os.environ.get("PTLOAD_S3S")
 if not S3S:

@@ -105,7 +105,7 @@ def test_place_budget_balance_decide_as_the_cli():
     tensor name first; a budget fills each GPU in checkpoint order, a
     storage that does not fit going on to the next, then the host; a
     balance splits by bytes, each storage where its midpoint falls."""
-    from ptload._errors import open_checkpoint
+    from ptload._io import open_checkpoint
 
     ckpt = open_checkpoint(fixture("llama_tiny.pt"))
     names = ckpt.storage_names()
@@ -216,7 +216,7 @@ def test_a_mapper_can_place_by_tensor_name():
         return storage if any("embed" in n for n in storage.tensors) else "cpu"
 
     ours = ptload.torch.load(fixture("llama_tiny.pt"), map_location=by_name)
-    from ptload._errors import open_checkpoint
+    from ptload._io import open_checkpoint
 
     assert sorted(seen) == sorted(tuple(n) for n in open_checkpoint(fixture("llama_tiny.pt")).storage_names())
     assert all(ours[k].device.type == "cpu" for k in ours)
@@ -252,7 +252,7 @@ def test_the_readers_advice_names_keyword_arguments(tmp_path):
     never the Rust API's names."""
     import io
 
-    from ptload._errors import open_checkpoint
+    from ptload._io import open_checkpoint
 
     buf = io.BytesIO()
     torch.save({"w": torch.ones(2)}, buf, _use_new_zipfile_serialization=False)

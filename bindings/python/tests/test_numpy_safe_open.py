@@ -158,7 +158,7 @@ def test_automatic_choices_warn_only_when_they_change_something():
 
 
 def test_the_readers_advice_is_put_in_python_terms():
-    from ptload._errors import open_checkpoint
+    from ptload._io import open_checkpoint
 
     _, said = open_checkpoint(fixture("hf_lm.pt"), objects=False).select("auto", "auto", [], [])
     assert said == [("whole_file", 'key auto: the whole file: "model" holds tensors, but so does '
@@ -201,7 +201,7 @@ def test_key_orders_and_get_tensors_follow_safetensors():
 
 
 def test_what_is_said_of_the_automatic_choices():
-    from ptload._errors import open_checkpoint
+    from ptload._io import open_checkpoint
     from ptload._safe import _changed
 
     ckpt = open_checkpoint(fixture("training.ckpt"), objects=False)

@@ -15,9 +15,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import sys
 import warnings
 
-from ._errors import (
-    Error,
-    UnsupportedError,
+from ._errors import Error, UnsupportedError
+from ._io import (
     is_url,
     open_checkpoint,
     read_at,

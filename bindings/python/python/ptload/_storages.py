@@ -10,7 +10,8 @@ import warnings
 import torch
 
 from . import _ptload
-from ._errors import DeviceError, Error, read_at, user_stacklevel
+from ._errors import DeviceError, Error
+from ._io import read_at, user_stacklevel
 
 __all__ = ["StorageStandIn"]
 

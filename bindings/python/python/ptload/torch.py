@@ -32,10 +32,8 @@ from ._storages import (
     _swap_unit,
     _torch_dtype,
 )
-from ._errors import (
-    Error,
-    UnsafeGlobalError,
-    UnsupportedError,
+from ._errors import Error, UnsafeGlobalError, UnsupportedError
+from ._io import (
     is_url,
     open_checkpoint,
     read_stream,
