@@ -399,7 +399,11 @@ fn main() {
         ("c_package_main.pkl", "unittest.__main__", "main"),
         ("c_pyio_fileio.pkl", "_pyio", "FileIO"),
         ("c_torch_from_file.pkl", "torch", "from_file"),
-        ("c_import_dotted_name.pkl", "torch._utils", "_import_dotted_name"),
+        (
+            "c_import_dotted_name.pkl",
+            "torch._utils",
+            "_import_dotted_name",
+        ),
         ("c_add_extension.pkl", "copyreg", "add_extension"),
         ("c_logging_file_handler.pkl", "logging", "FileHandler"),
         // A Python 2 name, read as Python 3 reads it (`dbm.open`).
