@@ -229,6 +229,18 @@ fn main() {
         p.str("training").bool(true).op(b"ub");
         p.stop()
     };
+    let torchscript_with_code = |pickle: Vec<u8>, code: &[u8]| {
+        archive(vec![
+            ZipEntry::new("archive/data.pkl", pickle),
+            ZipEntry::new("archive/code/__torch__.py", code.to_vec()),
+            ZipEntry::new("archive/constants.pkl", {
+                let mut p = Pickle::proto(2);
+                p.op(b")");
+                p.stop()
+            }),
+            ZipEntry::new("archive/data/0", storage4()),
+        ])
+    };
     let torchscript_archive = |pickle: Vec<u8>| {
         archive(vec![
             ZipEntry::new("archive/data.pkl", pickle),
@@ -253,6 +265,17 @@ fn main() {
                 .str("forward_tensor")
                 .op(b"lu");
         })),
+    );
+    // A scripted `__setstate__`, run by torch.jit.load on load, that maps
+    // a file it names (creating it when shared).
+    add(
+        "torchscript_setstate_from_file.pt",
+        torchscript_with_code(
+            torchscript_module(&|p| {
+                p.op(b"}");
+            }),
+            b"class Model(Module):\n  def __setstate__(self, state: str) -> None:\n    self.x = torch.from_file(state, True, 1)\n",
+        ),
     );
     // The same place holding a dangerous callable: TorchScript's loader
     // calls nothing there, but the callable is in the file.
@@ -408,6 +431,30 @@ fn main() {
         ("c_logging_file_handler.pkl", "logging", "FileHandler"),
         // A Python 2 name, read as Python 3 reads it (`dbm.open`).
         ("c_py2_anydbm_open.pkl", "anydbm", "open"),
+        ("c_dataclasses_create_fn.pkl", "dataclasses", "_create_fn"),
+        (
+            "c_storage_weakref.pkl",
+            "torch.multiprocessing.reductions",
+            "StorageWeakRef",
+        ),
+        (
+            "c_dataloader.pkl",
+            "torch.utils.data.dataloader",
+            "DataLoader",
+        ),
+        ("c_itertools_takewhile.pkl", "itertools", "takewhile"),
+        ("c_heapq_nsmallest.pkl", "heapq", "nsmallest"),
+        (
+            "c_lightning_logger_writer.pkl",
+            "pytorch_lightning.loggers.csv_logs",
+            "ExperimentWriter",
+        ),
+        // Plain data: how numpy pickles an array at protocol 5.
+        (
+            "c_numpy_frombuffer.pkl",
+            "numpy._core.numeric",
+            "_frombuffer",
+        ),
     ] {
         add(file, call_with_str(module, name));
     }

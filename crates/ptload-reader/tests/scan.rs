@@ -577,6 +577,39 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ),
     ("c_py2_anydbm_open.pkl", Dangerous, Some(("dbm.open", true))),
     ("c_http_status_enum.pkl", Clean, None),
+    // A third fresh corpus (torch 2.15 ran each payload).
+    (
+        "c_dataclasses_create_fn.pkl",
+        Dangerous,
+        Some(("dataclasses._create_fn", true)),
+    ),
+    (
+        "c_storage_weakref.pkl",
+        Dangerous,
+        Some(("torch.multiprocessing.reductions.StorageWeakRef", true)),
+    ),
+    (
+        "c_dataloader.pkl",
+        Dangerous,
+        Some(("torch.utils.data.dataloader.DataLoader", true)),
+    ),
+    (
+        "c_itertools_takewhile.pkl",
+        Dangerous,
+        Some(("itertools.takewhile", true)),
+    ),
+    ("c_heapq_nsmallest.pkl", Dangerous, Some(("heapq.nsmallest", true))),
+    (
+        "c_lightning_logger_writer.pkl",
+        Dangerous,
+        Some(("pytorch_lightning.loggers.csv_logs.ExperimentWriter", true)),
+    ),
+    ("c_numpy_frombuffer.pkl", Clean, None),
+    (
+        "torchscript_setstate_from_file.pt",
+        Dangerous,
+        Some(("torch.from_file", true)),
+    ),
     ("builtins_len.pt", Clean, None),
     ("torchscript_helpers.pt", Clean, None),
     // TorchScript 1.x modules (PyTorch's iOS demo models): `__constants__`

@@ -427,7 +427,9 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
             || under(module, "lightning_fabric")
             || under(module, "pytorch_lightning"))
             && ((module.ends_with("cloud_io") && matches!(name, "_atomic_save" | "atomic_save"))
-                || name.starts_with("save")))
+                || name.starts_with("save")
+                // Loggers and their writers create their directories.
+                || module.split('.').any(|m| m == "loggers")))
     {
         return Some(Some(FileSystem));
     }
@@ -471,6 +473,21 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
     if module == "inspect" && matches!(name, "getattr_static" | "getmembers" | "getmembers_static")
     {
         return Some(Some(Gadget));
+    }
+    // dataclasses builds methods from source text (`_create_fn` execs it).
+    if module == "dataclasses" && matches!(name, "_create_fn" | "_exec" | "_FuncBuilder") {
+        return Some(Some(CodeExecution));
+    }
+    // Calls an attribute of its state when collected (`_free_weak_ref`).
+    if module == "torch.multiprocessing.reductions" && name == "StorageWeakRef" {
+        return Some(Some(Gadget));
+    }
+    // A data loader with workers starts processes that run its collate and
+    // worker functions.
+    if (under(module, "torch.utils.data") && name == "DataLoader")
+        || under(module, "torch.utils.data.dataloader")
+    {
+        return Some(Some(Process));
     }
     if module == "uuid" && name.starts_with('_') {
         return Some(Some(Process));
@@ -517,7 +534,14 @@ fn dangerous_gadget(module: &str, name: &str) -> Option<Danger> {
             && matches!(
                 name,
                 "vectorize" | "frompyfunc" | "apply_along_axis" | "apply_over_axes" | "piecewise"
-            ));
+            ))
+        // They call a function they are given (a predicate, a key).
+        || (module == "itertools"
+            && matches!(
+                name,
+                "takewhile" | "dropwhile" | "filterfalse" | "groupby" | "starmap" | "accumulate"
+            ))
+        || (module == "heapq" && matches!(name, "nsmallest" | "nlargest" | "merge"));
     gadget.then_some(Danger::Gadget)
 }
 
@@ -705,6 +729,11 @@ fn known_data(module: &str, name: &str) -> bool {
         "numpy.core.multiarray" | "numpy._core.multiarray" => {
             matches!(name, "scalar" | "_reconstruct")
         }
+        // Arrays pickled at protocol 5 (out-of-band-capable buffers), and
+        // masked arrays (their class and base class are instantiated: see
+        // the scanner).
+        "numpy.core.numeric" | "numpy._core.numeric" => name == "_frombuffer",
+        "numpy.ma.core" => name == "_mareconstruct",
         "numpy.dtypes" => NUMPY_DTYPE_CLASSES.contains(&name),
         "argparse" => name == "Namespace",
         "collections" => matches!(

@@ -787,8 +787,55 @@ impl Scanner<'_> {
             }
             self.entry_pickle(&bytes, entry, reach);
         }
+        // A TorchScript archive (it has `constants.pkl`): torch.load hands it
+        // to torch.jit.load, which compiles the archive's `code/` and runs
+        // it (a scripted `__setstate__` on load). Its ops are TorchScript's,
+        // not Python's; the one that reaches the file system, `from_file`
+        // (it creates the file it maps when asked to share), is reported
+        // as a call of `torch.from_file` in that record.
+        let torchscript = prefix
+            .as_ref()
+            .is_some_and(|p| reachable && archive.get(&format!("{p}/constants.pkl")).is_some());
+        if torchscript {
+            self.torchscript_code(data, &archive, &mut budget);
+        }
         self.hidden_locals(data, &archive, seen, &mut budget);
         Some(archive.cd_start())
+    }
+
+    /// The `code/` records of a TorchScript archive, searched for the ops
+    /// that reach outside the process (`from_file`).
+    fn torchscript_code(&mut self, data: FileView<'_>, archive: &Archive<'_>, budget: &mut u64) {
+        for entry in archive.entries() {
+            let code = entry.name.contains("/code/") && entry.name.ends_with(".py");
+            if !code || entry.encrypted {
+                continue;
+            }
+            let Ok(bytes) = record(data, entry, self.limits, budget) else {
+                self.report.notes.push(format!(
+                    "{}: TorchScript code that cannot be read",
+                    entry.name
+                ));
+                continue;
+            };
+            let Some(at) = find(&bytes, b"from_file") else {
+                continue;
+            };
+            self.report.pickles.push(ScannedPickle {
+                source: PickleSource::Entry(entry.name.to_owned()),
+                reachable: true,
+                base: None,
+                globals: vec![GlobalUse {
+                    module: "torch".into(),
+                    name: "from_file".into(),
+                    offset: at as u64,
+                    usage: Usage::Called,
+                    class: crate::scan::classify("torch", "from_file"),
+                }],
+                complete: true,
+                error: None,
+            });
+        }
     }
 
     /// Local headers the central directory does not list (a shadow
@@ -1601,6 +1648,13 @@ impl Interpreter for Recorder {
                     }
                     Some(("copyreg" | "copy_reg", "__newobj__" | "__newobj_ex__"))
                     | Some(("torch._utils", "_rebuild_wrapper_subclass")) => {
+                        self.mark(self.global_index(arg(0)), Usage::Instantiated);
+                        made = self.global_index(arg(0)).unwrap_or(g);
+                    }
+                    // A masked array: its class and its base class are
+                    // instantiated (`__new__`).
+                    Some(("numpy.ma.core", "_mareconstruct")) => {
+                        self.mark(self.global_index(arg(1)), Usage::Instantiated);
                         self.mark(self.global_index(arg(0)), Usage::Instantiated);
                         made = self.global_index(arg(0)).unwrap_or(g);
                     }
