@@ -58,9 +58,11 @@ fn ranged(name: &str) -> Arc<Checkpoint> {
 /// larger than a request read part by part into the staging buffers)
 /// lands on cuda:0 equal to the mapped file's bytes; each byte of the file
 /// is fetched at most once; and the heap's peak during the load stays
-/// under the read-ahead window plus the requests in flight, under a
-/// quarter of the file. Before, a load kept every storage it fetched
-/// until the checkpoint was dropped: the whole file.
+/// under the read-ahead window (small storages fetched ahead) and the
+/// load's own records: the parts read for the staging buffers land in
+/// them, not on the heap. Before, a load kept every storage it fetched
+/// until the checkpoint was dropped (the whole file), and later each
+/// part passed through a buffer of its own (a request per worker).
 #[test]
 #[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
 fn a_file_read_by_ranges_goes_to_the_gpu_without_a_host_copy() {
@@ -75,10 +77,10 @@ fn a_file_read_by_ranges_goes_to_the_gpu_without_a_host_copy() {
         buffer_bytes: 256 << 10,
         ..Default::default()
     };
-    // The window, one request in flight per worker for the storages read
-    // part by part, and room for the load's own records. (The staging
-    // buffers are the driver's pinned memory, not the heap.)
-    let bound = REQUEST as usize * IN_FLIGHT * 2 + (1 << 20);
+    // The window and room for the load's own records; the storages read
+    // part by part go from the requests into the staging buffers (the
+    // driver's pinned memory, not the heap), whatever the workers.
+    let bound = REQUEST as usize * IN_FLIGHT + (64 << 10);
     for name in ["llama_wide.pt"] {
         let file_len = std::fs::metadata(fixture(name)).expect("metadata").len();
         let ckpt = ranged(name);
@@ -106,7 +108,7 @@ fn a_file_read_by_ranges_goes_to_the_gpu_without_a_host_copy() {
             "{name}: fetched {fetched} bytes of a {file_len}-byte file in {requests} requests"
         );
         assert!(
-            peak < bound && (peak as u64) < stored / 4,
+            peak < bound && (peak as u64) < stored / 8,
             "{name}: the heap held {peak} more bytes during the load (bound {bound}), for \
              {stored} bytes of storages"
         );
@@ -140,9 +142,11 @@ fn a_file_read_by_ranges_goes_to_the_gpu_without_a_host_copy() {
 /// slice lands on cuda:0 equal to the mapped file's slice; the row splits
 /// go from their own ranges into the staging buffers, so the file is
 /// fetched no more than once over and the heap never holds the rank's
-/// share: under a quarter of it with staging buffers of 256 KiB (the
-/// column splits, gathered on the host in few requests, are held until
-/// they are copied). Before, every slice was gathered on the host first.
+/// share: under a sixteenth of it, whatever the workers (the column
+/// splits, gathered on the host in few requests, are held until they are
+/// copied). Before, every slice was gathered on the host first, and later
+/// each part of a row split passed through a buffer of its own (a
+/// request per worker: about a quarter of the share).
 #[test]
 #[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
 fn a_rank_share_read_by_ranges_goes_to_the_gpu_by_its_own_ranges() {
@@ -189,7 +193,7 @@ fn a_rank_share_read_by_ranges_goes_to_the_gpu_by_its_own_ranges() {
     let file_len = std::fs::metadata(fixture(name)).expect("metadata").len();
     assert!(fetched <= file_len, "fetched {fetched} of {file_len}");
     assert!(
-        (peak as u64) < share / 4,
+        (peak as u64) < share / 16 && (peak as u64) < (share - rows) + (64 << 10),
         "the heap held {peak} more bytes during the load, for a share of {share} ({rows} in row \
          splits)"
     );

@@ -74,7 +74,7 @@ impl HttpFile {
             len: 0,
             validator: None,
         };
-        match file.request(0, 0)? {
+        match file.request(0, 0, None)? {
             Answer::Part(total, _, validator) => {
                 file.len = total;
                 file.validator = validator;
@@ -90,12 +90,14 @@ impl HttpFile {
         Ok(file)
     }
 
-    /// One ranged GET of `start..=end`, tried again on transient failures.
-    fn request(&self, start: u64, end: u64) -> Result<Answer> {
+    /// One ranged GET of `start..=end`, tried again on transient failures;
+    /// the body lands in `into` when given (see
+    /// [`request_once`](Self::request_once)).
+    fn request(&self, start: u64, end: u64, mut into: Option<&mut [u8]>) -> Result<Answer> {
         let mut pause = FIRST_PAUSE;
         let mut attempt = 1;
         loop {
-            match self.request_once(start, end) {
+            match self.request_once(start, end, into.as_deref_mut()) {
                 Ok(answer) => return Ok(answer),
                 Err((_, true)) if attempt < ATTEMPTS => {
                     std::thread::sleep(pause);
@@ -114,7 +116,14 @@ impl HttpFile {
     }
 
     /// One ranged GET; an error says whether trying again may help.
-    fn request_once(&self, start: u64, end: u64) -> std::result::Result<Answer, (Error, bool)> {
+    /// The body lands in `into` when given (exactly the range's length;
+    /// the answer's body is then empty), in a buffer of its own if not.
+    fn request_once(
+        &self,
+        start: u64,
+        end: u64,
+        into: Option<&mut [u8]>,
+    ) -> std::result::Result<Answer, (Error, bool)> {
         let url = &self.url;
         let mut req = self
             .agent
@@ -219,25 +228,10 @@ impl HttpFile {
                 ));
             }
         }
-        // Held once, at its size (a size the memory cannot hold is an
-        // error, not an abort); never more than asked is read: one byte
-        // over is enough to tell.
-        let mut body = Vec::new();
-        let size = usize::try_from(want).map_err(|_| (http_err("range too large"), false))?;
-        body.try_reserve_exact(size).map_err(|_| {
-            (
-                http_err(format!("GET {url}: cannot hold {want} bytes in memory")),
-                false,
-            )
-        })?;
-        {
-            use std::io::Read;
-            let reader = resp.body_mut().with_config().limit(want.saturating_add(1));
-            reader
-                .reader()
-                .take(want.saturating_add(1))
-                .read_to_end(&mut body)
-                .map_err(|e| {
+        let body = match into {
+            // Straight into the caller's buffer, which is `want` long.
+            Some(out) => {
+                read_body_into(&mut resp, out).map_err(|e| {
                     (
                         http_err(format!(
                             "GET {url}: reading bytes {start}-{end} failed (truncated?): {e}"
@@ -245,16 +239,47 @@ impl HttpFile {
                         true,
                     )
                 })?;
-        }
-        if body.len() as u64 != want {
-            return Err((
-                http_err(format!(
-                    "GET {url}: asked for {want} bytes at {start}, the body held {}",
-                    body.len()
-                )),
-                true,
-            ));
-        }
+                Vec::new()
+            }
+            None => {
+                // Held once, at its size (a size the memory cannot hold
+                // is an error, not an abort); never more than asked is
+                // read: one byte over is enough to tell.
+                let mut body = Vec::new();
+                let size =
+                    usize::try_from(want).map_err(|_| (http_err("range too large"), false))?;
+                body.try_reserve_exact(size).map_err(|_| {
+                    (
+                        http_err(format!("GET {url}: cannot hold {want} bytes in memory")),
+                        false,
+                    )
+                })?;
+                use std::io::Read;
+                let reader = resp.body_mut().with_config().limit(want.saturating_add(1));
+                reader
+                    .reader()
+                    .take(want.saturating_add(1))
+                    .read_to_end(&mut body)
+                    .map_err(|e| {
+                        (
+                            http_err(format!(
+                                "GET {url}: reading bytes {start}-{end} failed (truncated?): {e}"
+                            )),
+                            true,
+                        )
+                    })?;
+                if body.len() as u64 != want {
+                    return Err((
+                        http_err(format!(
+                            "GET {url}: asked for {want} bytes at {start}, the body held {}",
+                            body.len()
+                        )),
+                        true,
+                    ));
+                }
+                body
+            }
+        };
         Ok(Answer::Part(total, body, validator))
     }
 }
@@ -304,18 +329,11 @@ fn token_from(url: &str, ptload: Option<String>, hf: Option<String>) -> Option<S
     }
 }
 
-impl RangeRead for HttpFile {
-    fn len(&self) -> u64 {
-        self.len
-    }
-
-    fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
-        let Some(end) = offset.checked_add(len).and_then(|e| e.checked_sub(1)) else {
-            return Ok(Vec::new());
-        };
-        let answer = self
-            .request(offset, end)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+impl HttpFile {
+    /// The body of `answer` to a request for `offset..=end`, if it is a
+    /// part of the same file as the first answer.
+    fn checked(&self, offset: u64, end: u64, answer: Result<Answer>) -> std::io::Result<Vec<u8>> {
+        let answer = answer.map_err(|e| std::io::Error::other(e.to_string()))?;
         let (total, body, validator) = match answer {
             Answer::Part(total, body, validator) => (total, body, validator),
             Answer::Unsatisfiable(total) => {
@@ -347,6 +365,72 @@ impl RangeRead for HttpFile {
             )));
         }
         Ok(body)
+    }
+}
+
+/// Read a response's body into `out`, which must be exactly its length:
+/// a body shorter or longer than `out` is an error (one byte past it is
+/// read to tell).
+fn read_body_into(
+    resp: &mut ureq::http::Response<ureq::Body>,
+    out: &mut [u8],
+) -> std::io::Result<()> {
+    use std::io::Read;
+    let want = out.len() as u64;
+    let mut reader = resp
+        .body_mut()
+        .with_config()
+        .limit(want.saturating_add(1))
+        .reader();
+    let mut filled = 0;
+    while let Some(rest) = out.get_mut(filled..).filter(|r| !r.is_empty()) {
+        match reader.read(rest) {
+            Ok(0) => {
+                return Err(std::io::Error::other(format!(
+                    "the body held {filled} of {want} bytes"
+                )))
+            }
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut extra = [0u8; 1];
+    loop {
+        match reader.read(&mut extra) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {
+                return Err(std::io::Error::other(format!(
+                    "the body held more than the {want} bytes asked for"
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl RangeRead for HttpFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+        let Some(end) = offset.checked_add(len).and_then(|e| e.checked_sub(1)) else {
+            return Ok(Vec::new());
+        };
+        self.checked(offset, end, self.request(offset, end, None))
+    }
+
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        let Some(end) = offset
+            .checked_add(out.len() as u64)
+            .and_then(|e| e.checked_sub(1))
+        else {
+            return Ok(());
+        };
+        let answer = self.request(offset, end, Some(out));
+        self.checked(offset, end, answer).map(drop)
     }
 
     fn name(&self) -> &str {

@@ -70,6 +70,24 @@ pub trait RangeRead: Send + Sync + std::fmt::Debug {
     /// should fail (naming the file and why) rather than answer short.
     fn read_at(&self, offset: u64, len: u64) -> std::io::Result<Vec<u8>>;
 
+    /// Exactly `out.len()` bytes at `offset`, written into `out`: what a
+    /// reader with a buffer of its own (a staging buffer on its way to a
+    /// GPU) asks for, so that the bytes are not held twice. The default
+    /// reads with [`read_at`](Self::read_at) and copies; implement it
+    /// where the bytes can land in `out` directly.
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        let bytes = self.read_at(offset, out.len() as u64)?;
+        if bytes.len() != out.len() {
+            return Err(std::io::Error::other(format!(
+                "asked for {} bytes at {offset}, received {}",
+                out.len(),
+                bytes.len()
+            )));
+        }
+        out.copy_from_slice(&bytes);
+        Ok(())
+    }
+
     /// What to call the file in messages (its URL).
     fn name(&self) -> &str;
 }
@@ -129,6 +147,10 @@ impl RangeRead for LocalFile {
         out.resize(size, 0);
         read_exact_at(&self.file, &mut out, offset)?;
         Ok(out)
+    }
+
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        read_exact_at(&self.file, out, offset)
     }
 
     fn name(&self) -> &str {
@@ -283,6 +305,30 @@ impl Fetcher {
             ));
         }
         Ok(bytes)
+    }
+
+    /// `out.len()` bytes at `offset`, within the file, read into `out`.
+    pub(crate) fn read_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let name = self.reader.name();
+        let len = out.len() as u64;
+        if offset.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "{name}: range of {len} bytes at {offset} lies past its end ({} bytes)",
+                    self.len()
+                ),
+            ));
+        }
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.reader.read_into(offset, out).map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!("cannot read {len} bytes at {offset} of {name}: {e}"),
+            )
+        })?;
+        self.bytes.fetch_add(len, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -678,6 +724,53 @@ pub(crate) fn read_unheld(
     Ok(out)
 }
 
+/// [`read_unheld`] into `out` (the bytes `start..start + out.len()`):
+/// held parts copied, the others read straight into their place.
+pub(crate) fn read_unheld_into(
+    view: FileView<'_>,
+    fetcher: &Fetcher,
+    start: u64,
+    out: &mut [u8],
+) -> Result<()> {
+    let end = start
+        .checked_add(out.len() as u64)
+        .ok_or_else(|| Error::new(ErrorKind::Io, "range too large"))?;
+    let FileView::Fetched(extents) = view else {
+        return fetcher.read_into(start, out);
+    };
+    // The part of `out` for file bytes `a..b` (within `start..end`).
+    fn place(out: &mut [u8], start: u64, a: u64, b: u64) -> Result<&mut [u8]> {
+        let from = usize::try_from(a.saturating_sub(start)).unwrap_or(usize::MAX);
+        let to = usize::try_from(b.saturating_sub(start)).unwrap_or(usize::MAX);
+        let len = out.len();
+        out.get_mut(from..to)
+            .ok_or_else(|| Error::new(ErrorKind::Io, format!("bytes {a}..{b} outside {len}")))
+    }
+    let held = |a: u64, b: u64| {
+        extents.find(a, b).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "{}: bytes {a}..{b} neither held nor fetched",
+                    fetcher.name()
+                ),
+            )
+        })
+    };
+    let mut at = start;
+    for (a, b) in extents.holes(start, end) {
+        if at < a {
+            place(out, start, at, a)?.copy_from_slice(held(at, a)?);
+        }
+        fetcher.read_into(a, place(out, start, a, b)?)?;
+        at = b;
+    }
+    if at < end {
+        place(out, start, at, end)?.copy_from_slice(held(at, end)?);
+    }
+    Ok(())
+}
+
 /// Whether `e` is a read that ran out of bytes (a pickle run over a
 /// prefix of the file that may be too short): the byte reader's end of
 /// data, or a length past the bytes left.
@@ -860,6 +953,49 @@ mod tests {
             &file[120..170]
         );
         assert_eq!(fetcher.bytes_read() - before, 9000 - 5000 - 100);
+    }
+
+    #[test]
+    fn reads_into_a_buffer_copy_held_runs_and_fetch_only_the_holes_into_place() {
+        let file: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+        let fetcher = Fetcher::new(Arc::new(Memory(file.clone())));
+        let mut e = Extents::new(10_000);
+        let mut budget = u64::MAX;
+        e.fetch(&fetcher, &[(100, 200), (5000, 5100)], &mut budget)
+            .unwrap();
+        e.fetch(&fetcher, &[(7000, 7100)], &mut budget).unwrap();
+        let before = (fetcher.bytes_read(), fetcher.requests());
+        let view = FileView::Fetched(&e);
+        // Starting in a hole, ending in a hole, a held run between.
+        let mut out = vec![0xee; 9000];
+        read_unheld_into(view, &fetcher, 50, &mut out).unwrap();
+        assert_eq!(out, &file[50..9050]);
+        // Holes 50..100, 5100..7000, 7100..9050: three requests.
+        assert_eq!(fetcher.bytes_read() - before.0, 9000 - 5000 - 100);
+        assert_eq!(fetcher.requests() - before.1, 3);
+        // Within a held run: nothing fetched.
+        let mut out = vec![0; 50];
+        read_unheld_into(view, &fetcher, 120, &mut out).unwrap();
+        assert_eq!(out, &file[120..170]);
+        assert_eq!(fetcher.requests() - before.1, 3);
+        // Not opened by ranges' extents: one request, straight in.
+        let mut out = vec![0; 10];
+        read_unheld_into(FileView::Whole(&[]), &fetcher, 9990, &mut out).unwrap();
+        assert_eq!(out, &file[9990..]);
+        // Past the end: an error, the buffer's length checked first.
+        let mut out = vec![0; 11];
+        let err = read_unheld_into(FileView::Whole(&[]), &fetcher, 9990, &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lies past its end"), "{err}");
+    }
+
+    #[test]
+    fn a_short_answer_into_a_buffer_is_an_error() {
+        let fetcher = Fetcher::new(Arc::new(Short));
+        let mut out = [0u8; 10];
+        let err = fetcher.read_into(0, &mut out).unwrap_err().to_string();
+        assert!(err.contains("asked for 10 bytes at 0, received 9"), "{err}");
     }
 
     #[test]

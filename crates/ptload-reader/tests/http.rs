@@ -236,3 +236,62 @@ fn raw_partial(total: usize, (a, b): (u64, u64), body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(body);
     out
 }
+
+/// A body without a `Content-Length`, ended by closing the connection.
+fn unannounced_partial(total: usize, (a, b): (u64, u64), body: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {a}-{b}/{total}\r\n\
+         ETag: \"v1\"\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+/// Reads into a caller's buffer (the staging buffers of a load onto a
+/// GPU) are checked like reads into the reader's own: the bytes asked
+/// for land in place; a body shorter or longer than the buffer, even
+/// unannounced, is an error, never a buffer partly filled or overrun.
+#[test]
+fn reads_into_a_buffer_are_checked_like_the_others() {
+    use ptload_reader::http::HttpFile;
+    use ptload_reader::ranged::RangeRead;
+    let file = fixture("basic.pt");
+    let (url, _) = serve(
+        file.clone(),
+        Box::new(|_, range, file| partial(file, range.unwrap(), "\"v1\"")),
+    );
+    let http = HttpFile::open(&url).unwrap();
+    let mut out = vec![0u8; 300];
+    http.read_into(17, &mut out).unwrap();
+    assert_eq!(out, &file[17..317]);
+    http.read_into(0, &mut []).unwrap();
+
+    for (what, said, extra) in [
+        ("short", "held 290 of 300", -10i64),
+        ("long", "more than", 5),
+    ] {
+        let (url, count) = serve(
+            file.clone(),
+            Box::new(move |n, range, file| {
+                let (a, b) = range.unwrap();
+                if n == 0 {
+                    return partial(file, (a, b), "\"v1\"");
+                }
+                let mut body = file[a as usize..=b as usize].to_vec();
+                if extra < 0 {
+                    body.truncate(body.len() - (-extra) as usize);
+                } else {
+                    body.extend(std::iter::repeat_n(7u8, extra as usize));
+                }
+                unannounced_partial(file.len(), (a, b), &body)
+            }),
+        );
+        let http = HttpFile::open(&url).unwrap();
+        let mut out = vec![0u8; 300];
+        let err = http.read_into(17, &mut out).unwrap_err().to_string();
+        assert!(err.contains(said) && err.contains(&url), "{what}: {err}");
+        // Tried again, as a cut connection may be transient.
+        assert_eq!(count.load(Ordering::SeqCst), 1 + 4, "{what}");
+    }
+}

@@ -615,22 +615,8 @@ impl Checkpoint {
             let start = base
                 .checked_add(offset)
                 .ok_or_else(|| Error::new(ErrorKind::Tensor, format!("storage {index}: offset")))?;
-            let end = start
-                .checked_add(out.len() as u64)
-                .ok_or_else(|| Error::new(ErrorKind::Tensor, format!("storage {index}: offset")))?;
-            let bytes = read_unheld(self.source.view(), fetcher, start, end)?;
-            if bytes.len() != out.len() {
-                return Err(Error::new(
-                    ErrorKind::Io,
-                    format!(
-                        "storage {index}: asked for {} bytes at {start}, received {}",
-                        out.len(),
-                        bytes.len()
-                    ),
-                ));
-            }
-            out.copy_from_slice(&bytes);
-            Ok(())
+            // Straight into the reader's buffer: not held on the way.
+            read_unheld_into(self.source.view(), fetcher, start, out)
         })())
     }
 

@@ -16,7 +16,9 @@ use crate::limits::Limits;
 use crate::name_index::NameIndex;
 use crate::object::Objects;
 use crate::pickle::{Heap, Value, Vm};
-use crate::ranged::{fetch_until, read_unheld, Fetcher, FileView, RangeRead, COALESCE_GAP};
+use crate::ranged::{
+    fetch_until, read_unheld, read_unheld_into, Fetcher, FileView, RangeRead, COALESCE_GAP,
+};
 use crate::source::Source;
 use crate::torch::decode::{decode_legacy, decode_zip, Decoded};
 use crate::torch::dtensor::DTensorSpec;
