@@ -421,6 +421,34 @@ def test_a_deque_is_rebuilt(tmp_path):
     assert ours["e"] == collections.deque() and ours["e"].maxlen is None
 
 
+def test_every_reader_error_kind_has_its_exception():
+    """The package's one table of the reader's error kinds names every kind
+    the reader has (a kind added there and not here fails this), and each
+    becomes a ptload.Error carrying its kind."""
+    from ptload import _errors, _ptload
+
+    assert sorted(_errors._BY_KIND) == sorted(_ptload.ERROR_KINDS)
+    for kind in _ptload.ERROR_KINDS:
+        e = _errors.from_reader(kind, f"a {kind} error", file="f.pt", hint="h")
+        assert isinstance(e, ptload.Error) and (e.kind, e.file, e.hint) == (kind, "f.pt", "h")
+        assert str(e) == f"a {kind} error", kind
+
+
+def test_globals_are_records_with_where_they_appear():
+    """Each global a pickle names comes back once, as a record saying how
+    the pickle uses it and where it first appears."""
+    from ptload import _ptload
+
+    found = {(g.module, g.name): g for g in _ptload.open(str(fixture("training.ckpt"))).globals()}
+    rebuild = found[("torch._utils", "_rebuild_tensor_v2")]
+    assert rebuild.torch_allowed and rebuild.called and not rebuild.instantiated
+    assert rebuild.record.endswith("data.pkl") and rebuild.offset > 0
+    refused = [g for g in found.values() if not g.torch_allowed]
+    assert refused, "training.ckpt names globals outside torch's allowlist"
+    with pytest.raises(AttributeError):
+        rebuild.name = "other"
+
+
 def test_errors_pickle_and_carry_their_attributes(tmp_path):
     """Errors cross process boundaries (multiprocessing pickles them) with
     their type, message and attributes; errors of the Python layer have

@@ -56,6 +56,56 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, for front ends that map each to one of their own (the
+    /// Python package's exception classes) and test that none is missing.
+    pub const ALL: [ErrorKind; 19] = [
+        ErrorKind::Io,
+        ErrorKind::NotACheckpoint,
+        ErrorKind::UnsupportedLayout,
+        ErrorKind::Zip,
+        ErrorKind::Legacy,
+        ErrorKind::Pickle,
+        ErrorKind::Decode,
+        ErrorKind::UnsupportedGlobal,
+        ErrorKind::Refused,
+        ErrorKind::Tensor,
+        ErrorKind::LimitExceeded,
+        ErrorKind::Unsupported,
+        ErrorKind::InvalidSpec,
+        ErrorKind::DuplicateName,
+        ErrorKind::OutputExists,
+        ErrorKind::OutputRefused,
+        ErrorKind::Cancelled,
+        ErrorKind::DTypeMismatch,
+        ErrorKind::NotBorrowable,
+    ];
+
+    /// The kind's name as written here (`NotACheckpoint`): stable, what
+    /// front ends key on.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Io => "Io",
+            ErrorKind::NotACheckpoint => "NotACheckpoint",
+            ErrorKind::UnsupportedLayout => "UnsupportedLayout",
+            ErrorKind::Zip => "Zip",
+            ErrorKind::Legacy => "Legacy",
+            ErrorKind::Pickle => "Pickle",
+            ErrorKind::Decode => "Decode",
+            ErrorKind::UnsupportedGlobal => "UnsupportedGlobal",
+            ErrorKind::Refused => "Refused",
+            ErrorKind::Tensor => "Tensor",
+            ErrorKind::LimitExceeded => "LimitExceeded",
+            ErrorKind::Unsupported => "Unsupported",
+            ErrorKind::InvalidSpec => "InvalidSpec",
+            ErrorKind::DuplicateName => "DuplicateName",
+            ErrorKind::OutputExists => "OutputExists",
+            ErrorKind::OutputRefused => "OutputRefused",
+            ErrorKind::Cancelled => "Cancelled",
+            ErrorKind::DTypeMismatch => "DTypeMismatch",
+            ErrorKind::NotBorrowable => "NotBorrowable",
+        }
+    }
+
     fn layer(self) -> &'static str {
         match self {
             ErrorKind::Io => "io",
@@ -332,3 +382,40 @@ impl std::error::Error for Error {
 
 /// The reader's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ALL` lists every kind once, in order, and each name is the kind's
+    /// own: the match below fails to compile when a kind is added and not
+    /// placed here (and so in `ALL`).
+    #[test]
+    fn every_kind_is_listed_once_under_its_own_name() {
+        let position = |k: ErrorKind| match k {
+            ErrorKind::Io => 0,
+            ErrorKind::NotACheckpoint => 1,
+            ErrorKind::UnsupportedLayout => 2,
+            ErrorKind::Zip => 3,
+            ErrorKind::Legacy => 4,
+            ErrorKind::Pickle => 5,
+            ErrorKind::Decode => 6,
+            ErrorKind::UnsupportedGlobal => 7,
+            ErrorKind::Refused => 8,
+            ErrorKind::Tensor => 9,
+            ErrorKind::LimitExceeded => 10,
+            ErrorKind::Unsupported => 11,
+            ErrorKind::InvalidSpec => 12,
+            ErrorKind::DuplicateName => 13,
+            ErrorKind::OutputExists => 14,
+            ErrorKind::OutputRefused => 15,
+            ErrorKind::Cancelled => 16,
+            ErrorKind::DTypeMismatch => 17,
+            ErrorKind::NotBorrowable => 18,
+        };
+        for (i, kind) in ErrorKind::ALL.into_iter().enumerate() {
+            assert_eq!(position(kind), i, "{kind:?}");
+            assert_eq!(kind.name(), format!("{kind:?}"));
+        }
+    }
+}

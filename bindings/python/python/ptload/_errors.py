@@ -203,6 +203,14 @@ _BY_KIND = {
     # Two tensors under one name (a rename, a set's files): what a state
     # dict cannot hold, raised as it was before it had a kind of its own.
     "DuplicateName": UnsupportedError,
+    # Kinds of the reader's other callers (specs, outputs, typed reads,
+    # cancellation): where they reach Python, the package's base error.
+    "InvalidSpec": Error,
+    "OutputExists": Error,
+    "OutputRefused": Error,
+    "Cancelled": Error,
+    "DTypeMismatch": Error,
+    "NotBorrowable": Error,
 }
 
 
@@ -225,7 +233,7 @@ def _parsed_by_torch(record):
     return name.endswith(".pkl") or name in _PARSED_RECORDS
 
 
-for _cls in list(_BY_KIND.values()) + [EmptyFileError, DeviceError, InvalidObjectError, CorruptRecordError]:
+for _cls in [c for c in _BY_KIND.values() if c is not Error] + [EmptyFileError, DeviceError, InvalidObjectError, CorruptRecordError]:
     _cls.__module__ = "ptload"
 
 

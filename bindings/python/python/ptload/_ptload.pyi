@@ -6,10 +6,12 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union, final
 __all__ = [
     "Error",
     "MAX_EXPANDED_VIEW_BYTES",
+    "ERROR_KINDS",
     "Checkpoint",
     "TensorRecord",
     "QuantRecord",
     "StorageRecord",
+    "GlobalRecord",
     "Selection",
     "Uploaded",
     "PlacedTensors",
@@ -70,13 +72,23 @@ class StorageRecord:
     file_offset: Optional[int]
 
 @final
+class GlobalRecord:
+    module: str
+    name: str
+    torch_allowed: bool
+    called: bool
+    instantiated: bool
+    record: str
+    offset: int
+
+@final
 class Checkpoint:
     def format(self) -> str: ...
     def safetensors_metadata(self) -> List[Tuple[str, str]]: ...
     def byte_order(self) -> str: ...
     def is_mapped(self) -> bool: ...
     def refused_globals(self, allowed: List[str]) -> List[str]: ...
-    def globals(self) -> List[Tuple[str, str, bool, bool, bool, str, int]]: ...
+    def globals(self) -> List[GlobalRecord]: ...
     def warnings(self) -> List[str]: ...
     def storages(self) -> List[StorageRecord]: ...
     def storage_names(self) -> List[List[str]]: ...
@@ -168,6 +180,7 @@ def describe_capsule(
 ) -> Tuple[Tuple[int, int], Tuple[int, int, int], List[int], List[int], bytes]: ...
 
 MAX_EXPANDED_VIEW_BYTES: int
+ERROR_KINDS: List[str]
 
 def module_blocked(module: str) -> bool: ...
 def global_allowed(allowed: List[str], module: str, name: str) -> bool: ...

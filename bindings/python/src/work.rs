@@ -1,0 +1,86 @@
+//! Work on a thread of its own while Python waits, interruptible by
+//! Ctrl-C and reporting progress.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+
+use crate::errors::Error;
+
+/// Work done on a thread of its own while Python waits: what it counts
+/// for progress, and the flag that tells it to stop.
+#[derive(Clone, Debug, Default)]
+pub struct Work {
+    pub(crate) done: Arc<AtomicU64>,
+    pub(crate) cancel: Arc<AtomicBool>,
+}
+
+impl Work {
+    /// Count `n` more bytes done.
+    pub fn add(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Whether the caller gave up (Ctrl-C).
+    pub fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+}
+
+/// Run `job` on a thread of its own while this one waits with the GIL
+/// released, waking every 50 ms to let Python run its signal handlers (a
+/// Ctrl-C raises `KeyboardInterrupt` from here) and to call `progress`
+/// with the bytes `job` has counted. On an exception the job is told to
+/// stop and left to end on its thread; what it made is dropped there.
+pub(crate) fn interruptible<T: Send + 'static>(
+    py: Python<'_>,
+    progress: Option<&Bound<'_, PyAny>>,
+    job: impl FnOnce(&Work) -> T + Send + 'static,
+) -> PyResult<T> {
+    let work = Work::default();
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let theirs = work.clone();
+    std::thread::Builder::new()
+        .name("ptload".into())
+        .spawn(move || {
+            let _ = tx.send(job(&theirs));
+        })
+        .map_err(|e| Error::new_err(format!("cannot start a thread: {e}")))?;
+    let mut reported = 0;
+    let mut rx = Some(rx);
+    loop {
+        let waiting = rx
+            .take()
+            .ok_or_else(|| Error::new_err("no reading thread"))?;
+        let (got, waiting) = py.allow_threads(move || {
+            let got = waiting.recv_timeout(std::time::Duration::from_millis(50));
+            (got, waiting)
+        });
+        rx = Some(waiting);
+        let step = (|| {
+            if let Some(progress) = progress {
+                let done = work.done.load(Ordering::Relaxed);
+                if done != reported {
+                    reported = done;
+                    progress.call1((done,))?;
+                }
+            }
+            py.check_signals()
+        })();
+        match (got, step) {
+            (Ok(value), Ok(())) => return Ok(value),
+            (Err(RecvTimeoutError::Timeout), Ok(())) => {}
+            (Err(RecvTimeoutError::Disconnected), _) => {
+                return Err(Error::new_err(
+                    "the reading thread stopped without an answer",
+                ))
+            }
+            (_, Err(e)) => {
+                work.cancel.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+    }
+}
