@@ -52,6 +52,7 @@ pub mod dcp;
 pub mod engine;
 mod error;
 pub mod export;
+mod fetched;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
