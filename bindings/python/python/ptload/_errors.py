@@ -7,8 +7,11 @@ decode...), so code written for torch catches them unchanged. Each carries
 ``file`` (the file of a set it concerns) and ``hint`` (what to do).
 """
 
+from __future__ import annotations
+
 import pickle
 import struct
+from typing import Any, Callable, ClassVar, Dict, Iterable, Optional, Tuple, Type, Union, cast
 
 from ._ptload import Error
 
@@ -43,28 +46,36 @@ Error.hint = None
 Error.__module__ = "ptload"
 
 
-def _rebuild(cls, message, fields):
+def _rebuild(cls: Type[Error], message: str, fields: Dict[str, Any]) -> Error:
     e = cls(message)
     e.__dict__.update(fields)
     return e
 
 
-def _reduce(self):
-    cls = type(self)
+def _reduce(self: Error) -> Tuple[Callable[..., Error], Tuple[Any, ...]]:
+    # The class itself, or for a per-type InvalidObjectError the pair its
+    # class is made from again.
+    cls: Union[Type[Error], Tuple[Type[InvalidObjectError], Type[BaseException]]] = type(self)
     exc_type = getattr(cls, "_exc_type", None)
     if exc_type is not None:
         cls = (InvalidObjectError, exc_type)
     return (_rebuild_from, (cls, self.message, dict(self.__dict__)))
 
 
-def _rebuild_from(cls, message, fields):
+def _rebuild_from(
+    cls: Union[Type[Error], Tuple[Type[InvalidObjectError], Type[BaseException]]],
+    message: str,
+    fields: Dict[str, Any],
+) -> Error:
     if isinstance(cls, tuple):
         cls = cls[0].of(cls[1])
     return _rebuild(cls, message, fields)
 
 
-Error.message = property(lambda self: str(self.args[0]) if self.args else "")
-Error.__reduce__ = _reduce
+# The extension's class gets these two from Python; mypy sees the stub's
+# property and object's method, which cannot be assigned to.
+Error.message = property(lambda self: str(self.args[0]) if self.args else "")  # type: ignore[method-assign, assignment]
+Error.__reduce__ = _reduce  # type: ignore[method-assign, assignment]
 
 
 class ContainerError(Error, RuntimeError):
@@ -79,7 +90,8 @@ class ContainerError(Error, RuntimeError):
 _CORRUPT_PICKLE = (pickle.UnpicklingError, UnicodeDecodeError, KeyError, IndexError, EOFError, struct.error)
 
 
-class PickleError(Error, *_CORRUPT_PICKLE):
+# mypy cannot read bases unpacked from a tuple (it sees only Error).
+class PickleError(Error, *_CORRUPT_PICKLE):  # type: ignore[misc]
     """The pickle program is malformed. On such bytes torch's unpickler
     raises whatever the broken byte leads it to (``UnpicklingError``,
     ``UnicodeDecodeError``, ``KeyError``, ``IndexError``, ``EOFError``,
@@ -88,12 +100,13 @@ class PickleError(Error, *_CORRUPT_PICKLE):
 
     __str__ = Exception.__str__
 
-    def __init__(self, message, encoding="utf-8"):
+    def __init__(self, message: str, encoding: str = "utf-8") -> None:
         UnicodeDecodeError.__init__(self, encoding, b"", 0, 0, message)
         self.args = (message,)
 
 
-class NotACheckpointError(Error, RuntimeError, *_CORRUPT_PICKLE):
+# mypy cannot read bases unpacked from a tuple (it sees Error and RuntimeError).
+class NotACheckpointError(Error, RuntimeError, *_CORRUPT_PICKLE):  # type: ignore[misc]
     """The bytes are not a torch checkpoint. torch hands bytes that are no
     zip to its unpickler, which fails as the first bytes lead it: a
     magic-number check (``RuntimeError``), ``UnpicklingError``, or a
@@ -103,7 +116,7 @@ class NotACheckpointError(Error, RuntimeError, *_CORRUPT_PICKLE):
 
     __str__ = Exception.__str__
 
-    def __init__(self, message, encoding="utf-8"):
+    def __init__(self, message: str, encoding: str = "utf-8") -> None:
         UnicodeDecodeError.__init__(self, encoding, b"", 0, 0, message)
         self.args = (message,)
 
@@ -123,12 +136,12 @@ class DecodeError(Error, UnicodeDecodeError):
     """A Python 2 string that does not decode with the ``encoding`` asked
     for: the ``UnicodeDecodeError`` pickle raises."""
 
-    def __init__(self, message, encoding="utf-8"):
+    def __init__(self, message: str, encoding: str = "utf-8") -> None:
         UnicodeDecodeError.__init__(self, encoding, b"", 0, 0, message)
         self.args = (message,)
 
-    def __str__(self):
-        return self.message
+    def __str__(self) -> str:
+        return cast(str, self.message)
 
 
 class UnsafeGlobalError(Error, pickle.UnpicklingError):
@@ -139,7 +152,7 @@ class UnsafeGlobalError(Error, pickle.UnpicklingError):
     forbidden ``module.name``.
     """
 
-    def __init__(self, message, globals_=()):
+    def __init__(self, message: str, globals_: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.globals = list(globals_)
         self.kind = "UnsupportedGlobal"
@@ -167,26 +180,29 @@ class InvalidObjectError(Error, RuntimeError):
     tensor torch finds invalid); the message is torch's own. Subclasses per
     the exception torch raised (``InvalidObjectError.of(ValueError)``)."""
 
-    _by_type = {}
+    _by_type: ClassVar[Dict[Type[BaseException], Type[InvalidObjectError]]] = {}
 
     @classmethod
-    def of(cls, exc_type):
+    def of(cls, exc_type: Type[BaseException]) -> Type[InvalidObjectError]:
         """The subclass that is also ``exc_type`` (a ``RuntimeError``,
         ``ValueError``, ``TypeError``...)."""
         made = cls._by_type.get(exc_type)
         if made is None:
             bases = (cls,) if issubclass(cls, exc_type) else (cls, exc_type)
-            made = type(
-                cls.__name__,
-                bases,
-                {"__module__": "ptload", "__doc__": cls.__doc__, "_exc_type": exc_type},
+            made = cast(
+                "Type[InvalidObjectError]",
+                type(
+                    cls.__name__,
+                    bases,
+                    {"__module__": "ptload", "__doc__": cls.__doc__, "_exc_type": exc_type},
+                ),
             )
             cls._by_type[exc_type] = made
         return made
 
 
 # The reader's error kinds; one table, read by the extension (to_py).
-_BY_KIND = {
+_BY_KIND: Dict[str, Optional[Type[Error]]] = {
     "Io": None,  # made an OSError below
     "NotACheckpoint": NotACheckpointError,
     "UnsupportedLayout": ContainerError,
@@ -217,7 +233,7 @@ _BY_KIND = {
 class IoError(Error, OSError):
     """Reading the file failed."""
 
-    def __init__(self, message):
+    def __init__(self, message: str) -> None:
         OSError.__init__(self, message)
 
 
@@ -228,7 +244,7 @@ _BY_KIND["Io"] = IoError
 _PARSED_RECORDS = ("byteorder", "version", ".format_version", ".storage_alignment", "serialization_id")
 
 
-def _parsed_by_torch(record):
+def _parsed_by_torch(record: str) -> bool:
     name = record.rsplit("/", 1)[-1]
     return name.endswith(".pkl") or name in _PARSED_RECORDS
 
@@ -237,11 +253,21 @@ for _cls in [c for c in _BY_KIND.values() if c is not Error] + [EmptyFileError, 
     _cls.__module__ = "ptload"
 
 
-def from_reader(kind, message, offset=None, record=None, tensor=None, encoding=None, file=None, hint=None):
+def from_reader(
+    kind: str,
+    message: str,
+    offset: Optional[int] = None,
+    record: Optional[str] = None,
+    tensor: Optional[str] = None,
+    encoding: Optional[str] = None,
+    file: Optional[str] = None,
+    hint: Optional[str] = None,
+) -> Error:
     """The exception for a reader error of ``kind``: ``file`` is the file
     of a set it concerns, ``hint`` what the caller could do (both also in
     the message)."""
-    cls = _BY_KIND.get(kind, Error)
+    # Every kind's entry is a class by now ("Io" is filled in above).
+    cls = cast("Type[Error]", _BY_KIND.get(kind, Error))
     if kind == "Zip" and record and _parsed_by_torch(record):
         cls = CorruptRecordError
     e = cls(message, encoding or "utf-8") if cls is DecodeError else cls(message)

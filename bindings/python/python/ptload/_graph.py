@@ -14,8 +14,43 @@ caller allowed by name (``allow_globals``), as ``torch.serialization``'s
 ``add_safe_globals`` would.
 """
 
+from __future__ import annotations
+
 import collections
 import importlib
+from typing import (
+    TYPE_CHECKING,
+    AbstractSet,
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+    cast,
+)
+
+if TYPE_CHECKING:
+    import argparse
+    import datetime
+    import pathlib
+
+    import numpy as np
+    import numpy.typing as npt
+    import torch
+
+    # A node of the reader's graph: its kind, then what that kind carries
+    # (values, member numbers). The objects built from them are Any, as
+    # whatever the pickle made is.
+    _Node = Tuple[Any, ...]
+    # How a plain type is made from its call's arguments (None: kept inert).
+    _PlainFactory = Callable[[Tuple[Any, ...]], Any]
+    # What the datetime module's pickled types are (a datetime is a date).
+    _DateLike = Union[datetime.date, datetime.time, datetime.timedelta]
 
 __all__ = ["Global", "Inert", "build", "PLAIN_TYPES"]
 
@@ -33,21 +68,21 @@ class Global:
 
     __slots__ = ("module", "name")
 
-    def __init__(self, module, name):
+    def __init__(self, module: str, name: str) -> None:
         self.module = module
         self.name = name
 
     @property
-    def path(self):
+    def path(self) -> str:
         return f"{self.module}.{self.name}"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ptload.Global({self.path!r})"
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Global) and other.path == self.path
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(("ptload.Global", self.module, self.name))
 
 
@@ -58,36 +93,43 @@ class Inert:
 
     __slots__ = ("module", "name", "args", "state", "items", "list", "new", "callee")
 
-    def __init__(self, module, name, args=(), new=False, callee=None):
+    def __init__(
+        self,
+        module: str,
+        name: str,
+        args: Tuple[Any, ...] = (),
+        new: bool = False,
+        callee: Optional[Inert] = None,
+    ) -> None:
         self.module = module
         self.name = name
         self.args = args
-        self.state = None
-        self.items = {}
-        self.list = []
+        self.state: Any = None
+        self.items: Dict[Any, Any] = {}
+        self.list: List[Any] = []
         self.new = new
         # What was called when it is no global but the result of another
         # call (``getattr(Path, "touch")(p)``): that call's record.
         self.callee = callee
 
     @property
-    def path(self):
+    def path(self) -> str:
         return f"{self.module}.{self.name}"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         what = self.path if self.callee is None else f"the result of {self.callee!r}"
         return f"ptload.Inert({what}, args={_short(self.args)}, state={_short(self.state)})"
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> Any:
         return self.items[key]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.list or self.items)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.list or self.items)
 
-    def state_dict(self, prefix=""):
+    def state_dict(self, prefix: str = "") -> collections.OrderedDict[str, torch.Tensor]:
         """For the record of a pickled ``nn.Module`` (a class ptload did not
         build), what the module's ``state_dict()`` would give: parameters,
         then persistent buffers, then each child's under its name, in the
@@ -97,9 +139,10 @@ class Inert:
 
         if not _module_state(self):
             raise TypeError(f"{self.path} is not a module: it has no parameters, buffers or children")
-        out = collections.OrderedDict()
-        stack = [(prefix, self)]
-        seen = set()
+        out: collections.OrderedDict[str, torch.Tensor] = collections.OrderedDict()
+        # Inert records, or module classes the caller allowed (built for real).
+        stack: List[Tuple[str, Any]] = [(prefix, self)]
+        seen: Set[int] = set()
         while stack:
             at, module = stack.pop()
             if id(module) in seen:
@@ -129,7 +172,7 @@ class Inert:
                 out.update(module.state_dict(prefix=at))
         return out
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr: str) -> Any:
         state = object.__getattribute__(self, "state")
         if isinstance(state, tuple) and len(state) == 2:
             for part in state:
@@ -143,7 +186,7 @@ class Inert:
             raise AttributeError(attr)
         raise AttributeError(self._explain(attr))
 
-    def _explain(self, attr):
+    def _explain(self, attr: str) -> str:
         """Why ``attr`` is missing, and what the record offers instead."""
         what = self.path if self.callee is None else f"the result of {self.callee!r}"
         text = (
@@ -162,7 +205,7 @@ class Inert:
         )
 
 
-def _module_state(record):
+def _module_state(record: Inert) -> Optional[Dict[str, Any]]:
     """The attribute dict of a pickled ``nn.Module``'s record (its BUILD
     state, which holds ``_parameters``, ``_buffers`` and ``_modules``), or
     None."""
@@ -174,12 +217,12 @@ def _module_state(record):
     return None
 
 
-def _short(value):
+def _short(value: object) -> str:
     text = repr(value) if not isinstance(value, (dict, list, tuple)) else type(value).__name__
     return text if len(text) < 60 else text[:57] + "..."
 
 
-def _namespace():
+def _namespace() -> argparse.Namespace:
     import argparse
 
     return argparse.Namespace()
@@ -188,43 +231,43 @@ def _namespace():
 # Plain types users keep in checkpoints that torch's allowlist lacks: built
 # as the real objects from their data; the file's callable is never called.
 # Each entry: how to make it at its step, and how to fill it (or None).
-def _plain_complex(args):
+def _plain_complex(args: Tuple[Any, ...]) -> Optional[complex]:
     return complex(*args[:2]) if len(args) <= 2 and all(isinstance(a, (int, float)) for a in args) else None
 
 
-def _plain_slice(args):
+def _plain_slice(args: Tuple[Any, ...]) -> Optional[slice]:
     ok = len(args) <= 3 and all(a is None or isinstance(a, int) for a in args)
     return slice(*args) if ok else None
 
 
-def _plain_range(args):
+def _plain_range(args: Tuple[Any, ...]) -> Optional[range]:
     ok = 1 <= len(args) <= 3 and all(isinstance(a, int) for a in args)
     return range(*args) if ok else None
 
 
-def _plain_path(kind):
+def _plain_path(kind: str) -> Callable[[Tuple[Any, ...]], Optional[pathlib.PurePath]]:
     """A path of ``kind``, the concrete class where this system can make it
     (a saved ``PosixPath`` is a ``PosixPath`` here, as pickle gives it),
     else its pure form (a ``WindowsPath`` on Linux). Making one does no I/O."""
 
-    def make(args):
+    def make(args: Tuple[Any, ...]) -> Optional[pathlib.PurePath]:
         import pathlib
 
         if not all(isinstance(a, str) for a in args):
             return None
         try:
-            return getattr(pathlib, kind)(*args)
+            return cast("pathlib.PurePath", getattr(pathlib, kind)(*args))
         except NotImplementedError:  # WindowsPath on POSIX, PosixPath on Windows
-            return getattr(pathlib, "Pure" + kind)(*args)
+            return cast("pathlib.PurePath", getattr(pathlib, "Pure" + kind)(*args))
 
     return make
 
 
-def _plain_datetime(kind):
-    def make(args):
+def _plain_datetime(kind: str) -> Callable[[Tuple[Any, ...]], Optional[_DateLike]]:
+    def make(args: Tuple[Any, ...]) -> Optional[_DateLike]:
         import datetime
 
-        cls = getattr(datetime, kind)
+        cls: Callable[..., _DateLike] = getattr(datetime, kind)
         if kind == "timedelta":
             ok = len(args) <= 3 and all(isinstance(a, int) for a in args)
             return cls(*args) if ok else None
@@ -240,7 +283,7 @@ def _plain_datetime(kind):
     return make
 
 
-def _plain_timezone(args):
+def _plain_timezone(args: Tuple[Any, ...]) -> Optional[datetime.timezone]:
     import datetime
 
     if 1 <= len(args) <= 2 and isinstance(args[0], datetime.timedelta) and (
@@ -253,19 +296,21 @@ def _plain_timezone(args):
     return None
 
 
-def _plain_counter(args):
+def _plain_counter(args: Tuple[Any, ...]) -> Optional[collections.Counter[Any]]:
     if len(args) == 1 and isinstance(args[0], dict):
         return collections.Counter(args[0])
     return collections.Counter() if not args else None
 
 
-_SAFE_FACTORIES = {
+_SAFE_FACTORIES: Dict[Tuple[str, str], Optional[Callable[[], Any]]] = {
     ("builtins", n): getattr(__builtins__, n, None) if not isinstance(__builtins__, dict) else __builtins__.get(n)
     for n in ("list", "dict", "set", "int", "float", "str", "tuple", "bool", "bytes")
 }
 
 
-def _plain_defaultdict(args, resolve_global):
+def _plain_defaultdict(
+    args: Tuple[Any, ...], resolve_global: Optional[Callable[[str, str], Any]]
+) -> Optional[collections.defaultdict[Any, Any]]:
     if len(args) == 0:
         return collections.defaultdict()
     factory = args[0]
@@ -280,7 +325,7 @@ def _plain_defaultdict(args, resolve_global):
     return None
 
 
-def _plain_deque(args):
+def _plain_deque(args: Tuple[Any, ...]) -> Optional[collections.deque[Any]]:
     # deque's reduce is (deque, ((), maxlen)) or (deque, ()), its items
     # appended after.
     if not args:
@@ -292,7 +337,7 @@ def _plain_deque(args):
     return None
 
 
-PLAIN_TYPES = {
+PLAIN_TYPES: Dict[Tuple[str, str], _PlainFactory] = {
     ("builtins", "complex"): _plain_complex,
     ("builtins", "slice"): _plain_slice,
     ("builtins", "range"): _plain_range,
@@ -326,15 +371,15 @@ NUMPY_BUILT_NAMES = frozenset(
 )
 
 
-def _resolve(module, name):
+def _resolve(module: str, name: str) -> Any:
     """Import an allowed global (the caller trusts it by name)."""
-    obj = importlib.import_module(module)
+    obj: Any = importlib.import_module(module)
     for part in name.split("."):
         obj = getattr(obj, part)
     return obj
 
 
-def _numpy_dtype(descr, big_endian):
+def _numpy_dtype(descr: str, big_endian: bool) -> np.dtype[Any]:
     import numpy as np
 
     code = descr.lstrip("<>=|")
@@ -344,7 +389,13 @@ def _numpy_dtype(descr, big_endian):
     return np.dtype(order + code)
 
 
-def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
+def build(
+    root: int,
+    nodes: Sequence[_Node],
+    make_leaf: Callable[[str, _Node, List[Any]], Any],
+    allowed: Union[AbstractSet[str], Dict[str, Any]] = frozenset(),
+    unknown: str = "inert",
+) -> Any:
     """Build node ``root`` of ``nodes``.
 
     ``make_leaf(kind, node, objs)`` builds the nodes only a backend knows
@@ -354,18 +405,18 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
     it), which are called as pickle would.
     """
     n = len(nodes)
-    objs = [None] * n
-    fills = [[] for _ in range(n)]
+    objs: List[Any] = [None] * n
+    fills: List[List[int]] = [[] for _ in range(n)]
 
-    def when(child):
+    def when(child: int) -> int:
         # Scalars are leaves made first; other children by their step.
         return -1 if nodes[child][0] in _LEAVES else child
 
     # The step at which each mutable node is filled: that of its last
     # member; a BUILD state (whose items are copied onto the object) must be
     # complete first, so its own fill step counts too.
-    fill_at = {}
-    states = {}
+    fill_at: Dict[int, int] = {}
+    states: Dict[int, int] = {}
     for i, node in enumerate(nodes):
         kind = node[0]
         if kind in ("list", "set"):
@@ -386,7 +437,7 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
     for i, step in sorted(fill_at.items(), key=lambda item: -item[0]):
         fills[step].append(i)
 
-    def make(i, node):
+    def make(i: int, node: _Node) -> Any:
         kind = node[0]
         if kind == "none":
             return None
@@ -427,13 +478,13 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
             return _object(node)
         return make_leaf(kind, node, objs)
 
-    def _unbuilt(what):
+    def _unbuilt(what: str) -> None:
         # With unknown="error" nothing comes back inert: say what could not
         # be built, rather than hand back a record the caller did not ask for.
         if unknown == "error":
             raise Error(f"{what} is kept inert, never built; pass unknown='inert' to get it as a ptload.Inert")
 
-    def _global(module, name):
+    def _global(module: str, name: str) -> Any:
         path = f"{module}.{name}"
         # A name or a glob of the caller's, by the reader's rule.
         if allowed and _ptload.global_allowed(list(allowed), module, name):
@@ -446,7 +497,7 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
                 raise Error(f"{path} is allowed but cannot be imported here: {e}") from None
         return Global(module, name)
 
-    def _ndarray(node):
+    def _ndarray(node: _Node) -> Union[Inert, npt.NDArray[Any]]:
         import numpy as np
 
         descr, shape, fortran, data = node[1], node[2], node[3], objs[node[4]]
@@ -468,7 +519,7 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
             flat = flat.astype(dtype.newbyteorder("="))
         return flat.reshape(tuple(shape), order="F" if fortran else "C")
 
-    def _object(node):
+    def _object(node: _Node) -> Any:
         new, cls, args = node[1], objs[node[2]], objs[node[3]]
         if not isinstance(args, tuple):
             args = (args,)
@@ -495,7 +546,7 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
             return cls(*args)
         return Inert("?", "?", args, new)
 
-    def fill(i, node):
+    def fill(i: int, node: _Node) -> None:
         kind, obj = node[0], objs[i]
         if kind == "list":
             obj.extend(objs[c] for c in node[1])
@@ -547,7 +598,7 @@ def build(root, nodes, make_leaf, allowed=frozenset(), unknown="inert"):
     return objs[root]
 
 
-def _set_state(obj, state, dict_like):
+def _set_state(obj: Any, state: Any, dict_like: bool) -> None:
     """BUILD, as pickle does it: ``__setstate__`` when the (allowed) class
     has one, else the state dict (and slot dict) as attributes."""
     setstate = getattr(type(obj), "__setstate__", None)
@@ -557,7 +608,7 @@ def _set_state(obj, state, dict_like):
     ):
         setstate(obj, state)
         return
-    slots = None
+    slots: Any = None
     if isinstance(state, tuple) and len(state) == 2:
         state, slots = state
     if isinstance(state, dict):

@@ -2,12 +2,26 @@
 object) with the reader, and the file helpers the loaders share; the
 errors they raise are ``_errors``' classes."""
 
+from __future__ import annotations
+
 import errno
 import io
 import os
 import sys
+from typing import IO, TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 from ._errors import ContainerError, DecodeError, EmptyFileError
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from typing_extensions import TypeGuard
+
+    from ._ptload import Checkpoint
+
+    # What the loaders open: a path, a URL (a str), bytes, or a binary file
+    # object.
+    _Source = Union[str, os.PathLike[str], bytes, bytearray, memoryview, IO[bytes]]
 
 __all__ = [
     "is_url",
@@ -21,19 +35,19 @@ __all__ = [
 ]
 
 
-def user_stacklevel():
+def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning point at the first frame
     outside this package (for the function that calls ``warnings.warn``)."""
     here = os.path.dirname(os.path.abspath(__file__))
     level = 1
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
         frame = frame.f_back
         level += 1
     return level
 
 
-def require_file(path):
+def require_file(path: str) -> None:
     """A missing path is the FileNotFoundError torch and safetensors
     raise, so code catching OSError works."""
     if not os.path.exists(path):
@@ -46,7 +60,7 @@ _NOT_SEEKABLE = (
 )
 
 
-def read_stream(f):
+def read_stream(f: IO[bytes]) -> Tuple[Union[bytes, bytearray], int]:
     """The rest of a binary file object from where it stands:
     ``(data, start)``. Read with ``readinto`` when the object has it (one
     buffer, no copies), else ``read``. A stream that cannot seek is refused
@@ -61,7 +75,7 @@ def read_stream(f):
         raise
     readinto = getattr(f, "readinto", None)
     if readinto is None:
-        data = f.read()
+        data: Union[bytes, bytearray] = f.read()
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
                 f"the file object gave {type(data).__name__}, not bytes: open the file in binary mode ('rb')"
@@ -85,7 +99,7 @@ def read_stream(f):
     return data, start
 
 
-def read_at(fh, offset, view, path):
+def read_at(fh: io.BufferedIOBase, offset: int, view: memoryview, path: str) -> None:
     """Fill ``view`` (a writable buffer) from the binary file ``fh`` at
     ``offset``; a file that ends first (it shrank while it was read) is a
     ContainerError naming ``path``."""
@@ -98,7 +112,7 @@ def read_at(fh, offset, view, path):
         done += n
 
 
-def stream_ended(start):
+def stream_ended(start: int) -> EmptyFileError:
     """The error for a stream read to its end at ``start`` (several objects
     saved one after another, all read): torch's ``EOFError``, saying where,
     not that the checkpoint is empty."""
@@ -110,7 +124,7 @@ def stream_ended(start):
     return e
 
 
-def is_url(f):
+def is_url(f: object) -> TypeGuard[str]:
     """Whether ``f`` is a URL the reader fetches by ranged requests
     (``http://``, ``https://``, ``s3://``, ``gs://``, ``az://``) rather
     than a path: a ``str`` only, as ``pathlib`` folds ``//``. The reader
@@ -120,19 +134,28 @@ def is_url(f):
     return isinstance(f, str) and _ptload.is_url(f)
 
 
-def url_name(url):
+def url_name(url: str) -> str:
     """The last segment of ``url``'s path, for messages and progress bars."""
     return url.split("?", 1)[0].split("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
 
-def open_checkpoint(f, *, objects=True, in_memory=False, encoding=None, byte_order=None, refuse_at=None):
+def open_checkpoint(
+    f: _Source,
+    *,
+    objects: bool = True,
+    in_memory: bool = False,
+    encoding: Optional[str] = None,
+    byte_order: Optional[str] = None,
+    refuse_at: Optional[str] = None,
+) -> Checkpoint:
     """Open ``f`` (a path, a URL, bytes, or a binary file object) with the
     reader. A URL is read by ranged requests: what opening parses now, each
     storage's bytes when first asked for (``in_memory`` does not apply).
     ``refuse_at``: the scanner's level at which the file is refused."""
     from . import _ptload
 
-    opts = {"objects": objects, "encoding": encoding, "byte_order": byte_order, "refuse_at": refuse_at}
+    opts: Dict[str, Any] = {"objects": objects, "encoding": encoding, "byte_order": byte_order, "refuse_at": refuse_at}
+    source: Union[str, bytes, bytearray]
     if is_url(f):
         # The reader learns the length with its first request; an empty
         # file is its error, as any other.

@@ -30,32 +30,41 @@ import inspect
 import logging
 import os
 import threading
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Literal, Mapping, Optional, Tuple, Union
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._safe import safe_open
+    from .torch import DeviceLike, FileLike, MapLocation
+
+    # torch.load and torch.serialization.load, in that order.
+    _LoadPair = Tuple[Callable[..., Any], ...]
 
 __all__ = ["patch", "unpatch", "patched"]
 
 _lock = threading.Lock()
 
 
-def _current():
+def _current() -> "_LoadPair":
     import torch
 
     return torch.load, torch.serialization.load
 
 
-def _install(pair):
+def _install(pair: "_LoadPair") -> None:
     import torch
 
     torch.load, torch.serialization.load = pair
 
 
-def _originals(pair):
+def _originals(pair: "_LoadPair") -> "_LoadPair":
     """torch's own functions under ``pair``: a wrapper of ours knows what
     it replaced; anything else is taken as it is."""
     return tuple(getattr(fn, "__ptload_originals__", (fn, fn))[i] for i, fn in enumerate(pair))
 
 
-def _check_options(defaults):
+def _check_options(defaults: Mapping[str, Any]) -> None:
     """``defaults`` must be ptload.torch.load's keyword options that
     torch.load does not have (torch's own arguments are given per call)."""
     import torch
@@ -96,7 +105,7 @@ _log = logging.getLogger("ptload")
 # Set while a patched torch.load runs, so the refusals it raises name
 # ptload.patch()'s options (a library's from_pretrained passes no ptload
 # keyword through to torch.load).
-_in_patch: contextvars.ContextVar = contextvars.ContextVar("ptload_in_patch", default=False)
+_in_patch: contextvars.ContextVar[bool] = contextvars.ContextVar("ptload_in_patch", default=False)
 
 
 def in_patch() -> bool:
@@ -109,7 +118,7 @@ class _PatchedLoad:
     (``inspect.signature`` follows ``__wrapped__`` to torch's), ptload's
     loader behind it, and a repr and docstring that say so."""
 
-    def __init__(self, originals, defaults):
+    def __init__(self, originals: "_LoadPair", defaults: Mapping[str, Any]) -> None:
         self.__ptload_defaults__ = dict(defaults)
         self.__ptload_originals__ = originals
         self.__wrapped__ = originals[0]
@@ -126,8 +135,15 @@ class _PatchedLoad:
         )
 
     def __call__(
-        self, f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None, **pickle_load_args
-    ):
+        self,
+        f: "FileLike",
+        map_location: "MapLocation" = None,
+        pickle_module: Any = None,
+        *,
+        weights_only: Optional[bool] = None,
+        mmap: Optional[bool] = None,
+        **pickle_load_args: Any,
+    ) -> Any:
         # Looked up at each call, so importing ptload never imports torch.
         from . import torch as ptorch
 
@@ -149,16 +165,16 @@ class _PatchedLoad:
         finally:
             _in_patch.reset(token)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<torch.load patched by ptload.patch({self._shown.lstrip(', ')}): ptload.torch.load>"
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Callable[[], Callable[..., Any]], Tuple[()]]:
         # Pickled by reference, as torch's function is (a DataLoader worker
         # started by spawn gets `torch.load` in its own process).
         return (_torch_load, ())
 
 
-def _torch_load():
+def _torch_load() -> Callable[..., Any]:
     """``torch.load`` as it is in the process that unpickles it."""
     import torch
 
@@ -178,7 +194,13 @@ _SAFETENSORS_NAMES = (
 )
 
 
-def _st_safe_open(filename, framework="pt", device="cpu", backend=None, **kwargs):
+def _st_safe_open(
+    filename: Union[str, "os.PathLike[str]"],
+    framework: str = "pt",
+    device: Any = "cpu",
+    backend: Optional[str] = None,
+    **kwargs: Any,
+) -> "safe_open":
     """safetensors' ``safe_open`` read by ptload: the file's own names (no
     key or prefix choice), its checks, and torch checkpoints too."""
     from ._safe import safe_open
@@ -189,7 +211,9 @@ def _st_safe_open(filename, framework="pt", device="cpu", backend=None, **kwargs
     )
 
 
-def _st_load_file(filename, device="cpu", **kwargs):
+def _st_load_file(
+    filename: Union[str, "os.PathLike[str]"], device: "DeviceLike" = "cpu", **kwargs: Any
+) -> Dict[str, "torch.Tensor"]:
     """safetensors' ``load_file`` read by ptload (a GPU device goes through
     ptload-device's pipeline)."""
     from .torch import load_file
@@ -197,14 +221,15 @@ def _st_load_file(filename, device="cpu", **kwargs):
     return load_file(filename, device=device, key=None, strip_prefix=None)
 
 
-_st_safe_open.__ptload_safetensors__ = True
-_st_load_file.__ptload_safetensors__ = True
-_ST_WRAPPERS = {"safe_open": _st_safe_open, "load_file": _st_load_file}
+# A mark on the functions themselves, which mypy does not model.
+_st_safe_open.__ptload_safetensors__ = True  # type: ignore[attr-defined]
+_st_load_file.__ptload_safetensors__ = True  # type: ignore[attr-defined]
+_ST_WRAPPERS: Dict[str, Callable[..., Any]] = {"safe_open": _st_safe_open, "load_file": _st_load_file}
 # What the routes replaced, to put back: {(module, name): original}.
-_st_originals: dict = {}
+_st_originals: Dict[Tuple[str, str], Callable[..., Any]] = {}
 
 
-def _route_safetensors():
+def _route_safetensors() -> None:
     """Point safetensors' readers, where they are imported, at ptload's."""
     import sys
 
@@ -222,7 +247,7 @@ def _route_safetensors():
         setattr(module, name, _ST_WRAPPERS[name])
 
 
-def _unroute_safetensors():
+def _unroute_safetensors() -> None:
     import sys
 
     for (module_name, name), original in list(_st_originals.items()):
@@ -237,14 +262,14 @@ class _Patched:
     what ``torch.load`` was when ``patch()`` was called (and safetensors'
     readers, when this patch routed them), exception or not."""
 
-    def __init__(self, previous, routed=False):
+    def __init__(self, previous: "_LoadPair", routed: bool = False) -> None:
         self._previous = previous
         self._routed = routed
 
-    def __enter__(self):
+    def __enter__(self) -> "_Patched":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         with _lock:
             _install(self._previous)
             if self._routed:
@@ -283,7 +308,7 @@ def patch(*, safetensors: bool = False, **defaults: Any) -> "_Patched":
     return _Patched(previous, routed)
 
 
-def _same(a, b):
+def _same(a: object, b: object) -> bool:
     try:
         return bool(a == b)
     except Exception:  # noqa: BLE001 - options that cannot be compared differ

@@ -1,12 +1,16 @@
 """Progress bars (tqdm, when installed) for loads and reads."""
 
+from __future__ import annotations
+
 import os
 import warnings
+from typing import Any, Iterable, List, Union
 
-__all__ = []
+__all__: List[str] = []
 
 
-def _tqdm(wanted, stacklevel, **kwargs):
+# A bar is a tqdm object (Any: tqdm ships no type information), or None.
+def _tqdm(wanted: bool, stacklevel: int, **kwargs: Any) -> Any:
     """A tqdm bar made with ``kwargs`` when asked for and tqdm is
     installed; None otherwise (with a warning when tqdm is missing)."""
     if not wanted:
@@ -21,7 +25,7 @@ def _tqdm(wanted, stacklevel, **kwargs):
     return tqdm(**kwargs)
 
 
-def _progress(names, wanted, path):
+def _progress(names: Iterable[str], wanted: bool, path: Union[str, os.PathLike[str]]) -> Iterable[str]:
     """``names``, through a tqdm bar when asked for and tqdm is installed."""
     bar = _tqdm(
         wanted, 3, iterable=names, desc=os.path.basename(os.fspath(path)), unit="tensor"
@@ -29,7 +33,7 @@ def _progress(names, wanted, path):
     return names if bar is None else bar
 
 
-def _byte_bar(wanted, total, name):
+def _byte_bar(wanted: bool, total: int, name: str) -> Any:
     """A tqdm bar over ``total`` bytes when asked for and tqdm is
     installed, else None."""
     return _tqdm(wanted, 4, total=total, desc=name, unit="B", unit_scale=True)

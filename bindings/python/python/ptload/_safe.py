@@ -11,7 +11,19 @@ torch tensors view a private map. Nothing here imports torch unless
 
 import mmap as _mmap
 import os
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Iterable,
+    List,
+    Literal,
+    Optional,
+    Set,
+    Tuple,
+    Union,
+    cast,
+)
 import sys
 import warnings
 
@@ -24,10 +36,18 @@ from ._io import (
     user_stacklevel,
 )
 
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import torch
+
+    from ._ptload import PlacedTensors, Selection, TensorRecord
+    from ._storages import _Storages
+
 __all__ = ["safe_open", "numpy_dtype"]
 
 
-def numpy_dtype(name):
+def numpy_dtype(name: str) -> Optional["np.dtype[Any]"]:
     """The numpy dtype of a ptload dtype name (bf16 and float8 through
     ``ml_dtypes``); None when numpy has none (complex32, packed float4)."""
     import numpy as np
@@ -65,11 +85,12 @@ def numpy_dtype(name):
             raise Error(
                 f"{name} tensors need the ml_dtypes package for numpy: pip install ml_dtypes"
             ) from None
-        return np.dtype(getattr(ml_dtypes, extra[name]))
+        # Found by name (getattr), so mypy cannot tell which dtype this is.
+        return cast("np.dtype[Any]", np.dtype(getattr(ml_dtypes, extra[name])))
     return None
 
 
-def _changed(kind, key, strip_prefix):
+def _changed(kind: str, key: Optional[str], strip_prefix: Optional[str]) -> bool:
     """Whether a decision of the reader's (its kind, from the binding)
     changed what the caller gets: not the whole file kept, nor what an
     explicit key or include/exclude left out as asked."""
@@ -80,7 +101,7 @@ def _changed(kind, key, strip_prefix):
     return kind not in ("whole_file", "filtered")
 
 
-def _array_dtype(info):
+def _array_dtype(info: "TensorRecord") -> "np.dtype[Any]":
     """The numpy dtype of a tensor tuple's arrays: packed float4 pairs come
     as their bytes, as torch stores them."""
     name = info.dtype
@@ -90,7 +111,7 @@ def _array_dtype(info):
     return dtype
 
 
-def _array_from_bytes(data, info):
+def _array_from_bytes(data: bytes, info: "TensorRecord") -> "npt.NDArray[Any]":
     """A tensor's row-major, host-order bytes as a numpy array; complex32,
     which numpy lacks, widened to complex64 (exactly)."""
     import numpy as np
@@ -105,7 +126,7 @@ def _array_from_bytes(data, info):
 class _Slice:
     """``safe_open(...).get_slice(name)``: index it to read only that part."""
 
-    def __init__(self, owner, name):
+    def __init__(self, owner: "safe_open", name: str) -> None:
         self._owner = owner
         self._name = name
 
@@ -115,7 +136,7 @@ class _Slice:
     def get_dtype(self) -> str:
         return self._owner._info(self._name).dtype
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> Any:
         view = self._owner._view(self._name)
         part = view[key]
         if self._owner._framework == "numpy":
@@ -197,10 +218,10 @@ class safe_open:
         # One pattern may be given as a string, as `splits` may.
         include = [include] if isinstance(include, str) else list(include)
         exclude = [exclude] if isinstance(exclude, str) else list(exclude)
-        self._map = None
-        self._torch_storages = None
-        self._placed = None
-        self._sel = None
+        self._map: Optional[_mmap.mmap] = None
+        self._torch_storages: Optional["_Storages"] = None
+        self._placed: Optional["PlacedTensors"] = None
+        self._sel: Optional["Selection"] = None
         if self._remote:
             # An index or a directory URL: the reader opens the set, or
             # says why it cannot.
@@ -217,7 +238,8 @@ class safe_open:
                 strip=strip_prefix if strip_prefix is not None else "none",
                 include=list(include),
                 exclude=list(exclude),
-                shard=tuple(shard) if shard is not None else None,
+                # tuple() keeps the (rank, world) pair's two items.
+                shard=cast("Tuple[int, int]", tuple(shard)) if shard is not None else None,
                 splits=[splits] if isinstance(splits, str) else list(splits),
                 preset=preset,
                 rank_files=rank_files,
@@ -244,12 +266,14 @@ class safe_open:
                     access = _mmap.ACCESS_READ if framework == "numpy" else _mmap.ACCESS_COPY
                     self._map = _mmap.mmap(fh.fileno(), 0, access=access)
 
-    def _local_path(self):
+    def _local_path(self) -> Optional[str]:
         """The file tensors may map or read themselves; None for a URL,
         whose bytes only the reader fetches."""
         return None if self._remote else self._path
 
-    def _warn(self, decisions, key, strip_prefix):
+    def _warn(
+        self, decisions: List[Tuple[str, str]], key: Optional[str], strip_prefix: Optional[str]
+    ) -> None:
         said = [text for kind, text in decisions if _changed(kind, key, strip_prefix)]
         if said:
             warnings.warn(
@@ -261,11 +285,11 @@ class safe_open:
     def __enter__(self) -> "safe_open":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
-    def _made_at_once(self):
+    def _made_at_once(self) -> Dict[str, "torch.Tensor"]:
         """The selected tensors made in one call, as ``ptload.torch.load``
         makes a state dict's (DLPack views of a private map of the file, one
         torch storage per file storage): ``{name: tensor}`` for those it
@@ -327,7 +351,7 @@ class safe_open:
             return dict(self._ckpt.safetensors_metadata()) or None
         return {"format": "pt"}
 
-    def _info(self, name):
+    def _info(self, name: str) -> "TensorRecord":
         try:
             return self._tensors[self._index[name]]
         except KeyError:
@@ -348,7 +372,7 @@ class safe_open:
             return view.to(self._device)
         return view
 
-    def _upload(self):
+    def _upload(self) -> None:
         """``load_file`` onto a GPU: the storages of every selected tensor
         are uploaded at once by ptload-device, as ``ptload.torch.load``
         uploads them; a set's tensors and a rank's slices are loaded by
@@ -371,12 +395,13 @@ class safe_open:
         if self._sel is not None:
             self._placed = self._sel.upload(_cuda_ordinal(device))
             return
-        wanted = {self._tensors[i].storage for i in self._index.values()} - {None}
+        # Storage numbers (the difference drops None).
+        wanted = cast("Set[int]", {self._tensors[i].storage for i in self._index.values()} - {None})
         self._torch_storages = _Storages(
             self._ckpt, self._local_path(), None, device, False, only=wanted, remote=self._remote
         )
 
-    def _placed_tensor(self, name):
+    def _placed_tensor(self, name: str) -> Optional["torch.Tensor"]:
         """``name`` on its GPU when :meth:`_upload` placed it there (a
         set's or a rank's tensor), else None."""
         if self._placed is None:
@@ -396,7 +421,7 @@ class safe_open:
         capsule, shape, stride = raw
         return _storages._from_dlpack(capsule).view(dtype).as_strided(shape, stride, 0)
 
-    def _uploaded(self, name):
+    def _uploaded(self, name: str) -> bool:
         """Whether ``name``'s storage was uploaded by :meth:`_upload`."""
         storages = self._torch_storages
         if storages is None or storages.uploaded is None or self._sel is not None:
@@ -404,7 +429,9 @@ class safe_open:
         storage = self._info(name).storage
         return storage is not None and storages.uploaded.on_device(storage)
 
-    def _view(self, name):
+    # A numpy array or a torch tensor, as the framework says (Any, as for
+    # get_tensor: callers use either's methods).
+    def _view(self, name: str) -> Any:
         info = self._info(name)
         index = self._index[name]
         if self._sel is not None:
@@ -413,7 +440,7 @@ class safe_open:
             return self._numpy(index, info)
         return self._torch(index, info)
 
-    def _copied(self, data, info):
+    def _copied(self, data: bytes, info: "TensorRecord") -> Any:
         """A set's or a rank's tensor: its row-major bytes, as an array."""
         dtype_name, shape = info.dtype, tuple(info.shape)
         if self._framework == "numpy":
@@ -428,7 +455,7 @@ class safe_open:
         flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
         return flat.view(dtype).reshape(shape)
 
-    def _numpy(self, index, info):
+    def _numpy(self, index: int, info: "TensorRecord") -> "npt.NDArray[Any]":
         import numpy as np
 
         shape, stride, offset, storage = info.shape, info.stride, info.offset, info.storage
@@ -437,7 +464,7 @@ class safe_open:
             return _array_from_bytes(self._ckpt.tensor_bytes(index), info)
         dtype = _array_dtype(info)
         size = dtype.itemsize
-        buffer = self._map
+        buffer: Union[_mmap.mmap, bytearray, None] = self._map
         if storage is not None and self._pread and not (conj or neg) and quant is None:
             buffer, base = self._read_storage(storage)
         else:
@@ -455,12 +482,12 @@ class safe_open:
                 )
         return _array_from_bytes(self._ckpt.tensor_bytes(index), info)
 
-    def _read_storage(self, storage):
+    def _read_storage(self, storage: int) -> Tuple[Optional[bytearray], int]:
         """``backend="pread"``: storage ``storage``'s bytes read from the
         file into memory of their own (once; arrays of it share them), and
         the file offset they start at. (None, 0) for a storage whose bytes
         are not in the file as they are (inflated)."""
-        cache = self.__dict__.setdefault("_read", {})
+        cache: Dict[int, Tuple[Optional[bytearray], int]] = self.__dict__.setdefault("_read", {})
         if storage not in cache:
             nbytes, file_offset = self._storages[storage].nbytes, self._storages[storage].file_offset
             if file_offset is None:
@@ -472,7 +499,7 @@ class safe_open:
                 cache[storage] = (data, file_offset)
         return cache[storage]
 
-    def _torch(self, index, info):
+    def _torch(self, index: int, info: "TensorRecord") -> "torch.Tensor":
         import torch
 
         from ._storages import _DTYPES, _Storages

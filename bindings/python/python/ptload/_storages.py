@@ -3,15 +3,49 @@ its placement chose, tied tensors sharing it; the dtype tables and what a
 ``map_location`` callable receives. Used by ``ptload.torch.load`` and by
 ``safe_open(framework="pt")``; it knows nothing of either."""
 
+from __future__ import annotations
+
+import io
 import mmap as _mmap
 import os
 import warnings
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Collection,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Set,
+    Tuple,
+    Union,
+    cast,
+)
 
 import torch
 
 from . import _ptload
 from ._errors import DeviceError, Error
 from ._io import read_at, user_stacklevel
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    from ._ptload import Checkpoint, StorageRecord, Uploaded
+    from .torch import MapLocation
+
+    class _Placement(TypedDict, total=False):
+        """``Checkpoint.placement``'s keywords, as ``ptload.torch.load``'s
+        ``place``/``budget``/``balance`` give them."""
+
+        place: List[Tuple[str, str]]
+        budget: List[Tuple[int, int]]
+        balance: int
+
+    # (index, key, location, nbytes) -> the device a storage goes to.
+    _Placer = Callable[[int, str, str, int], str]
 
 __all__ = ["StorageStandIn"]
 
@@ -44,7 +78,7 @@ for _name, _attr in [
     if hasattr(torch, _attr):
         _DTYPES[_name] = getattr(torch, _attr)
 
-_QDTYPES = {
+_QDTYPES: Dict[str, Optional[torch.dtype]] = {
     "qint8": torch.qint8,
     "quint8": torch.quint8,
     "qint32": torch.qint32,
@@ -62,10 +96,12 @@ _LAYOUTS = {
 }
 
 
-_from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+_from_dlpack: Callable[[Any], torch.Tensor] = (
+    getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+)
 
 
-def _torch_dtype(name):
+def _torch_dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise Error(f"torch.{name} is not a dtype this torch knows")
@@ -80,7 +116,9 @@ class StorageStandIn:
 
     __slots__ = ("_nbytes", "device", "_key", "tensors")
 
-    def __init__(self, nbytes, device, key, tensors=()):
+    def __init__(
+        self, nbytes: int, device: Union[str, int, torch.device], key: str, tensors: Iterable[str] = ()
+    ) -> None:
         self._nbytes = nbytes
         self.device = torch.device(device)
         self._key = key
@@ -88,33 +126,35 @@ class StorageStandIn:
         # only the location tag): a mapper can place by layer name.
         self.tensors = tuple(tensors)
 
-    def size(self):
+    def size(self) -> int:
         return self._nbytes
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._nbytes
 
-    def nbytes(self):
+    def nbytes(self) -> int:
         return self._nbytes
 
-    def element_size(self):
+    def element_size(self) -> int:
         return 1
 
     @property
-    def is_cuda(self):
+    def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def cuda(self, device=None, non_blocking=False):
+    def cuda(
+        self, device: Union[int, str, torch.device, None] = None, non_blocking: bool = False
+    ) -> StorageStandIn:
         if device is None:
             device = torch.device("cuda", 0)
         elif isinstance(device, int):
             device = torch.device("cuda", device)
         return StorageStandIn(self._nbytes, device, self._key, self.tensors)
 
-    def cpu(self):
+    def cpu(self) -> StorageStandIn:
         return StorageStandIn(self._nbytes, "cpu", self._key, self.tensors)
 
-    def to(self, *args, **kwargs):
+    def to(self, *args: Any, **kwargs: Any) -> StorageStandIn:
         # torch's storage.to takes the device by keyword only.
         if args:
             _lenient("storage.to(device) with the device given by position (torch's "
@@ -124,11 +164,11 @@ class StorageStandIn:
             return self
         return StorageStandIn(self._nbytes, device, self._key, self.tensors)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"StorageStandIn(nbytes={self._nbytes}, device={self.device})"
 
 
-def _placer(map_location, names):
+def _placer(map_location: MapLocation, names: Callable[[int], List[str]]) -> _Placer:
     """A function (index, key, location, nbytes) -> the device storage
     ``index`` should go to; ``names(index)`` gives its tensors' names."""
     if map_location is None:
@@ -143,7 +183,7 @@ def _placer(map_location, names):
         return lambda i, key, loc, n: table.get(loc, loc)
     if callable(map_location):
 
-        def call(i, key, loc, n):
+        def call(i: int, key: str, loc: str, n: int) -> str:
             result = map_location(StorageStandIn(n, "cpu", key, names(i)), loc)
             if result is None:
                 return loc
@@ -169,13 +209,14 @@ def _placer(map_location, names):
     )
 
 
-def _lenient(what):
+def _lenient(what: str) -> None:
     """ptload accepts ``what`` where torch.load raises TypeError: said once
     per load (``_lenient.said`` is reset at each), so code that will also
     run under torch is told."""
-    if what in _lenient.said:
+    # The set is an attribute of this function, which mypy does not model.
+    if what in _lenient.said:  # type: ignore[attr-defined]
         return
-    _lenient.said.add(what)
+    _lenient.said.add(what)  # type: ignore[attr-defined]
     warnings.warn(
         f"ptload accepts {what}, but torch.load raises TypeError for it",
         UserWarning,
@@ -183,15 +224,15 @@ def _lenient(what):
     )
 
 
-_lenient.said = set()
+_lenient.said = set()  # type: ignore[attr-defined]
 
 
-def _cuda_count():
+def _cuda_count() -> int:
     """CUDA devices torch can use (0 when torch has none)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _cuda_ordinal(device):
+def _cuda_ordinal(device: torch.device) -> int:
     """The ordinal of a ``cuda`` device (``cuda`` alone: torch's current one)."""
     if device.index is not None:
         return device.index
@@ -205,42 +246,58 @@ class _Storages:
     device as ``map_location``, only those in ``only`` when it is given)."""
 
     def __init__(
-        self, ckpt, source_path, mmap, map_location, strict, bar=None, only=None, data=None,
-        placement=None, pread=False, remote=False,
-    ):
+        self,
+        ckpt: Checkpoint,
+        source_path: Optional[str],
+        mmap: Optional[bool],
+        map_location: MapLocation,
+        strict: bool,
+        bar: Any = None,
+        only: Optional[Collection[int]] = None,
+        data: Union[bytes, bytearray, None] = None,
+        placement: Optional[_Placement] = None,
+        pread: bool = False,
+        remote: bool = False,
+    ) -> None:
         self.ckpt = ckpt
         self.pread = pread
         # Read by ranged requests (a URL): each storage's bytes are fetched
         # by the reader when first asked for, into memory of their own.
         self.remote = remote
-        self._names = None
+        self._names: Optional[List[List[str]]] = None
         # The checkpoint's bytes when it came as bytes or a stream: storages
         # are views of one copy of them, as torch's storages of one file
         # are of its buffer (slices of one storage share its memory).
         self.data = data
+        # A tqdm bar over the bytes read or uploaded, or None.
         self.bar = bar
-        self._infos = None
-        self.built = {}
-        self.typed = {}
-        self._roots = None
-        self._file = None
+        self._infos: Optional[List[StorageRecord]] = None
+        self.built: Dict[int, torch.Tensor] = {}
+        # A storage seen as a dtype: a typed view of its bytes, or the
+        # storage itself where they do not divide into that dtype.
+        self.typed: Dict[Tuple[int, torch.dtype], Union[torch.Tensor, torch.UntypedStorage]] = {}
+        self._roots: Optional[Dict[int, Tuple[int, int]]] = None
+        self._file: Optional[io.BufferedReader] = None
         self.legacy = ckpt.format() == "legacy"
         self.strict = strict
-        self.fallbacks = []
+        # (what, saved location, target device, why) per storage kept on the host.
+        self.fallbacks: List[Tuple[str, str, str, str]] = []
         self.big = ckpt.byte_order() == "big"
         self.source_path = source_path
         self.mmap = mmap
+        self._map: Optional[_mmap.mmap]
+        self._memory: Optional[bytearray]
         self._map = self._memory = None
-        self.uploaded = None
-        self.on_host = set()  # storages kept on the host instead of a GPU
+        self.uploaded: Optional[Uploaded] = None
+        self.on_host: Set[int] = set()  # storages kept on the host instead of a GPU
         placer = _placer(map_location, self.names)
-        self._targets = None
+        self._targets: Optional[List[str]] = None
         # Every storage's target when map_location is one device (asked
         # per tensor by safe_open: no call per storage).
-        self._target_all = None
+        self._target_all: Optional[str] = None
         # The keywords that chose each storage's device where they did
         # (a strict refusal names them, not map_location).
-        self._chosen_by = None
+        self._chosen_by: Optional[List[Optional[str]]] = None
         if placement is not None:
             # place/budget/balance decide first; map_location the rest.
             decided = ckpt.placement(**placement)
@@ -252,7 +309,10 @@ class _Storages:
                 d if d is not None else placer(n, i.key, i.location, i.nbytes)
                 for n, (d, i) in enumerate(zip(decided, self.infos))
             ]
-            self.on_cpu = [torch.device(t).type == "cpu" for t in self._targets]
+            # Per storage, all alike, or None: each where it was saved.
+            self.on_cpu: Union[List[bool], bool, None] = [
+                torch.device(t).type == "cpu" for t in self._targets
+            ]
             wanted = [(i, t) for i, t in enumerate(self._targets) if not self.on_cpu[i]]
         elif map_location is None:
             self.on_cpu = None  # each storage where it was saved
@@ -279,7 +339,7 @@ class _Storages:
             for i in self.on_host:
                 self.on_cpu[i] = True
 
-    def _upload(self, wanted):
+    def _upload(self, wanted: List[Tuple[int, torch.device]]) -> None:
         """Storages bound for GPUs: those torch can reach are uploaded at
         once by ptload-device; the others stay on the host (with a warning,
         or an error when strict)."""
@@ -287,7 +347,7 @@ class _Storages:
         if not wanted:
             return
         count = _cuda_count()
-        targets = []
+        targets: List[Tuple[int, int]] = []
         for i, device in wanted:
             ordinal = _cuda_ordinal(device)
             if ordinal < count:
@@ -301,11 +361,11 @@ class _Storages:
         for i, why in self.uploaded.fallbacks():
             self._fall_back(i, torch.device("cuda", ordinals[i]), why)
 
-    def _fall_back(self, index, device, why):
+    def _fall_back(self, index: int, device: torch.device, why: str) -> None:
         self._refuse_or_note(index, device, why)
         self.on_host.add(index)
 
-    def _refuse_or_note(self, index, device, why):
+    def _refuse_or_note(self, index: int, device: torch.device, why: str) -> None:
         """A storage that cannot go to ``device``: an error when strict,
         else noted for the one warning, by its tensors' names."""
         info = self.infos[index]
@@ -321,21 +381,21 @@ class _Storages:
             raise DeviceError(f"{what} saved on {location} cannot go to {device}: {why} (strict=True; {advice})")
         self.fallbacks.append((what, location, str(device), why))
 
-    def names(self, index):
+    def names(self, index: int) -> List[str]:
         """The names of the tensors on storage ``index``."""
         if self._names is None:
             self._names = self.ckpt.storage_names()
         return self._names[index]
 
     @property
-    def infos(self):
+    def infos(self) -> List[StorageRecord]:
         """A ``StorageRecord`` per storage (key, location, dtype, numel,
         nbytes, file_offset)."""
         if self._infos is None:
             self._infos = self.ckpt.storages()
         return self._infos
 
-    def target(self, index):
+    def target(self, index: int) -> str:
         """The device storage ``index`` goes to."""
         if self._targets is not None:
             return self._targets[index]
@@ -344,7 +404,7 @@ class _Storages:
         info = self.infos[index]
         return self.placer(index, info.key, info.location, info.nbytes)
 
-    def map(self):
+    def map(self) -> Optional[_mmap.mmap]:
         """A private, writable map of the file: tensors may be written in
         place, the file never is. Made on first use."""
         if self._map is None and self.source_path is not None and self.mmap is not False:
@@ -356,7 +416,7 @@ class _Storages:
                         self._map = _mmap.mmap(fh.fileno(), 0, access=access)
         return self._map
 
-    def memory(self):
+    def memory(self) -> Optional[bytearray]:
         """``mmap=False``: the file read once; bytes or a stream: one
         writable copy of them. Made on first use."""
         if self._memory is None and self.data is not None:
@@ -370,7 +430,9 @@ class _Storages:
                 self._memory = memory
         return self._memory
 
-    def tensor(self, index, dtype, shape, stride, offset):
+    def tensor(
+        self, index: int, dtype: torch.dtype, shape: List[int], stride: List[int], offset: int
+    ) -> torch.Tensor:
         """A tensor over storage ``index``: a strided view of the storage's
         bytes seen as ``dtype``. Each storage is one torch storage, so tied
         tensors share it as in torch."""
@@ -389,16 +451,17 @@ class _Storages:
         t.set_(typed, offset, shape, stride)
         return t
 
-    def get(self, index, elem_size):
+    def get(self, index: int, elem_size: int) -> torch.UntypedStorage:
         """Storage ``index`` as a torch ``UntypedStorage``, on its device;
         a view of another storage as a slice of that one's."""
         root = self._root_of(index)
         if root is not None:
             start, nbytes = root[1], self.infos[index].nbytes
-            return self.get(root[0], elem_size)[start : start + nbytes]
+            # torch leaves a storage's slice untyped.
+            return cast("torch.UntypedStorage", self.get(root[0], elem_size)[start : start + nbytes])
         return self.flat(index, elem_size).untyped_storage()
 
-    def flat(self, index, elem_size):
+    def flat(self, index: int, elem_size: int) -> torch.Tensor:
         """Storage ``index``'s bytes as a uint8 tensor on its device."""
         flat = self.built.get(index)
         if flat is not None:
@@ -423,36 +486,38 @@ class _Storages:
         return flat
 
     @property
-    def reads_each(self):
+    def reads_each(self) -> bool:
         """``mmap=False`` on a legacy file, or ``pread``: each storage is
         read from the file into memory of its own, as torch reads a legacy
         file's (their bytes follow an 8-byte header, so they are rarely
         aligned, and a copy of the whole file would be copied again)."""
         return self.mmap is False and self.source_path is not None and (self.legacy or self.pread)
 
-    def _read(self, offset, nbytes):
+    def _read(self, offset: int, nbytes: int) -> torch.Tensor:
         """``nbytes`` of the file from ``offset``, into a new tensor."""
+        # Only called with a file to read (reads_each, or _host's check).
         if self._file is None:
-            self._file = open(self.source_path, "rb")
+            self._file = open(cast(str, self.source_path), "rb")
         flat = torch.empty(nbytes, dtype=torch.uint8)
-        with memoryview(flat.numpy()) as view:
-            read_at(self._file, offset, view, self.source_path)
+        # numpy's stubs give arrays the buffer protocol on Python 3.12+ only.
+        with memoryview(flat.numpy()) as view:  # type: ignore[arg-type, unused-ignore]
+            read_at(self._file, offset, view, cast(str, self.source_path))
         if self.bar is not None:
             self.bar.update(nbytes)
         return flat
 
-    def close(self):
+    def close(self) -> None:
         f = getattr(self, "_file", None)  # None too when __init__ failed early
         if f is not None:
             self._file = None
             f.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         # A safe_open used without ``with``: the file closes with it, not
         # at the collector's leisure with a ResourceWarning.
         self.close()
 
-    def _root_of(self, index):
+    def _root_of(self, index: int) -> Optional[Tuple[int, int]]:
         """``(root, byte offset)`` when storage ``index`` lies inside
         another storage's bytes: the storage views torch before 0.4 saved
         (slices of one storage) in legacy files. None otherwise, and always
@@ -474,20 +539,22 @@ class _Storages:
                         outer = (start, end, i)
         return self._roots.get(index)
 
-    def _host(self, index, nbytes, offset, elem_size):
+    def _host(self, index: int, nbytes: int, offset: Optional[int], elem_size: int) -> torch.Tensor:
         if nbytes == 0:
             return torch.empty((0,), dtype=torch.uint8)
         aligned = offset is not None and offset % max(elem_size, 1) == 0
         swapped = self.big and elem_size > 1
         mapped = self.map() if offset is not None and aligned and not swapped else None
         if mapped is not None:
-            return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset)
+            # offset is an int here: mapped is None otherwise.
+            return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=cast(int, offset))
         if self.reads_each and offset is not None and not swapped:
             return self._read(offset, nbytes)
         memory = self.memory() if offset is not None and not swapped else None
         if memory is not None:
             # mmap=False: the file read once; storages are views of that copy.
-            flat = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes, offset=offset)
+            # offset is an int here: memory is None otherwise.
+            flat = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes, offset=cast(int, offset))
             return flat if aligned else flat.clone()
         if offset is not None and not swapped and self.source_path is not None:
             # Misaligned in a mapped file (a legacy file's storages): read
@@ -499,7 +566,7 @@ class _Storages:
             self.bar.update(nbytes)
         return torch.frombuffer(data, dtype=torch.uint8)
 
-    def _place(self, index, storage, target):
+    def _place(self, index: int, storage: torch.Tensor, target: str) -> torch.Tensor:
         if target == "cpu":
             return storage
         device = torch.device(target)
@@ -507,7 +574,7 @@ class _Storages:
             return storage
         if device.type == "meta":
             return torch.empty(storage.numel(), dtype=torch.uint8, device="meta")
-        why = None
+        why: Optional[str] = None
         if device.type == "cuda":
             visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if (device.index or 0) >= visible:
@@ -526,7 +593,7 @@ class _Storages:
         return storage
 
 
-def _device_available(device):
+def _device_available(device: torch.device) -> bool:
     try:
         torch.empty(0, device=device)
         return True
@@ -534,13 +601,13 @@ def _device_available(device):
         return False
 
 
-def _swap_unit(dtype):
+def _swap_unit(dtype: torch.dtype) -> int:
     """Bytes reversed together when the file's byte order is not the
     host's: a complex number's parts one at a time."""
     return dtype.itemsize // 2 if dtype.is_complex else dtype.itemsize
 
 
-def _shared_mmap():
+def _shared_mmap() -> bool:
     """Whether torch's mmap option is MAP_SHARED
     (``torch.serialization.set_default_mmap_options``): writes to loaded
     tensors then reach the file."""
@@ -549,7 +616,7 @@ def _shared_mmap():
     return get is not None and shared is not None and get() == shared
 
 
-def _storage_words(names, key):
+def _storage_words(names: List[str], key: str) -> str:
     """A storage as its user knows it: by the tensors on it (a legacy
     file's storage keys are memory addresses)."""
     if not names:
@@ -558,7 +625,7 @@ def _storage_words(names, key):
     return f"{shown} (storage {key})" if len(names) == 1 else f"{shown} (one storage, key {key})"
 
 
-def _advance(bar):
+def _advance(bar: Any) -> Optional[Callable[[int], Any]]:
     """A callable that moves ``bar`` to the bytes done so far, or None."""
     if bar is None:
         return None

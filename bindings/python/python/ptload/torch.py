@@ -12,7 +12,21 @@ import gc
 import os
 import sys
 import warnings
-from typing import IO, Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 import torch
 
@@ -51,7 +65,16 @@ MapLocation = Union[
     None, str, "torch.device", Mapping[str, str], Callable[[StorageStandIn, str], Any]
 ]
 
-def _tensor(storages, info, objs, qparams):
+if TYPE_CHECKING:
+    from ._ptload import Checkpoint, QuantRecord, TensorRecord
+    from ._storages import _Placement
+
+    # load's place: rules as a string, a dict or pairs.
+    _Place = Union[str, Mapping[str, DeviceLike], Iterable[Union[str, Tuple[str, DeviceLike]]], None]
+
+def _tensor(
+    storages: _Storages, info: "TensorRecord", objs: List[Any], qparams: Optional[Tuple[int, int]]
+) -> torch.Tensor:
     dtype = _DTYPES.get(info.dtype)
     if dtype is None:
         raise Error(f"dtype {info.dtype} is not known to this torch")
@@ -70,12 +93,15 @@ def _tensor(storages, info, objs, qparams):
     return t
 
 
-def _quantize(t, quant, objs, qparams):
+def _quantize(
+    t: torch.Tensor, quant: "QuantRecord", objs: List[Any], qparams: Optional[Tuple[int, int]]
+) -> torch.Tensor:
     kind = quant.kind
     qdtype = _QDTYPES.get(kind)
     if qdtype is None:
         raise Error(f"quantized dtype {kind} is not known to this torch")
     values_shape = quant.values_shape
+    stride: Union[Tuple[int, ...], List[int]]
     shape, stride = t.shape, t.stride()
     if values_shape is not None:
         # Packed kinds: the reader gives the packed bytes; torch's tensor
@@ -89,13 +115,16 @@ def _quantize(t, quant, objs, qparams):
     # Made empty (one element per channel along the axis), then set over
     # the file's storage: an overlapping view allocates nothing.
     if quant.per == "tensor":
-        scale, zero_point = quant.scale, quant.zero_point
+        # The reader gives a per-tensor record its scale and zero point.
+        scale, zero_point = cast(float, quant.scale), cast(int, quant.zero_point)
         q = torch._empty_affine_quantized(
             (0,), scale=scale, zero_point=zero_point, dtype=qdtype, device=t.device
         )
     else:
-        axis = quant.axis
-        scales, zero_points = objs[qparams[0]], objs[qparams[1]]
+        # A per-channel record has its axis, and qparams: the nodes of its
+        # scales and zero points.
+        axis = cast(int, quant.axis)
+        scales, zero_points = objs[qparams[0]], objs[qparams[1]]  # type: ignore[index]
         small = [1] * len(shape)
         if 0 <= axis < len(shape):
             small[axis] = shape[axis]
@@ -106,7 +135,7 @@ def _quantize(t, quant, objs, qparams):
     return q
 
 
-def _bounded(t, what):
+def _bounded(t: object, what: str) -> None:
     """An overlapping view (stride 0) made without reading may describe
     far more elements than its storage holds; where torch then works
     element by element (a sparse tensor's invariants), it is bounded as
@@ -122,7 +151,7 @@ def _bounded(t, what):
         )
 
 
-def _sparse(layout, data):
+def _sparse(layout: str, data: Sequence[Any]) -> torch.Tensor:
     layout = _LAYOUTS[layout]
     for part in data:
         _bounded(part, "sparse tensor component")
@@ -137,20 +166,20 @@ def _sparse(layout, data):
     return torch.sparse_compressed_tensor(compressed, plain, values, size, layout=layout, check_invariants=True)
 
 
-def _forbidden(ckpt, allowed):
+def _forbidden(ckpt: "Checkpoint", allowed: Iterable[str]) -> List[str]:
     """The globals the file names that neither torch's allowlist nor the
     caller's names and globs admit: the reader's list."""
     return ckpt.refused_globals(list(allowed))
 
 
-def _allowed_names(allow_globals):
+def _allowed_names(allow_globals: Union[str, Iterable[Any]]) -> Dict[str, Any]:
     """``{"module.name": object or None}``: what ``allow_globals`` names,
     and what torch's own registry holds (``add_safe_globals``, the
     ``safe_globals`` context), as ``torch.load`` reads both. A name given
     as a string is imported when met; an object (or an ``(object, name)``
     pair, torch's alias form) is used as given."""
-    names = {}
-    registry = getattr(torch.serialization, "get_safe_globals", lambda: [])()
+    names: Dict[str, Any] = {}
+    registry: List[Any] = getattr(torch.serialization, "get_safe_globals", lambda: [])()
     if isinstance(allow_globals, str):
         allow_globals = [allow_globals]  # one name, as include= takes one pattern
     for g in list(registry) + list(allow_globals):
@@ -281,7 +310,12 @@ def load(
             gc.enable()
 
 
-def _placement(map_location, place, budget, balance):
+def _placement(
+    map_location: MapLocation,
+    place: "_Place",
+    budget: Union[float, int, str, None],
+    balance: Optional[int],
+) -> Optional["_Placement"]:
     """``place``/``budget``/``balance`` as the extension's placement
     arguments (None when none is given), with the CLI's meanings:
     ``place`` rules (``{"encoder.*": "cuda:0"}``, tensor-name globs, first
@@ -300,10 +334,11 @@ def _placement(map_location, place, budget, balance):
             "budget and balance place every storage, so map_location would never apply; "
             "give place rules with map_location instead"
         )
-    out = {"place": _place_rules(place)}
+    out: _Placement = {"place": _place_rules(place)}
     if budget is not None:
         count = _cuda_count()
         kind, share_of, nbytes = _budget_spec(budget)
+        share: Callable[[int], int]
         if kind == "share":
             share = lambda total: int(total * share_of)  # noqa: E731
         else:
@@ -325,7 +360,7 @@ def _placement(map_location, place, budget, balance):
     return out
 
 
-def _device_text(device):
+def _device_text(device: DeviceLike) -> str:
     """A device as the reader parses it: ``torch.device`` and ``int``
     (a CUDA ordinal, as torch takes it) as their text."""
     if isinstance(device, bool):
@@ -335,7 +370,7 @@ def _device_text(device):
     return str(device)
 
 
-def _place_rules(place):
+def _place_rules(place: "_Place") -> List[Tuple[str, str]]:
     """``place`` as ``(pattern, device)`` pairs, parsed by the reader as the
     CLI's ``--place`` is: a string of ``PATTERN=DEVICE`` rules (comma
     separated), a dict ``{pattern: device}``, or an iterable of pairs or
@@ -355,7 +390,7 @@ def _place_rules(place):
             "place takes 'PATTERN=DEVICE' rules (a string, comma separated), a dict "
             f"{{pattern: device}} or (pattern, device) pairs, not {type(place).__name__}"
         ) from None
-    rules = []
+    rules: List[Tuple[str, str]] = []
     for item in items:
         if isinstance(item, str):
             try:
@@ -376,7 +411,7 @@ def _place_rules(place):
     return rules
 
 
-def _budget_spec(budget):
+def _budget_spec(budget: Union[float, int, str]) -> Tuple[str, float, int]:
     """``budget`` as the reader parses the CLI's ``--budget``:
     ``(kind, share, bytes)``. Numbers are read as their text (``0.9`` a
     share, ``20 << 30`` bytes, ``2`` refused as a likely mistake for GiB),
@@ -392,9 +427,18 @@ def _budget_spec(budget):
 
 
 def _load(
-    f, map_location, weights_only, mmap, unknown, allow_globals, strict, progress, encoding=None,
-    placement=None, refuse_at=None,
-):
+    f: FileLike,
+    map_location: MapLocation,
+    weights_only: Optional[bool],
+    mmap: Optional[bool],
+    unknown: str,
+    allow_globals: Union[str, Iterable[Any]],
+    strict: bool,
+    progress: bool,
+    encoding: Optional[str] = None,
+    placement: Optional["_Placement"] = None,
+    refuse_at: Optional[str] = None,
+) -> Any:
     # False is torch's full unpickler; ptload still runs nothing: what torch
     # would have imported and called comes back as ptload.Inert records.
     full = not _weights_only(weights_only)
@@ -405,9 +449,12 @@ def _load(
     allowed = _allowed_names(allow_globals)
     stream = None
     remote = is_url(f)
+    path: Optional[str]
+    source: Union[str, bytes, bytearray]
     if remote:
-        # Read by ranged requests: no file to map or read whole here.
-        path, source = None, f
+        # Read by ranged requests: no file to map or read whole here. (A
+        # URL is a str.)
+        path, source = None, cast(str, f)
     elif isinstance(f, (str, os.PathLike)):
         path = source = os.fspath(f)
     elif isinstance(f, (bytes, bytearray, memoryview)):
@@ -492,7 +539,7 @@ def _load(
         from ._progress import _byte_bar
 
         if remote:
-            total, name = ckpt.end_offset(), url_name(f)
+            total, name = ckpt.end_offset(), url_name(cast(str, f))
         else:
             total = os.path.getsize(path) if path is not None else len(source)
             name = os.path.basename(path) if path else "checkpoint"
@@ -507,11 +554,11 @@ def _load(
             bar.close()
 
 
-def _env_flag(name):
+def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "y", "yes", "true")
 
 
-def _weights_only(asked):
+def _weights_only(asked: Optional[bool]) -> bool:
     """torch.load's reading of ``weights_only``: None is True unless
     TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set; TORCH_FORCE_WEIGHTS_ONLY_LOAD
     makes it True whatever was asked."""
@@ -522,7 +569,7 @@ def _weights_only(asked):
     return bool(asked)
 
 
-def _assumed_byte_order():
+def _assumed_byte_order() -> str:
     """How torch reads a zip file without a byteorder record:
     ``torch.serialization.set_default_load_endianness`` (little when unset,
     the host's for NATIVE)."""
@@ -537,11 +584,22 @@ def _assumed_byte_order():
 
 
 def _build(
-    ckpt, path, source, mmap, map_location, strict, bar, allowed, unknown, placement=None,
-    remote=False,
-):
-    data = source if path is None and not remote else None
-    _lenient.said.clear()
+    ckpt: "Checkpoint",
+    path: Optional[str],
+    source: Union[str, bytes, bytearray],
+    mmap: Optional[bool],
+    map_location: MapLocation,
+    strict: bool,
+    bar: Any,
+    allowed: Dict[str, Any],
+    unknown: str,
+    placement: Optional["_Placement"] = None,
+    remote: bool = False,
+) -> Any:
+    # Without a path or a URL, the source is the checkpoint's bytes.
+    data = cast("Union[bytes, bytearray]", source) if path is None and not remote else None
+    # The said set is an attribute of the function, which mypy does not model.
+    _lenient.said.clear()  # type: ignore[attr-defined]
     storages = _Storages(
         ckpt, path, mmap, map_location, strict, bar, data=data, placement=placement,
         remote=remote,
@@ -552,7 +610,15 @@ def _build(
         storages.close()
 
 
-def _build_with(ckpt, storages, source, mmap, bar, allowed, unknown):
+def _build_with(
+    ckpt: "Checkpoint",
+    storages: _Storages,
+    source: Union[str, bytes, bytearray],
+    mmap: Optional[bool],
+    bar: Any,
+    allowed: Dict[str, Any],
+    unknown: str,
+) -> Any:
     # Most tensors are made in one call, as DLPack views of private memory.
     made = ckpt.torch_tensors(
         _from_dlpack, source, mmap is not False, storages.on_cpu, storages.uploaded,
@@ -560,7 +626,7 @@ def _build_with(ckpt, storages, source, mmap, bar, allowed, unknown):
         host=not (storages.reads_each or storages.remote),
     )
 
-    def make_leaf(kind, node, objs):
+    def make_leaf(kind: str, node: Tuple[Any, ...], objs: List[Any]) -> Any:
         if kind == "tensor":
             t = made[node[1]]
             if t is None:
@@ -587,7 +653,10 @@ def _build_with(ckpt, storages, source, mmap, bar, allowed, unknown):
             # Typed as this reference says (torch types each on its own).
             dtype = _DTYPES.get(node[2], torch.uint8)
             untyped = storages.get(node[1], _swap_unit(dtype))
-            return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+            # torch's TypedStorage.__init__ has no annotations.
+            return torch.storage.TypedStorage(  # type: ignore[no-untyped-call]
+                wrap_storage=untyped, dtype=dtype, _internal=True
+            )
         raise Error(f"the reader gave a node of unknown kind {kind!r}")
 
     # Plain containers of such tensors (a state dict) are built in one
@@ -605,7 +674,7 @@ def _build_with(ckpt, storages, source, mmap, bar, allowed, unknown):
     return result
 
 
-def _warn_fallbacks(fallbacks):
+def _warn_fallbacks(fallbacks: List[Tuple[str, str, str, str]]) -> None:
     first = fallbacks[0]
     more = f" (and {len(fallbacks) - 1} more storages)" if len(fallbacks) > 1 else ""
     warnings.warn(
