@@ -11,6 +11,9 @@
 #   bash benches/gpu_kit.sh compare [ARGS] # benches/gpu_compare.py --bins target/gpu-kit ARGS
 #   bash benches/gpu_kit.sh python-load [ARGS]  # benches/python_load.py --cuda ARGS
 #   bash benches/gpu_kit.sh prepare [ARGS] # gpu_compare.py --prepare ARGS: the checkpoints only
+#   bash benches/gpu_kit.sh disk [FILE]    # the disk's cold read limit on FILE (default: the
+#                                          #   prepared 2 GB checkpoint): pread, pread with
+#                                          #   read-ahead advice, direct I/O; 16 in flight
 #   bash benches/gpu_kit.sh all [ARGS]     # tests, python, compare ARGS, python-load, each
 #                                          #   under a timeout (the checkpoints written
 #                                          #   meanwhile); $OUT/summary.txt at the end
@@ -65,8 +68,11 @@ build() {
   exe=$(cargo bench --locked --no-run -p ptload-device --bench gpu_load \
     --message-format=json | executable gpu_load)
   cp "$exe" "$kit/gpu_load"
+  exe=$(cargo bench --locked --no-run -p ptload-device --bench staging_fill \
+    --message-format=json | executable staging_fill)
+  cp "$exe" "$kit/staging_fill"
   strip "$kit"/ptload "$kit"/device-tests "$kit"/rank-staging-tests "$kit"/cli-tests \
-    "$kit"/gpu_load
+    "$kit"/gpu_load "$kit"/staging_fill
   local maturin=${MATURIN:-maturin}
   "$maturin" build --release --locked --strip -m bindings/python/Cargo.toml -o "$kit"
   # The tests read fixtures and run the CLI by their build-time paths.
@@ -154,6 +160,17 @@ prepare() {
   PYTHONUNBUFFERED=1 python3 benches/gpu_compare.py --bins "$kit" --prepare "$@" 2>&1 | log prepare
 }
 
+# The disk's cold read limit on the file cold loads are judged on: 16
+# workers taking 32 MiB runs in order, the page cache emptied before each
+# run, by positioned reads, with the runs ahead announced (madvise
+# WILLNEED), and by direct I/O (O_DIRECT, no page cache); the fastest is
+# the limit.
+disk() {
+  local file=${1:-/tmp/ptload-gpu-bench/transformer-2gb.pt}
+  echo "disk read limit of $file (cold, 16 in flight):" | log "${LOG_AS:-disk}"
+  "$kit/staging_fill" "$file" 2 16 cold 2>&1 | log "${LOG_AS:-disk}"
+}
+
 python_load() {
   reach_build_root
   local site=/tmp/ptload-site
@@ -169,8 +186,8 @@ bench() {
 # Seconds each step of `all` may take, and the measurements gpu_compare
 # makes there (docs/benchmarks.md, "the kit, and the one-step run"). `prepare`
 # writes the checkpoints while the tests run.
-ALL_LIMITS=(tests=90 python=90 prepare=180 compare=285 python-load=45)
-ALL_COMPARE=(--sizes 2,8 --runs 2 --cold-runs 1 --tp-runs 3 --sweep-runs 2 --budget-s 235)
+ALL_LIMITS=(tests=90 python=90 prepare=180 compare=260 disk=25 python-load=45)
+ALL_COMPARE=(--sizes 2,8 --runs 2 --cold-runs 1 --tp-runs 3 --sweep-runs 2 --budget-s 210)
 ALL_PYTHON_LOAD=(--runs 5)
 
 limit_of() {
@@ -215,6 +232,7 @@ all() {
   wait "$prepare_pid" || prepare_rc=$?
   report_step prepare "$prepare_rc" $((SECONDS - prepare_start))
   step compare compare "${ALL_COMPARE[@]}" --report "$report" "$@"
+  step disk disk
   step python-load python-load "${ALL_PYTHON_LOAD[@]}"
   {
     echo "bash benches/gpu_kit.sh all: $(date -u '+%Y-%m-%d %H:%M UTC'), ptload $(cat "$kit/commit" 2>/dev/null || echo unknown) (built)"
@@ -227,6 +245,9 @@ all() {
     else
       echo "gpu_compare: no report (see gpu_kit-compare.log)"
     fi
+    echo
+    echo "the disk, cold (gpu_kit-disk.log; the fastest is the limit cold loads are judged against):"
+    grep ' workers: ' "$OUT/gpu_kit-disk.log" 2>/dev/null || echo "  no figures (see gpu_kit-disk.log)"
     echo
     echo "python_load.py --cuda (gpu_kit-python-load.log):"
     python3 - "$OUT/gpu_kit-python-load.log" 2>&1 <<'PY' || true
@@ -253,6 +274,7 @@ case "${1:-}" in
   compare) shift; compare "$@" ;;
   python-load) shift; python_load "$@" ;;
   prepare) shift; prepare "$@" ;;
+  disk) shift; disk "$@" ;;
   all) shift; all "$@" ;;
   *)
     sed -n '2,/^[^#]/{/^#/p}' "$script" >&2
