@@ -685,6 +685,31 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Ambiguous,
         Some(("a second archive follows", true)),
     ),
+    // State changed, classes made, lookups answered (torch_state.json).
+    (
+        "ss_ext_registry.pkl",
+        Dangerous,
+        Some(("copyreg._inverted_registry", true)),
+    ),
+    ("ss_newobj_type.pkl", Dangerous, Some(("builtins.type", true))),
+    (
+        "ss_getattr_items.pkl",
+        UnknownCall,
+        Some(("logging.warning", true)),
+    ),
+    (
+        "ss_append_calls_extend.pkl",
+        UnknownCall,
+        Some(("logging.warning", true)),
+    ),
+    (
+        "ss_setitem_policy.pkl",
+        UnknownCall,
+        Some(("logging.warning", true)),
+    ),
+    ("ss_tar_v7.pt", UnknownCall, Some(("logging.warning", true))),
+    ("ss_script_save.pt", Dangerous, Some(("torch.save", true))),
+    ("ss_script_save_caps.pt", Dangerous, Some(("torch.save", true))),
 ];
 
 #[test]
@@ -1356,7 +1381,7 @@ fn enum_lookups_and_plain_getitem_are_data_and_nothing_else_is() {
         ),
         (
             "an unknown function taken from a list and called",
-            pickle(&[GETITEM, b"]csomepkg\nrun\naK\x00\x86R", &s("id"), b"\x85R"]),
+            pickle(&[GETITEM, b"]csomepkg\nfrob\naK\x00\x86R", &s("id"), b"\x85R"]),
             UnknownCall,
         ),
         (
@@ -1508,6 +1533,132 @@ fn calls_the_unpickler_makes_are_calls() {
         }
     }
     assert!(ran >= 4, "{ran} payloads torch ran");
+}
+
+/// Calls a pickle gets made without naming a dangerous global
+/// (`tests/scan/torch_state.json`, labelled by running torch.load on
+/// each): copyreg's extension registry changed by SETITEM then used by
+/// EXT1, a class made by NEWOBJ of `type`, `extend` answered by a dict
+/// subclass's `__getattr__`, APPEND calling `extend`, a class's own
+/// `__setitem__` calling what its state holds, a v7 tar torch reads
+/// first, and TorchScript code that writes a file (`save`), its records
+/// named in capitals. Every payload torch ran is flagged, at the level
+/// the technique is (changing the interpreter's state, making a class
+/// and writing files are dangerous whatever is called).
+#[test]
+fn state_changes_made_classes_and_answered_lookups_are_caught() {
+    let expected = [
+        ("ss_ext_registry.pkl", Level::Dangerous),
+        ("ss_newobj_type.pkl", Level::Dangerous),
+        ("ss_getattr_items.pkl", Level::UnknownCall),
+        ("ss_append_calls_extend.pkl", Level::UnknownCall),
+        ("ss_setitem_policy.pkl", Level::UnknownCall),
+        ("ss_tar_v7.pt", Level::UnknownCall),
+        ("ss_script_save.pt", Level::Dangerous),
+        ("ss_script_save_caps.pt", Level::Dangerous),
+    ];
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_state.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc.as_object().unwrap().len(), expected.len());
+    for (name, level) in expected {
+        assert_eq!(doc[name]["payload_ran"], true, "{name}: torch ran it");
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        let globals: Vec<String> = report
+            .pickles
+            .iter()
+            .flat_map(|p| &p.globals)
+            .map(|g| format!("{} {:?} {:?}", g.path(), g.usage, g.level()))
+            .collect();
+        assert_eq!(report.level(), level, "{name}: {globals:?}");
+    }
+}
+
+/// The rules behind the levels of callables the scanner has no entry
+/// for (hand-made pickles): a module's own object changed by APPEND is a
+/// change of the interpreter's state; a callable the file calls is at the
+/// level its name says (it writes, serves, runs a program), one it only
+/// names is not judged by its name; a C accelerator's name is its public
+/// module's; an unknown callable given a function may call it; torch's
+/// result types are data.
+#[test]
+fn callables_without_an_entry_are_judged_by_what_they_are_given_and_named() {
+    use ptload_reader::scan::scan_bytes;
+    let s = |text: &str| {
+        let mut out = b"X".to_vec();
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out
+    };
+    let pickle = |parts: &[&[u8]]| {
+        let mut out = b"\x80\x02".to_vec();
+        for p in parts {
+            out.extend_from_slice(p);
+        }
+        out.push(b'.');
+        out
+    };
+    let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
+        (
+            "APPEND on a module's list",
+            pickle(&[b"cgc\ncallbacks\ncsomepkg\nhook\na"]),
+            Dangerous,
+        ),
+        (
+            "a writer called",
+            pickle(&[b"csomepkg\nwrite_report\n", &s("/tmp/x"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "a server class called",
+            pickle(&[b"csomepkg\nUnixStreamServer\n", &s("/tmp/x"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "a program's main called",
+            pickle(&[b"csomepkg.cli\nmain\n", &s("--out"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "a writer only named",
+            pickle(&[b"}", &s("w"), b"csomepkg\nwrite_report\ns"]),
+            NeedsCode,
+        ),
+        (
+            "a function without such words called",
+            pickle(&[b"csomepkg\nfrob\n", &s("x"), b"\x85R"]),
+            UnknownCall,
+        ),
+        (
+            "attrgetter by its C module",
+            pickle(&[b"c_operator\nattrgetter\n", &s("system"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "an unknown callable given a writer",
+            pickle(&[b"csomepkg\nworker\ncother\nwrite_log\n\x85R"]),
+            Dangerous,
+        ),
+        (
+            "an unknown callable given a plain function",
+            pickle(&[b"csomepkg\nworker\ncother\nfrob\n\x85R"]),
+            UnknownCall,
+        ),
+        (
+            "torch's result type",
+            pickle(&[b"ctorch.return_types\ntopk\n)\x85R"]),
+            Clean,
+        ),
+    ];
+    for (what, bytes, verdict) in cases {
+        let report = scan_bytes(&bytes, &Limits::default());
+        assert!(report.pickles[0].complete, "{what}: {report:#?}");
+        assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
+    }
 }
 
 /// `OpenOptions::refuse_at`: the open follows the scanner's verdict,

@@ -40,6 +40,92 @@ const LEGACY_MAGIC_LONG1: [u8; 12] = [
 /// The magic number as protocols 0 and 1 write it: a text LONG.
 const LEGACY_MAGIC_TEXT: &[u8] = b"L119547037146038801333356L\n";
 
+/// Whether `block` (a file's first 512 bytes) is a tar header as Python's
+/// `tarfile` accepts one, which is what makes torch.load read a non-zip
+/// file as a pre-1.0 tar checkpoint: not all zeros, and the checksum
+/// field (octal, or base-256) equal to the sum of the header's bytes with
+/// that field counted as spaces, summed unsigned or signed. The `ustar`
+/// magic is not needed (old v7 headers have none).
+pub(crate) fn is_tar_header(block: &[u8]) -> bool {
+    let Some(block) = block.get(..512) else {
+        return false;
+    };
+    if block.iter().all(|&b| b == 0) {
+        return false;
+    }
+    let (Some(before), Some(field), Some(after)) =
+        (block.get(..148), block.get(148..156), block.get(156..))
+    else {
+        return false;
+    };
+    let Some(stored) = tar_number(field) else {
+        return false;
+    };
+    let spaces = 8 * i64::from(b' ');
+    let unsigned: i64 = before
+        .iter()
+        .chain(after)
+        .map(|&b| i64::from(b))
+        .sum::<i64>()
+        + spaces;
+    let signed: i64 = before
+        .iter()
+        .chain(after)
+        .map(|&b| i64::from(b as i8))
+        .sum::<i64>()
+        + spaces;
+    stored == unsigned || stored == signed
+}
+
+/// A tar header's number field as Python's `tarfile.nti` reads it:
+/// base-256 when its first byte is 0x80 or 0xff, else octal text up to
+/// the first NUL, surrounding whitespace ignored (empty is 0), with an
+/// optional sign and underscores between digits as Python's `int` takes.
+fn tar_number(field: &[u8]) -> Option<i64> {
+    let (&first, rest) = field.split_first()?;
+    if first == 0x80 || first == 0xff {
+        let mut n: i64 = 0;
+        for &b in rest {
+            n = n.checked_mul(256)?.checked_add(i64::from(b))?;
+        }
+        if first == 0xff {
+            let span = 256i64.checked_pow(u32::try_from(rest.len()).ok()?)?;
+            n = n.checked_sub(span)?;
+        }
+        return Some(n);
+    }
+    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    let text = field.get(..end)?;
+    if !text.is_ascii() {
+        return None;
+    }
+    let text = std::str::from_utf8(text).ok()?;
+    // Python's `str.strip()`: ASCII whitespace and the separators 0x1c-0x1f.
+    let text = text.trim_matches(|c: char| {
+        c.is_ascii_whitespace() || c == '\x0b' || ('\x1c'..='\x1f').contains(&c)
+    });
+    if text.is_empty() {
+        return Some(0);
+    }
+    let (negative, digits) = match text.as_bytes().first() {
+        Some(b'-') => (true, text.get(1..)?),
+        Some(b'+') => (false, text.get(1..)?),
+        _ => (false, text),
+    };
+    if digits.is_empty()
+        || digits.starts_with('_')
+        || digits.ends_with('_')
+        || digits.contains("__")
+    {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for c in digits.chars().filter(|&c| c != '_') {
+        n = n.checked_mul(8)?.checked_add(i64::from(c.to_digit(8)?))?;
+    }
+    Some(if negative { -n } else { n })
+}
+
 /// Whether a pickle stream starts with the legacy magic number, whatever its
 /// protocol: the LONG1 of the magic within the first opcodes (protocols
 /// 2 to 5), or its text form first (protocols 0 and 1).
@@ -108,7 +194,7 @@ pub(crate) fn detect<'d>(data: impl Into<FileView<'d>>) -> Result<Detected> {
     if starts_with_legacy_magic(data) {
         return Ok(Detected::Legacy);
     }
-    if total > 262 && data.get(257..262) == Some(b"ustar") {
+    if is_tar_header(data) {
         return Err(Error::new(
             ErrorKind::UnsupportedLayout,
             "pre-1.0 tar checkpoint layout (members `storages`, `tensors`, `pickle`) is \
@@ -273,8 +359,55 @@ mod tests {
         assert!(message(b"\x80\x02}q\x00.").contains("magic number"));
         assert!(message(b"\x01\x02\x03").contains("unknown format: 3 bytes starting with 01 02 03"));
         let mut tar = vec![0u8; 600];
+        tar[..7].copy_from_slice(b"storage");
         tar[257..262].copy_from_slice(b"ustar");
+        checksummed(&mut tar);
         assert!(message(&tar).contains("pre-1.0 tar"));
         assert_eq!(message(&LEGACY_MAGIC), "Legacy");
+    }
+
+    /// Write the checksum Python's tarfile writes (six octal digits, NUL,
+    /// space) into a header.
+    fn checksummed(block: &mut [u8]) {
+        block[148..156].fill(b' ');
+        let sum: u32 = block[..512].iter().map(|&b| u32::from(b)).sum();
+        block[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    }
+
+    /// A header is tar as Python's tarfile decides (torch.load asks it
+    /// first): by its checksum, with or without the `ustar` magic; the
+    /// magic alone is not enough, and all zeros is the end, not a header.
+    #[test]
+    fn tar_headers_are_told_by_their_checksum_as_tarfile_does() {
+        let mut v7 = vec![0u8; 512];
+        v7[..6].copy_from_slice(b"pickle");
+        checksummed(&mut v7);
+        assert!(is_tar_header(&v7), "a v7 header without the magic");
+        // Bytes that also read as a pickle: byte 0 is where a pickle starts.
+        let mut both = vec![0u8; 512];
+        both[..4].copy_from_slice(b"\x80\x02}.");
+        checksummed(&mut both);
+        assert!(is_tar_header(&both));
+        let mut magic_only = vec![0u8; 512];
+        magic_only[257..262].copy_from_slice(b"ustar");
+        assert!(!is_tar_header(&magic_only), "the magic without a checksum");
+        assert!(!is_tar_header(&[0u8; 512]));
+        assert!(!is_tar_header(&v7[..511]), "short");
+        // The field as Python's int() reads it: spaces, a sign,
+        // underscores; base-256.
+        assert_eq!(tar_number(b"  0644 \0"), Some(0o644));
+        assert_eq!(tar_number(b"+1_0\0\0\0\0"), Some(0o10));
+        assert_eq!(tar_number(b"\0       "), Some(0));
+        assert_eq!(tar_number(b"0_\0"), None);
+        assert_eq!(tar_number(b"9\0"), None);
+        assert_eq!(tar_number(b"\x80\0\0\0\0\0\x01\x02"), Some(258));
+        assert_eq!(tar_number(b"\xff\xff\xff\xff\xff\xff\xff\xff"), Some(-1));
+        // A checksum summed over signed bytes is accepted too.
+        let mut signed = vec![0u8; 512];
+        signed[..3].copy_from_slice(b"\xe9ab");
+        signed[148..156].fill(b' ');
+        let sum: i64 = signed.iter().map(|&b| i64::from(b as i8)).sum();
+        signed[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        assert!(is_tar_header(&signed));
     }
 }

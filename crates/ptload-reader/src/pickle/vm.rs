@@ -82,11 +82,13 @@ pub(crate) trait Interpreter {
     fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()>;
     /// PERSID / BINPERSID.
     fn persistent_load(&mut self, heap: &mut Heap, pid: Value) -> Result<Value>;
-    /// APPEND / APPENDS on `target`, an object the interpreter made (not a
-    /// list): Python calls `target.append(value)` for each value, or for
-    /// APPENDS `target.extend(values)` when it has one; the attribute is
-    /// looked up on the instance first. `methods` are the names looked up,
-    /// in order. By default nothing is recorded (the items are kept).
+    /// APPEND / APPENDS / SETITEM / SETITEMS on `target`, an object the
+    /// interpreter made (not a list or dict): for APPEND and APPENDS
+    /// Python calls `target.extend(values)` when it has one, else
+    /// `target.append(value)` for each value (looked up on the instance
+    /// first); for SETITEM(S) the type's `__setitem__`. `methods` are the
+    /// names looked up, in order. By default nothing is recorded (the
+    /// items are kept).
     fn method_call(
         &mut self,
         _heap: &mut Heap,
@@ -95,6 +97,15 @@ pub(crate) trait Interpreter {
         _values: &[Value],
     ) -> Result<()> {
         Ok(())
+    }
+    /// EXT1 / EXT2 / EXT4: the object `copyreg`'s extension registry holds
+    /// for `code` when the file is loaded (whatever was registered there,
+    /// by the process or by an earlier part of the same file). Refused by
+    /// default.
+    fn extension(&mut self, _heap: &mut Heap, _code: u32, _offset: u64) -> Result<Value> {
+        Err(pickle_err(
+            "extension registry codes (EXT1/2/4) are not supported",
+        ))
     }
 }
 
@@ -755,9 +766,11 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             b'a' => {
                 let v = self.pop()?;
                 let list = self.top()?;
+                // CPython's unpickler calls `extend` for APPEND too when
+                // the object has one (`append` otherwise).
                 if matches!(self.heap.get(list), Some(Obj::Object(_))) {
                     self.interp
-                        .method_call(self.heap, list, &["append"], &[v])?;
+                        .method_call(self.heap, list, &["extend", "append"], &[v])?;
                 }
                 self.heap
                     .append(list, &[v])
@@ -778,6 +791,10 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 let v = self.pop()?;
                 let k = self.pop()?;
                 let d = self.top()?;
+                if matches!(self.heap.get(d), Some(Obj::Object(_))) {
+                    self.interp
+                        .method_call(self.heap, d, &["__setitem__"], &[k, v])?;
+                }
                 self.heap
                     .set_item(d, k, v)
                     .map_err(|m| self.heap.container_error("SETITEM", m))?;
@@ -788,6 +805,10 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                     return Err(pickle_err("SETITEMS with an odd number of items"));
                 }
                 let d = self.top()?;
+                if matches!(self.heap.get(d), Some(Obj::Object(_))) {
+                    self.interp
+                        .method_call(self.heap, d, &["__setitem__"], &items)?;
+                }
                 for pair in items.chunks(2) {
                     if let [k, v] = pair {
                         self.heap
@@ -925,9 +946,14 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 self.push(v)?;
             }
             0x82..=0x84 => {
-                return Err(pickle_err(
-                    "extension registry codes (EXT1/2/4) are not supported",
-                ))
+                let offset = (self.r.pos() as u64).saturating_sub(1);
+                let code = match op {
+                    0x82 => u32::from(self.r.u8()?),
+                    0x83 => u32::from(self.r.u16()?),
+                    _ => self.r.u32()?,
+                };
+                let v = self.interp.extension(self.heap, code, offset)?;
+                self.push(v)?;
             }
             other => return Err(pickle_err(format!("unknown opcode {other:#04x}"))),
         }

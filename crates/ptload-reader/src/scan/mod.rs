@@ -108,6 +108,11 @@ pub enum Danger {
     Import,
     /// Reaches other callables: getattr-style gadgets, operator, functools.
     Gadget,
+    /// Changes the interpreter's own state: an item, element or attribute
+    /// set on a module's object (a registry, a cache, a list of hooks), so
+    /// that later code (the rest of the load, torch, the program) calls
+    /// what the file put there.
+    StateChange,
 }
 
 impl Danger {
@@ -120,6 +125,7 @@ impl Danger {
             Danger::Network => "network",
             Danger::Import => "import machinery",
             Danger::Gadget => "getattr-style gadget",
+            Danger::StateChange => "changes interpreter state",
         }
     }
 }
@@ -374,6 +380,132 @@ fn dangerous(module: &str, name: &str) -> Option<Danger> {
     .into_iter()
     .find_map(|(roots, danger)| root(roots).then_some(danger))
     .or_else(|| dangerous_gadget(module, name))
+}
+
+/// The public module `module.name` is also reached through: C
+/// accelerators (`_operator`, `_functools`, `_io`, `_pickle`, `_codecs`),
+/// `typing_extensions` for `typing`, and numpy's implementation modules
+/// (`numpy.lib._function_base_impl.vectorize` is `numpy.vectorize`) for
+/// the numpy callables the scanner names.
+fn public_module(module: &str, name: &str) -> Option<&'static str> {
+    match module {
+        "_operator" => Some("operator"),
+        "_functools" => Some("functools"),
+        "_io" => Some("io"),
+        "_pickle" => Some("pickle"),
+        "_codecs" => Some("codecs"),
+        "typing_extensions" => Some("typing"),
+        _ if module.starts_with("numpy.")
+            && matches!(
+                name,
+                "vectorize"
+                    | "frompyfunc"
+                    | "apply_along_axis"
+                    | "apply_over_axes"
+                    | "piecewise"
+                    | "load"
+                    | "loads"
+                    | "fromfile"
+                    | "save"
+                    | "savez"
+                    | "savez_compressed"
+                    | "savetxt"
+                    | "loadtxt"
+                    | "genfromtxt"
+            ) =>
+        {
+            Some("numpy")
+        }
+        _ => None,
+    }
+}
+
+/// What calling `name`, a callable the scanner does not know, does, as
+/// its words say (split at underscores and case changes): writes or
+/// removes files (`write_adjlist`, `save_state_dict`, `makedirs`,
+/// `create_archive`), runs a program (`main`, `run`, `exec`), starts a
+/// process (`spawn`, `popen`), or opens a connection (`UnixStreamServer`,
+/// `urlopen`). Only for callables the file calls: a class or function it
+/// merely names is judged by what it is, not by its name.
+pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
+    let words = words(name);
+    let has = |list: &[&str]| words.iter().any(|w| list.contains(&w.as_str()));
+    if has(&[
+        "system",
+        "popen",
+        "spawn",
+        "fork",
+        "shell",
+        "subprocess",
+        "launch",
+        "kill",
+    ]) {
+        Some(Danger::Process)
+    } else if has(&[
+        "eval",
+        "exec",
+        "execute",
+        "main",
+        "run",
+        "runpy",
+        "interpret",
+        "cli",
+    ]) {
+        Some(Danger::CodeExecution)
+    } else if has(&[
+        "server",
+        "client",
+        "socket",
+        "connect",
+        "connection",
+        "urlopen",
+        "download",
+        "upload",
+        "request",
+        "requests",
+        "sendmail",
+        "smtp",
+        "ftp",
+        "telnet",
+        "webhook",
+    ]) {
+        Some(Danger::Network)
+    } else if has(&[
+        "write", "writer", "save", "dump", "mkdir", "mkdirs", "makedirs", "remove", "unlink",
+        "rmtree", "rmdir", "rename", "copyfile", "copytree", "archive", "truncate", "chmod",
+        "chown", "symlink", "touch",
+    ]) {
+        Some(Danger::FileSystem)
+    } else {
+        None
+    }
+}
+
+/// The words of an identifier, lower-cased: split at `_`, `.` and digits,
+/// and where case changes (`UnixStreamServer`: unix, stream, server;
+/// `HTTPServer`: http, server).
+fn words(name: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for part in name.split(|c: char| c == '_' || c == '.' || c.is_ascii_digit()) {
+        let chars: Vec<char> = part.chars().collect();
+        let mut word = String::new();
+        for (i, &c) in chars.iter().enumerate() {
+            let prev = i.checked_sub(1).and_then(|j| chars.get(j)).copied();
+            let next = chars.get(i + 1).copied();
+            let boundary = c.is_uppercase()
+                && (prev.is_some_and(char::is_lowercase)
+                    || (prev.is_some_and(char::is_uppercase)
+                        && next.is_some_and(char::is_lowercase)));
+            if boundary && !word.is_empty() {
+                out.push(std::mem::take(&mut word));
+            }
+            word.extend(c.to_lowercase());
+        }
+        if !word.is_empty() {
+            out.push(word);
+        }
+    }
+    out
 }
 
 /// A builtin that runs code, opens files, imports, or reaches any object.
@@ -656,6 +788,14 @@ const KNOWN_ENUMS: &[(&str, &[&str])] = &[
         &["ShardingStrategy", "BackwardPrefetch", "StateDictType"],
     ),
     ("peft.utils.peft_types", &["PeftType", "TaskType"]),
+    (
+        "torch.distributed.checkpoint.metadata",
+        &["_MEM_FORMAT_ENCODING"],
+    ),
+    (
+        "transformers.generation.configuration_utils",
+        &["GenerationMode"],
+    ),
     ("re", &["RegexFlag"]),
     ("http", &["HTTPStatus", "HTTPMethod"]),
     (
@@ -770,6 +910,14 @@ fn known_data(module: &str, name: &str) -> bool {
             "Path" | "PurePath" | "PosixPath" | "WindowsPath" | "PurePosixPath" | "PureWindowsPath"
         ),
         "torch.jit._pickle" => TORCHSCRIPT_HELPERS.contains(&name),
+        // The result types of torch's functions (`Tensor.topk`'s): tuples
+        // with names, made from a sequence.
+        "torch.return_types" => !attribute_path(name),
+        // transformers' model outputs: dataclasses of tensors, made from
+        // their fields.
+        _ if module.starts_with("transformers.") && name.ends_with("Output") => {
+            !attribute_path(name)
+        }
         _ => false,
     }
 }
@@ -793,6 +941,15 @@ fn torch_mangle(segment: &str) -> bool {
 /// `module.name` pairs; any attribute path or dunder name outside them is
 /// a gadget, whatever module it starts from.
 pub fn classify(module: &str, name: &str) -> GlobalClass {
+    // A module's implementation under another name (`_operator` for
+    // `operator`, numpy's private `_impl` modules): classified as the
+    // public one when that one is known.
+    if let Some(public) = public_module(module, name) {
+        let known = classify(public, name);
+        if known != GlobalClass::Unknown {
+            return known;
+        }
+    }
     if let Some(d) = dangerous(module, name) {
         GlobalClass::Dangerous(d)
     } else if torch_allows(module, name) {

@@ -383,7 +383,10 @@ fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
     if head.starts_with(b"PK\x03\x04") {
         scan.report.layout = "zip";
         scan.zip_file(view);
-    } else if view.len() > 262 && head.get(257..262) == Some(b"ustar") {
+    } else if crate::container::is_tar_header(head) {
+        // torch.load tries `tarfile` first on any file that is no zip: a
+        // header its checksum makes valid (the `ustar` magic or not) is
+        // read as a pre-1.0 tar checkpoint, whatever its bytes also are.
         scan.report.layout = "tar";
         if let Some(all) = view.get(0..view.len()) {
             scan.tar(all);
@@ -497,6 +500,7 @@ impl Scanner<'_> {
         let mut recorder = Recorder::default();
         let outcome = self.vm.run(&mut heap, &mut recorder, data, start);
         recorder.settle_lookups();
+        recorder.settle_effects();
         let parent = source.to_string();
         if self.vm.frame_crossed {
             // CPython's C unpickler and its Python one read different
@@ -790,9 +794,10 @@ impl Scanner<'_> {
         // A TorchScript archive (it has `constants.pkl`): torch.load hands it
         // to torch.jit.load, which compiles the archive's `code/` and runs
         // it (a scripted `__setstate__` on load). Its ops are TorchScript's,
-        // not Python's; the one that reaches the file system, `from_file`
-        // (it creates the file it maps when asked to share), is reported
-        // as a call of `torch.from_file` in that record.
+        // not Python's; those that reach the file system, `from_file` (it
+        // creates the file it maps when asked to share) and `save` (it
+        // writes one), are reported as calls of `torch.from_file` and
+        // `torch.save` in that record.
         let torchscript = prefix
             .as_ref()
             .is_some_and(|p| reachable && archive.get(&format!("{p}/constants.pkl")).is_some());
@@ -804,10 +809,13 @@ impl Scanner<'_> {
     }
 
     /// The `code/` records of a TorchScript archive, searched for the ops
-    /// that reach outside the process (`from_file`).
+    /// that reach outside the process (`from_file`, `save`). torch finds
+    /// records by name without regard to case (`CODE/__torch__.PY` is
+    /// the code too).
     fn torchscript_code(&mut self, data: FileView<'_>, archive: &Archive<'_>, budget: &mut u64) {
         for entry in archive.entries() {
-            let code = entry.name.contains("/code/") && entry.name.ends_with(".py");
+            let name = entry.name.to_ascii_lowercase();
+            let code = name.contains("/code/") && name.ends_with(".py");
             if !code || entry.encrypted {
                 continue;
             }
@@ -818,20 +826,34 @@ impl Scanner<'_> {
                 ));
                 continue;
             };
-            let Some(at) = find(&bytes, b"from_file") else {
+            // The op as TorchScript's serialized code names it: `from_file`
+            // as a method of `torch`, `save` as `torch.save` or its aten op.
+            let found = [
+                ("from_file", &b"from_file"[..]),
+                ("save", &b"torch.save("[..]),
+                ("save", &b"aten.save"[..]),
+                ("save", &b"aten::save"[..]),
+            ];
+            let globals: Vec<GlobalUse> = found
+                .iter()
+                .filter_map(|&(op, text)| {
+                    find(&bytes, text).map(|at| GlobalUse {
+                        module: "torch".into(),
+                        name: op.into(),
+                        offset: at as u64,
+                        usage: Usage::Called,
+                        class: crate::scan::classify("torch", op),
+                    })
+                })
+                .collect();
+            if globals.is_empty() {
                 continue;
-            };
+            }
             self.report.pickles.push(ScannedPickle {
                 source: PickleSource::Entry(entry.name.to_owned()),
                 reachable: true,
                 base: None,
-                globals: vec![GlobalUse {
-                    module: "torch".into(),
-                    name: "from_file".into(),
-                    offset: at as u64,
-                    usage: Usage::Called,
-                    class: crate::scan::classify("torch", "from_file"),
-                }],
+                globals,
                 complete: true,
                 error: None,
             });
@@ -1329,6 +1351,43 @@ struct Recorder {
     /// By global: whether every call of it so far had one constant for
     /// its arguments (a candidate for [`Usage::LookedUp`]).
     lookups: HashMap<usize, bool>,
+    /// What an object was given besides its items: the arguments of its
+    /// constructor (NEWOBJ, or the call of a class ptload does not know)
+    /// and each BUILD's state. Walked (see [`Recorder::walk`]) when the
+    /// unpickler calls a method of the object.
+    held: HashMap<ObjId, Vec<Value>>,
+}
+
+/// How many levels below an object [`Recorder::walk`] looks: an item of
+/// an attribute of an attribute (a policy object's attribute, a module's
+/// `_modules` entry, a `UserDict`'s `data`).
+const WALK_DEPTH: usize = 4;
+
+/// Most values one walk visits (each charged as work).
+const WALK_VISITS: usize = 4096;
+
+/// Classes the scanner does not know whose `__setitem__`, `append` and
+/// `extend` store what they are given and call nothing the object holds:
+/// mappings and sequences of torch, Lightning and transformers that
+/// checkpoints hold.
+fn plain_container(module: &str, name: &str) -> bool {
+    matches!(
+        (module, name),
+        ("collections", "UserDict" | "UserList")
+            | (
+                "torch.nn.modules.container",
+                "ModuleDict" | "ModuleList" | "ParameterDict" | "ParameterList" | "Sequential"
+            )
+            | (
+                "pytorch_lightning.utilities.parsing"
+                    | "lightning.pytorch.utilities.parsing"
+                    | "lightning.fabric.utilities.data"
+                    | "lightning_fabric.utilities.data",
+                "AttributeDict"
+            )
+            | ("transformers.tokenization_utils_base", "BatchEncoding")
+            | ("transformers.feature_extraction_utils", "BatchFeature")
+    ) || (module.starts_with("transformers.") && name.ends_with("Output"))
 }
 
 /// The methods the unpickler calls on an object the pickle made: APPEND
@@ -1376,6 +1435,19 @@ impl Recorder {
         }
     }
 
+    /// Once the pickle has run: a callable the scanner does not know that
+    /// the file calls (not a lookup) is at the level its name says it
+    /// acts at ([`super::dangerous_when_called`]).
+    fn settle_effects(&mut self) {
+        for u in &mut self.globals {
+            if u.usage == Usage::Called && u.class == GlobalClass::Unknown {
+                if let Some(d) = super::dangerous_when_called(&u.name) {
+                    u.class = GlobalClass::Dangerous(d);
+                }
+            }
+        }
+    }
+
     fn inert(&mut self, heap: &mut Heap, origin: Option<Origin>) -> Result<Value> {
         let v = heap.alloc(Obj::Object(Box::new(Object {
             class: Value::None,
@@ -1402,6 +1474,30 @@ impl Recorder {
             Some(Origin::Global(i)) => Some(i),
             _ => None,
         }
+    }
+
+    /// The functions and classes (bare globals) and wrappers among
+    /// `values` and their members one level down (a tuple, list or dict
+    /// passed in).
+    fn callables_among(&self, heap: &Heap, values: &[Value]) -> Result<Vec<Value>> {
+        let callable = |v: Value| {
+            matches!(self.origin(v), Some(Origin::Global(_)))
+                || matches!(v, Value::Obj(id) if self.wrapped.contains_key(&id))
+        };
+        let mut found = Vec::new();
+        for &v in values {
+            if callable(v) {
+                found.push(v);
+                continue;
+            }
+            let members = match heap.dict(v) {
+                Some(d) => d.entries().iter().map(|&(_, x)| x).collect(),
+                None => heap.members(v).unwrap_or_default(),
+            };
+            heap.charge_work(members.len() as u64)?;
+            found.extend(members.into_iter().filter(|&m| callable(m)));
+        }
+        Ok(found)
     }
 
     /// The origin of the first of `values`, or of their members one level
@@ -1508,6 +1604,121 @@ impl Recorder {
         if let Value::Obj(id) = made {
             self.wrapped.entry(id).or_default().push(func);
         }
+    }
+
+    /// `obj` was given `v` (constructor arguments, a BUILD state).
+    fn hold(&mut self, obj: Value, v: Value) {
+        if let Value::Obj(id) = obj {
+            self.held.entry(id).or_default().push(v);
+        }
+    }
+
+    /// Visit what `start` holds, breadth first, at most [`WALK_DEPTH`]
+    /// levels down and [`WALK_VISITS`] values: a container's members, an
+    /// object's items and elements, and what it was given ([`hold`]);
+    /// `visit` gets each value with the key it is stored under, when that
+    /// is a string. Never recursive; each visit charged as work.
+    fn walk(
+        &self,
+        heap: &Heap,
+        start: Value,
+        mut visit: impl FnMut(Option<&str>, Value),
+    ) -> Result<()> {
+        let mut queue = std::collections::VecDeque::from([(start, 0usize)]);
+        let mut seen = HashSet::new();
+        let mut visits = 0usize;
+        while let Some((v, depth)) = queue.pop_front() {
+            let Value::Obj(id) = v else {
+                continue;
+            };
+            if depth >= WALK_DEPTH || !seen.insert(id) {
+                continue;
+            }
+            let mut below: Vec<(Option<&str>, Value)> = Vec::new();
+            match heap.get(v) {
+                Some(Obj::Dict(d)) => {
+                    below.extend(d.entries().iter().map(|&(k, x)| (heap.str(k), x)));
+                }
+                Some(Obj::Object(o)) => {
+                    below.extend(o.items.entries().iter().map(|&(k, x)| (heap.str(k), x)));
+                    below.extend(o.list.iter().map(|&x| (None, x)));
+                }
+                _ => {
+                    if let Some(members) = heap.members(v) {
+                        below.extend(members.into_iter().map(|x| (None, x)));
+                    }
+                }
+            }
+            if let Some(given) = self.held.get(&id) {
+                below.extend(given.iter().map(|&x| (None, x)));
+            }
+            heap.charge_work(below.len() as u64 + 1)?;
+            for (key, x) in below {
+                visits += 1;
+                if visits > WALK_VISITS {
+                    return Ok(());
+                }
+                visit(key, x);
+                queue.push_back((x, depth + 1));
+            }
+        }
+        Ok(())
+    }
+
+    /// The values stored under any of `names` in what `obj` holds: an
+    /// instance attribute BUILD set, or an item a class's `__getattr__`
+    /// answers attribute lookups with (a dict subclass's items, a
+    /// `UserDict`'s `data`, a module's `_modules`).
+    fn held_by_name(&self, heap: &Heap, obj: Value, names: &[&str]) -> Result<Vec<Value>> {
+        let mut found = Vec::new();
+        self.walk(heap, obj, |key, v| {
+            if key.is_some_and(|k| names.contains(&k)) {
+                found.push(v);
+            }
+        })?;
+        Ok(found)
+    }
+
+    /// The callables `obj` holds: globals (functions, classes) and
+    /// wrappers of them, anywhere [`walk`](Self::walk) reaches.
+    fn held_callables(&self, heap: &Heap, obj: Value) -> Result<Vec<Value>> {
+        let mut found = Vec::new();
+        self.walk(heap, obj, |_, v| {
+            let wrapper = matches!(v, Value::Obj(id) if self.wrapped.contains_key(&id));
+            if wrapper || matches!(self.origin(v), Some(Origin::Global(_))) {
+                found.push(v);
+            }
+        })?;
+        Ok(found)
+    }
+
+    /// Whether an instance of global `g` stores what its `__setitem__`,
+    /// `append` or `extend` are given and calls nothing else: a class the
+    /// scanner knows as data or tensor machinery, or a known container.
+    fn plain(&self, g: usize) -> bool {
+        self.globals.get(g).is_some_and(|u| {
+            matches!(u.class, GlobalClass::Tensor | GlobalClass::Data)
+                || plain_container(&u.module, &u.name)
+        })
+    }
+
+    /// `type(name, bases, namespace)` through global `g`: a class whose
+    /// methods are what the file put in the namespace; Python calls its
+    /// dunders itself (`__setstate__` on BUILD, `__init__` when called,
+    /// `__lt__` in `sorted`, `__hash__`...): a gadget, each value called.
+    fn makes_class(&mut self, heap: &Heap, g: usize, namespace: Value) -> Result<()> {
+        if let Some(u) = self.globals.get_mut(g) {
+            u.class = GlobalClass::Dangerous(Danger::Gadget);
+        }
+        let values: Vec<Value> = heap
+            .dict(namespace)
+            .map(|d| d.entries().iter().map(|&(_, v)| v).collect())
+            .unwrap_or_default();
+        heap.charge_work(values.len() as u64)?;
+        for v in values {
+            self.calls(heap, v)?;
+        }
+        Ok(())
     }
 }
 
@@ -1625,6 +1836,19 @@ impl Interpreter for Recorder {
                 if lookup && before != Some(false) {
                     self.lookups.insert(g, true);
                 }
+                // A callable the scanner does not know, given functions or
+                // classes (or wrappers of them): it may call them (a
+                // worker's initializer, a cleanup, a `nodetype`, a mapped
+                // function).
+                let unknown = self
+                    .globals
+                    .get(g)
+                    .is_some_and(|u| u.class == GlobalClass::Unknown);
+                if unknown {
+                    for c in self.callables_among(heap, &items)? {
+                        self.calls(heap, c)?;
+                    }
+                }
                 // What comes out: an instance of the class a constructor is
                 // given (so that calling it, or its `__new__`, counts against
                 // that class), else something the callable made.
@@ -1694,17 +1918,7 @@ impl Interpreter for Recorder {
                         // (`type(x)`, one argument, as `type(None)` pickles,
                         // is not.)
                         if makes_class {
-                            if let Some(u) = self.globals.get_mut(g) {
-                                u.class = GlobalClass::Dangerous(Danger::Gadget);
-                            }
-                            let values: Vec<Value> = heap
-                                .dict(arg(2))
-                                .map(|d| d.entries().iter().map(|&(_, v)| v).collect())
-                                .unwrap_or_default();
-                            heap.charge_work(values.len() as u64)?;
-                            for v in values {
-                                self.calls(heap, v)?;
-                            }
+                            self.makes_class(heap, g, arg(2))?;
                         }
                         if let Some(o) = self.origin_within(heap, &items)? {
                             return self.inert(heap, Some(o));
@@ -1712,7 +1926,17 @@ impl Interpreter for Recorder {
                     }
                     _ => {}
                 }
-                self.inert(heap, Some(Origin::Made(made)))
+                let made_value = self.inert(heap, Some(Origin::Made(made)))?;
+                // What a class the scanner does not know was given: its
+                // methods may call it later.
+                let unknown = self
+                    .globals
+                    .get(made)
+                    .is_some_and(|u| u.class == GlobalClass::Unknown);
+                if unknown {
+                    self.hold(made_value, args);
+                }
+                Ok(made_value)
             }
             // Calling an instance runs its class's `__call__` (a partial's
             // function).
@@ -1728,12 +1952,25 @@ impl Interpreter for Recorder {
         match self.origin(cls) {
             Some(Origin::Global(g)) => {
                 self.mark(Some(g), Usage::Instantiated);
+                // `type.__new__(type, name, bases, namespace)`: a class, as
+                // `type(name, bases, namespace)` makes one.
+                let path = self.path_of(cls);
+                let three = heap
+                    .tuple(args)
+                    .filter(|a| a.len() == 3)
+                    .map(<[Value]>::to_vec);
+                if matches!(path, Some(("builtins" | "__builtin__", "type"))) {
+                    if let Some(items) = three {
+                        self.makes_class(heap, g, items.get(2).copied().unwrap_or(Value::None))?;
+                    }
+                }
                 let made = self.inert(heap, Some(Origin::Made(g)))?;
                 // `partial.__new__(partial, func, ...)` holds `func`.
                 if self.path_of(cls) == Some(("functools", "partial")) {
                     let func = heap.tuple(args).and_then(|a| a.first().copied());
                     self.wrap(made, func.unwrap_or(Value::None));
                 }
+                self.hold(made, args);
                 Ok(made)
             }
             // `instance.__new__`: whatever made the instance runs again.
@@ -1752,6 +1989,21 @@ impl Interpreter for Recorder {
     }
 
     fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()> {
+        // BUILD looks `__setstate__` up on the instance: an attribute an
+        // earlier BUILD set, or an item its class's `__getattr__` answers
+        // with (a dict subclass, a `UserDict`, a module's `_modules`).
+        if let Some(Origin::Made(g)) = self.origin(obj) {
+            let found = self.held_by_name(heap, obj, &["__setstate__"])?;
+            if !found.is_empty() {
+                if let Some(u) = self.globals.get_mut(g) {
+                    u.class = GlobalClass::Dangerous(Danger::Gadget);
+                }
+            }
+            for v in found {
+                self.calls(heap, v)?;
+            }
+        }
+        self.hold(obj, state);
         self.note_methods(heap, obj, state)?;
         match self.origin(obj) {
             // BUILD fills the instance: its class's `__setstate__` (code
@@ -1871,24 +2123,77 @@ impl Interpreter for Recorder {
         heap: &mut Heap,
         target: Value,
         methods: &[&str],
-        _values: &[Value],
+        values: &[Value],
     ) -> Result<()> {
-        // The first of `methods` the instance has an attribute for is
-        // what Python calls: whatever BUILD put there is called. Without
-        // one, the class's own method runs (code of the class, which
-        // making the instance already reported).
-        let Value::Obj(id) = target else {
-            return Ok(());
-        };
-        let found = self.methods.get(&id).and_then(|attrs| {
-            methods
-                .iter()
-                .find_map(|m| attrs.iter().rev().find(|(k, _)| k == m).map(|&(_, v)| v))
-        });
-        if let Some(v) = found {
-            self.calls(heap, v)?;
+        match self.origin(target) {
+            // An item or element put into a module's own object (a
+            // registry, a cache, a list of hooks): the interpreter's state
+            // changed, and whatever was put there is called by the code
+            // that reads it.
+            Some(Origin::Global(g)) => {
+                if let Some(u) = self.globals.get_mut(g) {
+                    u.class = GlobalClass::Dangerous(Danger::StateChange);
+                }
+                for &v in values {
+                    self.calls(heap, v)?;
+                    for c in self.held_callables(heap, v)? {
+                        self.calls(heap, c)?;
+                    }
+                }
+            }
+            Some(Origin::Made(g)) => {
+                // `extend` and `append` are looked up on the instance: an
+                // attribute BUILD set, or what the class's `__getattr__`
+                // answers with, is what Python calls. (`__setitem__` goes
+                // through the type.)
+                let by_name: Vec<&str> = methods
+                    .iter()
+                    .copied()
+                    .filter(|m| !m.starts_with("__"))
+                    .collect();
+                let mut called = if by_name.is_empty() {
+                    Vec::new()
+                } else {
+                    self.held_by_name(heap, target, &by_name)?
+                };
+                if let Value::Obj(id) = target {
+                    if let Some(attrs) = self.methods.get(&id) {
+                        called.extend(
+                            attrs
+                                .iter()
+                                .filter(|(k, _)| by_name.contains(&k.as_str()))
+                                .map(|&(_, v)| v),
+                        );
+                    }
+                }
+                // A class the scanner does not know runs its own method,
+                // with everything the object holds at hand.
+                if !self.plain(g) {
+                    called.extend(self.held_callables(heap, target)?);
+                }
+                for v in called {
+                    self.calls(heap, v)?;
+                }
+            }
+            None => {}
         }
         Ok(())
+    }
+
+    fn extension(&mut self, heap: &mut Heap, code: u32, offset: u64) -> Result<Value> {
+        // Whatever `copyreg`'s extension registry holds for the code when
+        // the file is loaded: nothing in the file says what that is (an
+        // earlier part of it may have registered it).
+        let v = self.global(
+            heap,
+            "copyreg",
+            &format!("_inverted_registry[{code}]"),
+            offset,
+        )?;
+        if let Some(g) = self.global_index(v).and_then(|i| self.globals.get_mut(i)) {
+            g.class = GlobalClass::Dangerous(Danger::Gadget);
+        }
+        Ok(v)
     }
 
     fn persistent_load(&mut self, heap: &mut Heap, pid: Value) -> Result<Value> {
