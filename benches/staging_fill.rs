@@ -100,14 +100,18 @@ fn fill(mode: &str, path: &str, workers: usize) -> f64 {
                     }
                     let n = RUN.min(len - start);
                     match mode {
-                        "pread" => f.read_exact_at(&mut buf.0[..n], start as u64).expect("pread"),
+                        "pread" => f
+                            .read_exact_at(&mut buf.0[..n], start as u64)
+                            .expect("pread"),
                         "pread+willneed" => {
                             willneed(run + depth);
-                            f.read_exact_at(&mut buf.0[..n], start as u64).expect("pread");
+                            f.read_exact_at(&mut buf.0[..n], start as u64)
+                                .expect("pread");
                         }
                         "pread+madvise" => {
                             willneed_map(run + depth);
-                            f.read_exact_at(&mut buf.0[..n], start as u64).expect("pread");
+                            f.read_exact_at(&mut buf.0[..n], start as u64)
+                                .expect("pread");
                         }
                         "direct" => {
                             // Whole blocks: the last run reads up to the
@@ -147,11 +151,22 @@ fn main() {
     let workers: usize = args.get(2).and_then(|w| w.parse().ok()).unwrap_or(4);
     let len = std::fs::metadata(path).expect("file").len() as f64;
     let cold_only = args.get(3).is_some_and(|a| a == "cold");
-    let caches: &[&str] = if cold_only { &["cold"] } else { &["warm", "cold"] };
+    let caches: &[&str] = if cold_only {
+        &["cold"]
+    } else {
+        &["warm", "cold"]
+    };
     let modes: &[&str] = if cold_only {
         &["pread", "pread+madvise", "direct"]
     } else {
-        &["map", "map+sequential", "pread", "pread+willneed", "pread+madvise", "direct"]
+        &[
+            "map",
+            "map+sequential",
+            "pread",
+            "pread+willneed",
+            "pread+madvise",
+            "direct",
+        ]
     };
     for &cache in caches {
         for &mode in modes {
