@@ -1653,12 +1653,122 @@ fn callables_without_an_entry_are_judged_by_what_they_are_given_and_named() {
             pickle(&[b"ctorch.return_types\ntopk\n)\x85R"]),
             Clean,
         ),
+        (
+            "a class made by a metaclass",
+            pickle(&[
+                b"cabc\nABCMeta\n",
+                &s("C"),
+                b")}",
+                &s("__del__"),
+                b"csomepkg\nfrob\ns\x87\x81",
+            ]),
+            Dangerous,
+        ),
+        (
+            "a map made by NEWOBJ calls its function",
+            pickle(&[b"cbuiltins\nmap\ncsomepkg\nfrob\n]\x86\x81"]),
+            UnknownCall,
+        ),
+        (
+            "a class patched through type(instance)",
+            pickle(&[
+                b"cbuiltins\ntype\ncsomepkg\nThing\n)\x81\x85R}",
+                &s("update"),
+                b"csomepkg\nfrob\nsb",
+            ]),
+            Dangerous,
+        ),
+        (
+            "a bound method of an instance (a module's hook)",
+            pickle(&[
+                b"cbuiltins\ngetattr\ncsomepkg\nThing\n)\x81",
+                &s("hook"),
+                b"\x86R",
+            ]),
+            NeedsCode,
+        ),
+        (
+            "getattr of a module's attribute stays a gadget",
+            pickle(&[b"cbuiltins\ngetattr\ncos\npath\n", &s("join"), b"\x86R"]),
+            Dangerous,
+        ),
+        (
+            "APPENDS on a module list holding a function",
+            pickle(&[
+                b"ctorch.nn.modules.container\nModuleList\n)\x81}",
+                &s("add_module"),
+                b"csomepkg\nfrob\nsb(K\x01e",
+            ]),
+            UnknownCall,
+        ),
+        (
+            "a payload after a lone surrogate",
+            pickle(&[b"X\x03\x00\x00\x00\xed\xa0\x800csomepkg\nwrite_it\n)R"]),
+            Dangerous,
+        ),
     ];
     for (what, bytes, verdict) in cases {
         let report = scan_bytes(&bytes, &Limits::default());
         assert!(report.pickles[0].complete, "{what}: {report:#?}");
         assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
     }
+}
+
+/// A tar member that is a link is read as Python's tarfile reads it: a
+/// hard or symbolic link to another member is that member's data; one to
+/// a path outside the archive is ambiguous (torch reads whatever is there
+/// when the file is loaded).
+#[test]
+fn tar_links_are_followed_as_tarfile_follows_them() {
+    use ptload_reader::scan::scan_bytes;
+    fn header(name: &str, size: usize, kind: u8, link: &str) -> Vec<u8> {
+        let mut h = vec![0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..108].copy_from_slice(b"0000644\0");
+        h[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
+        h[156] = kind;
+        h[157..157 + link.len()].copy_from_slice(link.as_bytes());
+        h[148..156].fill(b' ');
+        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        h
+    }
+    fn tar(members: &[(&str, u8, &str, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, kind, link, data) in members {
+            out.extend(header(name, data.len(), *kind, link));
+            out.extend_from_slice(data);
+            out.resize(out.len().div_ceil(512) * 512, 0);
+        }
+        out.extend(vec![0u8; 1024]);
+        out
+    }
+    let payload: &[u8] = b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R.";
+    let empty: &[u8] = b"\x80\x02}.";
+    for (what, kind, link) in [
+        ("hard link", b'1', "other"),
+        ("symbolic link", b'2', "./other"),
+    ] {
+        let file = tar(&[
+            ("other", b'0', "", payload),
+            ("sys_info", b'0', "", empty),
+            ("pickle", kind, link, b""),
+        ]);
+        let report = scan_bytes(&file, &Limits::default());
+        assert_eq!(report.layout, "tar", "{what}");
+        assert_eq!(report.verdict(), Dangerous, "{what}: {report:#?}");
+    }
+    let outside = tar(&[
+        ("sys_info", b'0', "", empty),
+        ("storages", b'2', "/proc/self/fd/3", b""),
+        ("pickle", b'0', "", empty),
+    ]);
+    let report = scan_bytes(&outside, &Limits::default());
+    assert_eq!(report.verdict(), Ambiguous, "{report:#?}");
+    assert!(report
+        .ambiguities
+        .iter()
+        .any(|a| a.what.contains("/proc/self/fd/3")));
 }
 
 /// `OpenOptions::refuse_at`: the open follows the scanner's verdict,

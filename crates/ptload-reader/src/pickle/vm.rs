@@ -223,6 +223,11 @@ pub(crate) struct Vm<'l> {
     pub(crate) read_short_frames: bool,
     /// Whether the last run met such a FRAME.
     pub(crate) frame_short: bool,
+    /// With this set (the scanner), text holding lone surrogates, which
+    /// Python's unpickler accepts (BINUNICODE's `surrogatepass`, UNICODE's
+    /// `\ud800` escapes) and Rust strings cannot hold, is read with each
+    /// surrogate as U+FFFD instead of refused, so what follows is seen.
+    pub(crate) lone_surrogates: bool,
     /// Set by another thread to stop the run ([`crate::OpenOptions::cancel`]).
     pub(crate) cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
@@ -244,6 +249,7 @@ struct Machine<'a, 'h, I> {
     /// See `Vm::read_short_frames` and `Vm::frame_short`.
     read_short_frames: bool,
     frame_short: bool,
+    lone_surrogates: bool,
     protocol: Option<u8>,
     binary_seen: bool,
     encoding: StringEncoding,
@@ -260,6 +266,7 @@ impl<'l> Vm<'l> {
             frame_crossed: false,
             read_short_frames: false,
             frame_short: false,
+            lone_surrogates: false,
             cancel: None,
         }
     }
@@ -290,6 +297,7 @@ impl<'l> Vm<'l> {
             frame_crossed: false,
             read_short_frames: self.read_short_frames,
             frame_short: false,
+            lone_surrogates: self.lone_surrogates,
             protocol: None,
             binary_seen: false,
             encoding: self.encoding,
@@ -439,9 +447,17 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
     }
 
     fn push_str(&mut self, bytes: &[u8]) -> Result<()> {
-        let s = std::str::from_utf8(bytes)
-            .map_err(|e| pickle_err(format!("invalid UTF-8 in string: {e}")))?;
-        self.push_new(|h| h.alloc_str(s))
+        match std::str::from_utf8(bytes) {
+            Ok(s) => self.push_new(|h| h.alloc_str(s)),
+            Err(e) => {
+                let s = self
+                    .lone_surrogates
+                    .then(|| surrogates_replaced(bytes))
+                    .flatten()
+                    .ok_or_else(|| pickle_err(format!("invalid UTF-8 in string: {e}")))?;
+                self.push_new(|h| h.alloc_str(&s))
+            }
+        }
     }
 
     fn push_py2_str(&mut self, bytes: Vec<u8>) -> Result<()> {
@@ -676,7 +692,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             }
             b'V' => {
                 let line = self.r.line()?;
-                let s = raw_unicode_escape_decode(line)?;
+                let s = raw_unicode_escape_decode(line, self.lone_surrogates)?;
                 self.push_new(|h| h.alloc_str(&s))?;
             }
             b'X' => {
@@ -1107,8 +1123,37 @@ fn escape_decode(input: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Python's `raw_unicode_escape` decoding (the UNICODE opcode).
-fn raw_unicode_escape_decode(input: &[u8]) -> Result<String> {
+/// UTF-8 as Python's `surrogatepass` reads it (BINUNICODE): an encoded
+/// surrogate (`ED A0..BF 80..BF`) is a character Rust strings cannot
+/// hold, here U+FFFD; any other invalid byte is refused (`None`), as
+/// Python refuses it.
+fn surrogates_replaced(mut bytes: &[u8]) -> Option<String> {
+    let mut out = String::with_capacity(bytes.len());
+    loop {
+        match std::str::from_utf8(bytes) {
+            Ok(s) => {
+                out.push_str(s);
+                return Some(out);
+            }
+            Err(e) => {
+                let (good, rest) = bytes.split_at(e.valid_up_to());
+                out.push_str(std::str::from_utf8(good).ok()?);
+                match rest {
+                    [0xed, 0xa0..=0xbf, 0x80..=0xbf, tail @ ..] => {
+                        out.push(char::REPLACEMENT_CHARACTER);
+                        bytes = tail;
+                    }
+                    _ => return None,
+                }
+            }
+        }
+    }
+}
+
+/// Python's `raw_unicode_escape` decoding (the UNICODE opcode); with
+/// `lone_surrogates`, a `\uD800`-style escape is U+FFFD instead of an
+/// error.
+fn raw_unicode_escape_decode(input: &[u8], lone_surrogates: bool) -> Result<String> {
     let mut out = String::with_capacity(input.len());
     let mut i = 0;
     while let Some(&b) = input.get(i) {
@@ -1131,7 +1176,12 @@ fn raw_unicode_escape_decode(input: &[u8]) -> Result<String> {
                 .get(start..start + width)
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u32::from_str_radix(h, 16).ok())
-                .and_then(char::from_u32)
+                .and_then(|c| match char::from_u32(c) {
+                    None if lone_surrogates && (0xd800..=0xdfff).contains(&c) => {
+                        Some(char::REPLACEMENT_CHARACTER)
+                    }
+                    other => other,
+                })
                 .ok_or_else(|| pickle_err("invalid \\u escape in UNICODE"))?;
             out.push(code);
             i = start + width;
@@ -1257,8 +1307,29 @@ mod tests {
     fn escapes() {
         assert_eq!(escape_decode(br"a\nb\x41\101\\\'"), b"a\nbAA\\'".to_vec());
         assert_eq!(
-            raw_unicode_escape_decode(br"caf\u00e9 \\u").ok().as_deref(),
+            raw_unicode_escape_decode(br"caf\u00e9 \\u", false)
+                .ok()
+                .as_deref(),
             Some("caf\u{e9} \\\\u")
         );
+        // A lone surrogate: refused where strings must be Rust's, a
+        // replacement character for the scanner (Python takes it).
+        assert!(raw_unicode_escape_decode(br"a\ud800b", false).is_err());
+        assert_eq!(
+            raw_unicode_escape_decode(br"a\ud800b", true)
+                .ok()
+                .as_deref(),
+            Some("a\u{fffd}b")
+        );
+    }
+
+    #[test]
+    fn surrogatepass_utf8_reads_encoded_surrogates_only() {
+        assert_eq!(
+            surrogates_replaced(b"a\xed\xa0\x80b\xc3\xa9").as_deref(),
+            Some("a\u{fffd}b\u{e9}")
+        );
+        assert_eq!(surrogates_replaced(b"a\xffb"), None);
+        assert_eq!(surrogates_replaced(b"a\xed\xa0"), None);
     }
 }

@@ -428,9 +428,7 @@ fn public_module(module: &str, name: &str) -> Option<&'static str> {
 /// `urlopen`). Only for callables the file calls: a class or function it
 /// merely names is judged by what it is, not by its name.
 pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
-    let words = words(name);
-    let has = |list: &[&str]| words.iter().any(|w| list.contains(&w.as_str()));
-    if has(&[
+    const PROCESS: &[&str] = &[
         "system",
         "popen",
         "spawn",
@@ -439,20 +437,21 @@ pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
         "subprocess",
         "launch",
         "kill",
-    ]) {
-        Some(Danger::Process)
-    } else if has(&[
+    ];
+    const CODE: &[&str] = &[
         "eval",
+        "evaluate",
         "exec",
         "execute",
+        "compile",
         "main",
         "run",
         "runpy",
         "interpret",
         "cli",
-    ]) {
-        Some(Danger::CodeExecution)
-    } else if has(&[
+        "atexit",
+    ];
+    const NETWORK: &[&str] = &[
         "server",
         "client",
         "socket",
@@ -468,17 +467,45 @@ pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
         "ftp",
         "telnet",
         "webhook",
-    ]) {
-        Some(Danger::Network)
-    } else if has(&[
-        "write", "writer", "save", "dump", "mkdir", "mkdirs", "makedirs", "remove", "unlink",
-        "rmtree", "rmdir", "rename", "copyfile", "copytree", "archive", "truncate", "chmod",
-        "chown", "symlink", "touch",
-    ]) {
-        Some(Danger::FileSystem)
-    } else {
-        None
-    }
+        "url",
+    ];
+    const FILES: &[&str] = &[
+        "write",
+        "writer",
+        "save",
+        "dump",
+        "mkdir",
+        "mkdirs",
+        "makedirs",
+        "remove",
+        "unlink",
+        "rmtree",
+        "rmdir",
+        "rename",
+        "copy",
+        "copyfile",
+        "copytree",
+        "archive",
+        "truncate",
+        "chmod",
+        "chown",
+        "symlink",
+        "touch",
+        "dir",
+        "directory",
+        "folder",
+        "export",
+    ];
+    let words = words(name);
+    let has = |list: &[&str]| words.iter().any(|w| list.contains(&w.as_str()));
+    [
+        (PROCESS, Danger::Process),
+        (CODE, Danger::CodeExecution),
+        (NETWORK, Danger::Network),
+        (FILES, Danger::FileSystem),
+    ]
+    .into_iter()
+    .find_map(|(list, danger)| has(list).then_some(danger))
 }
 
 /// The words of an identifier, lower-cased: split at `_`, `.` and digits,
@@ -910,6 +937,14 @@ fn known_data(module: &str, name: &str) -> bool {
             "Path" | "PurePath" | "PosixPath" | "WindowsPath" | "PurePosixPath" | "PureWindowsPath"
         ),
         "torch.jit._pickle" => TORCHSCRIPT_HELPERS.contains(&name),
+        // A lazy module's parameters and buffers, and a jagged nested
+        // tensor's rebuild: torch's own tensor machinery.
+        "torch.nn.parameter" => matches!(name, "UninitializedParameter" | "UninitializedBuffer"),
+        "torch.nested._internal.nested_tensor" => name == "_rebuild_njt",
+        // numpy 2's variable-width strings: the dtype's arguments.
+        "numpy._core._internal" | "numpy.core._internal" => {
+            name == "_convert_to_stringdtype_kwargs"
+        }
         // The result types of torch's functions (`Tensor.topk`'s): tuples
         // with names, made from a sequence.
         "torch.return_types" => !attribute_path(name),

@@ -350,6 +350,7 @@ pub fn scan_url(url: &str, limits: &Limits) -> Result<(ScanReport, (u64, u64))> 
 fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
     let mut vm = Vm::new(limits, StringEncoding::Bytes);
     vm.read_short_frames = true;
+    vm.lone_surrogates = true;
     let mut scan = Scanner {
         limits,
         vm,
@@ -826,18 +827,13 @@ impl Scanner<'_> {
                 ));
                 continue;
             };
-            // The op as TorchScript's serialized code names it: `from_file`
-            // as a method of `torch`, `save` as `torch.save` or its aten op.
-            let found = [
-                ("from_file", &b"from_file"[..]),
-                ("save", &b"torch.save("[..]),
-                ("save", &b"aten.save"[..]),
-                ("save", &b"aten::save"[..]),
-            ];
-            let globals: Vec<GlobalUse> = found
+            // The ops as TorchScript's code calls them: `torch.from_file(`,
+            // `torch.save(` (or aten's), with any whitespace between the
+            // tokens, as TorchScript's parser allows.
+            let globals: Vec<GlobalUse> = ["from_file", "save"]
                 .iter()
-                .filter_map(|&(op, text)| {
-                    find(&bytes, text).map(|at| GlobalUse {
+                .filter_map(|&op| {
+                    torchscript_call(&bytes, op).map(|at| GlobalUse {
                         module: "torch".into(),
                         name: op.into(),
                         offset: at as u64,
@@ -985,11 +981,41 @@ impl Scanner<'_> {
                     ),
                 });
             }
-            let Some(member) = data.get(m.start..m.start.saturating_add(m.size)) else {
+            // A link: tarfile reads the member it links to (the last of
+            // that name, links followed a few times); one that leads out
+            // of the archive reads whatever is there when the file is
+            // loaded (`/proc/self/fd/3`: the tar itself, from byte 0).
+            let mut target = m;
+            let mut hops = 0;
+            while let Some(link) = &target.link {
+                let found = members
+                    .iter()
+                    .rposition(|x| &x.name == link && !std::ptr::eq(x, target));
+                match found.and_then(|j| members.get(j)).filter(|_| hops < 8) {
+                    Some(next) => {
+                        target = next;
+                        hops += 1;
+                    }
+                    _ => break,
+                }
+            }
+            if let Some(link) = &target.link {
+                self.report.ambiguities.push(Ambiguity {
+                    record: m.name.clone(),
+                    offset: m.header as u64,
+                    what: format!(
+                        "tar: the member is a link to {link:?}, outside the archive: torch reads \
+                         whatever is there when the file is loaded"
+                    ),
+                });
+                continue;
+            }
+            let Some(member) = data.get(target.start..target.start.saturating_add(target.size))
+            else {
                 continue;
             };
             let source = || PickleSource::TarMember(m.name.clone());
-            let base = Some(m.start as u64);
+            let base = Some(target.start as u64);
             if matches!(m.name.as_str(), "sys_info" | "pickle") {
                 self.run(member, 0, source(), reachable, 0, base);
             } else {
@@ -1197,6 +1223,10 @@ struct TarMember {
     header: usize,
     start: usize,
     size: usize,
+    /// For a hard link (`1`) or a symbolic link (`2`): the name it links
+    /// to (its header's, a PAX `linkpath` record's or a GNU long link
+    /// name's); Python's tarfile reads the target's data for it.
+    link: Option<String>,
 }
 
 /// Most members of a tar archive looked at.
@@ -1211,6 +1241,7 @@ fn tar_members(data: &[u8], notes: &mut Vec<String>) -> Option<Vec<TarMember>> {
     let mut global: Vec<(String, String)> = Vec::new();
     let mut pax: Vec<(String, String)> = Vec::new();
     let mut long_name: Option<String> = None;
+    let mut long_link: Option<String> = None;
     let mut at = 0usize;
     let text = |b: &[u8]| -> String {
         let b = crate::bytes::head(b, b.iter().position(|&c| c == 0).unwrap_or(b.len()));
@@ -1264,7 +1295,7 @@ fn tar_members(data: &[u8], notes: &mut Vec<String>) -> Option<Vec<TarMember>> {
                 }
             }
             b'L' => long_name = Some(text(body)),
-            b'K' => {}
+            b'K' => long_link = Some(text(body)),
             _ => {
                 let own = {
                     let name = text(header.get(..100).unwrap_or_default());
@@ -1280,20 +1311,66 @@ fn tar_members(data: &[u8], notes: &mut Vec<String>) -> Option<Vec<TarMember>> {
                     .or_else(|| long_name.take())
                     .or_else(|| find(&global, "path"));
                 let renamed = given.as_ref().filter(|g| **g != own).map(|_| own.clone());
+                let link = matches!(kind, b'1' | b'2').then(|| {
+                    find(&pax, "linkpath")
+                        .or_else(|| long_link.take())
+                        .or_else(|| find(&global, "linkpath"))
+                        .unwrap_or_else(|| text(header.get(157..257).unwrap_or_default()))
+                });
+                // Links have no data of their own.
+                let size = if link.is_some() { 0 } else { size };
                 members.push(TarMember {
                     name: given.unwrap_or(own),
                     renamed,
                     header: at,
                     start,
                     size,
+                    link: link.map(|target| {
+                        if kind == b'2' {
+                            symlink_target(
+                                &name_dir(&text(header.get(..100).unwrap_or_default())),
+                                &target,
+                            )
+                        } else {
+                            target
+                        }
+                    }),
                 });
                 pax.clear();
                 long_name = None;
+                long_link = None;
             }
         }
         at = start.saturating_add(size.div_ceil(512).saturating_mul(512));
     }
     (!members.is_empty()).then_some(members)
+}
+
+/// The folder part of a member's name (`a/b` of `a/b/c`; empty for `c`).
+fn name_dir(name: &str) -> String {
+    name.rsplit_once('/')
+        .map_or_else(String::new, |(d, _)| d.to_owned())
+}
+
+/// Where a symbolic link in folder `dir` points, as tarfile finds its
+/// target among the members: relative to the link's folder, normalized
+/// (`.` and `..` resolved). An absolute target stays as it is (it is
+/// outside the archive).
+fn symlink_target(dir: &str, target: &str) -> String {
+    if target.starts_with('/') {
+        return target.to_owned();
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in dir.split('/').chain(target.split('/')) {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    parts.join("/")
 }
 
 /// The `key=value` records of a PAX extended header: each `LEN key=value\n`,
@@ -1356,6 +1433,25 @@ struct Recorder {
     /// and each BUILD's state. Walked (see [`Recorder::walk`]) when the
     /// unpickler calls a method of the object.
     held: HashMap<ObjId, Vec<Value>>,
+    /// `builtins.getattr` globals used only to take a named attribute of
+    /// an instance the pickle made (a bound method: how torch pickles a
+    /// module's hook).
+    instance_getattr: HashSet<usize>,
+}
+
+/// Arguments `(name, bases, namespace)`: what `type` and every metaclass
+/// (`abc.ABCMeta`, typing's) make a class of. The namespace, when so.
+fn class_args(heap: &Heap, items: &[Value]) -> Option<Value> {
+    match items {
+        [name, bases, namespace]
+            if heap.str(*name).is_some()
+                && heap.tuple(*bases).is_some()
+                && heap.dict(*namespace).is_some() =>
+        {
+            Some(*namespace)
+        }
+        _ => None,
+    }
 }
 
 /// How many levels below an object [`Recorder::walk`] looks: an item of
@@ -1368,16 +1464,13 @@ const WALK_VISITS: usize = 4096;
 
 /// Classes the scanner does not know whose `__setitem__`, `append` and
 /// `extend` store what they are given and call nothing the object holds:
-/// mappings and sequences of torch, Lightning and transformers that
-/// checkpoints hold.
+/// mappings of Lightning and transformers that checkpoints hold. (torch's
+/// module containers are not: their methods call others, `add_module`,
+/// `_key_to_attr`, that an instance attribute can replace.)
 fn plain_container(module: &str, name: &str) -> bool {
     matches!(
         (module, name),
         ("collections", "UserDict" | "UserList")
-            | (
-                "torch.nn.modules.container",
-                "ModuleDict" | "ModuleList" | "ParameterDict" | "ParameterList" | "Sequential"
-            )
             | (
                 "pytorch_lightning.utilities.parsing"
                     | "lightning.pytorch.utilities.parsing"
@@ -1439,6 +1532,14 @@ impl Recorder {
     /// the file calls (not a lookup) is at the level its name says it
     /// acts at ([`super::dangerous_when_called`]).
     fn settle_effects(&mut self) {
+        for &g in &self.instance_getattr {
+            if let Some(u) = self.globals.get_mut(g) {
+                if u.usage == Usage::Referenced {
+                    u.class = GlobalClass::Data;
+                    u.usage = Usage::LookedUp;
+                }
+            }
+        }
         for u in &mut self.globals {
             if u.usage == Usage::Called && u.class == GlobalClass::Unknown {
                 if let Some(d) = super::dangerous_when_called(&u.name) {
@@ -1702,6 +1803,36 @@ impl Recorder {
         })
     }
 
+    /// `cls.__new__(cls, *items)` (NEWOBJ, `copyreg.__newobj__`): a class
+    /// made by `type` or a metaclass from `(name, bases, namespace)`; a
+    /// `map` or `filter`, which calls its function as it is consumed; a
+    /// class the scanner does not know, given functions or classes (a
+    /// weak reference's callback): they may be called.
+    fn new_with(&mut self, heap: &Heap, cls: Value, items: &[Value]) -> Result<()> {
+        let Some(g) = self.global_index(cls) else {
+            return Ok(());
+        };
+        if let Some(namespace) = class_args(heap, items) {
+            self.makes_class(heap, g, namespace)?;
+        }
+        let path = self.path_of(cls);
+        if matches!(path, Some(("builtins" | "__builtin__", "map" | "filter"))) {
+            if let Some(&f) = items.first() {
+                self.calls(heap, f)?;
+            }
+        }
+        let unknown = self
+            .globals
+            .get(g)
+            .is_some_and(|u| u.class == GlobalClass::Unknown);
+        if unknown {
+            for c in self.callables_among(heap, items)? {
+                self.calls(heap, c)?;
+            }
+        }
+        Ok(())
+    }
+
     /// `type(name, bases, namespace)` through global `g`: a class whose
     /// methods are what the file put in the namespace; Python calls its
     /// dunders itself (`__setstate__` on BUILD, `__init__` when called,
@@ -1720,6 +1851,56 @@ impl Recorder {
         }
         Ok(())
     }
+}
+
+/// Where TorchScript `code` calls `op` on `torch` or `aten` (`torch.save(`,
+/// `torch . save (`, `aten::save(`, `ops.aten.save(`): the identifier
+/// `op`, whole, after a `.` or `::` and a qualifier ending in `torch` or
+/// `aten`, and before a `(`, with any whitespace between the tokens.
+fn torchscript_call(code: &[u8], op: &str) -> Option<usize> {
+    let op = op.as_bytes();
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let before = |i: usize| i.checked_sub(1).and_then(|j| code.get(j)).copied();
+    let mut from = 0;
+    while let Some(rel) = code
+        .get(from..)
+        .and_then(|rest| rest.windows(op.len()).position(|w| w == op))
+    {
+        let at = from + rel;
+        from = at + 1;
+        let end = at + op.len();
+        let whole = !before(at).is_some_and(ident) && !code.get(end).copied().is_some_and(ident);
+        let after = code
+            .get(end..)
+            .and_then(|rest| rest.iter().find(|b| !b.is_ascii_whitespace()));
+        if !whole || after != Some(&b'(') {
+            continue;
+        }
+        // Back over whitespace, the separator, whitespace, the qualifier.
+        let mut i = at;
+        while before(i).is_some_and(|b| b.is_ascii_whitespace()) {
+            i -= 1;
+        }
+        if before(i) == Some(b'.') {
+            i -= 1;
+        } else if before(i) == Some(b':') && before(i - 1) == Some(b':') {
+            i -= 2;
+        } else {
+            continue;
+        }
+        while before(i).is_some_and(|b| b.is_ascii_whitespace()) {
+            i -= 1;
+        }
+        let qualifier_end = i;
+        while before(i).is_some_and(ident) {
+            i -= 1;
+        }
+        let qualifier = code.get(i..qualifier_end).unwrap_or_default();
+        if qualifier == b"torch" || qualifier == b"aten" {
+            return Some(at);
+        }
+    }
+    None
 }
 
 /// A constant: None, a bool, a number, a string or bytes, or a tuple of
@@ -1829,7 +2010,29 @@ impl Interpreter for Recorder {
                 let o = self.origin_within(heap, &[arg(0)])?;
                 self.inert(heap, o)
             }
+            // `getattr(instance, "name")`: a bound method or an attribute
+            // of an instance the pickle made (torch pickles a module's
+            // hook so), not a reach into a module; calling the result
+            // calls what the instance's class holds.
+            Some(Origin::Global(g))
+                if self.path_of(callable) == Some(("builtins", "getattr"))
+                    && items.len() == 2
+                    && matches!(self.origin(arg(0)), Some(Origin::Made(_)))
+                    && heap
+                        .str(arg(1))
+                        .is_some_and(|n| !n.starts_with("__") && !n.contains('.')) =>
+            {
+                self.instance_getattr.insert(g);
+                let o = self.origin(arg(0));
+                self.inert(heap, o)
+            }
             Some(Origin::Global(g)) => {
+                // Any callable given `(name, bases, namespace)` makes a
+                // class as `type` does (a metaclass: `abc.ABCMeta`,
+                // typing's).
+                if let Some(namespace) = class_args(heap, &items) {
+                    self.makes_class(heap, g, namespace)?;
+                }
                 let lookup = items.len() == 1 && constant(heap, arg(0));
                 let before = self.lookups.get(&g).copied();
                 self.mark(Some(g), Usage::Called);
@@ -1874,6 +2077,10 @@ impl Interpreter for Recorder {
                     | Some(("torch._utils", "_rebuild_wrapper_subclass")) => {
                         self.mark(self.global_index(arg(0)), Usage::Instantiated);
                         made = self.global_index(arg(0)).unwrap_or(g);
+                        // `cls.__new__(cls, *args)`: what NEWOBJ of `cls`
+                        // does with them.
+                        let rest = items.get(1..).unwrap_or_default().to_vec();
+                        self.new_with(heap, arg(0), &rest)?;
                     }
                     // A masked array: its class and its base class are
                     // instantiated (`__new__`).
@@ -1907,6 +2114,13 @@ impl Interpreter for Recorder {
                         let calls_first = matches!(name, "map" | "filter")
                             || (name == "iter" && items.len() == 2);
                         let makes_class = name == "type" && items.len() == 3;
+                        // `type(x)`: the class of what the pickle made, a
+                        // module's own class (a BUILD on it patches it).
+                        if name == "type" && items.len() == 1 {
+                            if let Some(Origin::Made(c)) = self.origin(arg(0)) {
+                                return self.inert(heap, Some(Origin::Global(c)));
+                            }
+                        }
                         if calls_first {
                             self.calls(heap, arg(0))?;
                         }
@@ -1952,18 +2166,8 @@ impl Interpreter for Recorder {
         match self.origin(cls) {
             Some(Origin::Global(g)) => {
                 self.mark(Some(g), Usage::Instantiated);
-                // `type.__new__(type, name, bases, namespace)`: a class, as
-                // `type(name, bases, namespace)` makes one.
-                let path = self.path_of(cls);
-                let three = heap
-                    .tuple(args)
-                    .filter(|a| a.len() == 3)
-                    .map(<[Value]>::to_vec);
-                if matches!(path, Some(("builtins" | "__builtin__", "type"))) {
-                    if let Some(items) = three {
-                        self.makes_class(heap, g, items.get(2).copied().unwrap_or(Value::None))?;
-                    }
-                }
+                let items = heap.tuple(args).map_or_else(Vec::new, <[Value]>::to_vec);
+                self.new_with(heap, cls, &items)?;
                 let made = self.inert(heap, Some(Origin::Made(g)))?;
                 // `partial.__new__(partial, func, ...)` holds `func`.
                 if self.path_of(cls) == Some(("functools", "partial")) {
