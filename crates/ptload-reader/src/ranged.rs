@@ -690,6 +690,7 @@ pub(crate) fn read_unheld(
             return fetcher.read(start, end - start);
         }
     }
+    // Partly held: a buffer of its own, filled as a reader's would be.
     let size = usize::try_from(end.saturating_sub(start))
         .map_err(|_| Error::new(ErrorKind::Io, "range too large"))?;
     let mut out = Vec::new();
@@ -699,28 +700,8 @@ pub(crate) fn read_unheld(
             format!("{}: cannot hold {size} bytes in memory", fetcher.name()),
         )
     })?;
-    let held = |a: u64, b: u64| {
-        extents.find(a, b).ok_or_else(|| {
-            Error::new(
-                ErrorKind::Io,
-                format!(
-                    "{}: bytes {a}..{b} neither held nor fetched",
-                    fetcher.name()
-                ),
-            )
-        })
-    };
-    let mut at = start;
-    for (a, b) in holes {
-        if at < a {
-            out.extend_from_slice(held(at, a)?);
-        }
-        out.extend_from_slice(&fetcher.read(a, b - a)?);
-        at = b;
-    }
-    if at < end {
-        out.extend_from_slice(held(at, end)?);
-    }
+    out.resize(size, 0);
+    read_unheld_into(view, fetcher, start, &mut out)?;
     Ok(out)
 }
 
