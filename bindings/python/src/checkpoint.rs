@@ -431,13 +431,8 @@ impl Checkpoint {
         let inner = self.inner.clone();
         let count = inner.storages().len();
         let placed = interruptible(py, progress, move |work| {
-            let counter = work.clone();
-            let opts = ptload_device::LoadOptions {
-                progress: Some(Arc::new(move |n| counter.add(n))),
-                // Ctrl-C: no new copy is queued and the arenas are freed.
-                cancel: Some(Arc::clone(&work.cancel)),
-                ..Default::default()
-            };
+            // Ctrl-C: no new copy is queued and the arenas are freed.
+            let opts = work.load_options();
             ptload_device::upload_storages(&inner, &targets, gpus(), &opts)
                 .map(|placed| (targets, placed))
         })?;

@@ -85,14 +85,9 @@ impl Selection {
         let set = Arc::clone(&self.set);
         let entries = self.entries.clone();
         let placed = interruptible(py, progress, move |work| {
-            let counter = work.clone();
-            let opts = ptload_device::LoadOptions {
-                progress: Some(Arc::new(move |n| counter.add(n))),
-                cancel: Some(Arc::clone(&work.cancel)),
-                // The staging pinned by the process's first load serves
-                // every later one (`ptload.release_staging()` unpins it).
-                ..Default::default()
-            };
+            // The staging pinned by the process's first load serves every
+            // later one (`ptload.release_staging()` unpins it).
+            let opts = work.load_options();
             place_selection(&set, &entries, ordinal, &opts)
         })?;
         let tensors = placed.map_err(|e| Error::new_err(e.render(&terms::Kwargs)))?;

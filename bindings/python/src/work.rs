@@ -23,6 +23,17 @@ impl Work {
         self.done.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Options for a load onto GPUs done as this work: its bytes counted
+    /// for progress, stopped by its flag; the rest the defaults.
+    pub(crate) fn load_options(&self) -> ptload_device::LoadOptions {
+        let counter = self.clone();
+        ptload_device::LoadOptions {
+            progress: Some(Arc::new(move |n| counter.add(n))),
+            cancel: Some(Arc::clone(&self.cancel)),
+            ..Default::default()
+        }
+    }
+
     /// Whether the caller gave up (Ctrl-C).
     pub fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Relaxed)

@@ -275,19 +275,26 @@ impl Fetcher {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// `len` bytes at `offset`, within the file, exactly.
-    pub(crate) fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let name = self.reader.name();
+    /// Refuse a range past the file's end; count the request.
+    fn start_request(&self, offset: u64, len: u64) -> Result<()> {
         if offset.checked_add(len).is_none_or(|end| end > self.len()) {
             return Err(Error::new(
                 ErrorKind::Io,
                 format!(
-                    "{name}: range of {len} bytes at {offset} lies past its end ({} bytes)",
+                    "{}: range of {len} bytes at {offset} lies past its end ({} bytes)",
+                    self.reader.name(),
                     self.len()
                 ),
             ));
         }
         self.requests.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `len` bytes at `offset`, within the file, exactly.
+    pub(crate) fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let name = self.reader.name();
+        self.start_request(offset, len)?;
         let bytes = self.reader.read_at(offset, len).map_err(|e| {
             Error::new(
                 ErrorKind::Io,
@@ -311,16 +318,7 @@ impl Fetcher {
     pub(crate) fn read_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let name = self.reader.name();
         let len = out.len() as u64;
-        if offset.checked_add(len).is_none_or(|end| end > self.len()) {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!(
-                    "{name}: range of {len} bytes at {offset} lies past its end ({} bytes)",
-                    self.len()
-                ),
-            ));
-        }
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.start_request(offset, len)?;
         self.reader.read_into(offset, out).map_err(|e| {
             Error::new(
                 ErrorKind::Io,
