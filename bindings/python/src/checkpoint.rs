@@ -13,7 +13,7 @@ use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
 
 use crate::dlpack;
 use crate::errors::{to_py, Error};
-use crate::records::{node_tuple, tensor_record_bound, GlobalRecord, StorageRecord};
+use crate::records::{node_tuple, tensor_record_bound, GlobalRecord, StorageRecord, WarningRecord};
 use crate::selection::state_dict_options;
 use crate::terms;
 use crate::upload::{gpus, Uploaded};
@@ -83,8 +83,8 @@ impl Checkpoint {
     }
 
     /// What the reader noticed and did not treat as an error.
-    fn warnings(&self) -> Vec<String> {
-        self.inner.warnings().to_vec()
+    fn warnings(&self) -> Vec<WarningRecord> {
+        self.inner.warnings().iter().map(WarningRecord::of).collect()
     }
 
     /// The storages, as records.

@@ -41,7 +41,7 @@ use pyo3::types::{PyByteArray, PyBytes};
 
 use checkpoint::Checkpoint;
 use errors::{to_py, Error};
-use records::{GlobalRecord, QuantRecord, StorageRecord, TensorRecord};
+use records::{GlobalRecord, QuantRecord, StorageRecord, TensorRecord, WarningRecord};
 use selection::{select, PlacedTensors, Selection};
 use upload::{cuda_device_count, describe_capsule, Uploaded};
 use work::interruptible;
@@ -212,6 +212,7 @@ fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<QuantRecord>()?;
     m.add_class::<StorageRecord>()?;
     m.add_class::<GlobalRecord>()?;
+    m.add_class::<WarningRecord>()?;
     m.add_class::<Selection>()?;
     m.add_class::<Uploaded>()?;
     m.add_class::<PlacedTensors>()?;

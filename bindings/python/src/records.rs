@@ -61,6 +61,35 @@ pub(crate) struct StorageRecord {
     pub(crate) file_offset: Option<u64>,
 }
 
+/// Something the reader noticed and did not treat as an error: its kind
+/// (`not_read`, `local_parts`, `values_differ`, `not_in_index`,
+/// `no_local_header`, `in_part`) and the reader's words for it.
+#[pyclass(frozen, get_all, module = "ptload._ptload")]
+pub(crate) struct WarningRecord {
+    pub(crate) kind: &'static str,
+    pub(crate) message: String,
+}
+
+impl WarningRecord {
+    pub(crate) fn of(w: &ptload_reader::advice::Warning) -> WarningRecord {
+        WarningRecord {
+            kind: w.name(),
+            message: w.to_string(),
+        }
+    }
+}
+
+#[pymethods]
+impl WarningRecord {
+    fn __str__(&self) -> String {
+        self.message.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("WarningRecord({:?}, {:?})", self.kind, self.message)
+    }
+}
+
 /// A global a pickle names, as the reader saw it.
 #[pyclass(frozen, get_all, module = "ptload._ptload")]
 pub(crate) struct GlobalRecord {

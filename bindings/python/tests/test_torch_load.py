@@ -449,6 +449,20 @@ def test_globals_are_records_with_where_they_appear():
         rebuild.name = "other"
 
 
+def test_warnings_are_records_with_a_kind():
+    """What the reader noticed without failing comes back as records: a kind
+    to branch on and the reader's words (an FSDP rank file holds DTensors,
+    each listed as the file's local part)."""
+    from ptload import _ptload
+
+    rank_file = fixture("fsdp/world2/model_world_size_2_rank_1.pt")
+    warnings = _ptload.open(str(rank_file)).warnings()
+    assert [w.kind for w in warnings] == ["local_parts"], warnings
+    assert "are DTensors: each is listed as this file's local part" in str(warnings[0])
+    assert str(warnings[0]) == warnings[0].message
+    assert _ptload.open(str(fixture("basic.pt"))).warnings() == []
+
+
 def test_errors_pickle_and_carry_their_attributes(tmp_path):
     """Errors cross process boundaries (multiprocessing pickles them) with
     their type, message and attributes; errors of the Python layer have

@@ -266,11 +266,7 @@ impl StateDictArgs {
             }
             return Ok(None);
         };
-        let shard = if shard == "env" {
-            Shard::from_env()?
-        } else {
-            Shard::parse(shard)?
-        };
+        let shard = Shard::from_arg(shard)?;
         // A share with no rules is refused by the selection (in the
         // reader, for every front end).
         let splits = Splits::with_preset(&self.split, self.split_preset.as_deref())?;

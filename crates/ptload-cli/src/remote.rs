@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use ptload_reader::set::CheckpointSet;
-use ptload_reader::state_dict::StateDict;
 use ptload_reader::Checkpoint;
 use serde::Serialize;
 
@@ -81,30 +80,6 @@ pub(crate) fn progress(
         Some(count) => Arc::new(move |_| bar.set_position(count.fetched())),
         None => Arc::new(move |n| bar.inc(n)),
     }
-}
-
-/// Run `work` while the whole storages `selection` reads from files read
-/// by ranges are fetched ahead of it, several requests in flight
-/// ([`Checkpoint::prefetch`]); once `work` ends no further request starts.
-/// A rank's slices are read by `work` alone (they need part of a storage).
-pub(crate) fn reading_ahead<T>(selection: &StateDict<'_>, work: impl FnOnce() -> T) -> T {
-    let lists: Vec<(&Checkpoint, Vec<usize>)> = selection
-        .checkpoints()
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.fetched_bytes().is_some())
-        .map(|(k, &c)| {
-            let storages = selection
-                .iter()
-                .filter(|e| e.file == k && e.slice.is_none())
-                .filter_map(|e| e.view(c)?.info().storage)
-                .collect();
-            (c, storages)
-        })
-        .collect();
-    let ahead: Vec<(&Checkpoint, &[usize])> =
-        lists.iter().map(|(c, s)| (*c, s.as_slice())).collect();
-    ptload_reader::checkpoint::while_prefetching(&ahead, work)
 }
 
 #[cfg(test)]

@@ -303,7 +303,8 @@ fn a_replaced_input_is_not_read_by_path() {
         .select(&ckpt)
         .expect("select");
     let output = dir.join("out.safetensors");
-    ptload_reader::export::write_safetensors_file(&selection, &Default::default(), &output)
+    ptload_reader::export::Export::state_dict(&selection, &Default::default())
+        .to_file(&output)
         .expect("write");
     let written = std::fs::read(&output).expect("output");
     let st = safetensors::SafeTensors::deserialize(&written).expect("safetensors");

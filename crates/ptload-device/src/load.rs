@@ -450,123 +450,180 @@ fn resolve(
     gpus: &Gpus,
     opts: &LoadOptions,
 ) -> Result<(Vec<Source>, Vec<LoadedTensor>), LoadError> {
-    let mut sources: Vec<Source> = Vec::new();
-    let mut source_of_storage: Vec<Option<usize>> = vec![None; ckpt.storages().len()];
-    // Identical views of one storage (tied weights) share one converted copy.
-    type View = (usize, u64, Vec<u64>, Vec<u64>, DType, bool, bool);
-    let mut converted: HashMap<View, usize> = HashMap::new();
+    let mut sources = Sources::new(ckpt);
     let mut tensors = Vec::with_capacity(selection.len());
     for s in selection {
-        let view = tensor(ckpt, s)?;
-        let info = view.info();
-        let target = plan.tensor_target(info);
-        let (device, fallback) = match target {
-            Device::Cuda(i) => match usable(gpus, i) {
-                Ok(_) => (target, None),
-                Err(why) => (Device::Host, Some(why)),
-            },
-            other => (other, None),
-        };
-        let convert = ptload_reader::cast::target(info.dtype, opts.dtype);
-        // A pending conj/neg bit is applied on the host, like a conversion:
-        // what lands anywhere holds the tensor's values.
-        let bits = (info.conj && info.dtype.is_complex()) || info.neg;
-        // A rank's slice is gathered on the host from its own bytes (never
-        // its whole storage) into a buffer of its own, like a conversion.
-        let rewrite = convert.or((bits || s.slice.is_some()).then_some(info.dtype));
-        let mut placed_info = info.clone();
-        placed_info.name.clone_from(&s.name);
-        placed_info.storage = None;
-        let mut loaded = LoadedTensor {
-            info: placed_info,
-            index: s.index,
-            slice: s.slice,
-            target,
-            device,
-            fallback: fallback.clone(),
-            converted_from: None,
-            rewritten: false,
-        };
-        match (info.storage, rewrite) {
-            (None, _) => {
-                loaded.device = Device::Meta;
-                loaded.fallback = None;
-            }
-            _ if target == Device::Meta => {
-                loaded.device = Device::Meta;
-                loaded.fallback = None;
-            }
-            (Some(si), Some(to)) => {
-                let key: View = (
-                    si,
-                    info.storage_offset,
-                    info.shape.clone(),
-                    info.stride.clone(),
-                    to,
-                    info.conj,
-                    info.neg,
-                );
-                let k = match converted.get(&key) {
-                    Some(&k) => k,
-                    None => {
-                        let source = rewritten(
-                            ckpt,
-                            Rewrite {
-                                entry: s,
-                                view: &view,
-                                storage: si,
-                                to,
-                                convert: convert.is_some(),
-                                bits,
-                                device,
-                                fallback,
-                            },
-                            opts,
-                        )?;
-                        sources.push(source);
-                        converted.insert(key, sources.len() - 1);
-                        sources.len() - 1
-                    }
-                };
-                loaded.converted_from = convert.map(|_| info.dtype);
-                loaded.rewritten = true;
-                let placed = &mut loaded.info;
-                placed.dtype = to;
-                placed.stride = contiguous_strides(&info.shape);
-                placed.storage_offset = 0;
-                placed.nbytes = info.numel.saturating_mul(to.size() as u64);
-                // The elements were read with the bits applied.
-                placed.conj = false;
-                placed.neg = false;
-                placed.storage = Some(k);
-            }
-            (Some(si), None) => {
-                let slot = source_of_storage
-                    .get_mut(si)
-                    .ok_or_else(|| LoadError::Access(format!("{}: no storage {si}", s.name)))?;
-                loaded.info.storage = Some(match *slot {
-                    Some(k) => k,
-                    None => {
-                        // Swapped as torch swaps it: by the storage's type.
-                        let storage = ckpt.storages().get(si).ok_or_else(|| {
-                            LoadError::Access(format!("{}: no storage {si}", s.name))
-                        })?;
-                        sources.push(Source {
-                            bytes: SourceBytes::Checkpoint(si),
-                            order: ckpt.byte_order(),
-                            unit: storage.dtype.swap_unit(),
-                            device,
-                            fallback,
-                        });
-                        *slot = Some(sources.len() - 1);
-                        sources.len() - 1
-                    }
-                });
-            }
-        }
-        tensors.push(loaded);
+        tensors.push(resolve_one(&mut sources, s, plan, gpus, opts)?);
     }
-    Ok((sources, tensors))
+    Ok((sources.list, tensors))
+}
+
+/// Where a tensor goes: the plan's target, the device it lands on, and
+/// why that is the host when the target GPU cannot take it.
+fn destination(
+    plan: &DeviceMap,
+    gpus: &Gpus,
+    info: &ptload_reader::TensorInfo,
+) -> (Device, Device, Option<Fallback>) {
+    let target = plan.tensor_target(info);
+    match target {
+        Device::Cuda(i) => match usable(gpus, i) {
+            Ok(_) => (target, target, None),
+            Err(why) => (target, Device::Host, Some(why)),
+        },
+        other => (other, other, None),
+    }
+}
+
+/// One selected tensor: where it goes and which source it reads.
+fn resolve_one(
+    sources: &mut Sources<'_>,
+    s: &Selected,
+    plan: &DeviceMap,
+    gpus: &Gpus,
+    opts: &LoadOptions,
+) -> Result<LoadedTensor, LoadError> {
+    let view = tensor(sources.ckpt, s)?;
+    let info = view.info();
+    let (target, device, fallback) = destination(plan, gpus, info);
+    let convert = ptload_reader::cast::target(info.dtype, opts.dtype);
+    // A pending conj/neg bit is applied on the host, like a conversion:
+    // what lands anywhere holds the tensor's values.
+    let bits = (info.conj && info.dtype.is_complex()) || info.neg;
+    // A rank's slice is gathered on the host from its own bytes (never
+    // its whole storage) into a buffer of its own, like a conversion.
+    let rewrite = convert.or((bits || s.slice.is_some()).then_some(info.dtype));
+    let mut placed_info = info.clone();
+    placed_info.name.clone_from(&s.name);
+    placed_info.storage = None;
+    let mut loaded = LoadedTensor {
+        info: placed_info,
+        index: s.index,
+        slice: s.slice,
+        target,
+        device,
+        fallback: fallback.clone(),
+        converted_from: None,
+        rewritten: false,
+    };
+    match (info.storage, rewrite) {
+        (None, _) => {
+            loaded.device = Device::Meta;
+            loaded.fallback = None;
+        }
+        _ if target == Device::Meta => {
+            loaded.device = Device::Meta;
+            loaded.fallback = None;
+        }
+        (Some(si), Some(to)) => {
+            let rewrite = Rewrite {
+                entry: s,
+                view: &view,
+                storage: si,
+                to,
+                convert: convert.is_some(),
+                bits,
+                device,
+                fallback,
+            };
+            let k = sources.rewritten(rewrite, opts)?;
+            loaded.converted_from = convert.map(|_| info.dtype);
+            loaded.rewritten = true;
+            let placed = &mut loaded.info;
+            placed.dtype = to;
+            placed.stride = contiguous_strides(&info.shape);
+            placed.storage_offset = 0;
+            placed.nbytes = info.numel.saturating_mul(to.size() as u64);
+            // The elements were read with the bits applied.
+            placed.conj = false;
+            placed.neg = false;
+            placed.storage = Some(k);
+        }
+        (Some(si), None) => {
+            loaded.info.storage = Some(sources.storage(si, &s.name, device, fallback)?);
+        }
+    }
+    Ok(loaded)
+}
+
+/// A view as a key: its storage, offset, shape, strides, the dtype it
+/// lands as and its conj/neg bits.
+type ViewKey = (usize, u64, Vec<u64>, Vec<u64>, DType, bool, bool);
+
+/// The sources a load copies from, made as the selection is resolved: a
+/// storage read as it is, once for every view of it; a rewritten view
+/// (converted, bits applied, a rank's slice), once for identical views
+/// (tied weights).
+struct Sources<'c> {
+    ckpt: &'c Checkpoint,
+    list: Vec<Source>,
+    of_storage: Vec<Option<usize>>,
+    of_view: HashMap<ViewKey, usize>,
+}
+
+impl<'c> Sources<'c> {
+    fn new(ckpt: &'c Checkpoint) -> Sources<'c> {
+        Sources {
+            ckpt,
+            list: Vec::new(),
+            of_storage: vec![None; ckpt.storages().len()],
+            of_view: HashMap::new(),
+        }
+    }
+
+    fn push(&mut self, source: Source) -> usize {
+        self.list.push(source);
+        self.list.len() - 1
+    }
+
+    /// The source of storage `si` as it is, made for its first view.
+    fn storage(
+        &mut self,
+        si: usize,
+        name: &str,
+        device: Device,
+        fallback: Option<Fallback>,
+    ) -> Result<usize, LoadError> {
+        let missing = || LoadError::Access(format!("{name}: no storage {si}"));
+        if let Some(k) = *self.of_storage.get(si).ok_or_else(missing)? {
+            return Ok(k);
+        }
+        // Swapped as torch swaps it: by the storage's type.
+        let storage = self.ckpt.storages().get(si).ok_or_else(missing)?;
+        let k = self.push(Source {
+            bytes: SourceBytes::Checkpoint(si),
+            order: self.ckpt.byte_order(),
+            unit: storage.dtype.swap_unit(),
+            device,
+            fallback,
+        });
+        if let Some(slot) = self.of_storage.get_mut(si) {
+            *slot = Some(k);
+        }
+        Ok(k)
+    }
+
+    /// The source of a rewritten view, made for the first of identical
+    /// views.
+    fn rewritten(&mut self, r: Rewrite<'_, '_>, opts: &LoadOptions) -> Result<usize, LoadError> {
+        let info = r.view.info();
+        let key: ViewKey = (
+            r.storage,
+            info.storage_offset,
+            info.shape.clone(),
+            info.stride.clone(),
+            r.to,
+            info.conj,
+            info.neg,
+        );
+        if let Some(&k) = self.of_view.get(&key) {
+            return Ok(k);
+        }
+        let source = rewritten(self.ckpt, r, opts)?;
+        let k = self.push(source);
+        self.of_view.insert(key, k);
+        Ok(k)
+    }
 }
 
 /// What `resolve` asks of [`rewritten`]: a selected tensor whose bytes are

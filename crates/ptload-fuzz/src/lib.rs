@@ -327,7 +327,7 @@ pub fn exercise(ckpt: &Checkpoint) {
         Ok(sd) => sd,
         Err(e) => return check_error(&e),
     };
-    match ptload_reader::export::write_safetensors(&selection, &opts, &mut out) {
+    match ptload_reader::export::Export::state_dict(&selection, &opts).to_writer(&mut out) {
         Ok(written) => {
             let st = safetensors::SafeTensors::deserialize(&out)
                 .unwrap_or_else(|e| panic!("wrote a safetensors file its library rejects: {e}"));

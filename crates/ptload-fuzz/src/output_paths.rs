@@ -1,4 +1,4 @@
-//! The output rules of `write_safetensors_file` (what `ptload convert`
+//! The output rules of `Export::to_file` (what `ptload convert`
 //! writes through), on generated directory trees: files, symbolic links
 //! (relative, absolute, dangling, looping, through directories), hard links
 //! to the input, directories and sockets under the names the output may
@@ -200,7 +200,7 @@ pub fn output_paths(scene: &Scene) {
         cancel: Some(Arc::new(AtomicBool::new(scene.cancelled))),
         ..Default::default()
     };
-    let result = ptload_reader::export::write_safetensors_file(&selection, &opts, &output);
+    let result = ptload_reader::export::Export::state_dict(&selection, &opts).to_file(&output);
     let after = snapshot(&scratch.0);
     match result {
         Err(e) => {

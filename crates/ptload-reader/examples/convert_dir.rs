@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ptload_reader::export::{write_safetensors_file, SafetensorsOptions};
+use ptload_reader::export::{Export, SafetensorsOptions};
 use ptload_reader::state_dict::StateDictOptions;
 use ptload_reader::Checkpoint;
 
@@ -66,7 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let stem = path.file_stem().unwrap_or_default().to_string_lossy();
         let target = output.join(format!("{stem}.safetensors"));
-        let written = write_safetensors_file(&selection, &opts, &target)?;
+        let written = Export::state_dict(&selection, &opts).to_file(&target)?;
         println!(
             "{name:<24} {:>5} tensors {:>9} bytes {:>2} metadata {:>2} skipped -> {}",
             written.tensors,

@@ -172,6 +172,126 @@ impl Advised {
     }
 }
 
+/// Something the reader noticed that did not stop it, kept with what it
+/// opened ([`Checkpoint::warnings`](crate::Checkpoint::warnings),
+/// [`CheckpointSet::warnings`](crate::set::CheckpointSet::warnings)) for
+/// the caller to branch on; its `Display` words it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Warning {
+    /// The value at `name` is rebuilt by `rebuild`, a torch rebuild
+    /// function the reader does not read: its tensors are not listed.
+    NotRead {
+        /// The name the value would have.
+        name: String,
+        /// The rebuild function, `module.name`.
+        rebuild: String,
+    },
+    /// `count` tensors are DTensors; each is listed as this file's local
+    /// part. The first one's saving rank (as its mesh recorded it), its
+    /// coordinate on the mesh and the mesh's size.
+    LocalParts {
+        /// How many tensors are DTensors.
+        count: usize,
+        /// The saving rank, when the mesh recorded it.
+        rank: Option<u64>,
+        /// Its coordinate on the mesh.
+        coordinate: Vec<u64>,
+        /// The mesh's size along each dimension.
+        mesh: Vec<u64>,
+    },
+    /// The non-tensor values of rank file `file` differ from those of
+    /// `kept`, whose values are kept: first at key `key` (`None`: in how
+    /// many there are).
+    ValuesDiffer {
+        /// The rank file whose values are dropped.
+        file: String,
+        /// The rank file whose values are kept.
+        kept: String,
+        /// The first key whose value differs.
+        key: Option<String>,
+    },
+    /// `count` tensors in a set's shards are not in its index.
+    NotInIndex {
+        /// How many.
+        count: usize,
+    },
+    /// A zip entry with no local header at `at` (the central directory's
+    /// offset), which nothing reads.
+    NoLocalHeader {
+        /// The entry's name.
+        entry: String,
+        /// Where its local header should be.
+        at: u64,
+    },
+    /// Opening `item`, a part of what was opened (a distributed
+    /// checkpoint's bytes item), warned `warning`.
+    InPart {
+        /// The part's name.
+        item: String,
+        /// Its warning.
+        warning: Box<Warning>,
+    },
+}
+
+impl Warning {
+    /// The variant's name in snake case (`not_read`, `local_parts`...),
+    /// for front ends that hand warnings on as records.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Warning::NotRead { .. } => "not_read",
+            Warning::LocalParts { .. } => "local_parts",
+            Warning::ValuesDiffer { .. } => "values_differ",
+            Warning::NotInIndex { .. } => "not_in_index",
+            Warning::NoLocalHeader { .. } => "no_local_header",
+            Warning::InPart { .. } => "in_part",
+        }
+    }
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Warning::NotRead { name, rebuild } => write!(
+                f,
+                "'{name}': tensors rebuilt by {rebuild} are not read; they are not listed"
+            ),
+            Warning::LocalParts {
+                count,
+                rank,
+                coordinate,
+                mesh,
+            } => write!(
+                f,
+                "{count} tensors are DTensors: each is listed as this file's local part (rank {} \
+                 at {coordinate:?} on a mesh of {mesh:?}); open every rank's file as one set for \
+                 whole tensors",
+                rank.map_or_else(|| "?".to_owned(), |r| r.to_string()),
+            ),
+            Warning::ValuesDiffer { file, kept, key } => {
+                let differs = key
+                    .as_ref()
+                    .map_or_else(|| "how many there are".to_owned(), |k| format!("'{k}'"));
+                write!(
+                    f,
+                    "{file}'s values differ from {kept}'s ({differs}): {kept}'s are kept"
+                )
+            }
+            Warning::NotInIndex { count } => write!(
+                f,
+                "{count} tensor{} in the shards {} not in the index",
+                if *count == 1 { "" } else { "s" },
+                if *count == 1 { "is" } else { "are" }
+            ),
+            Warning::NoLocalHeader { entry, at } => write!(
+                f,
+                "zip entry {entry:?} has no local header (at {at:#x}); not needed, not read"
+            ),
+            Warning::InPart { item, warning } => write!(f, "{item}: {warning}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,5 +323,76 @@ mod tests {
             a.render(&Flags),
             "the whole file; to take only \"model\", pass --key model"
         );
+    }
+
+    /// Each warning's words and name, as the front ends show them.
+    #[test]
+    fn warnings_are_worded_and_named() {
+        let cases = [
+            (
+                Warning::NotRead {
+                    name: "m.w".into(),
+                    rebuild: "torch._utils._rebuild_xla_tensor".into(),
+                },
+                "not_read",
+                "'m.w': tensors rebuilt by torch._utils._rebuild_xla_tensor are not read; they \
+                 are not listed",
+            ),
+            (
+                Warning::LocalParts {
+                    count: 3,
+                    rank: None,
+                    coordinate: vec![1, 0],
+                    mesh: vec![2, 2],
+                },
+                "local_parts",
+                "3 tensors are DTensors: each is listed as this file's local part (rank ? at \
+                 [1, 0] on a mesh of [2, 2]); open every rank's file as one set for whole tensors",
+            ),
+            (
+                Warning::ValuesDiffer {
+                    file: "__1_0.distcp".into(),
+                    kept: "__0_0.distcp".into(),
+                    key: Some("step".into()),
+                },
+                "values_differ",
+                "__1_0.distcp's values differ from __0_0.distcp's ('step'): __0_0.distcp's are \
+                 kept",
+            ),
+            (
+                Warning::ValuesDiffer {
+                    file: "b".into(),
+                    kept: "a".into(),
+                    key: None,
+                },
+                "values_differ",
+                "b's values differ from a's (how many there are): a's are kept",
+            ),
+            (
+                Warning::NotInIndex { count: 1 },
+                "not_in_index",
+                "1 tensor in the shards is not in the index",
+            ),
+            (
+                Warning::NoLocalHeader {
+                    entry: "archive/x".into(),
+                    at: 4096,
+                },
+                "no_local_header",
+                "zip entry \"archive/x\" has no local header (at 0x1000); not needed, not read",
+            ),
+            (
+                Warning::InPart {
+                    item: "optim".into(),
+                    warning: Box::new(Warning::NotInIndex { count: 2 }),
+                },
+                "in_part",
+                "optim: 2 tensors in the shards are not in the index",
+            ),
+        ];
+        for (warning, name, words) in cases {
+            assert_eq!(warning.name(), name);
+            assert_eq!(warning.to_string(), words);
+        }
     }
 }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 #[cfg(feature = "parallel")]
 use rayon::prelude::*;
 
-use crate::advice::Hint;
+use crate::advice::{Hint, Warning};
 use crate::checkpoint::{Checkpoint, OpenOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::name_index::NameIndex;
@@ -170,7 +170,7 @@ pub struct CheckpointSet {
     index: Option<PathBuf>,
     /// `(file, tensor)` pairs, by the tensor's name.
     by_name: NameIndex<(u32, u32)>,
-    warnings: Vec<String>,
+    warnings: Vec<Warning>,
     /// Model-parallel rank files: names repeat, `by_name` is rank 0's.
     ranks: bool,
 }
@@ -674,11 +674,7 @@ impl CheckpointSet {
             .filter(|(_, t)| !weight_map.contains_key(t.name()))
             .count();
         if unlisted > 0 {
-            self.warnings.push(format!(
-                "{unlisted} tensor{} in the shards {} not in the index",
-                if unlisted == 1 { "" } else { "s" },
-                if unlisted == 1 { "is" } else { "are" }
-            ));
+            self.warnings.push(Warning::NotInIndex { count: unlisted });
         }
         Ok(self)
     }
@@ -785,7 +781,7 @@ impl CheckpointSet {
     /// What the set's checks found that is not an error (tensors the index
     /// does not list), one line each; each file's own warnings are in its
     /// checkpoint.
-    pub fn warnings(&self) -> &[String] {
+    pub fn warnings(&self) -> &[Warning] {
         &self.warnings
     }
 }

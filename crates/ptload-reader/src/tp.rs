@@ -73,6 +73,16 @@ impl Shard {
         Shard::new(rank, world)
     }
 
+    /// `RANK/WORLD`, or `env` for [`from_env`](Self::from_env): what a
+    /// front end's shard argument (`--shard 3/8`, `--shard env`) means.
+    pub fn from_arg(text: &str) -> Result<Shard> {
+        if text.trim() == "env" {
+            Shard::from_env()
+        } else {
+            Shard::parse(text)
+        }
+    }
+
     /// From the environment torchrun, `mpirun` and Slurm set: `RANK` and
     /// `WORLD_SIZE`, else `OMPI_COMM_WORLD_RANK` and `OMPI_COMM_WORLD_SIZE`,
     /// else `SLURM_PROCID` and `SLURM_NTASKS`.
@@ -455,6 +465,11 @@ mod tests {
         assert!(Shard::parse("8/8").is_err());
         assert!(Shard::parse("1/0").is_err());
         assert!(Shard::parse("x").is_err());
+        assert_eq!(
+            Shard::from_arg(" 3/8").ok(),
+            Some(Shard { rank: 3, world: 8 })
+        );
+        assert!(Shard::from_arg("envy").is_err());
         let env = |k: &str| match k {
             "RANK" => Some("2".to_owned()),
             "WORLD_SIZE" => Some("4".to_owned()),

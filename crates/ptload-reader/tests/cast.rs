@@ -66,7 +66,7 @@ fn every_pair_matches_torch() {
 /// from the source file) produce the same bytes.
 #[test]
 fn both_safetensors_writers_agree() {
-    use ptload_reader::export::{write_safetensors, write_safetensors_file, SafetensorsOptions};
+    use ptload_reader::export::{Export, SafetensorsOptions};
     use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
     let dir = std::env::temp_dir().join(format!("ptload-writers-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
@@ -90,9 +90,13 @@ fn both_safetensors_writers_agree() {
             ..Default::default()
         };
         let mut streamed = Vec::new();
-        write_safetensors(&sel, &opts, &mut streamed).expect("stream");
+        Export::state_dict(&sel, &opts)
+            .to_writer(&mut streamed)
+            .expect("stream");
         let path = dir.join(format!("{name}.safetensors"));
-        write_safetensors_file(&sel, &opts, &path).expect("file");
+        Export::state_dict(&sel, &opts)
+            .to_file(&path)
+            .expect("file");
         assert_eq!(std::fs::read(&path).expect("read"), streamed, "{name}");
     }
     std::fs::remove_dir_all(&dir).expect("clean up");

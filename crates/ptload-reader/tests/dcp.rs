@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use ptload_reader::advice::Warning;
 use ptload_reader::checkpoint::Scalar;
 use ptload_reader::dcp::{Dcp, Transform};
 use ptload_reader::set::CheckpointSet;
@@ -98,6 +99,54 @@ fn every_tensor_equals_torchs() {
         items.sort();
         want_items.sort();
         assert_eq!(items, want_items, "{name}");
+    }
+}
+
+/// A distributed checkpoint exported from its chunks (a slab at a time)
+/// is byte for byte the export of the same save opened as a set; the
+/// stream and the file agree; shards are refused (one file only).
+#[test]
+fn a_dcp_exports_from_its_chunks_as_from_the_opened_set() {
+    use ptload_reader::export::{Export, SafetensorsOptions};
+    use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
+    let every = StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        ..Default::default()
+    };
+    let opts = SafetensorsOptions::default();
+    for name in ["world2", "world4", "world2_zstd"] {
+        let dir = dir_of(name);
+        let dcp = Dcp::open(&dir).expect("dcp");
+        let skeleton =
+            CheckpointSet::of(&dir, std::sync::Arc::new(dcp.skeleton().expect("skeleton")))
+                .expect("set");
+        let sd = every.select_set(&skeleton).expect("select");
+        let export = Export::dcp(&dcp, &sd, &opts);
+        let mut from_chunks = Vec::new();
+        let written = export.to_writer(&mut from_chunks).expect("stream");
+        assert_eq!(written.tensors, dcp.tensors().len(), "{name}");
+        let opened = CheckpointSet::open(&dir).expect("open");
+        let sd_opened = every.select_set(&opened).expect("select");
+        let mut from_set = Vec::new();
+        Export::state_dict(&sd_opened, &opts)
+            .to_writer(&mut from_set)
+            .expect("stream");
+        assert!(from_chunks == from_set, "{name}: the two exports differ");
+        let out =
+            std::env::temp_dir().join(format!("ptload-dcp-export-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&out);
+        export.to_file(&out).expect("file");
+        let on_disk = std::fs::read(&out).expect("read");
+        let _ = std::fs::remove_file(&out);
+        assert!(
+            on_disk == from_chunks,
+            "{name}: the file differs from the stream"
+        );
+        let e = export
+            .to_shards(&std::env::temp_dir(), 1 << 20)
+            .expect_err("shards of a dcp");
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     }
 }
 
@@ -1069,7 +1118,28 @@ fn one_fsdp_rank_file_lists_its_local_parts_with_their_spec() {
     assert!(ckpt
         .dtensor_at(ckpt.position("model.scale").unwrap())
         .is_none());
-    assert!(ckpt.warnings().iter().any(|w| w.contains("are DTensors")));
+    // The warning is data: the first DTensor's rank, coordinate and mesh.
+    let local = ckpt
+        .warnings()
+        .iter()
+        .find(|w| matches!(w, Warning::LocalParts { .. }))
+        .expect("a warning that the tensors are local parts");
+    let Warning::LocalParts {
+        count,
+        rank,
+        coordinate,
+        mesh,
+    } = local
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (*rank, coordinate.as_slice(), mesh.as_slice()),
+        (Some(3), &[3][..], &[4][..])
+    );
+    assert!(*count >= 2, "{local}");
+    assert_eq!(local.name(), "local_parts");
+    assert!(local.to_string().contains("are DTensors: each is listed as this file's local part (rank 3 at [3] on a mesh of [4])"), "{local}");
     assert!(
         ckpt.suspicious().expect("scanned").is_empty(),
         "{:?}",

@@ -179,6 +179,43 @@ fn broken_sets_are_errors_naming_the_files() {
     assert!(e.to_string().contains("model-parallel rank"), "{e}");
 }
 
+/// Tensors the shards hold that the index does not list open with a
+/// warning (as transformers loads such a set: by its index), given as data.
+#[test]
+fn tensors_the_index_leaves_out_are_a_warning() {
+    let src = files().join("llama_tiny_sharded");
+    let dir = Scratch::new("unlisted");
+    for n in shard_names() {
+        std::fs::copy(src.join(&n), dir.0.join(&n)).expect("copy");
+    }
+    let mut index: Json = serde_json::from_str(
+        &std::fs::read_to_string(src.join("pytorch_model.bin.index.json")).expect("index"),
+    )
+    .expect("json");
+    let map = index["weight_map"].as_object_mut().expect("weight_map");
+    let dropped: Vec<String> = map.keys().take(2).cloned().collect();
+    for name in &dropped {
+        map.remove(name);
+    }
+    std::fs::write(
+        dir.0.join("pytorch_model.bin.index.json"),
+        serde_json::to_string(&index).expect("json"),
+    )
+    .expect("write");
+    let set = CheckpointSet::open(dir.0.join("pytorch_model.bin.index.json")).expect("set");
+    assert_eq!(
+        set.warnings(),
+        &[ptload_reader::advice::Warning::NotInIndex { count: 2 }]
+    );
+    assert_eq!(
+        set.warnings()[0].to_string(),
+        "2 tensors in the shards are not in the index"
+    );
+    // The whole set, listed or not, has no warning.
+    let whole = CheckpointSet::open(src.join("pytorch_model.bin.index.json")).expect("set");
+    assert!(whole.warnings().is_empty(), "{:?}", whole.warnings());
+}
+
 /// Torch's `tensor_split` answers for every fixture tensor, dim, world
 /// and rank (fixtures/slices.json), from rules that split exactly one dim.
 #[test]
@@ -445,7 +482,7 @@ fn set_limits_hold() {
 /// A sharded safetensors set appears whole or not at all.
 #[test]
 fn sharded_output_is_all_or_nothing() {
-    use ptload_reader::export::{write_safetensors_set, SafetensorsOptions};
+    use ptload_reader::export::{Export, SafetensorsOptions};
     let set = CheckpointSet::open(files().join("llama_tiny_sharded")).expect("set");
     let sd = every().select_set(&set).expect("select");
     let out = Scratch::new("shards-out");
@@ -455,16 +492,22 @@ fn sharded_output_is_all_or_nothing() {
         ))),
         ..Default::default()
     };
-    let e = write_safetensors_set(&sd, &cancelled, &out.0, 20_000).expect_err("cancelled");
+    let e = Export::state_dict(&sd, &cancelled)
+        .to_shards(&out.0, 20_000)
+        .expect_err("cancelled");
     assert_eq!(e.kind(), ErrorKind::Cancelled);
     assert_eq!(std::fs::read_dir(&out.0).expect("dir").count(), 0);
-    let written = write_safetensors_set(&sd, &Default::default(), &out.0, 20_000).expect("write");
+    let written = Export::state_dict(&sd, &Default::default())
+        .to_shards(&out.0, 20_000)
+        .expect("write");
     assert!(written.files.len() > 1 && written.index.is_some());
     let tensors: usize = written.files.iter().map(|(_, w)| w.tensors).sum();
     assert_eq!(tensors, sd.len());
     // One shard when everything fits: model.safetensors, no index.
     let one = Scratch::new("shards-one");
-    let written = write_safetensors_set(&sd, &Default::default(), &one.0, 1 << 30).expect("write");
+    let written = Export::state_dict(&sd, &Default::default())
+        .to_shards(&one.0, 1 << 30)
+        .expect("write");
     assert_eq!(written.files.len(), 1);
     assert!(written.index.is_none());
     assert!(one.0.join("model.safetensors").is_file());
@@ -542,6 +585,35 @@ fn rank_files_merge_and_reslice() {
         }
     }
     assert!(resliced > 100);
+    // Exported: the stream and the file hold the same bytes, each tensor
+    // the whole one (safetensors' layout, read back by the reader); one
+    // file only, not shards.
+    use ptload_reader::export::{Export, SafetensorsOptions};
+    let opts = SafetensorsOptions::default();
+    let export = Export::merged(&ranks, &merged, None, &opts);
+    let mut streamed = Vec::new();
+    let written = export.to_writer(&mut streamed).expect("stream");
+    assert_eq!(written.tensors, merged.len());
+    let out = Scratch::new("merged-export");
+    let path = out.0.join("merged.safetensors");
+    export.to_file(&path).expect("file");
+    assert_eq!(std::fs::read(&path).expect("read"), streamed);
+    let back = Checkpoint::open(&path).expect("safetensors");
+    for t in whole.tensors() {
+        let b = back
+            .tensor(t.name())
+            .unwrap_or_else(|| panic!("{}", t.name()));
+        assert_eq!(
+            b.data().expect("back"),
+            t.data().expect("whole"),
+            "{}",
+            t.name()
+        );
+    }
+    let e = export
+        .to_shards(&out.0, 1 << 20)
+        .expect_err("shards of merged ranks");
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     // Rules that do not fit the parts are refused.
     let e = merge(&ranks, &Splits::new()).expect_err("split tensors taken as replicated");
     assert!(e.to_string().contains("do not fit"), "{e}");
@@ -620,7 +692,7 @@ fn automatic_options_decide_for_the_whole_set() {
 /// files it placed: no reader finds part of a set.
 #[test]
 fn a_set_that_cannot_be_placed_leaves_nothing() {
-    use ptload_reader::export::{write_safetensors_set, SafetensorsOptions};
+    use ptload_reader::export::{Export, SafetensorsOptions};
     let set = CheckpointSet::open(files().join("llama_tiny_sharded")).expect("set");
     let sd = every().select_set(&set).expect("select");
     let out = Scratch::new("placed");
@@ -633,7 +705,9 @@ fn a_set_that_cannot_be_placed_leaves_nothing() {
         })),
         ..Default::default()
     };
-    let e = write_safetensors_set(&sd, &opts, &out.0, 20_000).expect_err("index appeared");
+    let e = Export::state_dict(&sd, &opts)
+        .to_shards(&out.0, 20_000)
+        .expect_err("index appeared");
     assert_eq!(e.kind(), ErrorKind::OutputExists, "{e}");
     let left: Vec<String> = std::fs::read_dir(&out.0)
         .expect("dir")

@@ -404,9 +404,23 @@ def build(
     trusts (a set, or a dict giving the object for a name, None to import
     it), which are called as pickle would.
     """
-    n = len(nodes)
-    objs: List[Any] = [None] * n
-    fills: List[List[int]] = [[] for _ in range(n)]
+    builder = _Builder(nodes, make_leaf, allowed, unknown)
+    # What the file's data makes fail (a deque's negative maxlen, a sparse
+    # tensor torch finds invalid) is the file's error: a ptload.Error, as
+    # every other refusal of the file is.
+    try:
+        builder.run()
+    except Error:
+        raise
+    except (TypeError, ValueError, OverflowError, RuntimeError, IndexError, KeyError) as e:
+        raise InvalidObjectError.of(type(e))(f"building the object: {type(e).__name__}: {e}") from e
+    return builder.objs[root]
+
+
+def _fill_schedule(nodes: Sequence[_Node]) -> List[List[int]]:
+    """For each step ``i`` (the making of node ``i``), the mutable nodes to
+    fill right after it: each at the step of its last member, so that every
+    member exists when it is filled."""
 
     def when(child: int) -> int:
         # Scalars are leaves made first; other children by their step.
@@ -434,10 +448,43 @@ def build(
         fill_at[i] = max(fill_at[i], fill_at.get(state, -1))
     # Within a step, later nodes first: a BUILD state (made after its
     # object) is filled before the object copies it.
+    fills: List[List[int]] = [[] for _ in range(len(nodes))]
     for i, step in sorted(fill_at.items(), key=lambda item: -item[0]):
         fills[step].append(i)
+    return fills
 
-    def make(i: int, node: _Node) -> Any:
+
+class _Builder:
+    """The objects of one graph, made in the pickle's order: leaves first,
+    then each node, each mutable node filled once its members exist."""
+
+    def __init__(
+        self,
+        nodes: Sequence[_Node],
+        make_leaf: Callable[[str, _Node, List[Any]], Any],
+        allowed: Union[AbstractSet[str], Dict[str, Any]],
+        unknown: str,
+    ) -> None:
+        self.nodes = nodes
+        self.make_leaf = make_leaf
+        self.allowed = allowed
+        self.unknown = unknown
+        self.objs: List[Any] = [None] * len(nodes)
+
+    def run(self) -> None:
+        nodes, objs = self.nodes, self.objs
+        fills = _fill_schedule(nodes)
+        for i, node in enumerate(nodes):
+            if node[0] in _LEAVES:
+                objs[i] = self.make(node)
+        for i, node in enumerate(nodes):
+            if node[0] not in _LEAVES:
+                objs[i] = self.make(node)
+            for m in fills[i]:
+                self.fill(m, nodes[m])
+
+    def make(self, node: _Node) -> Any:
+        objs = self.objs
         kind = node[0]
         if kind == "none":
             return None
@@ -460,11 +507,11 @@ def build(
         if kind == "frozenset":
             return frozenset(objs[c] for c in node[1])
         if kind == "global":
-            return _global(node[1], node[2])
+            return self.global_(node[1], node[2])
         if kind == "npdtype":
             if node[3]:
                 # Fields or a subarray: its code alone (V12) would lose them.
-                _unbuilt(f"a structured numpy dtype ({node[1]})")
+                self.unbuilt(f"a structured numpy dtype ({node[1]})")
                 return Inert("numpy", "dtype", (node[1],))
             return _numpy_dtype(node[1], node[2])
         if kind == "npscalar":
@@ -473,19 +520,20 @@ def build(
             dtype = _numpy_dtype(node[1], node[2])
             return np.frombuffer(node[3], dtype=dtype, count=1)[0]
         if kind == "ndarray":
-            return _ndarray(node)
+            return self.ndarray(node)
         if kind == "object":
-            return _object(node)
-        return make_leaf(kind, node, objs)
+            return self.object(node)
+        return self.make_leaf(kind, node, objs)
 
-    def _unbuilt(what: str) -> None:
+    def unbuilt(self, what: str) -> None:
         # With unknown="error" nothing comes back inert: say what could not
         # be built, rather than hand back a record the caller did not ask for.
-        if unknown == "error":
+        if self.unknown == "error":
             raise Error(f"{what} is kept inert, never built; pass unknown='inert' to get it as a ptload.Inert")
 
-    def _global(module: str, name: str) -> Any:
+    def global_(self, module: str, name: str) -> Any:
         path = f"{module}.{name}"
+        allowed = self.allowed
         # A name or a glob of the caller's, by the reader's rule.
         if allowed and _ptload.global_allowed(list(allowed), module, name):
             given = allowed.get(path) if isinstance(allowed, dict) else None
@@ -497,12 +545,12 @@ def build(
                 raise Error(f"{path} is allowed but cannot be imported here: {e}") from None
         return Global(module, name)
 
-    def _ndarray(node: _Node) -> Union[Inert, npt.NDArray[Any]]:
+    def ndarray(self, node: _Node) -> Union[Inert, npt.NDArray[Any]]:
         import numpy as np
 
-        descr, shape, fortran, data = node[1], node[2], node[3], objs[node[4]]
+        descr, shape, fortran, data = node[1], node[2], node[3], self.objs[node[4]]
         if descr is None or not isinstance(data, bytes):
-            _unbuilt(f"a numpy array of shape {tuple(shape)} whose dtype ptload does not build")
+            self.unbuilt(f"a numpy array of shape {tuple(shape)} whose dtype ptload does not build")
             return Inert("numpy", "ndarray", (descr, tuple(shape), data))
         dtype = _numpy_dtype(descr[0], descr[1])
         count = 1
@@ -519,8 +567,8 @@ def build(
             flat = flat.astype(dtype.newbyteorder("="))
         return flat.reshape(tuple(shape), order="F" if fortran else "C")
 
-    def _object(node: _Node) -> Any:
-        new, cls, args = node[1], objs[node[2]], objs[node[3]]
+    def object(self, node: _Node) -> Any:
+        new, cls, args = node[1], self.objs[node[2]], self.objs[node[3]]
         if not isinstance(args, tuple):
             args = (args,)
         if isinstance(cls, Global):
@@ -546,7 +594,8 @@ def build(
             return cls(*args)
         return Inert("?", "?", args, new)
 
-    def fill(i: int, node: _Node) -> None:
+    def fill(self, i: int, node: _Node) -> None:
+        objs = self.objs
         kind, obj = node[0], objs[i]
         if kind == "list":
             obj.extend(objs[c] for c in node[1])
@@ -577,25 +626,6 @@ def build(
                         obj.append(objs[c])
             if state is not None:
                 _set_state(obj, state, dict_like=False)
-
-    # What the file's data makes fail (a deque's negative maxlen, a sparse
-    # tensor torch finds invalid) is the file's error: a ptload.Error, as
-    # every other refusal of the file is.
-    try:
-        for i, node in enumerate(nodes):
-            if node[0] in _LEAVES:
-                objs[i] = make(i, node)
-        for i in range(n):
-            node = nodes[i]
-            if node[0] not in _LEAVES:
-                objs[i] = make(i, node)
-            for m in fills[i]:
-                fill(m, nodes[m])
-    except Error:
-        raise
-    except (TypeError, ValueError, OverflowError, RuntimeError, IndexError, KeyError) as e:
-        raise InvalidObjectError.of(type(e))(f"building the object: {type(e).__name__}: {e}") from e
-    return objs[root]
 
 
 def _set_state(obj: Any, state: Any, dict_like: bool) -> None:

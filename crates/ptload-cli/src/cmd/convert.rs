@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use clap::Args;
-use ptload_reader::export::{Metadata, SafetensorsOptions};
+use ptload_reader::export::{Export, Metadata, SafetensorsOptions};
 use ptload_reader::set::CheckpointSet;
 use ptload_reader::state_dict::{StateDict, StateDictOptions};
 use ptload_reader::ErrorKind;
@@ -119,11 +119,12 @@ fn merge_ranks(a: &ConvertArgs, out: &mut impl Write) -> CliResult<u8> {
     if splits.rules().is_empty() {
         return Err("--merge-ranks needs the rules the files were cut by: --split GLOB=DIM or --split-preset NAME".into());
     }
-    let shard = match a.state.shard.as_deref() {
-        None => None,
-        Some("env") => Some(ptload_reader::tp::Shard::from_env()?),
-        Some(s) => Some(ptload_reader::tp::Shard::parse(s)?),
-    };
+    let shard = a
+        .state
+        .shard
+        .as_deref()
+        .map(ptload_reader::tp::Shard::from_arg)
+        .transpose()?;
     let merged = ptload_reader::merge::merge(&set, &splits)?;
     let sopts = SafetensorsOptions {
         dtype: a.dtype.as_deref().map(parse_dtype).transpose()?,
@@ -131,7 +132,8 @@ fn merge_ranks(a: &ConvertArgs, out: &mut impl Write) -> CliResult<u8> {
         overwrite: a.force,
         ..Default::default()
     };
-    let written = ptload_reader::export::write_merged_file(&set, &merged, shard, &sopts, &a.output)
+    let written = Export::merged(&set, &merged, shard, &sopts)
+        .to_file(&a.output)
         .map_err(output_error)?;
     writeln!(
         out,
@@ -237,39 +239,28 @@ pub(crate) fn convert(
                 "--max-shard-size writes a directory of shards, not standard output".into(),
             );
         }
-        return crate::remote::reading_ahead(&selection, || {
-            write_shards(out, &selection, &opts, request, max, bar)
-        });
+        return selection
+            .while_reading_ahead(|| write_shards(out, &selection, &opts, request, max, bar));
     }
     // From a URL, the tensors' bytes are fetched ahead of the writer.
-    let result = crate::remote::reading_ahead(&selection, || -> CliResult<_> {
+    let result = selection.while_reading_ahead(|| -> CliResult<_> {
         Ok(match (request.dcp, to_stdout) {
             (Some(dcp), true) => {
                 let mut stdout =
                     std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-                let written = ptload_reader::export::write_dcp_safetensors(
-                    dcp,
-                    &selection,
-                    &opts,
-                    &mut stdout,
-                );
+                let written = Export::dcp(dcp, &selection, &opts).to_writer(&mut stdout);
                 stdout.flush()?;
                 written
             }
-            (Some(dcp), false) => {
-                ptload_reader::export::write_dcp_safetensors_file(dcp, &selection, &opts, output)
-            }
+            (Some(dcp), false) => Export::dcp(dcp, &selection, &opts).to_file(output),
             (None, true) => {
                 let mut stdout =
                     std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-                let written =
-                    ptload_reader::export::write_safetensors(&selection, &opts, &mut stdout);
+                let written = Export::state_dict(&selection, &opts).to_writer(&mut stdout);
                 stdout.flush()?;
                 written
             }
-            (None, false) => {
-                ptload_reader::export::write_safetensors_file(&selection, &opts, output)
-            }
+            (None, false) => Export::state_dict(&selection, &opts).to_file(output),
         })
     })?;
     if let Some(bar) = bar {
@@ -356,7 +347,7 @@ fn write_shards(
     bar: Option<indicatif::ProgressBar>,
 ) -> CliResult<()> {
     let output = request.output;
-    let set = ptload_reader::export::write_safetensors_set(selection, opts, output, max);
+    let set = Export::state_dict(selection, opts).to_shards(output, max);
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

@@ -188,9 +188,7 @@ fn show(
     // Hashing a file read by ranges reads every storage: they are fetched
     // ahead of the hashing, several requests in flight.
     if a.hash {
-        crate::remote::reading_ahead(&sd, || {
-            print(a, set, &rows, &values, label, out, stream, columns)
-        })?;
+        sd.while_reading_ahead(|| print(a, set, &rows, &values, label, out, stream, columns))?;
     } else {
         print(a, set, &rows, &values, label, out, stream, columns)?;
     }

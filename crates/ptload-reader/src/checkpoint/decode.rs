@@ -269,16 +269,14 @@ fn object_graph(
 }
 
 /// The warning for a file holding DTensors: what each of its entries is.
-fn dtensor_warning(dtensors: &[(u32, DTensorSpec)]) -> Option<String> {
+fn dtensor_warning(dtensors: &[(u32, DTensorSpec)]) -> Option<Warning> {
     let (_, spec) = dtensors.first()?;
-    Some(format!(
-        "{} tensors are DTensors: each is listed as this file's local part (rank {} at \
-         {:?} on a mesh of {:?}); open every rank's file as one set for whole tensors",
-        dtensors.len(),
-        spec.rank.map_or_else(|| "?".to_owned(), |r| r.to_string()),
-        spec.coordinate,
-        spec.mesh
-    ))
+    Some(Warning::LocalParts {
+        count: dtensors.len(),
+        rank: spec.rank,
+        coordinate: spec.coordinate.clone(),
+        mesh: spec.mesh.clone(),
+    })
 }
 
 impl Checkpoint {
@@ -404,7 +402,7 @@ impl Checkpoint {
     pub(crate) fn assembled(
         parts: Vec<AssembledTensor>,
         values: Vec<(String, Scalar)>,
-        warnings: Vec<String>,
+        warnings: Vec<Warning>,
         protocol: u8,
         format: Format,
     ) -> Result<Checkpoint> {
@@ -421,7 +419,7 @@ impl Checkpoint {
     fn of_parts(
         parts: impl ExactSizeIterator<Item = (String, DType, Vec<u64>, Held)>,
         values: Vec<(String, Scalar)>,
-        warnings: Vec<String>,
+        warnings: Vec<Warning>,
         protocol: u8,
         format: Format,
     ) -> Result<Checkpoint> {

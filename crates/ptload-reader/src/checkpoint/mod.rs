@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use crate::advice::Hint;
+use crate::advice::{Hint, Warning};
 use crate::bytes::slice;
 use crate::container::layout::StorageBytes;
 use crate::container::{detect, Detected};
@@ -81,7 +81,7 @@ pub struct Checkpoint {
     value_calls: Vec<(usize, usize)>,
     callables: Vec<String>,
     globals: Vec<GlobalRef>,
-    warnings: Vec<String>,
+    warnings: Vec<Warning>,
     /// The limits it was opened with, for [`Checkpoint::suspicious`].
     limits: Limits,
     /// The scanner's report, when it was scanned while opened
@@ -634,7 +634,7 @@ impl Checkpoint {
 
     /// Things the reader saw but does not expose (e.g. tensors of a kind it
     /// does not read), one line each.
-    pub fn warnings(&self) -> &[String] {
+    pub fn warnings(&self) -> &[Warning] {
         &self.warnings
     }
 }
@@ -642,6 +642,7 @@ impl Checkpoint {
 mod decode;
 mod fetch;
 mod open;
+mod span;
 use crate::fetched::Fetched;
 pub use fetch::while_prefetching;
 pub use open::OpenOptions;

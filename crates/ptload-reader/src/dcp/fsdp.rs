@@ -43,6 +43,7 @@
 use std::borrow::Cow;
 
 use super::{copy_box, volume};
+use crate::advice::Warning;
 use crate::checkpoint::Checkpoint;
 use crate::container::Format;
 use crate::error::{Error, ErrorKind, Result};
@@ -544,28 +545,27 @@ fn values_of(
     files: &[(String, &Checkpoint)],
     first_name: &str,
     first: &Checkpoint,
-) -> (Vec<(String, Scalar)>, Vec<String>) {
-    let mut warnings: Vec<String> = first
+) -> (Vec<(String, Scalar)>, Vec<Warning>) {
+    let mut warnings: Vec<Warning> = first
         .warnings()
         .iter()
-        .filter(|w| !w.contains("are DTensors"))
+        .filter(|w| !matches!(w, Warning::LocalParts { .. }))
         .cloned()
         .collect();
     let values: Vec<(String, Scalar)> = first.values().to_vec();
     for (name, ckpt) in files.iter().skip(1) {
         if ckpt.values() != first.values() {
-            let differs = ckpt
+            let key = ckpt
                 .values()
                 .iter()
                 .zip(first.values())
                 .find(|(a, b)| a != b)
-                .map_or_else(
-                    || "how many there are".to_owned(),
-                    |(a, _)| format!("'{}'", a.0),
-                );
-            warnings.push(format!(
-                "{name}'s values differ from {first_name}'s ({differs}): {first_name}'s are kept"
-            ));
+                .map(|(a, _)| a.0.clone());
+            warnings.push(Warning::ValuesDiffer {
+                file: name.clone(),
+                kept: first_name.to_owned(),
+                key,
+            });
         }
     }
     (values, warnings)

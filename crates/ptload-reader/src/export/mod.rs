@@ -8,15 +8,13 @@
 //! `output` makes files safely (never the input, never clobbering, never
 //! half-written) and `header` serializes the JSON.
 
+mod builder;
 mod header;
 mod output;
 mod plan;
 mod write;
 
-pub use output::{
-    write_dcp_safetensors_file, write_merged_file, write_safetensors_file, write_safetensors_set,
-};
-pub use write::{write_dcp_safetensors, write_safetensors};
+pub use builder::Export;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::torch::dtype::DType;
@@ -25,7 +23,7 @@ use crate::torch::dtype::DType;
 /// progress bars).
 pub type Progress = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
 
-/// Options for [`write_safetensors`].
+/// Options for an [`Export`].
 #[derive(Clone, Default)]
 pub struct SafetensorsOptions {
     /// Convert floating tensors to this dtype.
@@ -35,8 +33,8 @@ pub struct SafetensorsOptions {
     pub skip_unsupported: bool,
     /// Told the bytes of each tensor written (for progress bars).
     pub progress: Option<Progress>,
-    /// [`write_safetensors_file`] replaces an existing regular file only
-    /// when this is set (never the checkpoint being read).
+    /// [`Export::to_file`] and [`Export::to_shards`] replace an existing
+    /// regular file only when this is set (never a file being read).
     pub overwrite: bool,
     /// Set from another thread (a Ctrl-C handler) to stop the write: it
     /// ends with [`ErrorKind::Cancelled`] and leaves no partial file.
@@ -89,7 +87,7 @@ impl std::fmt::Debug for SafetensorsOptions {
     }
 }
 
-/// What [`write_safetensors`] wrote.
+/// What an [`Export`] wrote.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct Written {
@@ -115,7 +113,7 @@ pub fn safetensors_dtype(d: DType) -> Option<&'static str> {
     }
 }
 
-/// What [`write_safetensors_set`] wrote: each file with what it holds.
+/// What [`Export::to_shards`] wrote: each file with what it holds.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct WrittenSet {

@@ -22,32 +22,6 @@ pub(super) const DCP_STAGE: u64 = 64 << 20;
 /// Maps an I/O failure to the error that names the output.
 pub(super) type IoError<'a> = &'a dyn Fn(std::io::Error) -> Error;
 
-/// Write the state dict `sd` (every file of a set; each rank's part of
-/// sliced tensors) to `out` in the safetensors format:
-/// contiguous, little-endian, one entry per tensor (a storage shared by
-/// several tensors is written once per tensor), plain values in
-/// `__metadata__` as JSON text under their flattened names.
-pub fn write_safetensors(
-    sd: &StateDict,
-    opts: &SafetensorsOptions,
-    out: &mut impl Write,
-) -> Result<Written> {
-    let io = |e: std::io::Error| Error::io("cannot write the safetensors file", e);
-    write_with(sd, opts, out, &mut Vec::new(), &io)
-}
-
-/// [`write_dcp_safetensors_file`](super::write_dcp_safetensors_file) to
-/// any writer (standard output).
-pub fn write_dcp_safetensors(
-    dcp: &Dcp,
-    sd: &StateDict,
-    opts: &SafetensorsOptions,
-    out: &mut impl Write,
-) -> Result<Written> {
-    let io = |e: std::io::Error| Error::io("cannot write the safetensors file", e);
-    write_dcp_with(dcp, sd, opts, out, &io, DCP_STAGE)
-}
-
 /// The 8-byte length and the header.
 fn write_header<W: Write>(header: &str, out: &mut W, io: IoError<'_>) -> Result<()> {
     out.write_all(&(header.len() as u64).to_le_bytes())

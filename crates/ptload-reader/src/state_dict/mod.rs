@@ -270,6 +270,34 @@ impl<'c> StateDict<'c> {
         &self.files
     }
 
+    /// Run `work` while the whole storages this selection reads from files
+    /// read by ranges (URLs, bucket objects) are fetched ahead of it,
+    /// several requests in flight
+    /// ([`while_prefetching`](crate::checkpoint::while_prefetching)); once
+    /// `work` ends no further request starts. A rank's slices are read by
+    /// `work` alone (they need part of a storage). Mapped files fetch
+    /// nothing: `work` just runs.
+    pub fn while_reading_ahead<T>(&self, work: impl FnOnce() -> T) -> T {
+        let lists: Vec<(&Checkpoint, Vec<usize>)> = self
+            .files
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.fetched_bytes().is_some())
+            .map(|(k, &c)| {
+                let storages = self
+                    .entries
+                    .iter()
+                    .filter(|e| e.file == k && e.slice.is_none())
+                    .filter_map(|e| e.view(c)?.info().storage)
+                    .collect();
+                (c, storages)
+            })
+            .collect();
+        let ahead: Vec<(&Checkpoint, &[usize])> =
+            lists.iter().map(|(c, s)| (*c, s.as_slice())).collect();
+        crate::checkpoint::while_prefetching(&ahead, work)
+    }
+
     /// The entries at `positions` (indices into this state dict's
     /// entries), as a state dict of their own.
     pub fn subset(&self, positions: &[usize]) -> StateDict<'c> {

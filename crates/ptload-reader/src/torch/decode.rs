@@ -3,6 +3,7 @@
 //! with where its bytes are).
 
 use super::{PendingStorage, TorchInterp};
+use crate::advice::Warning;
 use crate::bytes::ByteOrder;
 use crate::container::layout::{self, StorageBytes};
 use crate::container::legacy::{self, LegacyStorage};
@@ -29,7 +30,7 @@ pub(crate) struct Decoded {
     pub(crate) end: u64,
     /// What the reader passed over (entries of the archive it never
     /// needed whose local header is broken).
-    pub(crate) notes: Vec<String>,
+    pub(crate) notes: Vec<Warning>,
 }
 
 /// torch's zip layout (and TorchScript's).
@@ -103,8 +104,9 @@ pub(crate) fn decode_zip(
         notes: archive
             .broken_locals()
             .iter()
-            .map(|(name, at)| {
-                format!("zip entry {name:?} has no local header (at {at:#x}); not needed, not read")
+            .map(|&(name, at)| Warning::NoLocalHeader {
+                entry: name.to_owned(),
+                at,
             })
             .collect(),
     })

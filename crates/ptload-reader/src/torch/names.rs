@@ -11,6 +11,7 @@
 use hashbrown::HashSet;
 
 use super::{Known, QuantParams, TorchHeap, TorchObj};
+use crate::advice::Warning;
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::name_index::NameIndex;
@@ -71,7 +72,7 @@ pub(crate) struct Walked {
     pub(crate) value_calls: Vec<(usize, usize)>,
     /// The callables of `value_calls`, as `module.name`.
     pub(crate) callables: Vec<String>,
-    pub(crate) warnings: Vec<String>,
+    pub(crate) warnings: Vec<Warning>,
     /// Indices into `tensors`, by name.
     pub(crate) by_name: NameIndex,
     /// Steps the walk took.
@@ -591,9 +592,10 @@ impl<'h> Walker<'h> {
         }
         if class.starts_with("torch._utils._rebuild_") {
             let name = self.name(None)?;
-            self.out.warnings.push(format!(
-                "'{name}': tensors rebuilt by {class} are not read; they are not listed"
-            ));
+            self.out.warnings.push(Warning::NotRead {
+                name,
+                rebuild: class.to_owned(),
+            });
             self.children.clear();
         } else if self.children.is_empty() {
             self.value(in_module, || Scalar::Object(class))?;
