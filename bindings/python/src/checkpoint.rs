@@ -84,7 +84,11 @@ impl Checkpoint {
 
     /// What the reader noticed and did not treat as an error.
     fn warnings(&self) -> Vec<WarningRecord> {
-        self.inner.warnings().iter().map(WarningRecord::of).collect()
+        self.inner
+            .warnings()
+            .iter()
+            .map(WarningRecord::of)
+            .collect()
     }
 
     /// The storages, as records.

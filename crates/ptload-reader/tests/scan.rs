@@ -391,6 +391,24 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         UnknownCall,
         Some(("builtins.print", true)),
     ),
+    // Records read as tarfile reads them: a PAX value's last byte dropped
+    // whatever it is, a PAX header or GNU long name parsed over its whole
+    // block whatever its size says.
+    (
+        "t_tar_pax_value_last_byte.pt",
+        Ambiguous,
+        Some(("a PAX or GNU long-name record", true)),
+    ),
+    (
+        "t_tar_pax_header_short_size.pt",
+        Ambiguous,
+        Some(("a PAX or GNU long-name record", true)),
+    ),
+    (
+        "t_tar_gnu_long_name_short_size.pt",
+        Ambiguous,
+        Some(("a PAX or GNU long-name record", true)),
+    ),
     // Names as torch's zip reader finds them, letter case aside
     // (torch_case.json): DATA.PKL is the pickle torch reads.
     (
@@ -708,6 +726,27 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Some(("logging.warning", true)),
     ),
     ("ss_tar_v7.pt", UnknownCall, Some(("logging.warning", true))),
+    (
+        "ss_repr_calls_attribute.pkl",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "ss_reversed_list.pkl",
+        UnknownCall,
+        Some(("logging.warning", true)),
+    ),
+    ("ss_build_bytes_key.pkl", Dangerous, Some(("argparse.Namespace", true))),
+    (
+        "ss_legacy_magic_instance.pt",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "ss_legacy_hex_protocol.pt",
+        UnknownCall,
+        Some(("logging.warning", true)),
+    ),
     ("ss_script_save.pt", Dangerous, Some(("torch.save", true))),
     ("ss_script_save_caps.pt", Dangerous, Some(("torch.save", true))),
 ];
@@ -1544,8 +1583,14 @@ fn calls_the_unpickler_makes_are_calls() {
 /// subclass's `__getattr__`, APPEND calling `extend`, a class's own
 /// `__setitem__` calling what its state holds, a v7 tar torch reads
 /// first, and TorchScript code that writes a file (`save`), its records
-/// named in capitals. Every payload torch ran is flagged, at the level
-/// the technique is (changing the interpreter's state, making a class
+/// named in capitals; code that uses an object the file made running
+/// the object's methods (`repr` of a Namespace whose `_get_args` is a
+/// partial, torch comparing a legacy magic number that is a UserList
+/// whose `__cast` is one), what a builtin hands back being any of what
+/// it was given (the last of a reversed list), a BUILD key written as a
+/// protocol-1 string, and a legacy protocol version written in hex.
+/// Every payload torch ran is flagged, at the level the technique is
+/// (changing the interpreter's state, making a class, calling a partial
 /// and writing files are dangerous whatever is called).
 #[test]
 fn state_changes_made_classes_and_answered_lookups_are_caught() {
@@ -1556,6 +1601,11 @@ fn state_changes_made_classes_and_answered_lookups_are_caught() {
         ("ss_append_calls_extend.pkl", Level::UnknownCall),
         ("ss_setitem_policy.pkl", Level::UnknownCall),
         ("ss_tar_v7.pt", Level::UnknownCall),
+        ("ss_repr_calls_attribute.pkl", Level::Dangerous),
+        ("ss_reversed_list.pkl", Level::UnknownCall),
+        ("ss_build_bytes_key.pkl", Level::Dangerous),
+        ("ss_legacy_magic_instance.pt", Level::Dangerous),
+        ("ss_legacy_hex_protocol.pt", Level::UnknownCall),
         ("ss_script_save.pt", Level::Dangerous),
         ("ss_script_save_caps.pt", Level::Dangerous),
     ];
@@ -1654,6 +1704,64 @@ fn callables_without_an_entry_are_judged_by_what_they_are_given_and_named() {
             "torch's result type",
             pickle(&[b"ctorch.return_types\ntopk\n)\x85R"]),
             Clean,
+        ),
+        (
+            "numpy's memmap by its implementation module",
+            pickle(&[b"cnumpy._core.memmap\nmemmap\n", &s("/tmp/x"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "shared memory by multiprocessing's C part",
+            pickle(&[b"c_posixshmem\nshm_open\n", &s("/x"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "CPython's test helpers",
+            pickle(&[b"ctest.support.script_helper\nassert_python_ok\n", &s("-c"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "a model's own module named test",
+            pickle(&[b"ctest\nNet\n)\x81"]),
+            NeedsCode,
+        ),
+        (
+            "diffusers' frozen config",
+            pickle(&[b"cdiffusers.configuration_utils\nFrozenDict\n)\x85R"]),
+            Clean,
+        ),
+        (
+            "a torch random generator",
+            pickle(&[b"ctorch._C\nGenerator\n", &s("cpu"), b"\x85R"]),
+            Clean,
+        ),
+        (
+            "an object given to a call runs what it holds",
+            pickle(&[
+                b"cbuiltins\nstr\ncargparse\nNamespace\n)\x81}",
+                &s("_get_args"),
+                b"csomepkg\nfrob\nsb\x85R",
+            ]),
+            UnknownCall,
+        ),
+        (
+            "a function in a plain list given to a call is not called",
+            pickle(&[b"cbuiltins\nlen\n](csomepkg\nfrob\ne\x85R"]),
+            NeedsCode,
+        ),
+        (
+            "an item taken two levels down is called",
+            pickle(&[
+                b"cbuiltins\nnext\ncbuiltins\niter\n](](csomepkg\nfrob\nee\x85R\x85R)R",
+            ]),
+            UnknownCall,
+        ),
+        (
+            "a dict's key handed back is called",
+            pickle(&[
+                b"cbuiltins\nnext\ncbuiltins\nreversed\n}(cbuiltins\nrepr\nK\x00csomepkg\nfrob\nK\x01u\x85R\x85R)R",
+            ]),
+            UnknownCall,
         ),
         (
             "a class made by a metaclass",
@@ -1863,16 +1971,17 @@ fn zip_names_are_found_as_torch_finds_them() {
 /// Tar checkpoints (`tests/scan/torch_tar.json`, torch 2.15 run on each):
 /// the payload torch ran is reported called in a pickle marked read by
 /// torch.load, whatever names it (a PAX `path` record, the last of two
-/// members, behind a storage's or a tensor record's raw bytes); the one
-/// torch did not run (the first of two) is reported, not marked read, and
-/// the file is ambiguous.
+/// members, behind a storage's or a tensor record's raw bytes, a PAX value
+/// whose last byte is not a newline, a PAX header or a GNU long name whose
+/// size says less than its block holds); the one torch did not run (the
+/// first of two) is reported, not marked read, and the file is ambiguous.
 #[test]
 fn tar_members_are_named_as_torch_names_them() {
     use ptload_reader::scan::Usage;
     let text = std::fs::read_to_string(root().join("tests/scan/torch_tar.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 8);
+    assert_eq!(files.len(), 11);
     for (name, facts) in files {
         let report = scan_file(
             &root().join("tests/scan").join(name),

@@ -495,10 +495,21 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
         }
     }
 
-    fn push_text_int(&mut self, text: &[u8]) -> Result<()> {
+    /// INT (`c_first`: CPython reads it with C's `strtol(s, 0)` first:
+    /// `0x` hex and `0` octal too) or LONG (Python's `int(s, 0)`: `0x`,
+    /// `0o`, `0b`, underscores).
+    fn push_text_int(&mut self, text: &[u8], c_first: bool) -> Result<()> {
         let text = text.strip_suffix(b"L").unwrap_or(text);
         let s = std::str::from_utf8(text).map_err(|_| pickle_err("invalid integer text"))?;
-        if let Ok(i) = s.trim().parse::<i64>() {
+        if let Some(i) = c_first.then(|| c_strtol(s)).flatten() {
+            return self.push(Value::Int(i));
+        }
+        if let Some(i) = s
+            .trim()
+            .parse::<i64>()
+            .ok()
+            .or_else(|| python_int(s.trim()))
+        {
             return self.push(Value::Int(i));
         }
         let le = decimal_to_le(s.trim())?;
@@ -623,7 +634,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 match line {
                     b"01" => self.push(Value::Bool(true))?,
                     b"00" => self.push(Value::Bool(false))?,
-                    _ => self.push_text_int(line)?,
+                    _ => self.push_text_int(line, true)?,
                 }
             }
             b'J' => {
@@ -640,7 +651,7 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             }
             b'L' => {
                 let line = self.r.line()?;
-                self.push_text_int(line)?;
+                self.push_text_int(line, false)?;
             }
             0x8a => {
                 let n = self.r.u8()?;
@@ -999,6 +1010,72 @@ fn long_to_i64(le: &[u8]) -> Option<i64> {
     Some(i64::from_le_bytes(buf))
 }
 
+/// `s` as C's `strtol(s, &end, 0)` reads it when it reads all of it (up
+/// to a NUL): leading whitespace, a sign, then `0x`/`0X` and hex digits,
+/// `0` and octal digits, or decimal digits. `None` when something is left
+/// over or the value leaves `i64` (CPython then reads it as Python does).
+fn c_strtol(s: &str) -> Option<i64> {
+    let s = s.split('\0').next().unwrap_or(s);
+    let s = s.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r']);
+    let (negative, rest) = match s.as_bytes().first() {
+        Some(b'-') => (true, s.get(1..)?),
+        Some(b'+') => (false, s.get(1..)?),
+        _ => (false, s),
+    };
+    let (radix, digits) =
+        if let Some(hex) = rest.strip_prefix("0x").or_else(|| rest.strip_prefix("0X")) {
+            (16, hex)
+        } else if rest.len() > 1 && rest.starts_with('0') {
+            (8, rest.get(1..)?)
+        } else {
+            (10, rest)
+        };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    let magnitude = i128::from_str_radix(digits, radix).ok()?;
+    i64::try_from(if negative { -magnitude } else { magnitude }).ok()
+}
+
+/// `s` as Python's `int(s, 0)` reads it, within `i64`: a sign, then `0x`,
+/// `0o` or `0b` and digits of that base, or decimal digits without a
+/// leading zero; single underscores between digits.
+fn python_int(s: &str) -> Option<i64> {
+    let (negative, rest) = match s.as_bytes().first() {
+        Some(b'-') => (true, s.get(1..)?),
+        Some(b'+') => (false, s.get(1..)?),
+        _ => (false, s),
+    };
+    let lower = rest.to_ascii_lowercase();
+    let (radix, digits) = match lower.get(..2) {
+        Some("0x") => (16, lower.get(2..)?),
+        Some("0o") => (8, lower.get(2..)?),
+        Some("0b") => (2, lower.get(2..)?),
+        _ => (10, lower.as_str()),
+    };
+    let digits = digits
+        .strip_prefix('_')
+        .filter(|_| radix != 10)
+        .unwrap_or(digits);
+    if digits.is_empty()
+        || digits.starts_with('_')
+        || digits.ends_with('_')
+        || digits.contains("__")
+        || (radix == 10
+            && digits.len() > 1
+            && digits.starts_with('0')
+            && digits.bytes().any(|b| b != b'0' && b != b'_'))
+    {
+        return None;
+    }
+    let clean: String = digits.chars().filter(|&c| c != '_').collect();
+    if clean.len() > 64 || !clean.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    let magnitude = i128::from_str_radix(&clean, radix).ok()?;
+    i64::try_from(if negative { -magnitude } else { magnitude }).ok()
+}
+
 /// CPython refuses to convert integer text longer than this
 /// (`sys.int_max_str_digits`), so unpickling such a pickle fails there too.
 const MAX_INT_DIGITS: usize = 4300;
@@ -1266,6 +1343,18 @@ mod tests {
         assert_eq!(long_to_i64(&[0x00, 0x80, 0xff]), Some(-32768));
         assert_eq!(long_to_i64(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]), None);
         assert_eq!(long_to_i64(&[1, 0, 0, 0, 0, 0, 0, 0, 0]), Some(1));
+        // INT as CPython reads it: strtol(s, 0) first, then int(s, 0).
+        assert_eq!(c_strtol("0x3e9"), Some(1001));
+        assert_eq!(c_strtol(" -0X10"), Some(-16));
+        assert_eq!(c_strtol("010"), Some(8));
+        assert_eq!(c_strtol("12\0junk"), Some(12));
+        assert_eq!(c_strtol("12 "), None);
+        assert_eq!(c_strtol("0x"), None);
+        assert_eq!(python_int("0b1_01"), Some(5));
+        assert_eq!(python_int("-0o17"), Some(-15));
+        assert_eq!(python_int("1_000"), Some(1000));
+        assert_eq!(python_int("010"), None);
+        assert_eq!(python_int("1__0"), None);
         assert_eq!(decimal_to_le("255").ok(), Some(vec![0xff, 0x00]));
         assert_eq!(decimal_to_le("0").ok(), Some(vec![0x00]));
         assert_eq!(decimal_to_le("-1").ok(), Some(vec![0xff]));

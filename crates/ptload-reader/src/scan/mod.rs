@@ -173,6 +173,9 @@ const PROCESS_ROOTS: &[&str] = &[
     "pty",
     "commands",
     "multiprocessing",
+    // multiprocessing's C parts: named semaphores, shared memory.
+    "_multiprocessing",
+    "_posixshmem",
     "_posixsubprocess",
     "signal",
     "asyncio",
@@ -211,6 +214,15 @@ const CODE_ROOTS: &[&str] = &[
     "profile",
     "doctest",
     "idlelib",
+    // CPython's test helpers (they start interpreters on scripts they
+    // write; a model's own `test` module is not these) and pytest's
+    // internals.
+    "test.support",
+    "test.libregrtest",
+    "_pytest",
+    "pytest",
+    // transformers' loader of code from a model's repository.
+    "transformers.dynamic_module_utils",
     // torch's own eval/exec wrappers: FX graph modules exec source from
     // the file, symbolic-shape guards are evaluated, config modules and
     // datapipes unpickle bytes, packages and extensions load code.
@@ -400,6 +412,7 @@ fn public_module(module: &str, name: &str) -> Option<&'static str> {
                 name,
                 "vectorize"
                     | "frompyfunc"
+                    | "memmap"
                     | "apply_along_axis"
                     | "apply_over_axes"
                     | "piecewise"
@@ -937,6 +950,10 @@ fn known_data(module: &str, name: &str) -> bool {
             "Path" | "PurePath" | "PosixPath" | "WindowsPath" | "PurePosixPath" | "PureWindowsPath"
         ),
         "torch.jit._pickle" => TORCHSCRIPT_HELPERS.contains(&name),
+        // A random generator, pickled as its device and its state.
+        "torch._C" | "torch" => name == "Generator",
+        // diffusers' configs: an OrderedDict that refuses changes.
+        "diffusers.configuration_utils" => name == "FrozenDict",
         // A lazy module's parameters and buffers, and a jagged nested
         // tensor's rebuild: torch's own tensor machinery.
         "torch.nn.parameter" => matches!(name, "UninitializedParameter" | "UninitializedBuffer"),

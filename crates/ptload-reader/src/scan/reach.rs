@@ -18,7 +18,8 @@
 //! recorded before the break: the scan fails closed.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+
+use hashbrown::{HashMap, HashSet};
 
 use super::{classify, conditional_data, known_enum, wrapper_class, Danger, GlobalClass, Level};
 use crate::container::zip::{self, Archive, Headers, Method, Rules};
@@ -357,6 +358,7 @@ fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
         report: ScanReport::default(),
         nested: Vec::new(),
         ran_out: false,
+        result_used: false,
     };
     let head = view.up_to(0, 512);
     let safetensors =
@@ -456,6 +458,9 @@ struct Scanner<'l> {
     /// A pickle ran to the end of the bytes it was given: of a file read
     /// by ranges, more may need fetching.
     ran_out: bool,
+    /// The next pickle's result is a value torch's loader itself uses as
+    /// data (a legacy header: compared, iterated), not one it returns.
+    result_used: bool,
 }
 
 impl Scanner<'_> {
@@ -499,7 +504,16 @@ impl Scanner<'_> {
         }
         let mut heap = Heap::new(self.limits);
         let mut recorder = Recorder::default();
-        let outcome = self.vm.run(&mut heap, &mut recorder, data, start);
+        let mut outcome = self.vm.run(&mut heap, &mut recorder, data, start);
+        if std::mem::take(&mut self.result_used) {
+            // torch compares it with a number, or iterates it: an object
+            // the pickle made runs its methods.
+            if let Ok(out) = &outcome {
+                if let Err(e) = recorder.used(&heap, &[out.value]) {
+                    outcome = Err(e);
+                }
+            }
+        }
         recorder.settle_lookups();
         recorder.settle_effects();
         let parent = source.to_string();
@@ -569,8 +583,26 @@ impl Scanner<'_> {
                 index,
                 offset: offset as u64,
             };
+            // The magic number, the protocol, sys_info and the storage keys
+            // are torch's own data; the object (the fourth) is returned.
+            self.result_used = index < reached && index != 3;
             let Some((end, magic)) = self.run(data, offset, source, index < reached, 0, Some(0))
             else {
+                if index > 0 && index < reached && !self.ran_out {
+                    // torch unpickles this one and reads on; the scanner
+                    // cannot follow it past here.
+                    self.report.ambiguities.push(Ambiguity {
+                        record: PickleSource::Stream {
+                            index,
+                            offset: offset as u64,
+                        }
+                        .to_string(),
+                        offset: offset as u64,
+                        what: "torch unpickles this pickle of the stream, and the scanner \
+                               could not read it to its end: what follows is not scanned"
+                            .into(),
+                    });
+                }
                 break;
             };
             if index == 0 && magic {
@@ -970,6 +1002,15 @@ impl Scanner<'_> {
                     ),
                 });
             }
+            if m.sparse {
+                self.report.ambiguities.push(Ambiguity {
+                    record: m.name.clone(),
+                    offset: m.header as u64,
+                    what: "tar: a sparse member: tarfile reads it with its holes filled with \
+                           zeros, not as its bytes lie"
+                        .into(),
+                });
+            }
             if let Some(header_name) = &m.renamed {
                 self.report.ambiguities.push(Ambiguity {
                     record: m.name.clone(),
@@ -1227,6 +1268,10 @@ struct TarMember {
     /// to (its header's, a PAX `linkpath` record's or a GNU long link
     /// name's); Python's tarfile reads the target's data for it.
     link: Option<String>,
+    /// A sparse member (GNU type `S`, or PAX `GNU.sparse` records):
+    /// tarfile reads it with its holes filled with zeros, not as its
+    /// bytes lie.
+    sparse: bool,
 }
 
 /// Most members of a tar archive looked at.
@@ -1281,10 +1326,15 @@ fn tar_members(data: &[u8], notes: &mut Vec<String>) -> Option<Vec<TarMember>> {
                 .unwrap_or(header_size)
         };
         let start = at.saturating_add(512);
-        let Some(body) = data.get(start..start.saturating_add(size)) else {
+        if data.get(start..start.saturating_add(size)).is_none() {
             notes.push("tar member runs past the end".into());
             break;
-        };
+        }
+        // tarfile reads a PAX or GNU long-name header's data in whole
+        // blocks and parses all of it: what lies between the declared
+        // size and the block's end counts too.
+        let padded = start.saturating_add(size.div_ceil(512).saturating_mul(512));
+        let body = data.get(start..padded.min(data.len())).unwrap_or_default();
         match kind {
             b'x' | b'g' => {
                 let records = pax_records(body);
@@ -1311,6 +1361,11 @@ fn tar_members(data: &[u8], notes: &mut Vec<String>) -> Option<Vec<TarMember>> {
                     .or_else(|| long_name.take())
                     .or_else(|| find(&global, "path"));
                 let renamed = given.as_ref().filter(|g| **g != own).map(|_| own.clone());
+                let sparse = kind == b'S'
+                    || pax
+                        .iter()
+                        .chain(&global)
+                        .any(|(k, _)| k.starts_with("GNU.sparse"));
                 let link = matches!(kind, b'1' | b'2').then(|| {
                     find(&pax, "linkpath")
                         .or_else(|| long_link.take())
@@ -1325,6 +1380,7 @@ fn tar_members(data: &[u8], notes: &mut Vec<String>) -> Option<Vec<TarMember>> {
                     header: at,
                     start,
                     size,
+                    sparse,
                     link: link.map(|target| {
                         if kind == b'2' {
                             symlink_target(
@@ -1393,7 +1449,9 @@ fn pax_records(body: &[u8]) -> Vec<(String, String)> {
         let Some(record) = rest.get(space + 1..len) else {
             break;
         };
-        let record = record.strip_suffix(b"\n").unwrap_or(record);
+        // Python's tarfile (3.11) takes the value up to the record's last
+        // byte, which it drops whatever it is (a newline when well formed).
+        let record = crate::bytes::head(record, record.len().saturating_sub(1));
         if let Some(eq) = record.iter().position(|&b| b == b'=') {
             let key = String::from_utf8_lossy(crate::bytes::head(record, eq)).into_owned();
             let value = String::from_utf8_lossy(crate::bytes::after(record, eq + 1)).into_owned();
@@ -1689,7 +1747,7 @@ impl Recorder {
             };
             heap.charge_work(dict.entries().len() as u64)?;
             for &(k, v) in dict.entries() {
-                if let Some(name) = heap.str(k).filter(|k| IMPLICIT_METHODS.contains(k)) {
+                if let Some(name) = heap.text(k).filter(|k| IMPLICIT_METHODS.contains(k)) {
                     self.methods
                         .entry(id)
                         .or_default()
@@ -1735,24 +1793,7 @@ impl Recorder {
             if depth >= WALK_DEPTH || !seen.insert(id) {
                 continue;
             }
-            let mut below: Vec<(Option<&str>, Value)> = Vec::new();
-            match heap.get(v) {
-                Some(Obj::Dict(d)) => {
-                    below.extend(d.entries().iter().map(|&(k, x)| (heap.str(k), x)));
-                }
-                Some(Obj::Object(o)) => {
-                    below.extend(o.items.entries().iter().map(|&(k, x)| (heap.str(k), x)));
-                    below.extend(o.list.iter().map(|&x| (None, x)));
-                }
-                _ => {
-                    if let Some(members) = heap.members(v) {
-                        below.extend(members.into_iter().map(|x| (None, x)));
-                    }
-                }
-            }
-            if let Some(given) = self.held.get(&id) {
-                below.extend(given.iter().map(|&x| (None, x)));
-            }
+            let below = self.children(heap, v, id);
             heap.charge_work(below.len() as u64 + 1)?;
             for (key, x) in below {
                 visits += 1;
@@ -1764,6 +1805,42 @@ impl Recorder {
             }
         }
         Ok(())
+    }
+
+    /// What `v` (object `id`) holds one level down: a container's members,
+    /// a mapping's values and keys (a key may be a callable: iterating a
+    /// mapping, `keys()`, `reversed` hand it out), an object's items and
+    /// elements, and what it was given ([`hold`]), each value with the key
+    /// it is stored under when that is text.
+    fn children<'h>(&self, heap: &'h Heap, v: Value, id: ObjId) -> Vec<(Option<&'h str>, Value)> {
+        let mut below: Vec<(Option<&str>, Value)> = Vec::new();
+        let keys = |entries: &[(Value, Value)]| -> Vec<(Option<&'h str>, Value)> {
+            entries
+                .iter()
+                .filter(|&&(k, _)| matches!(k, Value::Obj(_)) && heap.text(k).is_none())
+                .map(|&(k, _)| (None, k))
+                .collect()
+        };
+        match heap.get(v) {
+            Some(Obj::Dict(d)) => {
+                below.extend(d.entries().iter().map(|&(k, x)| (heap.text(k), x)));
+                below.extend(keys(d.entries()));
+            }
+            Some(Obj::Object(o)) => {
+                below.extend(o.items.entries().iter().map(|&(k, x)| (heap.text(k), x)));
+                below.extend(keys(o.items.entries()));
+                below.extend(o.list.iter().map(|&x| (None, x)));
+            }
+            _ => {
+                if let Some(members) = heap.members(v) {
+                    below.extend(members.into_iter().map(|x| (None, x)));
+                }
+            }
+        }
+        if let Some(given) = self.held.get(&id) {
+            below.extend(given.iter().map(|&x| (None, x)));
+        }
+        below
     }
 
     /// The values stored under any of `names` in what `obj` holds: an
@@ -1791,6 +1868,143 @@ impl Recorder {
             }
         })?;
         Ok(found)
+    }
+
+    /// The callables among `values` and anywhere below them that
+    /// [`walk`](Self::walk) reaches: what a builtin handed these values may
+    /// hand back or call (`next`, `min`, `reversed`, `dict`...), in order.
+    fn callables_within(&self, heap: &Heap, values: &[Value]) -> Result<Vec<Value>> {
+        let callable = |v: Value| {
+            matches!(self.origin(v), Some(Origin::Global(_)))
+                || matches!(v, Value::Obj(id) if self.wrapped.contains_key(&id))
+        };
+        let mut found: Vec<Value> = values.iter().copied().filter(|&v| callable(v)).collect();
+        for &v in values {
+            found.extend(self.held_callables(heap, v)?);
+        }
+        Ok(found)
+    }
+
+    /// `values` are handed to code that uses them (a call's arguments, the
+    /// fields of a persistent id torch formats and compares, a legacy
+    /// header torch compares): Python runs the methods of any object the
+    /// pickle made among them (`repr`, `str`, `format`, `len`, `==`,
+    /// iteration, `keys()`, `items()`...), and what such an object holds
+    /// (an attribute BUILD set, an item, what it was given) may be what
+    /// those methods call. Each callable below an object the pickle made
+    /// is called; callables in plain containers alone are not (a call
+    /// given functions is judged by what it is). One breadth-first pass,
+    /// at most twice [`WALK_DEPTH`] levels and [`WALK_VISITS`] values,
+    /// each charged as work.
+    fn used(&mut self, heap: &Heap, values: &[Value]) -> Result<()> {
+        if !values.iter().any(|&v| self.may_hold(heap, v, true)) {
+            return Ok(());
+        }
+        let made = |r: &Recorder, v: Value| matches!(r.origin(v), Some(Origin::Made(_)));
+        let callable = |r: &Recorder, v: Value| {
+            matches!(r.origin(v), Some(Origin::Global(_)))
+                || matches!(v, Value::Obj(id) if r.wrapped.contains_key(&id))
+        };
+        // Each value with its depth, whether an object the pickle made is
+        // above it, and the class of the nearest such object.
+        let mut queue: std::collections::VecDeque<(Value, usize, bool, Option<usize>)> = values
+            .iter()
+            .map(|&v| (v, 0, made(self, v), None))
+            .collect();
+        let mut seen = HashSet::new();
+        let mut visits = 0usize;
+        let mut called = Vec::new();
+        while let Some((v, depth, inside, owner)) = queue.pop_front() {
+            let Value::Obj(id) = v else {
+                continue;
+            };
+            if depth >= 2 * WALK_DEPTH || !seen.insert((id, inside)) {
+                continue;
+            }
+            // An instance holds its own class (what made it was given it):
+            // its methods are that class's, not a call of it.
+            let own = match self.origin(v) {
+                Some(Origin::Made(c)) => Some(c),
+                _ => owner,
+            };
+            let below = self.children(heap, v, id);
+            heap.charge_work(below.len() as u64 + 1)?;
+            for (_, x) in below {
+                visits += 1;
+                if visits > WALK_VISITS {
+                    break;
+                }
+                let own_class = own.is_some() && self.global_index(x) == own;
+                if inside && callable(self, x) && !own_class {
+                    called.push(x);
+                }
+                queue.push_back((x, depth + 1, inside || made(self, x), own));
+            }
+            if visits > WALK_VISITS {
+                break;
+            }
+        }
+        for v in called {
+            self.calls(heap, v)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `v` may hold anything [`used`](Self::used) would find: an
+    /// object the pickle made that holds something (items, elements, what
+    /// it was given), or a container with such a member or a container
+    /// among its members (`deeper`: one level is looked at). Cheap, and
+    /// never wrong the other way: a tensor's rebuild arguments (numbers,
+    /// tuples of numbers, an empty `OrderedDict`) are passed over.
+    fn may_hold(&self, heap: &Heap, v: Value, deeper: bool) -> bool {
+        let Value::Obj(id) = v else {
+            return false;
+        };
+        match heap.get(v) {
+            Some(Obj::Object(o)) => {
+                self.held.contains_key(&id) || !o.items.entries().is_empty() || !o.list.is_empty()
+            }
+            Some(Obj::Tuple(_) | Obj::List(_) | Obj::Dict(_) | Obj::Set(_)) => {
+                if !deeper {
+                    return true;
+                }
+                let members: Vec<Value> = match heap.dict(v) {
+                    Some(d) => d.entries().iter().flat_map(|&(k, x)| [k, x]).collect(),
+                    None => heap.members(v).unwrap_or_default(),
+                };
+                members.into_iter().any(|m| self.may_hold(heap, m, false))
+            }
+            _ => false,
+        }
+    }
+
+    /// What `v` stands for, as the value a builtin hands back from
+    /// `values` (`next(it, default)`, `min`, `reversed`, an item taken by
+    /// a key the scanner cannot follow): the origin of the first value
+    /// with one, and every callable among or below them wrapped in, so
+    /// that calling it calls each of them.
+    fn any_of(&mut self, heap: &mut Heap, values: &[Value]) -> Result<Value> {
+        let origin = self.origin_within(heap, values)?;
+        let candidates = self.callables_within(heap, values)?;
+        let v = self.inert(heap, origin)?;
+        for c in candidates {
+            self.wrap(v, c);
+        }
+        Ok(v)
+    }
+
+    /// Whether global `g` is a class the scanner does not know, or one
+    /// that makes a mapping of what it is given (`dict`, `OrderedDict`,
+    /// `defaultdict`).
+    fn unknown_or_mapping(&self, g: usize) -> bool {
+        self.globals.get(g).is_some_and(|u| {
+            u.class == GlobalClass::Unknown
+                || matches!(
+                    (u.module.as_str(), u.name.as_str()),
+                    ("builtins" | "__builtin__", "dict")
+                        | ("collections", "OrderedDict" | "defaultdict")
+                )
+        })
     }
 
     /// Whether an instance of global `g` stores what its `__setitem__`,
@@ -1853,10 +2067,11 @@ impl Recorder {
     }
 }
 
-/// Where TorchScript `code` calls `op` on `torch` or `aten` (`torch.save(`,
-/// `torch . save (`, `aten::save(`, `ops.aten.save(`): the identifier
-/// `op`, whole, after a `.` or `::` and a qualifier ending in `torch` or
-/// `aten`, and before a `(`, with any whitespace between the tokens.
+/// Where TorchScript `code` names `op` on `torch` or `aten` (`torch.save(`,
+/// `torch . save (`, `(torch.save)(`, `aten::save(`, `ops.aten.save(`):
+/// the identifier `op`, whole, after a `.` or `::` and a qualifier ending
+/// in `torch` or `aten`, not followed by an attribute of it, with any
+/// whitespace between the tokens.
 fn torchscript_call(code: &[u8], op: &str) -> Option<usize> {
     let op = op.as_bytes();
     let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
@@ -1873,7 +2088,10 @@ fn torchscript_call(code: &[u8], op: &str) -> Option<usize> {
         let after = code
             .get(end..)
             .and_then(|rest| rest.iter().find(|b| !b.is_ascii_whitespace()));
-        if !whole || after != Some(&b'(') {
+        // Called where it stands or through parentheses, a name it is
+        // bound to, anything but an attribute of it: TorchScript code never
+        // names the op otherwise.
+        if !whole || after == Some(&b'.') {
             continue;
         }
         // Back over whitespace, the separator, whitespace, the qualifier.
@@ -1931,7 +2149,7 @@ fn container(heap: &Heap, v: Value) -> bool {
 /// `__class__`...): set on an instance by BUILD, it changes what a later
 /// opcode calls.
 fn dunder(heap: &Heap, key: Value) -> bool {
-    heap.str(key)
+    heap.text(key)
         .is_some_and(|k| k.len() > 4 && k.starts_with("__") && k.ends_with("__"))
 }
 
@@ -1962,6 +2180,15 @@ impl Interpreter for Recorder {
         // fail the call).
         let items = heap.tuple(args).map_or_else(Vec::new, <[Value]>::to_vec);
         heap.charge_work(items.len() as u64)?;
+        // What a builtin handed back may be any of what it was given
+        // (`any_of`): calling it calls each.
+        if let Value::Obj(id) = callable {
+            let stands_for_several = self.wrapped.contains_key(&id)
+                && !matches!(self.origin(callable), Some(Origin::Made(_)));
+            if stands_for_several {
+                self.calls(heap, callable)?;
+            }
+        }
         let arg = |i: usize| items.get(i).copied().unwrap_or(Value::None);
         match self.origin(callable) {
             // A partial made and kept calls nothing; calling it later calls
@@ -1997,18 +2224,32 @@ impl Interpreter for Recorder {
                     self.mark(Some(g), Usage::Instantiated);
                     return self.inert(heap, Some(Origin::Made(g)));
                 }
-                // The item itself when it can be found; else whatever the
-                // container holds that has an origin.
+                // The item itself when it can be found (a bool indexes as
+                // 0 or 1, a dict by an equal string key); else any of
+                // what the container holds.
                 let (seq, key) = (heap.sequence(arg(0)), arg(1));
-                if let (Some(seq), Value::Int(i)) = (seq, key) {
+                let index = match key {
+                    Value::Int(i) => Some(i),
+                    Value::Bool(b) => Some(i64::from(b)),
+                    _ => None,
+                };
+                if let (Some(seq), Some(i)) = (seq, index) {
                     let len = i64::try_from(seq.len()).unwrap_or(i64::MAX);
                     let at = if i < 0 { i.saturating_add(len) } else { i };
                     if let Some(&item) = usize::try_from(at).ok().and_then(|at| seq.get(at)) {
                         return Ok(item);
                     }
                 }
-                let o = self.origin_within(heap, &[arg(0)])?;
-                self.inert(heap, o)
+                if let (Some(d), Some(k)) = (heap.dict(arg(0)), heap.text(key)) {
+                    let found = d
+                        .entries()
+                        .iter()
+                        .find(|&&(dk, _)| heap.text(dk) == Some(k));
+                    if let Some(&(_, item)) = found {
+                        return Ok(item);
+                    }
+                }
+                self.any_of(heap, &[arg(0)])
             }
             // `getattr(instance, "name")`: a bound method or an attribute
             // of an instance the pickle made (torch pickles a module's
@@ -2052,6 +2293,9 @@ impl Interpreter for Recorder {
                         self.calls(heap, c)?;
                     }
                 }
+                // Whatever the callable is, the objects the pickle made
+                // that it is given have their methods run by it.
+                self.used(heap, &items)?;
                 // What comes out: an instance of the class a constructor is
                 // given (so that calling it, or its `__new__`, counts against
                 // that class), else something the callable made.
@@ -2114,6 +2358,9 @@ impl Interpreter for Recorder {
                         let calls_first = matches!(name, "map" | "filter")
                             || (name == "iter" && items.len() == 2);
                         let makes_class = name == "type" && items.len() == 3;
+                        // `dict(...)` hands back a new mapping, none of
+                        // what it was given.
+                        let makes_dict = name == "dict";
                         // `type(x)`: the class of what the pickle made, a
                         // module's own class (a BUILD on it patches it).
                         if name == "type" && items.len() == 1 {
@@ -2134,20 +2381,24 @@ impl Interpreter for Recorder {
                         if makes_class {
                             self.makes_class(heap, g, arg(2))?;
                         }
-                        if let Some(o) = self.origin_within(heap, &items)? {
-                            return self.inert(heap, Some(o));
+                        // What comes out may be any of what went in (the
+                        // last of a reversed list, a `next` default, an
+                        // item two levels down): calling it calls each.
+                        if !makes_dict
+                            && (self.origin_within(heap, &items)?.is_some()
+                                || !self.callables_within(heap, &items)?.is_empty())
+                        {
+                            return self.any_of(heap, &items);
                         }
                     }
                     _ => {}
                 }
                 let made_value = self.inert(heap, Some(Origin::Made(made)))?;
                 // What a class the scanner does not know was given: its
-                // methods may call it later.
-                let unknown = self
-                    .globals
-                    .get(made)
-                    .is_some_and(|u| u.class == GlobalClass::Unknown);
-                if unknown {
+                // methods may call it later. What a mapping was made of
+                // (`dict([...])`, `OrderedDict([...])`): its items, which a
+                // BUILD given it as state sets.
+                if self.unknown_or_mapping(made) && !items.is_empty() {
                     self.hold(made_value, args);
                 }
                 Ok(made_value)
@@ -2158,7 +2409,10 @@ impl Interpreter for Recorder {
                 self.calls(heap, callable)?;
                 self.inert(heap, Some(Origin::Made(g)))
             }
-            None => self.inert(heap, None),
+            None => {
+                self.used(heap, &items)?;
+                self.inert(heap, None)
+            }
         }
     }
 
@@ -2243,6 +2497,18 @@ impl Interpreter for Recorder {
                 let mut smuggled = Vec::new();
                 for part in parts.into_iter().filter(|_| !torchscript) {
                     let Some(dict) = heap.dict(part) else {
+                        // A state that is a mapping made by a call
+                        // (`dict([...])`, `OrderedDict(...)`, a class the
+                        // scanner does not know): the names it sets are not
+                        // known, so any callable in it may be what a dunder
+                        // or a method now is.
+                        let computed = match self.origin(part) {
+                            Some(Origin::Made(m)) => self.unknown_or_mapping(m),
+                            _ => false,
+                        };
+                        if computed {
+                            smuggled.extend(self.callables_within(heap, &[part])?);
+                        }
                         continue;
                     };
                     heap.charge_work(dict.entries().len() as u64)?;
@@ -2408,9 +2674,60 @@ impl Interpreter for Recorder {
         // An id that is no tuple carries nothing.
         let items = heap.tuple(pid).map_or_else(Vec::new, <[Value]>::to_vec);
         heap.charge_work(items.len() as u64)?;
+        // torch compares the location with strings and formats the key
+        // into a record name: an object among the fields runs its methods.
+        self.used(heap, &items)?;
         if let Some(&v) = items.iter().find(|&&v| self.origin(v).is_some()) {
             return Ok(v);
         }
         self.inert(heap, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The op named in TorchScript code however it is called; not an
+    /// attribute of it, not another identifier.
+    #[test]
+    fn torchscript_calls_are_found_however_written() {
+        for code in [
+            &b"torch.save(x, p)"[..],
+            b"torch . save (x, p)",
+            b"(torch.save)(x, p)",
+            b"f = torch.save\nf(x, p)",
+            b"ops.aten.save(x, p)",
+            b"aten::save(x, p)",
+        ] {
+            assert!(
+                torchscript_call(code, "save").is_some(),
+                "{}",
+                String::from_utf8_lossy(code)
+            );
+        }
+        for code in [
+            &b"torch.saved(x)"[..],
+            b"torch.save.__doc__",
+            b"mytorch.save(x)",
+            b"save(x)",
+        ] {
+            assert!(
+                torchscript_call(code, "save").is_none(),
+                "{}",
+                String::from_utf8_lossy(code)
+            );
+        }
+    }
+
+    /// A PAX record's value is what Python's tarfile (3.11) takes: up to
+    /// the record's last byte, dropped whatever it is.
+    #[test]
+    fn pax_values_drop_the_last_byte_as_tarfile_does() {
+        let one = |k: &str, v: &str| vec![(k.to_owned(), v.to_owned())];
+        assert_eq!(pax_records(b"15 path=pickle\n"), one("path", "pickle"));
+        assert_eq!(pax_records(b"16 path=pickleX\n"), one("path", "pickleX"));
+        // No newline at the end: its last byte goes all the same.
+        assert_eq!(pax_records(b"15 path=pickleX"), one("path", "pickle"));
     }
 }
