@@ -1897,7 +1897,14 @@ impl Recorder {
     /// at most twice [`WALK_DEPTH`] levels and [`WALK_VISITS`] values,
     /// each charged as work.
     fn used(&mut self, heap: &Heap, values: &[Value]) -> Result<()> {
-        if !values.iter().any(|&v| self.may_hold(heap, v, true)) {
+        let mut any = false;
+        for &v in values {
+            if self.may_hold(heap, v)? {
+                any = true;
+                break;
+            }
+        }
+        if !any {
             return Ok(());
         }
         let made = |r: &Recorder, v: Value| matches!(r.origin(v), Some(Origin::Made(_)));
@@ -1953,29 +1960,47 @@ impl Recorder {
     /// Whether `v` may hold anything [`used`](Self::used) would find: an
     /// object the pickle made that holds something (items, elements, what
     /// it was given), or a container with such a member or a container
-    /// among its members (`deeper`: one level is looked at). Cheap, and
-    /// never wrong the other way: a tensor's rebuild arguments (numbers,
-    /// tuples of numbers, an empty `OrderedDict`) are passed over.
-    fn may_hold(&self, heap: &Heap, v: Value, deeper: bool) -> bool {
-        let Value::Obj(id) = v else {
-            return false;
-        };
-        match heap.get(v) {
-            Some(Obj::Object(o)) => {
-                self.held.contains_key(&id) || !o.items.entries().is_empty() || !o.list.is_empty()
-            }
-            Some(Obj::Tuple(_) | Obj::List(_) | Obj::Dict(_) | Obj::Set(_)) => {
-                if !deeper {
-                    return true;
+    /// among its members (one level is looked at, without recursion).
+    /// Cheap, and never wrong the other way: a tensor's rebuild arguments
+    /// (numbers, tuples of numbers, an empty `OrderedDict`) are passed over.
+    fn may_hold(&self, heap: &Heap, v: Value) -> Result<bool> {
+        // `v` itself, then (for a container) each member, where a
+        // container member is enough.
+        let holds = |x: Value, top: bool| -> Option<bool> {
+            let Value::Obj(id) = x else {
+                return Some(false);
+            };
+            match heap.get(x) {
+                Some(Obj::Object(o)) => Some(
+                    self.held.contains_key(&id)
+                        || !o.items.entries().is_empty()
+                        || !o.list.is_empty(),
+                ),
+                Some(Obj::Tuple(_) | Obj::List(_) | Obj::Dict(_) | Obj::Set(_)) => {
+                    if top {
+                        None
+                    } else {
+                        Some(true)
+                    }
                 }
-                let members: Vec<Value> = match heap.dict(v) {
-                    Some(d) => d.entries().iter().flat_map(|&(k, x)| [k, x]).collect(),
-                    None => heap.members(v).unwrap_or_default(),
-                };
-                members.into_iter().any(|m| self.may_hold(heap, m, false))
+                _ => Some(false),
             }
-            _ => false,
+        };
+        if let Some(answer) = holds(v, true) {
+            return Ok(answer);
         }
+        let member = |m: Value| holds(m, false).unwrap_or(true);
+        if let Some(d) = heap.dict(v) {
+            heap.charge_work(d.entries().len() as u64)?;
+            return Ok(d.entries().iter().any(|&(k, x)| member(k) || member(x)));
+        }
+        if let Some(seq) = heap.sequence(v) {
+            heap.charge_work(seq.len() as u64)?;
+            return Ok(seq.iter().any(|&m| member(m)));
+        }
+        let members = heap.members(v).unwrap_or_default();
+        heap.charge_work(members.len() as u64)?;
+        Ok(members.into_iter().any(member))
     }
 
     /// What `v` stands for, as the value a builtin hands back from
