@@ -17,7 +17,7 @@ use crate::records::{node_tuple, tensor_record_bound, GlobalRecord, StorageRecor
 use crate::selection::state_dict_options;
 use crate::terms;
 use crate::upload::{gpus, Uploaded};
-use crate::work::interruptible;
+use crate::work::{interruptible, ReadAhead};
 
 /// A selected state dict: (name, index into the flattened tensors) pairs,
 /// and what the automatic options decided.
@@ -80,6 +80,16 @@ impl Checkpoint {
     /// Every global the pickles name, once each, where it first appears.
     fn globals(&self) -> Vec<GlobalRecord> {
         self.inner.globals().iter().map(GlobalRecord::of).collect()
+    }
+
+    /// For a file read by ranges (a URL, a bucket object): fetch the whole
+    /// storages listed, in that order, ahead of reads of them one at a
+    /// time, several requests in flight; nothing for a mapped file.
+    fn read_ahead(&self, storages: Vec<usize>) -> ReadAhead {
+        ReadAhead::of(ptload_reader::checkpoint::ReadAhead::start(vec![(
+            Arc::clone(&self.inner),
+            storages,
+        )]))
     }
 
     /// What the reader noticed and did not treat as an error.

@@ -213,6 +213,7 @@ fn _ptload(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StorageRecord>()?;
     m.add_class::<GlobalRecord>()?;
     m.add_class::<WarningRecord>()?;
+    m.add_class::<work::ReadAhead>()?;
     m.add_class::<Selection>()?;
     m.add_class::<Uploaded>()?;
     m.add_class::<PlacedTensors>()?;

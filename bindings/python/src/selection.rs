@@ -17,7 +17,7 @@ use crate::errors::{to_py, Error};
 use crate::records::tensor_record_bound;
 use crate::terms;
 use crate::upload::gpus;
-use crate::work::interruptible;
+use crate::work::{interruptible, ReadAhead};
 
 /// A state dict taken from a checkpoint, a directory of shards or an index
 /// file, whole or as one tensor-parallel rank's slices: what `ptload
@@ -92,6 +92,28 @@ impl Selection {
         })?;
         let tensors = placed.map_err(|e| Error::new_err(e.render(&terms::Kwargs)))?;
         Ok(PlacedTensors { tensors })
+    }
+
+    /// For files read by ranges (URLs, bucket objects): fetch the whole
+    /// storages of the selection's tensors, in order, ahead of reads of
+    /// them one at a time, several requests in flight (a rank's slices
+    /// are read on their own); nothing for mapped files.
+    fn read_ahead(&self) -> ReadAhead {
+        let files: Vec<&ptload_reader::Checkpoint> = self
+            .set
+            .files()
+            .iter()
+            .map(|f| f.checkpoint().as_ref())
+            .collect();
+        let lists = ptload_reader::state_dict::storages_ahead(&self.entries, &files);
+        let ahead = self
+            .set
+            .files()
+            .iter()
+            .zip(lists)
+            .map(|(f, storages)| (Arc::clone(f.checkpoint()), storages))
+            .collect();
+        ReadAhead::of(ptload_reader::checkpoint::ReadAhead::start(ahead))
     }
 
     /// Tensor `index`'s elements (only its slice's, for a rank) in

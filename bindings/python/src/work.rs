@@ -95,3 +95,31 @@ pub(crate) fn interruptible<T: Send + 'static>(
         }
     }
 }
+
+/// Storages of a file read by ranges fetched ahead of the caller's reads,
+/// on threads of their own (`ptload_reader::checkpoint::ReadAhead`):
+/// `stop()` when the reads are done (also when dropped).
+#[pyclass(frozen, module = "ptload._ptload")]
+pub(crate) struct ReadAhead {
+    pub(crate) inner: std::sync::Mutex<Option<ptload_reader::checkpoint::ReadAhead>>,
+}
+
+impl ReadAhead {
+    pub(crate) fn of(ahead: ptload_reader::checkpoint::ReadAhead) -> ReadAhead {
+        ReadAhead {
+            inner: std::sync::Mutex::new(Some(ahead)),
+        }
+    }
+}
+
+#[pymethods]
+impl ReadAhead {
+    /// Start no further request and wait for those in flight (the GIL
+    /// released).
+    fn stop(&self, py: Python<'_>) {
+        let taken = self.inner.lock().ok().and_then(|mut a| a.take());
+        if let Some(ahead) = taken {
+            py.allow_threads(move || ahead.stop());
+        }
+    }
+}

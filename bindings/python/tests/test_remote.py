@@ -151,6 +151,36 @@ def test_load_file_of_a_url_equals_the_local_file(server):
         assert np.array_equal(there[k], here[k]), k
 
 
+def test_load_file_of_a_url_reads_ahead_each_byte_once(server):
+    # 200 storages of 4 KiB: load_file reads them one by one from Python
+    # while the reader's read-ahead fetches them beside it (runs of
+    # neighbouring storages per request); every value is the file's, and
+    # every byte of the file is sent once, in a few requests.
+    path = os.path.join(server.www, "many.pt")
+    saved = {f"t{i:03d}": np.full(1024, i, dtype=np.float32) for i in range(200)}
+    torch.save({k: torch.from_numpy(v) for k, v in saved.items()}, path)
+    size = os.path.getsize(path)
+    for load in (ptload.torch.load_file, ptload.numpy.load_file):
+        before, asked = server.sent("made/many.pt")
+        got = load(server.url("made/many.pt"))
+        assert list(got) == list(saved)
+        for k, v in saved.items():
+            assert np.array_equal(np.asarray(got[k]), v), k
+        sent, requests = server.sent("made/many.pt")
+        sent, requests = sent - before, requests - asked
+        assert 200 * 4096 <= sent < size + requests * 1024
+        assert requests < 40, requests
+    # The read-ahead runs for a URL read to the host, not for a local file;
+    # stopping it twice is harmless.
+    with ptload.safe_open(server.url("made/many.pt"), "pt") as f:
+        ahead = f._read_ahead()
+        assert ahead is not None
+        ahead.stop()
+        ahead.stop()
+    with ptload.safe_open(path, "pt") as f:
+        assert f._read_ahead() is None
+
+
 def test_a_ranks_slices_of_a_url_equal_the_local_files(server):
     url = server.url("files/llama_tiny.pt")
     for rank in range(2):

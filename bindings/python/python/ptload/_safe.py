@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     import torch
 
     from ._ptload import PlacedTensors, Selection, TensorRecord
+    from ._ptload import ReadAhead as _ReadAhead
     from ._storages import _Storages
 
 __all__ = ["safe_open", "numpy_dtype"]
@@ -322,6 +323,19 @@ class safe_open:
             for name, i in self._index.items()
             if self._tensors[i].storage not in slow
         }
+
+    def _read_ahead(self) -> "Optional[_ReadAhead]":
+        """For a URL or bucket object read to the host: the selected
+        tensors' whole storages fetched ahead of ``get_tensor`` called in
+        offset order, several requests in flight (``stop()`` it when
+        done). None for a local file, and for a GPU device (its upload
+        streams the storages itself)."""
+        if not self._remote or str(self._device) not in ("cpu", "None"):
+            return None
+        if self._sel is not None:
+            return self._sel.read_ahead()
+        storages = [self._tensors[self._index[name]].storage for name in self.offset_keys()]
+        return self._ckpt.read_ahead([s for s in storages if s is not None])
 
     def close(self) -> None:
         """Close the file kept open for reading storages (a legacy file's,

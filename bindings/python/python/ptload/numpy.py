@@ -43,4 +43,10 @@ def load_file(
         include=include, exclude=exclude, shard=shard, splits=splits, preset=preset,
         backend=backend, rank_files=rank_files,
     ) as f:
-        return {name: f.get_tensor(name) for name in _progress(f.offset_keys(), progress, path)}
+        # From a URL, the storages are fetched ahead of the loop.
+        ahead = f._read_ahead()
+        try:
+            return {name: f.get_tensor(name) for name in _progress(f.offset_keys(), progress, path)}
+        finally:
+            if ahead is not None:
+                ahead.stop()

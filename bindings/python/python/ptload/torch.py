@@ -720,7 +720,13 @@ def load_file(
     ) as f:
         f._upload()
         made = f._made_at_once()
-        return {
-            name: made[name] if name in made else f.get_tensor(name)
-            for name in _progress(f.offset_keys(), progress, path)
-        }
+        # From a URL, the storages are fetched ahead of the loop.
+        ahead = f._read_ahead()
+        try:
+            return {
+                name: made[name] if name in made else f.get_tensor(name)
+                for name in _progress(f.offset_keys(), progress, path)
+            }
+        finally:
+            if ahead is not None:
+                ahead.stop()

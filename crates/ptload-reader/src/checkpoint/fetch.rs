@@ -48,6 +48,60 @@ pub fn while_prefetching<T>(ahead: &[(&Checkpoint, &[usize])], work: impl FnOnce
     })
 }
 
+/// A read-ahead running on threads of its own (see
+/// [`ReadAhead::start`]): stopped when [`stop`](ReadAhead::stop)ped or
+/// dropped.
+#[derive(Debug)]
+pub struct ReadAhead {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ReadAhead {
+    /// Fetch the listed storages of each checkpoint ahead of a reader that
+    /// reads them in about that order, as [`while_prefetching`] does, on a
+    /// thread per checkpoint that outlives this call: for a caller that
+    /// cannot hand its reads over as one closure (a Python loop reading a
+    /// tensor per call). Checkpoints not read by ranges, and empty lists,
+    /// start nothing; a thread the system refuses leaves the reader to
+    /// fetch what it reads itself.
+    pub fn start(ahead: Vec<(std::sync::Arc<Checkpoint>, Vec<usize>)>) -> ReadAhead {
+        use std::sync::atomic::AtomicBool;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for (ckpt, storages) in ahead {
+            if storages.is_empty() || ckpt.source.fetcher().is_none() {
+                continue;
+            }
+            let stop = std::sync::Arc::clone(&stop);
+            let started = std::thread::Builder::new()
+                .name("ptload-read-ahead".into())
+                .spawn(move || {
+                    let _ = ckpt.read_ahead(&storages, Some(&stop));
+                });
+            if let Ok(handle) = started {
+                threads.push(handle);
+            }
+        }
+        ReadAhead { stop, threads }
+    }
+
+    /// Start no further request and wait for those in flight to end.
+    pub fn stop(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        // No request starts after this; those in flight end on their own.
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Checkpoint {
     /// The bytes of storage `index` of a file read by ranges: fetched the
     /// first time, with the storages that follow it in the file and are
@@ -842,5 +896,59 @@ mod tests {
             "{} fetched for {stored}",
             all - opened
         );
+    }
+
+    /// A read-ahead on threads of its own (`ReadAhead::start`, for readers
+    /// that read a tensor per call): what it fetched is handed to the
+    /// reads, every value as the local file's, each stored byte fetched
+    /// once; stopped, it starts nothing more.
+    #[test]
+    fn a_read_ahead_of_its_own_serves_reads_made_one_at_a_time() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/files/llama_wide.pt"
+        );
+        let bytes = std::fs::read(path).unwrap();
+        let local = Checkpoint::open(path).unwrap();
+        let limits = Limits {
+            max_fetch_request_bytes: 64 << 10,
+            ..Limits::default()
+        };
+        let reader = Arc::new(Logged(bytes.clone(), Mutex::new(Vec::new())));
+        let ranged = Arc::new(
+            OpenOptions::new()
+                .limits(limits)
+                .open_ranged(reader.clone())
+                .unwrap(),
+        );
+        let order: Vec<usize> = (0..ranged.len())
+            .filter_map(|i| ranged.tensor_at(i)?.info().storage)
+            .collect();
+        let (opened, _) = ranged.fetched_bytes().unwrap();
+        let ahead = ReadAhead::start(vec![(Arc::clone(&ranged), order)]);
+        assert_eq!(ahead.threads.len(), 1);
+        for i in 0..ranged.len() {
+            let there = ranged.tensor_at(i).unwrap();
+            let here = local.tensor_at(i).unwrap();
+            assert_eq!(
+                there.data().unwrap().into_owned(),
+                here.data().unwrap().into_owned(),
+                "{}",
+                there.name()
+            );
+        }
+        ahead.stop();
+        let stored: u64 = ranged.storages().iter().map(|s| s.nbytes).sum();
+        let (all, _) = ranged.fetched_bytes().unwrap();
+        assert!(
+            all - opened <= stored,
+            "{} fetched for {stored}",
+            all - opened
+        );
+        // Nothing starts for a mapped file.
+        let mapped = Arc::new(Checkpoint::open(path).unwrap());
+        assert!(ReadAhead::start(vec![(mapped, vec![0, 1])])
+            .threads
+            .is_empty());
     }
 }

@@ -644,5 +644,5 @@ mod fetch;
 mod open;
 mod span;
 use crate::fetched::Fetched;
-pub use fetch::while_prefetching;
+pub use fetch::{while_prefetching, ReadAhead};
 pub use open::OpenOptions;

@@ -143,6 +143,30 @@ impl Selected {
     }
 }
 
+/// For each of `files` (the checkpoints `entries` name by
+/// [`Selected::file`]), the whole storages the entries read from it, in
+/// their order, when it is read by ranges: what a read-ahead fetches
+/// ([`StateDict::while_reading_ahead`],
+/// [`ReadAhead::start`](crate::checkpoint::ReadAhead::start)). Empty for a
+/// mapped file, and without a rank's slices (they read part of a
+/// storage).
+pub fn storages_ahead(entries: &[Selected], files: &[&Checkpoint]) -> Vec<Vec<usize>> {
+    files
+        .iter()
+        .enumerate()
+        .map(|(k, &c)| {
+            if c.fetched_bytes().is_none() {
+                return Vec::new();
+            }
+            entries
+                .iter()
+                .filter(|e| e.file == k && e.slice.is_none())
+                .filter_map(|e| e.view(c)?.info().storage)
+                .collect()
+        })
+        .collect()
+}
+
 /// A selected state dict: the chosen tensors of one checkpoint under their
 /// final names (after the key, stripping, renames and prefix), looked up by
 /// those names in constant time. Derefs to the [`Selected`] entries, in
@@ -278,23 +302,13 @@ impl<'c> StateDict<'c> {
     /// `work` alone (they need part of a storage). Mapped files fetch
     /// nothing: `work` just runs.
     pub fn while_reading_ahead<T>(&self, work: impl FnOnce() -> T) -> T {
-        let lists: Vec<(&Checkpoint, Vec<usize>)> = self
+        let lists = storages_ahead(&self.entries, &self.files);
+        let ahead: Vec<(&Checkpoint, &[usize])> = self
             .files
             .iter()
-            .enumerate()
-            .filter(|(_, c)| c.fetched_bytes().is_some())
-            .map(|(k, &c)| {
-                let storages = self
-                    .entries
-                    .iter()
-                    .filter(|e| e.file == k && e.slice.is_none())
-                    .filter_map(|e| e.view(c)?.info().storage)
-                    .collect();
-                (c, storages)
-            })
+            .zip(&lists)
+            .map(|(c, s)| (*c, s.as_slice()))
             .collect();
-        let ahead: Vec<(&Checkpoint, &[usize])> =
-            lists.iter().map(|(c, s)| (*c, s.as_slice())).collect();
         crate::checkpoint::while_prefetching(&ahead, work)
     }
 
