@@ -102,6 +102,45 @@ fn both_safetensors_writers_agree() {
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
 
+/// What safetensors cannot hold is left out when asked, as data: each
+/// tensor's name and why (a dtype safetensors lacks, a meta tensor), and
+/// otherwise refused naming them.
+#[test]
+fn tensors_safetensors_cannot_hold_are_skipped_as_data() {
+    use ptload_reader::export::{Export, SafetensorsOptions, Unwritable};
+    use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
+    let every = StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        ..Default::default()
+    };
+    for (name, want) in [
+        ("dtypes.pt", Unwritable::NoDtype(DType::C128)),
+        ("meta.pt", Unwritable::NoData),
+    ] {
+        let ckpt = Checkpoint::open(fixtures().join("files").join(name)).expect("open");
+        let sel = every.select(&ckpt).expect("select");
+        let skip = SafetensorsOptions {
+            skip_unsupported: true,
+            ..Default::default()
+        };
+        let written = Export::state_dict(&sel, &skip)
+            .to_writer(&mut Vec::new())
+            .expect("written");
+        let found = written
+            .skipped
+            .iter()
+            .find(|s| s.why == want)
+            .unwrap_or_else(|| panic!("{name}: {:?}", written.skipped));
+        assert!(sel.get(&found.name).is_some(), "{name}: {found}");
+        assert_eq!(found.to_string(), format!("{}: {}", found.name, found.why));
+        let refused = Export::state_dict(&sel, &SafetensorsOptions::default())
+            .to_writer(&mut Vec::new())
+            .expect_err("refused");
+        assert!(refused.to_string().contains(&found.name), "{refused}");
+    }
+}
+
 /// `TensorView::read_as` converts as `cast::convert` does (itself checked
 /// against torch above), into the type asked for; the same type is
 /// `to_vec`, and a pair the casts do not cover is refused naming both.

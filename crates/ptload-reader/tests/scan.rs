@@ -736,6 +736,11 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         UnknownCall,
         Some(("logging.warning", true)),
     ),
+    (
+        "ss_bound_method_update.pkl",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
     ("ss_build_bytes_key.pkl", Dangerous, Some(("argparse.Namespace", true))),
     (
         "ss_legacy_magic_instance.pt",
@@ -1586,7 +1591,8 @@ fn calls_the_unpickler_makes_are_calls() {
 /// named in capitals; code that uses an object the file made running
 /// the object's methods (`repr` of a Namespace whose `_get_args` is a
 /// partial, torch comparing a legacy magic number that is a UserList
-/// whose `__cast` is one), what a builtin hands back being any of what
+/// whose `__cast` is one, `OrderedDict().update` given a namespace whose
+/// `keys` is one), what a builtin hands back being any of what
 /// it was given (the last of a reversed list), a BUILD key written as a
 /// protocol-1 string, and a legacy protocol version written in hex.
 /// Every payload torch ran is flagged, at the level the technique is
@@ -1603,6 +1609,7 @@ fn state_changes_made_classes_and_answered_lookups_are_caught() {
         ("ss_tar_v7.pt", Level::UnknownCall),
         ("ss_repr_calls_attribute.pkl", Level::Dangerous),
         ("ss_reversed_list.pkl", Level::UnknownCall),
+        ("ss_bound_method_update.pkl", Level::Dangerous),
         ("ss_build_bytes_key.pkl", Level::Dangerous),
         ("ss_legacy_magic_instance.pt", Level::Dangerous),
         ("ss_legacy_hex_protocol.pt", Level::UnknownCall),
@@ -1755,6 +1762,46 @@ fn callables_without_an_entry_are_judged_by_what_they_are_given_and_named() {
                 b"cbuiltins\nnext\ncbuiltins\niter\n](](csomepkg\nfrob\nee\x85R\x85R)R",
             ]),
             UnknownCall,
+        ),
+        (
+            "a path's file-system method, only named",
+            pickle(&[
+                b"cbuiltins\ngetattr\ncpathlib\nPosixPath\n",
+                &s("/tmp/x"),
+                b"\x85R",
+                &s("touch"),
+                b"\x86R",
+            ]),
+            Dangerous,
+        ),
+        (
+            "a method of data called with an object holding a function",
+            pickle(&[
+                b"cbuiltins\ngetattr\ncollections\nOrderedDict\n)R",
+                &s("update"),
+                b"\x86Rctypes\nSimpleNamespace\n)\x81}",
+                &s("keys"),
+                b"csomepkg\nfrob\nsb\x85R",
+            ]),
+            UnknownCall,
+        ),
+        (
+            "torch's native function by getattr of its class",
+            pickle(&[
+                b"cbuiltins\ngetattr\nctorch._C\n_VariableFunctionsClass\n",
+                &s("tanh"),
+                b"\x86R",
+            ]),
+            NeedsCode,
+        ),
+        (
+            "torch's native file reader by getattr of its class",
+            pickle(&[
+                b"cbuiltins\ngetattr\nctorch._C\n_VariableFunctionsClass\n",
+                &s("from_file"),
+                b"\x86R",
+            ]),
+            Dangerous,
         ),
         (
             "a dict's key handed back is called",

@@ -273,12 +273,12 @@ pub(crate) fn convert(
     note_left_out(&written.metadata_left_out);
     if request.json {
         #[derive(Serialize)]
-        struct ConvertOut<'a> {
+        struct ConvertOut {
             output: String,
             tensors: usize,
             bytes: u64,
             metadata: usize,
-            skipped: &'a [String],
+            skipped: Vec<String>,
             metadata_left_out: Vec<serde_json::Value>,
             decisions: Vec<String>,
         }
@@ -289,7 +289,7 @@ pub(crate) fn convert(
                 tensors: written.tensors,
                 bytes: written.bytes,
                 metadata: written.metadata,
-                skipped: &written.skipped,
+                skipped: written.skipped.iter().map(ToString::to_string).collect(),
                 metadata_left_out: left_out_json(&written.metadata_left_out),
                 decisions: crate::terms::decisions(selection.decisions()),
             },
@@ -375,7 +375,7 @@ fn write_shards(
             "index": set.index.as_ref().map(|p| p.display().to_string()),
             "tensors": tensors,
             "bytes": bytes,
-            "skipped": set.skipped,
+            "skipped": set.skipped.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "metadata_left_out": left_out_json(&left_out),
             "decisions": crate::terms::decisions(selection.decisions()),
         });

@@ -97,8 +97,8 @@ pub struct Written {
     pub bytes: u64,
     /// Plain values written to `__metadata__`.
     pub metadata: usize,
-    /// One line per skipped tensor: name and reason.
-    pub skipped: Vec<String>,
+    /// The tensors left out ([`SafetensorsOptions::skip_unsupported`]).
+    pub skipped: Vec<Skipped>,
     /// Values left out of `__metadata__` because they are arguments of a
     /// call the file asks for (`os.system("...")`), not plain data: each
     /// `(name, callable)` ([`Checkpoint::value_call`](crate::Checkpoint::value_call)).
@@ -122,6 +122,41 @@ pub struct WrittenSet {
     /// The index (`model.safetensors.index.json`), when there is more
     /// than one shard.
     pub index: Option<std::path::PathBuf>,
-    /// One line per skipped tensor: name and reason.
-    pub skipped: Vec<String>,
+    /// The tensors left out ([`SafetensorsOptions::skip_unsupported`]).
+    pub skipped: Vec<Skipped>,
+}
+
+/// A tensor an export left out, and why; its `Display` is `name: why`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Skipped {
+    /// Its name in the output.
+    pub name: String,
+    /// Why safetensors cannot hold it.
+    pub why: Unwritable,
+}
+
+/// Why safetensors cannot hold a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unwritable {
+    /// A meta tensor: it has no data.
+    NoData,
+    /// safetensors has no dtype for it (complex32/128, packed float4).
+    NoDtype(DType),
+}
+
+impl std::fmt::Display for Unwritable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unwritable::NoData => f.write_str("a meta tensor has no data"),
+            Unwritable::NoDtype(d) => write!(f, "safetensors has no {d} dtype"),
+        }
+    }
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.name, self.why)
+    }
 }

@@ -2,7 +2,7 @@
 //! written: each tensor's output dtype and size, the header, the shards.
 
 use super::header::{plain_json, Entry, Header};
-use super::{safetensors_dtype, Metadata, SafetensorsOptions, Written};
+use super::{safetensors_dtype, Metadata, SafetensorsOptions, Skipped, Unwritable, Written};
 use crate::advice::Hint;
 use crate::checkpoint::Scalar;
 use crate::error::{Error, ErrorKind, Result};
@@ -87,17 +87,20 @@ fn tensors(
         let cast = crate::cast::target(info.dtype, opts.dtype);
         let dtype = cast.unwrap_or(info.dtype);
         let reason = if info.storage.is_none() && !elsewhere {
-            Some("a meta tensor has no data".to_owned())
+            Some(Unwritable::NoData)
         } else if safetensors_dtype(dtype).is_none() {
-            Some(format!("safetensors has no {dtype} dtype"))
+            Some(Unwritable::NoDtype(dtype))
         } else {
             None
         };
-        if let Some(reason) = reason {
+        if let Some(why) = reason {
             if opts.skip_unsupported {
-                written.skipped.push(format!("{}: {reason}", s.name));
+                written.skipped.push(Skipped {
+                    name: s.name.clone(),
+                    why,
+                });
             } else {
-                refused.push(format!("{} ({reason})", s.name));
+                refused.push(format!("{} ({why})", s.name));
             }
             continue;
         }
@@ -267,9 +270,10 @@ pub(super) fn merged<'m>(
         let dtype = to.unwrap_or(m.dtype);
         if safetensors_dtype(dtype).is_none() {
             if opts.skip_unsupported {
-                written
-                    .skipped
-                    .push(format!("{}: safetensors has no {dtype} dtype", m.name));
+                written.skipped.push(Skipped {
+                    name: m.name.clone(),
+                    why: Unwritable::NoDtype(dtype),
+                });
                 continue;
             }
             return Err(Error::new(

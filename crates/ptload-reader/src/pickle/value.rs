@@ -421,6 +421,24 @@ impl Heap {
         }
     }
 
+    /// The objects used as keys of dicts and members of sets, in order of
+    /// creation: Python hashes each (and compares equal hashes), running
+    /// its class's `__hash__` and `__eq__`.
+    pub(crate) fn hashed_objects(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        for o in &self.objs {
+            if let Obj::Dict(d) | Obj::Set(d) = o {
+                out.extend(
+                    d.entries()
+                        .iter()
+                        .map(|&(k, _)| k)
+                        .filter(|k| matches!(k, Value::Obj(_))),
+                );
+            }
+        }
+        out
+    }
+
     /// Every bytes value, in order of creation.
     pub(crate) fn byte_strings(&self) -> impl Iterator<Item = &[u8]> + '_ {
         self.objs.iter().filter_map(|o| match o {

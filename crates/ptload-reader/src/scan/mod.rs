@@ -521,6 +521,40 @@ pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
     .find_map(|(list, danger)| has(list).then_some(danger))
 }
 
+/// What calling method `name` of an object does: the file-system methods
+/// of paths, arrays, tensors and files (`touch`, `write_text`, `mkdir`,
+/// `symlink_to`, `open`, `tofile`, `dump`...), else what the words of its
+/// name say ([`dangerous_when_called`]); `None` for anything else (still
+/// an unknown call: the file chose the method and its arguments).
+pub(crate) fn dangerous_method(name: &str) -> Option<Danger> {
+    const FILES: &[&str] = &[
+        "touch",
+        "write_text",
+        "write_bytes",
+        "mkdir",
+        "symlink_to",
+        "hardlink_to",
+        "link_to",
+        "open",
+        "unlink",
+        "rename",
+        "replace",
+        "rmdir",
+        "chmod",
+        "lchmod",
+        "tofile",
+        "dump",
+        "to_csv",
+        "to_pickle",
+        "to_json",
+        "to_parquet",
+    ];
+    if FILES.contains(&name) {
+        return Some(Danger::FileSystem);
+    }
+    dangerous_when_called(name)
+}
+
 /// The words of an identifier, lower-cased: split at `_`, `.` and digits,
 /// and where case changes (`UnixStreamServer`: unix, stream, server;
 /// `HTTPServer`: http, server).
@@ -950,6 +984,30 @@ fn known_data(module: &str, name: &str) -> bool {
             "Path" | "PurePath" | "PosixPath" | "WindowsPath" | "PurePosixPath" | "PureWindowsPath"
         ),
         "torch.jit._pickle" => TORCHSCRIPT_HELPERS.contains(&name),
+        // torch's functional ops and initializers: computation on the
+        // tensors they are given (a model keeps them as attributes:
+        // `act = F.gelu`), not the module's helpers that call what they
+        // are given (`handle_torch_function`, `boolean_dispatch`).
+        "torch.nn.functional" | "torch.nn.init" => {
+            !name.starts_with('_')
+                && !attribute_path(name)
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                && !matches!(
+                    name,
+                    "handle_torch_function"
+                        | "has_torch_function"
+                        | "has_torch_function_unary"
+                        | "has_torch_function_variadic"
+                        | "boolean_dispatch"
+                        | "torch"
+                        | "warnings"
+                        | "math"
+                        | "importlib"
+                        | "functools"
+                )
+        }
         // A random generator, pickled as its device and its state.
         "torch._C" | "torch" => name == "Generator",
         // diffusers' configs: an OrderedDict that refuses changes.

@@ -505,6 +505,14 @@ impl Scanner<'_> {
         let mut heap = Heap::new(self.limits);
         let mut recorder = Recorder::default();
         let mut outcome = self.vm.run(&mut heap, &mut recorder, data, start);
+        // Keys of dicts and members of sets are hashed (and compared) as
+        // they are put in: their classes' `__hash__` and `__eq__` run.
+        let hashed = heap.hashed_objects();
+        if let Err(e) = recorder.used(&heap, &hashed) {
+            if outcome.is_ok() {
+                outcome = Err(e);
+            }
+        }
         if std::mem::take(&mut self.result_used) {
             // torch compares it with a number, or iterates it: an object
             // the pickle made runs its methods.
@@ -1495,6 +1503,10 @@ struct Recorder {
     /// an instance the pickle made (a bound method: how torch pickles a
     /// module's hook).
     instance_getattr: HashSet<usize>,
+    /// Bound methods: `getattr(instance, "name")` of an instance the
+    /// pickle made, by value: the instance's class and the name. Calling
+    /// one calls that method (see [`Recorder::calls`]).
+    bound: HashMap<ObjId, (usize, String)>,
 }
 
 /// Arguments `(name, bases, namespace)`: what `type` and every metaclass
@@ -1628,6 +1640,14 @@ impl Recorder {
         }
     }
 
+    /// Whether `v` is something calling runs code the file chose: a global
+    /// (a function, a class), a wrapper (a partial, what a builtin handed
+    /// back), or a bound method of an instance.
+    fn is_callable(&self, v: Value) -> bool {
+        matches!(self.origin(v), Some(Origin::Global(_)))
+            || matches!(v, Value::Obj(id) if self.wrapped.contains_key(&id) || self.bound.contains_key(&id))
+    }
+
     fn global_index(&self, v: Value) -> Option<usize> {
         match self.origin(v) {
             Some(Origin::Global(i)) => Some(i),
@@ -1639,10 +1659,7 @@ impl Recorder {
     /// `values` and their members one level down (a tuple, list or dict
     /// passed in).
     fn callables_among(&self, heap: &Heap, values: &[Value]) -> Result<Vec<Value>> {
-        let callable = |v: Value| {
-            matches!(self.origin(v), Some(Origin::Global(_)))
-                || matches!(v, Value::Obj(id) if self.wrapped.contains_key(&id))
-        };
+        let callable = |v: Value| self.is_callable(v);
         let mut found = Vec::new();
         for &v in values {
             if callable(v) {
@@ -1717,7 +1734,13 @@ impl Recorder {
         let mut stack = vec![v];
         while let Some(v) = stack.pop() {
             heap.charge_work(1)?;
-            if let Some(Origin::Global(g) | Origin::Made(g)) = self.origin(v) {
+            let method = match v {
+                Value::Obj(id) => self.bound.get(&id).cloned(),
+                _ => None,
+            };
+            if let Some((class, name)) = method {
+                self.method_called(class, &name);
+            } else if let Some(Origin::Global(g) | Origin::Made(g)) = self.origin(v) {
                 self.mark(Some(g), Usage::Called);
             }
             if let Value::Obj(id) = v {
@@ -1727,6 +1750,50 @@ impl Recorder {
             }
         }
         Ok(())
+    }
+
+    /// Method `name` of an instance of global `class` is called: recorded
+    /// as a global of its own (`module.Class.name`), called, at the level
+    /// the method's effect has (`Path.touch`, `ndarray.tofile`: files),
+    /// else an unknown call: a method of data is still code the file chose
+    /// to run, with arguments it chose.
+    fn method_called(&mut self, class: usize, name: &str) {
+        if let Some(index) = self.method_global(class, name) {
+            self.lookups.insert(index, false);
+            if let Some(u) = self.globals.get_mut(index) {
+                u.usage = Usage::Called;
+            }
+        }
+    }
+
+    /// The global a bound method is recorded as (`module.Class.name`),
+    /// made when first seen, named only: dangerous in any use when it is
+    /// a method of data the scanner knows (a path, an array, a tensor)
+    /// that reaches the file system (`Path.touch`, `ndarray.tofile`), as
+    /// `os.system` is wherever it is; else an unknown callable (the
+    /// model's own method: a module's hook). The index.
+    fn method_global(&mut self, class: usize, name: &str) -> Option<usize> {
+        let owner = self.globals.get(class)?;
+        let key = (owner.module.clone(), format!("{}.{name}", owner.name));
+        if let Some(&i) = self.by_path.get(&key) {
+            return Some(i);
+        }
+        let data = owner.class != GlobalClass::Unknown;
+        let danger = if data {
+            super::dangerous_method(name)
+        } else {
+            None
+        };
+        let i = self.globals.len();
+        self.globals.push(GlobalUse {
+            module: key.0.clone(),
+            name: key.1.clone(),
+            offset: owner.offset,
+            usage: Usage::Referenced,
+            class: danger.map_or(GlobalClass::Unknown, GlobalClass::Dangerous),
+        });
+        self.by_path.insert(key, i);
+        Some(i)
     }
 
     /// The attributes BUILD's `state` sets on `obj` (from a dict state, or
@@ -1862,8 +1929,7 @@ impl Recorder {
     fn held_callables(&self, heap: &Heap, obj: Value) -> Result<Vec<Value>> {
         let mut found = Vec::new();
         self.walk(heap, obj, |_, v| {
-            let wrapper = matches!(v, Value::Obj(id) if self.wrapped.contains_key(&id));
-            if wrapper || matches!(self.origin(v), Some(Origin::Global(_))) {
+            if self.is_callable(v) {
                 found.push(v);
             }
         })?;
@@ -1874,10 +1940,7 @@ impl Recorder {
     /// [`walk`](Self::walk) reaches: what a builtin handed these values may
     /// hand back or call (`next`, `min`, `reversed`, `dict`...), in order.
     fn callables_within(&self, heap: &Heap, values: &[Value]) -> Result<Vec<Value>> {
-        let callable = |v: Value| {
-            matches!(self.origin(v), Some(Origin::Global(_)))
-                || matches!(v, Value::Obj(id) if self.wrapped.contains_key(&id))
-        };
+        let callable = |v: Value| self.is_callable(v);
         let mut found: Vec<Value> = values.iter().copied().filter(|&v| callable(v)).collect();
         for &v in values {
             found.extend(self.held_callables(heap, v)?);
@@ -1908,10 +1971,7 @@ impl Recorder {
             return Ok(());
         }
         let made = |r: &Recorder, v: Value| matches!(r.origin(v), Some(Origin::Made(_)));
-        let callable = |r: &Recorder, v: Value| {
-            matches!(r.origin(v), Some(Origin::Global(_)))
-                || matches!(v, Value::Obj(id) if r.wrapped.contains_key(&id))
-        };
+        let callable = |r: &Recorder, v: Value| r.is_callable(v);
         // Each value with its depth, whether an object the pickle made is
         // above it, and the class of the nearest such object.
         let mut queue: std::collections::VecDeque<(Value, usize, bool, Option<usize>)> = values
@@ -2018,6 +2078,64 @@ impl Recorder {
         Ok(v)
     }
 
+    /// The values a BUILD state part that is a mapping made by a call sets
+    /// as dunders or under names the scanner cannot read: of a `dict`,
+    /// `OrderedDict` or `defaultdict`, the pairs it was given (a dict, or
+    /// a sequence of pairs) and its items, those whose key is a dunder or
+    /// no text; of a class the scanner does not know, every callable it
+    /// holds (its `keys()` and `__getitem__` may answer anything). Nothing
+    /// for other values.
+    fn smuggled_by(&self, heap: &Heap, part: Value) -> Result<Vec<Value>> {
+        let Some(Origin::Made(m)) = self.origin(part) else {
+            return Ok(Vec::new());
+        };
+        let unknown = self
+            .globals
+            .get(m)
+            .is_some_and(|u| u.class == GlobalClass::Unknown);
+        if unknown {
+            return self.callables_within(heap, &[part]);
+        }
+        if !self.unknown_or_mapping(m) {
+            return Ok(Vec::new());
+        }
+        let mut pairs: Vec<(Value, Value)> = Vec::new();
+        if let Some(Obj::Object(o)) = heap.get(part) {
+            pairs.extend(o.items.entries().iter().copied());
+        }
+        let given = match part {
+            Value::Obj(id) => self.held.get(&id).cloned().unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        for args in given {
+            for a in heap.tuple(args).map(<[Value]>::to_vec).unwrap_or_default() {
+                if let Some(d) = heap.dict(a) {
+                    pairs.extend(d.entries().iter().copied());
+                } else if let Some(items) = heap.sequence(a) {
+                    heap.charge_work(items.len() as u64)?;
+                    for &item in items {
+                        match heap.sequence(item) {
+                            Some(&[k, v]) => pairs.push((k, v)),
+                            // Pairs the scanner cannot read: anything.
+                            _ => pairs.push((Value::None, item)),
+                        }
+                    }
+                }
+            }
+        }
+        heap.charge_work(pairs.len() as u64)?;
+        let mut found = Vec::new();
+        for (k, v) in pairs {
+            // A number is no attribute name (setattr refuses it); a
+            // computed key may be any.
+            let unreadable = matches!(k, Value::Obj(_)) && heap.text(k).is_none();
+            if unreadable || dunder(heap, k) {
+                found.extend(self.callables_within(heap, &[v])?);
+            }
+        }
+        Ok(found)
+    }
+
     /// Whether global `g` is a class the scanner does not know, or one
     /// that makes a mapping of what it is given (`dict`, `OrderedDict`,
     /// `defaultdict`).
@@ -2098,6 +2216,35 @@ impl Recorder {
 /// in `torch` or `aten`, not followed by an attribute of it, with any
 /// whitespace between the tokens.
 fn torchscript_call(code: &[u8], op: &str) -> Option<usize> {
+    // The code as the TorchScript lexer sees its tokens: comments (`#` to
+    // the end of the line) and line continuations (`\` then a newline)
+    // are space, so neither hides a call; `at` maps back to the code.
+    let mut text = Vec::with_capacity(code.len());
+    let mut at = Vec::with_capacity(code.len());
+    let mut i = 0;
+    while let Some(&b) = code.get(i) {
+        if b == b'#' {
+            while code.get(i).is_some_and(|&c| c != b'\n') {
+                i += 1;
+            }
+            continue;
+        }
+        if b == b'\\' && matches!(code.get(i + 1), Some(b'\n' | b'\r')) {
+            text.push(b' ');
+            at.push(i);
+            i += 2;
+            continue;
+        }
+        text.push(b);
+        at.push(i);
+        i += 1;
+    }
+    let found = torchscript_call_in(&text, op)?;
+    at.get(found).copied()
+}
+
+/// [`torchscript_call`] in code without comments or continuations.
+fn torchscript_call_in(code: &[u8], op: &str) -> Option<usize> {
     let op = op.as_bytes();
     let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
     let before = |i: usize| i.checked_sub(1).and_then(|j| code.get(j)).copied();
@@ -2276,6 +2423,29 @@ impl Interpreter for Recorder {
                 }
                 self.any_of(heap, &[arg(0)])
             }
+            // `getattr(torch._C._VariableFunctionsClass, "tanh")`: how torch
+            // pickles its native functions (`torch.tanh`): that function,
+            // judged as `torch.<name>` is.
+            Some(Origin::Global(g))
+                if self.path_of(callable) == Some(("builtins", "getattr"))
+                    && items.len() == 2
+                    && self.path_of(arg(0)) == Some(("torch._C", "_VariableFunctionsClass"))
+                    && heap.text(arg(1)).is_some_and(|n| {
+                        !n.is_empty()
+                            && !n.starts_with('_')
+                            && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                    }) =>
+            {
+                self.instance_getattr.insert(g);
+                if let Some(class) = self.global_index(arg(0)) {
+                    if let Some(u) = self.globals.get_mut(class) {
+                        u.class = GlobalClass::Data;
+                    }
+                }
+                let name = heap.text(arg(1)).unwrap_or_default().to_owned();
+                let offset = self.globals.get(g).map_or(0, |u| u.offset);
+                self.global(heap, "torch", &name, offset)
+            }
             // `getattr(instance, "name")`: a bound method or an attribute
             // of an instance the pickle made (torch pickles a module's
             // hook so), not a reach into a module; calling the result
@@ -2290,7 +2460,16 @@ impl Interpreter for Recorder {
             {
                 self.instance_getattr.insert(g);
                 let o = self.origin(arg(0));
-                self.inert(heap, o)
+                let method = self.inert(heap, o)?;
+                if let (Value::Obj(id), Some(Origin::Made(class)), Some(name)) =
+                    (method, o, heap.text(arg(1)))
+                {
+                    self.method_global(class, name);
+                    self.bound.insert(id, (class, name.to_owned()));
+                }
+                // The method runs with what its instance holds at hand.
+                self.hold(method, arg(0));
+                Ok(method)
             }
             Some(Origin::Global(g)) => {
                 // Any callable given `(name, bases, namespace)` makes a
@@ -2319,8 +2498,24 @@ impl Interpreter for Recorder {
                     }
                 }
                 // Whatever the callable is, the objects the pickle made
-                // that it is given have their methods run by it.
-                self.used(heap, &items)?;
+                // that it is given have their methods run by it; torch's
+                // own functions (rebuilds, storages, OrderedDict) only
+                // those given to them directly (a rebuild sets what a
+                // state dict holds as attributes, calling none of it).
+                let torch_own = self
+                    .globals
+                    .get(g)
+                    .is_some_and(|u| u.class == GlobalClass::Tensor);
+                if torch_own {
+                    let direct: Vec<Value> = items
+                        .iter()
+                        .copied()
+                        .filter(|&v| matches!(self.origin(v), Some(Origin::Made(_))))
+                        .collect();
+                    self.used(heap, &direct)?;
+                } else {
+                    self.used(heap, &items)?;
+                }
                 // What comes out: an instance of the class a constructor is
                 // given (so that calling it, or its `__new__`, counts against
                 // that class), else something the callable made.
@@ -2429,9 +2624,15 @@ impl Interpreter for Recorder {
                 Ok(made_value)
             }
             // Calling an instance runs its class's `__call__` (a partial's
-            // function).
+            // function), a bound method that method: given functions, it
+            // may call them, and it runs the methods of objects it is
+            // given (`Pattern.sub` calls a callable replacement).
             Some(Origin::Made(g)) => {
                 self.calls(heap, callable)?;
+                for c in self.callables_among(heap, &items)? {
+                    self.calls(heap, c)?;
+                }
+                self.used(heap, &items)?;
                 self.inert(heap, Some(Origin::Made(g)))
             }
             None => {
@@ -2519,6 +2720,7 @@ impl Interpreter for Recorder {
                         self.wrap(obj, func);
                     }
                 }
+                let pair_or_single = heap.tuple(state).is_none_or(|t| t.len() == 2);
                 let mut smuggled = Vec::new();
                 for part in parts.into_iter().filter(|_| !torchscript) {
                     let Some(dict) = heap.dict(part) else {
@@ -2527,12 +2729,10 @@ impl Interpreter for Recorder {
                         // scanner does not know): the names it sets are not
                         // known, so any callable in it may be what a dunder
                         // or a method now is.
-                        let computed = match self.origin(part) {
-                            Some(Origin::Made(m)) => self.unknown_or_mapping(m),
-                            _ => false,
-                        };
-                        if computed {
-                            smuggled.extend(self.callables_within(heap, &[part])?);
+                        // BUILD splits only a pair into state and slot
+                        // state; any other tuple goes to `__setstate__`.
+                        if pair_or_single {
+                            smuggled.extend(self.smuggled_by(heap, part)?);
                         }
                         continue;
                     };
@@ -2724,6 +2924,8 @@ mod tests {
             b"f = torch.save\nf(x, p)",
             b"ops.aten.save(x, p)",
             b"aten::save(x, p)",
+            b"torch.  # a comment\n  save(x, p)",
+            b"torch. \\\n save(x, p)",
         ] {
             assert!(
                 torchscript_call(code, "save").is_some(),
@@ -2736,6 +2938,7 @@ mod tests {
             b"torch.save.__doc__",
             b"mytorch.save(x)",
             b"save(x)",
+            b"x = 1  # torch.save(x, p)",
         ] {
             assert!(
                 torchscript_call(code, "save").is_none(),
