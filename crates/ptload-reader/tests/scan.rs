@@ -2154,3 +2154,30 @@ fn enum_members_of_the_model_s_own_code_need_code() {
         Usage::LookedUp
     );
 }
+
+/// A callable hidden behind more values than the scanner follows from one
+/// object (a namespace padded with 5,000 entries, then given to `str`)
+/// fails closed: the pickle is ambiguous, never clean.
+#[test]
+fn a_padded_object_fails_closed() {
+    use ptload_reader::scan::scan_bytes;
+    let mut p = b"\x80\x02cbuiltins\nstr\ncargparse\nNamespace\n)\x81}(".to_vec();
+    for i in 0..5000u32 {
+        let key = format!("k{i}");
+        p.push(b'X');
+        p.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        p.extend_from_slice(key.as_bytes());
+        p.extend_from_slice(b"K\x01");
+    }
+    p.extend_from_slice(b"X\x05\x00\x00\x00zzzzzcsomepkg\nfrob\nub\x85R.");
+    let report = scan_bytes(&p, &Limits::default());
+    assert!(report.level() >= Level::Ambiguous, "{:?}", report.verdict());
+    assert!(
+        report
+            .ambiguities
+            .iter()
+            .any(|a| a.what.contains("more than the scanner follows")),
+        "{:?}",
+        report.ambiguities
+    );
+}

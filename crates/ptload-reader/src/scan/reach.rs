@@ -525,6 +525,16 @@ impl Scanner<'_> {
         recorder.settle_lookups();
         recorder.settle_effects();
         let parent = source.to_string();
+        if recorder.overflowed.get() {
+            self.report.ambiguities.push(Ambiguity {
+                record: parent.clone(),
+                offset: start as u64,
+                what: format!(
+                    "an object holds more than the scanner follows ({WALK_VISITS} values from \
+                     one object): what the rest calls is not known"
+                ),
+            });
+        }
         if self.vm.frame_crossed {
             // CPython's C unpickler and its Python one read different
             // opcodes here: what runs is not what the bytes show.
@@ -1503,6 +1513,11 @@ struct Recorder {
     /// an instance the pickle made (a bound method: how torch pickles a
     /// module's hook).
     instance_getattr: HashSet<usize>,
+    /// A walk of what an object holds stopped at its limit
+    /// ([`WALK_VISITS`]) before it had seen everything: what the rest
+    /// calls is not known, and the pickle is reported ambiguous (a file
+    /// padded to hide a callable behind thousands of values fails closed).
+    overflowed: std::cell::Cell<bool>,
     /// Bound methods: `getattr(instance, "name")` of an instance the
     /// pickle made, by value: the instance's class and the name. Calling
     /// one calls that method (see [`Recorder::calls`]).
@@ -1865,6 +1880,7 @@ impl Recorder {
             for (key, x) in below {
                 visits += 1;
                 if visits > WALK_VISITS {
+                    self.overflowed.set(true);
                     return Ok(());
                 }
                 visit(key, x);
@@ -1999,6 +2015,7 @@ impl Recorder {
             for (_, x) in below {
                 visits += 1;
                 if visits > WALK_VISITS {
+                    self.overflowed.set(true);
                     break;
                 }
                 let own_class = own.is_some() && self.global_index(x) == own;
@@ -2247,6 +2264,8 @@ fn torchscript_call(code: &[u8], op: &str) -> Option<usize> {
 fn torchscript_call_in(code: &[u8], op: &str) -> Option<usize> {
     let op = op.as_bytes();
     let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    // Space as TorchScript's lexer skips it: vertical tab too.
+    let space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0b' | b'\x0c');
     let before = |i: usize| i.checked_sub(1).and_then(|j| code.get(j)).copied();
     let mut from = 0;
     while let Some(rel) = code
@@ -2259,7 +2278,7 @@ fn torchscript_call_in(code: &[u8], op: &str) -> Option<usize> {
         let whole = !before(at).is_some_and(ident) && !code.get(end).copied().is_some_and(ident);
         let after = code
             .get(end..)
-            .and_then(|rest| rest.iter().find(|b| !b.is_ascii_whitespace()));
+            .and_then(|rest| rest.iter().find(|b| !space(b)));
         // Called where it stands or through parentheses, a name it is
         // bound to, anything but an attribute of it: TorchScript code never
         // names the op otherwise.
@@ -2268,7 +2287,7 @@ fn torchscript_call_in(code: &[u8], op: &str) -> Option<usize> {
         }
         // Back over whitespace, the separator, whitespace, the qualifier.
         let mut i = at;
-        while before(i).is_some_and(|b| b.is_ascii_whitespace()) {
+        while before(i).is_some_and(|b| space(&b)) {
             i -= 1;
         }
         if before(i) == Some(b'.') {
@@ -2278,7 +2297,7 @@ fn torchscript_call_in(code: &[u8], op: &str) -> Option<usize> {
         } else {
             continue;
         }
-        while before(i).is_some_and(|b| b.is_ascii_whitespace()) {
+        while before(i).is_some_and(|b| space(&b)) {
             i -= 1;
         }
         let qualifier_end = i;
@@ -2900,8 +2919,12 @@ impl Interpreter for Recorder {
         let items = heap.tuple(pid).map_or_else(Vec::new, <[Value]>::to_vec);
         heap.charge_work(items.len() as u64)?;
         // torch compares the location with strings and formats the key
-        // into a record name: an object among the fields runs its methods.
+        // into a record name: an object among the fields runs its methods;
+        // the tar loader converts an id that is no tuple (`int(saved_id)`).
         self.used(heap, &items)?;
+        if items.is_empty() {
+            self.used(heap, &[pid])?;
+        }
         if let Some(&v) = items.iter().find(|&&v| self.origin(v).is_some()) {
             return Ok(v);
         }
@@ -2926,6 +2949,7 @@ mod tests {
             b"aten::save(x, p)",
             b"torch.  # a comment\n  save(x, p)",
             b"torch. \\\n save(x, p)",
+            b"torch.\x0bsave(x, p)",
         ] {
             assert!(
                 torchscript_call(code, "save").is_some(),
