@@ -51,6 +51,14 @@ fn reuse_opcodes(data: &[u8]) -> (usize, bool) {
                     _ => Some(4),
                 }
             }
+            // INT text with a base prefix or a leading zero (`0x3e9`,
+            // `0645`): CPython's C unpickler reads it with strtol's base 0
+            // (octal, hex), as we do; serde-pickle reads decimal. Outside
+            // the comparison.
+            b'I' if int_base_prefixed(data, i) => {
+                filled_after = true;
+                line_end(i).map(|n| n + 1)
+            }
             // A newline-terminated argument; GLOBAL and INST take two.
             b'I' | b'L' | b'F' | b'S' | b'V' | b'p' | b'P' => line_end(i).map(|n| n + 1),
             b'c' | b'i' => line_end(i).and_then(|a| line_end(i + a + 1).map(|b| a + b + 2)),
@@ -74,6 +82,22 @@ fn reuse_opcodes(data: &[u8]) -> (usize, bool) {
         }
     }
     (reuses, filled_after)
+}
+
+/// Whether the INT text at `at` (up to its newline) has a base prefix or
+/// a leading zero after its whitespace and sign, other than the booleans
+/// `00` and `01`.
+fn int_base_prefixed(data: &[u8], at: usize) -> bool {
+    let line = data.get(at..).unwrap_or_default();
+    let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+    if line == b"00" || line == b"01" {
+        return false;
+    }
+    let digits = line
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\r' | 0x0b | 0x0c | b'+' | b'-'))
+        .map_or(&[][..], |p| line.get(p..).unwrap_or_default());
+    digits.first() == Some(&b'0') && digits.len() > 1
 }
 
 /// Whether the two newline-ended lines at `at` (GLOBAL's and INST's
