@@ -842,30 +842,37 @@ mod tests {
     /// A read-ahead beside a reader: every storage read equals the local
     /// file's, each fetched once, and no more than the read-ahead's bytes
     /// ever wait to be taken; nothing is kept once read.
-    #[test]
-    fn a_read_ahead_hands_storages_over_and_holds_a_bounded_amount() {
+    /// llama_wide.pt mapped, and read by ranges with a small read-ahead
+    /// (four requests of 64 KiB, so the storages wait for their reader and
+    /// the read-ahead pauses), with the order its tensors read their
+    /// storages in.
+    fn llama_wide_by_ranges() -> (Checkpoint, Checkpoint, Vec<usize>) {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../fixtures/files/llama_wide.pt"
         );
         let bytes = std::fs::read(path).unwrap();
         let local = Checkpoint::open(path).unwrap();
-        // A small read-ahead: four requests of 64 KiB, so the storages
-        // wait for their reader and the read-ahead pauses.
         let limits = Limits {
             max_fetch_request_bytes: 64 << 10,
             ..Limits::default()
         };
-        let reader = Arc::new(Logged(bytes.clone(), Mutex::new(Vec::new())));
+        let reader = Arc::new(Logged(bytes, Mutex::new(Vec::new())));
         let ranged = OpenOptions::new()
             .limits(limits)
-            .open_ranged(reader.clone())
+            .open_ranged(reader)
             .unwrap();
-        let cap = ranged.read_ahead_bytes();
-        assert_eq!(cap, 256 << 10);
         let order: Vec<usize> = (0..ranged.len())
             .filter_map(|i| ranged.tensor_at(i)?.info().storage)
             .collect();
+        (local, ranged, order)
+    }
+
+    #[test]
+    fn a_read_ahead_hands_storages_over_and_holds_a_bounded_amount() {
+        let (local, ranged, order) = llama_wide_by_ranges();
+        let cap = ranged.read_ahead_bytes();
+        assert_eq!(cap, 256 << 10);
         let (opened, _) = ranged.fetched_bytes().unwrap();
         let mut most = 0;
         while_prefetching(&[(&ranged, order.as_slice())], || {
@@ -904,26 +911,8 @@ mod tests {
     /// once; stopped, it starts nothing more.
     #[test]
     fn a_read_ahead_of_its_own_serves_reads_made_one_at_a_time() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../fixtures/files/llama_wide.pt"
-        );
-        let bytes = std::fs::read(path).unwrap();
-        let local = Checkpoint::open(path).unwrap();
-        let limits = Limits {
-            max_fetch_request_bytes: 64 << 10,
-            ..Limits::default()
-        };
-        let reader = Arc::new(Logged(bytes.clone(), Mutex::new(Vec::new())));
-        let ranged = Arc::new(
-            OpenOptions::new()
-                .limits(limits)
-                .open_ranged(reader.clone())
-                .unwrap(),
-        );
-        let order: Vec<usize> = (0..ranged.len())
-            .filter_map(|i| ranged.tensor_at(i)?.info().storage)
-            .collect();
+        let (local, ranged, order) = llama_wide_by_ranges();
+        let ranged = Arc::new(ranged);
         let (opened, _) = ranged.fetched_bytes().unwrap();
         let ahead = ReadAhead::start(vec![(Arc::clone(&ranged), order)]);
         assert_eq!(ahead.threads.len(), 1);
@@ -946,7 +935,7 @@ mod tests {
             all - opened
         );
         // Nothing starts for a mapped file.
-        let mapped = Arc::new(Checkpoint::open(path).unwrap());
+        let mapped = Arc::new(local);
         assert!(ReadAhead::start(vec![(mapped, vec![0, 1])])
             .threads
             .is_empty());

@@ -508,7 +508,10 @@ impl Scanner<'_> {
         // Keys of dicts and members of sets are hashed (and compared) as
         // they are put in: their classes' `__hash__` and `__eq__` run.
         let hashed = heap.hashed_objects();
-        if let Err(e) = recorder.used(&heap, &hashed) {
+        let hashing = heap
+            .charge_work(hashed.len() as u64)
+            .and_then(|()| recorder.used(&heap, &hashed));
+        if let Err(e) = hashing {
             if outcome.is_ok() {
                 outcome = Err(e);
             }
