@@ -77,12 +77,23 @@ impl OpenArgs {
         opts: &OpenOptions,
     ) -> ptload_reader::Result<ptload_reader::set::CheckpointSet> {
         let input = ptload_reader::set::Input::new(path);
-        match &self.rank_files {
+        let set = match &self.rank_files {
             Some(rules) => {
-                input.open_rank_parts(&ptload_reader::dcp::fsdp::rank_rules(rules)?, opts)
+                input.open_rank_parts(&ptload_reader::dcp::fsdp::rank_rules(rules)?, opts)?
             }
-            None => input.open(opts),
+            None => input.open(opts)?,
+        };
+        // Read by ranges, a storage's bytes are freed once consumed; the
+        // allocator gives them back at once, so the pass holds its window
+        // and not what it has already read.
+        if set
+            .files()
+            .iter()
+            .any(|f| f.checkpoint().fetched_bytes().is_some())
+        {
+            crate::alloc::give_back_at_once();
         }
+        Ok(set)
     }
 
     pub(crate) fn options(&self) -> OpenOptions {

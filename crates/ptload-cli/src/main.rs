@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod alloc;
 mod args;
 mod cmd;
 mod remote;
@@ -19,11 +20,6 @@ mod ui;
 
 use args::CliResult;
 use cmd::{convert, diff, inspect as inspect_cmd, load, plan, scan};
-
-/// Opening a checkpoint makes many small allocations; mimalloc serves them
-/// faster than the system allocator and touches fewer fresh pages.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(

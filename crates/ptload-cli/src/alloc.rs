@@ -1,0 +1,81 @@
+//! The process's allocator, and how soon it gives freed memory back.
+//!
+//! mimalloc serves the open's many small allocations fast, from arenas
+//! backed by huge pages. It keeps freed memory for a while before giving
+//! it back to the system (a second, in mimalloc 3). That is right for an
+//! open, which frees and reuses much in a short time, and wrong for a
+//! pass over a checkpoint read by ranged requests: each fetched storage is
+//! freed once written or hashed, and memory kept for a second doubles the
+//! peak (docs/benchmarks.md, "Reading a URL in bounded memory").
+//! [`give_back_at_once`] makes freed memory go back at once, for the rest
+//! of the process; the commands call it once a ranged source is open.
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's major version whose option numbers are below.
+const MAJOR: i32 = 3;
+/// `mi_option_purge_delay` in mimalloc 3's `mi_option_t` (milliseconds
+/// freed memory is kept before it is given back).
+const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+/// Its default in mimalloc 3.
+const PURGE_DELAY_DEFAULT: std::os::raw::c_long = 1000;
+
+/// Give freed memory back to the system at once from now on, unless the
+/// user chose the delay (`MIMALLOC_PURGE_DELAY`). Does nothing when the
+/// linked mimalloc is not the version whose option number this knows, or
+/// the option does not read as that version's default (a check that the
+/// number names the option meant).
+pub(crate) fn give_back_at_once() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() || !knows_purge_delay() {
+        return;
+    }
+    // SAFETY: mi_option_set stores a number in mimalloc's table of
+    // options; `PURGE_DELAY` is a valid option of the linked version
+    // (checked above), and any delay is valid.
+    unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, 0) }
+}
+
+/// Whether the linked mimalloc is version 3 and `PURGE_DELAY` reads as its
+/// default (or as 0, once set here).
+fn knows_purge_delay() -> bool {
+    // SAFETY: both only read mimalloc's version and its options' table.
+    let (version, delay) = unsafe {
+        (
+            libmimalloc_sys::mi_version(),
+            libmimalloc_sys::mi_option_get(PURGE_DELAY),
+        )
+    };
+    version / 10_000 == MAJOR && (delay == PURGE_DELAY_DEFAULT || delay == 0)
+}
+
+/// The delay in force now, in milliseconds.
+#[cfg(test)]
+fn purge_delay() -> std::os::raw::c_long {
+    // SAFETY: reads mimalloc's options' table.
+    unsafe { libmimalloc_sys::mi_option_get(PURGE_DELAY) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mimalloc update that renumbers its options or changes the
+    /// default fails here, instead of silently setting another option or
+    /// nothing.
+    #[test]
+    fn the_option_number_names_the_purge_delay() {
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+            eprintln!("MIMALLOC_PURGE_DELAY is set: the default cannot be checked");
+            return;
+        }
+        assert!(knows_purge_delay(), "mimalloc {}", unsafe {
+            libmimalloc_sys::mi_version()
+        });
+        give_back_at_once();
+        assert_eq!(purge_delay(), 0);
+        // Other options are untouched: `mi_option_use_numa_nodes` (16)
+        // keeps its default.
+        assert_eq!(unsafe { libmimalloc_sys::mi_option_get(16) }, 0);
+    }
+}
