@@ -605,25 +605,23 @@ impl CheckpointSet {
         let url = index.name().to_owned();
         let (weight_map, urls) = read_ranged_index(index.as_ref(), opts)?;
         let one = urls.len() == 1;
-        let files = each(&urls)
-            .map(|u| {
-                shard(u)
-                    .and_then(|file| opts.open_ranged(file))
-                    .map(|c| SetFile {
-                        path: PathBuf::from(u),
-                        checkpoint: Arc::new(c),
-                    })
-                    .map_err(|e| {
-                        if one {
-                            e
-                        } else {
-                            e.in_file(&file_name(Path::new(u)))
-                        }
-                    })
-            })
-            .collect::<Vec<Result<SetFile>>>()
-            .into_iter()
-            .collect::<Result<Vec<SetFile>>>()?;
+        let files = map_each(&urls, |u| {
+            shard(u)
+                .and_then(|file| opts.open_ranged(file))
+                .map(|c| SetFile {
+                    path: PathBuf::from(u),
+                    checkpoint: Arc::new(c),
+                })
+                .map_err(|e| {
+                    if one {
+                        e
+                    } else {
+                        e.in_file(&file_name(Path::new(u)))
+                    }
+                })
+        })
+        .into_iter()
+        .collect::<Result<Vec<SetFile>>>()?;
         let set = CheckpointSet::build(files, Some(PathBuf::from(&url)), opts)?;
         set.matching(&weight_map, &url)
     }
@@ -948,16 +946,16 @@ fn file_name(p: &Path) -> String {
     )
 }
 
-/// The items, as a parallel iterator on rayon's pool (feature `parallel`:
-/// a set's files open at once), else in order on this thread.
-#[cfg(feature = "parallel")]
-fn each<T: Sync>(items: &[T]) -> rayon::slice::Iter<'_, T> {
-    items.par_iter()
-}
-
-#[cfg(not(feature = "parallel"))]
-fn each<T>(items: &[T]) -> std::slice::Iter<'_, T> {
-    items.iter()
+/// `f` of each item, in order: on rayon's pool when there are several
+/// (feature `parallel`: a set's files open at once), else on this thread
+/// (one file starts no pool: a pool's threads are a process's start-up
+/// cost, one per core).
+fn map_each<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync + Send) -> Vec<R> {
+    #[cfg(feature = "parallel")]
+    if items.len() > 1 {
+        return items.par_iter().map(f).collect();
+    }
+    items.iter().map(f).collect()
 }
 
 /// Open every file (in parallel with feature `parallel`); the first failure (in set order) names
@@ -970,15 +968,13 @@ fn open_all<P: AsRef<Path> + Sync>(paths: &[P], opts: &OpenOptions) -> Result<Ve
         ));
     }
     // Each file's errors name it (`OpenOptions::open` does).
-    each(paths)
-        .map(|p| {
-            let path = p.as_ref();
-            opts.open(path).map(|c| SetFile {
-                path: path.to_path_buf(),
-                checkpoint: Arc::new(c),
-            })
+    map_each(paths, |p| {
+        let path = p.as_ref();
+        opts.open(path).map(|c| SetFile {
+            path: path.to_path_buf(),
+            checkpoint: Arc::new(c),
         })
-        .collect::<Vec<Result<SetFile>>>()
-        .into_iter()
-        .collect()
+    })
+    .into_iter()
+    .collect()
 }

@@ -115,7 +115,14 @@ fn a_dcp_exports_from_its_chunks_as_from_the_opened_set() {
         ..Default::default()
     };
     let opts = SafetensorsOptions::default();
-    for name in ["world2", "world4", "world2_zstd"] {
+    // Without the `zstd` feature the zstd save is refused, naming it
+    // (the_safetensors_format_and_the_zstd_transform_are_what_torch_wrote).
+    let names: &[&str] = if cfg!(feature = "zstd") {
+        &["world2", "world4", "world2_zstd"]
+    } else {
+        &["world2", "world4"]
+    };
+    for &name in names {
         let dir = dir_of(name);
         let dcp = Dcp::open(&dir).expect("dcp");
         let skeleton =

@@ -754,6 +754,16 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ),
     ("ss_script_save.pt", Dangerous, Some(("torch.save", true))),
     ("ss_script_save_caps.pt", Dangerous, Some(("torch.save", true))),
+    (
+        "ss_optimizer_setstate.pt",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "ss_made_mapping_key.pt",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
 ];
 
 #[test]
@@ -1594,7 +1604,12 @@ fn calls_the_unpickler_makes_are_calls() {
 /// whose `__cast` is one, `OrderedDict().update` given a namespace whose
 /// `keys` is one), what a builtin hands back being any of what
 /// it was given (the last of a reversed list), a BUILD key written as a
-/// protocol-1 string, and a legacy protocol version written in hex.
+/// protocol-1 string, a legacy protocol version written in hex, an
+/// optimizer's `__setstate__` calling `setdefault` of its `defaults` (a
+/// namespace whose `setdefault` is a partial), and a key put into a
+/// mapping a call made (`OrderedDict()`) whose `__hash__` calls what
+/// BUILD set (a SymInt's `node.is_nested_int`), each made and dropped
+/// inside a zip's data.pkl.
 /// Every payload torch ran is flagged, at the level the technique is
 /// (changing the interpreter's state, making a class, calling a partial
 /// and writing files are dangerous whatever is called).
@@ -1615,6 +1630,8 @@ fn state_changes_made_classes_and_answered_lookups_are_caught() {
         ("ss_legacy_hex_protocol.pt", Level::UnknownCall),
         ("ss_script_save.pt", Level::Dangerous),
         ("ss_script_save_caps.pt", Level::Dangerous),
+        ("ss_optimizer_setstate.pt", Level::Dangerous),
+        ("ss_made_mapping_key.pt", Level::Dangerous),
     ];
     let text = std::fs::read_to_string(root().join("tests/scan/torch_state.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -1571,6 +1571,18 @@ fn plain_container(module: &str, name: &str) -> bool {
     ) || (module.starts_with("transformers.") && name.ends_with("Output"))
 }
 
+/// Whether `module.name` is one of torch's optimizers (`torch.optim.Adam`,
+/// `torch.optim.sgd.SGD`, a subclass in torch's tree), whose
+/// `__setstate__` calls methods of the values in its state. Not the
+/// learning-rate schedulers and averaging helpers beside them.
+fn torch_optimizer(module: &str, name: &str) -> bool {
+    let sub = module.strip_prefix("torch.optim");
+    matches!(sub, Some(rest) if rest.is_empty() || rest.starts_with('.'))
+        && !matches!(module, "torch.optim.lr_scheduler" | "torch.optim.swa_utils")
+        && !name.ends_with("LR")
+        && !name.contains("Scheduler")
+}
+
 /// The methods the unpickler calls on an object the pickle made: APPEND
 /// calls `append`, APPENDS `extend` (or `append`). Python looks them up on
 /// the instance first, so a BUILD that set one chose what is called.
@@ -2743,7 +2755,12 @@ impl Interpreter for Recorder {
                     }
                 }
                 let pair_or_single = heap.tuple(state).is_none_or(|t| t.len() == 2);
+                let optimizer = self
+                    .globals
+                    .get(g)
+                    .is_some_and(|u| torch_optimizer(&u.module, &u.name));
                 let mut smuggled = Vec::new();
+                let mut run_on = Vec::new();
                 for part in parts.into_iter().filter(|_| !torchscript) {
                     let Some(dict) = heap.dict(part) else {
                         // A state that is a mapping made by a call
@@ -2765,7 +2782,25 @@ impl Interpreter for Recorder {
                             .filter(|(k, _)| dunder(heap, *k))
                             .map(|&(_, v)| v),
                     );
+                    // An optimizer's `__setstate__` (torch's code) calls
+                    // methods of what its state holds: `setdefault` of
+                    // `defaults` and of each of `param_groups`, `get` and
+                    // `values` of `state`.
+                    if optimizer {
+                        run_on.extend(
+                            dict.entries()
+                                .iter()
+                                .filter(|(k, _)| {
+                                    matches!(
+                                        heap.text(*k),
+                                        Some("defaults" | "param_groups" | "state")
+                                    )
+                                })
+                                .map(|&(_, v)| v),
+                        );
+                    }
                 }
+                self.used(heap, &run_on)?;
                 if !smuggled.is_empty() {
                     if let Some(u) = self.globals.get_mut(g) {
                         u.class = GlobalClass::Dangerous(Danger::Gadget);
@@ -2890,6 +2925,15 @@ impl Interpreter for Recorder {
                 }
                 for v in called {
                     self.calls(heap, v)?;
+                }
+                // SETITEM(S) on a mapping a call made (`OrderedDict()`,
+                // `Counter()`, `dict()`) hashes and compares each key, as a
+                // pickle dict's keys are: an object among them runs its
+                // `__hash__` and `__eq__`.
+                if methods.contains(&"__setitem__") {
+                    let keys: Vec<Value> = values.iter().step_by(2).copied().collect();
+                    heap.charge_work(keys.len() as u64)?;
+                    self.used(heap, &keys)?;
                 }
             }
             None => {}
