@@ -64,13 +64,41 @@ pub(crate) enum UploadBytes<'a> {
         runs: EvenRuns,
         len: usize,
     },
+    /// Elements of `from` at bytes `offset..` of a storage, converted to
+    /// `to` as the staging buffers are filled: read a piece at a time
+    /// ([`Checkpoint::read_storage_at`](ptload_reader::Checkpoint::read_storage_at))
+    /// and converted into the buffer, so the converted tensor is never
+    /// whole on the host. `len` is its converted size.
+    Cast {
+        ckpt: &'a ptload_reader::Checkpoint,
+        index: usize,
+        offset: u64,
+        from: ptload_reader::DType,
+        to: ptload_reader::DType,
+        len: usize,
+    },
 }
+
+/// Elements a [`UploadBytes::Cast`] reads and converts at a time: the
+/// host holds at most this many of its source's bytes per worker.
+const CAST_PIECE: usize = 1 << 15;
 
 impl<'a> UploadBytes<'a> {
     pub(crate) fn len(&self) -> usize {
         match self {
             UploadBytes::Ready(b) => b.len(),
-            UploadBytes::Read { len, .. } | UploadBytes::Runs { len, .. } => *len,
+            UploadBytes::Read { len, .. }
+            | UploadBytes::Runs { len, .. }
+            | UploadBytes::Cast { len, .. } => *len,
+        }
+    }
+
+    /// Bytes read from the checkpoint for `n` bytes of the upload (what
+    /// progress counts): a conversion reads its source's size.
+    fn read_for(&self, n: usize) -> usize {
+        match self {
+            UploadBytes::Cast { from, to, .. } => n / to.size() * from.size(),
+            _ => n,
         }
     }
 
@@ -94,6 +122,14 @@ impl<'a> UploadBytes<'a> {
                     .read_storage_at(*index, at, out)
                     .map_err(CopyError::Read);
             }
+            UploadBytes::Cast {
+                ckpt,
+                index,
+                offset,
+                from: source,
+                to,
+                ..
+            } => return cast_into(ckpt, *index, *offset, (*source, *to), from, out),
         };
         let src = whole
             .get(from..from.saturating_add(out.len()))
@@ -101,6 +137,44 @@ impl<'a> UploadBytes<'a> {
         out.copy_from_slice(src);
         Ok(())
     }
+}
+
+/// Bytes `from..from + out.len()` of a conversion (`dtypes`) of the
+/// elements at byte `offset` of storage `index`: the source elements they
+/// come from read a piece at a time and converted into `out`. Upload
+/// offsets and run starts are multiples of 16, so `from` and `out`'s
+/// length are whole elements of the converted type.
+fn cast_into(
+    ckpt: &ptload_reader::Checkpoint,
+    index: usize,
+    offset: u64,
+    (source, to): (ptload_reader::DType, ptload_reader::DType),
+    from: usize,
+    out: &mut [u8],
+) -> Result<(), CopyError> {
+    let (in_size, out_size) = (source.size(), to.size());
+    if from % out_size != 0 || out.len() % out_size != 0 {
+        return Err(CopyError::Outside);
+    }
+    let first = from / out_size;
+    let mut piece = vec![0u8; CAST_PIECE.min(out.len() / out_size) * in_size];
+    for (i, dst) in out.chunks_mut(CAST_PIECE * out_size).enumerate() {
+        let n = dst.len() / out_size;
+        let element = first + i * CAST_PIECE;
+        let at = (element as u64)
+            .checked_mul(in_size as u64)
+            .and_then(|b| b.checked_add(offset))
+            .ok_or(CopyError::Outside)?;
+        let src = piece.get_mut(..n * in_size).ok_or(CopyError::Outside)?;
+        ckpt.read_storage_at(index, at, src)
+            .map_err(CopyError::Read)?;
+        let converted =
+            ptload_reader::cast::convert_into(src, source, to, dst).map_err(CopyError::Read)?;
+        if converted != n {
+            return Err(CopyError::Outside);
+        }
+    }
+    Ok(())
 }
 
 /// Why an upload's bytes could not be copied into a run.
@@ -651,7 +725,7 @@ fn fill(
         // starts on an element boundary of the upload.
         up.order.to_host(dst, up.unit);
         if up.counted {
-            counted += to - from;
+            counted += up.bytes.read_for(to - from);
         }
         at = to;
     }

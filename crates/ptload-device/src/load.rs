@@ -91,6 +91,19 @@ enum SourceBytes {
         storage: usize,
         runs: EvenRuns,
     },
+    /// A contiguous tensor of a file in the host's byte order, converted
+    /// from `from` to `to` on its way to a device: bytes `offset..` of
+    /// storage `storage` read and converted piece by piece into the
+    /// staging buffers (never whole on the host); converted whole, into a
+    /// buffer of its own, if it falls back to the host. `len` is its
+    /// converted size.
+    Cast {
+        storage: usize,
+        offset: u64,
+        from: DType,
+        to: DType,
+        len: usize,
+    },
 }
 
 impl Source {
@@ -126,6 +139,20 @@ impl Source {
             },
             SourceBytes::Checkpoint(i) => UploadBytes::Ready(ckpt.storage_bytes(*i)?),
             SourceBytes::Converted(b) => UploadBytes::Ready(b),
+            SourceBytes::Cast {
+                storage,
+                offset,
+                from,
+                to,
+                len,
+            } => UploadBytes::Cast {
+                ckpt,
+                index: *storage,
+                offset: *offset,
+                from: *from,
+                to: *to,
+                len: *len,
+            },
             SourceBytes::Runs { storage, runs } => UploadBytes::Runs {
                 storage: ckpt.storage_bytes(*storage)?,
                 runs: *runs,
@@ -142,6 +169,7 @@ impl Source {
                 .map_or(0, |s| usize::try_from(s.nbytes).unwrap_or(usize::MAX)),
             SourceBytes::Converted(b) => b.len(),
             SourceBytes::Runs { runs, .. } => usize::try_from(runs.bytes()).unwrap_or(usize::MAX),
+            SourceBytes::Cast { len, .. } => *len,
         }
     }
 }
@@ -285,6 +313,26 @@ fn place_rest(
                         source.order.to_host(&mut owned, source.unit);
                         HostRepr::Owned(owned)
                     }
+                    // A conversion meant for a device that fell back:
+                    // converted now, into a buffer of its own.
+                    SourceBytes::Cast {
+                        storage,
+                        offset,
+                        from,
+                        to,
+                        len,
+                    } => {
+                        let read = len / to.size() * from.size();
+                        let mut raw = Vec::new();
+                        raw.try_reserve_exact(read).map_err(|_| {
+                            LoadError::Access(format!(
+                                "storage {storage}: cannot hold {read} bytes on the host"
+                            ))
+                        })?;
+                        raw.resize(read, 0);
+                        ckpt.read_storage_at(storage, offset, &mut raw)?;
+                        HostRepr::Owned(ptload_reader::cast::convert(&raw, from, to)?)
+                    }
                 };
                 let storage = HostStorage { repr };
                 // Converted buffers were counted when converted.
@@ -310,7 +358,20 @@ fn ahead_of(ckpt: &Checkpoint, sources: &[Source]) -> Vec<usize> {
         .filter(|s| s.device != Device::Meta)
         .filter_map(|s| match s.bytes {
             SourceBytes::Checkpoint(i) => Some(i),
-            SourceBytes::Converted(_) | SourceBytes::Runs { .. } => None,
+            // A conversion of a whole storage reads every byte of it (a
+            // part is read as it is asked for, not fetched whole).
+            SourceBytes::Cast {
+                storage,
+                offset: 0,
+                from,
+                to,
+                len,
+            } if ckpt.storages().get(storage).map(|st| st.nbytes)
+                == Some((len / to.size() * from.size()) as u64) =>
+            {
+                Some(storage)
+            }
+            SourceBytes::Converted(_) | SourceBytes::Runs { .. } | SourceBytes::Cast { .. } => None,
         })
         .collect()
 }
@@ -667,6 +728,41 @@ fn rewritten(
         let contiguous = runs.count == 1 || runs.step == runs.len;
         (!ranged || contiguous).then_some(runs)
     };
+    // A conversion bound for a GPU, of a contiguous tensor whose bytes
+    // need no swap: converted piece by piece as the staging buffers fill.
+    let cast = || {
+        if !r.convert || r.bits || r.entry.slice.is_some() || !matches!(r.device, Device::Cuda(_)) {
+            return None;
+        }
+        if ckpt.byte_order().needs_swap(info.dtype.swap_unit()) || !info.is_contiguous() {
+            return None;
+        }
+        let size = info.dtype.size() as u64;
+        let offset = info.storage_offset.checked_mul(size)?;
+        let read = info.numel.checked_mul(size)?;
+        let storage = ckpt.storages().get(r.storage)?;
+        if offset.checked_add(read)? > storage.nbytes {
+            return None;
+        }
+        let len = usize::try_from(info.numel.checked_mul(r.to.size() as u64)?).ok()?;
+        Some((offset, len))
+    };
+    if let Some((offset, len)) = cast() {
+        r.view.will_read();
+        return Ok(Source {
+            bytes: SourceBytes::Cast {
+                storage: r.storage,
+                offset,
+                from: info.dtype,
+                to: r.to,
+                len,
+            },
+            order: ByteOrder::HOST,
+            unit: r.to.swap_unit(),
+            device: r.device,
+            fallback: r.fallback,
+        });
+    }
     if let Some(runs) = direct() {
         r.view.will_read();
         return Ok(Source {

@@ -215,3 +215,80 @@ fn a_rank_share_read_by_ranges_goes_to_the_gpu_by_its_own_ranges() {
     }
     assert!(checked > 10, "{checked} tensors");
 }
+
+/// The same file, read by ranges, loaded onto cuda:0 converted to F32
+/// (`--dtype F32` of a BF16 file: twice its size): every tensor lands
+/// equal to the reader's own conversion of the mapped file's bytes, the
+/// file is fetched no more than once over, and the heap never holds the
+/// converted tensors: each is read and converted a piece at a time into
+/// the staging buffers (a piece per worker at most, besides the
+/// read-ahead window). Before, every converted tensor was made whole on
+/// the host before any copy began, and all of them were held until the
+/// upload was done.
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn a_conversion_read_by_ranges_goes_to_the_gpu_a_piece_at_a_time() {
+    use ptload_reader::DType;
+    let _turn = turn();
+    let gpus = probe();
+    assert!(!gpus.devices().is_empty(), "{}", gpus.why_none());
+    let name = "llama_wide.pt";
+    let ckpt = ranged(name);
+    let local = Arc::new(Checkpoint::open(fixture(name)).expect("open"));
+    let options = || StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        ..Default::default()
+    };
+    let sd = options().select(&ckpt).expect("select");
+    let here = options().select(&local).expect("select");
+    let converted: u64 = sd
+        .tensors()
+        .filter(|(_, v)| v.dtype() == DType::BF16)
+        .map(|(_, v)| v.info().numel * 4)
+        .sum();
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+    let opts = LoadOptions {
+        staging: Staging {
+            buffer_bytes: 256 << 10,
+            ..Default::default()
+        },
+        dtype: Some(DType::F32),
+        ..Default::default()
+    };
+    let (loaded, peak) = peak_during(|| {
+        load(Arc::clone(&ckpt), &sd, &plan, &gpus, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
+    });
+    let (fetched, _) = ckpt.fetched_bytes().expect("read by ranges");
+    let file_len = std::fs::metadata(fixture(name)).expect("metadata").len();
+    assert!(fetched <= file_len, "fetched {fetched} of {file_len}");
+    // The window, a 64 KiB piece of BF16 for each of up to 16 workers,
+    // and the load's own records.
+    let bound = REQUEST as usize * IN_FLIGHT + 16 * (64 << 10) + (64 << 10);
+    assert!(
+        peak < bound && (peak as u64) < converted / 8,
+        "the heap held {peak} more bytes during the load (bound {bound}), for {converted} \
+         bytes converted"
+    );
+    let mut checked = 0;
+    for (entry_name, view) in here.tensors() {
+        let got = loaded
+            .get(entry_name)
+            .unwrap_or_else(|| panic!("{entry_name}"));
+        if got.info.numel == 0 || view.dtype() != DType::BF16 {
+            continue;
+        }
+        assert_eq!(got.device, Device::Cuda(0), "{entry_name}");
+        assert_eq!(got.info.dtype, DType::F32, "{entry_name}");
+        let want =
+            ptload_reader::cast::convert(&view.data().expect("data"), DType::BF16, DType::F32)
+                .expect("convert");
+        assert_eq!(
+            sha256(&loaded.elements(got).expect("elements")),
+            sha256(&want),
+            "{entry_name}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 8, "{checked} tensors");
+}

@@ -182,16 +182,21 @@ fn write(from: DType, to: DType, v: Elem, out: &mut [u8]) {
 #[cfg_attr(not(feature = "parallel"), allow(dead_code))]
 const PARALLEL_CHUNK: usize = 1 << 16;
 
+/// The error for a pair [`can_convert`] refuses.
+fn unsupported(from: DType, to: DType) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        format!(
+            "conversion from {from} to {to} is not supported (floating types F64 F32 F16 BF16 F8_E4M3 F8_E5M2 only)"
+        ),
+    )
+}
+
 /// Convert little-endian elements of `from` to little-endian elements of
 /// `to`, bit for bit as torch's `.to(dtype)` (its scalar CPU kernels).
 pub fn convert(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>> {
     if !can_convert(from, to) {
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "conversion from {from} to {to} is not supported (floating types F64 F32 F16 BF16 F8_E4M3 F8_E5M2 only)"
-            ),
-        ));
+        return Err(unsupported(from, to));
     }
     let (from_size, to_size) = (from.size(), to.size());
     let n = bytes.len() / from_size;
@@ -200,12 +205,7 @@ pub fn convert(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>> {
     }
     let mut out = vec![0u8; n.saturating_mul(to_size)];
     let convert_run = |(dst, src): (&mut [u8], &[u8])| {
-        for (d, e) in dst
-            .chunks_exact_mut(to_size)
-            .zip(src.chunks_exact(from_size))
-        {
-            write(from, to, read(from, e), d);
-        }
+        convert_elements(src, from, to, dst);
     };
     // Tensors of many elements are split over the cores (rayon's pool,
     // feature `parallel`); small ones stay on the calling thread.
@@ -218,6 +218,37 @@ pub fn convert(bytes: &[u8], from: DType, to: DType) -> Result<Vec<u8>> {
     }
     convert_run((&mut out, bytes));
     Ok(out)
+}
+
+/// Convert as [`convert`] does, into `out`, on the calling thread: as many
+/// elements as both hold (`bytes.len() / from.size()` and `out.len() /
+/// to.size()`, the fewer); their count. For a caller that converts a
+/// tensor piece by piece into buffers of its own (a GPU's staging
+/// buffers), never holding the whole converted tensor.
+pub fn convert_into(bytes: &[u8], from: DType, to: DType, out: &mut [u8]) -> Result<usize> {
+    if !can_convert(from, to) {
+        return Err(unsupported(from, to));
+    }
+    Ok(convert_elements(bytes, from, to, out))
+}
+
+fn convert_elements(src: &[u8], from: DType, to: DType, dst: &mut [u8]) -> usize {
+    let (from_size, to_size) = (from.size(), to.size());
+    let n = (src.len() / from_size).min(dst.len() / to_size);
+    if from == to {
+        let len = n * from_size;
+        if let (Some(d), Some(s)) = (dst.get_mut(..len), src.get(..len)) {
+            d.copy_from_slice(s);
+        }
+        return n;
+    }
+    for (d, e) in dst
+        .chunks_exact_mut(to_size)
+        .zip(src.chunks_exact(from_size))
+    {
+        write(from, to, read(from, e), d);
+    }
+    n
 }
 
 /// Typed reads into the caller's float type: `view.read_as::<f32>()` with
@@ -270,6 +301,53 @@ impl ReadAs for crate::view::TensorView<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Converted piece by piece into a buffer of the caller's (at
+    /// arbitrary element boundaries), a tensor is what `convert` gives
+    /// whole; the count is what both sides hold; a pair `convert` refuses
+    /// is refused.
+    #[test]
+    fn pieces_converted_into_a_buffer_join_into_the_whole() {
+        let src: Vec<u8> = (0..1000u32)
+            .flat_map(|i| (i as f32 * 0.37 - 91.5).to_le_bytes())
+            .collect();
+        for to in [
+            DType::BF16,
+            DType::F16,
+            DType::F8E5M2,
+            DType::F64,
+            DType::F32,
+        ] {
+            let whole = convert(&src, DType::F32, to).unwrap();
+            let mut joined = vec![0u8; whole.len()];
+            let mut at = 0;
+            for piece in [1usize, 7, 250, 333, 409] {
+                let (from, to_at) = (at * 4, at * to.size());
+                let n = convert_into(
+                    &src[from..from + piece * 4],
+                    DType::F32,
+                    to,
+                    &mut joined[to_at..],
+                )
+                .unwrap();
+                assert_eq!(n, piece, "{to}");
+                at += piece;
+            }
+            assert_eq!(at, 1000);
+            assert_eq!(joined, whole, "{to}");
+        }
+        let mut short = [0u8; 6];
+        assert_eq!(
+            convert_into(&src, DType::F32, DType::BF16, &mut short).unwrap(),
+            3
+        );
+        assert_eq!(
+            &short[..],
+            &convert(&src[..12], DType::F32, DType::BF16).unwrap()[..]
+        );
+        let e = convert_into(&src, DType::F32, DType::I64, &mut short).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unsupported);
+    }
 
     /// The parallel split gives what converting each element alone gives,
     /// across chunk boundaries and a partial last chunk.
