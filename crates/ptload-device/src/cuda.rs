@@ -64,6 +64,16 @@ pub(crate) enum UploadBytes<'a> {
         runs: EvenRuns,
         len: usize,
     },
+    /// Evenly spaced runs of a storage of a file read by ranges (a
+    /// tensor-parallel rank's column split): each part of the upload reads
+    /// the span of whole runs it covers, a bounded span per request, and
+    /// gathers from it; the rank's slice is never whole on the host.
+    RangedRuns {
+        ckpt: &'a ptload_reader::Checkpoint,
+        index: usize,
+        runs: EvenRuns,
+        len: usize,
+    },
     /// Elements of `from` at bytes `offset..` of a storage, converted to
     /// `to` as the staging buffers are filled: read a piece at a time
     /// ([`Checkpoint::read_storage_at`](ptload_reader::Checkpoint::read_storage_at))
@@ -89,6 +99,7 @@ impl<'a> UploadBytes<'a> {
             UploadBytes::Ready(b) => b.len(),
             UploadBytes::Read { len, .. }
             | UploadBytes::Runs { len, .. }
+            | UploadBytes::RangedRuns { len, .. }
             | UploadBytes::Cast { len, .. } => *len,
         }
     }
@@ -130,6 +141,9 @@ impl<'a> UploadBytes<'a> {
                 to,
                 ..
             } => return cast_into(ckpt, *index, *offset, (*source, *to), from, out),
+            UploadBytes::RangedRuns {
+                ckpt, index, runs, ..
+            } => return gather_ranged(ckpt, *index, runs, from as u64, out),
         };
         let src = whole
             .get(from..from.saturating_add(out.len()))
@@ -177,8 +191,68 @@ fn cast_into(
     Ok(())
 }
 
+/// Bytes of a storage read at a time by [`gather_ranged`]: whole runs
+/// and the gaps between them (a column split's rows, of which the rank
+/// keeps its columns), so a request is never larger than this and a run.
+const GATHER_SPAN: u64 = 2 << 20;
+
+/// Bytes `from..from + out.len()` of `runs` (in row-major order) of
+/// storage `index` of `ckpt`, a file read by ranges: the span of whole
+/// runs each part covers read by one
+/// [`read_storage_at`](ptload_reader::Checkpoint::read_storage_at), at
+/// most [`GATHER_SPAN`] and a run, and gathered into `out`.
+pub(crate) fn gather_ranged(
+    ckpt: &ptload_reader::Checkpoint,
+    index: usize,
+    runs: &EvenRuns,
+    from: u64,
+    out: &mut [u8],
+) -> Result<(), CopyError> {
+    if runs.len == 0 || runs.step < runs.len {
+        return if out.is_empty() {
+            Ok(())
+        } else {
+            Err(CopyError::Outside)
+        };
+    }
+    let per_span = (GATHER_SPAN / runs.step).max(1);
+    let mut span = Vec::new();
+    let mut done = 0usize;
+    while done < out.len() {
+        let at = from.checked_add(done as u64).ok_or(CopyError::Outside)?;
+        let (k, within) = (at / runs.len, at % runs.len);
+        let wanted_last = (at + (out.len() - done) as u64 - 1) / runs.len;
+        if wanted_last >= runs.count {
+            return Err(CopyError::Outside);
+        }
+        let last = wanted_last.min(k + per_span - 1);
+        let start = k
+            .checked_mul(runs.step)
+            .and_then(|b| b.checked_add(runs.first))
+            .ok_or(CopyError::Outside)?;
+        let span_len =
+            usize::try_from((last - k) * runs.step + runs.len).map_err(|_| CopyError::Outside)?;
+        span.resize(span_len, 0);
+        ckpt.read_storage_at(index, start, &mut span)
+            .map_err(CopyError::Read)?;
+        let local = EvenRuns {
+            first: 0,
+            len: runs.len,
+            step: runs.step,
+            count: last - k + 1,
+        };
+        let n = usize::try_from(local.bytes() - within)
+            .unwrap_or(usize::MAX)
+            .min(out.len() - done);
+        let dst = out.get_mut(done..done + n).ok_or(CopyError::Outside)?;
+        local.copy(&span, within, dst).ok_or(CopyError::Outside)?;
+        done += n;
+    }
+    Ok(())
+}
+
 /// Why an upload's bytes could not be copied into a run.
-enum CopyError {
+pub(crate) enum CopyError {
     /// Reading them failed (a request of a file read by ranges).
     Read(ptload_reader::Error),
     /// They lie outside what the upload holds.

@@ -131,10 +131,22 @@ impl Source {
             // A rank's contiguous slice of a file read by ranges: its own
             // ranges, read into the staging buffers (the storage is never
             // fetched whole).
-            SourceBytes::Runs { storage, runs } if ranged => UploadBytes::Read {
+            SourceBytes::Runs { storage, runs }
+                if ranged && (runs.count == 1 || runs.step == runs.len) =>
+            {
+                UploadBytes::Read {
+                    ckpt,
+                    index: *storage,
+                    offset: runs.first,
+                    len: self.len(ckpt),
+                }
+            }
+            // A column split of a file read by ranges: the rows it crosses
+            // read a span at a time and gathered into the staging buffers.
+            SourceBytes::Runs { storage, runs } if ranged => UploadBytes::RangedRuns {
                 ckpt,
                 index: *storage,
-                offset: runs.first,
+                runs: *runs,
                 len: self.len(ckpt),
             },
             SourceBytes::Checkpoint(i) => UploadBytes::Ready(ckpt.storage_bytes(*i)?),
@@ -300,8 +312,14 @@ fn place_rest(
                         })?;
                         owned.resize(len, 0);
                         if ranged {
-                            // Contiguous (see `resolve`): its range alone.
-                            ckpt.read_storage_at(storage, runs.first, &mut owned)?;
+                            // The rows it crosses, a span at a time.
+                            crate::cuda::gather_ranged(ckpt, storage, &runs, 0, &mut owned)
+                                .map_err(|e| match e {
+                                    crate::cuda::CopyError::Read(e) => LoadError::Reader(e),
+                                    crate::cuda::CopyError::Outside => LoadError::Access(format!(
+                                        "storage {storage}: a slice outside it ({runs:?})"
+                                    )),
+                                })?;
                         } else {
                             runs.copy(ckpt.storage_bytes(storage)?, 0, &mut owned)
                                 .ok_or_else(|| {
@@ -705,18 +723,17 @@ struct Rewrite<'a, 'c> {
 
 /// The source of a rewritten tensor: a rank's slice bound for a GPU as it
 /// is stored is gathered into the staging buffers instead (of a mapped
-/// file, any slice; of a file read by ranges, a contiguous one: one range,
-/// where a column split's rows are fetched together by the host's gather,
-/// in far fewer requests); anything else is rewritten on the host, from
-/// the row-major elements, into a storage of its own (never fused into a
-/// copy).
+/// file, from the map; of a file read by ranges, a contiguous one by its
+/// range, a column split by spans of the rows it crosses); a conversion
+/// of a contiguous tensor bound for a GPU is converted into them a piece
+/// at a time; anything else is rewritten on the host, from the row-major
+/// elements, into a storage of its own (never fused into a copy).
 fn rewritten(
     ckpt: &Checkpoint,
     r: Rewrite<'_, '_>,
     opts: &LoadOptions,
 ) -> Result<Source, LoadError> {
     let info = r.view.info();
-    let ranged = ckpt.fetched_bytes().is_some();
     let direct = || {
         if r.convert || r.bits || !matches!(r.device, Device::Cuda(_)) {
             return None;
@@ -724,9 +741,7 @@ fn rewritten(
         r.entry.slice?;
         let storage = ckpt.storages().get(r.storage)?;
         storage.file_offset?;
-        let runs = info.even_runs(storage.nbytes)?;
-        let contiguous = runs.count == 1 || runs.step == runs.len;
-        (!ranged || contiguous).then_some(runs)
+        info.even_runs(storage.nbytes)
     };
     // A conversion bound for a GPU, of a contiguous tensor whose bytes
     // need no swap: converted piece by piece as the staging buffers fill.

@@ -143,8 +143,8 @@ fn a_file_read_by_ranges_goes_to_the_gpu_without_a_host_copy() {
 /// go from their own ranges into the staging buffers, so the file is
 /// fetched no more than once over and the heap never holds the rank's
 /// share: under a sixteenth of it, whatever the workers (the column
-/// splits, gathered on the host in few requests, are held until they are
-/// copied). Before, every slice was gathered on the host first, and later
+/// splits read a span of rows at a time: see the next test). Before,
+/// every slice was gathered on the host first, and later
 /// each part of a row split passed through a buffer of its own (a
 /// request per worker: about a quarter of the share).
 #[test]
@@ -291,4 +291,80 @@ fn a_conversion_read_by_ranges_goes_to_the_gpu_a_piece_at_a_time() {
         checked += 1;
     }
     assert!(checked >= 8, "{checked} tensors");
+}
+
+/// Rank 0 of 2 of the same file, read by ranges, with its 3.9 MiB
+/// embedding split by columns (`*embed_tokens.weight=1`: 32,000 runs of
+/// 64 bytes, every other one the rank's): the rank's 2 MiB of it lands on
+/// cuda:0 equal to the mapped file's slice, the file is fetched no more
+/// than once over, and the heap never holds the slice: the rows are read
+/// a span at a time and gathered into the staging buffers (a span per
+/// worker, each twice the part of the buffer it fills). Before, a column
+/// split of a file read by ranges was gathered whole on the host and held
+/// until the upload was done.
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn a_column_split_read_by_ranges_goes_to_the_gpu_a_span_at_a_time() {
+    let _turn = turn();
+    let gpus = probe();
+    assert!(!gpus.devices().is_empty(), "{}", gpus.why_none());
+    let name = "llama_wide.pt";
+    let ckpt = ranged(name);
+    let local = Arc::new(Checkpoint::open(fixture(name)).expect("open"));
+    let options = || StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        parallel: Some((
+            Shard::new(0, 2).expect("shard"),
+            Splits::parse(&["*embed_tokens.weight=1"]).expect("rule"),
+        )),
+        ..Default::default()
+    };
+    let sd = options().select(&ckpt).expect("select");
+    let here = options().select(&local).expect("select");
+    let columns: u64 = sd
+        .iter()
+        .filter(|e| e.slice.is_some_and(|s| s.dim == 1))
+        .filter_map(|e| sd.view(e).map(|v| v.info().nbytes))
+        .sum();
+    assert_eq!(columns, 32_000 * 32 * 2, "the rank's half of the embedding");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+    let buffer = 64 << 10;
+    let opts = LoadOptions {
+        // Four workers whatever the machine: the bound counts their spans.
+        staging: Staging {
+            buffer_bytes: buffer,
+            streams_per_device: 4,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (loaded, peak) = peak_during(|| {
+        load(Arc::clone(&ckpt), &sd, &plan, &gpus, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
+    });
+    let (fetched, _) = ckpt.fetched_bytes().expect("read by ranges");
+    let file_len = std::fs::metadata(fixture(name)).expect("metadata").len();
+    assert!(fetched <= file_len, "fetched {fetched} of {file_len}");
+    // Storages fetched ahead (of the other tensors) and a span per worker.
+    assert!(
+        (peak as u64) < columns / 3,
+        "the heap held {peak} more bytes during the load, for {columns} bytes of columns"
+    );
+    let mut checked = 0;
+    for (entry_name, view) in here.tensors() {
+        let got = loaded
+            .get(entry_name)
+            .unwrap_or_else(|| panic!("{entry_name}"));
+        if got.info.numel == 0 {
+            continue;
+        }
+        assert_eq!(got.device, Device::Cuda(0), "{entry_name}");
+        assert_eq!(
+            sha256(&loaded.elements(got).expect("elements")),
+            sha256(&view.data().expect("data")),
+            "{entry_name}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 10, "{checked} tensors");
 }
