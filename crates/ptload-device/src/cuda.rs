@@ -194,7 +194,7 @@ fn cast_into(
 /// Bytes of a storage read at a time by [`gather_ranged`]: whole runs
 /// and the gaps between them (a column split's rows, of which the rank
 /// keeps its columns), so a request is never larger than this and a run.
-const GATHER_SPAN: u64 = 2 << 20;
+const GATHER_SPAN: u64 = 4 << 20;
 
 /// Bytes `from..from + out.len()` of `runs` (in row-major order) of
 /// storage `index` of `ckpt`, a file read by ranges: the span of whole
