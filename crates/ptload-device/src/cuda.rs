@@ -90,8 +90,11 @@ pub(crate) enum UploadBytes<'a> {
 }
 
 /// Elements a [`UploadBytes::Cast`] reads and converts at a time: the
-/// host holds at most this many of its source's bytes per worker.
+/// host holds at most this many of its source's bytes per worker. Of a
+/// file read by ranges, a piece of a storage the read-ahead does not hold
+/// is a request of its own, so pieces are larger there.
 const CAST_PIECE: usize = 1 << 15;
+const CAST_PIECE_RANGED: usize = 1 << 19;
 
 impl<'a> UploadBytes<'a> {
     pub(crate) fn len(&self) -> usize {
@@ -171,10 +174,15 @@ fn cast_into(
         return Err(CopyError::Outside);
     }
     let first = from / out_size;
-    let mut piece = vec![0u8; CAST_PIECE.min(out.len() / out_size) * in_size];
-    for (i, dst) in out.chunks_mut(CAST_PIECE * out_size).enumerate() {
+    let elements = if ckpt.fetched_bytes().is_some() {
+        CAST_PIECE_RANGED
+    } else {
+        CAST_PIECE
+    };
+    let mut piece = vec![0u8; elements.min(out.len() / out_size) * in_size];
+    for (i, dst) in out.chunks_mut(elements * out_size).enumerate() {
         let n = dst.len() / out_size;
-        let element = first + i * CAST_PIECE;
+        let element = first + i * elements;
         let at = (element as u64)
             .checked_mul(in_size as u64)
             .and_then(|b| b.checked_add(offset))
