@@ -169,16 +169,29 @@ fn cast_into(
     from: usize,
     out: &mut [u8],
 ) -> Result<(), CopyError> {
-    let (in_size, out_size) = (source.size(), to.size());
-    if from % out_size != 0 || out.len() % out_size != 0 {
-        return Err(CopyError::Outside);
-    }
-    let first = from / out_size;
     let elements = if ckpt.fetched_bytes().is_some() {
         CAST_PIECE_RANGED
     } else {
         CAST_PIECE
     };
+    cast_by_pieces(ckpt, index, offset, (source, to), from, out, elements)
+}
+
+/// [`cast_into`] a piece of `elements` at a time.
+fn cast_by_pieces(
+    ckpt: &ptload_reader::Checkpoint,
+    index: usize,
+    offset: u64,
+    (source, to): (ptload_reader::DType, ptload_reader::DType),
+    from: usize,
+    out: &mut [u8],
+    elements: usize,
+) -> Result<(), CopyError> {
+    let (in_size, out_size) = (source.size(), to.size());
+    if from % out_size != 0 || out.len() % out_size != 0 || elements == 0 {
+        return Err(CopyError::Outside);
+    }
+    let first = from / out_size;
     let mut piece = vec![0u8; elements.min(out.len() / out_size) * in_size];
     for (i, dst) in out.chunks_mut(elements * out_size).enumerate() {
         let n = dst.len() / out_size;
@@ -216,6 +229,18 @@ pub(crate) fn gather_ranged(
     from: u64,
     out: &mut [u8],
 ) -> Result<(), CopyError> {
+    gather_by_spans(ckpt, index, runs, from, out, GATHER_SPAN)
+}
+
+/// [`gather_ranged`] with spans of at most `span` bytes and a run.
+fn gather_by_spans(
+    ckpt: &ptload_reader::Checkpoint,
+    index: usize,
+    runs: &EvenRuns,
+    from: u64,
+    out: &mut [u8],
+    span: u64,
+) -> Result<(), CopyError> {
     if runs.len == 0 || runs.step < runs.len {
         return if out.is_empty() {
             Ok(())
@@ -223,7 +248,7 @@ pub(crate) fn gather_ranged(
             Err(CopyError::Outside)
         };
     }
-    let per_span = (GATHER_SPAN / runs.step).max(1);
+    let per_span = (span / runs.step).max(1);
     let mut span = Vec::new();
     let mut done = 0usize;
     while done < out.len() {
@@ -820,6 +845,124 @@ fn fill(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn llama_wide() -> ptload_reader::Checkpoint {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/files/llama_wide.pt");
+        ptload_reader::Checkpoint::open(path).expect("open")
+    }
+
+    /// The largest storage of the fixture, and its index.
+    fn largest(ckpt: &ptload_reader::Checkpoint) -> (usize, u64) {
+        ckpt.storages()
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i, s.nbytes))
+            .max_by_key(|&(_, n)| n)
+            .expect("a storage")
+    }
+
+    /// Gathered by spans through `read_storage_at`, any part of evenly
+    /// spaced runs (one run, parts of runs, more than a span) is what the
+    /// gather from the whole storage gives; runs past the storage are an
+    /// error, not bytes; runs longer than their step are refused.
+    #[test]
+    fn a_gather_by_spans_is_the_gather_from_the_whole() {
+        let ckpt = llama_wide();
+        let (index, nbytes) = largest(&ckpt);
+        let whole = ckpt.storage_bytes(index).expect("bytes");
+        let runs = EvenRuns {
+            first: 64,
+            len: 64,
+            step: 128,
+            count: nbytes / 128,
+        };
+        let total = runs.bytes() as usize;
+        let parts = [
+            (0, 64),
+            (10, 100),
+            (63, total - 63),
+            (0, total),
+            (4096, 12345),
+        ];
+        // Spans of one run, of several, and the one span of it all.
+        for span in [100, 1000, 64 << 10, GATHER_SPAN] {
+            for (from, len) in parts {
+                let mut want = vec![0u8; len];
+                runs.copy(whole, from as u64, &mut want).expect("copy");
+                let mut got = vec![0xAAu8; len];
+                assert!(
+                    gather_by_spans(&ckpt, index, &runs, from as u64, &mut got, span).is_ok(),
+                    "{span}: {from} +{len}"
+                );
+                assert_eq!(got, want, "{span}: {from} +{len}");
+            }
+        }
+        let past = EvenRuns {
+            count: runs.count + 2,
+            ..runs
+        };
+        let mut out = vec![0u8; past.bytes() as usize];
+        assert!(matches!(
+            gather_ranged(&ckpt, index, &past, 0, &mut out),
+            Err(CopyError::Read(_) | CopyError::Outside)
+        ));
+        let overlapping = EvenRuns { step: 32, ..runs };
+        assert!(matches!(
+            gather_ranged(&ckpt, index, &overlapping, 0, &mut [0u8; 64]),
+            Err(CopyError::Outside)
+        ));
+        let beyond = EvenRuns {
+            first: u64::MAX - 10,
+            ..runs
+        };
+        assert!(gather_ranged(&ckpt, index, &beyond, 0, &mut [0u8; 64]).is_err());
+    }
+
+    /// Converted a piece at a time, any part of a conversion (whole
+    /// elements) is what converting the whole gives; a part that does not
+    /// start on an element is refused.
+    #[test]
+    fn a_conversion_by_pieces_is_the_conversion_of_the_whole() {
+        use ptload_reader::DType;
+        let ckpt = llama_wide();
+        let (index, nbytes) = largest(&ckpt);
+        let whole = ckpt.storage_bytes(index).expect("bytes");
+        let all = ptload_reader::cast::convert(whole, DType::BF16, DType::F32).expect("convert");
+        assert!(nbytes as usize / 2 > CAST_PIECE, "more than one piece");
+        let parts = [
+            (0, 4),
+            (16, 400),
+            (0, all.len()),
+            (4 * 1000, 4 * CAST_PIECE + 8),
+        ];
+        for elements in [3, 1000, CAST_PIECE] {
+            for (from, len) in parts {
+                let mut got = vec![0u8; len];
+                let pair = (DType::BF16, DType::F32);
+                assert!(
+                    cast_by_pieces(&ckpt, index, 0, pair, from, &mut got, elements).is_ok(),
+                    "{elements}: {from} +{len}"
+                );
+                assert_eq!(got, all[from..from + len], "{elements}: {from} +{len}");
+            }
+        }
+        let mut odd = [0u8; 8];
+        assert!(matches!(
+            cast_into(&ckpt, index, 0, (DType::BF16, DType::F32), 2, &mut odd),
+            Err(CopyError::Outside)
+        ));
+        let mut past = vec![0u8; 64];
+        assert!(cast_into(
+            &ckpt,
+            index,
+            nbytes - 8,
+            (DType::BF16, DType::F32),
+            0,
+            &mut past
+        )
+        .is_err());
+    }
 
     #[test]
     fn the_pool_is_no_larger_than_the_work() {
