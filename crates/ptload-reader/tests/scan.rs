@@ -764,6 +764,16 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("functools.partial", true)),
     ),
+    (
+        "ss_dropped_finalizer.pt",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "ss_left_on_stack.pt",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
 ];
 
 #[test]
@@ -1609,7 +1619,10 @@ fn calls_the_unpickler_makes_are_calls() {
 /// namespace whose `setdefault` is a partial), and a key put into a
 /// mapping a call made (`OrderedDict()`) whose `__hash__` calls what
 /// BUILD set (a SymInt's `node.is_nested_int`), each made and dropped
-/// inside a zip's data.pkl.
+/// inside a zip's data.pkl; and an object the load does not return,
+/// dropped by POP or left on the stack under the result, whose `__del__`
+/// calls what BUILD set (torch's async checkpoint process and its
+/// `_save_process.is_alive`).
 /// Every payload torch ran is flagged, at the level the technique is
 /// (changing the interpreter's state, making a class, calling a partial
 /// and writing files are dangerous whatever is called).
@@ -1632,6 +1645,8 @@ fn state_changes_made_classes_and_answered_lookups_are_caught() {
         ("ss_script_save_caps.pt", Level::Dangerous),
         ("ss_optimizer_setstate.pt", Level::Dangerous),
         ("ss_made_mapping_key.pt", Level::Dangerous),
+        ("ss_dropped_finalizer.pt", Level::Dangerous),
+        ("ss_left_on_stack.pt", Level::Dangerous),
     ];
     let text = std::fs::read_to_string(root().join("tests/scan/torch_state.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();

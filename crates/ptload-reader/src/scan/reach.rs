@@ -525,6 +525,16 @@ impl Scanner<'_> {
                 }
             }
         }
+        // What the load does not return is freed when it ends (the
+        // unpickler's stack and memo go): finalizers run.
+        if let Ok(out) = &outcome {
+            let freed = recorder
+                .unreturned(&heap, out.value)
+                .and_then(|freed| recorder.used(&heap, &freed));
+            if let Err(e) = freed {
+                outcome = Err(e);
+            }
+        }
         recorder.settle_lookups();
         recorder.settle_effects();
         let parent = source.to_string();
@@ -1521,6 +1531,10 @@ struct Recorder {
     /// calls is not known, and the pickle is reported ambiguous (a file
     /// padded to hide a callable behind thousands of values fails closed).
     overflowed: std::cell::Cell<bool>,
+    /// What each call's result was made from (its arguments), in call
+    /// order: a result keeps what it was given alive (a parameter the
+    /// state it set), for [`Recorder::unreturned`].
+    given: Vec<(ObjId, Value)>,
     /// Bound methods: `getattr(instance, "name")` of an instance the
     /// pickle made, by value: the instance's class and the name. Calling
     /// one calls that method (see [`Recorder::calls`]).
@@ -1647,6 +1661,53 @@ impl Recorder {
                 }
             }
         }
+    }
+
+    /// Objects of classes the scanner does not know that the pickle made,
+    /// that hold something, and that `result` does not reach: the load
+    /// frees them as it ends (left on the stack, kept only in the memo,
+    /// dropped by POP or replaced), and their classes' `__del__` run. One
+    /// pass over what `result` reaches, each value charged as work; none
+    /// when no such object was made.
+    fn unreturned(&self, heap: &Heap, result: Value) -> Result<Vec<Value>> {
+        let mut candidates: Vec<ObjId> = self
+            .origins
+            .iter()
+            .filter(|&(_, o)| {
+                matches!(o, Origin::Made(g) if self.globals.get(*g).is_some_and(|u| {
+                    u.class == GlobalClass::Unknown && !plain_container(&u.module, &u.name)
+                }))
+            })
+            .map(|(&id, _)| id)
+            .filter(|&id| {
+                self.held.contains_key(&id)
+                    || matches!(heap.get(Value::Obj(id)), Some(Obj::Object(o))
+                        if !o.items.entries().is_empty() || !o.list.is_empty())
+            })
+            .collect();
+        heap.charge_work(self.origins.len() as u64)?;
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        heap.charge_work(self.given.len() as u64)?;
+        let given: HashMap<ObjId, Value> = self.given.iter().copied().collect();
+        let mut reached = HashSet::new();
+        let mut queue = vec![result];
+        while let Some(v) = queue.pop() {
+            let Value::Obj(id) = v else {
+                continue;
+            };
+            if !reached.insert(id) {
+                continue;
+            }
+            let below = self.children(heap, v, id);
+            heap.charge_work(below.len() as u64 + 1)?;
+            queue.extend(below.into_iter().map(|(_, x)| x));
+            queue.extend(given.get(&id).copied());
+        }
+        candidates.retain(|id| !reached.contains(id));
+        candidates.sort_unstable();
+        Ok(candidates.into_iter().map(Value::Obj).collect())
     }
 
     fn inert(&mut self, heap: &mut Heap, origin: Option<Origin>) -> Result<Value> {
@@ -2648,6 +2709,9 @@ impl Interpreter for Recorder {
                     _ => {}
                 }
                 let made_value = self.inert(heap, Some(Origin::Made(made)))?;
+                if let Value::Obj(id) = made_value {
+                    self.given.push((id, args));
+                }
                 // What a class the scanner does not know was given: its
                 // methods may call it later. What a mapping was made of
                 // (`dict([...])`, `OrderedDict([...])`): its items, which a
