@@ -774,6 +774,26 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("functools.partial", true)),
     ),
+    (
+        "ss_second_proto.pt",
+        Dangerous,
+        Some(("functools.reduce", true)),
+    ),
+    (
+        "ss_additems_object.pkl",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "ss_state_namespace_keys.pt",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
+    (
+        "ss_counter_member_hash.pt",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
 ];
 
 #[test]
@@ -1622,7 +1642,11 @@ fn calls_the_unpickler_makes_are_calls() {
 /// inside a zip's data.pkl; and an object the load does not return,
 /// dropped by POP or left on the stack under the result, whose `__del__`
 /// calls what BUILD set (torch's async checkpoint process and its
-/// `_save_process.is_alive`).
+/// `_save_process.is_alive`); a second PROTO that sets protocol 2 (a
+/// Python 2 name then maps: `__builtin__.reduce` is `functools.reduce`),
+/// ADDITEMS on an object that is no set (its `add` is called), a BUILD
+/// state that is no dict (Module's `__setstate__` calls its `keys`), and
+/// a SymInt in a tuple given to `Counter` (hashed).
 /// Every payload torch ran is flagged, at the level the technique is
 /// (changing the interpreter's state, making a class, calling a partial
 /// and writing files are dangerous whatever is called).
@@ -1647,6 +1671,10 @@ fn state_changes_made_classes_and_answered_lookups_are_caught() {
         ("ss_made_mapping_key.pt", Level::Dangerous),
         ("ss_dropped_finalizer.pt", Level::Dangerous),
         ("ss_left_on_stack.pt", Level::Dangerous),
+        ("ss_second_proto.pt", Level::Dangerous),
+        ("ss_additems_object.pkl", Level::Dangerous),
+        ("ss_state_namespace_keys.pt", Level::Dangerous),
+        ("ss_counter_member_hash.pt", Level::Dangerous),
     ];
     let text = std::fs::read_to_string(root().join("tests/scan/torch_state.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -1694,6 +1722,41 @@ fn callables_without_an_entry_are_judged_by_what_they_are_given_and_named() {
         out
     };
     let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
+        // A BUILD state's dunders: pydantic's `__pydantic_fields_set__`
+        // and `__dict__` are data put into the instance's dict; a
+        // `__setstate__` there is what a later BUILD calls; `__class__`
+        // set by a slot state changes the instance's type.
+        (
+            "pydantic's dunders in a BUILD state",
+            pickle(&[
+                b"csomepkg\nRunCfg\n)\x81}(",
+                &s("__dict__"),
+                b"}",
+                &s("__pydantic_fields_set__"),
+                b"cbuiltins\nset\n)R",
+                &s("__pydantic_extra__"),
+                b"Nub",
+            ]),
+            NeedsCode,
+        ),
+        (
+            "a __setstate__ in a BUILD state",
+            pickle(&[
+                b"csomepkg\nRunCfg\n)\x81}",
+                &s("__setstate__"),
+                b"csomepkg\nhook\nsb",
+            ]),
+            Dangerous,
+        ),
+        (
+            "a __class__ in a slot state",
+            pickle(&[
+                b"csomepkg\nRunCfg\n)\x81N}",
+                &s("__class__"),
+                b"csomepkg\nOther\ns\x86b",
+            ]),
+            Dangerous,
+        ),
         (
             "APPEND on a module's list",
             pickle(&[b"cgc\ncallbacks\ncsomepkg\nhook\na"]),

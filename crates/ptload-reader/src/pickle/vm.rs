@@ -82,8 +82,9 @@ pub(crate) trait Interpreter {
     fn build(&mut self, heap: &mut Heap, obj: Value, state: Value) -> Result<()>;
     /// PERSID / BINPERSID.
     fn persistent_load(&mut self, heap: &mut Heap, pid: Value) -> Result<Value>;
-    /// APPEND / APPENDS / SETITEM / SETITEMS on `target`, an object the
-    /// interpreter made (not a list or dict): for APPEND and APPENDS
+    /// APPEND / APPENDS / SETITEM / SETITEMS / ADDITEMS on `target`, an
+    /// object the interpreter made (not a list, dict or set): for ADDITEMS
+    /// Python calls `target.add(value)` for each value; for APPEND and APPENDS
     /// Python calls `target.extend(values)` when it has one, else
     /// `target.append(value)` for each value (looked up on the instance
     /// first); for SETITEM(S) the type's `__setitem__`. `methods` are the
@@ -587,7 +588,10 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                 if p > 5 {
                     return Err(pickle_err(format!("unsupported pickle protocol {p}")));
                 }
-                self.protocol.get_or_insert(p);
+                // Each PROTO sets the protocol in force from there on, as
+                // CPython's unpickler does (Python 2's names are mapped
+                // for globals read while it is below 3).
+                self.protocol = Some(p);
             }
             0x95 => {
                 let n = self.r.u64()?;
@@ -847,9 +851,15 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
             0x90 => {
                 let items = self.pop_mark()?;
                 let s = self.top()?;
-                self.heap
-                    .add_to_set(s, &items)
-                    .map_err(|m| self.heap.container_error("ADDITEMS", m))?;
+                // On an object the interpreter made, CPython calls its
+                // `add` for each item (a set is updated in place).
+                if matches!(self.heap.get(s), Some(Obj::Object(_))) {
+                    self.interp.method_call(self.heap, s, &["add"], &items)?;
+                } else {
+                    self.heap
+                        .add_to_set(s, &items)
+                        .map_err(|m| self.heap.container_error("ADDITEMS", m))?;
+                }
             }
             // Memo.
             b'p' => {

@@ -1556,6 +1556,11 @@ fn class_args(heap: &Heap, items: &[Value]) -> Option<Value> {
     }
 }
 
+/// How many levels below what is used [`Recorder::used`] follows: a
+/// model's modules nest a dozen levels deep at most (a module and its
+/// `_modules` dict are two).
+const USED_DEPTH: usize = 32;
+
 /// How many levels below an object [`Recorder::walk`] looks: an item of
 /// an attribute of an attribute (a policy object's attribute, a module's
 /// `_modules` entry, a `UserDict`'s `data`).
@@ -1661,6 +1666,38 @@ impl Recorder {
                 }
             }
         }
+    }
+
+    /// Objects the pickle made among the members of plain sequences and
+    /// sets in `values`, and the keys of plain dicts, two levels down (a
+    /// list of pairs), not below an object the pickle made. Each value
+    /// looked at is charged as work.
+    fn made_members(&self, heap: &Heap, values: &[Value]) -> Result<Vec<Value>> {
+        let mut found = Vec::new();
+        let mut level: Vec<Value> = values.to_vec();
+        for _ in 0..2 {
+            let mut next = Vec::new();
+            for &v in &level {
+                if matches!(self.origin(v), Some(Origin::Made(_))) {
+                    continue;
+                }
+                if let Some(d) = heap.dict(v) {
+                    next.extend(d.entries().iter().map(|&(k, _)| k));
+                } else if let Some(seq) = heap.sequence(v) {
+                    next.extend_from_slice(seq);
+                } else if let Some(members) = heap.members(v) {
+                    next.extend(members);
+                }
+            }
+            heap.charge_work(next.len() as u64)?;
+            found.extend(
+                next.iter()
+                    .copied()
+                    .filter(|&v| matches!(self.origin(v), Some(Origin::Made(_)))),
+            );
+            level = next;
+        }
+        Ok(found)
     }
 
     /// Objects of classes the scanner does not know that the pickle made,
@@ -2049,7 +2086,8 @@ impl Recorder {
     /// those methods call. Each callable below an object the pickle made
     /// is called; callables in plain containers alone are not (a call
     /// given functions is judged by what it is). One breadth-first pass,
-    /// at most twice [`WALK_DEPTH`] levels and [`WALK_VISITS`] values,
+    /// at most [`USED_DEPTH`] levels (deeper, an object that holds
+    /// anything makes the pickle ambiguous) and [`WALK_VISITS`] values,
     /// each charged as work.
     fn used(&mut self, heap: &Heap, values: &[Value]) -> Result<()> {
         let mut any = false;
@@ -2077,7 +2115,16 @@ impl Recorder {
             let Value::Obj(id) = v else {
                 continue;
             };
-            if depth >= 2 * WALK_DEPTH || !seen.insert((id, inside)) {
+            if !seen.insert((id, inside)) {
+                continue;
+            }
+            // Deeper than the walk follows: what lies below is not known,
+            // and the pickle is ambiguous (a chain of objects, each
+            // calling the next, hides a callable at its end).
+            if depth >= USED_DEPTH {
+                if self.may_hold(heap, v)? {
+                    self.overflowed.set(true);
+                }
                 continue;
             }
             // An instance holds its own class (what made it was given it):
@@ -2311,11 +2358,38 @@ impl Recorder {
 fn torchscript_call(code: &[u8], op: &str) -> Option<usize> {
     // The code as the TorchScript lexer sees its tokens: comments (`#` to
     // the end of the line) and line continuations (`\` then a newline)
-    // are space, so neither hides a call; `at` maps back to the code.
+    // are space, so neither hides a call; a string literal (quoted once
+    // or three times, `\` escaping the next byte) is kept whole, so a `#`
+    // inside one starts no comment; `at` maps back to the code.
     let mut text = Vec::with_capacity(code.len());
     let mut at = Vec::with_capacity(code.len());
     let mut i = 0;
     while let Some(&b) = code.get(i) {
+        if b == b'"' || b == b'\'' {
+            let triple = code.get(i..i + 3) == Some(&[b, b, b][..]);
+            let quote = if triple { 3 } else { 1 };
+            let start = i;
+            i += quote;
+            loop {
+                match code.get(i) {
+                    None => break,
+                    Some(b'\\') => i += 2,
+                    Some(&c)
+                        if c == b && (!triple || code.get(i..i + 3) == Some(&[b, b, b][..])) =>
+                    {
+                        i += quote;
+                        break;
+                    }
+                    // A single-quoted literal ends with its line.
+                    Some(b'\n') if !triple => break,
+                    Some(_) => i += 1,
+                }
+            }
+            let end = i.min(code.len());
+            text.extend_from_slice(code.get(start..end).unwrap_or_default());
+            at.extend(start..end);
+            continue;
+        }
         if b == b'#' {
             while code.get(i).is_some_and(|&c| c != b'\n') {
                 i += 1;
@@ -2412,12 +2486,52 @@ fn container(heap: &Heap, v: Value) -> bool {
     )
 }
 
-/// Whether `key` names a dunder attribute (`__setstate__`, `__reduce__`,
-/// `__class__`...): set on an instance by BUILD, it changes what a later
-/// opcode calls.
+/// Whether `key` names a dunder attribute (`__setstate__`,
+/// `__pydantic_fields_set__`...).
 fn dunder(heap: &Heap, key: Value) -> bool {
     heap.text(key)
         .is_some_and(|k| k.len() > 4 && k.starts_with("__") && k.ends_with("__"))
+}
+
+/// Dunders Python looks up on an instance by `getattr` and calls (pickle's
+/// BUILD and reduce, `copy`): an entry of the instance's dict shadows the
+/// class's method. Special methods Python calls by syntax (`__hash__`,
+/// `__eq__`, `__del__`...) are looked up on the type, and an entry named
+/// so in the instance's dict is only data.
+const INSTANCE_DUNDERS: [&str; 8] = [
+    "__setstate__",
+    "__reduce__",
+    "__reduce_ex__",
+    "__getstate__",
+    "__getnewargs__",
+    "__getnewargs_ex__",
+    "__deepcopy__",
+    "__copy__",
+];
+
+/// The methods BUILD (`items`) and `__setstate__` methods (pydantic's
+/// `get`, `Module`'s `keys` and `__getitem__`...) call on a state that is
+/// not a dict.
+const STATE_METHODS: [&str; 9] = [
+    "items",
+    "keys",
+    "values",
+    "get",
+    "__getitem__",
+    "__iter__",
+    "__contains__",
+    "setdefault",
+    "pop",
+];
+
+/// Whether BUILD setting `key` changes what a later opcode or copy calls:
+/// one of [`INSTANCE_DUNDERS`], or, set by `setattr` (a slot state),
+/// `__class__` or `__dict__` (the instance's type or its whole dict; put
+/// into the dict, they are entries its descriptors ignore).
+fn shadows(heap: &Heap, key: Value, by_setattr: bool) -> bool {
+    heap.text(key).is_some_and(|k| {
+        INSTANCE_DUNDERS.contains(&k) || (by_setattr && matches!(k, "__class__" | "__dict__"))
+    })
 }
 
 impl Interpreter for Recorder {
@@ -2602,12 +2716,48 @@ impl Interpreter for Recorder {
                     .get(g)
                     .is_some_and(|u| u.class == GlobalClass::Tensor);
                 if torch_own {
-                    let direct: Vec<Value> = items
+                    let mut direct: Vec<Value> = items
                         .iter()
                         .copied()
                         .filter(|&v| matches!(self.origin(v), Some(Origin::Made(_))))
                         .collect();
+                    // Members of sequences and keys of dicts it is given
+                    // are iterated, hashed or converted (a size's
+                    // `__index__`, a Counter's or an OrderedDict's keys,
+                    // a quantizer's parameters); values a state dict sets
+                    // as attributes are not.
+                    direct.extend(self.made_members(heap, &items)?);
+                    let path = self
+                        .path_of(callable)
+                        .map(|(m, n)| (m.to_owned(), n.to_owned()));
+                    let path = path.as_ref().map(|(m, n)| (m.as_str(), n.as_str()));
+                    // `set_tensor_metadata` reads each value as a bool.
+                    if path == Some(("torch._utils", "_rebuild_tensor_v2")) {
+                        if let Some(d) = heap.dict(arg(6)) {
+                            direct.extend(d.entries().iter().map(|&(_, v)| v));
+                        }
+                    }
                     self.used(heap, &direct)?;
+                    // `_set_obj_state(obj, state)`: the dict part of the
+                    // state has its `items()` called.
+                    if matches!(
+                        path,
+                        Some((
+                            "torch._tensor" | "torch._utils",
+                            "_rebuild_from_type_v2" | "_rebuild_parameter_with_state"
+                        ))
+                    ) {
+                        let state = arg(3);
+                        let dict_state = match heap.tuple(state) {
+                            Some(&[first, _]) => first,
+                            _ => state,
+                        };
+                        if matches!(self.origin(dict_state), Some(Origin::Made(_))) {
+                            for v in self.held_by_name(heap, dict_state, &STATE_METHODS)? {
+                                self.calls(heap, v)?;
+                            }
+                        }
+                    }
                 } else {
                     self.used(heap, &items)?;
                 }
@@ -2825,7 +2975,12 @@ impl Interpreter for Recorder {
                     .is_some_and(|u| torch_optimizer(&u.module, &u.name));
                 let mut smuggled = Vec::new();
                 let mut run_on = Vec::new();
-                for part in parts.into_iter().filter(|_| !torchscript) {
+                let mut calls_on_state = Vec::new();
+                let pair = heap.tuple(state).is_some_and(|t| t.len() == 2);
+                for (n, part) in parts.into_iter().enumerate().filter(|_| !torchscript) {
+                    // The second of a pair is set attribute by attribute
+                    // (`setattr`), the first into the instance's dict.
+                    let by_setattr = pair && n == 1;
                     let Some(dict) = heap.dict(part) else {
                         // A state that is a mapping made by a call
                         // (`dict([...])`, `OrderedDict(...)`, a class the
@@ -2837,15 +2992,26 @@ impl Interpreter for Recorder {
                         if pair_or_single {
                             smuggled.extend(self.smuggled_by(heap, part)?);
                         }
+                        // An object the pickle made, as state: BUILD calls
+                        // its `items()`, a class's `__setstate__` its
+                        // mapping methods (`get`, `keys`...): an attribute
+                        // of it by such a name is what runs.
+                        if matches!(self.origin(part), Some(Origin::Made(_))) {
+                            calls_on_state.extend(self.held_by_name(heap, part, &STATE_METHODS)?);
+                        }
                         continue;
                     };
                     heap.charge_work(dict.entries().len() as u64)?;
-                    smuggled.extend(
-                        dict.entries()
-                            .iter()
-                            .filter(|(k, _)| dunder(heap, *k))
-                            .map(|&(_, v)| v),
-                    );
+                    for &(k, v) in dict.entries() {
+                        if shadows(heap, k, by_setattr) {
+                            smuggled.push(v);
+                        } else if dunder(heap, k) {
+                            // Another dunder (pydantic's
+                            // `__pydantic_fields_set__`): data the class's
+                            // code reads, its methods run.
+                            run_on.push(v);
+                        }
+                    }
                     // An optimizer's `__setstate__` (torch's code) calls
                     // methods of what its state holds: `setdefault` of
                     // `defaults` and of each of `param_groups`, `get` and
@@ -2865,6 +3031,9 @@ impl Interpreter for Recorder {
                     }
                 }
                 self.used(heap, &run_on)?;
+                for v in calls_on_state {
+                    self.calls(heap, v)?;
+                }
                 if !smuggled.is_empty() {
                     if let Some(u) = self.globals.get_mut(g) {
                         u.class = GlobalClass::Dangerous(Danger::Gadget);
@@ -3061,6 +3230,11 @@ mod tests {
             b"torch.  # a comment\n  save(x, p)",
             b"torch. \\\n save(x, p)",
             b"torch.\x0bsave(x, p)",
+            // A `#` inside a string literal starts no comment.
+            b"_9 = (\"#\", torch.save(x, p))",
+            b"_0 = x if '#' == '' else torch.save(x, p)",
+            b"_0 = \"\"\"#\n#\"\"\"; torch.save(x, p)",
+            b"_0 = \"\\\"#\"; torch.save(x, p)",
         ] {
             assert!(
                 torchscript_call(code, "save").is_some(),
@@ -3074,6 +3248,7 @@ mod tests {
             b"mytorch.save(x)",
             b"save(x)",
             b"x = 1  # torch.save(x, p)",
+            b"x = \"a\"  # \"b\" torch.save(x, p)",
         ] {
             assert!(
                 torchscript_call(code, "save").is_none(),
