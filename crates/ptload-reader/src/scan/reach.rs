@@ -1673,30 +1673,40 @@ impl Recorder {
     /// list of pairs), not below an object the pickle made. Each value
     /// looked at is charged as work.
     fn made_members(&self, heap: &Heap, values: &[Value]) -> Result<Vec<Value>> {
+        let made = |v: Value| matches!(self.origin(v), Some(Origin::Made(_)));
+        // The members of a container (a dict's keys), with no copy of a
+        // sequence's; none of anything else, an object the pickle made
+        // included.
+        let members = |v: Value| -> Cow<'_, [Value]> {
+            if !matches!(v, Value::Obj(_)) || made(v) {
+                return Cow::Borrowed(&[]);
+            }
+            if let Some(seq) = heap.sequence(v) {
+                return Cow::Borrowed(seq);
+            }
+            if let Some(d) = heap.dict(v) {
+                return Cow::Owned(d.entries().iter().map(|&(k, _)| k).collect());
+            }
+            Cow::Owned(heap.members(v).unwrap_or_default())
+        };
         let mut found = Vec::new();
-        let mut level: Vec<Value> = values.to_vec();
-        for _ in 0..2 {
-            let mut next = Vec::new();
-            for &v in &level {
-                if matches!(self.origin(v), Some(Origin::Made(_))) {
+        let mut looked = 0u64;
+        for &v in values {
+            for &m in members(v).iter() {
+                looked += 1;
+                if made(m) {
+                    found.push(m);
                     continue;
                 }
-                if let Some(d) = heap.dict(v) {
-                    next.extend(d.entries().iter().map(|&(k, _)| k));
-                } else if let Some(seq) = heap.sequence(v) {
-                    next.extend_from_slice(seq);
-                } else if let Some(members) = heap.members(v) {
-                    next.extend(members);
+                for &n in members(m).iter() {
+                    looked += 1;
+                    if made(n) {
+                        found.push(n);
+                    }
                 }
             }
-            heap.charge_work(next.len() as u64)?;
-            found.extend(
-                next.iter()
-                    .copied()
-                    .filter(|&v| matches!(self.origin(v), Some(Origin::Made(_)))),
-            );
-            level = next;
         }
+        heap.charge_work(looked)?;
         Ok(found)
     }
 
