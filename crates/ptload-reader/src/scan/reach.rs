@@ -2100,6 +2100,9 @@ impl Recorder {
     /// anything makes the pickle ambiguous) and [`WALK_VISITS`] values,
     /// each charged as work.
     fn used(&mut self, heap: &Heap, values: &[Value]) -> Result<()> {
+        if values.is_empty() || self.nothing_to_call(heap)? {
+            return Ok(());
+        }
         let mut any = false;
         for &v in values {
             if self.may_hold(heap, v)? {
@@ -2165,6 +2168,22 @@ impl Recorder {
             self.calls(heap, v)?;
         }
         Ok(())
+    }
+
+    /// Whether the pickle has named nothing that calling could run: no
+    /// wrapper or bound method, and every global torch's allowlist or
+    /// known data. Then [`used`](Self::used) has nothing to find, however
+    /// deep what it is given (a key of nested tuples) goes. Charged as
+    /// work, one unit per global.
+    fn nothing_to_call(&self, heap: &Heap) -> Result<bool> {
+        if !self.wrapped.is_empty() || !self.bound.is_empty() {
+            return Ok(false);
+        }
+        heap.charge_work(self.globals.len() as u64)?;
+        Ok(self
+            .globals
+            .iter()
+            .all(|u| matches!(u.class, GlobalClass::Tensor | GlobalClass::Data)))
     }
 
     /// Whether `v` may hold anything [`used`](Self::used) would find: an
