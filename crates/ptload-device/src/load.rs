@@ -304,13 +304,7 @@ fn place_rest(
                         let len = usize::try_from(runs.bytes()).map_err(|_| {
                             LoadError::Access(format!("storage {storage}: a slice of {runs:?}"))
                         })?;
-                        let mut owned = Vec::new();
-                        owned.try_reserve_exact(len).map_err(|_| {
-                            LoadError::Access(format!(
-                                "storage {storage}: cannot hold a slice of {len} bytes on the host"
-                            ))
-                        })?;
-                        owned.resize(len, 0);
+                        let mut owned = host_buffer(storage, len)?;
                         if ranged {
                             // The rows it crosses, a span at a time.
                             crate::cuda::gather_ranged(ckpt, storage, &runs, 0, &mut owned)
@@ -340,14 +334,7 @@ fn place_rest(
                         to,
                         len,
                     } => {
-                        let read = len / to.size() * from.size();
-                        let mut raw = Vec::new();
-                        raw.try_reserve_exact(read).map_err(|_| {
-                            LoadError::Access(format!(
-                                "storage {storage}: cannot hold {read} bytes on the host"
-                            ))
-                        })?;
-                        raw.resize(read, 0);
+                        let mut raw = host_buffer(storage, len / to.size() * from.size())?;
                         ckpt.read_storage_at(storage, offset, &mut raw)?;
                         HostRepr::Owned(ptload_reader::cast::convert(&raw, from, to)?)
                     }
@@ -362,6 +349,19 @@ fn place_rest(
         });
     }
     Ok(storages)
+}
+
+/// `len` zeroed bytes on the host for a part of storage `storage`, or an
+/// error saying the host cannot hold them.
+fn host_buffer(storage: usize, len: usize) -> Result<Vec<u8>, LoadError> {
+    let mut owned = Vec::new();
+    owned.try_reserve_exact(len).map_err(|_| {
+        LoadError::Access(format!(
+            "storage {storage}: cannot hold {len} bytes on the host"
+        ))
+    })?;
+    owned.resize(len, 0);
+    Ok(owned)
 }
 
 /// The storages of `sources` to fetch ahead when `ckpt` is read by

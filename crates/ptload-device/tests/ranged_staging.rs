@@ -12,11 +12,11 @@ use common::heap::peak_during;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ptload_device::{load, probe, LoadOptions, Staging};
+use ptload_device::{load, probe, LoadOptions, Loaded, Staging};
 use ptload_reader::placement::{Device, DeviceMap, To};
-use ptload_reader::state_dict::{KeySelect, StateDictOptions, Strip};
+use ptload_reader::state_dict::{KeySelect, StateDict, StateDictOptions, Strip};
 use ptload_reader::tp::{Shard, Splits};
-use ptload_reader::{Checkpoint, Limits, OpenOptions};
+use ptload_reader::{Checkpoint, DType, Limits, OpenOptions, TensorView};
 use sha2::{Digest, Sha256};
 
 /// One test at a time: they share the device and the counters.
@@ -33,6 +33,40 @@ fn fixture(name: &str) -> PathBuf {
 
 fn sha256(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
+}
+
+/// Each tensor of `here` (a selection of the mapped file) that `want`
+/// gives bytes for, and that has any, landed on cuda:0 in `loaded` with
+/// those bytes (and as `dtype`, when given); how many were checked.
+fn landed_on_cuda0(
+    loaded: &Loaded,
+    here: &StateDict,
+    dtype: Option<DType>,
+    want: impl Fn(&TensorView<'_>) -> Option<Vec<u8>>,
+) -> usize {
+    let mut checked = 0;
+    for (name, view) in here.tensors() {
+        let got = loaded.get(name).unwrap_or_else(|| panic!("{name}"));
+        let Some(want) = want(&view).filter(|_| got.info.numel > 0) else {
+            continue;
+        };
+        assert_eq!(got.device, Device::Cuda(0), "{name}");
+        if let Some(d) = dtype {
+            assert_eq!(got.info.dtype, d, "{name}");
+        }
+        assert_eq!(
+            sha256(&loaded.elements(got).expect("elements")),
+            sha256(&want),
+            "{name}"
+        );
+        checked += 1;
+    }
+    checked
+}
+
+/// The tensor's bytes as the mapped file holds them.
+fn as_stored(view: &TensorView<'_>) -> Option<Vec<u8>> {
+    Some(view.data().expect("data").into_owned())
 }
 
 /// Requests of at most 256 KiB, four in flight: a read-ahead window of
@@ -81,60 +115,38 @@ fn a_file_read_by_ranges_goes_to_the_gpu_without_a_host_copy() {
     // part by part go from the requests into the staging buffers (the
     // driver's pinned memory, not the heap), whatever the workers.
     let bound = REQUEST as usize * IN_FLIGHT + (64 << 10);
-    for name in ["llama_wide.pt"] {
-        let file_len = std::fs::metadata(fixture(name)).expect("metadata").len();
-        let ckpt = ranged(name);
-        let local = Arc::new(Checkpoint::open(fixture(name)).expect("open"));
-        let sd = StateDictOptions {
-            key: KeySelect::All,
-            strip: Strip::None,
-            ..Default::default()
-        }
-        .select(&ckpt)
-        .expect("select");
-        let stored: u64 = ckpt.storages().iter().map(|s| s.nbytes).sum();
-        let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
-        let opts = LoadOptions {
-            staging,
-            ..Default::default()
-        };
-        let (loaded, peak) = peak_during(|| {
-            load(Arc::clone(&ckpt), &sd, &plan, &gpus, &opts)
-                .unwrap_or_else(|e| panic!("{name}: {e}"))
-        });
-        let (fetched, requests) = ckpt.fetched_bytes().expect("read by ranges");
-        assert!(
-            fetched <= file_len,
-            "{name}: fetched {fetched} bytes of a {file_len}-byte file in {requests} requests"
-        );
-        assert!(
-            peak < bound && (peak as u64) < stored / 8,
-            "{name}: the heap held {peak} more bytes during the load (bound {bound}), for \
-             {stored} bytes of storages"
-        );
-        let mut checked = 0;
-        for (entry_name, _) in sd.tensors() {
-            let got = loaded
-                .get(entry_name)
-                .unwrap_or_else(|| panic!("{entry_name}"));
-            if got.info.numel == 0 {
-                continue;
-            }
-            assert_eq!(got.device, Device::Cuda(0), "{name} {entry_name}");
-            let want = local
-                .tensor(entry_name)
-                .unwrap_or_else(|| panic!("{entry_name}"))
-                .data()
-                .expect("data");
-            assert_eq!(
-                sha256(&loaded.elements(got).expect("elements")),
-                sha256(&want),
-                "{name} {entry_name}"
-            );
-            checked += 1;
-        }
-        assert!(checked > 10, "{name}: {checked} tensors");
-    }
+    let name = "llama_wide.pt";
+    let file_len = std::fs::metadata(fixture(name)).expect("metadata").len();
+    let ckpt = ranged(name);
+    let local = Arc::new(Checkpoint::open(fixture(name)).expect("open"));
+    let options = StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        ..Default::default()
+    };
+    let sd = options.select(&ckpt).expect("select");
+    let here = options.select(&local).expect("select");
+    let stored: u64 = ckpt.storages().iter().map(|s| s.nbytes).sum();
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+    let opts = LoadOptions {
+        staging,
+        ..Default::default()
+    };
+    let (loaded, peak) = peak_during(|| {
+        load(Arc::clone(&ckpt), &sd, &plan, &gpus, &opts).unwrap_or_else(|e| panic!("{name}: {e}"))
+    });
+    let (fetched, requests) = ckpt.fetched_bytes().expect("read by ranges");
+    assert!(
+        fetched <= file_len,
+        "{name}: fetched {fetched} bytes of a {file_len}-byte file in {requests} requests"
+    );
+    assert!(
+        peak < bound && (peak as u64) < stored / 8,
+        "{name}: the heap held {peak} more bytes during the load (bound {bound}), for \
+         {stored} bytes of storages"
+    );
+    let checked = landed_on_cuda0(&loaded, &here, None, as_stored);
+    assert!(checked > 10, "{name}: {checked} tensors");
 }
 
 /// Rank 0 of 2 of the same file, read by ranges (the llama preset:
@@ -197,22 +209,7 @@ fn a_rank_share_read_by_ranges_goes_to_the_gpu_by_its_own_ranges() {
         "the heap held {peak} more bytes during the load, for a share of {share} ({rows} in row \
          splits)"
     );
-    let mut checked = 0;
-    for (entry_name, view) in here.tensors() {
-        let got = loaded
-            .get(entry_name)
-            .unwrap_or_else(|| panic!("{entry_name}"));
-        if got.info.numel == 0 {
-            continue;
-        }
-        assert_eq!(got.device, Device::Cuda(0), "{entry_name}");
-        assert_eq!(
-            sha256(&loaded.elements(got).expect("elements")),
-            sha256(&view.data().expect("data")),
-            "{entry_name}"
-        );
-        checked += 1;
-    }
+    let checked = landed_on_cuda0(&loaded, &here, None, as_stored);
     assert!(checked > 10, "{checked} tensors");
 }
 
@@ -228,7 +225,6 @@ fn a_rank_share_read_by_ranges_goes_to_the_gpu_by_its_own_ranges() {
 #[test]
 #[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
 fn a_conversion_read_by_ranges_goes_to_the_gpu_a_piece_at_a_time() {
-    use ptload_reader::DType;
     let _turn = turn();
     let gpus = probe();
     assert!(!gpus.devices().is_empty(), "{}", gpus.why_none());
@@ -270,26 +266,12 @@ fn a_conversion_read_by_ranges_goes_to_the_gpu_a_piece_at_a_time() {
         "the heap held {peak} more bytes during the load (bound {bound}), for {converted} \
          bytes converted"
     );
-    let mut checked = 0;
-    for (entry_name, view) in here.tensors() {
-        let got = loaded
-            .get(entry_name)
-            .unwrap_or_else(|| panic!("{entry_name}"));
-        if got.info.numel == 0 || view.dtype() != DType::BF16 {
-            continue;
-        }
-        assert_eq!(got.device, Device::Cuda(0), "{entry_name}");
-        assert_eq!(got.info.dtype, DType::F32, "{entry_name}");
-        let want =
+    let checked = landed_on_cuda0(&loaded, &here, Some(DType::F32), |view| {
+        (view.dtype() == DType::BF16).then(|| {
             ptload_reader::cast::convert(&view.data().expect("data"), DType::BF16, DType::F32)
-                .expect("convert");
-        assert_eq!(
-            sha256(&loaded.elements(got).expect("elements")),
-            sha256(&want),
-            "{entry_name}"
-        );
-        checked += 1;
-    }
+                .expect("convert")
+        })
+    });
     assert!(checked >= 8, "{checked} tensors");
 }
 
@@ -350,21 +332,6 @@ fn a_column_split_read_by_ranges_goes_to_the_gpu_a_span_at_a_time() {
         (peak as u64) < columns / 3,
         "the heap held {peak} more bytes during the load, for {columns} bytes of columns"
     );
-    let mut checked = 0;
-    for (entry_name, view) in here.tensors() {
-        let got = loaded
-            .get(entry_name)
-            .unwrap_or_else(|| panic!("{entry_name}"));
-        if got.info.numel == 0 {
-            continue;
-        }
-        assert_eq!(got.device, Device::Cuda(0), "{entry_name}");
-        assert_eq!(
-            sha256(&loaded.elements(got).expect("elements")),
-            sha256(&view.data().expect("data")),
-            "{entry_name}"
-        );
-        checked += 1;
-    }
+    let checked = landed_on_cuda0(&loaded, &here, None, as_stored);
     assert!(checked > 10, "{checked} tensors");
 }
