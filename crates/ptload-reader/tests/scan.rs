@@ -794,6 +794,11 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("functools.partial", true)),
     ),
+    (
+        "ss_deep_chain_append.pt",
+        Dangerous,
+        Some(("functools.partial", true)),
+    ),
 ];
 
 #[test]
@@ -1646,7 +1651,10 @@ fn calls_the_unpickler_makes_are_calls() {
 /// Python 2 name then maps: `__builtin__.reduce` is `functools.reduce`),
 /// ADDITEMS on an object that is no set (its `add` is called), a BUILD
 /// state that is no dict (Module's `__setstate__` calls its `keys`), and
-/// a SymInt in a tuple given to `Counter` (hashed).
+/// a SymInt in a tuple given to `Counter` (hashed), and APPEND on a
+/// ParameterList whose `_get_abs_string_index` is a chain of three
+/// Identity modules, each one's `forward` the next (deeper than the
+/// walk of four levels that found what an object holds).
 /// Every payload torch ran is flagged, at the level the technique is
 /// (changing the interpreter's state, making a class, calling a partial
 /// and writing files are dangerous whatever is called).
@@ -1675,6 +1683,7 @@ fn state_changes_made_classes_and_answered_lookups_are_caught() {
         ("ss_additems_object.pkl", Level::Dangerous),
         ("ss_state_namespace_keys.pt", Level::Dangerous),
         ("ss_counter_member_hash.pt", Level::Dangerous),
+        ("ss_deep_chain_append.pt", Level::Dangerous),
     ];
     let text = std::fs::read_to_string(root().join("tests/scan/torch_state.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();

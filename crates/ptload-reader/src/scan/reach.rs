@@ -3180,13 +3180,14 @@ impl Interpreter for Recorder {
                         );
                     }
                 }
-                // A class the scanner does not know runs its own method,
-                // with everything the object holds at hand.
-                if !self.plain(g) {
-                    called.extend(self.held_callables(heap, target)?);
-                }
                 for v in called {
                     self.calls(heap, v)?;
+                }
+                // A class the scanner does not know runs its own method,
+                // with everything the object holds at hand, however deep
+                // (a module whose `forward` is another's).
+                if !self.plain(g) {
+                    self.used(heap, &[target])?;
                 }
                 // SETITEM(S) on a mapping a call made (`OrderedDict()`,
                 // `Counter()`, `dict()`) hashes and compares each key, as a
