@@ -1730,7 +1730,25 @@ fn callables_without_an_entry_are_judged_by_what_they_are_given_and_named() {
         out.push(b'.');
         out
     };
+    // A dict key that is a chain of 12 objects of a class the scanner
+    // does not know, each holding the next, the last a partial: hashing
+    // the key runs its methods, and the walk of what is used follows it
+    // 24 levels down (it stopped at 16).
+    let mut chain = Vec::new();
+    for _ in 0..12 {
+        chain.extend_from_slice(b"csomepkg\nNode\n)\x81}");
+        chain.extend_from_slice(&s("next"));
+    }
+    chain.extend_from_slice(b"cfunctools\npartial\ncsomepkg\nhook\n\x85R");
+    for _ in 0..12 {
+        chain.extend_from_slice(b"sb");
+    }
     let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
+        (
+            "a key 24 levels above a partial",
+            pickle(&[b"}", &chain, b"K\x01s"]),
+            Dangerous,
+        ),
         // A BUILD state's dunders: pydantic's `__pydantic_fields_set__`
         // and `__dict__` are data put into the instance's dict; a
         // `__setstate__` there is what a later BUILD calls; `__class__`
