@@ -431,17 +431,22 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Some(("without regard to letter case", true)),
     ),
     // Enum members (torch_enum.json): looked up by a call of their class,
-    // at needs-code when the class is of the model's own code (a package
-    // or `__main__` the pickle instantiates a class of), an unknown call
-    // otherwise (alone, or of the standard library).
+    // at needs-code when the class is of a package or `__main__` (with a
+    // model of it, or alone), an unknown call when it is of the standard
+    // library.
     ("en_model_enum.pt", NeedsCode, None),
     ("en_main_enum.pt", NeedsCode, None),
     ("en_model_class_call.pt", NeedsCode, None),
+    ("en_lone_enum.pt", NeedsCode, None),
     (
-        "en_lone_enum.pt",
+        "en_class_given_path.pt",
         UnknownCall,
-        Some(("ptload_enum_model.format.Format", true)),
+        Some(("ptload_enum_model.runner.Runner", true)),
     ),
+    // Functions kept in hashed values (a namedtuple in a set, a frozen
+    // dataclass as a key): hashing calls none of them.
+    ("en_namedtuple_set.pt", NeedsCode, None),
+    ("en_frozen_key.pt", NeedsCode, None),
     (
         "en_stdlib_call.pt",
         UnknownCall,
@@ -1480,6 +1485,48 @@ fn enum_lookups_and_plain_getitem_are_data_and_nothing_else_is() {
             pickle(&[GETITEM, b"]cos\nsystem\naK\x00\x86R", &s("id"), b"\x85R"]),
             Dangerous,
         ),
+        // A package's class called with one word is an enum member looked
+        // up (needs-code); with a string no enum value is (code, a path,
+        // a sentence), a call of an unknown class.
+        (
+            "a package's enum member",
+            pickle(&[b"csomepkg.config\nStage\n", &s("bf16-mixed"), b"\x85R"]),
+            NeedsCode,
+        ),
+        (
+            "a package's enum member by a number",
+            pickle(&[b"csomepkg.config\nLevel\n", b"K\x03\x85R"]),
+            NeedsCode,
+        ),
+        (
+            "a package's class given code",
+            pickle(&[
+                b"csomepkg.config\nStage\n",
+                &s("__import__('os')"),
+                b"\x85R",
+            ]),
+            UnknownCall,
+        ),
+        (
+            "a package's class given a path",
+            pickle(&[b"csomepkg.config\nStage\n", &s("/tmp/x"), b"\x85R"]),
+            UnknownCall,
+        ),
+        (
+            "a package's function given a word",
+            pickle(&[b"csomepkg.config\nstage\n", &s("train"), b"\x85R"]),
+            UnknownCall,
+        ),
+        (
+            "a standard library class given a word",
+            pickle(&[b"ccalendar\nTextCalendar\n", b"K\x00\x85R"]),
+            UnknownCall,
+        ),
+        (
+            "pydantic evaluates a type given as a string",
+            pickle(&[b"cpydantic\nTypeAdapter\n", &s("List"), b"\x85R"]),
+            Dangerous,
+        ),
         (
             "attrgetter stays dangerous",
             pickle(&[b"coperator\nattrgetter\n", &s("system"), b"\x85R"]),
@@ -2220,17 +2267,17 @@ fn a_large_archive_scanned_while_decoded_reads_and_reports_alike() {
 }
 
 /// Enum members (`tests/scan/torch_enum.json`, each file loaded by torch
-/// with its package importable): a class of the model's own code (a
-/// package, or `__main__`, that the same pickle instantiates a class of)
-/// called with one constant is an enum member looked up, at needs-code
-/// like the model's classes; the same call with no class of its package
-/// instantiated, or of the standard library, stays an unknown call. The
+/// with its package importable): a class of a package or `__main__` (not
+/// the standard library, torch or numpy) called with one constant is an
+/// enum member looked up, at needs-code like the model's classes, beside
+/// a model of its package or alone (a user's enum in hyper-parameters);
+/// the same call of a standard library class stays an unknown call. The
 /// limit, tested as such: a class of the model's package whose
 /// constructor does something (it logs a marker, which torch ran) is
 /// looked up the same way, as its code would run if the class were
 /// instantiated.
 #[test]
-fn enum_members_of_the_model_s_own_code_need_code() {
+fn enum_members_of_a_package_need_code() {
     use ptload_reader::scan::Usage;
     let text = std::fs::read_to_string(root().join("tests/scan/torch_enum.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -2264,11 +2311,28 @@ fn enum_members_of_the_model_s_own_code_need_code() {
         usage("en_main_enum.pt", "__main__.EnColor"),
         Usage::LookedUp
     );
-    assert_eq!(usage("en_lone_enum.pt", format), Usage::Called);
+    assert_eq!(usage("en_lone_enum.pt", format), Usage::LookedUp);
     assert_eq!(
         usage("en_stdlib_call.pt", "calendar.TextCalendar"),
         Usage::Called
     );
+    // Given a path, no enum's value: a call, which torch ran.
+    assert_eq!(doc["en_class_given_path.pt"]["payload_ran"], true);
+    assert_eq!(
+        usage("en_class_given_path.pt", "ptload_enum_model.runner.Runner"),
+        Usage::Called
+    );
+    // A function in a namedtuple put in a set, or in a frozen dataclass
+    // used as a key: hashed, never called (torch ran nothing).
+    for name in ["en_namedtuple_set.pt", "en_frozen_key.pt"] {
+        assert_eq!(doc[name]["weights_only_false"], "loads", "{name}");
+        assert_eq!(doc[name]["payload_ran"], false, "{name}");
+        assert_eq!(
+            usage(name, "ptload_enum_model.configs.warmup"),
+            Usage::Referenced,
+            "{name}"
+        );
+    }
     // The limit: torch ran the class's constructor, reported looked up.
     assert_eq!(doc["en_model_class_call.pt"]["payload_ran"], true);
     assert_eq!(

@@ -647,6 +647,10 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
             "load" | "load_all" | "unsafe_load" | "unsafe_load_all" | "full_load" | "full_load_all"
         ))
         || (under(module, "sympy") && matches!(name, "sympify" | "parse_expr" | "S"))
+        // pydantic evaluates a type given as a string (a forward
+        // reference) when it builds a validator for it.
+        || (under(module, "pydantic")
+            && matches!(name, "TypeAdapter" | "parse_obj_as" | "create_model"))
     {
         return Some(Some(CodeExecution));
     }

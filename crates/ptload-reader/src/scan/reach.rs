@@ -41,14 +41,14 @@ pub enum Usage {
     /// filled by BUILD (its `__setstate__` or `__dict__`). A
     /// `functools.partial` made and kept, never called, counts here too.
     Instantiated,
-    /// A class of the model's own code called with one constant, and in
-    /// no other way: how an `Enum` member pickles (`Format('NCHW')`,
-    /// looked up by its value). The model's own code is a package (or
-    /// `__main__`) the same pickle instantiates an unknown class of, other
-    /// than the standard library, torch and numpy; the name is a class's
-    /// (capitalized, no attribute path). Its code runs as an instantiated
-    /// class's does, and the file chose only the constant: loading needs
-    /// the code ([`Level::NeedsCode`]), as for the class instantiated.
+    /// A class of a package (or `__main__`) called with one constant, and
+    /// in no other way: how an `Enum` member pickles (`Format('NCHW')`,
+    /// looked up by its value). The package is not the standard library,
+    /// torch or numpy, which any file can name and whose classes are
+    /// decided by name; the name is a class's (capitalized, no attribute
+    /// path). Its code runs as an instantiated class's does, and the file
+    /// chose only the constant: loading needs the code
+    /// ([`Level::NeedsCode`]), as for the class instantiated.
     LookedUp,
     /// Called: REDUCE, OBJ and INST (`cls(*args)`: `__init__` runs, or the
     /// function), `copyreg._reconstructor`'s base (its `__init__`), the
@@ -510,7 +510,7 @@ impl Scanner<'_> {
         let hashed = heap.hashed_objects();
         let hashing = heap
             .charge_work(hashed.len() as u64)
-            .and_then(|()| recorder.used(&heap, &hashed));
+            .and_then(|()| recorder.used_unargued(&heap, &hashed));
         if let Err(e) = hashing {
             if outcome.is_ok() {
                 outcome = Err(e);
@@ -1561,6 +1561,16 @@ fn class_args(heap: &Heap, items: &[Value]) -> Option<Value> {
 /// `_modules` dict are two).
 const USED_DEPTH: usize = 32;
 
+/// How values given to code are used ([`Recorder::used_as`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// Anyhow: any method may run, with arguments the file chose.
+    Any,
+    /// Hashed, compared or converted: the methods that run are given
+    /// nothing the file chose.
+    Unargued,
+}
+
 /// How many levels below an object [`Recorder::walk`] looks: an item of
 /// an attribute of an attribute (a policy object's attribute, a module's
 /// `_modules` entry, a `UserDict`'s `data`).
@@ -1610,24 +1620,17 @@ fn torch_optimizer(module: &str, name: &str) -> bool {
 const IMPLICIT_METHODS: [&str; 2] = ["append", "extend"];
 
 impl Recorder {
-    /// Once the pickle has run: the classes of the model's own code called
-    /// only with one constant are enum member lookups
-    /// ([`Usage::LookedUp`]).
+    /// Once the pickle has run: the classes of a package (not the standard
+    /// library, torch or numpy) called only with one constant are enum
+    /// member lookups ([`Usage::LookedUp`]). Whether the same pickle
+    /// instantiates another class of the package does not matter: a file
+    /// can always add one, and a user's enum is often the only object of
+    /// its package in a file (a training script's hyper-parameters).
     fn settle_lookups(&mut self) {
-        fn top(module: &str) -> &str {
-            module.split('.').next().unwrap_or(module)
-        }
         let own = |module: &str| {
-            let t = top(module);
-            !super::stdlib::is_stdlib(t) && !matches!(t, "torch" | "numpy")
+            let top = module.split('.').next().unwrap_or(module);
+            !super::stdlib::is_stdlib(top) && !matches!(top, "torch" | "numpy")
         };
-        let packages: std::collections::HashSet<String> = self
-            .globals
-            .iter()
-            .filter(|u| u.usage == Usage::Instantiated && u.class == GlobalClass::Unknown)
-            .filter(|u| own(&u.module))
-            .map(|u| top(&u.module).to_owned())
-            .collect();
         let class_like = |name: &str| {
             !name.contains('.') && name.chars().next().is_some_and(|c| c.is_ascii_uppercase())
         };
@@ -1640,7 +1643,6 @@ impl Recorder {
                 && u.class == GlobalClass::Unknown
                 && class_like(&u.name)
                 && own(&u.module)
-                && packages.contains(top(&u.module))
             {
                 u.usage = Usage::LookedUp;
             }
@@ -2100,6 +2102,23 @@ impl Recorder {
     /// anything makes the pickle ambiguous) and [`WALK_VISITS`] values,
     /// each charged as work.
     fn used(&mut self, heap: &Heap, values: &[Value]) -> Result<()> {
+        self.used_as(heap, values, Use::Any)
+    }
+
+    /// [`used`](Self::used), for values only hashed, compared or converted
+    /// ([`Use::Unargued`]): the methods that run (`__hash__`, `__eq__`,
+    /// `__index__`, `__iter__`) are given nothing the file chose, so a
+    /// bare function or class below an object (a frozen dataclass's or a
+    /// namedtuple's field: `act=F.gelu` in a dict key) is not taken for
+    /// called: calling it would give it no argument. Wrappers
+    /// (`functools.partial`, a bound method) carry their arguments and are
+    /// called as under [`used`](Self::used); a bare callable of a known
+    /// effect is at its level wherever it is.
+    fn used_unargued(&mut self, heap: &Heap, values: &[Value]) -> Result<()> {
+        self.used_as(heap, values, Use::Unargued)
+    }
+
+    fn used_as(&mut self, heap: &Heap, values: &[Value], how: Use) -> Result<()> {
         if values.is_empty() || self.nothing_to_call(heap)? {
             return Ok(());
         }
@@ -2155,7 +2174,8 @@ impl Recorder {
                     break;
                 }
                 let own_class = own.is_some() && self.global_index(x) == own;
-                if inside && callable(self, x) && !own_class {
+                let bare = how == Use::Unargued && self.global_index(x).is_some();
+                if inside && callable(self, x) && !own_class && !bare {
                     called.push(x);
                 }
                 queue.push_back((x, depth + 1, inside || made(self, x), own));
@@ -2333,7 +2353,12 @@ impl Recorder {
     /// made by `type` or a metaclass from `(name, bases, namespace)`; a
     /// `map` or `filter`, which calls its function as it is consumed; a
     /// class the scanner does not know, given functions or classes (a
-    /// weak reference's callback): they may be called.
+    /// weak reference's callback): they may be called. Bare functions and
+    /// classes given to the `__new__` of a class outside the standard
+    /// library are not: such a `__new__` is a namedtuple's (which stores
+    /// its fields: `Pair("warm", warmup)`) or an `object.__new__` that
+    /// ignores its arguments; wrappers (`functools.partial`, a bound
+    /// method) still are.
     fn new_with(&mut self, heap: &Heap, cls: Value, items: &[Value]) -> Result<()> {
         let Some(g) = self.global_index(cls) else {
             return Ok(());
@@ -2352,8 +2377,13 @@ impl Recorder {
             .get(g)
             .is_some_and(|u| u.class == GlobalClass::Unknown);
         if unknown {
+            let stdlib = self.path_of(cls).is_some_and(|(module, _)| {
+                super::stdlib::is_stdlib(module.split('.').next().unwrap_or(module))
+            });
             for c in self.callables_among(heap, items)? {
-                self.calls(heap, c)?;
+                if stdlib || self.global_index(c).is_none() {
+                    self.calls(heap, c)?;
+                }
             }
         }
         Ok(())
@@ -2499,6 +2529,32 @@ fn constant(heap: &Heap, v: Value) -> bool {
             heap.get(v),
             Some(Obj::Str(_) | Obj::Bytes(_) | Obj::BigInt(_))
         ),
+        _ => true,
+    };
+    scalar(v)
+        || heap
+            .tuple(v)
+            .is_some_and(|items| items.iter().all(|&i| scalar(i)))
+}
+
+/// What an enum member of a package's own enum class pickles with: a
+/// number, or a word (at most 64 letters, digits, `_`, `-` and `.`:
+/// `"train"`, `"bf16-mixed"`, `"NCHW"`), or a tuple of those. A string an
+/// enum value seldom is (a path, code, a sentence) makes the call of an
+/// unknown class a call: a constructor that evaluates or opens its
+/// argument (`pydantic.TypeAdapter("...")`) is not taken for a lookup.
+fn enum_value(heap: &Heap, v: Value) -> bool {
+    let scalar = |v: Value| match v {
+        Value::Obj(_) => match heap.get(v) {
+            Some(Obj::BigInt(_)) => true,
+            Some(Obj::Str(_)) => heap.text(v).is_some_and(|t| {
+                !t.is_empty()
+                    && t.len() <= 64
+                    && t.chars()
+                        .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            }),
+            _ => false,
+        },
         _ => true,
     };
     scalar(v)
@@ -2716,7 +2772,7 @@ impl Interpreter for Recorder {
                 if let Some(namespace) = class_args(heap, &items) {
                     self.makes_class(heap, g, namespace)?;
                 }
-                let lookup = items.len() == 1 && constant(heap, arg(0));
+                let lookup = items.len() == 1 && enum_value(heap, arg(0));
                 let before = self.lookups.get(&g).copied();
                 self.mark(Some(g), Usage::Called);
                 if lookup && before != Some(false) {
@@ -2766,7 +2822,7 @@ impl Interpreter for Recorder {
                             direct.extend(d.entries().iter().map(|&(_, v)| v));
                         }
                     }
-                    self.used(heap, &direct)?;
+                    self.used_unargued(heap, &direct)?;
                     // `_set_obj_state(obj, state)`: the dict part of the
                     // state has its `items()` called.
                     if matches!(
@@ -2882,7 +2938,13 @@ impl Interpreter for Recorder {
                             && (self.origin_within(heap, &items)?.is_some()
                                 || !self.callables_within(heap, &items)?.is_empty())
                         {
-                            return self.any_of(heap, &items);
+                            // It keeps what it was given (`set([...])`'s
+                            // members are returned with it, not freed).
+                            let v = self.any_of(heap, &items)?;
+                            if let Value::Obj(id) = v {
+                                self.given.push((id, args));
+                            }
+                            return Ok(v);
                         }
                     }
                     _ => {}
@@ -3196,7 +3258,7 @@ impl Interpreter for Recorder {
                 if methods.contains(&"__setitem__") {
                     let keys: Vec<Value> = values.iter().step_by(2).copied().collect();
                     heap.charge_work(keys.len() as u64)?;
-                    self.used(heap, &keys)?;
+                    self.used_unargued(heap, &keys)?;
                 }
             }
             None => {}
