@@ -2367,3 +2367,36 @@ fn a_padded_object_fails_closed() {
         report.ambiguities
     );
 }
+
+/// Classes whose own finalizer removes a directory their state names
+/// (numpy's `DataSource` and `Repository` with `_istmpdest`, transformers'
+/// `NeptuneCallback`): made, filled by BUILD and dropped, with nothing
+/// else callable in the file, they are dangerous (hand-made pickles; the
+/// shapes torch ran in a blind corpus).
+#[test]
+fn finalizers_that_remove_what_their_state_names_are_dangerous() {
+    let s = |text: &str| {
+        let mut out = b"X".to_vec();
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out
+    };
+    for (class, key) in [
+        ("numpy.lib._datasource\nDataSource\n", "_destpath"),
+        ("numpy.lib._datasource\nRepository\n", "_destpath"),
+        (
+            "transformers.integrations.integration_utils\nNeptuneCallback\n",
+            "_volatile_checkpoints_dir",
+        ),
+    ] {
+        let mut p = b"\x80\x02c".to_vec();
+        p.extend_from_slice(class.as_bytes());
+        p.extend_from_slice(b")\x81}");
+        p.extend_from_slice(&s(key));
+        p.extend_from_slice(&s("/tmp/victim"));
+        p.extend_from_slice(b"sb0N.");
+        let report = ptload_reader::scan::scan_bytes(&p, &Limits::default());
+        assert!(report.pickles[0].complete, "{class}: {report:#?}");
+        assert_eq!(report.verdict(), Dangerous, "{class}: {report:#?}");
+    }
+}

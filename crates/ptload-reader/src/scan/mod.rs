@@ -692,6 +692,19 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
     if module == "torch.multiprocessing.reductions" && name == "StorageWeakRef" {
         return Some(Some(Gadget));
     }
+    // Remove a directory their state names when collected: numpy's
+    // `DataSource` (and its `Repository`) when `_istmpdest` is set, with
+    // `_destpath`; transformers' `NeptuneCallback`, its
+    // `_volatile_checkpoints_dir`. Nothing else in the file need be
+    // callable: the class's own `__del__` does it.
+    if (matches!(
+        module,
+        "numpy.lib._datasource" | "numpy.lib.npyio" | "numpy.lib._npyio_impl" | "numpy"
+    ) && matches!(name, "DataSource" | "Repository"))
+        || (under(module, "transformers.integrations") && name == "NeptuneCallback")
+    {
+        return Some(Some(FileSystem));
+    }
     // A data loader with workers starts processes that run its collate and
     // worker functions.
     if (under(module, "torch.utils.data") && name == "DataLoader")
