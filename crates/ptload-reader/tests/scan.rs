@@ -2400,3 +2400,33 @@ fn finalizers_that_remove_what_their_state_names_are_dangerous() {
         assert_eq!(report.verdict(), Dangerous, "{class}: {report:#?}");
     }
 }
+
+/// Callables whose effect the catalogue names (files written, a compiler
+/// run, a handler registered, the network) are dangerous when called,
+/// whatever the argument; methods named by an attribute path are judged
+/// by their own name (`chararray.tofile`), and unknown callables by the
+/// words of theirs (`to_json_file`, `cached_assets_path`). Hand-made
+/// pickles of the shapes the blind corpora used.
+#[test]
+fn callables_of_a_known_effect_are_dangerous_when_called() {
+    for global in [
+        "torch.profiler\ntensorboard_trace_handler\n",
+        "torch.utils.hipify.hipify_python\nhipify\n",
+        "torch._logging._internal\n_init_logs\n",
+        "PIL.PdfParser\nPdfParser\n",
+        "filelock\nFileLock\n",
+        "triton.runtime.build\n_build\n",
+        "codecs\nregister_error\n",
+        "httpx2\nget\n",
+        "numpy._core.defchararray\nchararray.tofile\n",
+        "transformers.configuration_utils\nPreTrainedConfig.to_json_file\n",
+        "huggingface_hub.utils._cache_assets\ncached_assets_path\n",
+    ] {
+        let mut p = b"\x80\x02c".to_vec();
+        p.extend_from_slice(global.as_bytes());
+        p.extend_from_slice(b"X\x01\x00\x00\x00x\x85R.");
+        let report = ptload_reader::scan::scan_bytes(&p, &Limits::default());
+        assert!(report.pickles[0].complete, "{global}: {report:#?}");
+        assert_eq!(report.verdict(), Dangerous, "{global:?}: {report:#?}");
+    }
+}

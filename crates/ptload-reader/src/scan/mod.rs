@@ -316,6 +316,12 @@ const NETWORK_ROOTS: &[&str] = &[
     "xmlrpc",
     "aiohttp",
     "httpx",
+    "httpx2",
+    "httpcore",
+    "pycurl",
+    "websocket",
+    "websockets",
+    "paramiko",
 ];
 
 /// Modules whose callables import by name or change what imports find,
@@ -508,9 +514,21 @@ pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
         "directory",
         "folder",
         "export",
+        "tofile",
+        // Caches live in files (`cached_assets_path` makes its folder,
+        // `_cache_commit_hash_for_specific_revision` writes a ref).
+        "cache",
+        "cached",
+        "persist",
     ];
     let words = words(name);
     let has = |list: &[&str]| words.iter().any(|w| list.contains(&w.as_str()));
+    // `to_json_file`, `to_file`, `to_disk`: a conversion to a file.
+    if words.first().is_some_and(|w| w == "to")
+        && words.iter().any(|w| matches!(w.as_str(), "file" | "disk"))
+    {
+        return Some(Danger::FileSystem);
+    }
     [
         (PROCESS, Danger::Process),
         (CODE, Danger::CodeExecution),
@@ -690,6 +708,28 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
     }
     // Calls an attribute of its state when collected (`_free_weak_ref`).
     if module == "torch.multiprocessing.reductions" && name == "StorageWeakRef" {
+        return Some(Some(Gadget));
+    }
+    // Writers of files by effect, from torch and the libraries beside it:
+    // the profiler's trace handler (writes a trace into the folder it is
+    // given), hipify (rewrites a source tree), torch's logging set-up
+    // (adds file handlers), PIL's PDF writer, file locks (create the
+    // lock file).
+    if (matches!(module, "torch.profiler" | "torch.profiler.profiler")
+        && name == "tensorboard_trace_handler")
+        || (under(module, "torch.utils.hipify") && name == "hipify")
+        || (module == "torch._logging._internal" && name == "_init_logs")
+        || (under(module, "PIL.PdfParser") && name == "PdfParser")
+        || under(module, "filelock")
+    {
+        return Some(Some(FileSystem));
+    }
+    // triton's compiler driver runs the C compiler.
+    if under(module, "triton.runtime.build") && matches!(name, "_build" | "build") {
+        return Some(Some(Process));
+    }
+    // Registers a callable Python calls later (an encoding error handler).
+    if matches!(module, "codecs" | "_codecs") && matches!(name, "register_error" | "register") {
         return Some(Some(Gadget));
     }
     // Remove a directory their state names when collected: numpy's

@@ -1663,7 +1663,14 @@ impl Recorder {
         }
         for u in &mut self.globals {
             if u.usage == Usage::Called && u.class == GlobalClass::Unknown {
-                if let Some(d) = super::dangerous_when_called(&u.name) {
+                // An attribute path (`chararray.tofile`) is a method: its
+                // last name says what it does.
+                let effect = match u.name.rsplit_once('.') {
+                    Some((_, method)) => super::dangerous_method(method)
+                        .or_else(|| super::dangerous_when_called(&u.name)),
+                    None => super::dangerous_when_called(&u.name),
+                };
+                if let Some(d) = effect {
                     u.class = GlobalClass::Dangerous(d);
                 }
             }
