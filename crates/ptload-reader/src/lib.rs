@@ -51,6 +51,7 @@ mod container;
 pub mod dcp;
 pub mod engine;
 mod error;
+#[cfg(feature = "export")]
 pub mod export;
 mod fetched;
 #[cfg(feature = "fuzzing")]
@@ -59,6 +60,7 @@ pub mod fuzzing;
 pub(crate) mod glob;
 #[cfg(feature = "http")]
 pub mod http;
+mod json;
 mod limits;
 pub mod merge;
 mod name_index;

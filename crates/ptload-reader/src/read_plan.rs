@@ -13,8 +13,6 @@
 //! A range is `count` blocks of `len` bytes, `step` bytes apart, from
 //! `offset` in file `file`: a row-parallel slice of a matrix is one range.
 
-use serde::Serialize;
-
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
 use crate::set::CheckpointSet;
@@ -23,7 +21,8 @@ use crate::tp::{Shard, Splits};
 
 /// `count` blocks of `len` bytes at `offset`, `offset + step`, ... of
 /// file `file` (an index into [`ReadPlan::files`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Range {
     /// Which file of the set.
     pub file: usize,
@@ -45,7 +44,8 @@ impl Range {
 }
 
 /// What one rank reads.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct RankReads {
     /// The rank, `0..world`.
     pub rank: u32,
@@ -61,8 +61,9 @@ pub struct RankReads {
 
 /// How a plan shares the bytes among ranks (`"sliced"` or `"read_once"`
 /// in JSON).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum PlanKind {
     /// Each rank reads its slices of the tensors the rules split, and the
@@ -73,7 +74,8 @@ pub enum PlanKind {
 }
 
 /// Which bytes each rank of a job reads.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ReadPlan {
     /// How the bytes are shared.
     pub kind: PlanKind,

@@ -830,26 +830,54 @@ fn rank_in_name(p: &Path) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// An index's `weight_map` (named `index` in errors), within the limits.
+/// An index's `weight_map` (named `index` in errors), within the limits:
+/// `{"weight_map": {tensor: file}, ...}`, other keys passed over, a name
+/// given twice taking the last file.
 fn parse_index(text: &[u8], index: &str, opts: &OpenOptions) -> Result<BTreeMap<String, String>> {
-    #[derive(serde::Deserialize)]
-    struct Index {
-        weight_map: BTreeMap<String, String>,
-    }
-    let parsed: Index = serde_json::from_slice(text).map_err(|e| {
-        Error::new(
-            ErrorKind::InvalidSpec,
-            format!("not a checkpoint index ({{\"weight_map\": {{tensor: file}}}}): {e}"),
-        )
-        .in_file(index)
-    })?;
-    if parsed.weight_map.len() > opts.limits_ref().max_tensors {
-        return Err(Error::limit(
-            "max_tensors",
-            opts.limits_ref().max_tensors as u64,
-        ));
-    }
-    Ok(parsed.weight_map)
+    let max = opts.limits_ref().max_tensors;
+    let read = || -> std::result::Result<Option<BTreeMap<String, String>>, Error> {
+        let bad = |e: crate::json::JsonError| {
+            Error::new(
+                ErrorKind::InvalidSpec,
+                format!("not a checkpoint index ({{\"weight_map\": {{tensor: file}}}}): {e}"),
+            )
+        };
+        let mut r = crate::json::Reader::new(text).map_err(bad)?;
+        r.begin_object("the index").map_err(bad)?;
+        let mut map = None;
+        while let Some(key) = r.key().map_err(bad)? {
+            if key != "weight_map" {
+                let t = r.token().map_err(bad)?;
+                r.skip(&t).map_err(bad)?;
+                continue;
+            }
+            if map.is_some() {
+                return Err(bad(r.error("duplicate field `weight_map`")));
+            }
+            r.begin_object("weight_map").map_err(bad)?;
+            let mut m = BTreeMap::new();
+            while let Some(name) = r.key().map_err(bad)? {
+                let file = r.string_value("a file of weight_map").map_err(bad)?;
+                m.insert(name, file);
+                if m.len() > max {
+                    return Err(Error::limit("max_tensors", max as u64));
+                }
+            }
+            map = Some(m);
+        }
+        r.end().map_err(bad)?;
+        Ok(map)
+    };
+    read()
+        .and_then(|map| {
+            map.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidSpec,
+                    "not a checkpoint index ({\"weight_map\": {tensor: file}}): missing field `weight_map`",
+                )
+            })
+        })
+        .map_err(|e| e.in_file(index))
 }
 
 /// The `weight_map` of an index read by ranges, and the URL of each shard

@@ -34,6 +34,9 @@ pub(crate) struct Source {
     inner: Arc<Inner>,
 }
 
+// Which file a source is (and a handle of its own on it) is read by the
+// writers (`export`: an output never overwrites an input).
+#[cfg_attr(not(feature = "export"), allow(dead_code))]
 enum Inner {
     /// A map of the file, the open file, and which file it is (taken when
     /// it was opened: a later `fstat` that fails cannot lose it).
@@ -238,6 +241,7 @@ impl Source {
     }
 
     /// The file the bytes came from, if they came from one.
+    #[cfg_attr(not(feature = "export"), allow(dead_code))]
     pub(crate) fn identity(&self) -> Option<FileId> {
         match &*self.inner {
             Inner::Mapped(.., id) => *id,
@@ -250,6 +254,7 @@ impl Source {
     /// A handle of our own on the mapped file, with its own file position,
     /// for kernel copies: the same file we mapped (never reopened by path,
     /// which may name another file by now), or `None`.
+    #[cfg_attr(not(feature = "export"), allow(dead_code))]
     pub(crate) fn private_handle(&self) -> Option<File> {
         let file = self.file()?;
         let reopened = reopen(file)?;
@@ -268,6 +273,7 @@ impl Source {
 /// A new open file description for `file` (Linux: through `/proc/self/fd`,
 /// which reaches the open file even when its path now names another).
 #[cfg(target_os = "linux")]
+#[cfg_attr(not(feature = "export"), allow(dead_code))]
 fn reopen(file: &File) -> Option<File> {
     use std::os::fd::AsRawFd;
     File::open(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()

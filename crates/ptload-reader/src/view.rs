@@ -105,7 +105,9 @@ impl<'a> TensorView<'a> {
 
     /// Where the row-major bytes lie unchanged in the file, if they do: a
     /// contiguous tensor in host order with no conj/neg bit, stored
-    /// uncompressed. `(file offset, length)`.
+    /// uncompressed. `(file offset, length)`. (For the writers' kernel
+    /// copies.)
+    #[cfg_attr(not(feature = "export"), allow(dead_code))]
     pub(crate) fn file_range(&self) -> Option<(u64, u64)> {
         if !self.is_contiguous() || self.needs_swap() || self.needs_transform() {
             return None;

@@ -64,6 +64,7 @@ fn every_pair_matches_torch() {
 
 /// The streaming writer (any `Write`) and the file writer (kernel copies
 /// from the source file) produce the same bytes.
+#[cfg(feature = "export")]
 #[test]
 fn both_safetensors_writers_agree() {
     use ptload_reader::export::{Export, SafetensorsOptions};
@@ -105,6 +106,7 @@ fn both_safetensors_writers_agree() {
 /// What safetensors cannot hold is left out when asked, as data: each
 /// tensor's name and why (a dtype safetensors lacks, a meta tensor), and
 /// otherwise refused naming them.
+#[cfg(feature = "export")]
 #[test]
 fn tensors_safetensors_cannot_hold_are_skipped_as_data() {
     use ptload_reader::export::{Export, SafetensorsOptions, Unwritable};

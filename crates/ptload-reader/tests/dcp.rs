@@ -105,6 +105,7 @@ fn every_tensor_equals_torchs() {
 /// A distributed checkpoint exported from its chunks (a slab at a time)
 /// is byte for byte the export of the same save opened as a set; the
 /// stream and the file agree; shards are refused (one file only).
+#[cfg(feature = "export")]
 #[test]
 fn a_dcp_exports_from_its_chunks_as_from_the_opened_set() {
     use ptload_reader::export::{Export, SafetensorsOptions};

@@ -480,6 +480,7 @@ fn set_limits_hold() {
 }
 
 /// A sharded safetensors set appears whole or not at all.
+#[cfg(feature = "export")]
 #[test]
 fn sharded_output_is_all_or_nothing() {
     use ptload_reader::export::{Export, SafetensorsOptions};
@@ -531,6 +532,7 @@ fn rank_rules() -> Splits {
 /// Meta-style rank files, merged by the rules they were cut by, are the
 /// unsharded file; cut again for another world size, each rank's part is
 /// torch's tensor_split of the whole.
+#[cfg(feature = "export")]
 #[test]
 fn rank_files_merge_and_reslice() {
     use ptload_reader::merge::merge;
@@ -690,6 +692,7 @@ fn automatic_options_decide_for_the_whole_set() {
 
 /// A sharded set whose last file cannot be put in place takes back the
 /// files it placed: no reader finds part of a set.
+#[cfg(feature = "export")]
 #[test]
 fn a_set_that_cannot_be_placed_leaves_nothing() {
     use ptload_reader::export::{Export, SafetensorsOptions};

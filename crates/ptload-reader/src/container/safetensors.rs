@@ -3,17 +3,15 @@
 //! follows, and optional `__metadata__` (string to string).
 //!
 //! The header is hostile input: its length is bounded before anything is
-//! read, its JSON parsed by `serde_json` (whose nesting limit stops a deep
-//! document with an error, never a stack overflow), duplicate names are
+//! read, its JSON read token by token (`crate::json`, whose nesting limit
+//! stops a deep document with an error, never a stack overflow), duplicate
+//! names are
 //! refused (a JSON map would keep one silently), each tensor's byte range
 //! must hold exactly its dtype and shape, and the ranges must tile the data
 //! in order with no gap or overlap, as the safetensors library requires.
 
-use std::fmt;
-
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-
 use crate::error::{Error, ErrorKind, Result};
+use crate::json::{JsonError, JsonResult, Reader, Token};
 use crate::limits::Limits;
 use crate::ranged::FileView;
 
@@ -89,7 +87,7 @@ pub(crate) fn parse(
     let mut entries = Vec::with_capacity(raw.tensors.len());
     for (name, t) in raw.tensors {
         let at = |m: String| bad(m).for_tensor(&name);
-        let shape = t.shape.0;
+        let shape = t.shape;
         let size = element_size(&t.dtype)
             .ok_or_else(|| at(format!("dtype {:?} is not one ptload reads", t.dtype)))?;
         let numel = shape
@@ -164,137 +162,100 @@ struct RawHeader {
     metadata: Vec<(String, String)>,
 }
 
-#[derive(serde::Deserialize)]
 struct RawTensor {
     dtype: String,
-    shape: Shape,
+    shape: Vec<u64>,
     data_offsets: [u64; 2],
 }
 
-/// A shape, its length bounded while it is read.
-struct Shape(Vec<u64>);
-
-impl<'de> serde::Deserialize<'de> for Shape {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Shape, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Shape;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a shape: a list of at most 64 sizes")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> std::result::Result<Shape, A::Error> {
-                let mut dims = Vec::new();
-                while let Some(d) = seq.next_element::<u64>()? {
-                    if dims.len() == MAX_DIMS {
-                        return Err(de::Error::custom(format!(
-                            "a shape of more than {MAX_DIMS} dimensions"
-                        )));
-                    }
-                    dims.push(d);
-                }
-                Ok(Shape(dims))
-            }
-        }
-        d.deserialize_seq(V)
-    }
-}
-
+/// The header's JSON, read token by token: tensors in order, counted as
+/// they are read (past `max_tensors` is refused before more is held),
+/// names once each (a JSON map would keep one silently).
 fn parse_json(text: &[u8], max_tensors: usize) -> Result<RawHeader> {
-    let mut de = serde_json::Deserializer::from_slice(text);
-    let raw = de
-        .deserialize_map(HeaderVisitor { max_tensors })
-        .and_then(|raw| de.end().map(|()| raw))
-        .map_err(|e| match e.classify() {
-            serde_json::error::Category::Data if e.to_string().contains("max_tensors") => {
-                Error::limit("max_tensors", max_tensors as u64)
+    let header = |e: JsonError| bad(format!("header: {e}"));
+    let mut r = Reader::new(text).map_err(header)?;
+    r.begin_object("the header").map_err(header)?;
+    let mut tensors: Vec<(String, RawTensor)> = Vec::new();
+    let mut metadata = None;
+    let mut seen = hashbrown::HashSet::new();
+    while let Some(key) = r.key().map_err(header)? {
+        if !seen.insert(key.clone()) {
+            return Err(header(r.error(format!("{key:?} is named twice"))));
+        }
+        if key == "__metadata__" {
+            metadata = Some(read_metadata(&mut r).map_err(header)?);
+        } else {
+            if tensors.len() == max_tensors {
+                return Err(Error::limit("max_tensors", max_tensors as u64));
             }
-            _ => bad(format!("header: {e}")),
-        })?;
-    Ok(raw)
-}
-
-/// The header's top level: tensors in order, counted as they are read.
-struct HeaderVisitor {
-    max_tensors: usize,
-}
-
-impl<'de> Visitor<'de> for HeaderVisitor {
-    type Value = RawHeader;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object of tensors")
+            let t = read_tensor(&mut r).map_err(|e| header(e).for_tensor(&key))?;
+            tensors.push((key, t));
+        }
     }
+    r.end().map_err(header)?;
+    Ok(RawHeader {
+        tensors,
+        metadata: metadata.unwrap_or_default(),
+    })
+}
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<RawHeader, A::Error> {
-        let mut tensors: Vec<(String, RawTensor)> = Vec::new();
-        let mut metadata = None;
-        let mut seen = hashbrown::HashSet::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if !seen.insert(key.clone()) {
-                return Err(de::Error::custom(format!("{key:?} is named twice")));
-            }
-            if key == "__metadata__" {
-                metadata = Some(map.next_value::<Metadata>()?.0);
-            } else {
-                if tensors.len() == self.max_tensors {
-                    return Err(de::Error::custom("more tensors than max_tensors"));
+/// `{"dtype": ..., "shape": [...], "data_offsets": [begin, end]}`; other
+/// keys are passed over, each of these is needed once.
+fn read_tensor(r: &mut Reader<'_>) -> JsonResult<RawTensor> {
+    r.begin_object("a tensor")?;
+    let (mut dtype, mut shape, mut offsets) = (None, None, None);
+    while let Some(key) = r.key()? {
+        let twice = || r.error(format!("duplicate field {key:?}"));
+        match key.as_str() {
+            "dtype" if dtype.is_some() => return Err(twice()),
+            "shape" if shape.is_some() => return Err(twice()),
+            "data_offsets" if offsets.is_some() => return Err(twice()),
+            "dtype" => dtype = Some(r.string_value("dtype")?),
+            "shape" => shape = Some(r.u64_list("a shape", MAX_DIMS)?),
+            "data_offsets" => {
+                let pair = r.u64_list("data_offsets", 2)?;
+                match pair[..] {
+                    [begin, end] => offsets = Some([begin, end]),
+                    _ => return Err(r.error("data_offsets is not [begin, end]")),
                 }
-                tensors.push((key, map.next_value()?));
+            }
+            _ => {
+                let t = r.token()?;
+                r.skip(&t)?;
             }
         }
-        Ok(RawHeader {
-            tensors,
-            metadata: metadata.unwrap_or_default(),
-        })
     }
+    let missing = |field: &str| r.error(format!("missing field {field:?}"));
+    Ok(RawTensor {
+        dtype: dtype.ok_or_else(|| missing("dtype"))?,
+        shape: shape.ok_or_else(|| missing("shape"))?,
+        data_offsets: offsets.ok_or_else(|| missing("data_offsets"))?,
+    })
 }
 
-/// `__metadata__`: strings by string, in order, names once each.
-struct Metadata(Vec<(String, String)>);
-
-impl<'de> serde::Deserialize<'de> for Metadata {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Metadata, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Metadata;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("__metadata__ as an object of strings")
-            }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<Metadata, A::Error> {
-                let mut out: Vec<(String, String)> = Vec::new();
-                let mut seen = hashbrown::HashSet::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    if !seen.insert(key.clone()) {
-                        return Err(de::Error::custom(format!(
-                            "__metadata__ names {key:?} twice"
-                        )));
-                    }
-                    out.push((key, map.next_value()?));
-                }
-                Ok(Metadata(out))
-            }
-            // safetensors writes `null` for no metadata in some versions.
-            fn visit_unit<E: de::Error>(self) -> std::result::Result<Metadata, E> {
-                Ok(Metadata(Vec::new()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> std::result::Result<Metadata, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Err(de::Error::custom(
-                    "__metadata__ is a list, not an object of strings",
-                ))
-            }
+/// `__metadata__`: strings by string, in order, names once each; `null`
+/// (which some safetensors versions write for none) is none.
+fn read_metadata(r: &mut Reader<'_>) -> JsonResult<Vec<(String, String)>> {
+    match r.token()? {
+        Token::BeginObject => {}
+        Token::Null => return Ok(Vec::new()),
+        t => {
+            return Err(r.error(format!(
+                "__metadata__ is {}, not an object of strings",
+                t.what()
+            )))
         }
-        d.deserialize_any(V)
     }
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut seen = hashbrown::HashSet::new();
+    while let Some(key) = r.key()? {
+        if !seen.insert(key.clone()) {
+            return Err(r.error(format!("__metadata__ names {key:?} twice")));
+        }
+        let value = r.string_value("a value of __metadata__")?;
+        out.push((key, value));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -92,33 +92,94 @@ impl LocalLayout {
     /// `{"mesh": [sizes], "placements": [{"match": pattern, "placements":
     /// ["Shard(0)" | "Replicate()", ...]}, ...]}`.
     pub fn from_json(text: &[u8]) -> Result<LocalLayout> {
-        #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Rule {
-            #[serde(rename = "match")]
-            pattern: String,
-            placements: Vec<String>,
-        }
-        #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
         struct Doc {
             mesh: Vec<u64>,
-            placements: Vec<Rule>,
+            placements: Vec<(String, Vec<String>)>,
         }
-        let doc: Doc = serde_json::from_slice(text).map_err(|e| {
+        fn read(text: &[u8]) -> crate::json::JsonResult<Doc> {
+            let mut r = crate::json::Reader::new(text)?;
+            r.begin_object("the placements file")?;
+            let (mut mesh, mut placements) = (None, None);
+            while let Some(key) = r.key()? {
+                match key.as_str() {
+                    "mesh" if mesh.is_none() => mesh = Some(r.u64_list("mesh", usize::MAX)?),
+                    "placements" if placements.is_none() => {
+                        let mut rules = Vec::new();
+                        match r.token()? {
+                            crate::json::Token::BeginArray => {}
+                            t => {
+                                return Err(
+                                    r.error(format!("placements is {}, not a list", t.what()))
+                                )
+                            }
+                        }
+                        loop {
+                            match r.token()? {
+                                crate::json::Token::EndArray => break,
+                                crate::json::Token::BeginObject => {}
+                                t => {
+                                    return Err(
+                                        r.error(format!("a rule is {}, not an object", t.what()))
+                                    )
+                                }
+                            }
+                            let (mut pattern, mut list) = (None, None);
+                            while let Some(k) = r.key()? {
+                                match k.as_str() {
+                                    "match" if pattern.is_none() => {
+                                        pattern = Some(r.string_value("match")?)
+                                    }
+                                    "placements" if list.is_none() => {
+                                        list = Some(r.string_list("placements")?)
+                                    }
+                                    "match" | "placements" => {
+                                        return Err(r.error(format!("duplicate field `{k}`")))
+                                    }
+                                    _ => {
+                                        return Err(r.error(format!(
+                                            "unknown field `{k}`, expected `match` or `placements`"
+                                        )))
+                                    }
+                                }
+                            }
+                            let missing = |f: &str| r.error(format!("missing field `{f}`"));
+                            rules.push((
+                                pattern.ok_or_else(|| missing("match"))?,
+                                list.ok_or_else(|| missing("placements"))?,
+                            ));
+                        }
+                        placements = Some(rules);
+                    }
+                    "mesh" | "placements" => {
+                        return Err(r.error(format!("duplicate field `{key}`")))
+                    }
+                    _ => {
+                        return Err(r.error(format!(
+                            "unknown field `{key}`, expected `mesh` or `placements`"
+                        )))
+                    }
+                }
+            }
+            r.end()?;
+            let missing = |f: &str| r.error(format!("missing field `{f}`"));
+            Ok(Doc {
+                mesh: mesh.ok_or_else(|| missing("mesh"))?,
+                placements: placements.ok_or_else(|| missing("placements"))?,
+            })
+        }
+        let doc = read(text).map_err(|e| {
             Error::new(
                 ErrorKind::InvalidSpec,
                 format!("not a placements file ({{\"mesh\": [...], \"placements\": [...]}}): {e}"),
             )
         })?;
         let mut rules = Vec::with_capacity(doc.placements.len());
-        for r in doc.placements {
-            let placements = r
-                .placements
+        for (pattern, list) in doc.placements {
+            let placements = list
                 .iter()
                 .map(|p| parse_placement(p))
                 .collect::<Result<Vec<_>>>()?;
-            rules.push((r.pattern, placements));
+            rules.push((pattern, placements));
         }
         LocalLayout::new(doc.mesh, rules)
     }

@@ -92,23 +92,32 @@ pub(crate) fn saved_offsets(header: &Header) -> Result<HashMap<String, Vec<u64>>
     let Some((_, text)) = header.metadata.iter().find(|(k, _)| k == SHARDING_INFO) else {
         return Ok(HashMap::new());
     };
-    // Bounded by the header it is part of; serde_json's nesting limit
-    // stops a deep document with an error.
-    let info: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-    let mut out = HashMap::with_capacity(info.len());
-    for (name, v) in info {
-        let at = v
-            .get("saved_offsets")
-            .and_then(serde_json::Value::as_array)
-            .and_then(|a| {
-                a.iter()
-                    .map(serde_json::Value::as_u64)
-                    .collect::<Option<Vec<u64>>>()
-            })
-            .ok_or_else(|| bad(format!("no saved_offsets (a list of offsets) for {name}")))?;
-        out.insert(name, at);
+    // Bounded by the header it is part of; read token by token, its
+    // nesting bounded (`crate::json`). A name given twice keeps the last.
+    let json = |e: crate::json::JsonError| bad(e.to_string());
+    let mut r = crate::json::Reader::new(text.as_bytes()).map_err(json)?;
+    r.begin_object(SHARDING_INFO).map_err(json)?;
+    let mut out = HashMap::new();
+    while let Some(name) = r.key().map_err(json)? {
+        let no_offsets = || bad(format!("no saved_offsets (a list of offsets) for {name}"));
+        if r.token().map_err(json)? != crate::json::Token::BeginObject {
+            return Err(no_offsets());
+        }
+        let mut at = None;
+        while let Some(key) = r.key().map_err(json)? {
+            if key == "saved_offsets" {
+                at = Some(
+                    r.u64_list("saved_offsets", usize::MAX)
+                        .map_err(|_| no_offsets())?,
+                );
+            } else {
+                let t = r.token().map_err(json)?;
+                r.skip(&t).map_err(json)?;
+            }
+        }
+        out.insert(name.clone(), at.ok_or_else(no_offsets)?);
     }
+    r.end().map_err(json)?;
     Ok(out)
 }
 

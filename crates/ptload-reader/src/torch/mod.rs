@@ -199,7 +199,8 @@ impl Quantization {
     /// "zero_point"}`, or for per-channel schemes `{"kind", "scheme",
     /// "axis", "scales", "zero_points"}` naming the tensors that hold them;
     /// packed kinds add `"values_shape"`. A scale that is not finite is
-    /// `null`.
+    /// `null`. (With the `serde` feature.)
+    #[cfg(feature = "serde")]
     pub fn record(&self, name: &str) -> impl serde::Serialize {
         match self {
             Quantization::PerTensor {
@@ -233,6 +234,7 @@ impl Quantization {
 }
 
 /// [`Quantization::record`]'s fields, in their order.
+#[cfg(feature = "serde")]
 #[derive(serde::Serialize)]
 #[serde(untagged)]
 enum QuantRecord {
