@@ -2430,3 +2430,83 @@ fn callables_of_a_known_effect_are_dangerous_when_called() {
         assert_eq!(report.verdict(), Dangerous, "{global:?}: {report:#?}");
     }
 }
+
+/// A tar's number fields and PAX sizes are read as Python's tarfile reads
+/// them (`nti`: base-256, `int(text, 8)` with a `0o` prefix and
+/// underscores, text cut at a NUL; a PAX size by `int`), and a global
+/// PAX size sets how much of a member is read but not where the next
+/// header is: in each file the `pickle` member that torch reads holds the
+/// payload (hand-made, the shapes a blind corpus ran under torch 2.15).
+#[test]
+fn tar_number_fields_read_as_tarfile_reads_them() {
+    use ptload_reader::scan::scan_bytes;
+    fn header(name: &str, size_field: &[u8], kind: u8) -> Vec<u8> {
+        let mut h = vec![0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..108].copy_from_slice(b"0000644\0");
+        h[124..124 + size_field.len()].copy_from_slice(size_field);
+        h[156] = kind;
+        h[148..156].fill(b' ');
+        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        h
+    }
+    fn member(out: &mut Vec<u8>, name: &str, size_field: &[u8], kind: u8, data: &[u8]) {
+        out.extend(header(name, size_field, kind));
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    let payload: &[u8] = b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R.";
+    let empty: &[u8] = b"\x80\x02}.";
+    let octal = |n: usize| format!("{n:011o}\0").into_bytes();
+    let n = payload.len();
+    let mut base256_field = vec![0x80u8];
+    base256_field.extend_from_slice(&[0u8; 3]);
+    base256_field.extend_from_slice(&(n as u64).to_be_bytes());
+    for (what, field) in [
+        ("0o prefix", format!("0o{n:o}\0").into_bytes()),
+        ("underscores", {
+            let digits = format!("{n:o}");
+            let spaced: Vec<String> = digits.chars().map(String::from).collect();
+            format!("{}\0", spaced.join("_")).into_bytes()
+        }),
+        ("text cut at a NUL", format!("{n:o}\0junk").into_bytes()),
+        ("base-256", base256_field.clone()),
+    ] {
+        let mut file = Vec::new();
+        member(&mut file, "sys_info", &octal(empty.len()), b'0', empty);
+        member(&mut file, "pickle", &field, b'0', payload);
+        file.extend(vec![0u8; 1024]);
+        let report = scan_bytes(&file, &Limits::default());
+        assert_eq!(report.layout, "tar", "{what}");
+        assert_eq!(report.verdict(), Dangerous, "{what}: {report:#?}");
+    }
+    // A global PAX size: the benign `pickle` is read 4096 bytes long, but
+    // the next header follows its own size, and torch reads the last
+    // `pickle`, the payload.
+    let mut file = Vec::new();
+    let body = "size=1024\n";
+    let record = format!("{} {body}", body.len() + 3);
+    member(
+        &mut file,
+        "pax",
+        &octal(record.len()),
+        b'g',
+        record.as_bytes(),
+    );
+    member(&mut file, "sys_info", &octal(empty.len()), b'0', empty);
+    member(&mut file, "pickle", &octal(empty.len()), b'0', empty);
+    member(&mut file, "pickle", &octal(n), b'0', payload);
+    file.extend(vec![0u8; 1024]);
+    let report = scan_bytes(&file, &Limits::default());
+    assert_eq!(report.verdict(), Dangerous, "{report:#?}");
+    // A header whose size no reader takes: the listing stops there,
+    // ambiguous rather than clean.
+    let mut file = Vec::new();
+    member(&mut file, "sys_info", &octal(empty.len()), b'0', empty);
+    member(&mut file, "junk", b"9zz\0", b'0', b"");
+    member(&mut file, "pickle", &octal(n), b'0', payload);
+    file.extend(vec![0u8; 1024]);
+    let report = scan_bytes(&file, &Limits::default());
+    assert_eq!(report.verdict(), Ambiguous, "{report:#?}");
+}

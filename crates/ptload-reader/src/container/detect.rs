@@ -79,9 +79,10 @@ pub(crate) fn is_tar_header(block: &[u8]) -> bool {
 
 /// A tar header's number field as Python's `tarfile.nti` reads it:
 /// base-256 when its first byte is 0x80 or 0xff, else octal text up to
-/// the first NUL, surrounding whitespace ignored (empty is 0), with an
-/// optional sign and underscores between digits as Python's `int` takes.
-fn tar_number(field: &[u8]) -> Option<i64> {
+/// the first NUL, surrounding whitespace ignored (empty is 0), read as
+/// Python's `int(text, 8)` reads it: an optional sign, an optional `0o`
+/// prefix, underscores between digits (and after the prefix).
+pub(crate) fn tar_number(field: &[u8]) -> Option<i64> {
     let (&first, rest) = field.split_first()?;
     if first == 0x80 || first == 0xff {
         let mut n: i64 = 0;
@@ -107,10 +108,27 @@ fn tar_number(field: &[u8]) -> Option<i64> {
     if text.is_empty() {
         return Some(0);
     }
-    let (negative, digits) = match text.as_bytes().first() {
+    python_int(text, 8)
+}
+
+/// Text read as Python's `int(text, base)` reads it (base 8 or 10):
+/// surrounding whitespace, an optional sign, for base 8 an optional `0o`
+/// prefix, and single underscores between digits (after the prefix too).
+pub(crate) fn python_int(text: &str, base: u32) -> Option<i64> {
+    let text = text.trim_matches(|c: char| {
+        c.is_ascii_whitespace() || c == '\x0b' || ('\x1c'..='\x1f').contains(&c)
+    });
+    let (negative, rest) = match text.as_bytes().first() {
         Some(b'-') => (true, text.get(1..)?),
         Some(b'+') => (false, text.get(1..)?),
         _ => (false, text),
+    };
+    let prefixed = base == 8 && (rest.starts_with("0o") || rest.starts_with("0O"));
+    let digits = if prefixed {
+        let after = rest.get(2..)?;
+        after.strip_prefix('_').unwrap_or(after)
+    } else {
+        rest
     };
     if digits.is_empty()
         || digits.starts_with('_')
@@ -121,7 +139,9 @@ fn tar_number(field: &[u8]) -> Option<i64> {
     }
     let mut n: i64 = 0;
     for c in digits.chars().filter(|&c| c != '_') {
-        n = n.checked_mul(8)?.checked_add(i64::from(c.to_digit(8)?))?;
+        n = n
+            .checked_mul(i64::from(base))?
+            .checked_add(i64::from(c.to_digit(base)?))?;
     }
     Some(if negative { -n } else { n })
 }
@@ -402,6 +422,19 @@ mod tests {
         assert_eq!(tar_number(b"9\0"), None);
         assert_eq!(tar_number(b"\x80\0\0\0\0\0\x01\x02"), Some(258));
         assert_eq!(tar_number(b"\xff\xff\xff\xff\xff\xff\xff\xff"), Some(-1));
+        // int(text, 8) takes a 0o prefix, an underscore after it, and
+        // stops at the first NUL (what follows is not read).
+        assert_eq!(tar_number(b"0o164\0\0\0"), Some(0o164));
+        assert_eq!(tar_number(b" -0O_17 \0"), Some(-0o17));
+        assert_eq!(tar_number(b"0_1_7_3\0"), Some(0o173));
+        assert_eq!(tar_number(b"13\0junk\0"), Some(0o13));
+        assert_eq!(tar_number(b"0o\0"), None);
+        assert_eq!(tar_number(b"0_o17\0"), None);
+        // PAX numbers: int(text) in base 10.
+        assert_eq!(python_int("1_17", 10), Some(117));
+        assert_eq!(python_int(" 010\n", 10), Some(10));
+        assert_eq!(python_int("0o10", 10), None);
+        assert_eq!(python_int("1__7", 10), None);
         // A checksum summed over signed bytes is accepted too.
         let mut signed = vec![0u8; 512];
         signed[..3].copy_from_slice(b"\xe9ab");

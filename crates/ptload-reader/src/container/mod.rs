@@ -6,7 +6,9 @@ pub(crate) mod legacy;
 pub(crate) mod safetensors;
 pub(crate) mod zip;
 
-pub(crate) use detect::{detect, is_tar_header, Detected, LEGACY_MAGIC_VALUE};
+pub(crate) use detect::{
+    detect, is_tar_header, python_int, tar_number, Detected, LEGACY_MAGIC_VALUE,
+};
 
 /// The layout a checkpoint was written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1007,7 +1007,19 @@ impl Scanner<'_> {
     /// The pre-1.0 tar layout: torch unpickles `sys_info`, the first
     /// records of `storages` and `tensors`, and `pickle`.
     fn tar(&mut self, data: &[u8]) {
-        let Some(members) = tar_members(data, &mut self.report.notes) else {
+        let mut stopped = None;
+        let members = tar_members(data, &mut self.report.notes, &mut stopped);
+        // A header the listing cannot read (a number field, a member past
+        // the end): tarfile would stop there too, but what follows is not
+        // looked at, and a reader that reads the field otherwise reads on.
+        if let Some((offset, what)) = stopped {
+            self.report.ambiguities.push(Ambiguity {
+                record: "tar".into(),
+                offset: offset as u64,
+                what: format!("tar: {what}: the members after it are not read"),
+            });
+        }
+        let Some(members) = members else {
             return;
         };
         // torch opens the tar with Python's tarfile, which names a member
@@ -1312,7 +1324,11 @@ const MAX_TAR_MEMBERS: usize = 4096;
 /// Python's tarfile names and sizes them (PAX `path` and `size` records,
 /// global ones too, GNU long names, ustar prefixes), in order; what cannot
 /// be read is noted and ends the list. `None` when nothing is.
-fn tar_members(data: &[u8], notes: &mut Vec<String>) -> Option<Vec<TarMember>> {
+fn tar_members(
+    data: &[u8],
+    notes: &mut Vec<String>,
+    stopped: &mut Option<(usize, &'static str)>,
+) -> Option<Vec<TarMember>> {
     let mut members = Vec::new();
     let mut global: Vec<(String, String)> = Vec::new();
     let mut pax: Vec<(String, String)> = Vec::new();
@@ -1327,16 +1343,15 @@ fn tar_members(data: &[u8], notes: &mut Vec<String>) -> Option<Vec<TarMember>> {
         if header.iter().all(|&b| b == 0) || members.len() >= MAX_TAR_MEMBERS {
             break;
         }
-        let octal = |range: std::ops::Range<usize>| {
-            header
-                .get(range)
-                .and_then(|s| std::str::from_utf8(s).ok())
-                .and_then(|s| {
-                    u64::from_str_radix(s.trim_matches(|c: char| c == '\0' || c == ' '), 8).ok()
-                })
-        };
-        let Some(header_size) = octal(124..136).and_then(|s| usize::try_from(s).ok()) else {
+        // The size field as `tarfile.nti` reads it (base-256, `0o`,
+        // underscores, text cut at a NUL).
+        let Some(header_size) = header
+            .get(124..136)
+            .and_then(crate::container::tar_number)
+            .and_then(|s| usize::try_from(s).ok())
+        else {
             notes.push("tar header with a bad size".into());
+            *stopped = Some((at, "a header with a size field tarfile may read otherwise"));
             break;
         };
         let kind = header.get(156).copied().unwrap_or(0);
@@ -1347,18 +1362,31 @@ fn tar_members(data: &[u8], notes: &mut Vec<String>) -> Option<Vec<TarMember>> {
                 .find(|(k, _)| k == key)
                 .map(|(_, v)| v.clone())
         };
-        // A PAX size applies to the member it describes.
-        let size = if matches!(kind, b'x' | b'g' | b'L' | b'K') {
-            header_size
+        // A PAX size applies to the member it describes, read as
+        // Python's `int` reads it (0 when it cannot be). tarfile reads that
+        // many bytes; it steps to the next header by it only when the
+        // member has PAX records of its own (which carry the global ones
+        // with them), else by the header's size.
+        let (size, step) = if matches!(kind, b'x' | b'g' | b'L' | b'K') {
+            (header_size, header_size)
         } else {
-            find(&pax, "size")
+            let pax_size = find(&pax, "size")
                 .or_else(|| find(&global, "size"))
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(header_size)
+                .map(|v| {
+                    crate::container::python_int(&v, 10)
+                        .and_then(|n| usize::try_from(n).ok())
+                        .unwrap_or(0)
+                });
+            match pax_size {
+                Some(n) if !pax.is_empty() => (n, n),
+                Some(n) => (n, header_size),
+                None => (header_size, header_size),
+            }
         };
         let start = at.saturating_add(512);
         if data.get(start..start.saturating_add(size)).is_none() {
             notes.push("tar member runs past the end".into());
+            *stopped = Some((at, "a member runs past the end of the file"));
             break;
         }
         // tarfile reads a PAX or GNU long-name header's data in whole
@@ -1428,7 +1456,7 @@ fn tar_members(data: &[u8], notes: &mut Vec<String>) -> Option<Vec<TarMember>> {
                 long_link = None;
             }
         }
-        at = start.saturating_add(size.div_ceil(512).saturating_mul(512));
+        at = start.saturating_add(step.div_ceil(512).saturating_mul(512));
     }
     (!members.is_empty()).then_some(members)
 }
