@@ -2548,9 +2548,35 @@ fn torchscript_call_in(code: &[u8], op: &str) -> Option<usize> {
         while before(i).is_some_and(ident) {
             i -= 1;
         }
-        let qualifier = code.get(i..qualifier_end).unwrap_or_default();
-        if qualifier == b"torch" || qualifier == b"aten" {
-            return Some(at);
+        // The qualifier, then back over the rest of its chain, a few names
+        // at most: the op is aten's when a name of the chain is `torch` or
+        // `aten` (`ops.aten.save`; `torch.autograd.autograd.save`, as
+        // TorchScript resolves `torch.autograd` to `aten` again).
+        let (mut start, mut end) = (i, qualifier_end);
+        for _ in 0..16 {
+            let name = code.get(start..end).unwrap_or_default();
+            if name == b"torch" || name == b"aten" {
+                return Some(at);
+            }
+            let mut j = start;
+            while before(j).is_some_and(|b| space(&b)) {
+                j -= 1;
+            }
+            if before(j) != Some(b'.') {
+                break;
+            }
+            j -= 1;
+            while before(j).is_some_and(|b| space(&b)) {
+                j -= 1;
+            }
+            end = j;
+            while before(j).is_some_and(ident) {
+                j -= 1;
+            }
+            if j == end {
+                break;
+            }
+            start = j;
         }
     }
     None
@@ -3362,6 +3388,10 @@ mod tests {
             b"_0 = x if '#' == '' else torch.save(x, p)",
             b"_0 = \"\"\"#\n#\"\"\"; torch.save(x, p)",
             b"_0 = \"\\\"#\"; torch.save(x, p)",
+            // torch.autograd is aten again in TorchScript.
+            b"torch.autograd.save(x, p)",
+            b"torch.autograd.autograd.save(x, p)",
+            b"torch . autograd . save(x, p)",
         ] {
             assert!(
                 torchscript_call(code, "save").is_some(),
