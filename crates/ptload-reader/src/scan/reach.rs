@@ -1727,6 +1727,7 @@ impl Recorder {
             Cow::Owned(heap.members(v).unwrap_or_default())
         };
         let mut found = Vec::new();
+        let mut nested = Vec::new();
         let mut looked = 0u64;
         for &v in values {
             for &m in members(v).iter() {
@@ -1739,7 +1740,34 @@ impl Recorder {
                     looked += 1;
                     if made(n) {
                         found.push(n);
+                    } else if hashed_whole(heap, n) {
+                        nested.push(n);
                     }
+                }
+            }
+        }
+        // Hashing a tuple or a frozenset hashes its members, however deep
+        // (`Counter([((x,),)])`): below two levels, those are followed,
+        // each once, at most [`WALK_VISITS`] values.
+        let mut seen = HashSet::new();
+        while let Some(t) = nested.pop() {
+            let Value::Obj(id) = t else {
+                continue;
+            };
+            if !seen.insert(id) {
+                continue;
+            }
+            for &x in members(t).iter() {
+                looked += 1;
+                if looked > WALK_VISITS as u64 {
+                    self.overflowed.set(true);
+                    nested.clear();
+                    break;
+                }
+                if made(x) {
+                    found.push(x);
+                } else if hashed_whole(heap, x) {
+                    nested.push(x);
                 }
             }
         }
@@ -2374,6 +2402,24 @@ impl Recorder {
         })
     }
 
+    /// Whether an instance of global `g` keeps what APPEND, SETITEM or
+    /// ADDITEMS put in it as it is, calling none of its methods (a list,
+    /// a dict and their kin; keys are hashed apart from this).
+    fn stores_as_given(&self, g: usize) -> bool {
+        self.globals.get(g).is_some_and(|u| {
+            matches!(
+                (u.module.as_str(), u.name.as_str()),
+                (
+                    "builtins" | "__builtin__",
+                    "dict" | "list" | "set" | "frozenset" | "object"
+                ) | (
+                    "collections",
+                    "OrderedDict" | "defaultdict" | "Counter" | "deque" | "ChainMap"
+                )
+            ) || plain_container(&u.module, &u.name)
+        })
+    }
+
     /// Whether an instance of global `g` stores what its `__setitem__`,
     /// `append` or `extend` are given and calls nothing else: a class the
     /// scanner knows as data or tensor machinery, or a known container.
@@ -2622,6 +2668,12 @@ fn enum_value(heap: &Heap, v: Value) -> bool {
         || heap
             .tuple(v)
             .is_some_and(|items| items.iter().all(|&i| scalar(i)))
+}
+
+/// A tuple or a set the pickle built, whose hash is its members' (a
+/// frozenset's; a set is unhashable, and followed all the same).
+fn hashed_whole(heap: &Heap, v: Value) -> bool {
+    matches!(heap.get(v), Some(Obj::Tuple(_) | Obj::Set(_)))
 }
 
 /// A list, tuple or dict the pickle built (not an object a global made).
@@ -3320,6 +3372,23 @@ impl Interpreter for Recorder {
                     let keys: Vec<Value> = values.iter().step_by(2).copied().collect();
                     heap.charge_work(keys.len() as u64)?;
                     self.used_unargued(heap, &keys)?;
+                }
+                // What the values go into, when it is no container that
+                // stores them as they are: a `bytearray` or an array
+                // converts each (`__index__`, `__int__`, `__float__`); a
+                // class the scanner does not know is handed them.
+                if !self.stores_as_given(g) {
+                    let given: Vec<Value> = if methods.contains(&"__setitem__") {
+                        values.iter().skip(1).step_by(2).copied().collect()
+                    } else {
+                        values.to_vec()
+                    };
+                    heap.charge_work(given.len() as u64)?;
+                    if self.plain(g) {
+                        self.used_unargued(heap, &given)?;
+                    } else {
+                        self.used(heap, &given)?;
+                    }
                 }
             }
             None => {}
