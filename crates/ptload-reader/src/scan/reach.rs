@@ -2402,6 +2402,65 @@ impl Recorder {
         })
     }
 
+    /// The objects the pickle made within `v`'s tuples, however deep
+    /// (each tuple once, at most [`WALK_VISITS`] values), other than plain
+    /// mappings (a `__setstate__` that keeps a dict of hooks it is given
+    /// calls none of them).
+    fn made_in_tuples(&self, heap: &Heap, v: Value) -> Result<Vec<Value>> {
+        let mut found = Vec::new();
+        let mut stack = vec![v];
+        let mut seen = HashSet::new();
+        let mut looked = 0u64;
+        while let Some(t) = stack.pop() {
+            let Value::Obj(id) = t else {
+                continue;
+            };
+            if !seen.insert(id) {
+                continue;
+            }
+            for &x in heap.tuple(t).unwrap_or_default() {
+                looked += 1;
+                if looked > WALK_VISITS as u64 {
+                    self.overflowed.set(true);
+                    stack.clear();
+                    break;
+                }
+                if heap.tuple(x).is_some() {
+                    stack.push(x);
+                } else if matches!(self.origin(x), Some(Origin::Made(_))) && !self.plain_mapping(x)
+                {
+                    found.push(x);
+                }
+            }
+        }
+        heap.charge_work(looked)?;
+        Ok(found)
+    }
+
+    /// `module.name` of global `g`.
+    fn path_of_global(&self, g: usize) -> Option<(&str, &str)> {
+        self.globals
+            .get(g)
+            .map(|u| (u.module.as_str(), u.name.as_str()))
+    }
+
+    /// Whether `v` is a mapping that runs nothing of the file's when asked
+    /// whether it holds a key: a dict the pickle built, or one a call of
+    /// `dict`, `OrderedDict` or `defaultdict` made; or no object at all.
+    fn plain_mapping(&self, v: Value) -> bool {
+        match self.origin(v) {
+            Some(Origin::Made(g)) => matches!(
+                self.path_of_global(g),
+                Some((
+                    "builtins" | "__builtin__" | "collections",
+                    "dict" | "OrderedDict" | "defaultdict"
+                ))
+            ),
+            Some(Origin::Global(_)) => false,
+            None => true,
+        }
+    }
+
     /// Whether an instance of global `g` keeps what APPEND, SETITEM or
     /// ADDITEMS put in it as it is, calling none of its methods (a list,
     /// a dict and their kin; keys are hashed apart from this).
@@ -2758,6 +2817,19 @@ impl Interpreter for Recorder {
         // Arguments that are no tuple: none are looked at (torch would
         // fail the call).
         let items = heap.tuple(args).map_or_else(Vec::new, <[Value]>::to_vec);
+        // A `defaultdict`'s factory runs on any lookup of a key it lacks
+        // (`__setstate__`s that index their state, `__getattr__`s that
+        // index their data): called, as soon as it is made.
+        if self.path_of(callable) == Some(("collections", "defaultdict")) {
+            // It is called with nothing: a bare function or class is judged
+            // by what it is (`defaultdict(list)`, a module's own function),
+            // a wrapper or an object that carries arguments is called.
+            if let Some(&factory) = items.first() {
+                if self.global_index(factory).is_none() {
+                    self.calls(heap, factory)?;
+                }
+            }
+        }
         heap.charge_work(items.len() as u64)?;
         // What a builtin handed back may be any of what it was given
         // (`any_of`): calling it calls each.
@@ -3216,6 +3288,18 @@ impl Interpreter for Recorder {
                             run_on.push(v);
                         }
                     }
+                    // A module's `__setstate__` fills in the hook dicts a
+                    // state lacks through `Module.__setattr__`, which asks
+                    // `name in self._parameters` (then `_buffers`,
+                    // `_modules`): an object there that is no plain
+                    // mapping runs its `__contains__`.
+                    for &(k, v) in dict.entries() {
+                        let probed =
+                            matches!(heap.text(k), Some("_parameters" | "_buffers" | "_modules"));
+                        if probed && !self.plain_mapping(v) {
+                            run_on.push(v);
+                        }
+                    }
                     // An optimizer's `__setstate__` (torch's code) calls
                     // methods of what its state holds: `setdefault` of
                     // `defaults` and of each of `param_groups`, `get` and
@@ -3235,6 +3319,20 @@ impl Interpreter for Recorder {
                     }
                 }
                 self.used(heap, &run_on)?;
+                // A state that is a tuple but no pair goes whole to the
+                // class's `__setstate__`, which reads its members
+                // (numpy's converts a shape's with `__index__`,
+                // `Random.setstate` indexes them): they are used.
+                if !pair_or_single && !torchscript {
+                    let members = self.made_in_tuples(heap, state)?;
+                    self.used_unargued(heap, &members)?;
+                }
+                // A `defaultdict`'s factory set by a slot state.
+                if self.path_of_global(g) == Some(("collections", "defaultdict")) {
+                    for c in self.callables_within(heap, &[state])? {
+                        self.calls(heap, c)?;
+                    }
+                }
                 for v in calls_on_state {
                     self.calls(heap, v)?;
                 }
