@@ -576,7 +576,7 @@ pub(crate) fn dangerous_method(name: &str) -> Option<Danger> {
 /// The words of an identifier, lower-cased: split at `_`, `.` and digits,
 /// and where case changes (`UnixStreamServer`: unix, stream, server;
 /// `HTTPServer`: http, server).
-fn words(name: &str) -> Vec<String> {
+pub(crate) fn words(name: &str) -> Vec<String> {
     let mut out = Vec::new();
     for part in name.split(|c: char| c == '_' || c == '.' || c.is_ascii_digit()) {
         let chars: Vec<char> = part.chars().collect();
@@ -1012,6 +1012,13 @@ fn known_data(module: &str, name: &str) -> bool {
             "OrderedDict" | "Counter" | "defaultdict" | "deque" | "namedtuple"
         ),
         "types" => name == "SimpleNamespace",
+        // Python's own generator: `Random()`, then BUILD with its state
+        // (a tuple of numbers).
+        "random" => name == "Random",
+        // An aware datetime's zone pickles as
+        // `getattr(ZoneInfo, "_unpickle")(key, 1)`: the zone looked up by
+        // its name, read from the tz database (see the scanner).
+        "zoneinfo" | "zoneinfo._zoneinfo" => matches!(name, "ZoneInfo" | "ZoneInfo._unpickle"),
         // A compiled pattern pickles as `re._compile(pattern, flags)`.
         "re" => name == "_compile",
         // numpy's random generators: the constructors call the bit

@@ -527,10 +527,17 @@ impl Scanner<'_> {
         }
         // What the load does not return is freed when it ends (the
         // unpickler's stack and memo go): finalizers run.
+        // What it returns is freed later, when the caller lets it go: the
+        // same finalizers run then, with what the objects hold (a
+        // `functools.partial` or bound method among it is called; a bare
+        // function, given no argument, is judged by what it is).
         if let Ok(out) = &outcome {
             let freed = recorder
                 .unreturned(&heap, out.value)
-                .and_then(|freed| recorder.used(&heap, &freed));
+                .and_then(|(freed, kept)| {
+                    recorder.used(&heap, &freed)?;
+                    recorder.finalized(&heap, &kept)
+                });
             if let Err(e) = freed {
                 outcome = Err(e);
             }
@@ -570,7 +577,14 @@ impl Scanner<'_> {
             });
         }
         let result = match &outcome {
-            Ok(out) => Some((out.end, heap.bigint(out.value) == Some(&MAGIC[..]))),
+            // The magic number, or an object a call or NEWOBJ made, which
+            // torch's `!=` may find equal (`int("1950a86a...", 16)`, a
+            // `Decimal`): torch reads on.
+            Ok(out) => Some((
+                out.end,
+                heap.bigint(out.value) == Some(&MAGIC[..])
+                    || matches!(heap.get(out.value), Some(Obj::Object(_))),
+            )),
             Err(e) => {
                 // Only a pickle read from the file's first bytes (a
                 // stream) is read over a prefix that may be too short.
@@ -1123,6 +1137,9 @@ impl Scanner<'_> {
         let mut offset = 0;
         while self.report.pickles.len() < MAX_PICKLES {
             let scanned = self.report.pickles.len();
+            // Every pickle here is torch's own data: the count goes to
+            // `range` (its `__index__`), a record's arguments are unpacked.
+            self.result_used = reachable;
             let Some((end, _)) = self.run(member, offset, source(), reachable, 0, base) else {
                 break;
             };
@@ -1589,6 +1606,45 @@ fn class_args(heap: &Heap, items: &[Value]) -> Option<Value> {
 /// `_modules` dict are two).
 const USED_DEPTH: usize = 32;
 
+/// Words of the names finalizers call on their instance (`close`,
+/// `teardown`, `_tearDownAsyncioRunner`, `detach`, `cleanup`...).
+const FINALIZER_WORDS: &[&str] = &[
+    "close",
+    "closed",
+    "teardown",
+    "tear",
+    "cleanup",
+    "clean",
+    "detach",
+    "release",
+    "shutdown",
+    "shut",
+    "stop",
+    "flush",
+    "terminate",
+    "kill",
+    "join",
+    "dispose",
+    "finalize",
+    "finalizer",
+    "free",
+    "exit",
+    "destroy",
+    "unregister",
+    "disconnect",
+    "del",
+    "delete",
+    "unlink",
+    "remove",
+    "dealloc",
+    "finish",
+    "end",
+    "reset",
+    "abort",
+    "cancel",
+    "quit",
+];
+
 /// How values given to code are used ([`Recorder::used_as`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Use {
@@ -1781,7 +1837,7 @@ impl Recorder {
     /// dropped by POP or replaced), and their classes' `__del__` run. One
     /// pass over what `result` reaches, each value charged as work; none
     /// when no such object was made.
-    fn unreturned(&self, heap: &Heap, result: Value) -> Result<Vec<Value>> {
+    fn unreturned(&self, heap: &Heap, result: Value) -> Result<(Vec<Value>, Vec<Value>)> {
         let mut candidates: Vec<ObjId> = self
             .origins
             .iter()
@@ -1799,7 +1855,7 @@ impl Recorder {
             .collect();
         heap.charge_work(self.origins.len() as u64)?;
         if candidates.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         heap.charge_work(self.given.len() as u64)?;
         let given: HashMap<ObjId, Value> = self.given.iter().copied().collect();
@@ -1817,9 +1873,13 @@ impl Recorder {
             queue.extend(below.into_iter().map(|(_, x)| x));
             queue.extend(given.get(&id).copied());
         }
-        candidates.retain(|id| !reached.contains(id));
         candidates.sort_unstable();
-        Ok(candidates.into_iter().map(Value::Obj).collect())
+        let (kept, freed): (Vec<ObjId>, Vec<ObjId>) =
+            candidates.into_iter().partition(|id| reached.contains(id));
+        Ok((
+            freed.into_iter().map(Value::Obj).collect(),
+            kept.into_iter().map(Value::Obj).collect(),
+        ))
     }
 
     fn inert(&mut self, heap: &mut Heap, origin: Option<Origin>) -> Result<Value> {
@@ -2437,6 +2497,60 @@ impl Recorder {
         Ok(found)
     }
 
+    /// Objects of classes the scanner does not know that the load returns:
+    /// freed when the caller lets them go, their `__del__` runs then. What
+    /// a finalizer calls is the instance's own cleanup (`self.close()`,
+    /// `self.teardown(...)`, `self.file.close()`): a callable stored, at
+    /// any depth below the object, under a name whose words say cleanup
+    /// ([`FINALIZER_WORDS`]) is called. (Every callable a returned model
+    /// holds would be too many: hooks, activations, partials of layers.)
+    fn finalized(&mut self, heap: &Heap, kept: &[Value]) -> Result<()> {
+        let mut called = Vec::new();
+        for &obj in kept {
+            self.walk(heap, obj, |key, v| {
+                let cleanup = key.is_some_and(|k| {
+                    super::words(k)
+                        .iter()
+                        .any(|w| FINALIZER_WORDS.contains(&w.as_str()))
+                });
+                if cleanup
+                    && (self.is_callable(v) || matches!(self.origin(v), Some(Origin::Made(_))))
+                {
+                    called.push(v);
+                }
+            })?;
+        }
+        for &v in &called {
+            self.calls(heap, v)?;
+        }
+        self.used_unargued(heap, &called)
+    }
+
+    /// A weak reference made with a callback (`weakref.ref(target, cb)`,
+    /// `KeyedRef`, `WeakMethod`): the target may die as the load ends
+    /// (kept only by the unpickler), and Python calls the callback with
+    /// the reference. A callable object there runs its `__call__` (a
+    /// module's `forward`), with what it holds at hand.
+    fn weak_callback(&mut self, heap: &Heap, cls: Value, items: &[Value]) -> Result<()> {
+        let weak = matches!(
+            self.path_of(cls),
+            Some((
+                "weakref" | "_weakref",
+                "ref" | "ReferenceType" | "KeyedRef" | "WeakMethod"
+            ))
+        );
+        if !weak {
+            return Ok(());
+        }
+        let callbacks: Vec<Value> = items.iter().skip(1).copied().collect();
+        for &c in &callbacks {
+            if matches!(self.origin(c), Some(Origin::Made(_))) || self.is_callable(c) {
+                self.calls(heap, c)?;
+            }
+        }
+        self.used(heap, &callbacks)
+    }
+
     /// `module.name` of global `g`.
     fn path_of_global(&self, g: usize) -> Option<(&str, &str)> {
         self.globals
@@ -2512,6 +2626,7 @@ impl Recorder {
                 self.calls(heap, f)?;
             }
         }
+        self.weak_callback(heap, cls, items)?;
         let unknown = self
             .globals
             .get(g)
@@ -2820,6 +2935,7 @@ impl Interpreter for Recorder {
         // A `defaultdict`'s factory runs on any lookup of a key it lacks
         // (`__setstate__`s that index their state, `__getattr__`s that
         // index their data): called, as soon as it is made.
+        self.weak_callback(heap, callable, &items)?;
         if self.path_of(callable) == Some(("collections", "defaultdict")) {
             // It is called with nothing: a bare function or class is judged
             // by what it is (`defaultdict(list)`, a module's own function),
@@ -2924,6 +3040,24 @@ impl Interpreter for Recorder {
                 let name = heap.text(arg(1)).unwrap_or_default().to_owned();
                 let offset = self.globals.get(g).map_or(0, |u| u.offset);
                 self.global(heap, "torch", &name, offset)
+            }
+            // `getattr(zoneinfo.ZoneInfo, "_unpickle")`: how a zone pickles;
+            // the classmethod, data as its class is.
+            Some(Origin::Global(g))
+                if self.path_of(callable) == Some(("builtins", "getattr"))
+                    && items.len() == 2
+                    && matches!(
+                        self.path_of(arg(0)),
+                        Some(("zoneinfo" | "zoneinfo._zoneinfo", "ZoneInfo"))
+                    )
+                    && heap.text(arg(1)) == Some("_unpickle") =>
+            {
+                self.instance_getattr.insert(g);
+                let (module, offset) = match (self.path_of(arg(0)), self.globals.get(g)) {
+                    (Some((m, _)), Some(u)) => (m.to_owned(), u.offset),
+                    _ => ("zoneinfo".to_owned(), 0),
+                };
+                self.global(heap, &module, "ZoneInfo._unpickle", offset)
             }
             // `getattr(instance, "name")`: a bound method or an attribute
             // of an instance the pickle made (torch pickles a module's
