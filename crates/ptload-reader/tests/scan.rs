@@ -2510,3 +2510,157 @@ fn tar_number_fields_read_as_tarfile_reads_them() {
     let report = scan_bytes(&file, &Limits::default());
     assert_eq!(report.verdict(), Ambiguous, "{report:#?}");
 }
+
+/// The calls a tenth blind corpus made torch run, one per class, in
+/// hand-made pickles: an object whose `node` is a `functools.partial` of
+/// a function the scanner does not know (`somepkg.sink`) is called where
+/// Python would call it (a partial called is a gadget: dangerous), and
+/// only referenced where nothing calls it (needs-code).
+#[test]
+fn calls_of_the_tenth_corpus_classes_are_found() {
+    use ptload_reader::scan::scan_bytes;
+    let s = |text: &str| {
+        let mut out = b"X".to_vec();
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out
+    };
+    let partial = b"cfunctools\npartial\ncsomepkg\nsink\n\x85R".to_vec();
+    // `somepkg.Thing()` filled with `{name: partial(sink)}`.
+    let thing = |name: &str| {
+        let mut out = b"csomepkg\nThing\n)\x81}".to_vec();
+        out.extend(s(name));
+        out.extend(&partial);
+        out.extend(b"sb");
+        out
+    };
+    let pickle = |parts: &[&[u8]]| {
+        let mut out = b"\x80\x02".to_vec();
+        for p in parts {
+            out.extend_from_slice(p);
+        }
+        out.push(b'.');
+        out
+    };
+    let node = thing("node");
+    let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
+        (
+            "Counter of a tuple of a tuple of an object: hashed however deep",
+            pickle(&[b"ccollections\nCounter\n]", &node, b"\x85\x85a\x85R"]),
+            Dangerous,
+        ),
+        (
+            "an object appended to a bytearray: converted",
+            pickle(&[b"cbuiltins\nbytearray\n)R", &node, b"a"]),
+            Dangerous,
+        ),
+        (
+            "an object appended to a list: stored",
+            pickle(&[b"]", &node, b"a"]),
+            NeedsCode,
+        ),
+        (
+            "a defaultdict's factory that carries arguments",
+            pickle(&[b"ccollections\ndefaultdict\n", &partial, b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "a defaultdict of lists",
+            pickle(&[b"ccollections\ndefaultdict\ncbuiltins\nlist\n\x85R"]),
+            Clean,
+        ),
+        (
+            "a weak reference's callback",
+            pickle(&[b"cweakref\nref\n]", &node, b"\x86\x81"]),
+            Dangerous,
+        ),
+        (
+            "a module whose _parameters is an object",
+            pickle(&[
+                b"ctorch.nn.modules.linear\nLinear\n)\x81}",
+                &s("_parameters"),
+                &node,
+                b"sb",
+            ]),
+            Dangerous,
+        ),
+        (
+            "a module whose _parameters is an OrderedDict",
+            pickle(&[
+                b"ctorch.nn.modules.linear\nLinear\n)\x81}",
+                &s("_parameters"),
+                b"ccollections\nOrderedDict\n)R",
+                &s("act"),
+                &partial,
+                b"sb",
+            ]),
+            NeedsCode,
+        ),
+        (
+            "a state that is a tuple, an object in its tuples",
+            pickle(&[b"csomepkg\nArr\n)\x81(K\x01", &node, b"\x85K\x00tb"]),
+            Dangerous,
+        ),
+        (
+            "a returned object whose teardown is a partial",
+            pickle(&[&thing("teardown")]),
+            Dangerous,
+        ),
+        (
+            "a returned object holding a partial under another name",
+            pickle(&[&thing("act")]),
+            NeedsCode,
+        ),
+        (
+            "an aware datetime's zone",
+            pickle(&[
+                b"cbuiltins\ngetattr\nczoneinfo\nZoneInfo\n",
+                &s("_unpickle"),
+                b"\x86R",
+                &s("UTC"),
+                b"K\x01\x86R",
+            ]),
+            Clean,
+        ),
+        (
+            "Python's random generator",
+            pickle(&[b"crandom\nRandom\n)R(K\x03(K\x01K\x02tNtb"]),
+            Clean,
+        ),
+    ];
+    // Each as the object of a legacy stream (the fourth pickle, which
+    // torch returns), after the magic number, the protocol and sys_info,
+    // before empty storage keys.
+    let legacy = |object: &[u8]| {
+        let mut out = b"\x80\x02\x8a\x0a".to_vec();
+        out.extend_from_slice(&[0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19]);
+        out.push(b'.');
+        out.extend_from_slice(b"\x80\x02M\xe9\x03.\x80\x02}.");
+        out.extend_from_slice(object);
+        out.extend_from_slice(b"\x80\x02].");
+        out
+    };
+    for (what, bytes, verdict) in cases {
+        let report = scan_bytes(&legacy(&bytes), &Limits::default());
+        assert_eq!(report.pickles.len(), 5, "{what}: {report:#?}");
+        assert!(
+            report.pickles.iter().all(|p| p.complete),
+            "{what}: {report:#?}"
+        );
+        assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
+    }
+    // A legacy stream whose magic number is made by a call: torch's `!=`
+    // may find it equal and read on, so the storage keys (the fifth
+    // pickle) are torch's data, used: an object among them is hashed.
+    let mut stream = pickle(&[
+        b"cbuiltins\nint\n",
+        &s("1950a86a20f9469cfc6c"),
+        b"K\x10\x86R",
+    ]);
+    stream.extend(pickle(&[b"M\xe9\x03"]));
+    stream.extend(pickle(&[b"}"]));
+    stream.extend(pickle(&[b"}"]));
+    stream.extend(pickle(&[b"]", &node, b"a"]));
+    let report = scan_bytes(&stream, &Limits::default());
+    assert_eq!(report.verdict(), Dangerous, "{report:#?}");
+}
