@@ -11,6 +11,7 @@
 //! an error), numbers as JSON writes them, nothing but whitespace after
 //! the value.
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// How deep arrays and objects may nest.
@@ -18,14 +19,15 @@ pub(crate) const MAX_DEPTH: usize = 128;
 
 /// One token of a document.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Token {
+pub(crate) enum Token<'a> {
     BeginObject,
     EndObject,
     BeginArray,
     EndArray,
-    /// A key of the object being read; its value comes next.
-    Key(String),
-    Str(String),
+    /// A key of the object being read; its value comes next. Borrowed
+    /// from the text unless it has escapes.
+    Key(Cow<'a, str>),
+    Str(Cow<'a, str>),
     /// A number written without fraction or exponent that fits.
     Int(i128),
     /// Any other number.
@@ -34,7 +36,7 @@ pub(crate) enum Token {
     Null,
 }
 
-impl Token {
+impl Token<'_> {
     /// A word for what the token is, for errors.
     pub(crate) fn what(&self) -> &'static str {
         match self {
@@ -87,6 +89,8 @@ enum Frame {
 #[derive(Debug)]
 pub(crate) struct Reader<'a> {
     text: &'a [u8],
+    /// The same text, checked UTF-8 once: strings are slices of it.
+    str_text: &'a str,
     at: usize,
     stack: Vec<Frame>,
     done: bool,
@@ -95,14 +99,13 @@ pub(crate) struct Reader<'a> {
 impl<'a> Reader<'a> {
     /// A reader of `text`, which must be UTF-8.
     pub(crate) fn new(text: &'a [u8]) -> JsonResult<Reader<'a>> {
-        if let Err(e) = std::str::from_utf8(text) {
-            return Err(JsonError {
-                message: "not UTF-8".into(),
-                at: e.valid_up_to(),
-            });
-        }
+        let str_text = std::str::from_utf8(text).map_err(|e| JsonError {
+            message: "not UTF-8".into(),
+            at: e.valid_up_to(),
+        })?;
         Ok(Reader {
             text,
+            str_text,
             at: 0,
             stack: Vec::new(),
             done: false,
@@ -129,7 +132,7 @@ impl<'a> Reader<'a> {
 
     /// The next token; `None` once the document's value has ended.
     #[allow(clippy::should_implement_trait)]
-    pub(crate) fn next(&mut self) -> JsonResult<Option<Token>> {
+    pub(crate) fn next(&mut self) -> JsonResult<Option<Token<'a>>> {
         self.skip_space();
         match self.stack.last().copied() {
             None if self.done => match self.peek() {
@@ -215,7 +218,7 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    fn value(&mut self) -> JsonResult<Token> {
+    fn value(&mut self) -> JsonResult<Token<'a>> {
         let token = match self.peek() {
             Some(b'{') => {
                 self.open(Frame::Object {
@@ -240,7 +243,7 @@ impl<'a> Reader<'a> {
         Ok(token)
     }
 
-    fn literal(&mut self, word: &str, token: Token) -> JsonResult<Token> {
+    fn literal(&mut self, word: &str, token: Token<'a>) -> JsonResult<Token<'a>> {
         let end = self.at + word.len();
         if self.text.get(self.at..end) == Some(word.as_bytes()) {
             self.at = end;
@@ -258,7 +261,7 @@ impl<'a> Reader<'a> {
         self.at - start
     }
 
-    fn number(&mut self) -> JsonResult<Token> {
+    fn number(&mut self) -> JsonResult<Token<'a>> {
         let start = self.at;
         if self.peek() == Some(b'-') {
             self.at += 1;
@@ -286,9 +289,16 @@ impl<'a> Reader<'a> {
                 return Err(self.error("a malformed number"));
             }
         }
+        let digits = self.text.get(start..self.at).unwrap_or_default();
+        // The common case, a size: digits that fit in a u64.
+        if integral && digits.len() <= 19 && digits.first().is_some_and(u8::is_ascii_digit) {
+            let n = digits
+                .iter()
+                .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+            return Ok(Token::Int(i128::from(n)));
+        }
         // ASCII by construction.
-        let text = std::str::from_utf8(self.text.get(start..self.at).unwrap_or_default())
-            .unwrap_or_default();
+        let text = std::str::from_utf8(digits).unwrap_or_default();
         // `-0` is the float negative zero, as serde_json and Python read it.
         if integral && text != "-0" {
             if let Ok(n) = text.parse::<i128>() {
@@ -313,27 +323,38 @@ impl<'a> Reader<'a> {
         Ok(v)
     }
 
-    /// A string, the reader at its opening quote.
-    fn string(&mut self) -> JsonResult<String> {
+    /// A run of plain characters from the current byte: up to a quote, a
+    /// backslash or a control character. The text is UTF-8 and the run
+    /// ends at an ASCII byte, so it is UTF-8 too.
+    fn run(&mut self) -> &'a str {
+        let start = self.at;
+        let len = self
+            .text
+            .get(start..)
+            .unwrap_or_default()
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+            .unwrap_or(self.text.len() - start);
+        self.at = start + len;
+        let text: &'a str = self.str_text;
+        text.get(start..self.at).unwrap_or_default()
+    }
+
+    /// A string, the reader at its opening quote: borrowed from the text
+    /// when it has no escape.
+    fn string(&mut self) -> JsonResult<Cow<'a, str>> {
         self.at += 1;
-        let mut out = String::new();
+        let first = self.run();
+        if self.peek() == Some(b'"') {
+            self.at += 1;
+            return Ok(Cow::Borrowed(first));
+        }
+        let mut out = String::from(first);
         loop {
-            // A run of plain characters at once.
-            let start = self.at;
-            while let Some(&b) = self.text.get(self.at) {
-                if b == b'"' || b == b'\\' || b < 0x20 {
-                    break;
-                }
-                self.at += 1;
-            }
-            if let Some(run) = self.text.get(start..self.at) {
-                // The text is UTF-8 and the run ends at an ASCII byte.
-                out.push_str(std::str::from_utf8(run).map_err(|_| self.error("not UTF-8"))?);
-            }
             match self.peek() {
                 Some(b'"') => {
                     self.at += 1;
-                    return Ok(out);
+                    return Ok(Cow::Owned(out));
                 }
                 Some(b'\\') => {
                     self.at += 1;
@@ -373,6 +394,7 @@ impl<'a> Reader<'a> {
                         _ => return Err(self.error("a malformed escape")),
                     };
                     out.push(c);
+                    out.push_str(self.run());
                 }
                 Some(_) => return Err(self.error("a control character in a string")),
                 None => return Err(self.error("the text ends inside a string")),
@@ -382,7 +404,7 @@ impl<'a> Reader<'a> {
 
     /// Skips the rest of a value whose first token was `first` (nothing
     /// for a scalar, up to the matching end for a list or object).
-    pub(crate) fn skip(&mut self, first: &Token) -> JsonResult<()> {
+    pub(crate) fn skip(&mut self, first: &Token<'_>) -> JsonResult<()> {
         let mut depth = match first {
             Token::BeginObject | Token::BeginArray => 1usize,
             _ => return Ok(()),
@@ -399,7 +421,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The next token, which must be there (inside a value).
-    pub(crate) fn token(&mut self) -> JsonResult<Token> {
+    pub(crate) fn token(&mut self) -> JsonResult<Token<'a>> {
         self.next()?
             .ok_or_else(|| self.error("the text ends where a value is expected"))
     }
@@ -413,7 +435,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The next key of the object being read, `None` at its end.
-    pub(crate) fn key(&mut self) -> JsonResult<Option<String>> {
+    pub(crate) fn key(&mut self) -> JsonResult<Option<Cow<'a, str>>> {
         match self.token()? {
             Token::Key(k) => Ok(Some(k)),
             Token::EndObject => Ok(None),
@@ -424,7 +446,7 @@ impl<'a> Reader<'a> {
     /// A string value, or an error naming `what` it should be.
     pub(crate) fn string_value(&mut self, what: &str) -> JsonResult<String> {
         match self.token()? {
-            Token::Str(s) => Ok(s),
+            Token::Str(s) => Ok(s.into_owned()),
             t => {
                 let found = t.what();
                 self.skip(&t)?;
@@ -456,6 +478,25 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A list of exactly two unsigned integers (`[begin, end]`).
+    pub(crate) fn u64_pair(&mut self, what: &str) -> JsonResult<[u64; 2]> {
+        let not = |r: &Self| r.error(format!("{what} is not [begin, end]"));
+        if self.token()? != Token::BeginArray {
+            return Err(not(self));
+        }
+        let mut pair = [0u64; 2];
+        for slot in &mut pair {
+            match self.token()? {
+                Token::Int(n) => *slot = u64::try_from(n).map_err(|_| not(self))?,
+                _ => return Err(not(self)),
+            }
+        }
+        if self.token()? != Token::EndArray {
+            return Err(not(self));
+        }
+        Ok(pair)
+    }
+
     /// A list of strings.
     pub(crate) fn string_list(&mut self, what: &str) -> JsonResult<Vec<String>> {
         match self.token()? {
@@ -466,7 +507,7 @@ impl<'a> Reader<'a> {
         loop {
             match self.token()? {
                 Token::EndArray => return Ok(out),
-                Token::Str(s) => out.push(s),
+                Token::Str(s) => out.push(s.into_owned()),
                 t => return Err(self.error(format!("{what} holds {}, not a string", t.what()))),
             }
         }
@@ -486,7 +527,7 @@ mod tests {
     use super::*;
 
     /// Every token of `text`, or the first error.
-    fn tokens(text: &str) -> JsonResult<Vec<Token>> {
+    fn tokens(text: &str) -> JsonResult<Vec<Token<'_>>> {
         let mut r = Reader::new(text.as_bytes())?;
         let mut out = Vec::new();
         while let Some(t) = r.next()? {
@@ -512,7 +553,7 @@ mod tests {
                     continue;
                 }
                 Token::Key(k) => {
-                    key = Some(k);
+                    key = Some(k.into_owned());
                     continue;
                 }
                 Token::EndObject | Token::EndArray => {
@@ -520,7 +561,7 @@ mod tests {
                     key = k;
                     v
                 }
-                Token::Str(s) => Value::String(s),
+                Token::Str(s) => Value::String(s.into_owned()),
                 Token::Int(n) => match (u64::try_from(n), i64::try_from(n)) {
                     (Ok(u), _) => Value::from(u),
                     (_, Ok(i)) => Value::from(i),

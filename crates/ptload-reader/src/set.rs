@@ -858,7 +858,7 @@ fn parse_index(text: &[u8], index: &str, opts: &OpenOptions) -> Result<BTreeMap<
             let mut m = BTreeMap::new();
             while let Some(name) = r.key().map_err(bad)? {
                 let file = r.string_value("a file of weight_map").map_err(bad)?;
-                m.insert(name, file);
+                m.insert(name.into_owned(), file);
                 if m.len() > max {
                     return Err(Error::limit("max_tensors", max as u64));
                 }

@@ -179,6 +179,8 @@ fn parse_json(text: &[u8], max_tensors: usize) -> Result<RawHeader> {
     let mut metadata = None;
     let mut seen = hashbrown::HashSet::new();
     while let Some(key) = r.key().map_err(header)? {
+        // A name borrowed from the text unless it has escapes: counted
+        // once without a copy.
         if !seen.insert(key.clone()) {
             return Err(header(r.error(format!("{key:?} is named twice"))));
         }
@@ -189,7 +191,7 @@ fn parse_json(text: &[u8], max_tensors: usize) -> Result<RawHeader> {
                 return Err(Error::limit("max_tensors", max_tensors as u64));
             }
             let t = read_tensor(&mut r).map_err(|e| header(e).for_tensor(&key))?;
-            tensors.push((key, t));
+            tensors.push((key.into_owned(), t));
         }
     }
     r.end().map_err(header)?;
@@ -206,19 +208,13 @@ fn read_tensor(r: &mut Reader<'_>) -> JsonResult<RawTensor> {
     let (mut dtype, mut shape, mut offsets) = (None, None, None);
     while let Some(key) = r.key()? {
         let twice = || r.error(format!("duplicate field {key:?}"));
-        match key.as_str() {
+        match &*key {
             "dtype" if dtype.is_some() => return Err(twice()),
             "shape" if shape.is_some() => return Err(twice()),
             "data_offsets" if offsets.is_some() => return Err(twice()),
             "dtype" => dtype = Some(r.string_value("dtype")?),
             "shape" => shape = Some(r.u64_list("a shape", MAX_DIMS)?),
-            "data_offsets" => {
-                let pair = r.u64_list("data_offsets", 2)?;
-                match pair[..] {
-                    [begin, end] => offsets = Some([begin, end]),
-                    _ => return Err(r.error("data_offsets is not [begin, end]")),
-                }
-            }
+            "data_offsets" => offsets = Some(r.u64_pair("data_offsets")?),
             _ => {
                 let t = r.token()?;
                 r.skip(&t)?;
@@ -249,6 +245,7 @@ fn read_metadata(r: &mut Reader<'_>) -> JsonResult<Vec<(String, String)>> {
     let mut out: Vec<(String, String)> = Vec::new();
     let mut seen = hashbrown::HashSet::new();
     while let Some(key) = r.key()? {
+        let key = key.into_owned();
         if !seen.insert(key.clone()) {
             return Err(r.error(format!("__metadata__ names {key:?} twice")));
         }

@@ -101,7 +101,7 @@ impl LocalLayout {
             r.begin_object("the placements file")?;
             let (mut mesh, mut placements) = (None, None);
             while let Some(key) = r.key()? {
-                match key.as_str() {
+                match &*key {
                     "mesh" if mesh.is_none() => mesh = Some(r.u64_list("mesh", usize::MAX)?),
                     "placements" if placements.is_none() => {
                         let mut rules = Vec::new();
@@ -125,7 +125,7 @@ impl LocalLayout {
                             }
                             let (mut pattern, mut list) = (None, None);
                             while let Some(k) = r.key()? {
-                                match k.as_str() {
+                                match &*k {
                                     "match" if pattern.is_none() => {
                                         pattern = Some(r.string_value("match")?)
                                     }

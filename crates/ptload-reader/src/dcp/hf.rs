@@ -115,7 +115,7 @@ pub(crate) fn saved_offsets(header: &Header) -> Result<HashMap<String, Vec<u64>>
                 r.skip(&t).map_err(json)?;
             }
         }
-        out.insert(name.clone(), at.ok_or_else(no_offsets)?);
+        out.insert(name.clone().into_owned(), at.ok_or_else(no_offsets)?);
     }
     r.end().map_err(json)?;
     Ok(out)
