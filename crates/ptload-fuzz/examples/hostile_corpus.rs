@@ -681,9 +681,12 @@ fn main() {
     cases.push((
         "x_unknown_class_called.pt",
         payload(|p| {
+            // Two arguments: no enum member lookup (one word would be
+            // taken for one, at needs-code).
             p.global("mylib.hooks", "Callback")
                 .op(b"(")
                 .str("arg")
+                .str("more")
                 .op(b"tR");
         }),
     ));

@@ -2505,20 +2505,38 @@ impl Recorder {
     /// ([`FINALIZER_WORDS`]) is called. (Every callable a returned model
     /// holds would be too many: hooks, activations, partials of layers.)
     fn finalized(&mut self, heap: &Heap, kept: &[Value]) -> Result<()> {
+        // One pass over all of them (a model's modules hold each other):
+        // each value once, charged as work.
         let mut called = Vec::new();
-        for &obj in kept {
-            self.walk(heap, obj, |key, v| {
+        let mut queue: std::collections::VecDeque<Value> = kept.iter().copied().collect();
+        let mut seen = HashSet::new();
+        // Objects of one class share their attributes' names: each name's
+        // words are looked at once.
+        let mut named: HashMap<&str, bool> = HashMap::new();
+        while let Some(v) = queue.pop_front() {
+            let Value::Obj(id) = v else {
+                continue;
+            };
+            if !seen.insert(id) {
+                continue;
+            }
+            let below = self.children(heap, v, id);
+            heap.charge_work(below.len() as u64 + 1)?;
+            for (key, x) in below {
                 let cleanup = key.is_some_and(|k| {
-                    super::words(k)
-                        .iter()
-                        .any(|w| FINALIZER_WORDS.contains(&w.as_str()))
+                    *named.entry(k).or_insert_with(|| {
+                        super::words(k)
+                            .iter()
+                            .any(|w| FINALIZER_WORDS.contains(&w.as_str()))
+                    })
                 });
                 if cleanup
-                    && (self.is_callable(v) || matches!(self.origin(v), Some(Origin::Made(_))))
+                    && (self.is_callable(x) || matches!(self.origin(x), Some(Origin::Made(_))))
                 {
-                    called.push(v);
+                    called.push(x);
                 }
-            })?;
+                queue.push_back(x);
+            }
         }
         for &v in &called {
             self.calls(heap, v)?;
