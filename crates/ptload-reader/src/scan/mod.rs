@@ -975,6 +975,13 @@ const KNOWN_ENUMS: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// A transformers model output's class name: `Output` a word of it
+/// (`BaseModelOutput`, `CausalLMOutputWithPast`,
+/// `BaseModelOutputWithPoolingAndCrossAttentions`).
+pub(crate) fn model_output(name: &str) -> bool {
+    words(name).iter().any(|w| w == "output")
+}
+
 /// Whether `module.name` is one of [`KNOWN_ENUMS`].
 pub(crate) fn known_enum(module: &str, name: &str) -> bool {
     KNOWN_ENUMS
@@ -1089,9 +1096,7 @@ fn known_data(module: &str, name: &str) -> bool {
         "torch.return_types" => !attribute_path(name),
         // transformers' model outputs: dataclasses of tensors, made from
         // their fields.
-        _ if module.starts_with("transformers.") && name.ends_with("Output") => {
-            !attribute_path(name)
-        }
+        _ if module.starts_with("transformers.") && model_output(name) => !attribute_path(name),
         _ => false,
     }
 }

@@ -1606,6 +1606,112 @@ fn class_args(heap: &Heap, items: &[Value]) -> Option<Value> {
 /// `_modules` dict are two).
 const USED_DEPTH: usize = 32;
 
+/// The methods of torch's base classes (`nn.Module`, `optim.Optimizer`,
+/// torchmetrics' `Metric`) that their own code calls on an instance while
+/// it is loaded or used, sorted: an instance attribute of one of these
+/// names is what runs (torch 2.15's `dir()` of each, dunders aside).
+const TORCH_BASE_METHODS: &[&str] = &[
+    "OptimizerPostHook",
+    "OptimizerPreHook",
+    "_accelerator_graph_capture_health_check",
+    "_apply",
+    "_call_impl",
+    "_copy_state_dict",
+    "_cuda_graph_capture_health_check",
+    "_filter_kwargs",
+    "_forward_full_state_update",
+    "_forward_reduce_state_update",
+    "_get_backward_hooks",
+    "_get_backward_pre_hooks",
+    "_get_name",
+    "_group_tensors_by_device_and_dtype",
+    "_load_from_state_dict",
+    "_maybe_warn_non_full_backward_hook",
+    "_move_list_states_to_cpu",
+    "_named_members",
+    "_optimizer_step_code",
+    "_patch_step_function",
+    "_plot",
+    "_process_value_according_to_param_policy",
+    "_reduce_states",
+    "_register_load_state_dict_pre_hook",
+    "_register_state_dict_hook",
+    "_replicate_for_data_parallel",
+    "_save_to_state_dict",
+    "_slow_forward",
+    "_sync_dist",
+    "_wrap_compute",
+    "_wrap_update",
+    "_wrapped_call_impl",
+    "add_module",
+    "add_param_group",
+    "add_state",
+    "apply",
+    "bfloat16",
+    "buffers",
+    "children",
+    "clone",
+    "compile",
+    "compute",
+    "cpu",
+    "cuda",
+    "double",
+    "eval",
+    "extra_repr",
+    "float",
+    "forward",
+    "get_buffer",
+    "get_extra_state",
+    "get_parameter",
+    "get_submodule",
+    "half",
+    "ipu",
+    "load_state_dict",
+    "merge_state",
+    "modules",
+    "mtia",
+    "named_buffers",
+    "named_children",
+    "named_modules",
+    "named_parameters",
+    "parameters",
+    "persistent",
+    "plot",
+    "profile_hook_step",
+    "register_backward_hook",
+    "register_buffer",
+    "register_forward_hook",
+    "register_forward_pre_hook",
+    "register_full_backward_hook",
+    "register_full_backward_pre_hook",
+    "register_load_state_dict_post_hook",
+    "register_load_state_dict_pre_hook",
+    "register_module",
+    "register_parameter",
+    "register_state_dict_post_hook",
+    "register_state_dict_pre_hook",
+    "register_step_post_hook",
+    "register_step_pre_hook",
+    "requires_grad_",
+    "reset",
+    "set_dtype",
+    "set_extra_state",
+    "set_submodule",
+    "share_memory",
+    "state_dict",
+    "step",
+    "sync",
+    "sync_context",
+    "to",
+    "to_empty",
+    "train",
+    "type",
+    "unsync",
+    "update",
+    "xpu",
+    "zero_grad",
+];
+
 /// Words of the names finalizers call on their instance (`close`,
 /// `teardown`, `_tearDownAsyncioRunner`, `detach`, `cleanup`...).
 const FINALIZER_WORDS: &[&str] = &[
@@ -1681,7 +1787,7 @@ fn plain_container(module: &str, name: &str) -> bool {
             )
             | ("transformers.tokenization_utils_base", "BatchEncoding")
             | ("transformers.feature_extraction_utils", "BatchFeature")
-    ) || (module.starts_with("transformers.") && name.ends_with("Output"))
+    ) || (module.starts_with("transformers.") && super::model_output(name))
 }
 
 /// Whether `module.name` is one of torch's optimizers (`torch.optim.Adam`,
@@ -3403,6 +3509,7 @@ impl Interpreter for Recorder {
                     .is_some_and(|u| torch_optimizer(&u.module, &u.name));
                 let mut smuggled = Vec::new();
                 let mut run_on = Vec::new();
+                let mut setattr_on = false;
                 let mut calls_on_state = Vec::new();
                 let pair = heap.tuple(state).is_some_and(|t| t.len() == 2);
                 for (n, part) in parts.into_iter().enumerate().filter(|_| !torchscript) {
@@ -3430,8 +3537,26 @@ impl Interpreter for Recorder {
                         continue;
                     };
                     heap.charge_work(dict.entries().len() as u64)?;
+                    // A slot state is set by `setattr`: the class's own
+                    // `__setattr__` runs for each, with the name and value
+                    // the file chose (transformers' `ModelOutput` calls a
+                    // method of itself first).
+                    if by_setattr && !dict.entries().is_empty() {
+                        setattr_on = true;
+                    }
                     for &(k, v) in dict.entries() {
-                        if shadows(heap, k, by_setattr) {
+                        // A wrapper stored under the name of a method torch's
+                        // own code calls on the instance (`Module` re-adding
+                        // hooks calls `register_parameter`, an optimizer's
+                        // `__setstate__` `_patch_step_function`): the
+                        // instance's attribute is what runs.
+                        let shadows_method = heap
+                            .text(k)
+                            .is_some_and(|k| TORCH_BASE_METHODS.binary_search(&k).is_ok())
+                            && self.global_index(v).is_none()
+                            && (self.is_callable(v)
+                                || matches!(self.origin(v), Some(Origin::Made(_))));
+                        if shadows(heap, k, by_setattr) || shadows_method {
                             smuggled.push(v);
                         } else if dunder(heap, k) {
                             // Another dunder (pydantic's
@@ -3471,6 +3596,9 @@ impl Interpreter for Recorder {
                     }
                 }
                 self.used(heap, &run_on)?;
+                if setattr_on {
+                    self.used_unargued(heap, &[obj])?;
+                }
                 // A state that is a tuple but no pair goes whole to the
                 // class's `__setstate__`, which reads its members
                 // (numpy's converts a shape's with `__index__`,
