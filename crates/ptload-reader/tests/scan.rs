@@ -2611,6 +2611,59 @@ fn calls_of_the_tenth_corpus_classes_are_found() {
             pickle(&[&thing("act")]),
             NeedsCode,
         ),
+        // The eleventh corpus's classes.
+        (
+            "a wrapper under the name of a method torch's Module calls",
+            pickle(&[
+                b"ctorch.nn.modules.linear\nLinear\n)\x81}",
+                &s("register_parameter"),
+                &partial,
+                b"sb",
+            ]),
+            Dangerous,
+        ),
+        (
+            "a wrapper under a name no base class calls",
+            pickle(&[
+                b"ctorch.nn.modules.linear\nLinear\n)\x81}",
+                &s("norm_layer"),
+                &partial,
+                b"sb",
+            ]),
+            NeedsCode,
+        ),
+        (
+            "a slot state set through the class's own __setattr__",
+            pickle(&[
+                b"csomepkg\nOutputLike\n)\x81}",
+                &s("helper"),
+                &partial,
+                b"s}",
+                &s("x"),
+                b"K\x01s\x86b",
+            ]),
+            Dangerous,
+        ),
+        (
+            "a second BUILD runs the class's code with what the first set",
+            pickle(&[
+                b"csomepkg\nSparsifier\n)\x81}",
+                &s("helper"),
+                &partial,
+                b"sb}b",
+            ]),
+            Dangerous,
+        ),
+        (
+            "a returned object of a class whose __del__ calls through it",
+            pickle(&[
+                b"ctorch.cuda._sanitizer\nCUDASanitizer\n)\x81}",
+                &s("dispatch"),
+                &node,
+                b"sb",
+            ]),
+            Dangerous,
+        ),
         (
             "an aware datetime's zone",
             pickle(&[

@@ -24,6 +24,7 @@
 
 use crate::torch::policy::torch_allows;
 
+mod finalizers;
 mod reach;
 mod stdlib;
 

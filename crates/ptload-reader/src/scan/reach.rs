@@ -1567,6 +1567,9 @@ struct Recorder {
     /// and each BUILD's state. Walked (see [`Recorder::walk`]) when the
     /// unpickler calls a method of the object.
     held: HashMap<ObjId, Vec<Value>>,
+    /// Objects a BUILD has filled (a second BUILD runs the class's code
+    /// with what the first set).
+    built: HashSet<ObjId>,
     /// `builtins.getattr` globals used only to take a named attribute of
     /// an instance the pickle made (a bound method: how torch pickles a
     /// module's hook).
@@ -2611,6 +2614,20 @@ impl Recorder {
     /// ([`FINALIZER_WORDS`]) is called. (Every callable a returned model
     /// holds would be too many: hooks, activations, partials of layers.)
     fn finalized(&mut self, heap: &Heap, kept: &[Value]) -> Result<()> {
+        // A class known to have a finalizer that calls through the
+        // instance (`super::finalizers`): all it holds is used, as for an
+        // object the load frees.
+        let known: Vec<Value> = kept
+            .iter()
+            .copied()
+            .filter(|&v| match self.origin(v) {
+                Some(Origin::Made(g)) => self
+                    .path_of_global(g)
+                    .is_some_and(|(m, n)| super::finalizers::has_finalizer(m, n)),
+                _ => false,
+            })
+            .collect();
+        self.used(heap, &known)?;
         // One pass over all of them (a model's modules hold each other):
         // each value once, charged as work.
         let mut called = Vec::new();
@@ -2801,6 +2818,8 @@ fn torchscript_call(code: &[u8], op: &str) -> Option<usize> {
     // inside one starts no comment; `at` maps back to the code.
     let mut text = Vec::with_capacity(code.len());
     let mut at = Vec::with_capacity(code.len());
+    // Each string literal: where it starts in `text`, and what it holds.
+    let mut literals: Vec<(usize, Vec<u8>)> = Vec::new();
     let mut i = 0;
     while let Some(&b) = code.get(i) {
         if b == b'"' || b == b'\'' {
@@ -2823,8 +2842,18 @@ fn torchscript_call(code: &[u8], op: &str) -> Option<usize> {
                     Some(_) => i += 1,
                 }
             }
+            // The quotes stay, what is between them is space: a call
+            // written inside a string is no call (its text is kept for
+            // `getattr(torch, "save")`).
             let end = i.min(code.len());
-            text.extend_from_slice(code.get(start..end).unwrap_or_default());
+            let inner = code
+                .get(start + quote..end.saturating_sub(quote).max(start + quote))
+                .unwrap_or_default();
+            literals.push((text.len(), inner.to_vec()));
+            for (k, &c) in code.get(start..end).unwrap_or_default().iter().enumerate() {
+                let quoted = k < quote || k + quote >= end - start;
+                text.push(if quoted { c } else { b' ' });
+            }
             at.extend(start..end);
             continue;
         }
@@ -2844,12 +2873,155 @@ fn torchscript_call(code: &[u8], op: &str) -> Option<usize> {
         at.push(i);
         i += 1;
     }
-    let found = torchscript_call_in(&text, op)?;
+    let aliases = module_aliases(&text);
+    let found = torchscript_call_in(&text, op, &aliases)
+        .or_else(|| torchscript_getattr(&text, &literals, op, &aliases))?;
     at.get(found).copied()
 }
 
+/// Names the code binds to a module of torch's ops (`t = torch`,
+/// `g = torch.autograd`, `a = ops.aten`): TorchScript lets a local name
+/// hold a module, and `t.save(...)` is `aten::save`. At most 64.
+fn module_aliases(text: &[u8]) -> Vec<Vec<u8>> {
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let space = |b: u8| matches!(b, b' ' | b'\t' | b'\x0b' | b'\x0c');
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    for (eq, _) in text.iter().enumerate().filter(|&(_, &b)| b == b'=') {
+        if out.len() >= 64 {
+            break;
+        }
+        let before = eq.checked_sub(1).and_then(|j| text.get(j)).copied();
+        let after = text.get(eq + 1).copied();
+        if matches!(before, Some(b'=' | b'!' | b'<' | b'>')) || after == Some(b'=') {
+            continue;
+        }
+        // The name before.
+        let mut j = eq;
+        while j > 0 && text.get(j - 1).is_some_and(|&b| space(b)) {
+            j -= 1;
+        }
+        let name_end = j;
+        while j > 0 && text.get(j - 1).is_some_and(|&b| ident(b)) {
+            j -= 1;
+        }
+        let Some(name) = text.get(j..name_end).filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        // The first name of the chain after.
+        let mut k = eq + 1;
+        while text.get(k).is_some_and(|&b| space(b)) {
+            k += 1;
+        }
+        let root_start = k;
+        while text.get(k).is_some_and(|&b| ident(b)) {
+            k += 1;
+        }
+        let root = text.get(root_start..k).unwrap_or_default();
+        let rest_is_chain = text
+            .get(k..)
+            .unwrap_or_default()
+            .iter()
+            .take_while(|&&b| b != b'\n')
+            .all(|&b| ident(b) || b == b'.' || space(b) || b == b'\r');
+        if matches!(root, b"torch" | b"aten" | b"ops") && rest_is_chain {
+            out.push(name.to_vec());
+        }
+    }
+    out
+}
+
+/// `getattr(<torch, aten, ops or an alias of one>, "op")`, the name given
+/// as one or more adjacent string literals (`"from_" "file"`): how
+/// TorchScript compiles an attribute looked up by a constant string. The
+/// index of `getattr`.
+fn torchscript_getattr(
+    text: &[u8],
+    literals: &[(usize, Vec<u8>)],
+    op: &str,
+    aliases: &[Vec<u8>],
+) -> Option<usize> {
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let space = |b: u8| b.is_ascii_whitespace() || b == b'\x0b' || b == b'\x0c';
+    let word = b"getattr";
+    let mut from = 0;
+    while let Some(rel) = text
+        .get(from..)
+        .and_then(|rest| rest.windows(word.len()).position(|w| w == word))
+    {
+        let at = from + rel;
+        from = at + 1;
+        let end = at + word.len();
+        if at > 0 && text.get(at - 1).is_some_and(|&b| ident(b) || b == b'.') {
+            continue;
+        }
+        let mut k = end;
+        while text.get(k).is_some_and(|&b| space(b)) {
+            k += 1;
+        }
+        if text.get(k) != Some(&b'(') {
+            continue;
+        }
+        // The first argument, up to its comma at depth 0 (a few KiB at
+        // most).
+        let first_start = k + 1;
+        let mut depth = 0usize;
+        let mut comma = None;
+        for (n, &b) in text
+            .get(first_start..)
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .take(4096)
+        {
+            match b {
+                b'(' | b'[' => depth += 1,
+                b')' | b']' if depth == 0 => break,
+                b')' | b']' => depth -= 1,
+                b',' if depth == 0 => {
+                    comma = Some(first_start + n);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let Some(comma) = comma else {
+            continue;
+        };
+        let first = text.get(first_start..comma).unwrap_or_default();
+        let names_module = first
+            .split(|&b| !ident(b))
+            .any(|n| matches!(n, b"torch" | b"aten" | b"ops") || aliases.iter().any(|a| a == n));
+        if !names_module {
+            continue;
+        }
+        // Adjacent literals after the comma, joined.
+        let mut k = comma + 1;
+        let mut name = Vec::new();
+        loop {
+            while text.get(k).is_some_and(|&b| space(b)) {
+                k += 1;
+            }
+            let Ok(found) = literals.binary_search_by_key(&k, |&(start, _)| start) else {
+                break;
+            };
+            let Some((_, inner)) = literals.get(found) else {
+                break;
+            };
+            name.extend_from_slice(inner);
+            // Past the literal: its quotes and what they hold.
+            let quote = text.get(k).copied().unwrap_or(b'"');
+            let triple = text.get(k..k + 3) == Some(&[quote, quote, quote][..]);
+            k += inner.len() + if triple { 6 } else { 2 };
+        }
+        if name == op.as_bytes() {
+            return Some(at);
+        }
+    }
+    None
+}
+
 /// [`torchscript_call`] in code without comments or continuations.
-fn torchscript_call_in(code: &[u8], op: &str) -> Option<usize> {
+fn torchscript_call_in(code: &[u8], op: &str, aliases: &[Vec<u8>]) -> Option<usize> {
     let op = op.as_bytes();
     let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
     // Space as TorchScript's lexer skips it: vertical tab too.
@@ -2899,7 +3071,7 @@ fn torchscript_call_in(code: &[u8], op: &str) -> Option<usize> {
         let (mut start, mut end) = (i, qualifier_end);
         for _ in 0..16 {
             let name = code.get(start..end).unwrap_or_default();
-            if name == b"torch" || name == b"aten" {
+            if name == b"torch" || name == b"aten" || aliases.iter().any(|a| a == name) {
                 return Some(at);
             }
             let mut j = start;
@@ -3469,6 +3641,21 @@ impl Interpreter for Recorder {
                 self.calls(heap, v)?;
             }
         }
+        // A second BUILD on an object: its class's `__setstate__` runs
+        // (or the dict is updated again), and what the first put in the
+        // instance's dict shadows the class's methods that code calls
+        // (`DataNormSparsifier.__setstate__` calls `self._convert_mask`):
+        // the wrappers an earlier state held are called.
+        if let (Value::Obj(id), Some(Origin::Made(_))) = (obj, self.origin(obj)) {
+            if !self.built.insert(id) {
+                let earlier = self.held.get(&id).cloned().unwrap_or_default();
+                for c in self.callables_within(heap, &earlier)? {
+                    if self.global_index(c).is_none() {
+                        self.calls(heap, c)?;
+                    }
+                }
+            }
+        }
         self.hold(obj, state);
         self.note_methods(heap, obj, state)?;
         match self.origin(obj) {
@@ -3837,6 +4024,11 @@ mod tests {
             b"_0 = \"\\\"#\"; torch.save(x, p)",
             // torch.autograd is aten again in TorchScript.
             b"torch.autograd.save(x, p)",
+            // A local name bound to a module, getattr by a constant.
+            b"t = torch\n    t.save(x, p)",
+            b"a = ops.aten\n    _0 = a.save(x, p)",
+            b"getattr(torch, \"save\")(x, p)",
+            b"getattr(getattr(torch, \"autograd\"), \"sa\" \"ve\")(x, p)",
             b"torch.autograd.autograd.save(x, p)",
             b"torch . autograd . save(x, p)",
         ] {
@@ -3853,6 +4045,12 @@ mod tests {
             b"save(x)",
             b"x = 1  # torch.save(x, p)",
             b"x = \"a\"  # \"b\" torch.save(x, p)",
+            // Written inside strings: no call.
+            b"print(\"t = torch\\nt.save(x, p)\", note)",
+            b"print(\"getattr(torch, 'save')\")",
+            b"_0 = \"torch.save(x, p)\"",
+            // A name bound to something else.
+            b"t = model\n    t.save(x, p)",
         ] {
             assert!(
                 torchscript_call(code, "save").is_none(),
@@ -3860,6 +4058,14 @@ mod tests {
                 String::from_utf8_lossy(code)
             );
         }
+    }
+
+    #[test]
+    fn the_method_names_are_sorted_for_their_search() {
+        assert!(TORCH_BASE_METHODS.windows(2).all(|w| w[0] < w[1]));
+        assert!(TORCH_BASE_METHODS
+            .binary_search(&"register_parameter")
+            .is_ok());
     }
 
     /// A PAX record's value is what Python's tarfile (3.11) takes: up to
