@@ -2664,6 +2664,47 @@ fn calls_of_the_tenth_corpus_classes_are_found() {
             ]),
             Dangerous,
         ),
+        // The twelfth's: a rebuild's state, set by `setattr` on the tensor.
+        (
+            "a rebuild's state with a wrapper under a Tensor method's name",
+            pickle(&[
+                b"ctorch._utils\n_rebuild_parameter_with_state\n(N\x88ccollections\nOrderedDict\n)R}",
+                &s("set_"),
+                &partial,
+                b"stR",
+            ]),
+            Dangerous,
+        ),
+        (
+            "a rebuild's state with a wrapper under another name",
+            pickle(&[
+                b"ctorch._utils\n_rebuild_parameter_with_state\n(N\x88ccollections\nOrderedDict\n)R}",
+                &s("init_fn"),
+                &partial,
+                b"stR",
+            ]),
+            NeedsCode,
+        ),
+        (
+            "a subclass's rebuild state holding an object a setter uses",
+            pickle(&[
+                b"ctorch._tensor\n_rebuild_from_type_v2\n(ctorch._utils\n_rebuild_tensor_v2\ncsomepkg\nNested\n)}",
+                &s("_metadata_cache"),
+                &node,
+                b"stR",
+            ]),
+            Dangerous,
+        ),
+        (
+            "a parameter's rebuild state holding an object",
+            pickle(&[
+                b"ctorch._tensor\n_rebuild_from_type_v2\n(ctorch._utils\n_rebuild_tensor_v2\nctorch.nn.parameter\nParameter\n)}",
+                &s("_metadata_cache"),
+                &node,
+                b"stR",
+            ]),
+            NeedsCode,
+        ),
         (
             "an aware datetime's zone",
             pickle(&[

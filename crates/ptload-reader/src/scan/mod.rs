@@ -27,6 +27,7 @@ use crate::torch::policy::torch_allows;
 mod finalizers;
 mod reach;
 mod stdlib;
+mod tensor_methods;
 
 pub(crate) use reach::scan_fetched;
 pub use reach::{

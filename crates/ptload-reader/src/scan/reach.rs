@@ -3457,6 +3457,61 @@ impl Interpreter for Recorder {
                                 self.calls(heap, v)?;
                             }
                         }
+                        // Each of its halves is set by `setattr` on a
+                        // tensor subclass: a wrapper under a dunder or a
+                        // `Tensor` method's name shadows what torch calls
+                        // later (`Tensor.__setstate__` runs
+                        // `self.set_(*state)`, BUILD finds `__setstate__` on
+                        // the instance), and a property setter of the class
+                        // runs with the value (NestedTensor's stores into
+                        // `self._metadata_cache[...]`, an object the file
+                        // made). Wrappers are called, objects the pickle
+                        // made that are no plain mapping are used. A
+                        // tensor's plain attributes (`tag`, `no_decay`) are
+                        // data and call nothing.
+                        let halves = match heap.tuple(state) {
+                            Some(&[a, b]) => vec![a, b],
+                            _ => vec![state],
+                        };
+                        let mut wrappers = Vec::new();
+                        let mut objects = Vec::new();
+                        for half in halves {
+                            let Some(d) = heap.dict(half) else {
+                                continue;
+                            };
+                            heap.charge_work(d.entries().len() as u64)?;
+                            for &(k, v) in d.entries() {
+                                let made = matches!(self.origin(v), Some(Origin::Made(_)));
+                                let shadows = dunder(heap, k)
+                                    || heap
+                                        .text(k)
+                                        .is_some_and(super::tensor_methods::tensor_method);
+                                let wrapper =
+                                    self.global_index(v).is_none() && (self.is_callable(v) || made);
+                                if shadows && wrapper {
+                                    wrappers.push(v);
+                                } else if made && !self.plain_mapping(v) {
+                                    objects.push(v);
+                                }
+                            }
+                        }
+                        for v in wrappers {
+                            self.calls(heap, v)?;
+                        }
+                        // Tensors, parameters and buffers have no Python
+                        // `__setattr__` or property of their own to run.
+                        let plain_tensor = path
+                            == Some(("torch._utils", "_rebuild_parameter_with_state"))
+                            || matches!(
+                                self.path_of(arg(1)),
+                                Some((
+                                    "torch" | "torch._tensor" | "torch.nn.parameter",
+                                    "Tensor" | "Parameter" | "Buffer"
+                                ))
+                            );
+                        if !plain_tensor {
+                            self.used_unargued(heap, &objects)?;
+                        }
                     }
                 } else {
                     self.used(heap, &items)?;
