@@ -2705,6 +2705,18 @@ fn calls_of_the_tenth_corpus_classes_are_found() {
             ]),
             NeedsCode,
         ),
+        // The thirteenth's: `func(*args)` of a rebuild, a dict's values
+        // among the arguments.
+        (
+            "a rebuild's func given a dict holding an object",
+            pickle(&[
+                b"ctorch._tensor\n_rebuild_from_type_v2\n(ctorch.nested._internal.nested_tensor\n_rebuild_njt\nctorch\nTensor\n}",
+                &s("_metadata_cache"),
+                &node,
+                b"s\x85}tR",
+            ]),
+            Dangerous,
+        ),
         (
             "an aware datetime's zone",
             pickle(&[

@@ -3438,6 +3438,54 @@ impl Interpreter for Recorder {
                         }
                     }
                     self.used_unargued(heap, &direct)?;
+                    // `_rebuild_from_type_v2(func, type, args, state)` calls
+                    // `func(*args)`: what `args` holds is `func`'s
+                    // arguments, the values of a dict among them too
+                    // (`_rebuild_njt(kwargs)` builds a `NestedTensor` whose
+                    // `__init__` calls `kwargs["_metadata_cache"].get`).
+                    if matches!(
+                        path,
+                        Some((
+                            "torch._tensor" | "torch._utils",
+                            "_rebuild_from_type_v2" | "_rebuild_from_type"
+                        ))
+                    ) {
+                        // A rebuild given to a rebuild as its `func` calls
+                        // its own `func(*args)` in turn: followed a few
+                        // levels, without recursion. `args` may be a list.
+                        let mut given = Vec::new();
+                        let (mut func, mut args) = (arg(0), arg(2));
+                        for _ in 0..8 {
+                            let members = heap.sequence(args).unwrap_or_default();
+                            heap.charge_work(members.len() as u64)?;
+                            for &a in members {
+                                given.push(a);
+                                if let Some(d) = heap.dict(a) {
+                                    heap.charge_work(d.entries().len() as u64)?;
+                                    given.extend(d.entries().iter().map(|&(_, v)| v));
+                                } else if let Some(seq) = heap.sequence(a) {
+                                    heap.charge_work(seq.len() as u64)?;
+                                    given.extend_from_slice(seq);
+                                }
+                            }
+                            let nested = matches!(
+                                self.path_of(func),
+                                Some((
+                                    "torch._tensor" | "torch._utils",
+                                    "_rebuild_from_type_v2" | "_rebuild_from_type"
+                                ))
+                            );
+                            if !nested {
+                                break;
+                            }
+                            (func, args) = match members {
+                                [f, _, a, ..] => (*f, *a),
+                                _ => break,
+                            };
+                        }
+                        given.retain(|&v| matches!(self.origin(v), Some(Origin::Made(_))));
+                        self.used_unargued(heap, &given)?;
+                    }
                     // `_set_obj_state(obj, state)`: the dict part of the
                     // state has its `items()` called.
                     if matches!(
