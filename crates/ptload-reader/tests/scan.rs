@@ -2040,6 +2040,22 @@ fn callables_without_an_entry_are_judged_by_what_they_are_given_and_named() {
     }
 }
 
+/// A ustar header for `name` whose size field is `size_field` as written
+/// (octal text, or whatever a test puts there), of type `kind`, linking to
+/// `link`, with its checksum.
+fn tar_header(name: &str, size_field: &[u8], kind: u8, link: &str) -> Vec<u8> {
+    let mut h = vec![0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[100..108].copy_from_slice(b"0000644\0");
+    h[124..124 + size_field.len()].copy_from_slice(size_field);
+    h[156] = kind;
+    h[157..157 + link.len()].copy_from_slice(link.as_bytes());
+    h[148..156].fill(b' ');
+    let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
 /// A tar member that is a link is read as Python's tarfile reads it: a
 /// hard or symbolic link to another member is that member's data; one to
 /// a path outside the archive is ambiguous (torch reads whatever is there
@@ -2047,22 +2063,11 @@ fn callables_without_an_entry_are_judged_by_what_they_are_given_and_named() {
 #[test]
 fn tar_links_are_followed_as_tarfile_follows_them() {
     use ptload_reader::scan::scan_bytes;
-    fn header(name: &str, size: usize, kind: u8, link: &str) -> Vec<u8> {
-        let mut h = vec![0u8; 512];
-        h[..name.len()].copy_from_slice(name.as_bytes());
-        h[100..108].copy_from_slice(b"0000644\0");
-        h[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
-        h[156] = kind;
-        h[157..157 + link.len()].copy_from_slice(link.as_bytes());
-        h[148..156].fill(b' ');
-        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
-        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
-        h
-    }
     fn tar(members: &[(&str, u8, &str, &[u8])]) -> Vec<u8> {
         let mut out = Vec::new();
         for (name, kind, link, data) in members {
-            out.extend(header(name, data.len(), *kind, link));
+            let size = format!("{:011o}\0", data.len());
+            out.extend(tar_header(name, size.as_bytes(), *kind, link));
             out.extend_from_slice(data);
             out.resize(out.len().div_ceil(512) * 512, 0);
         }
@@ -2440,19 +2445,8 @@ fn callables_of_a_known_effect_are_dangerous_when_called() {
 #[test]
 fn tar_number_fields_read_as_tarfile_reads_them() {
     use ptload_reader::scan::scan_bytes;
-    fn header(name: &str, size_field: &[u8], kind: u8) -> Vec<u8> {
-        let mut h = vec![0u8; 512];
-        h[..name.len()].copy_from_slice(name.as_bytes());
-        h[100..108].copy_from_slice(b"0000644\0");
-        h[124..124 + size_field.len()].copy_from_slice(size_field);
-        h[156] = kind;
-        h[148..156].fill(b' ');
-        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
-        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
-        h
-    }
     fn member(out: &mut Vec<u8>, name: &str, size_field: &[u8], kind: u8, data: &[u8]) {
-        out.extend(header(name, size_field, kind));
+        out.extend(tar_header(name, size_field, kind, ""));
         out.extend_from_slice(data);
         out.resize(out.len().div_ceil(512) * 512, 0);
     }
