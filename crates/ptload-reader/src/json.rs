@@ -142,10 +142,7 @@ impl<'a> Reader<'a> {
             None => self.value().map(Some),
             Some(Frame::Array { first }) => {
                 if self.peek() == Some(b']') {
-                    self.at += 1;
-                    self.stack.pop();
-                    self.ended();
-                    return Ok(Some(Token::EndArray));
+                    return Ok(Some(self.close(Token::EndArray)));
                 }
                 if !first {
                     self.expect(b',', "',' or ']'")?;
@@ -166,10 +163,7 @@ impl<'a> Reader<'a> {
             }
             Some(Frame::Object { first, .. }) => {
                 if self.peek() == Some(b'}') {
-                    self.at += 1;
-                    self.stack.pop();
-                    self.ended();
-                    return Ok(Some(Token::EndObject));
+                    return Ok(Some(self.close(Token::EndObject)));
                 }
                 if !first {
                     self.expect(b',', "',' or '}'")?;
@@ -188,6 +182,15 @@ impl<'a> Reader<'a> {
                 Ok(Some(Token::Key(key)))
             }
         }
+    }
+
+    /// The closing bracket of the innermost list or object, at the
+    /// current byte: the container ends.
+    fn close(&mut self, token: Token<'a>) -> Token<'a> {
+        self.at += 1;
+        self.stack.pop();
+        self.ended();
+        token
     }
 
     fn expect(&mut self, byte: u8, what: &str) -> JsonResult<()> {
