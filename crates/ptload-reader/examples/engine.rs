@@ -9,6 +9,7 @@
 //! not.
 //!
 //! Run: `cargo run -p ptload-reader --example engine [CHECKPOINT ANSWERS]`
+//! (an engine's own build: `--no-default-features --features scan`).
 
 use std::path::PathBuf;
 use std::sync::Arc;

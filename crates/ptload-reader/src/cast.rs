@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::torch::dtype::{DType, Element};
+use crate::torch::dtype::{f16_to_f32, f32_to_f16, DType, Element};
 
 fn supported(d: DType) -> bool {
     matches!(
@@ -55,7 +55,7 @@ fn e4m3_to_f32(b: u8) -> f32 {
 
 /// float8_e5m2 to f32 (exact: it is the top byte of a float16).
 fn e5m2_to_f32(b: u8) -> f32 {
-    half::f16::from_bits(u16::from(b) << 8).to_f32()
+    f16_to_f32(u16::from(b) << 8)
 }
 
 /// f32 to float8_e4m3fn, rounding to nearest even. The type has no
@@ -131,7 +131,7 @@ fn read(d: DType, e: &[u8]) -> Elem {
     match d {
         DType::F64 => Elem::F64(f64::from_le_bytes(b)),
         DType::F32 => Elem::F32(f32::from_le_bytes([b0, b1, b2, b3])),
-        DType::F16 => Elem::F32(half::f16::from_le_bytes([b0, b1]).to_f32()),
+        DType::F16 => Elem::F32(f16_to_f32(u16::from_le_bytes([b0, b1]))),
         // bfloat16 is the top half of an f32: a plain shift, NaNs untouched.
         DType::BF16 => Elem::F32(f32::from_bits(
             u32::from(u16::from_le_bytes([b0, b1])) << 16,
@@ -165,9 +165,9 @@ fn write(from: DType, to: DType, v: Elem, out: &mut [u8]) {
             // torch keeps an f32 NaN's payload in float16, and gives the
             // canonical NaN from every other type.
             let h = if f.is_nan() && from != DType::F32 {
-                half::f16::from_bits(0x7e00 | if f.is_sign_negative() { 0x8000 } else { 0 })
+                0x7e00 | if f.is_sign_negative() { 0x8000 } else { 0 }
             } else {
-                half::f16::from_f32(f)
+                f32_to_f16(f)
             };
             put(out, &h.to_le_bytes());
         }
@@ -257,7 +257,8 @@ pub trait ReadAs {
     /// The elements as an owned vector of `T`, converted from the tensor's
     /// element type as torch's `tensor.to(dtype)` converts them (round to
     /// nearest even; see [`convert`]): `read_as::<f32>()` of a BF16 or F16
-    /// tensor, `read_as::<half::bf16>()` of an F32 one. The same type is a
+    /// tensor, `read_as::<half::bf16>()` of an F32 one (with the `half`
+    /// feature). The same type is a
     /// plain [`TensorView::to_vec`](crate::TensorView::to_vec). Between
     /// floating types only (F64, F32, F16, BF16, F8_E4M3, F8_E5M2); another
     /// pair is an [`Unsupported`](ErrorKind::Unsupported) error naming both.
@@ -415,5 +416,43 @@ mod tests {
         assert_eq!(bf16_from_f32(1.0), 0x3f80);
         assert_eq!(bf16_from_f32(f32::from_bits(0x3f80_8000)), 0x3f80);
         assert_eq!(bf16_from_f32(f32::from_bits(0x3f81_8000)), 0x3f82);
+    }
+
+    /// The reader's float16 conversions against the `half` crate's (the
+    /// conversion the reader used before it had its own): every float16
+    /// to f32, and f32s around every float16 (each value, its neighbours
+    /// and the midpoints to the next, where ties round) back, plus a
+    /// stride through every f32 bit pattern.
+    #[test]
+    fn float16_conversions_match_the_half_crate() {
+        let same = |x: f32| {
+            assert_eq!(
+                f32_to_f16(x),
+                half::f16::from_f32(x).to_bits(),
+                "f32 {:#010x} to float16",
+                x.to_bits()
+            );
+        };
+        for h in 0..=u16::MAX {
+            let ours = f16_to_f32(h);
+            let theirs = half::f16::from_bits(h).to_f32();
+            assert_eq!(ours.to_bits(), theirs.to_bits(), "float16 {h:#06x} to f32");
+            let bits = ours.to_bits();
+            for x in [bits.wrapping_sub(1), bits, bits.wrapping_add(1)] {
+                same(f32::from_bits(x));
+            }
+            if h & 0x7c00 != 0x7c00 {
+                let next = f16_to_f32(h.wrapping_add(1));
+                if next.is_finite() {
+                    let mid = (f64::from(ours) + f64::from(next)) / 2.0;
+                    for x in [mid as f32, (mid as f32).next_down(), (mid as f32).next_up()] {
+                        same(x);
+                    }
+                }
+            }
+        }
+        for bits in (0..=u32::MAX).step_by(4_099) {
+            same(f32::from_bits(bits));
+        }
     }
 }

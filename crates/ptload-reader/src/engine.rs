@@ -15,9 +15,14 @@
 //! export, scanning, distributed checkpoints, sets) stays in its module.
 //!
 //! An engine that reads torch's own files builds the crate with
-//! `default-features = false`: no rayon, no flate2 (a record stored
-//! deflated, which only other zip tools write, is then an error naming the
-//! feature `deflate`).
+//! `default-features = false` and adds back what it uses: no rayon, no
+//! flate2 (a record stored deflated, which only other zip tools write, is
+//! then an error naming the feature `deflate`), no serde; `scan` for
+//! [`OpenOptions::refuse_at`] and [`Level`] (the scanner's decision, as
+//! below), `half` for reads as `half::f16`/`half::bf16`, `dcp` for
+//! distributed checkpoints. Without `scan` the default policy still runs
+//! nothing a file names, and [`Policy::Strict`](crate::Policy::Strict)
+//! (torch's `weights_only` allowlist) is the gate that refuses.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -37,9 +42,11 @@
 //! }
 //!
 //! fn load(path: &str, rank: u32, world: u32) -> Result<Linear> {
-//!     let ckpt = OpenOptions::new()
-//!         .refuse_at(Some(Level::Dangerous))
-//!         .open(path)?;
+//!     let opts = OpenOptions::new();
+//!     // Refuse what the scanner calls dangerous (feature `scan`).
+//!     #[cfg(feature = "scan")]
+//!     let opts = opts.refuse_at(Some(Level::Dangerous));
+//!     let ckpt = opts.open(path)?;
 //!     let opts = StateDictOptions {
 //!         parallel: Some((Shard::new(rank, world)?, Splits::parse(&["*.weight=0"])?)),
 //!         ..Default::default()
@@ -67,6 +74,7 @@ pub use crate::cast::ReadAs;
 pub use crate::checkpoint::{Checkpoint, OpenOptions};
 pub use crate::error::{Error, ErrorKind, Result};
 pub use crate::limits::Limits;
+#[cfg(feature = "scan")]
 pub use crate::scan::Level;
 pub use crate::state_dict::{KeySelect, StateDictOptions, Strip, Weights};
 pub use crate::torch::dtype::{DType, Element};

@@ -70,6 +70,7 @@ pub mod placement;
 pub mod ranged;
 pub mod read_plan;
 pub mod remote;
+#[cfg(feature = "scan")]
 pub mod scan;
 pub mod set;
 #[allow(unsafe_code)]

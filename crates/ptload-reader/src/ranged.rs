@@ -350,6 +350,7 @@ impl Extents {
     }
 
     /// A copy of what is held, with nothing missed.
+    #[cfg(feature = "scan")]
     pub(crate) fn copy(&self) -> Extents {
         Extents {
             len: self.len,
@@ -589,6 +590,7 @@ impl<'d> FileView<'d> {
     /// parse will run again with more. A search over every byte (for what
     /// a well-formed file does not hold) waits for a round that misses
     /// nothing, so that it never fetches what the parse alone would not.
+    #[cfg(feature = "scan")]
     pub(crate) fn incomplete(&self) -> bool {
         match self {
             FileView::Whole(_) => false,

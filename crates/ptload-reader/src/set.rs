@@ -193,7 +193,15 @@ impl CheckpointSet {
     pub fn open_with(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
         let path = path.as_ref();
         if crate::dcp::is_dcp_dir(path) {
+            #[cfg(feature = "dcp")]
             return CheckpointSet::open_dcp(path, opts);
+            #[cfg(not(feature = "dcp"))]
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "a distributed checkpoint (a torch.distributed.checkpoint directory): reading \
+                 it needs ptload-reader's feature `dcp` (off in this build)",
+            )
+            .in_file(&path.display().to_string()));
         }
         if path.is_dir() {
             let mut indexes = Vec::new();
@@ -353,6 +361,7 @@ impl CheckpointSet {
     /// (each read afresh, so a pass over the set holds one tensor at a
     /// time; see [`crate::dcp::Dcp::into_checkpoint`]), its non-tensor
     /// items as values. The set's one file is the directory.
+    #[cfg(feature = "dcp")]
     pub fn open_dcp(dir: impl AsRef<Path>, opts: &OpenOptions) -> Result<CheckpointSet> {
         let dir = dir.as_ref();
         let dcp = Arc::new(crate::dcp::Dcp::open_with(dir, opts)?);

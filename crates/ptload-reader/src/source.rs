@@ -165,6 +165,7 @@ impl Source {
     }
 
     /// What opening a file read by ranges fetched.
+    #[cfg(feature = "scan")]
     pub(crate) fn extents(&self) -> Option<&Extents> {
         match &*self.inner {
             Inner::Ranged(_, e, _) => Some(e),
@@ -200,6 +201,7 @@ impl Source {
     /// page cache, and come back from the file if read again): a streaming
     /// conversion keeps only what it is copying resident, not every page
     /// it has read.
+    #[cfg_attr(not(feature = "dcp"), allow(dead_code))]
     pub(crate) fn release(&self) {
         #[cfg(unix)]
         if let Inner::Mapped(m, ..) = &*self.inner {

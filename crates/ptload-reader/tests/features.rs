@@ -66,3 +66,67 @@ fn deflated_records_are_refused_naming_the_feature() {
     };
     assert!(text.contains("feature `deflate`"), "{text}");
 }
+
+/// float16 and bfloat16 tensors read as f32 in every build: with the
+/// feature `half` as `half`'s types too, without it through the reader's
+/// own conversions (checked here against the `half` crate's).
+#[test]
+fn half_precision_reads_as_f32_in_every_build() {
+    use ptload_reader::cast::ReadAs;
+    use ptload_reader::DType;
+    let ckpt = Checkpoint::open(fixture("dtypes.pt")).expect("open");
+    let mut seen = 0;
+    for t in ckpt.tensors() {
+        let widen: fn([u8; 2]) -> f32 = match t.dtype() {
+            DType::F16 => |b| half::f16::from_le_bytes(b).to_f32(),
+            DType::BF16 => |b| half::bf16::from_le_bytes(b).to_f32(),
+            _ => continue,
+        };
+        let want: Vec<u32> = t
+            .data()
+            .expect("data")
+            .chunks_exact(2)
+            .map(|b| widen([b[0], b[1]]).to_bits())
+            .collect();
+        let got: Vec<u32> = t
+            .read_as::<f32>()
+            .expect("read_as")
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        assert_eq!(got, want, "{}", t.name());
+        seen += 1;
+    }
+    assert!(seen >= 2, "dtypes.pt lost its float16 and bfloat16 tensors");
+}
+
+/// A zip archive behind other bytes: torch.load unpickles those bytes.
+/// With `scan` what they call is listed (here: nothing) and the archive
+/// read; without it the file is refused, naming the feature.
+#[test]
+fn a_zip_behind_other_bytes_needs_the_scanner() {
+    let opened = Checkpoint::open(fixture("prefixed.pt"));
+    #[cfg(feature = "scan")]
+    assert_eq!(opened.expect("open").tensors().count(), 2);
+    #[cfg(not(feature = "scan"))]
+    {
+        let e = opened.expect_err("read past unlisted bytes without `scan`");
+        assert_eq!(e.kind(), ptload_reader::ErrorKind::Unsupported);
+        assert!(e.to_string().contains("feature `scan`"), "{e}");
+    }
+}
+
+/// A distributed checkpoint's directory: a set with `dcp`, an error naming
+/// the feature without it.
+#[test]
+fn a_distributed_checkpoint_needs_its_feature() {
+    let opened = ptload_reader::set::CheckpointSet::open(fixture("dcp/world2"));
+    #[cfg(feature = "dcp")]
+    assert!(!opened.expect("open").is_empty());
+    #[cfg(not(feature = "dcp"))]
+    {
+        let e = opened.expect_err("read a DCP directory without `dcp`");
+        assert_eq!(e.kind(), ptload_reader::ErrorKind::Unsupported);
+        assert!(e.to_string().contains("feature `dcp`"), "{e}");
+    }
+}

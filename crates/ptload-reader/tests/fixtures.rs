@@ -69,7 +69,9 @@ fn typed_access(view: &TensorView<'_>, data: &[u8], borrowed: bool) {
     match view.dtype() {
         DType::F64 => check::<f64>(view, data, borrowed),
         DType::F32 => check::<f32>(view, data, borrowed),
+        #[cfg(feature = "half")]
         DType::F16 => check::<half::f16>(view, data, borrowed),
+        #[cfg(feature = "half")]
         DType::BF16 => check::<half::bf16>(view, data, borrowed),
         DType::I8 => check::<i8>(view, data, borrowed),
         DType::I16 => check::<i16>(view, data, borrowed),

@@ -30,6 +30,7 @@ fn walked_tensor(
 /// decoded: an archive of many records (each a storage, so a pickle of
 /// many tensors, whose scan takes milliseconds). A legacy file, a
 /// safetensors file and a small archive are scanned on the caller's.
+#[cfg(feature = "scan")]
 fn worth_a_thread(source: &Source) -> bool {
     /// Records from which a torch archive's pickle takes longer to scan
     /// than a thread to start (measured: 20,000 records scan in about
@@ -40,6 +41,7 @@ fn worth_a_thread(source: &Source) -> bool {
 
 /// The scanner's verdict (`report`): an error of kind `Refused` naming
 /// the worst finding when it is at `level` or above.
+#[cfg(feature = "scan")]
 fn refuse_at(report: &crate::scan::ScanReport, level: crate::scan::Level) -> Result<()> {
     let found = report.level();
     if found < level {
@@ -284,6 +286,7 @@ impl Checkpoint {
     /// a file at `refuse_at` or above refused): bytes at hand are scanned
     /// on a second thread while they are decoded, a file read by ranges
     /// first when it may be refused.
+    #[cfg(feature = "scan")]
     pub(super) fn scan_and_decode(source: &Source, opts: &OpenOptions) -> Result<Checkpoint> {
         let scan_here = || crate::scan::scan_bytes(source.bytes(), &opts.limits);
         let (report, decoded) = match (opts.scan || opts.refuse_at.is_some(), source.fetcher()) {
@@ -320,6 +323,18 @@ impl Checkpoint {
         }?;
         checkpoint.scanned = report;
         Ok(checkpoint)
+    }
+
+    /// Decode `source` (without the `scan` feature there is no scan to
+    /// run beside it).
+    #[cfg(not(feature = "scan"))]
+    pub(super) fn scan_and_decode(source: &Source, opts: &OpenOptions) -> Result<Checkpoint> {
+        match Checkpoint::decode(source.clone(), opts) {
+            Err(e) if e.kind() == ErrorKind::UnsupportedGlobal => {
+                Err(every_refusal(e, source, opts))
+            }
+            other => other,
+        }
     }
 
     fn decode(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
@@ -384,6 +399,7 @@ impl Checkpoint {
             globals: leading.into_iter().chain(interp.globals).collect(),
             warnings,
             limits: opts.limits.clone(),
+            #[cfg(feature = "scan")]
             scanned: None,
             by_name: walked.by_name,
             work: heap.work().saturating_add(walked.steps),
@@ -518,6 +534,7 @@ impl Checkpoint {
             globals: Vec::new(),
             warnings,
             limits: Limits::default(),
+            #[cfg(feature = "scan")]
             scanned: None,
             by_name,
             work: 0,
@@ -582,6 +599,7 @@ impl Checkpoint {
 /// there are listed first (under the record `(bytes before the zip)`), and
 /// under the strict policy they must be allowed too: a code-running pickle
 /// followed by a real checkpoint is refused, as torch refuses it.
+#[cfg(feature = "scan")]
 fn leading_globals(data: &[u8], opts: &OpenOptions) -> Result<Vec<GlobalRef>> {
     let report = crate::scan::scan_bytes(data, &opts.limits);
     let stream = report
@@ -626,6 +644,19 @@ fn leading_globals(data: &[u8], opts: &OpenOptions) -> Result<Vec<GlobalRef>> {
             ),
         )),
     }
+}
+
+/// A zip behind other bytes, without the `scan` feature: what torch.load
+/// would run there cannot be listed, so the file is refused (fail closed)
+/// rather than read past them.
+#[cfg(not(feature = "scan"))]
+fn leading_globals(_data: &[u8], _opts: &OpenOptions) -> Result<Vec<GlobalRef>> {
+    Err(Error::new(
+        ErrorKind::Unsupported,
+        "the file does not start with a zip header: torch.load would unpickle the bytes before \
+         the archive, and listing what they call needs ptload-reader's feature `scan` (off in \
+         this build)",
+    ))
 }
 
 /// Where each storage lies in the file (`None`: not in it), by index.

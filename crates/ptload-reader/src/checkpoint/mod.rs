@@ -86,6 +86,7 @@ pub struct Checkpoint {
     limits: Limits,
     /// The scanner's report, when it was scanned while opened
     /// ([`OpenOptions::scan`]).
+    #[cfg(feature = "scan")]
     scanned: Option<crate::scan::ScanReport>,
     /// Indices into `tensors`, by name.
     by_name: NameIndex,
@@ -477,6 +478,7 @@ impl Checkpoint {
     /// the tensors at `tensors`, which have no storage, given one each
     /// whose bytes `source` reads on demand: storage `k` of `source` is
     /// that of `tensors[k]`.
+    #[cfg_attr(not(feature = "dcp"), allow(dead_code))]
     pub(crate) fn with_lazy(
         mut self,
         source: std::sync::Arc<dyn LazyStorages>,
@@ -582,6 +584,7 @@ impl Checkpoint {
     /// bytes are scanned again, within the limits it was opened with (a file read
     /// by ranges fetches what the scan reads, which can fail); a file put
     /// together from parts (a distributed checkpoint) has none.
+    #[cfg(feature = "scan")]
     pub fn suspicious(&self) -> Result<Vec<crate::scan::GlobalUse>> {
         let report = match (&self.scanned, self.source.fetcher()) {
             (Some(scanned), _) => scanned.clone(),

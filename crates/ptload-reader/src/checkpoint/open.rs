@@ -16,7 +16,9 @@ pub struct OpenOptions {
     pub(super) objects: bool,
     pub(super) cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     pub(super) assumed_byte_order: ByteOrder,
+    #[cfg(feature = "scan")]
     pub(super) refuse_at: Option<crate::scan::Level>,
+    #[cfg(feature = "scan")]
     pub(super) scan: bool,
 }
 
@@ -30,6 +32,7 @@ impl OpenOptions {
         &self.limits
     }
 
+    #[cfg_attr(not(feature = "dcp"), allow(dead_code))]
     pub(crate) fn in_memory_ref(&self) -> bool {
         self.in_memory
     }
@@ -59,6 +62,7 @@ impl OpenOptions {
     ///
     /// The scan reads the file's pickles a second time (for a file read by
     /// ranges, fetching what it needs); tensors' bytes are not read.
+    #[cfg(feature = "scan")]
     pub fn refuse_at(mut self, level: Option<crate::scan::Level>) -> Self {
         self.refuse_at = level;
         self
@@ -71,6 +75,7 @@ impl OpenOptions {
     /// scans this way too. A file read by ranges is scanned when
     /// `suspicious` asks, over what the decode fetched (to refuse, before
     /// it is decoded). Off by default.
+    #[cfg(feature = "scan")]
     pub fn scan(mut self, yes: bool) -> Self {
         self.scan = yes;
         self

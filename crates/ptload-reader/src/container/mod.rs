@@ -6,9 +6,9 @@ pub(crate) mod legacy;
 pub(crate) mod safetensors;
 pub(crate) mod zip;
 
-pub(crate) use detect::{
-    detect, is_tar_header, python_int, tar_number, Detected, LEGACY_MAGIC_VALUE,
-};
+pub(crate) use detect::{detect, Detected, LEGACY_MAGIC_VALUE};
+#[cfg(feature = "scan")]
+pub(crate) use detect::{is_tar_header, python_int, tar_number};
 
 /// The layout a checkpoint was written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -43,14 +43,17 @@ pub(crate) struct Entry<'d> {
     /// The central directory marks it encrypted (flag bits 0x1, 0x40) or
     /// its header masked (0x2000): torch's reader refuses it. Kept only
     /// under [`Rules::Tolerant`].
+    #[cfg_attr(not(feature = "scan"), allow(dead_code))]
     pub(crate) encrypted: bool,
     /// Where its local header starts in the file.
+    #[cfg_attr(not(feature = "scan"), allow(dead_code))]
     pub(crate) local: u64,
 }
 
 /// A local header in the bytes before the central directory that no
 /// listed entry accounts for: a record the directory does not list.
 #[derive(Debug, Clone)]
+#[cfg(feature = "scan")]
 pub(crate) struct Hidden<'d> {
     /// Its local header, read as a record (sizes from the local header).
     pub(crate) entry: Entry<'d>,
@@ -134,15 +137,19 @@ pub(crate) struct Archive<'d> {
     hasher: hashbrown::DefaultHashBuilder,
     end: usize,
     /// Where the central directory starts in the bytes.
+    #[cfg_attr(not(feature = "scan"), allow(dead_code))]
     cd_start: u64,
     /// How far every recorded offset was shifted to find the directory
     /// (bytes before the archive).
+    #[cfg_attr(not(feature = "scan"), allow(dead_code))]
     prefix_len: u64,
     /// Where the first local header of an entry read lies (the length of
     /// the file when there is none).
+    #[cfg_attr(not(feature = "scan"), allow(dead_code))]
     first_local: u64,
     /// Under [`Rules::Tolerant`], what [`Rules::Canonical`] would have
     /// refused, each with its offset.
+    #[cfg_attr(not(feature = "scan"), allow(dead_code))]
     disagreements: Vec<(String, u64)>,
     /// Entries left out because their local header is not there (torch
     /// fails on them only if it reads them): name, where it should be.
@@ -192,6 +199,7 @@ pub(crate) fn find_eocd_in(data: FileView<'_>) -> Option<usize> {
 /// `data` says it holds (`u16::MAX` for a zip64 archive, which says more
 /// elsewhere); `None` when no such record is found. A size hint only
 /// (nothing is checked), read from the last 64 KiB + 22 bytes.
+#[cfg(feature = "scan")]
 pub(crate) fn records_hint(data: &[u8]) -> Option<u16> {
     let tail_start = data.len().saturating_sub(EOCD_LEN + u16::MAX as usize);
     let pos = tail_start.checked_add(find_eocd(data.get(tail_start..)?)?)?;
@@ -379,6 +387,7 @@ impl<'d> Archive<'d> {
     /// offsets land in the first: on its directory when both have the same
     /// layout (torch then reads the first archive), elsewhere on bytes that
     /// are no directory (torch fails: "invalid header").
+    #[cfg(feature = "scan")]
     pub(crate) fn parse_as_torch(
         data: impl Into<FileView<'d>>,
         headers: Headers<'_>,
@@ -467,18 +476,21 @@ impl<'d> Archive<'d> {
     }
 
     /// Where the central directory starts in the bytes.
+    #[cfg(feature = "scan")]
     pub(crate) fn cd_start(&self) -> u64 {
         self.cd_start
     }
 
     /// How far the recorded offsets were shifted to find the directory: 0
     /// for an archive that starts at byte 0 (or read as torch reads it).
+    #[cfg(feature = "scan")]
     pub(crate) fn prefix_len(&self) -> u64 {
         self.prefix_len
     }
 
     /// Where the first local header of an entry lies: bytes before it
     /// are no part of the entries read.
+    #[cfg(feature = "scan")]
     pub(crate) fn first_local(&self) -> u64 {
         self.first_local
     }
@@ -489,6 +501,7 @@ impl<'d> Archive<'d> {
 
     /// Under [`Rules::Tolerant`]: what canonical rules would refuse (a
     /// message and its offset), in the order met.
+    #[cfg(feature = "scan")]
     pub(crate) fn disagreements(&self) -> &[(String, u64)] {
         &self.disagreements
     }
@@ -504,6 +517,7 @@ impl<'d> Archive<'d> {
     /// data), at most `max` of them; the second value says whether there
     /// were more. Only those gaps are searched: one pass over bytes that
     /// are normally none.
+    #[cfg(feature = "scan")]
     pub(crate) fn hidden_locals(
         &self,
         data: impl Into<FileView<'d>>,
@@ -966,6 +980,7 @@ fn read_central<'d>(
 
 /// The local header at `at`, read alone as a record: `None` when it does
 /// not fit in the bytes or its name is not UTF-8.
+#[cfg(feature = "scan")]
 fn local_at(data: FileView<'_>, at: usize) -> Option<Hidden<'_>> {
     let mut h = ByteReader::new(data.get(at..at.checked_add(30)?)?, ErrorKind::Zip);
     if h.u32().ok()? != LOCAL_SIG {

@@ -42,7 +42,7 @@
 
 use std::borrow::Cow;
 
-use super::{copy_box, volume};
+use super::boxes::{copy_box, volume};
 use crate::advice::Warning;
 use crate::checkpoint::Checkpoint;
 use crate::container::Format;

@@ -14,16 +14,17 @@
 //! the chunks tile the tensor, none overlaps another, every file a plain
 //! name in the directory.
 
-use std::collections::HashMap;
 use std::path::Path;
 
-use crate::checkpoint::OpenOptions;
 use crate::container::safetensors::Header;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::source::Source;
 use crate::torch::dtype::DType;
+#[cfg(feature = "dcp")]
+use {crate::checkpoint::OpenOptions, crate::error::ErrorKind, std::collections::HashMap};
 
+#[cfg(feature = "dcp")]
 use super::metadata::{RawChunk, RawItem, RawMetadata, RawStorage};
 
 /// The `__metadata__` key of each chunk's offsets.
@@ -81,12 +82,14 @@ pub(crate) fn is_hf_dir(dir: &Path) -> bool {
 }
 
 /// Whether `dir` holds a `.safetensors` file.
+#[cfg(feature = "dcp")]
 pub(crate) fn holds_safetensors(dir: &Path) -> bool {
     listing(dir, &Limits::default()).is_ok_and(|(names, _)| !names.is_empty())
 }
 
 /// Each tensor's saved offsets, from a header's `DCP_SHARDING_INFO`:
 /// empty when the header has none.
+#[cfg(feature = "dcp")]
 pub(crate) fn saved_offsets(header: &Header) -> Result<HashMap<String, Vec<u64>>> {
     let bad = |m: String| Error::new(ErrorKind::Tensor, format!("{SHARDING_INFO}: {m}"));
     let Some((_, text)) = header.metadata.iter().find(|(k, _)| k == SHARDING_INFO) else {
@@ -123,10 +126,12 @@ pub(crate) fn saved_offsets(header: &Header) -> Result<HashMap<String, Vec<u64>>
 
 /// One file of a save: its name, its checked header and each tensor's
 /// saved offsets.
+#[cfg(feature = "dcp")]
 pub(crate) type FileHeader = (String, Header, HashMap<String, Vec<u64>>);
 
 /// A Hugging Face-format save read: the metadata torch's reader would
 /// infer, each file opened (by name), and each file's header.
+#[cfg(feature = "dcp")]
 pub(crate) struct HfSave {
     pub(crate) raw: RawMetadata,
     pub(crate) files: HashMap<String, Source>,
@@ -135,6 +140,7 @@ pub(crate) struct HfSave {
 
 /// Read the headers of the `.safetensors` files of `dir` and infer the
 /// save's metadata from them.
+#[cfg(feature = "dcp")]
 pub(crate) fn read_dir(dir: &Path, opts: &OpenOptions) -> Result<HfSave> {
     let (names, _) = listing(dir, opts.limits_ref())?;
     if names.is_empty() {
@@ -160,6 +166,7 @@ pub(crate) fn read_dir(dir: &Path, opts: &OpenOptions) -> Result<HfSave> {
 /// The save whose files are `files` (by name, in name order; the
 /// `.safetensors` ones are read, others ignored): each header checked, the
 /// metadata inferred from them.
+#[cfg(feature = "dcp")]
 pub(crate) fn read_files(files: Vec<(String, Source)>, limits: &Limits) -> Result<HfSave> {
     let mut sources = HashMap::with_capacity(files.len());
     let mut headers = Vec::with_capacity(files.len());
@@ -192,6 +199,7 @@ pub(crate) fn read_files(files: Vec<(String, Source)>, limits: &Limits) -> Resul
 /// The metadata the headers describe: each name's chunks, in the order
 /// the files (by name) and their headers list them, and its global size
 /// as far as they reach.
+#[cfg(feature = "dcp")]
 fn infer(headers: &[FileHeader], limits: &Limits) -> Result<RawMetadata> {
     let mut items: Vec<(String, RawItem)> = Vec::new();
     let mut at: HashMap<String, usize> = HashMap::new();

@@ -18,8 +18,13 @@
 //! it is asked for, and [`Dcp::read_region`] (a rank's slice) reads only the
 //! chunks it overlaps.
 //!
+//! Reading them takes the feature `dcp` (on by default); without it a
+//! DCP directory opened as a set is an error naming the feature, and only
+//! [`fsdp`] (local parts in plain files) is here.
+//!
 //! ```
 //! # fn main() -> Result<(), ptload_reader::Error> {
+//! # #[cfg(feature = "dcp")] {
 //! use ptload_reader::dcp::Dcp;
 //! use ptload_reader::tp::Shard;
 //!
@@ -30,33 +35,47 @@
 //! assert_eq!(whole.len(), 8 * 6 * 4);
 //! let (shape, part) = dcp.read_slice("layers.0.weight", 1, Shard::new(0, 3)?)?;
 //! assert_eq!((shape, part.len()), (vec![8, 2], 8 * 2 * 4));
+//! # }
 //! # Ok(())
 //! # }
 //! ```
 
+mod boxes;
 pub mod fsdp;
 mod hf;
+#[cfg(feature = "dcp")]
 mod metadata;
+#[cfg(feature = "dcp")]
 mod place;
+#[cfg(feature = "dcp")]
 mod read;
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
 
-use crate::advice::Warning;
-use crate::checkpoint::{Checkpoint, OpenOptions};
-use crate::container::Format;
-use crate::error::{Error, ErrorKind, Result};
-use crate::limits::Limits;
-use crate::source::{read_bounded, Source};
-use crate::torch::dtype::DType;
-use crate::torch::names::Scalar;
-use crate::tp::Shard;
+#[cfg(feature = "dcp")]
+use {
+    crate::advice::Warning,
+    crate::checkpoint::{Checkpoint, OpenOptions},
+    crate::container::Format,
+    crate::error::{Error, ErrorKind, Result},
+    crate::limits::Limits,
+    crate::source::{read_bounded, Source},
+    crate::torch::dtype::DType,
+    crate::torch::names::Scalar,
+    crate::tp::Shard,
+    std::collections::HashMap,
+    std::path::PathBuf,
+    std::sync::{Arc, Mutex},
+};
 
+#[cfg(feature = "dcp")]
+use boxes::{copy_box, geometry, intersection, volume};
+#[cfg(feature = "dcp")]
 use metadata::{RawChunk, RawCopy, RawItem, RawStorage};
+#[cfg(feature = "dcp")]
 use place::*;
-use read::{copy_box, intersection, Blob};
+#[cfg(feature = "dcp")]
+use read::Blob;
 
 /// The name of a DCP directory's metadata file.
 pub const METADATA_FILE: &str = ".metadata";
@@ -78,6 +97,7 @@ fn rank_metadata(rank: usize) -> String {
 }
 
 /// Where one chunk's (or bytes item's) bytes lie.
+#[cfg(feature = "dcp")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Piece {
     /// Index into [`Dcp::files`].
@@ -94,6 +114,7 @@ pub struct Piece {
 
 /// A stream transform torch's `FileSystemWriter` extensions apply to each
 /// item.
+#[cfg(feature = "dcp")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Transform {
@@ -105,6 +126,7 @@ pub enum Transform {
 
 /// One chunk of a tensor: the box `offsets..offsets + sizes` of the global
 /// tensor, and where its archive lies.
+#[cfg(feature = "dcp")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
     /// Where the chunk starts, per dimension.
@@ -116,6 +138,7 @@ pub struct Chunk {
 }
 
 /// A tensor of the checkpoint: its global dtype and shape, and its chunks.
+#[cfg(feature = "dcp")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DcpTensor {
     name: String,
@@ -124,6 +147,7 @@ pub struct DcpTensor {
     chunks: Vec<Chunk>,
 }
 
+#[cfg(feature = "dcp")]
 impl DcpTensor {
     /// Its key in the state dict.
     pub fn name(&self) -> &str {
@@ -148,6 +172,7 @@ impl DcpTensor {
 }
 
 /// A `torch.distributed.checkpoint` directory, checked and ready to read.
+#[cfg(feature = "dcp")]
 #[derive(Debug)]
 pub struct Dcp {
     dir: PathBuf,
@@ -169,16 +194,10 @@ pub struct Dcp {
 
 /// A copy of a chunk another rank wrote: `(rank, rank whose copy is
 /// read, its piece)`.
+#[cfg(feature = "dcp")]
 type RankCopy = (usize, usize, Piece);
 
-fn volume(dims: &[u64]) -> u64 {
-    dims.iter().fold(1u64, |n, &d| n.saturating_mul(d))
-}
-
-fn geometry(message: impl Into<String>) -> Error {
-    Error::new(ErrorKind::Tensor, message)
-}
-
+#[cfg(feature = "dcp")]
 impl Dcp {
     /// Open the DCP directory `dir` with default options.
     pub fn open(dir: impl AsRef<Path>) -> Result<Dcp> {
@@ -474,6 +493,7 @@ impl Dcp {
 /// Check that `chunks` lie inside `size` and tile it exactly: no overlap,
 /// and volumes adding up to the whole. Overlaps are looked for by a sweep
 /// along the first dimension, charged to `work` (bounded by the limits).
+#[cfg(feature = "dcp")]
 fn check_tiling(
     name: &str,
     size: &[u64],

@@ -424,6 +424,7 @@ impl Heap {
     /// The objects used as keys of dicts and members of sets, in order of
     /// creation: Python hashes each (and compares equal hashes), running
     /// its class's `__hash__` and `__eq__`.
+    #[cfg(feature = "scan")]
     pub(crate) fn hashed_objects(&self) -> Vec<Value> {
         let mut out = Vec::new();
         for o in &self.objs {
@@ -440,6 +441,7 @@ impl Heap {
     }
 
     /// Every bytes value, in order of creation.
+    #[cfg(feature = "scan")]
     pub(crate) fn byte_strings(&self) -> impl Iterator<Item = &[u8]> + '_ {
         self.objs.iter().filter_map(|o| match o {
             Obj::Bytes(b) => self.span_bytes(*b),

@@ -250,12 +250,78 @@ impl DType {
     }
 }
 
+/// IEEE binary16 (float16) bits to f32: exact for every value; an
+/// infinity stays one, a NaN keeps its sign and payload (shifted up) and
+/// is quiet.
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exponent = u32::from((h >> 10) & 0x1f);
+    let mantissa = u32::from(h & 0x03ff);
+    match exponent {
+        // Zero and subnormals: the mantissa in units of 2^-24, exact in
+        // an f32.
+        0 => {
+            let magnitude = mantissa as f32 * (1.0 / 16_777_216.0);
+            f32::from_bits(sign | magnitude.to_bits())
+        }
+        0x1f if mantissa == 0 => f32::from_bits(sign | 0x7f80_0000),
+        // A NaN comes out quiet, as the hardware conversion gives it.
+        0x1f => f32::from_bits(sign | 0x7fc0_0000 | (mantissa << 13)),
+        // Rebias the exponent from 15 to 127.
+        _ => f32::from_bits(sign | ((exponent + 112) << 23) | (mantissa << 13)),
+    }
+}
+
+/// f32 to float16 bits, rounding to nearest even: beyond the largest
+/// finite float16 (65504, ties included) an infinity, below half the
+/// smallest subnormal a signed zero. A NaN stays a quiet NaN with its sign
+/// and the top of its payload.
+pub(crate) fn f32_to_f16(f: f32) -> u16 {
+    let bits = f.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exponent = (bits >> 23) & 0xff;
+    let mantissa = bits & 0x007f_ffff;
+    if exponent == 0xff {
+        return if mantissa == 0 {
+            sign | 0x7c00
+        } else {
+            sign | 0x7e00 | (mantissa >> 13) as u16
+        };
+    }
+    // float16's exponents 1..=30 are f32's 113..=142.
+    if exponent >= 143 {
+        return sign | 0x7c00;
+    }
+    if exponent >= 113 {
+        let high = ((exponent - 112) << 10) | (mantissa >> 13);
+        let rest = mantissa & 0x1fff;
+        let up = rest > 0x1000 || (rest == 0x1000 && high & 1 == 1);
+        // A carry out of the mantissa bumps the exponent, up to infinity.
+        return sign | (high + u32::from(up)) as u16;
+    }
+    // A float16 subnormal (or zero): the value in units of 2^-24, the
+    // full significand shifted right, rounded; a carry into 0x400 is the
+    // smallest normal, encoded the same way.
+    let shift = 126 - exponent;
+    if shift > 24 {
+        return sign;
+    }
+    let significand = mantissa | 0x0080_0000;
+    let high = significand >> shift;
+    let rest = significand & ((1 << shift) - 1);
+    let halfway = 1 << (shift - 1);
+    let up = rest > halfway || (rest == halfway && high & 1 == 1);
+    sign | (high + u32::from(up)) as u16
+}
+
 /// A Rust type a tensor's elements can be read as: each has exactly one
 /// [`DType`], and every bit pattern is a valid value. Implemented for
-/// `f64`, `f32`, [`half::f16`], [`half::bf16`], and the signed and
-/// unsigned integers of 8 to 64 bits (quantized tensors read as their
-/// integer representation). Not for `bool` (its bytes may be any value in
-/// a file): read BOOL tensors as bytes with `data()`.
+/// `f64`, `f32`, the signed and unsigned integers of 8 to 64 bits
+/// (quantized tensors read as their integer representation), and with the
+/// `half` feature (on by default) `half::f16` and `half::bf16` (without
+/// it, F16 and BF16 tensors read as `f32` through
+/// [`ReadAs`](crate::cast::ReadAs), or as bytes). Not for `bool` (its bytes may
+/// be any value in a file): read BOOL tensors as bytes with `data()`.
 pub trait Element: bytemuck::Pod + sealed::Sealed {
     /// The element type this Rust type reads.
     const DTYPE: DType;
@@ -279,8 +345,6 @@ macro_rules! element {
 element! {
     f64 => F64,
     f32 => F32,
-    half::f16 => F16,
-    half::bf16 => BF16,
     i8 => I8,
     i16 => I16,
     i32 => I32,
@@ -289,6 +353,12 @@ element! {
     u16 => U16,
     u32 => U32,
     u64 => U64,
+}
+
+#[cfg(feature = "half")]
+element! {
+    half::f16 => F16,
+    half::bf16 => BF16,
 }
 
 /// Parses the names [`DType::name`] gives (`F32`, `bf16`, `F8_E4M3`...),

@@ -21,6 +21,7 @@ pub(crate) enum StorageData {
     /// Read on demand from elsewhere (a distributed checkpoint's chunks,
     /// put together when asked for): the index among the checkpoint's
     /// lazy storages.
+    #[cfg_attr(not(feature = "dcp"), allow(dead_code))]
     Lazy(usize),
 }
 

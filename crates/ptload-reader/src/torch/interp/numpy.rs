@@ -47,9 +47,9 @@ fn numpy_value(descr: &str, big_endian: bool, raw: &[u8]) -> Option<Value> {
             four.iter_mut().zip(&b).for_each(|(d, s)| *d = *s);
             Value::Float(f32::from_le_bytes(four).into())
         }
-        ('f', 2) => Value::Float(
-            half::f16::from_le_bytes([b.first().copied()?, b.get(1).copied()?]).to_f64(),
-        ),
+        ('f', 2) => Value::Float(f64::from(crate::torch::dtype::f16_to_f32(
+            u16::from_le_bytes([b.first().copied()?, b.get(1).copied()?]),
+        ))),
         ('i', 1 | 2 | 4 | 8) => {
             let negative = b.last().is_some_and(|x| x & 0x80 != 0);
             buf = [if negative { 0xff } else { 0 }; 8];
