@@ -1,8 +1,8 @@
 //! Open and read of a safetensors file in-process: ptload-reader against
 //! the safetensors crate (safetensors-rs), on the CPU.
 //!
-//! Run with `cargo bench -p ptload-reader --bench safetensors_rs [-- RUNS]`
-//! (default 15 runs). Inputs, written once to
+//! Run with `cargo bench -p ptload-reader --bench safetensors_rs [-- RUNS
+//! [FILE.pt...]]` (default 15 runs). Inputs, written once to
 //! `$TMPDIR/ptload-bench-st/` with the safetensors crate: 20,000 F32
 //! tensors of 20 elements (1.6 MB, many small tensors: the header's cost)
 //! and 148 tensors of GPT-2 small's shapes (about 500 MB). Each run maps
@@ -80,23 +80,31 @@ fn inputs() -> Vec<(&'static str, PathBuf)> {
     vec![("many_tensors", many), ("gpt2_shapes", wide)]
 }
 
-/// The repository's `many_tensors.pt` (20,000 tensors torch saved) and a
-/// safetensors file of the same tensors (names, dtypes, shapes, bytes),
-/// written once from it with the safetensors crate: the same job for
-/// each reader in its own format.
-fn same_tensors() -> (PathBuf, PathBuf) {
-    let pt = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files/many_tensors.pt");
+/// A checkpoint torch saved (`pt`) and a safetensors file of the same
+/// tensors (names, dtypes, shapes, bytes), written once from it with the
+/// safetensors crate: the same job for each reader in its own format.
+fn same_tensors(pt: &Path) -> PathBuf {
     let dir = std::env::temp_dir().join("ptload-bench-st");
     std::fs::create_dir_all(&dir).expect("bench dir");
-    let st = dir.join("many_tensors_pt.safetensors");
+    let stem = pt
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .expect("a file name");
+    let st = dir.join(format!("{stem}_pt.safetensors"));
     if !st.is_file() {
-        let ckpt = Checkpoint::open(&pt).expect("open");
-        let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = ckpt
+        let ckpt = Checkpoint::open(pt).expect("open");
+        let tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = ckpt
             .tensors()
             .map(|t| {
-                assert_eq!(t.dtype(), ptload_reader::DType::F32);
+                let dtype = match t.dtype() {
+                    ptload_reader::DType::F32 => Dtype::F32,
+                    ptload_reader::DType::F16 => Dtype::F16,
+                    ptload_reader::DType::BF16 => Dtype::BF16,
+                    other => panic!("{}: {other:?} is not compared here", t.name()),
+                };
                 (
                     t.name().to_string(),
+                    dtype,
                     t.shape().iter().map(|&d| d as usize).collect(),
                     t.data().expect("data").to_vec(),
                 )
@@ -104,14 +112,14 @@ fn same_tensors() -> (PathBuf, PathBuf) {
             .collect();
         let views: HashMap<String, TensorView<'_>> = tensors
             .iter()
-            .map(|(n, s, b)| {
-                let v = TensorView::new(Dtype::F32, s.clone(), b).expect("view");
+            .map(|(n, d, s, b)| {
+                let v = TensorView::new(*d, s.clone(), b).expect("view");
                 (n.clone(), v)
             })
             .collect();
         write(&st, views);
     }
-    (pt, st)
+    st
 }
 
 fn write(path: &Path, views: HashMap<String, TensorView<'_>>) {
@@ -179,15 +187,26 @@ fn main() {
             theirs.as_secs_f64() / ours.as_secs_f64()
         );
     }
-    let (pt, st) = same_tensors();
-    assert_eq!(ptload(&pt), safetensors_rs(&st), "the same tensors differ");
-    let ours = median(runs, || ptload(&pt));
-    let theirs = median(runs, || safetensors_rs(&st));
-    println!(
-        "{:<14} {:>11.3} ms {:>13.3} ms {:>7.2}x   (ptload: the .pt torch saved; safetensors-rs: the same tensors as .safetensors)",
-        "many_tensors.pt",
-        ours.as_secs_f64() * 1e3,
-        theirs.as_secs_f64() * 1e3,
-        theirs.as_secs_f64() / ours.as_secs_f64()
-    );
+    // The repository's many_tensors.pt (20,000 tensors torch saved), then
+    // any `.pt` given on the command line (GPT-2 from benches/compare.py,
+    // say).
+    let many =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files/many_tensors.pt");
+    let given = std::env::args()
+        .skip(1)
+        .filter(|a| a.ends_with(".pt"))
+        .map(PathBuf::from);
+    for pt in std::iter::once(many).chain(given) {
+        let st = same_tensors(&pt);
+        assert_eq!(ptload(&pt), safetensors_rs(&st), "the same tensors differ");
+        let ours = median(runs, || ptload(&pt));
+        let theirs = median(runs, || safetensors_rs(&st));
+        let name = pt.file_name().and_then(|n| n.to_str()).unwrap_or("?");
+        println!(
+            "{name:<14} {:>11.3} ms {:>13.3} ms {:>7.2}x   (ptload: the .pt torch saved; safetensors-rs: the same tensors as .safetensors)",
+            ours.as_secs_f64() * 1e3,
+            theirs.as_secs_f64() * 1e3,
+            theirs.as_secs_f64() / ours.as_secs_f64()
+        );
+    }
 }
