@@ -97,13 +97,18 @@ pub(crate) fn torch_records<'a, 'd>(
 /// Whether `name` is `data.pkl` directly under one folder (or at the
 /// root), letter case aside, as torch's reader finds it.
 fn is_data_pkl(name: &str) -> bool {
-    let ends = name.len() >= 8
-        && name
-            .get(name.len() - 8..)
-            .is_some_and(|tail| tail.eq_ignore_ascii_case("data.pkl"));
-    let folders = name.matches('/').count();
-    ends && (folders == 0 && name.len() == 8
-        || folders == 1 && name.as_bytes().get(name.len() - 9) == Some(&b'/'))
+    // The tail first: an archive of many records checks every name.
+    let bytes = name.as_bytes();
+    let ends = bytes
+        .len()
+        .checked_sub(8)
+        .and_then(|at| bytes.get(at..))
+        .is_some_and(|tail| tail.eq_ignore_ascii_case(b"data.pkl"));
+    if !ends {
+        return false;
+    }
+    let folders = bytes.iter().filter(|&&b| b == b'/').count();
+    folders == 0 && bytes.len() == 8 || folders == 1 && bytes.get(bytes.len() - 9) == Some(&b'/')
 }
 
 /// The entry named `data.pkl` directly under one folder (or at the root),
