@@ -2537,6 +2537,14 @@ fn calls_of_the_tenth_corpus_classes_are_found() {
         out
     };
     let node = thing("node");
+    // `somepkg.Filtered()` filled with `{"NODE_OK": somepkg.sink}`, the
+    // function itself.
+    let filtered = {
+        let mut out = b"csomepkg\nFiltered\n)\x81}".to_vec();
+        out.extend(s("NODE_OK"));
+        out.extend(b"csomepkg\nsink\nsb");
+        out
+    };
     let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
         (
             "Counter of a tuple of a tuple of an object: hashed however deep",
@@ -2710,6 +2718,46 @@ fn calls_of_the_tenth_corpus_classes_are_found() {
                 b"s\x85}tR",
             ]),
             Dangerous,
+        ),
+        // The fourteenth's: an object of a class the scanner does not
+        // know, iterated, measured or tested for truth by a rebuild, runs
+        // its own protocol, which may call a function it keeps as an
+        // attribute (networkx's `FilterAtlas` calls `NODE_OK(key)` for
+        // each key).
+        (
+            "a rebuild's args: an object keeping a bare function as an attribute",
+            pickle(&[
+                b"ctorch._tensor\n_rebuild_from_type_v2\n(ctorch\nTensor\nctorch\nTensor\n",
+                &filtered,
+                b"}tR",
+            ]),
+            UnknownCall,
+        ),
+        (
+            "a rebuild's state: an object keeping a bare function as an attribute",
+            pickle(&[
+                b"ctorch._tensor\n_rebuild_from_type_v2\n(ctorch._utils\n_rebuild_tensor\nctorch.nn\nParameter\n)",
+                &filtered,
+                b"tR",
+            ]),
+            UnknownCall,
+        ),
+        // The same object hashed (a dict's key) runs `__hash__`, which is
+        // given nothing; a bare function a class's `__new__` was given (a
+        // namedtuple's field) is no attribute.
+        (
+            "an object keeping a bare function, as a key",
+            pickle(&[b"}", &filtered, b"K\x01s"]),
+            NeedsCode,
+        ),
+        (
+            "a rebuild's args: a namedtuple with a bare function field",
+            pickle(&[
+                b"ctorch._tensor\n_rebuild_from_type_v2\n(ctorch\nTensor\nctorch\nTensor\ncsomepkg\nPair\n",
+                &s("warm"),
+                b"csomepkg\nsink\n\x86\x81}tR",
+            ]),
+            NeedsCode,
         ),
         (
             "an aware datetime's zone",

@@ -1762,6 +1762,13 @@ enum Use {
     /// Hashed, compared or converted: the methods that run are given
     /// nothing the file chose.
     Unargued,
+    /// Iterated, measured or tested for truth (a rebuild's metadata, the
+    /// `args` of `func(*args)`, a sparse tensor's parts, an object's
+    /// state): as [`Use::Unargued`], but an object of a class the scanner
+    /// does not know runs its own `__iter__`, `__len__`, `__bool__` or
+    /// `items`, which may call a function it keeps as an attribute with
+    /// what it holds (a filtering view's predicate, called on each key).
+    Iterated,
 }
 
 /// How many levels below an object [`Recorder::walk`] looks: an item of
@@ -2350,6 +2357,14 @@ impl Recorder {
         self.used_as(heap, values, Use::Unargued)
     }
 
+    /// [`used_unargued`](Self::used_unargued), for values iterated,
+    /// measured or tested for truth ([`Use::Iterated`]): a bare function
+    /// kept under an attribute's name by an object of a class the scanner
+    /// does not know is called.
+    fn used_iterated(&mut self, heap: &Heap, values: &[Value]) -> Result<()> {
+        self.used_as(heap, values, Use::Iterated)
+    }
+
     fn used_as(&mut self, heap: &Heap, values: &[Value], how: Use) -> Result<()> {
         if values.is_empty() || self.nothing_to_call(heap)? {
             return Ok(());
@@ -2367,15 +2382,17 @@ impl Recorder {
         let made = |r: &Recorder, v: Value| matches!(r.origin(v), Some(Origin::Made(_)));
         let callable = |r: &Recorder, v: Value| r.is_callable(v);
         // Each value with its depth, whether an object the pickle made is
-        // above it, and the class of the nearest such object.
-        let mut queue: std::collections::VecDeque<(Value, usize, bool, Option<usize>)> = values
-            .iter()
-            .map(|&v| (v, 0, made(self, v), None))
-            .collect();
+        // above it, the class of the nearest such object, and whether that
+        // object is one of `values` (whose own methods run).
+        let mut queue: std::collections::VecDeque<(Value, usize, bool, Option<usize>, bool)> =
+            values
+                .iter()
+                .map(|&v| (v, 0, made(self, v), None, false))
+                .collect();
         let mut seen = HashSet::new();
         let mut visits = 0usize;
         let mut called = Vec::new();
-        while let Some((v, depth, inside, owner)) = queue.pop_front() {
+        while let Some((v, depth, inside, owner, owner_given)) = queue.pop_front() {
             let Value::Obj(id) = v else {
                 continue;
             };
@@ -2393,24 +2410,33 @@ impl Recorder {
             }
             // An instance holds its own class (what made it was given it):
             // its methods are that class's, not a call of it.
-            let own = match self.origin(v) {
-                Some(Origin::Made(c)) => Some(c),
-                _ => owner,
+            let (own, own_given) = match self.origin(v) {
+                Some(Origin::Made(c)) => (Some(c), depth == 0),
+                _ => (owner, owner_given),
             };
             let below = self.children(heap, v, id);
             heap.charge_work(below.len() as u64 + 1)?;
-            for (_, x) in below {
+            for (key, x) in below {
                 visits += 1;
                 if visits > WALK_VISITS {
                     self.overflowed.set(true);
                     break;
                 }
                 let own_class = own.is_some() && self.global_index(x) == own;
-                let bare = how == Use::Unargued && self.global_index(x).is_some();
+                let bare = match how {
+                    Use::Any => false,
+                    Use::Unargued => self.global_index(x).is_some(),
+                    // An attribute of an object given, whose class the
+                    // scanner does not know: its own methods may call it.
+                    Use::Iterated => {
+                        self.global_index(x).is_some()
+                            && !(key.is_some() && own_given && own.is_some_and(|c| !self.plain(c)))
+                    }
+                };
                 if inside && callable(self, x) && !own_class && !bare {
                     called.push(x);
                 }
-                queue.push_back((x, depth + 1, inside || made(self, x), own));
+                queue.push_back((x, depth + 1, inside || made(self, x), own, own_given));
             }
             if visits > WALK_VISITS {
                 break;
@@ -3437,7 +3463,7 @@ impl Interpreter for Recorder {
                             direct.extend(d.entries().iter().map(|&(_, v)| v));
                         }
                     }
-                    self.used_unargued(heap, &direct)?;
+                    self.used_iterated(heap, &direct)?;
                     // `_rebuild_from_type_v2(func, type, args, state)` calls
                     // `func(*args)`: what `args` holds is `func`'s
                     // arguments, the values of a dict among them too
@@ -3484,7 +3510,7 @@ impl Interpreter for Recorder {
                             };
                         }
                         given.retain(|&v| matches!(self.origin(v), Some(Origin::Made(_))));
-                        self.used_unargued(heap, &given)?;
+                        self.used_iterated(heap, &given)?;
                     }
                     // `_set_obj_state(obj, state)`: the dict part of the
                     // state has its `items()` called.
