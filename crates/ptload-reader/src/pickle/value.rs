@@ -603,15 +603,41 @@ impl Heap {
         key: Value,
         value: Value,
     ) -> Result<(), &'static str> {
-        // The dict is taken out of the arena while its keys are compared
-        // with values that live in the arena.
+        self.set_items(target, &[key, value])
+    }
+
+    /// SETITEMS: each `(key, value)` pair of `pairs` set in order, the
+    /// dict taken out of the arena once (its keys are compared with values
+    /// that live in the arena) and grown once for them (they are on the
+    /// VM's stack already, so the room is bounded by what was charged);
+    /// stops at the first error.
+    pub(crate) fn set_items(&mut self, target: Value, pairs: &[Value]) -> Result<(), &'static str> {
         let mut dict = match self.get_mut(target) {
             Some(Obj::Dict(d)) => std::mem::take(d),
             Some(Obj::Object(o)) => std::mem::take(&mut o.items),
             Some(other) => return Err(kind_name(other)),
             None => return Err("scalar"),
         };
-        let result = self.insert(&mut dict, key, value);
+        let more = (pairs.len() / 2).min(self.max_container_len);
+        if more > 1 {
+            let table = dict.table.get_or_insert_with(Box::default);
+            table.entries.reserve(more);
+            let entries = &table.entries;
+            table.index.reserve(more, |&j| {
+                entries
+                    .get(j as usize)
+                    .map_or(0, |&(e, _)| self.hasher.hash_one(self.key(e)))
+            });
+        }
+        let mut result = Ok(());
+        for pair in pairs.chunks_exact(2) {
+            if let [k, v] = *pair {
+                result = self.insert(&mut dict, k, v);
+                if result.is_err() {
+                    break;
+                }
+            }
+        }
         match self.get_mut(target) {
             Some(Obj::Dict(d)) => *d = dict,
             Some(Obj::Object(o)) => o.items = dict,

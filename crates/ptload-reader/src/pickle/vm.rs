@@ -840,13 +840,9 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
                     self.interp
                         .method_call(self.heap, d, &["__setitem__"], &items)?;
                 }
-                for pair in items.chunks(2) {
-                    if let [k, v] = pair {
-                        self.heap
-                            .set_item(d, *k, *v)
-                            .map_err(|m| self.heap.container_error("SETITEMS", m))?;
-                    }
-                }
+                self.heap
+                    .set_items(d, &items)
+                    .map_err(|m| self.heap.container_error("SETITEMS", m))?;
             }
             0x90 => {
                 let items = self.pop_mark()?;
