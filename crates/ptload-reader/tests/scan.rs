@@ -2759,6 +2759,26 @@ fn calls_of_the_tenth_corpus_classes_are_found() {
             ]),
             NeedsCode,
         ),
+        // The fifteenth's harmless file: a datapipe of plain data (its
+        // finalizer is catalogued, its buffer holds numbers); a datapipe's
+        // serialization wrapper unpickles the bytes of its state.
+        (
+            "a shuffling datapipe of numbers",
+            pickle(&[
+                b"ctorch.utils.data.datapipes.iter.combinatorics\nShufflerIterDataPipe\n)\x81}",
+                &s("_buffer"),
+                b"](K\x01K\x02esb",
+            ]),
+            NeedsCode,
+        ),
+        (
+            "a datapipe's serialization wrapper",
+            pickle(&[
+                b"ctorch.utils.data.datapipes.datapipe\n_IterDataPipeSerializationWrapper\n)\x81",
+                b"C\x02..\x89\x86b",
+            ]),
+            Dangerous,
+        ),
         (
             "an aware datetime's zone",
             pickle(&[

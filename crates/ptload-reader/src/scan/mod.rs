@@ -226,13 +226,18 @@ const CODE_ROOTS: &[&str] = &[
     // transformers' loader of code from a model's repository.
     "transformers.dynamic_module_utils",
     // torch's own eval/exec wrappers: FX graph modules exec source from
-    // the file, symbolic-shape guards are evaluated, config modules and
-    // datapipes unpickle bytes, packages and extensions load code.
+    // the file, symbolic-shape guards are evaluated, config modules
+    // unpickle bytes, datapipes' decoders unpickle what they read and
+    // their dataframe captures replay recorded operations, packages and
+    // extensions load code. (Datapipes' serialization wrappers are by
+    // name; the other datapipes are plain classes whose finalizers are
+    // catalogued.)
     "torch.fx",
     "torch._dynamo",
     "torch._inductor",
     "torch.utils._config_module",
-    "torch.utils.data.datapipes",
+    "torch.utils.data.datapipes.utils.decoder",
+    "torch.utils.data.datapipes.dataframe",
     "torch.utils.cpp_extension",
     "torch.package",
     "torch.testing",
@@ -624,6 +629,10 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
     if (matches!(module, "torch" | "torch.serialization")
         && matches!(name, "load" | "_load" | "_legacy_load"))
         || (module == "torch.storage" && name == "_load_from_bytes")
+        // A datapipe's serialization wrapper unpickles (or undills) the
+        // bytes its state holds.
+        || (module == "torch.utils.data.datapipes.datapipe"
+            && name.ends_with("DataPipeSerializationWrapper"))
         || (module == "numpy" && matches!(name, "load" | "loads"))
     {
         return Some(Some(CodeExecution));
