@@ -2779,6 +2779,36 @@ fn calls_of_the_tenth_corpus_classes_are_found() {
             ]),
             Dangerous,
         ),
+        // The sixteenth's: a legacy `module` persistent id whose
+        // container is an object the pickle made (a module object with a
+        // chosen `__name__`): torch's source check writes
+        // `<__name__>.patch`. A class there is what torch.save writes.
+        (
+            "a legacy module id holding a made module object",
+            pickle(&[
+                b"(",
+                &s("module"),
+                b"ctypes\nModuleType\n",
+                &s("/tmp/x"),
+                b"\x85R",
+                &s("x.py"),
+                &s("source"),
+                b"tQ",
+            ]),
+            Dangerous,
+        ),
+        (
+            "a legacy module id holding a class",
+            pickle(&[
+                b"(",
+                &s("module"),
+                b"ctorch.nn.modules.linear\nLinear\n",
+                &s("linear.py"),
+                &s("source"),
+                b"tQ",
+            ]),
+            NeedsCode,
+        ),
         (
             "an aware datetime's zone",
             pickle(&[

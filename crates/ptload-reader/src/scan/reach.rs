@@ -1820,6 +1820,40 @@ fn torch_optimizer(module: &str, name: &str) -> bool {
 const IMPLICIT_METHODS: [&str; 2] = ["append", "extend"];
 
 impl Recorder {
+    /// A container in a legacy persistent id (`('module', container,
+    /// source_file, source)` in a stream, `(container, source_file,
+    /// source)` in a tar): when the other fields are all truthy, torch's
+    /// `_check_container_source` reads the container's source with
+    /// `inspect.getsource` and, when it differs from the saved one and
+    /// `container.dump_patches` is true, writes a diff to
+    /// `container.__name__ + ".patch"`. A class named there (what
+    /// `torch.save` writes) is torch's own case; an object the pickle
+    /// made (a module object with a chosen `__name__`, `__file__` and
+    /// `dump_patches`) chooses the file written: the global that made it
+    /// is dangerous.
+    fn container_source(&mut self, heap: &Heap, items: &[Value]) {
+        let (container, fields) = match items {
+            [first, container, fields @ ..] if heap.text(*first) == Some("module") => {
+                (*container, fields)
+            }
+            [container, fields @ ..] => (*container, fields),
+            [] => return,
+        };
+        let truthy = |v: Value| match v {
+            Value::None | Value::Bool(false) | Value::Int(0) => false,
+            Value::Float(f) => f != 0.0,
+            _ => heap.text(v) != Some(""),
+        };
+        if fields.is_empty() || !fields.iter().all(|&f| truthy(f)) {
+            return;
+        }
+        if let Some(Origin::Made(g)) = self.origin(container) {
+            if let Some(u) = self.globals.get_mut(g) {
+                u.class = GlobalClass::Dangerous(Danger::FileSystem);
+            }
+        }
+    }
+
     /// Once the pickle has run: the classes of a package (not the standard
     /// library, torch or numpy) called only with one constant are enum
     /// member lookups ([`Usage::LookedUp`]). Whether the same pickle
@@ -4121,6 +4155,7 @@ impl Interpreter for Recorder {
         if items.is_empty() {
             self.used(heap, &[pid])?;
         }
+        self.container_source(heap, &items);
         if let Some(&v) = items.iter().find(|&&v| self.origin(v).is_some()) {
             return Ok(v);
         }
