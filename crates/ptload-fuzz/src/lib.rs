@@ -118,6 +118,22 @@ pub fn checkpoint(data: &[u8]) {
             }
         }
     }
+    // A plain state dict is read by a shortcut unless the object graph is
+    // asked for: what the default open found, the general path finds.
+    if let (Ok(d), Ok(o)) = (&default, &with_objects) {
+        let infos = |c: &Checkpoint| c.tensors().map(|t| t.info().clone()).collect::<Vec<_>>();
+        assert_eq!(
+            infos(d),
+            infos(o),
+            "the shortcut and the general path disagree"
+        );
+        assert_eq!(d.globals(), o.globals(), "globals differ between the paths");
+        assert_eq!(
+            format!("{:?}", d.storages()),
+            format!("{:?}", o.storages()),
+            "storages differ between the paths"
+        );
+    }
     match default {
         Ok(ckpt) => {
             exercise(&ckpt);

@@ -3,6 +3,7 @@
 //! from parts (distributed checkpoints) or read from safetensors.
 
 use super::*;
+use crate::torch::names::Walked;
 
 /// A tensor the walk named, checked against its storage: a rebuilt
 /// tensor, or a storage pickled on its own.
@@ -172,6 +173,7 @@ fn decode_pickles(
                 heap,
                 interp,
                 &mut vm,
+                !opts.objects && !opts.general_only,
             )?
         }
         Detected::Legacy => decode_legacy(data, heap, interp, &mut vm)?,
@@ -184,6 +186,18 @@ fn decode_pickles(
         }
     };
     Ok((decoded, leading))
+}
+
+/// More tensors than the limit allows: an error.
+fn check_tensor_count(count: usize, limits: &Limits) -> Result<()> {
+    if count > limits.max_tensors {
+        return Err(Error::limit_needing(
+            "max_tensors",
+            limits.max_tensors as u64,
+            count as u64,
+        ));
+    }
+    Ok(())
 }
 
 /// For the object graph: the first walked entry of each heap value, by
@@ -345,36 +359,51 @@ impl Checkpoint {
         let mut heap = Heap::new(&opts.limits);
         let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);
         let (decoded, leading) = decode_pickles(&source, detected, opts, &mut heap, &mut interp)?;
-        let walked = walk_all(
-            &heap,
-            &decoded.roots,
-            &opts.limits,
-            decoded.storages.len(),
-            opts.objects,
-        )?;
-        let objects_root = decoded.roots.first().map(|&(v, _)| v);
-        if walked.tensors.len() > opts.limits.max_tensors {
-            return Err(Error::limit_needing(
-                "max_tensors",
-                opts.limits.max_tensors as u64,
-                walked.tensors.len() as u64,
-            ));
-        }
         let (storages, inflated) = storage_infos(decoded.storages, decoded.bytes);
-        let first_walked = FirstWalked::of(&heap, &walked.tensors, opts.objects);
         let mut warnings = decoded.notes;
-        warnings.extend(walked.warnings);
-        let (tensors, dtensors) = walked_tensors(&heap, walked.tensors, &storages, &opts.limits)?;
-        let objects = match objects_root.filter(|_| opts.objects) {
-            None => None,
-            Some(root) => Some(object_graph(
-                &heap,
-                root,
-                &first_walked,
-                &tensors,
-                &storages,
-                &opts.limits,
-            )?),
+        let objects_root = decoded.roots.first().map(|&(v, _)| v);
+        let (walked, tensors, dtensors, objects): (Walked, _, DTensors, _) = match decoded.plain {
+            Some(plain) => {
+                check_tensor_count(plain.tensors.len(), &opts.limits)?;
+                // Room made first: a collect of results grows by copies.
+                let mut tensors = Vec::with_capacity(plain.tensors.len());
+                for t in plain.tensors {
+                    let info = crate::torch::tensor::plain_tensor_info(t, &storages, &opts.limits)?;
+                    tensors.push(info);
+                }
+                let walked = Walked {
+                    by_name: plain.by_name,
+                    steps: plain.work,
+                    ..Walked::default()
+                };
+                (walked, tensors, Vec::new(), None)
+            }
+            None => {
+                let mut walked = walk_all(
+                    &heap,
+                    &decoded.roots,
+                    &opts.limits,
+                    storages.len(),
+                    opts.objects,
+                )?;
+                check_tensor_count(walked.tensors.len(), &opts.limits)?;
+                let first_walked = FirstWalked::of(&heap, &walked.tensors, opts.objects);
+                warnings.append(&mut walked.warnings);
+                let named = std::mem::take(&mut walked.tensors);
+                let (tensors, dtensors) = walked_tensors(&heap, named, &storages, &opts.limits)?;
+                let objects = match objects_root.filter(|_| opts.objects) {
+                    None => None,
+                    Some(root) => Some(object_graph(
+                        &heap,
+                        root,
+                        &first_walked,
+                        &tensors,
+                        &storages,
+                        &opts.limits,
+                    )?),
+                };
+                (walked, tensors, dtensors, objects)
+            }
         };
         warnings.extend(dtensor_warning(&dtensors));
         let fetched = match source.fetcher() {

@@ -645,6 +645,8 @@ impl Checkpoint {
 mod decode;
 mod fetch;
 mod open;
+#[cfg(test)]
+mod plain_tests;
 mod span;
 use crate::fetched::Fetched;
 pub use fetch::{while_prefetching, ReadAhead};

@@ -16,6 +16,9 @@ pub struct OpenOptions {
     pub(super) objects: bool,
     pub(super) cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     pub(super) assumed_byte_order: ByteOrder,
+    /// Read every pickle with the general machine, never the plain state
+    /// dict's shortcut (tests compare the two).
+    pub(crate) general_only: bool,
     #[cfg(feature = "scan")]
     pub(super) refuse_at: Option<crate::scan::Level>,
     #[cfg(feature = "scan")]

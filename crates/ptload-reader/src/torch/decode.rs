@@ -2,6 +2,7 @@
 //! comes out as the same parts (the root values to name, and each storage
 //! with where its bytes are).
 
+use super::plain::{self, PlainTensor};
 use super::{PendingStorage, TorchInterp};
 use crate::advice::Warning;
 use crate::bytes::ByteOrder;
@@ -11,6 +12,7 @@ use crate::container::zip::{Archive, Headers};
 use crate::container::{Format, LEGACY_MAGIC_VALUE};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
+use crate::name_index::NameIndex;
 use crate::pickle::{Heap, Value, Vm};
 use crate::ranged::FileView;
 
@@ -31,9 +33,21 @@ pub(crate) struct Decoded {
     /// What the reader passed over (entries of the archive it never
     /// needed whose local header is broken).
     pub(crate) notes: Vec<Warning>,
+    /// A plain state dict's tensors, read without the general machine
+    /// (`roots` is then empty).
+    pub(crate) plain: Option<PlainTensors>,
 }
 
-/// torch's zip layout (and TorchScript's).
+/// The tensors of a plain state dict (see [`plain`]).
+pub(crate) struct PlainTensors {
+    pub(crate) tensors: Vec<PlainTensor>,
+    pub(crate) by_name: NameIndex,
+    pub(crate) work: u64,
+}
+
+/// torch's zip layout (and TorchScript's). With `plain_ok`, a plain
+/// state dict is read without the general machine (see [`plain`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_zip(
     data: FileView<'_>,
     file: Option<&std::fs::File>,
@@ -42,6 +56,7 @@ pub(crate) fn decode_zip(
     heap: &mut Heap,
     interp: &mut TorchInterp<'_>,
     vm: &mut Vm<'_>,
+    plain_ok: bool,
 ) -> Result<Decoded> {
     let headers = file.map_or(Headers::Map, Headers::File);
     let archive = Archive::parse(data, headers, limits)?;
@@ -50,12 +65,44 @@ pub(crate) fn decode_zip(
     let prefix = &records.prefix;
     let mut roots = Vec::new();
     let mut protocol = 0;
+    let mut plain = None;
+    // data.pkl's bytes, read once: by the shortcut, then (when it gives
+    // up) by the general machine.
+    let data_pkl = records.data_pkl;
+    let mut data_bytes = Some(layout::record_bytes(
+        data,
+        data_pkl,
+        limits.max_pickle_bytes,
+        &mut budget,
+    )?);
+    if plain_ok && records.constants_pkl.is_none() {
+        let dir = format!("{prefix}data/");
+        let bytes = data_bytes.as_deref().unwrap_or_default();
+        let at = (data_pkl.name, dir.as_str(), archive.entries().len());
+        let read = plain::read(bytes, at, limits, vm.cancel.as_deref())
+            .map_err(|e| e.in_record(data_pkl.name))?;
+        if let Some(read) = read {
+            interp.globals = read.globals;
+            interp.storages = read.storages;
+            protocol = read.protocol;
+            plain = Some(PlainTensors {
+                tensors: read.tensors,
+                by_name: read.by_name,
+                work: read.work,
+            });
+        }
+    }
     for (entry, dir, root_name) in [
-        (Some(records.data_pkl), "data/", ""),
+        (Some(data_pkl), "data/", ""),
         (records.constants_pkl, "constants/", "constants"),
     ] {
-        let Some(entry) = entry else { continue };
-        let bytes = layout::record_bytes(data, entry, limits.max_pickle_bytes, &mut budget)?;
+        let Some(entry) = entry.filter(|_| plain.is_none()) else {
+            continue;
+        };
+        let bytes = match data_bytes.take().filter(|_| root_name.is_empty()) {
+            Some(bytes) => bytes,
+            None => layout::record_bytes(data, entry, limits.max_pickle_bytes, &mut budget)?,
+        };
         interp.enter(entry.name, Some(format!("{prefix}{dir}")));
         if root_name.is_empty() {
             // A storage's bytes are a record of its own, so the archive's
@@ -109,6 +156,7 @@ pub(crate) fn decode_zip(
                 at,
             })
             .collect(),
+        plain,
     })
 }
 
@@ -196,5 +244,6 @@ pub(crate) fn decode_legacy<'d>(
         bytes,
         end,
         notes: Vec::new(),
+        plain: None,
     })
 }

@@ -7,6 +7,7 @@ pub(crate) mod dtensor;
 pub(crate) mod dtype;
 pub(crate) mod interp;
 pub(crate) mod names;
+pub(crate) mod plain;
 pub(crate) mod policy;
 pub(crate) mod tensor;
 

@@ -358,21 +358,8 @@ pub(crate) fn tensor_info(
         stride = vec![1];
     }
     let elem = meta.dtype.size() as u64;
-    let nbytes = numel.checked_mul(elem).ok_or_else(overflow)?;
-    if let Some(sid) = meta.storage {
-        let storage = storages
-            .get(sid)
-            .ok_or_else(|| tensor_err(&name, "storage index"))?;
-        if numel > 0 {
-            check_extent(&name, storage, (&shape, &stride, storage_offset), elem)?;
-        }
-        if nbytes > storage.nbytes && nbytes > limits.max_expanded_view_bytes {
-            return Err(
-                Error::limit("max_expanded_view_bytes", limits.max_expanded_view_bytes)
-                    .for_tensor(&name),
-            );
-        }
-    }
+    let geometry = (&shape[..], &stride[..], storage_offset);
+    let nbytes = checked_bytes(&name, meta.storage, geometry, numel, elem, storages, limits)?;
     let quantization = meta
         .quant
         .as_ref()
@@ -390,6 +377,77 @@ pub(crate) fn tensor_info(
         conj: meta.conj,
         neg: meta.neg,
         quantization,
+    })
+}
+
+/// The bytes of `numel` elements of `elem` bytes, checked against the
+/// storage the tensor views (its index `storage`), as torch's setStrided
+/// does.
+fn checked_bytes(
+    name: &str,
+    storage: Option<usize>,
+    geometry: (&[u64], &[u64], u64),
+    numel: u64,
+    elem: u64,
+    storages: &[StorageInfo],
+    limits: &Limits,
+) -> Result<u64> {
+    let nbytes = numel
+        .checked_mul(elem)
+        .ok_or_else(|| tensor_err(name, "size arithmetic overflows"))?;
+    if let Some(sid) = storage {
+        let storage = storages
+            .get(sid)
+            .ok_or_else(|| tensor_err(name, "storage index"))?;
+        if numel > 0 {
+            check_extent(name, storage, geometry, elem)?;
+        }
+        if nbytes > storage.nbytes && nbytes > limits.max_expanded_view_bytes {
+            return Err(
+                Error::limit("max_expanded_view_bytes", limits.max_expanded_view_bytes)
+                    .for_tensor(name),
+            );
+        }
+    }
+    Ok(nbytes)
+}
+
+/// A tensor of a plain state dict (see [`crate::torch::plain`]), checked
+/// against its storage as [`tensor_info`] checks a rebuilt one.
+pub(crate) fn plain_tensor_info(
+    t: crate::torch::plain::PlainTensor,
+    storages: &[StorageInfo],
+    limits: &Limits,
+) -> Result<TensorInfo> {
+    let numel = t
+        .shape
+        .iter()
+        .try_fold(1u64, |acc, &s| acc.checked_mul(s))
+        .ok_or_else(|| tensor_err(&t.name, "size arithmetic overflows"))?;
+    let elem = t.dtype.size() as u64;
+    let geometry = (&t.shape[..], &t.stride[..], t.offset);
+    let nbytes = checked_bytes(
+        &t.name,
+        Some(t.storage),
+        geometry,
+        numel,
+        elem,
+        storages,
+        limits,
+    )?;
+    Ok(TensorInfo {
+        name: t.name,
+        dtype: t.dtype,
+        shape: t.shape,
+        stride: t.stride,
+        storage_offset: t.offset,
+        storage: Some(t.storage),
+        numel,
+        nbytes,
+        requires_grad: t.requires_grad,
+        conj: false,
+        neg: false,
+        quantization: None,
     })
 }
 

@@ -1,0 +1,277 @@
+//! The plain state dict's shortcut (`torch/plain.rs`) against the general
+//! machine: every fixture, damaged copies of some, and tight limits, each
+//! opened both ways, must read alike.
+
+use std::path::PathBuf;
+
+use super::{Checkpoint, OpenOptions};
+use crate::container::layout;
+use crate::container::zip::{Archive, Headers};
+use crate::limits::Limits;
+use crate::torch::plain;
+
+fn fixtures() -> Vec<(String, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("fixtures")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&p).expect("read"))
+        })
+        .collect()
+}
+
+/// Whether the shortcut reads the archive's pickle (not the general
+/// machine).
+fn shortcut_reads(bytes: &[u8]) -> bool {
+    let limits = Limits::default();
+    let Ok(archive) = Archive::parse(bytes, Headers::Map, &limits) else {
+        return false;
+    };
+    let mut budget = u64::MAX;
+    let Ok(records) = layout::torch_records(
+        bytes.into(),
+        &archive,
+        &mut budget,
+        crate::bytes::ByteOrder::Little,
+    ) else {
+        return false;
+    };
+    let entry = records.data_pkl;
+    let pickle = layout::record_bytes(bytes, entry, u64::MAX, &mut budget).expect("pickle");
+    let dir = format!("{}data/", records.prefix);
+    let at = (entry.name, dir.as_str(), archive.entries().len());
+    matches!(plain::read(&pickle, at, &limits, None), Ok(Some(_)))
+        && records.constants_pkl.is_none()
+}
+
+/// Everything a reader sees of a checkpoint, as text.
+fn seen(ckpt: &crate::error::Result<Checkpoint>) -> String {
+    let ckpt = match ckpt {
+        Ok(c) => c,
+        Err(e) => return format!("error {:?}: {e}", e.kind()),
+    };
+    let mut out = format!(
+        "{:?} {:?} {} {} end {}\n",
+        ckpt.format(),
+        ckpt.byte_order(),
+        ckpt.pickle_protocol(),
+        ckpt.len(),
+        ckpt.end_offset()
+    );
+    for t in ckpt.tensors() {
+        let data = t.data().map(|d| crc32fast::hash(&d));
+        let by_name = ckpt.position(&t.info().name);
+        out.push_str(&format!("{:?} {data:?} {by_name:?}\n", t.info()));
+    }
+    out.push_str(&format!(
+        "{:?}\n{:?}\n{:?}\n{:?}\n",
+        ckpt.storages(),
+        ckpt.globals(),
+        ckpt.values(),
+        ckpt.warnings()
+    ));
+    out
+}
+
+fn both(bytes: &[u8]) -> (String, String) {
+    both_within(bytes, Limits::default())
+}
+
+fn both_within(bytes: &[u8], limits: Limits) -> (String, String) {
+    let mut general = OpenOptions::new().limits(limits.clone());
+    general.general_only = true;
+    (
+        seen(&OpenOptions::new().limits(limits).open_bytes(bytes.to_vec())),
+        seen(&general.open_bytes(bytes.to_vec())),
+    )
+}
+
+#[test]
+fn limits_refuse_alike_by_both() {
+    let tight = [
+        Limits::default().max_tensors(3),
+        Limits::default().max_stack_depth(4),
+        Limits::default().max_memo_entries(10),
+        Limits::default().max_container_len(2),
+        Limits::default().max_opcodes(50),
+        Limits::default().max_objects(20),
+        Limits::default().max_name_bytes(8),
+        Limits::default().max_decoded_bytes(16),
+        Limits::default().max_walk_steps(3),
+        Limits::default().max_pickle_bytes(64),
+    ];
+    for name in ["many_tensors.pt", "hf_lm.pt", "views.pt"] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/files")
+            .join(name);
+        let bytes = std::fs::read(&path).expect("fixture");
+        for limits in &tight {
+            let (fast, general) = both_within(&bytes, limits.clone());
+            assert_eq!(fast, general, "{name} within {limits:?}");
+            assert!(
+                fast.starts_with("error"),
+                "{name} within {limits:?}: {fast}"
+            );
+        }
+        // Limits a file may or may not reach (work below what the
+        // shortcut runs with, views larger than their storage): the
+        // general machine's answer, whichever it is.
+        let maybe = [1, 2, 4, 15, 16]
+            .map(|n| Limits::default().max_work_per_byte(n))
+            .into_iter()
+            .chain([Limits::default().max_expanded_view_bytes(0)]);
+        for limits in maybe {
+            let (fast, general) = both_within(&bytes, limits.clone());
+            assert_eq!(fast, general, "{name} within {limits:?}");
+        }
+    }
+}
+
+#[test]
+fn the_shortcut_reads_every_fixture_as_the_general_machine_does() {
+    let mut read_by_shortcut = Vec::new();
+    for (name, bytes) in fixtures() {
+        let (fast, general) = both(&bytes);
+        assert_eq!(fast, general, "{name}");
+        if shortcut_reads(&bytes) {
+            read_by_shortcut.push(name);
+        }
+    }
+    // The plain state dicts among them: a dict of tensors, an
+    // nn.Module's (with `_metadata`), views of shared storages, a
+    // big-endian archive, a deflated one.
+    for name in [
+        "many_tensors.pt",
+        "hf_lm.pt",
+        "plain_model.pt",
+        "views.pt",
+        "bigendian.pt",
+        "deflated.pt",
+    ] {
+        assert!(
+            read_by_shortcut.iter().any(|n| n == name),
+            "{name} not read by the shortcut: {read_by_shortcut:?}"
+        );
+    }
+    // The rest are the general machine's: values beside the tensors,
+    // nested dicts, other rebuilds, TorchScript, legacy files.
+    for name in [
+        "proto3.pt",
+        "training.ckpt",
+        "lightning.ckpt",
+        "quantized.pt",
+        "torchscript.pt",
+        "legacy.pt",
+    ] {
+        assert!(!read_by_shortcut.iter().any(|n| n == name), "{name}");
+    }
+}
+
+/// The archive `bytes` with its pickle record's bytes changed by
+/// `change`, its CRC fixed (so the change reaches the pickle readers).
+fn with_pickle(bytes: &[u8], change: impl FnOnce(&mut [u8])) -> Option<Vec<u8>> {
+    let limits = Limits::default();
+    let archive = Archive::parse(bytes, Headers::Map, &limits).ok()?;
+    let mut budget = u64::MAX;
+    let records = layout::torch_records(
+        bytes.into(),
+        &archive,
+        &mut budget,
+        crate::bytes::ByteOrder::Little,
+    )
+    .ok()?;
+    let entry = records.data_pkl;
+    if entry.method != crate::container::zip::Method::Stored {
+        return None;
+    }
+    let (start, len) = (entry.data_start as usize, entry.size as usize);
+    let old_crc = entry.crc32.to_le_bytes();
+    let local = entry.local as usize;
+    let mut out = bytes.to_vec();
+    change(out.get_mut(start..start + len)?);
+    let new_crc = crc32fast::hash(out.get(start..start + len)?).to_le_bytes();
+    out.get_mut(local + 14..local + 18)?
+        .copy_from_slice(&new_crc);
+    // The central directory's record of the same entry.
+    let mut at = 0;
+    while let Some(i) = out.get(at..)?.windows(4).position(|w| w == b"PK\x01\x02") {
+        let rec = at + i;
+        let crc_at = rec + 16;
+        let offset = out
+            .get(rec + 42..rec + 46)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize);
+        if offset == Some(local) && out.get(crc_at..crc_at + 4) == Some(&old_crc[..]) {
+            out.get_mut(crc_at..crc_at + 4)?.copy_from_slice(&new_crc);
+        }
+        at = rec + 4;
+    }
+    Some(out)
+}
+
+#[test]
+fn damaged_pickles_read_alike_by_both() {
+    // A deterministic generator: every run damages the same bytes.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut compared = 0;
+    let mut differing_runs = 0;
+    for name in [
+        "basic.pt",
+        "plain_model.pt",
+        "hf_lm.pt",
+        "multi_gpu.pt",
+        "views.pt",
+    ] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/files")
+            .join(name);
+        let bytes = std::fs::read(&path).expect("fixture");
+        assert!(shortcut_reads(&bytes), "{name}");
+        for _ in 0..300 {
+            let (a, b, c) = (next(), next(), next());
+            let Some(damaged) = with_pickle(&bytes, |p| {
+                let n = p.len();
+                match a % 4 {
+                    // One byte set to a value.
+                    0 => p[(b as usize) % n] = c as u8,
+                    // A byte plus or minus one (lengths, indices).
+                    1 => {
+                        let i = (b as usize) % n;
+                        p[i] = p[i].wrapping_add(if c % 2 == 0 { 1 } else { 255 });
+                    }
+                    // Two bytes swapped.
+                    2 => p.swap((b as usize) % n, (c as usize) % n),
+                    // An opcode's neighbour copied over it.
+                    _ => {
+                        let i = (b as usize) % (n - 1);
+                        p[i] = p[i + 1];
+                    }
+                }
+            }) else {
+                continue;
+            };
+            let (fast, general) = both(&damaged);
+            assert_eq!(fast, general, "{name}, damaged");
+            compared += 1;
+            if shortcut_reads(&damaged) && !fast.starts_with("error") {
+                differing_runs += 1;
+            }
+        }
+    }
+    assert_eq!(compared, 1500);
+    // Some damaged files still take the shortcut (a changed number, a
+    // name), so the comparison covers its checks, not only its giving up.
+    assert!(differing_runs > 100, "{differing_runs}");
+}
