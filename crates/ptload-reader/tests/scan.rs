@@ -2862,3 +2862,78 @@ fn calls_of_the_tenth_corpus_classes_are_found() {
     let report = scan_bytes(&stream, &Limits::default());
     assert_eq!(report.verdict(), Dangerous, "{report:#?}");
 }
+
+#[test]
+fn objects_that_act_on_their_own_state_are_dangerous() {
+    use ptload_reader::scan::scan_bytes;
+    let s = |text: &str| {
+        let mut out = b"X".to_vec();
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out
+    };
+    let pickle = |parts: &[&[u8]]| {
+        let mut out = b"\x80\x02".to_vec();
+        for p in parts {
+            out.extend_from_slice(p);
+        }
+        out.push(b'.');
+        out
+    };
+    // `cls.__new__(cls)` filled with `{field: value}`: no callable given,
+    // the class's own code acts on the strings and numbers.
+    let made = |class: &str, field: &str, value: &[u8]| {
+        let mut out = format!("c{}\n", class.replacen(' ', "\n", 1)).into_bytes();
+        out.extend_from_slice(b")\x81}");
+        out.extend(s(field));
+        out.extend_from_slice(value);
+        out.extend(b"sb");
+        out
+    };
+    let lazy_file = made("typer._click.utils LazyFile", "name", &s("/tmp/x"));
+    let opener = made(
+        "torch.utils.data.datapipes.iter.fileopener FileOpenerIterDataPipe",
+        "mode",
+        &s("a"),
+    );
+    let requirement = made(
+        "lightning_utilities.core.imports RequirementCache",
+        "module",
+        &s("this"),
+    );
+    let observer = made(
+        "torch.profiler.profiler ExecutionTraceObserver",
+        "_output_file_path",
+        &s("/tmp/x"),
+    );
+    let gds = made("torch.cuda.gds GdsFile", "fd", b"KM");
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "a vendored click's lazy file, iterated by set()",
+            pickle(&[b"cbuiltins\nset\n", &lazy_file, b"\x85R"]),
+        ),
+        (
+            "a file-opening datapipe, iterated by Counter()",
+            pickle(&[b"ccollections\nCounter\n", &opener, b"\x85R"]),
+        ),
+        (
+            "a requirement cache, tested for truth by any()",
+            pickle(&[b"cbuiltins\nany\n", &requirement, b"\x85\x85R"]),
+        ),
+        (
+            "a trace observer dropped while loading",
+            pickle(&[&observer, b"0N"]),
+        ),
+        (
+            "a GDS file kept in the result",
+            pickle(&[b"}", &s("f"), &gds, b"s"]),
+        ),
+    ];
+    for (what, bytes) in cases {
+        let report = scan_bytes(&bytes, &Limits::default());
+        assert_eq!(report.verdict(), Dangerous, "{what}: {report:#?}");
+    }
+    // A class of the same packages that only holds data stays as it was.
+    let plain = pickle(&[&made("typer.models ParameterInfo", "default", &s("x"))]);
+    assert_eq!(scan_bytes(&plain, &Limits::default()).verdict(), NeedsCode);
+}

@@ -299,6 +299,17 @@ const FILE_ROOTS: &[&str] = &[
     // Write bytecode next to, or wherever, a path says.
     "py_compile",
     "compileall",
+    // Datapipes that open or list the paths their state names when
+    // iterated (`FileOpenerIterDataPipe` opens them in the mode it holds),
+    // and their helpers.
+    "torch.utils.data.datapipes.iter.fileopener",
+    "torch.utils.data.datapipes.iter.filelister",
+    "torch.utils.data.datapipes.utils.common",
+    // Finalizers that act on what their state names: the profiler's trace
+    // observer gzips and removes files, a GDS file closes the descriptor
+    // it holds.
+    "torch.profiler",
+    "torch.cuda.gds",
 ];
 
 /// Modules whose callables reach the network.
@@ -336,6 +347,10 @@ const NETWORK_ROOTS: &[&str] = &[
 /// globals imports them): `this` prints, `antigravity` opens a browser,
 /// `__hello__` and `__phello__` print.
 const IMPORT_ROOTS: &[&str] = &[
+    // Caches and lazy modules that import what a string names when
+    // tested, printed or looked into (`RequirementCache`, `LazyModule`).
+    "lightning_utilities.core.imports",
+    "transformers.utils.import_utils",
     "importlib",
     "imp",
     "pkgutil",
@@ -367,6 +382,16 @@ const IMPORTERS_BY_NAME: &[&str] = &[
     "instantiate_from_config",
     "resolve_name",
     "_getcategory",
+    // Lazy modules import the module they name on first attribute lookup
+    // (BUILD's `__setstate__` lookup is one), requirement caches when
+    // tested or printed: torch's, ONNX's, transformers', Lightning's.
+    "LazyModule",
+    "_LazyModule",
+    "LazyImporter",
+    "_LazyImporter",
+    "LazyLoader",
+    "RequirementCache",
+    "ModuleAvailableCache",
 ];
 
 fn dangerous(module: &str, name: &str) -> Option<Danger> {
@@ -405,6 +430,28 @@ fn dangerous(module: &str, name: &str) -> Option<Danger> {
     .into_iter()
     .find_map(|(roots, danger)| root(roots).then_some(danger))
     .or_else(|| dangerous_gadget(module, name))
+}
+
+/// The package a vendored copy copies: what follows a `_vendor`,
+/// `vendor` or `_vendored` segment (`pip._vendor.requests.api` is
+/// `requests.api`), and a package kept under its own name with a leading
+/// underscore inside another (typer's `typer._click.utils` is
+/// `click.utils`).
+/// A copy inside a copy is the innermost one.
+fn vendored(module: &str) -> Option<&str> {
+    let mut found = None;
+    let mut at = 0;
+    for segment in module.split('.') {
+        if matches!(segment, "_vendor" | "vendor" | "_vendored") {
+            found = module
+                .get(at + segment.len() + 1..)
+                .filter(|r| !r.is_empty());
+        } else if at > 0 && segment == "_click" {
+            found = module.get(at + 1..);
+        }
+        at += segment.len() + 1;
+    }
+    found
 }
 
 /// The public module `module.name` is also reached through: C
@@ -1132,14 +1179,23 @@ fn torch_mangle(segment: &str) -> bool {
 /// a gadget, whatever module it starts from.
 pub fn classify(module: &str, name: &str) -> GlobalClass {
     // A module's implementation under another name (`_operator` for
-    // `operator`, numpy's private `_impl` modules): classified as the
-    // public one when that one is known.
-    if let Some(public) = public_module(module, name) {
-        let known = classify(public, name);
+    // `operator`, numpy's private `_impl` modules, a package's vendored
+    // copy of another): classified as the public one when that one is
+    // known.
+    for public in [public_module(module, name), vendored(module)]
+        .into_iter()
+        .flatten()
+    {
+        let known = classify_as_named(public, name);
         if known != GlobalClass::Unknown {
             return known;
         }
     }
+    classify_as_named(module, name)
+}
+
+/// Classify `module.name` by the names as they are.
+fn classify_as_named(module: &str, name: &str) -> GlobalClass {
     if let Some(d) = dangerous(module, name) {
         GlobalClass::Dangerous(d)
     } else if torch_allows(module, name) {
@@ -1256,6 +1312,39 @@ mod tests {
         ] {
             assert_eq!(classify(m, n), GlobalClass::Dangerous(d), "{m}.{n}");
         }
+        // Vendored copies are their originals; classes that act on what
+        // their state names when iterated, printed or collected.
+        for (m, n, d) in [
+            ("typer._click.utils", "LazyFile", Danger::Process),
+            ("pip._vendor.requests.api", "get", Danger::Network),
+            ("somepkg._vendor.requests.api", "get", Danger::Network),
+            ("a._vendor.b.vendor.shutil", "rmtree", Danger::FileSystem),
+            (
+                "torch.utils.data.datapipes.iter.fileopener",
+                "FileOpenerIterDataPipe",
+                Danger::FileSystem,
+            ),
+            (
+                "lightning_utilities.core.imports",
+                "RequirementCache",
+                Danger::Import,
+            ),
+            (
+                "lightning_utilities.core.imports",
+                "LazyModule",
+                Danger::Import,
+            ),
+            (
+                "torch.profiler.profiler",
+                "ExecutionTraceObserver",
+                Danger::FileSystem,
+            ),
+            ("torch.cuda.gds", "GdsFile", Danger::FileSystem),
+        ] {
+            assert_eq!(classify(m, n), GlobalClass::Dangerous(d), "{m}.{n}");
+        }
+        assert_eq!(classify("mypkg.vendor", "Thing"), GlobalClass::Unknown);
+        assert_eq!(classify("_click", "Thing"), GlobalClass::Unknown);
         // Their harmless neighbours stay as they were.
         assert_eq!(classify("yaml", "safe_load"), GlobalClass::Unknown);
         assert_eq!(
