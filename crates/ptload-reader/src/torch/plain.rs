@@ -84,12 +84,10 @@ enum V {
 struct DictMade {
     /// Items set so far.
     len: usize,
-    /// Entries of `Reader::items_set` whose value is a tensor.
+    /// Whether an item's value is a tensor.
     tensors: bool,
     /// Whether an item's value is not a tensor.
     values: bool,
-    /// Whether BUILD gave it a state (the root's `_metadata`).
-    stated: bool,
 }
 
 /// A tensor the rebuild made, before a key names it.
@@ -684,11 +682,11 @@ impl<'a> Reader<'a, '_> {
         let V::Dict(s) = state else {
             return Err(GiveUp);
         };
-        if s == target || self.dicts.get(s as usize).is_some_and(|d| d.tensors) {
+        // The state is kept by the general path, never named: it may
+        // hold no tensors (nor be the dict it is set on).
+        if s == target || self.dicts.get(s as usize).is_none_or(|d| d.tensors) {
             return Err(GiveUp);
         }
-        let dict = self.dicts.get_mut(target as usize).ok_or(GiveUp)?;
-        dict.stated = true;
         Ok(())
     }
 
