@@ -114,8 +114,12 @@ const CANCEL_EVERY: u64 = 1 << 12;
 /// here.
 const WORK_PER_BYTE: u64 = 16;
 
-/// The most values or tensors room is made for before the pickle runs.
+/// The most values room is made for before the pickle runs.
 const RESERVE_MAX: usize = 1 << 20;
+
+/// The most tensors room is made for before the pickle runs (each takes
+/// a few hundred bytes across the lists).
+const TENSORS_RESERVE_MAX: usize = 1 << 18;
 
 struct Reader<'a, 'c> {
     data: &'a [u8],
@@ -165,7 +169,7 @@ pub(crate) fn read(
     // tensor per storage record (each record is a storage; the archive's
     // records are bounded by its bytes), and by the pickle's length what
     // torch's pickles spend per value; larger pickles grow from there.
-    let tensors = records.min(pickle.len() / 16).min(RESERVE_MAX);
+    let tensors = records.min(pickle.len() / 16).min(TENSORS_RESERVE_MAX);
     let values = (pickle.len() / 8).min(RESERVE_MAX);
     let mut r = Reader {
         data: pickle,
