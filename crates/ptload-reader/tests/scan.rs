@@ -2095,11 +2095,50 @@ fn tar_links_are_followed_as_tarfile_follows_them() {
         ("pickle", b'0', "", empty),
     ]);
     let report = scan_bytes(&outside, &Limits::default());
-    assert_eq!(report.verdict(), Ambiguous, "{report:#?}");
     assert!(report
         .ambiguities
         .iter()
         .any(|a| a.what.contains("/proc/self/fd/3")));
+    // torch extracts `storages` and `tensors` to disk before reading them:
+    // a link among them is made there (a hard link's target gets the
+    // header's mode, time and owner; a symbolic link is unpickled from
+    // wherever it points), whatever member bears the target's name.
+    assert_eq!(report.verdict(), Dangerous, "{report:#?}");
+    for (member, kind, link) in [
+        ("storages", b'1', "../../victim"),
+        ("tensors", b'1', "/etc/victim"),
+        ("tensors", b'2', "../staged.bin"),
+    ] {
+        let mut members: Vec<(&str, u8, &str, &[u8])> = vec![
+            (link, b'0', "", b"\x80\x02K\x00."),
+            ("sys_info", b'0', "", empty),
+            ("storages", b'0', "", b"\x80\x02K\x00."),
+            ("tensors", b'0', "", b"\x80\x02K\x00."),
+            ("pickle", b'0', "", empty),
+        ];
+        if let Some(m) = members.iter_mut().find(|m| m.0 == member) {
+            *m = (member, kind, link, b"");
+        }
+        let report = scan_bytes(&tar(&members), &Limits::default());
+        assert_eq!(
+            report.verdict(),
+            Dangerous,
+            "{member} -> {link}: {report:#?}"
+        );
+        assert!(
+            report.effects.iter().any(|e| e.record == member),
+            "{report:#?}"
+        );
+    }
+    // `pickle` and `sys_info` are read from the archive, not extracted: a
+    // link there reads the member it names, as before.
+    let read = tar(&[
+        ("other", b'0', "", empty),
+        ("sys_info", b'0', "", empty),
+        ("pickle", b'1', "other", b""),
+    ]);
+    let report = scan_bytes(&read, &Limits::default());
+    assert!(report.effects.is_empty(), "{report:#?}");
 }
 
 /// `OpenOptions::refuse_at`: the open follows the scanner's verdict,

@@ -234,6 +234,16 @@ struct AmbiguityOut {
     what: String,
 }
 
+/// What torch's reading of the container does (a tar member it extracts
+/// that is a link).
+#[derive(Serialize)]
+struct EffectOut {
+    record: String,
+    offset: u64,
+    danger: &'static str,
+    what: String,
+}
+
 #[derive(Serialize)]
 struct FileScan {
     file: String,
@@ -247,6 +257,7 @@ struct FileScan {
     globals: Vec<GlobalOut>,
     pickles: Vec<PickleOut>,
     ambiguities: Vec<AmbiguityOut>,
+    effects: Vec<EffectOut>,
     notes: Vec<String>,
     error: Option<String>,
     /// For a URL: the bytes and requests the scan fetched.
@@ -265,6 +276,7 @@ impl FileScan {
             globals: Vec::new(),
             pickles: Vec::new(),
             ambiguities: Vec::new(),
+            effects: Vec::new(),
             notes: Vec::new(),
             error: Some(error),
             fetched: None,
@@ -427,6 +439,16 @@ fn file_scan(
                 what: a.what,
             })
             .collect(),
+        effects: report
+            .effects
+            .into_iter()
+            .map(|e| EffectOut {
+                record: e.record,
+                offset: e.offset,
+                danger: e.danger.name(),
+                what: e.what,
+            })
+            .collect(),
         notes: report.notes,
         error,
         fetched: None,
@@ -561,6 +583,13 @@ fn text(out: &mut impl Write, scans: &[FileScan]) -> CliResult<()> {
             };
             writeln!(out, "{line}  {} +{:#x}{unreached}", g.pickle, g.offset)?;
         }
+        for e in &s.effects {
+            writeln!(
+                out,
+                "! dangerous ({}): {} +{:#x}: {}",
+                e.danger, e.record, e.offset, e.what
+            )?;
+        }
         for a in &s.ambiguities {
             writeln!(
                 out,
@@ -633,6 +662,15 @@ fn sarif(scans: &[FileScan], fail_on: Level) -> serde_json::Value {
                     "global": g.global, "use": g.usage, "class": g.class,
                     "record": g.pickle, "recordOffset": g.offset, "reachable": g.reachable,
                 },
+            }));
+        }
+        for e in &s.effects {
+            results.push(json!({
+                "ruleId": "dangerous",
+                "level": severity(Some(Level::Dangerous)),
+                "message": { "text": format!("{} at byte {:#x}: {} ({})", e.record, e.offset, e.what, e.danger) },
+                "locations": [location(&s.file, &e.record, None, e.offset)],
+                "properties": { "record": e.record, "recordOffset": e.offset, "danger": e.danger },
             }));
         }
         for a in &s.ambiguities {

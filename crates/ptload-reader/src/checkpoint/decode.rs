@@ -65,6 +65,12 @@ fn refuse_at(report: &crate::scan::ScanReport, level: crate::scan::Level) -> Res
         .next()
         .or_else(|| {
             report
+                .effects
+                .first()
+                .map(|e| format!("{} ({} at offset {})", e.what, e.record, e.offset))
+        })
+        .or_else(|| {
+            report
                 .ambiguities
                 .first()
                 .map(|a| format!("{} ({} at offset {})", a.what, a.record, a.offset))

@@ -31,8 +31,8 @@ mod tensor_methods;
 
 pub(crate) use reach::scan_fetched;
 pub use reach::{
-    scan_bytes, scan_file, scan_ranged, scan_url, Ambiguity, GlobalUse, PickleSource, ScanReport,
-    ScannedPickle, Usage, Verdict,
+    scan_bytes, scan_file, scan_ranged, scan_url, Ambiguity, Effect, GlobalUse, PickleSource,
+    ScanReport, ScannedPickle, Usage, Verdict,
 };
 
 /// What a finding lets a file make happen when `torch.load` (with
@@ -241,6 +241,9 @@ const CODE_ROOTS: &[&str] = &[
     "torch.utils.cpp_extension",
     "torch.package",
     "torch.testing",
+    // triton compiles kernels and loads what it built; its cache
+    // managers make folders and files named by their arguments.
+    "triton",
     // Configuration that constructs any callable it names ('()' in
     // dictConfig) or evaluates what a socket sends (listen).
     "logging.config",
@@ -305,6 +308,9 @@ const FILE_ROOTS: &[&str] = &[
     "torch.utils.data.datapipes.iter.fileopener",
     "torch.utils.data.datapipes.iter.filelister",
     "torch.utils.data.datapipes.utils.common",
+    // `site`'s helpers: `license`'s printer reads the files its state
+    // names when printed, `exit` closes standard input.
+    "_sitebuiltins",
     // Finalizers that act on what their state names: the profiler's trace
     // observer gzips and removes files, a GDS file closes the descriptor
     // it holds.
@@ -340,6 +346,11 @@ const NETWORK_ROOTS: &[&str] = &[
     "websocket",
     "websockets",
     "paramiko",
+    // The socket frameworks of Python before 3.12; `asyncore`'s file
+    // wrapper closes the descriptor its state names when collected.
+    "asyncore",
+    "asynchat",
+    "socketserver",
 ];
 
 /// Modules whose callables import by name or change what imports find,
@@ -1340,6 +1351,13 @@ mod tests {
                 Danger::FileSystem,
             ),
             ("torch.cuda.gds", "GdsFile", Danger::FileSystem),
+            (
+                "triton.runtime.cache",
+                "FileCacheManager",
+                Danger::CodeExecution,
+            ),
+            ("_sitebuiltins", "_Printer", Danger::FileSystem),
+            ("asyncore", "file_wrapper", Danger::Network),
         ] {
             assert_eq!(classify(m, n), GlobalClass::Dangerous(d), "{m}.{n}");
         }

@@ -200,6 +200,22 @@ pub struct Ambiguity {
     pub what: String,
 }
 
+/// What torch's own reading of the container does beyond unpickling (a
+/// pre-1.0 tar checkpoint's members are extracted to disk): where and
+/// what, at a danger's level.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Effect {
+    /// The record it concerns.
+    pub record: String,
+    /// Byte offset in the file (the member's header).
+    pub offset: u64,
+    /// What kind of harm it can do.
+    pub danger: Danger,
+    /// What happens.
+    pub what: String,
+}
+
 /// The scanner's judgement of a file: its [`Level`], or unreadable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -265,6 +281,9 @@ pub struct ScanReport {
     /// Structure other readers read differently (each makes the file
     /// [`Level::Ambiguous`] at least).
     pub ambiguities: Vec<Ambiguity>,
+    /// What torch's reading of the container itself does (each makes the
+    /// file [`Level::Dangerous`]).
+    pub effects: Vec<Effect>,
     /// Problems with the container itself (a zip directory torch could not
     /// read either, ...).
     pub notes: Vec<String>,
@@ -279,7 +298,9 @@ impl ScanReport {
     pub fn level(&self) -> Level {
         let globals = self.pickles.iter().flat_map(|p| &p.globals);
         let level = globals.map(GlobalUse::level).max().unwrap_or(Level::Clean);
-        if self.ambiguities.is_empty() {
+        if !self.effects.is_empty() {
+            Level::Dangerous
+        } else if self.ambiguities.is_empty() {
             level
         } else {
             level.max(Level::Ambiguous)
@@ -1076,6 +1097,26 @@ impl Scanner<'_> {
                         "tar: the member's header names it {header_name:?}, and a PAX or GNU \
                          long-name record {:?}, which torch reads",
                         m.name
+                    ),
+                });
+            }
+            // torch extracts `storages` and `tensors` to a folder of its
+            // own (tarfile's `extract`, no filter) and reads them from
+            // there: a link among them is made on disk, a hard link to
+            // the file its target names (resolved from that folder, so
+            // `../` and absolute paths reach any file), whose mode, time
+            // and owner are then set from the member's header; a
+            // symbolic link makes torch unpickle whatever it points to.
+            // Whatever member of the archive bears the target's name.
+            if let (Some(link), "storages" | "tensors") = (&m.link, m.name.as_str()) {
+                self.report.effects.push(Effect {
+                    record: m.name.clone(),
+                    offset: m.header as u64,
+                    danger: Danger::FileSystem,
+                    what: format!(
+                        "tar: torch extracts this member, a link to {link:?}: it links that \
+                         path into its folder and sets the header's mode, time and owner \
+                         on it (a symbolic link is unpickled from wherever it points)"
                     ),
                 });
             }
