@@ -612,7 +612,7 @@ fn text(out: &mut impl Write, scans: &[FileScan]) -> CliResult<()> {
 /// What each SARIF rule stands for.
 fn rule_text(rule: &str) -> &'static str {
     match rule {
-        "dangerous" => "A global that runs code, spawns processes, touches files or the network, imports by name, or a gadget that reaches a call",
+        "dangerous" => "A global that runs code, spawns processes, touches files or the network, imports by name, or a gadget that reaches a call; or what torch's reading of the container does (a link among the tar members it extracts)",
         "ambiguous" => "Structure other readers read differently from torch (zip directory tricks, bad CRCs, a pickle that reads past its frame)",
         "unknown-call" => "A call of a callable outside the known-safe set",
         "needs-code" => "A class only constructed and filled: loading needs its code installed; not a payload",
