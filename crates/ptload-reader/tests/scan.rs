@@ -409,6 +409,24 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Ambiguous,
         Some(("a PAX or GNU long-name record", true)),
     ),
+    // Links among the members torch extracts to disk (torch_tar_links.json):
+    // a hard link's target gets the member's mode, a symbolic link's is
+    // unpickled, whatever the archive holds under the target's name.
+    (
+        "t_tarlink_hard_storages_relative.pt",
+        Dangerous,
+        Some(("torch extracts this member, a link", true)),
+    ),
+    (
+        "t_tarlink_hard_tensors_absolute.pt",
+        Dangerous,
+        Some(("torch extracts this member, a link", true)),
+    ),
+    (
+        "t_tarlink_symbolic_storages.pt",
+        Dangerous,
+        Some(("torch extracts this member, a link", true)),
+    ),
     // Names as torch's zip reader finds them, letter case aside
     // (torch_case.json): DATA.PKL is the pickle torch reads.
     (
@@ -848,6 +866,12 @@ fn check_finding(
         .map(|(g, reachable)| (g.path(), reachable))
         .collect();
     match finding {
+        // An effect of the container's reading: words of it.
+        Some((what, _)) if level == Level::Dangerous && findings.is_empty() => assert!(
+            report.effects.iter().any(|e| e.what.contains(what)),
+            "{name}: {what:?} not in {:?}",
+            report.effects
+        ),
         Some((what, _)) if level == Level::Ambiguous => assert!(
             report.ambiguities.iter().any(|a| a.what.contains(what)),
             "{name}: {what:?} not in {:?}",
@@ -2975,4 +2999,30 @@ fn objects_that_act_on_their_own_state_are_dangerous() {
     // A class of the same packages that only holds data stays as it was.
     let plain = pickle(&[&made("typer.models ParameterInfo", "default", &s("x"))]);
     assert_eq!(scan_bytes(&plain, &Limits::default()).verdict(), NeedsCode);
+}
+
+/// Pre-1.0 tar checkpoints whose `storages` or `tensors` member is a link
+/// (`tests/scan/torch_tar_links.json`, torch 2.15 run on each): torch
+/// extracted it to disk, so a hard link's target got the member's mode and
+/// was read, and a symbolic link's target was unpickled, though the
+/// archive holds a member of the target's name. Each is dangerous, by an
+/// effect on that member.
+#[test]
+fn links_among_the_tar_members_torch_extracts_are_dangerous() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_tar_links.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = doc.as_object().unwrap();
+    assert_eq!(files.len(), 3);
+    for (name, facts) in files {
+        assert_eq!(facts["target_unpickled"], true, "{name}: {facts}");
+        let path = root().join("tests/scan").join(name);
+        let report = scan_file(&path, &Limits::default(), false).unwrap();
+        assert_eq!(report.layout, "tar", "{name}");
+        assert_eq!(report.verdict(), Dangerous, "{name}: {report:#?}");
+        let member = facts["member"].as_str().unwrap();
+        assert!(
+            report.effects.iter().any(|e| e.record == member),
+            "{name}: {report:#?}"
+        );
+    }
 }
