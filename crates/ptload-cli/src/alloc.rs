@@ -9,9 +9,43 @@
 //! peak (docs/benchmarks.md, "Reading a URL in bounded memory").
 //! [`give_back_at_once`] makes freed memory go back at once, for the rest
 //! of the process; the commands call it once a ranged source is open.
+//!
+//! The process runs without transparent huge pages. Where the system
+//! hands them out (`always`, or `madvise`, which mimalloc asks for), the
+//! first touch of an arena zeroes 2 MiB: a quarter of a small command's
+//! time went to clearing two of them before `main`, and a third of
+//! `inspect` of a 500 MB state dict (docs/benchmarks.md, "The process's
+//! start"). The open's allocations no longer fill enough memory for the
+//! fewer page faults to pay that back, and the big transfers read mapped
+//! files or pinned buffers, which the setting does not touch.
+//! `MIMALLOC_ALLOW_THP`, when set, decides instead.
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Runs before `main`, after mimalloc's own start (a constructor of
+/// higher priority) and before its first arena is touched (the runtime's
+/// first allocation, in `lang_start`).
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".init_array"]
+static NO_HUGE_PAGES: extern "C" fn() = no_huge_pages;
+
+/// Turns transparent huge pages off for the process, unless the user
+/// chose with `MIMALLOC_ALLOW_THP` (read by mimalloc, which turns them off
+/// itself for 0). Allocates nothing: an allocation here would touch the
+/// arena first.
+#[cfg(target_os = "linux")]
+extern "C" fn no_huge_pages() {
+    // SAFETY: getenv reads the environment with a NUL-terminated name,
+    // before any other thread exists; prctl with PR_SET_THP_DISABLE only
+    // sets a flag of this process's memory.
+    unsafe {
+        if libc::getenv(c"MIMALLOC_ALLOW_THP".as_ptr()).is_null() {
+            libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        }
+    }
+}
 
 /// mimalloc's major version whose option numbers are below.
 const MAJOR: i32 = 3;
@@ -59,6 +93,19 @@ fn purge_delay() -> std::os::raw::c_long {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The constructor ran: the process's memory takes no huge pages.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn huge_pages_are_off() {
+        if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
+            eprintln!("MIMALLOC_ALLOW_THP is set: the user's choice holds");
+            return;
+        }
+        // SAFETY: PR_GET_THP_DISABLE only reads the flag.
+        let off = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+        assert_eq!(off, 1);
+    }
 
     /// A mimalloc update that renumbers its options or changes the
     /// default fails here, instead of silently setting another option or
