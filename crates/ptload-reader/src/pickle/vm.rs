@@ -273,6 +273,21 @@ impl<'l> Vm<'l> {
     }
 
     /// Run the pickle starting at `start` in `data`, to its STOP.
+    /// Count `n` opcodes run by another reader of the same file (the
+    /// plain state dict's, `torch/plain.rs`) against [`Limits::max_opcodes`],
+    /// as if this machine had run them. False, counting nothing, when they
+    /// would pass the limit: this machine then runs them and stops where
+    /// it does.
+    pub(crate) fn count_opcodes(&mut self, n: u64) -> bool {
+        match self.opcodes.checked_add(n) {
+            Some(total) if total <= self.limits.max_opcodes => {
+                self.opcodes = total;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn run<I: Interpreter>(
         &mut self,
         heap: &mut Heap,

@@ -29,6 +29,8 @@ mod reach;
 mod stdlib;
 mod tensor_methods;
 
+#[cfg(test)]
+pub(crate) use reach::scan_bytes_general;
 pub(crate) use reach::scan_fetched;
 pub use reach::{
     scan_bytes, scan_file, scan_ranged, scan_url, Ambiguity, Effect, GlobalUse, PickleSource,

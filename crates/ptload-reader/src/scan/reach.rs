@@ -370,6 +370,19 @@ pub fn scan_url(url: &str, limits: &Limits) -> Result<(ScanReport, (u64, u64))> 
 /// is not fetched is noted as missed (see `ranged`), and a pickle stream
 /// that ran out of fetched bytes asks for more.
 fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
+    scan_view_with(view, limits, true)
+}
+
+/// [`scan_bytes`] with the general machine for every pickle: what the
+/// shortcut for plain state dicts must report alike.
+#[cfg(test)]
+pub(crate) fn scan_bytes_general(data: &[u8], limits: &Limits) -> ScanReport {
+    scan_view_with(FileView::Whole(data), limits, false)
+}
+
+/// [`scan_view`], with `plain` whether a zip's pickles are first tried as
+/// plain state dicts ([`Scanner::plain_pickle`]).
+fn scan_view_with(view: FileView<'_>, limits: &Limits, plain: bool) -> ScanReport {
     let mut vm = Vm::new(limits, StringEncoding::Bytes);
     vm.read_short_frames = true;
     vm.lone_surrogates = true;
@@ -380,6 +393,7 @@ fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
         nested: Vec::new(),
         ran_out: false,
         result_used: false,
+        plain,
     };
     let head = view.up_to(0, 512);
     let safetensors =
@@ -482,6 +496,8 @@ struct Scanner<'l> {
     /// The next pickle's result is a value torch's loader itself uses as
     /// data (a legacy header: compared, iterated), not one it returns.
     result_used: bool,
+    /// Whether a zip entry's pickle is first read as a plain state dict.
+    plain: bool,
 }
 
 impl Scanner<'_> {
@@ -500,8 +516,65 @@ impl Scanner<'_> {
             }
         } else {
             let source = PickleSource::Entry(entry.name.to_owned());
-            self.run(bytes, 0, source, reach, 0, base);
+            if !self.plain_pickle(bytes, &source, reach, base) {
+                self.run(bytes, 0, source, reach, 0, base);
+            }
         }
+    }
+
+    /// Record `bytes` as the general machine would, when they are a plain
+    /// state dict's pickle (`torch/plain.rs`: torch's rebuild of tensors
+    /// from its storage classes, in a dict or an `OrderedDict`, with an
+    /// `nn.Module`'s `_metadata`). Such a pickle calls only those, makes
+    /// no object whose methods run, holds no bytes and stays within the
+    /// limits with room: all the general machine records of it is its
+    /// globals, each called or referenced. False, recording nothing, for
+    /// any other pickle (the general machine then runs it); tests compare
+    /// both on every fixture and on damaged copies.
+    fn plain_pickle(
+        &mut self,
+        bytes: &[u8],
+        source: &PickleSource,
+        reachable: bool,
+        base: Option<u64>,
+    ) -> bool {
+        if !self.plain || self.report.pickles.len() >= MAX_PICKLES {
+            return false;
+        }
+        let record = source.to_string();
+        let cancel = self.vm.cancel.as_deref();
+        let Ok(Some(plain)) =
+            crate::torch::plain::read(bytes, (&record, "", 0), self.limits, cancel)
+        else {
+            return false;
+        };
+        if !self.vm.count_opcodes(plain.opcodes) {
+            return false;
+        }
+        let globals = plain
+            .globals
+            .into_iter()
+            .map(|g| GlobalUse {
+                class: classify(&g.module, &g.name),
+                usage: if g.called {
+                    Usage::Called
+                } else {
+                    Usage::Referenced
+                },
+                offset: g.offset,
+                module: g.module,
+                name: g.name,
+            })
+            .collect();
+        self.report.pickles.push(ScannedPickle {
+            source: source.clone(),
+            reachable,
+            base,
+            globals,
+            complete: true,
+            error: None,
+        });
+        true
     }
 
     /// Run one pickle of `data` from `start`; record it; return its end and

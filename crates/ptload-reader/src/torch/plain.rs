@@ -44,6 +44,8 @@ pub(crate) struct Plain {
     pub(crate) protocol: u8,
     /// Work done, counted as the general machine counts it or more.
     pub(crate) work: u64,
+    /// Opcodes run, to STOP.
+    pub(crate) opcodes: u64,
 }
 
 /// The globals the shape uses.
@@ -220,7 +222,7 @@ pub(crate) fn read(
         return Ok(None);
     }
     match r.finish(root) {
-        Ok(plain) => Ok(Some(plain)),
+        Ok(plain) => Ok(Some(Plain { opcodes, ..plain })),
         Err(GiveUp) => Ok(None),
     }
 }
@@ -845,6 +847,7 @@ impl<'a> Reader<'a, '_> {
             globals: self.globals,
             protocol: self.protocol,
             work: self.work,
+            opcodes: 0,
         })
     }
 }
