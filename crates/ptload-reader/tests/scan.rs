@@ -13,6 +13,24 @@ use std::path::{Path, PathBuf};
 use ptload_reader::scan::{scan_file, Level, Verdict};
 use ptload_reader::Limits;
 
+/// BINUNICODE of `text`.
+fn s(text: &str) -> Vec<u8> {
+    let mut out = b"X".to_vec();
+    out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+    out
+}
+
+/// A protocol 2 pickle of `parts`, ended by STOP.
+fn pickle(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = b"\x80\x02".to_vec();
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    out.push(b'.');
+    out
+}
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -1427,20 +1445,6 @@ fn a_shadow_data_pkl_in_local_headers_is_reported_not_reached() {
 fn enum_lookups_and_plain_getitem_are_data_and_nothing_else_is() {
     const ENUM: &[u8] = b"ctorchvision.transforms.functional\nInterpolationMode\n";
     const GETITEM: &[u8] = b"coperator\ngetitem\n";
-    let pickle = |parts: &[&[u8]]| {
-        let mut out = b"\x80\x02".to_vec();
-        for p in parts {
-            out.extend_from_slice(p);
-        }
-        out.push(b'.');
-        out
-    };
-    let s = |text: &str| {
-        let mut out = b"X".to_vec();
-        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
-        out.extend_from_slice(text.as_bytes());
-        out
-    };
     let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
         // Plain data.
         (
@@ -1787,20 +1791,6 @@ fn state_changes_made_classes_and_answered_lookups_are_caught() {
 #[test]
 fn callables_without_an_entry_are_judged_by_what_they_are_given_and_named() {
     use ptload_reader::scan::scan_bytes;
-    let s = |text: &str| {
-        let mut out = b"X".to_vec();
-        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
-        out.extend_from_slice(text.as_bytes());
-        out
-    };
-    let pickle = |parts: &[&[u8]]| {
-        let mut out = b"\x80\x02".to_vec();
-        for p in parts {
-            out.extend_from_slice(p);
-        }
-        out.push(b'.');
-        out
-    };
     // A dict key that is a chain of 12 objects of a class the scanner
     // does not know, each holding the next, the last a partial: hashing
     // the key runs its methods, and the walk of what is used follows it
@@ -2443,12 +2433,6 @@ fn a_padded_object_fails_closed() {
 /// shapes torch ran in a blind corpus).
 #[test]
 fn finalizers_that_remove_what_their_state_names_are_dangerous() {
-    let s = |text: &str| {
-        let mut out = b"X".to_vec();
-        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
-        out.extend_from_slice(text.as_bytes());
-        out
-    };
     for (class, key) in [
         ("numpy.lib._datasource\nDataSource\n", "_destpath"),
         ("numpy.lib._datasource\nRepository\n", "_destpath"),
@@ -2576,12 +2560,6 @@ fn tar_number_fields_read_as_tarfile_reads_them() {
 #[test]
 fn calls_of_the_tenth_corpus_classes_are_found() {
     use ptload_reader::scan::scan_bytes;
-    let s = |text: &str| {
-        let mut out = b"X".to_vec();
-        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
-        out.extend_from_slice(text.as_bytes());
-        out
-    };
     let partial = b"cfunctools\npartial\ncsomepkg\nsink\n\x85R".to_vec();
     // `somepkg.Thing()` filled with `{name: partial(sink)}`.
     let thing = |name: &str| {
@@ -2589,14 +2567,6 @@ fn calls_of_the_tenth_corpus_classes_are_found() {
         out.extend(s(name));
         out.extend(&partial);
         out.extend(b"sb");
-        out
-    };
-    let pickle = |parts: &[&[u8]]| {
-        let mut out = b"\x80\x02".to_vec();
-        for p in parts {
-            out.extend_from_slice(p);
-        }
-        out.push(b'.');
         out
     };
     let node = thing("node");
@@ -2929,20 +2899,6 @@ fn calls_of_the_tenth_corpus_classes_are_found() {
 #[test]
 fn objects_that_act_on_their_own_state_are_dangerous() {
     use ptload_reader::scan::scan_bytes;
-    let s = |text: &str| {
-        let mut out = b"X".to_vec();
-        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
-        out.extend_from_slice(text.as_bytes());
-        out
-    };
-    let pickle = |parts: &[&[u8]]| {
-        let mut out = b"\x80\x02".to_vec();
-        for p in parts {
-            out.extend_from_slice(p);
-        }
-        out.push(b'.');
-        out
-    };
     // `cls.__new__(cls)` filled with `{field: value}`: no callable given,
     // the class's own code acts on the strings and numbers.
     let made = |class: &str, field: &str, value: &[u8]| {
