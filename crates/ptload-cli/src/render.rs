@@ -493,8 +493,13 @@ pub(crate) fn json(
         more_objects: stream.more_objects,
         trailing: stream.trailing,
     };
-    serde_json::to_writer(&mut *out, &doc)?;
-    writeln!(out)?;
+    // serde_json writes a token at a time: into a buffer here, where the
+    // writes are inlined, instead of each through the caller's writer
+    // (a `dyn Write` for `inspect`).
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 16, &mut *out);
+    serde_json::to_writer(&mut buffered, &doc)?;
+    writeln!(buffered)?;
+    buffered.flush()?;
     Ok(())
 }
 
