@@ -190,6 +190,15 @@ const PROCESS_ROOTS: &[&str] = &[
     "torch.utils.collect_env",
     // click's launch, edit and pager start programs.
     "click",
+    // torch's launchers and elastic agents start worker processes.
+    "torch.distributed.elastic",
+    "torch.distributed.launch",
+    "torch.distributed.launcher",
+    "torch.distributed.run",
+    // mailcap's `findmatch` runs the `test` commands of the entries it is
+    // given; torch's memory visualizer fetches and runs a script.
+    "mailcap",
+    "torch.cuda._memory_viz",
 ];
 
 /// Modules whose callables run code: evaluators, unpicklers, installers,
@@ -243,6 +252,31 @@ const CODE_ROOTS: &[&str] = &[
     "torch.utils.cpp_extension",
     "torch.package",
     "torch.testing",
+    // A remote module's class is generated from a template filled with
+    // the file's text and executed.
+    "torch.distributed.nn.jit",
+    // unittest's program imports the modules it is named and runs their
+    // tests (then exits); its loader imports by name.
+    "unittest",
+    // mpmath's `identify` evaluates the constants it is given as
+    // expressions.
+    "mpmath.identification",
+    // Deserializers and loaders in torch and beside it (a survey of the
+    // installed packages' callables that unpickle, evaluate or load code
+    // from their arguments): exported artifacts, compiler repros, model
+    // dumps, schemas inferred from string annotations, pydantic's old
+    // parsers (pickle allowed), Lightning's CLI (imports and calls any
+    // class path), torchgen, a vendored kernel compiler's workers.
+    "torch._export.serde",
+    "torch._functorch.compilers",
+    "torch.utils.model_dump",
+    "torch._library.infer_schema",
+    "pydantic.deprecated.parse",
+    "pydantic.v1.parse",
+    "pytorch_lightning.cli",
+    "lightning.pytorch.cli",
+    "torchgen",
+    "quack",
     // triton compiles kernels and loads what it built; its cache
     // managers make folders and files named by their arguments.
     "triton",
@@ -318,6 +352,11 @@ const FILE_ROOTS: &[&str] = &[
     // it holds.
     "torch.profiler",
     "torch.cuda.gds",
+    // numpy's data sources open (and create, truncating) the paths they
+    // are given.
+    "numpy.lib._datasource",
+    // cgitb's hook writes its report into the folder it is given.
+    "cgitb",
 ];
 
 /// Modules whose callables reach the network.
@@ -353,6 +392,17 @@ const NETWORK_ROOTS: &[&str] = &[
     "asyncore",
     "asynchat",
     "socketserver",
+    // torch's rendezvous (a `file://` store creates its file, `tcp://`
+    // listens) and its RPC and remote modules.
+    "torch.distributed.rendezvous",
+    "torch.distributed.rpc",
+    "torch.distributed.nn.api.remote_module",
+    // The Hub's downloads, and SAX's input sources (opened as URLs).
+    "huggingface_hub.file_download",
+    "huggingface_hub._snapshot_download",
+    "huggingface_hub.hf_api",
+    "huggingface_hub.fastai_utils",
+    "xml.sax",
 ];
 
 /// Modules whose callables import by name or change what imports find,
@@ -364,6 +414,16 @@ const IMPORT_ROOTS: &[&str] = &[
     // tested, printed or looked into (`RequirementCache`, `LazyModule`).
     "lightning_utilities.core.imports",
     "transformers.utils.import_utils",
+    // torch's checks of optional modules import the name they are given;
+    // lazy loaders import it when the result is used.
+    "torch.utils._import_utils",
+    "networkx.lazy_imports",
+    "lazy_loader",
+    // importlib's own machinery under the names its objects report, and
+    // the C part of `imp` (extension modules by path).
+    "_frozen_importlib",
+    "_frozen_importlib_external",
+    "_imp",
     "importlib",
     "imp",
     "pkgutil",
@@ -398,6 +458,8 @@ const IMPORTERS_BY_NAME: &[&str] = &[
     // Lazy modules import the module they name on first attribute lookup
     // (BUILD's `__setstate__` lookup is one), requirement caches when
     // tested or printed: torch's, ONNX's, transformers', Lightning's.
+    "lazy_import",
+    "_lazy_import",
     "LazyModule",
     "_LazyModule",
     "LazyImporter",
@@ -527,6 +589,11 @@ pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
     const CODE: &[&str] = &[
         "eval",
         "evaluate",
+        "deserialize",
+        "deserialise",
+        "unpickle",
+        "unmarshal",
+        "dlopen",
         "exec",
         "execute",
         "compile",
@@ -554,6 +621,12 @@ pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
         "telnet",
         "webhook",
         "url",
+        "tcp",
+        "udp",
+        "listener",
+        "pretrained",
+        "hub",
+        "ffmpeg",
     ];
     const FILES: &[&str] = &[
         "write",
@@ -587,6 +660,8 @@ pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
         "cache",
         "cached",
         "persist",
+        "rotate",
+        "offload",
     ];
     let words = words(name);
     let has = |list: &[&str]| words.iter().any(|w| list.contains(&w.as_str()));
@@ -595,6 +670,37 @@ pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
         && words.iter().any(|w| matches!(w.as_str(), "file" | "disk"))
     {
         return Some(Danger::FileSystem);
+    }
+    // `open`, and readers of files by their words (`load_from_file`,
+    // `read_file`, `open_files`): they open the path they are given.
+    if name == "open" || (has(&["file", "files"]) && has(&["load", "read", "open"])) {
+        return Some(Danger::FileSystem);
+    }
+    // A bare `load` or `loads`, and loaders of state, checkpoints, bytes,
+    // modules or libraries (`load_state_dict`, `_load_state`,
+    // `load_str_bytes`, `load_by_path`, `_preload_lib`): deserializers,
+    // which unpickle or run what they are given.
+    let loads = has(&["load", "loads", "preload"]);
+    if loads
+        && (words.len() == 1
+            || has(&[
+                "state",
+                "checkpoint",
+                "bytes",
+                "str",
+                "path",
+                "module",
+                "source",
+                "compiled",
+                "dynamic",
+                "package",
+                "lib",
+                "library",
+                "pickle",
+                "artifact",
+            ]))
+    {
+        return Some(Danger::CodeExecution);
     }
     [
         (PROCESS, Danger::Process),
@@ -781,6 +887,48 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
     if module == "torch.multiprocessing.reductions" && name == "StorageWeakRef" {
         return Some(Some(Gadget));
     }
+    // torch's process starters, and its rebuilds of storages shared
+    // between processes (they open the descriptors and shared memory the
+    // arguments name).
+    if under(module, "torch.multiprocessing") {
+        return Some(Some(Process));
+    }
+    if let Some(danger) = distributed(module, name) {
+        return Some(danger);
+    }
+    // Single callables a survey of the installed packages found: native
+    // libraries loaded by path (pluggable allocators, torch's preload of
+    // CUDA libraries), a snapshot's stack traces unpickled, modules
+    // imported by name (torch's `_type`, pytree's enum hook and
+    // defaultdict decoder, warnings' option parser, numpy's `info` and
+    // `lookfor`), files written or opened (argparse's `FileType`,
+    // nvprof traces read through sqlite, which creates the file).
+    if name.ends_with("PluggableAllocator")
+        || (module == "torch" && name == "_preload_cuda_lib")
+        || (module == "torch._utils" && name == "_augment_memory_snapshot_stack_traces")
+    {
+        return Some(Some(CodeExecution));
+    }
+    if (module == "torch._utils" && name == "_type")
+        || (module == "torch.utils._pytree"
+            && matches!(name, "enum_object_hook" | "_defaultdict_deserialize"))
+        || (module == "warnings" && name == "_setoption")
+        || (module == "numpy" && matches!(name, "info" | "lookfor"))
+    {
+        return Some(Some(Import));
+    }
+    if (module == "argparse" && name == "FileType")
+        || (module == "torch.autograd.profiler" && name == "load_nvprof")
+    {
+        return Some(Some(FileSystem));
+    }
+    // pygments' loaders of a lexer or formatter from a file execute it;
+    // mpmath's `identify` (re-exported) evaluates its constants.
+    if (under(module, "pygments") && name.starts_with("load_") && name.ends_with("_from_file"))
+        || (under(module, "mpmath") && name == "identify")
+    {
+        return Some(Some(CodeExecution));
+    }
     // Writers of files by effect, from torch and the libraries beside it:
     // the profiler's trace handler (writes a trace into the folder it is
     // given), hipify (rewrites a source tree), torch's logging set-up
@@ -843,6 +991,46 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
         return Some(Some(CodeExecution));
     }
     None
+}
+
+/// torch.distributed's own namespace and its process groups' modules:
+/// stores (a `FileStore` creates its file, a `TCPStore` listens), process
+/// groups and rendezvous reach the network; the object collectives
+/// (`broadcast_object_list`, `_tensor_to_object`...) unpickle the bytes a
+/// tensor holds; `breakpoint` starts a debugger. Their errors, option
+/// structs and names of backends and operations are data (`Some(None)`:
+/// judged as any unknown global). `None` for other modules: the tensor,
+/// mesh and checkpoint-metadata types under `torch.distributed` are
+/// classes a checkpoint holds.
+fn distributed(module: &str, name: &str) -> Option<Option<Danger>> {
+    if !matches!(
+        module,
+        "torch.distributed" | "torch.distributed.distributed_c10d" | "torch._C._distributed_c10d"
+    ) {
+        return None;
+    }
+    let words = words(name);
+    if words.iter().any(|w| w == "object") {
+        return Some(Some(Danger::CodeExecution));
+    }
+    if name == "breakpoint" || name == "_make_distributed_pdb" {
+        return Some(Some(Danger::CodeExecution));
+    }
+    let data = name.ends_with("Error")
+        || name.ends_with("Options")
+        || matches!(
+            name,
+            "Backend"
+                | "BackendConfig"
+                | "ReduceOp"
+                | "_reduce_op"
+                | "DebugLevel"
+                | "GroupMember"
+                | "group"
+                | "BuiltinCommHookType"
+                | "is_available"
+        );
+    Some((!data).then_some(Danger::Network))
 }
 
 /// The call-anything gadgets of `operator` and `functools`.
