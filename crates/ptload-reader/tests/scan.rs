@@ -820,6 +820,50 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("functools.reduce", true)),
     ),
+    // Callables a nineteenth blind corpus ran, each called by a state
+    // dict's extra value; torch_callables.json records what each did
+    // under torch.
+    (
+        "cb_filestore.pt",
+        Dangerous,
+        Some(("torch._C._distributed_c10d.FileStore", true)),
+    ),
+    (
+        "cb_tcpstore.pt",
+        Dangerous,
+        Some(("torch._C._distributed_c10d.TCPStore", true)),
+    ),
+    (
+        "cb_tensor_to_object.pt",
+        Dangerous,
+        Some(("torch.distributed.distributed_c10d._tensor_to_object", true)),
+    ),
+    (
+        "cb_start_processes.pt",
+        Dangerous,
+        Some(("torch.multiprocessing.spawn.start_processes", true)),
+    ),
+    (
+        "cb_unittest_program.pt",
+        Dangerous,
+        Some(("unittest.main.TestProgram", true)),
+    ),
+    (
+        "cb_check_module_exists.pt",
+        Dangerous,
+        Some(("torch.utils._import_utils._check_module_exists", true)),
+    ),
+    (
+        "cb_datasource_open.pt",
+        Dangerous,
+        Some(("numpy.lib._datasource.open", true)),
+    ),
+    ("cb_mpmath_identify.pt", Dangerous, Some(("mpmath.identify", true))),
+    (
+        "cb_pygments_lexer.pt",
+        Dangerous,
+        Some(("pygments.lexers.load_lexer_from_file", true)),
+    ),
     (
         "ss_additems_object.pkl",
         Dangerous,
@@ -2480,6 +2524,176 @@ fn callables_of_a_known_effect_are_dangerous_when_called() {
         let report = ptload_reader::scan::scan_bytes(&p, &Limits::default());
         assert!(report.pickles[0].complete, "{global}: {report:#?}");
         assert_eq!(report.verdict(), Dangerous, "{global:?}: {report:#?}");
+    }
+}
+
+/// The callables a nineteenth blind corpus ran under torch 2.15 (each
+/// called with a string), by what they do: torch.distributed's stores,
+/// rendezvous and process groups (files, sockets), its object collectives
+/// (unpickle a tensor's bytes) and remote-module templates (exec), torch's
+/// process starters, unittest's program and loader, torch's and
+/// networkx's importers by name, numpy's data source `open`, mpmath's
+/// `identify` and pygments' loaders from files (eval, exec); and, by their
+/// words, `open` and readers of files. torch.distributed's data (its
+/// errors, backends, option structs) and the tensor and checkpoint types
+/// under it are not dangerous.
+#[test]
+fn callables_of_the_nineteenth_corpus_are_dangerous_when_called() {
+    let call = |global: &str| {
+        let mut p = b"\x80\x02c".to_vec();
+        p.extend_from_slice(global.as_bytes());
+        p.extend_from_slice(b"X\x01\x00\x00\x00x\x85R.");
+        let report = ptload_reader::scan::scan_bytes(&p, &Limits::default());
+        assert!(report.pickles[0].complete, "{global}: {report:#?}");
+        report.verdict()
+    };
+    for global in [
+        "torch.distributed\nFileStore\n",
+        "torch.distributed\nTCPStore\n",
+        "torch.distributed\ninit_process_group\n",
+        "torch._C._distributed_c10d\nFileStore\n",
+        "torch.distributed.distributed_c10d\n_tensor_to_object\n",
+        "torch.distributed.distributed_c10d\nbroadcast_object_list\n",
+        "torch.distributed.rendezvous\nrendezvous\n",
+        "torch.distributed.nn.jit.instantiator\n_do_instantiate_remote_module_template\n",
+        "torch.distributed.elastic.multiprocessing\nstart_processes\n",
+        "torch.multiprocessing\nstart_processes\n",
+        "torch.multiprocessing.spawn\nstart_processes\n",
+        "unittest\nTestProgram\n",
+        "unittest.loader\nTestLoader\n",
+        "torch.utils._import_utils\n_check_module_exists\n",
+        "networkx.lazy_imports\n_lazy_import\n",
+        "somepkg.lazy\nlazy_import\n",
+        "numpy.lib._datasource\nopen\n",
+        "mpmath\nidentify\n",
+        "mpmath.identification\nidentify\n",
+        "pygments.lexers\nload_lexer_from_file\n",
+        "pygments.formatters\nload_formatter_from_file\n",
+        "somepkg.io\nopen\n",
+        "somepkg.config\nload_from_file\n",
+        "somepkg.config\nreadFiles\n",
+    ] {
+        assert_eq!(call(global), Dangerous, "{global:?}");
+    }
+    for global in [
+        "torch.distributed.distributed_c10d\nBackend\n",
+        "torch.distributed\nDistBackendError\n",
+        "torch.distributed\nAllreduceOptions\n",
+        "torch.distributed.tensor.placement_types\nShard\n",
+        "torch.distributed.checkpoint.metadata\nChunkStorageMetadata\n",
+        "somepkg.models\nOpenAIGPTConfig\n",
+    ] {
+        assert_ne!(call(global), Dangerous, "{global:?}");
+    }
+}
+
+/// Callables a survey of the installed packages found to unpickle,
+/// evaluate, load native code, import, start processes, reach the network
+/// or write files from the arguments they are given (each confirmed by
+/// running it or reading its code), whatever module or words name them.
+#[test]
+fn callables_a_survey_found_are_dangerous_when_called() {
+    for global in [
+        "torch.serialization\nload\n",
+        "torch.storage\n_load_from_bytes\n",
+        "torch._functorch.compilers\nget_inputs\n",
+        "torch._utils\n_augment_memory_snapshot_stack_traces\n",
+        "torch.utils.data.datapipes.utils.decoder\nbasichandlers\n",
+        "torch._library.infer_schema\ninfer_schema\n",
+        "torch.utils.model_dump\nget_model_info\n",
+        "torch._export.serde.serialize\ndeserialize_torch_artifact\n",
+        "torch._vendor.quack.cache.async_compile\n_pool_worker\n",
+        "torch.cuda.memory\nCUDAPluggableAllocator\n",
+        "torch.xpu.memory\nXPUPluggableAllocator\n",
+        "torch\n_preload_cuda_lib\n",
+        "numpy.lib._npyio_impl\nload\n",
+        "numpy\nload\n",
+        "transformers.modeling_utils\nload_state_dict\n",
+        "lightning_fabric.utilities.cloud_io\n_load\n",
+        "lightning_fabric.__setup__\n_load_py_module\n",
+        "torchgen.native_aot_decl\nload_by_path\n",
+        "huggingface_hub.serialization._torch\nload_state_dict_from_file\n",
+        "pydantic.deprecated.parse\nload_str_bytes\n",
+        "pydantic.deprecated.parse\nload_file\n",
+        "pydantic.v1.parse\nload_str_bytes\n",
+        "pydantic.v1.parse\nload_file\n",
+        "imp\nload_source\n",
+        "imp\nload_package\n",
+        "imp\nload_compiled\n",
+        "_pickle\nloads\n",
+        "_ctypes\ndlopen\n",
+        "_imp\ncreate_dynamic\n",
+        "_frozen_importlib_external\nSourceFileLoader\n",
+        "pytorch_lightning.cli\ninstantiate_class\n",
+        "pytorch_lightning.core.saving\n_load_state\n",
+        "numpy\ninfo\n",
+        "lightning_utilities.core.imports\ncompare_version\n",
+        "torch._utils\n_type\n",
+        "torch.utils._pytree\nenum_object_hook\n",
+        "torch.utils._pytree\n_defaultdict_deserialize\n",
+        "warnings\n_setoption\n",
+        "lib2to3.refactor\nget_fixers_from_package\n",
+        "_frozen_importlib\n_gcd_import\n",
+        "_frozen_importlib\n_find_and_load\n",
+        "mailcap\nfindmatch\n",
+        "torch.cuda._memory_viz\nformat_flamegraph\n",
+        "transformers.pipelines.audio_utils\nffmpeg_read\n",
+        "transformers.pipelines.audio_classification\nffmpeg_read\n",
+        "_posixsubprocess\nfork_exec\n",
+        "httpx2\nget\n",
+        "anyio\ncreate_tcp_listener\n",
+        "xml.sax.saxutils\nprepare_input_source\n",
+        "huggingface_hub.fastai_utils\nfrom_pretrained_fastai\n",
+        "_socket\nsocket\n",
+        "numpy\nmemmap\n",
+        "numpy\nsavetxt\n",
+        "transformers.trainer_utils\nrotate_checkpoints\n",
+        "huggingface_hub.file_download\n_replace_no_matter_what\n",
+        "torch._logging._internal\n_init_logs\n",
+        "torch.autograd.profiler\nload_nvprof\n",
+        "typer._click._compat\nopen_stream\n",
+        "codecs\nopen\n",
+        "argparse\nFileType\n",
+        "uu\ndecode\n",
+        "uu\nencode\n",
+        "cgitb\nHook\n",
+        "transformers.integrations.accelerate\noffload_weight\n",
+        "_io\nFileIO\n",
+        "_sqlite3\nconnect\n",
+        "_posixshmem\nshm_open\n",
+    ] {
+        let mut p = b"\x80\x02c".to_vec();
+        p.extend_from_slice(global.as_bytes());
+        p.extend_from_slice(b"X\x01\x00\x00\x00x\x85R.");
+        let report = ptload_reader::scan::scan_bytes(&p, &Limits::default());
+        assert!(report.pickles[0].complete, "{global}: {report:#?}");
+        assert_eq!(report.verdict(), Dangerous, "{global:?}: {report:#?}");
+    }
+}
+
+/// Each file of the nineteenth corpus's callables did what it was made
+/// to do under torch 2.15 (torch_callables.json: a file made or emptied
+/// in the loading process's folder, `this` imported, a socket listening,
+/// a child process's line): the scan puts every one at `dangerous`.
+#[test]
+fn callables_torch_ran_are_dangerous() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = doc.as_object().unwrap();
+    assert_eq!(files.len(), 9);
+    for (name, facts) in files {
+        let happened = facts["files_made"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty())
+            || facts["victim_changed"] == true
+            || facts["imported_this"] == true
+            || facts["listens"] == true
+            || facts["printed_the_zen"] == true
+            || facts["child_process_printed"] == true;
+        assert!(happened, "{name}: nothing happened under torch: {facts}");
+        let path = root().join("tests/scan").join(name);
+        let report = scan_file(&path, &Limits::default(), false).unwrap();
+        assert_eq!(report.verdict(), Dangerous, "{name}: {report:#?}");
     }
 }
 
