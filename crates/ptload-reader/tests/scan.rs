@@ -864,6 +864,27 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("pygments.lexers.load_lexer_from_file", true)),
     ),
+    // And a twentieth corpus's, whose names say nothing of their effect.
+    (
+        "cb_resolve_annotations.pt",
+        Dangerous,
+        Some(("pydantic.v1.typing.resolve_annotations", true)),
+    ),
+    (
+        "cb_inlined_forward.pt",
+        Dangerous,
+        Some(("torch._precompile._make_inlined_forward", true)),
+    ),
+    (
+        "cb_import_string_logic.pt",
+        Dangerous,
+        Some(("pydantic._internal._validators._import_string_logic", true)),
+    ),
+    (
+        "cb_emit_importable.pt",
+        Dangerous,
+        Some(("torch._functorch._aot_autograd.source_emit._emit_importable", true)),
+    ),
     (
         "ss_additems_object.pkl",
         Dangerous,
@@ -2589,98 +2610,43 @@ fn callables_of_the_nineteenth_corpus_are_dangerous_when_called() {
 
 /// Callables a survey of the installed packages found to unpickle,
 /// evaluate, load native code, import, start processes, reach the network
-/// or write files from the arguments they are given (each confirmed by
-/// running it or reading its code), whatever module or words name them.
+/// or write files from the arguments they are given, and a twentieth
+/// blind corpus's, listed in tests/scan/survey_callables.json (each with
+/// its effect and whether it was confirmed by running or reading it, or
+/// only found by the survey's pass): each is dangerous when called,
+/// whatever module or words name it.
 #[test]
 fn callables_a_survey_found_are_dangerous_when_called() {
-    for global in [
-        "torch.serialization\nload\n",
-        "torch.storage\n_load_from_bytes\n",
-        "torch._functorch.compilers\nget_inputs\n",
-        "torch._utils\n_augment_memory_snapshot_stack_traces\n",
-        "torch.utils.data.datapipes.utils.decoder\nbasichandlers\n",
-        "torch._library.infer_schema\ninfer_schema\n",
-        "torch.utils.model_dump\nget_model_info\n",
-        "torch._export.serde.serialize\ndeserialize_torch_artifact\n",
-        "torch._vendor.quack.cache.async_compile\n_pool_worker\n",
-        "torch.cuda.memory\nCUDAPluggableAllocator\n",
-        "torch.xpu.memory\nXPUPluggableAllocator\n",
-        "torch\n_preload_cuda_lib\n",
-        "numpy.lib._npyio_impl\nload\n",
-        "numpy\nload\n",
-        "transformers.modeling_utils\nload_state_dict\n",
-        "lightning_fabric.utilities.cloud_io\n_load\n",
-        "lightning_fabric.__setup__\n_load_py_module\n",
-        "torchgen.native_aot_decl\nload_by_path\n",
-        "huggingface_hub.serialization._torch\nload_state_dict_from_file\n",
-        "pydantic.deprecated.parse\nload_str_bytes\n",
-        "pydantic.deprecated.parse\nload_file\n",
-        "pydantic.v1.parse\nload_str_bytes\n",
-        "pydantic.v1.parse\nload_file\n",
-        "imp\nload_source\n",
-        "imp\nload_package\n",
-        "imp\nload_compiled\n",
-        "_pickle\nloads\n",
-        "_ctypes\ndlopen\n",
-        "_imp\ncreate_dynamic\n",
-        "_frozen_importlib_external\nSourceFileLoader\n",
-        "pytorch_lightning.cli\ninstantiate_class\n",
-        "pytorch_lightning.core.saving\n_load_state\n",
-        "numpy\ninfo\n",
-        "lightning_utilities.core.imports\ncompare_version\n",
-        "torch._utils\n_type\n",
-        "torch.utils._pytree\nenum_object_hook\n",
-        "torch.utils._pytree\n_defaultdict_deserialize\n",
-        "warnings\n_setoption\n",
-        "lib2to3.refactor\nget_fixers_from_package\n",
-        "_frozen_importlib\n_gcd_import\n",
-        "_frozen_importlib\n_find_and_load\n",
-        "mailcap\nfindmatch\n",
-        "torch.cuda._memory_viz\nformat_flamegraph\n",
-        "transformers.pipelines.audio_utils\nffmpeg_read\n",
-        "transformers.pipelines.audio_classification\nffmpeg_read\n",
-        "_posixsubprocess\nfork_exec\n",
-        "httpx2\nget\n",
-        "anyio\ncreate_tcp_listener\n",
-        "xml.sax.saxutils\nprepare_input_source\n",
-        "huggingface_hub.fastai_utils\nfrom_pretrained_fastai\n",
-        "_socket\nsocket\n",
-        "numpy\nmemmap\n",
-        "numpy\nsavetxt\n",
-        "transformers.trainer_utils\nrotate_checkpoints\n",
-        "huggingface_hub.file_download\n_replace_no_matter_what\n",
-        "torch._logging._internal\n_init_logs\n",
-        "torch.autograd.profiler\nload_nvprof\n",
-        "typer._click._compat\nopen_stream\n",
-        "codecs\nopen\n",
-        "argparse\nFileType\n",
-        "uu\ndecode\n",
-        "uu\nencode\n",
-        "cgitb\nHook\n",
-        "transformers.integrations.accelerate\noffload_weight\n",
-        "_io\nFileIO\n",
-        "_sqlite3\nconnect\n",
-        "_posixshmem\nshm_open\n",
-    ] {
+    let text = std::fs::read_to_string(root().join("tests/scan/survey_callables.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let callables = doc["callables"].as_array().unwrap();
+    assert!(callables.len() > 200, "{}", callables.len());
+    for c in callables {
+        let global = format!(
+            "{}\n{}\n",
+            c["module"].as_str().unwrap(),
+            c["name"].as_str().unwrap()
+        );
         let mut p = b"\x80\x02c".to_vec();
         p.extend_from_slice(global.as_bytes());
         p.extend_from_slice(b"X\x01\x00\x00\x00x\x85R.");
         let report = ptload_reader::scan::scan_bytes(&p, &Limits::default());
         assert!(report.pickles[0].complete, "{global}: {report:#?}");
-        assert_eq!(report.verdict(), Dangerous, "{global:?}: {report:#?}");
+        assert_eq!(report.verdict(), Dangerous, "{c}: {report:#?}");
     }
 }
 
-/// Each file of the nineteenth corpus's callables did what it was made
-/// to do under torch 2.15 (torch_callables.json: a file made or emptied
-/// in the loading process's folder, `this` imported, a socket listening,
-/// a child process's line): the scan puts every one at `dangerous`.
+/// Each file of the nineteenth and twentieth corpora's callables did
+/// what it was made to do under torch 2.15 (torch_callables.json: a file
+/// made or emptied in the loading process's folder, `this` imported, a
+/// socket listening, a child process's line): the scan puts every one at
+/// `dangerous`.
 #[test]
 fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 9);
+    assert_eq!(files.len(), 13);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()

@@ -196,9 +196,19 @@ const PROCESS_ROOTS: &[&str] = &[
     "torch.distributed.launcher",
     "torch.distributed.run",
     // mailcap's `findmatch` runs the `test` commands of the entries it is
-    // given; torch's memory visualizer fetches and runs a script.
+    // given; torch's memory visualizer fetches and runs a script; and
+    // other helpers that run programs (a profiler, kernel cleaners,
+    // version probes, torchrun for tests, shell completion, a build tool).
     "mailcap",
     "torch.cuda._memory_viz",
+    "torch._strobelight",
+    "torch.utils._get_clean_triton",
+    "packaging._musllinux",
+    "pydantic._internal._git",
+    "transformers.testing_utils",
+    "functorch.dim.magic_trace",
+    "typer._completion_shared",
+    "maturin",
 ];
 
 /// Modules whose callables run code: evaluators, unpicklers, installers,
@@ -265,18 +275,41 @@ const CODE_ROOTS: &[&str] = &[
     // installed packages' callables that unpickle, evaluate or load code
     // from their arguments): exported artifacts, compiler repros, model
     // dumps, schemas inferred from string annotations, pydantic's old
-    // parsers (pickle allowed), Lightning's CLI (imports and calls any
-    // class path), torchgen, a vendored kernel compiler's workers.
+    // parsers (pickle allowed), torchgen, a vendored kernel compiler's
+    // workers, torch's packaged programs and precompiled artifacts
+    // (torch.load inside), Lightning's checkpoint upgraders and DeepSpeed
+    // converters, the command-line programs of transformers, the Hub,
+    // typer and lightning_utilities, the CUDA library finder.
     "torch._export.serde",
     "torch._functorch.compilers",
     "torch.utils.model_dump",
     "torch._library.infer_schema",
+    // Guards pasted into a generated function's source and executed; a
+    // triton kernel's mutation wrapper, einops patterns and turtle's
+    // method forwarding are code made from text too; pydantic's typing
+    // helpers evaluate annotations given as strings.
+    "torch.export._unlift",
+    "torch._higher_order_ops.triton_kernel_wrap",
+    "functorch.einops",
+    "turtle",
+    "pydantic.v1.typing",
+    "pydantic.typing",
+    "pydantic._internal._typing_extra",
+    "torch.export.pt2_archive",
+    "torch._precompile",
     "pydantic.deprecated.parse",
     "pydantic.v1.parse",
-    "pytorch_lightning.cli",
-    "lightning.pytorch.cli",
     "torchgen",
     "quack",
+    "pytorch_lightning.utilities.upgrade_checkpoint",
+    "pytorch_lightning.utilities.deepspeed",
+    "lightning.pytorch.utilities.upgrade_checkpoint",
+    "lightning.pytorch.utilities.deepspeed",
+    "transformers.cli",
+    "huggingface_hub.cli",
+    "typer.cli",
+    "lightning_utilities.cli",
+    "cuda.pathfinder",
     // triton compiles kernels and loads what it built; its cache
     // managers make folders and files named by their arguments.
     "triton",
@@ -355,8 +388,25 @@ const FILE_ROOTS: &[&str] = &[
     // numpy's data sources open (and create, truncating) the paths they
     // are given.
     "numpy.lib._datasource",
-    // cgitb's hook writes its report into the folder it is given.
+    // cgitb's hook writes its report into the folder it is given; and
+    // writers of source trees, debug traces, archives and the Hub's
+    // shared blobs and cache.
     "cgitb",
+    "zipapp",
+    "torch.utils.hipify",
+    "torch.utils.data.datapipes.gen_pyi",
+    "torch._functorch.benchmark_utils",
+    "transformers.model_debugging_utils",
+    "transformers.convert_slow_tokenizers_checkpoints_to_fast",
+    "huggingface_hub.utils._shared_blobs",
+    "huggingface_hub.utils._cache_manager",
+    "huggingface_hub.utils._auth",
+    "huggingface_hub._local_folder",
+    "huggingface_hub._buckets",
+    "lightning_utilities.docs",
+    "transformers.integrations.tiktoken",
+    // Dialogs that open or create the files chosen.
+    "tkinter.filedialog",
 ];
 
 /// Modules whose callables reach the network.
@@ -397,11 +447,25 @@ const NETWORK_ROOTS: &[&str] = &[
     "torch.distributed.rendezvous",
     "torch.distributed.rpc",
     "torch.distributed.nn.api.remote_module",
-    // The Hub's downloads, and SAX's input sources (opened as URLs).
+    // The Hub's downloads and uploads, transformers' resolution of files
+    // on the Hub and its process-group set-up, metrics' downloads, and
+    // SAX's input sources (opened as URLs).
     "huggingface_hub.file_download",
     "huggingface_hub._snapshot_download",
-    "huggingface_hub.hf_api",
     "huggingface_hub.fastai_utils",
+    "huggingface_hub._commit_api",
+    "huggingface_hub._oidc",
+    "huggingface_hub.inference",
+    "huggingface_hub.utils._telemetry",
+    "huggingface_hub._bucket_live_follow",
+    "transformers.utils.hub",
+    "transformers.models.auto",
+    "transformers.distributed",
+    "transformers.integrations.hub_kernels",
+    "transformers.integrations.mistral",
+    "transformers.safetensors_conversion",
+    "transformers.utils.peft_utils",
+    "torchmetrics.functional.audio.dnsmos",
     "xml.sax",
 ];
 
@@ -424,6 +488,15 @@ const IMPORT_ROOTS: &[&str] = &[
     "_frozen_importlib",
     "_frozen_importlib_external",
     "_imp",
+    "anyio._lazyimport",
+    "huggingface_hub._attach",
+    "transformers.exporters",
+    "torch._functorch._aot_autograd.source_emit",
+    // Optional native kernels found by module spec (parents imported).
+    "torch._native",
+    // pygments' plugin and lexer or formatter loaders import the modules
+    // they are given.
+    "pygments.plugin",
     "importlib",
     "imp",
     "pkgutil",
@@ -460,6 +533,14 @@ const IMPORTERS_BY_NAME: &[&str] = &[
     // tested or printed: torch's, ONNX's, transformers', Lightning's.
     "lazy_import",
     "_lazy_import",
+    // numpy's ufunc unpickler imports the module it is given and returns
+    // the attribute it names (any callable); Lightning's and jsonargparse's
+    // `instantiate_class` import and call a class path.
+    "_ufunc_reconstruct",
+    "instantiate_class",
+    "add_newdoc",
+    "_makenamedict",
+    "getDOMImplementation",
     "LazyModule",
     "_LazyModule",
     "LazyImporter",
@@ -623,6 +704,7 @@ pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
         "url",
         "tcp",
         "udp",
+        "port",
         "listener",
         "pretrained",
         "hub",
@@ -671,6 +753,20 @@ pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
     {
         return Some(Danger::FileSystem);
     }
+    // Importers by their words (`_import_string_logic`,
+    // `_fa4_import_module`, `get_importable`).
+    if has(&["import", "imports", "importer", "importable"]) {
+        return Some(Danger::Import);
+    }
+    // Functions made from code text (`_convert_guards_code_to_fn`,
+    // `source_to_function`), and annotations resolved from strings
+    // (`resolve_annotations`, `get_type_hints`): evaluated.
+    if (has(&["code", "source", "src"]) && has(&["fn", "func", "function", "callable"]))
+        || (has(&["annotation", "annotations", "hints", "forward"])
+            && has(&["resolve", "get", "eval", "evaluate", "update"]))
+    {
+        return Some(Danger::CodeExecution);
+    }
     // `open`, and readers of files by their words (`load_from_file`,
     // `read_file`, `open_files`): they open the path they are given.
     if name == "open" || (has(&["file", "files"]) && has(&["load", "read", "open"])) {
@@ -698,6 +794,10 @@ pub(crate) fn dangerous_when_called(name: &str) -> Option<Danger> {
                 "library",
                 "pickle",
                 "artifact",
+                "baseline",
+                "weights",
+                "model",
+                "hparams",
             ]))
     {
         return Some(Danger::CodeExecution);
@@ -904,7 +1004,10 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
     // `lookfor`), files written or opened (argparse's `FileType`,
     // nvprof traces read through sqlite, which creates the file).
     if name.ends_with("PluggableAllocator")
-        || (module == "torch" && name == "_preload_cuda_lib")
+        || (module == "torch" && matches!(name, "_preload_cuda_lib" | "_preload_cuda_deps"))
+        || (module == "torch._higher_order_ops.invoke_leaf_function"
+            && name == "_resolve_mutated_flat_indices")
+        || (module == "transformers.modeling_utils" && name == "_get_dtype")
         || (module == "torch._utils" && name == "_augment_memory_snapshot_stack_traces")
     {
         return Some(Some(CodeExecution));
@@ -918,9 +1021,72 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
         return Some(Some(Import));
     }
     if (module == "argparse" && name == "FileType")
-        || (module == "torch.autograd.profiler" && name == "load_nvprof")
+        || (module == "torch.autograd.profiler"
+            && matches!(
+                name,
+                "load_nvprof" | "parse_nvprof_trace" | "_parse_nvprof_trace"
+            ))
+        || (under(module, "lightning_fabric") && name == "is_shared_filesystem")
+        || name == "WeakFileLock"
     {
         return Some(Some(FileSystem));
+    }
+    // Code made from text or parts: dataclasses' method builders,
+    // inspect's signatures parsed from strings (evaluated), closures and
+    // functions rebuilt from their parts.
+    if (module == "dataclasses"
+        && matches!(
+            name,
+            "_init_fn" | "_repr_fn" | "_cmp_fn" | "_hash_fn" | "_frozen_get_del_attr"
+        ))
+        || (module == "inspect" && name.starts_with("_signature_from"))
+        || (module == "torch.nn.attention.flex_attention" && name == "_reconstruct_closure_fn")
+        || (under(module, "networkx") && name == "copyfunc")
+        || (under(module, "torch.library") && name == "infer_schema")
+    {
+        return Some(Some(CodeExecution));
+    }
+    // Imports by name: torch's log settings (module names found by spec,
+    // which imports their parents), custom ops' autograd functions,
+    // flash-attention registrations, the backends of a pipeline.
+    if (module == "torch._logging._internal"
+        && matches!(
+            name,
+            "set_logs" | "_parse_log_settings" | "_is_valid_module" | "_get_module_and_submodules"
+        ))
+        || (module == "torch.export.custom_ops"
+            && name == "_call_custom_autograd_function_in_pre_dispatch")
+        || (under(module, "torch.nn.attention") && name.starts_with("register_flash_attention"))
+        || (under(module, "transformers.pipelines") && matches!(name, "pipeline" | "_resolve_impl"))
+        || (under(module, "lightning_fabric.accelerators") && name == "call_register_accelerators")
+        || (module == "huggingface_hub" && name == "_attach")
+    {
+        return Some(Some(Import));
+    }
+    // transformers' resolution of a model's files on the Hub.
+    if (module == "transformers.modeling_utils" && name == "_get_resolved_checkpoint_files")
+        || (module == "transformers.tokenization_utils_base" && name == "load_vocab_and_merges")
+        || (under(module, "transformers.models") && name == "load_metadata")
+    {
+        return Some(Some(Network));
+    }
+    // Programs: GPU statistics by nvidia-smi, a metric's timeout in a
+    // process.
+    if ((under(module, "pytorch_lightning") || under(module, "lightning"))
+        && name == "get_nvidia_gpu_stats")
+        || (under(module, "torchmetrics") && name == "_try_proceed_with_timeout")
+    {
+        return Some(Some(Process));
+    }
+    // attrs builds its classes' methods from source text.
+    if module == "attr._make" && (name.starts_with("_add_") || name.starts_with("_make_")) {
+        return Some(Some(CodeExecution));
+    }
+    if (under(module, "pygments") && name.starts_with("_load_"))
+        || (module == "encodings" && name == "search_function")
+        || (module == "transformers.utils.generic" && name == "maybe_replace_from_package")
+    {
+        return Some(Some(Import));
     }
     // pygments' loaders of a lexer or formatter from a file execute it;
     // mpmath's `identify` (re-exported) evaluates its constants.
