@@ -907,6 +907,65 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ),
 ];
 
+/// A file scanned from disk (its zip's local headers and the small gaps
+/// between its records read with positioned reads where the records lie
+/// far apart) is reported as its bytes are.
+#[test]
+fn a_file_scans_as_its_bytes() {
+    let mut files = Vec::new();
+    for dir in ["tests/scan", "fixtures/files", "tests/hostile"] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() && path.extension().is_none_or(|e| e != "json") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() > 300, "{}", files.len());
+    for path in files {
+        let bytes = std::fs::read(&path).unwrap();
+        let from_file = scan_file(&path, &Limits::default(), false).unwrap();
+        let from_bytes = ptload_reader::scan::scan_bytes(&bytes, &Limits::default());
+        assert_eq!(
+            format!("{from_file:?}"),
+            format!("{from_bytes:?}"),
+            "{}",
+            path.display()
+        );
+    }
+    // An archive whose records lie far apart (read with positioned reads),
+    // and the same with a local header's signature written over each
+    // 16-byte data descriptor between its records (found in the gaps,
+    // too short to hold a header): alike both ways.
+    let wide = std::fs::read(root().join("fixtures/files/llama_wide.pt")).unwrap();
+    let mut marked = wide.clone();
+    let mut descriptors = 0;
+    let mut at = 0;
+    while let Some(i) = marked
+        .get(at..)
+        .and_then(|m| m.windows(4).position(|w| w == b"PK\x07\x08"))
+    {
+        marked[at + i + 2..at + i + 4].copy_from_slice(b"\x03\x04");
+        descriptors += 1;
+        at += i + 4;
+    }
+    assert!(descriptors > 10, "{descriptors}");
+    let dir = std::env::temp_dir().join(format!("ptload-scan-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, bytes) in [("wide.pt", &wide), ("marked.pt", &marked)] {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let from_file = scan_file(&path, &Limits::default(), false).unwrap();
+        let from_bytes = ptload_reader::scan::scan_bytes(bytes, &Limits::default());
+        assert_eq!(
+            format!("{from_file:?}"),
+            format!("{from_bytes:?}"),
+            "{name}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn every_file_has_a_verdict() {
     let files: BTreeSet<String> = std::fs::read_dir(root().join("tests/scan"))

@@ -308,7 +308,10 @@ impl Checkpoint {
     /// first when it may be refused.
     #[cfg(feature = "scan")]
     pub(super) fn scan_and_decode(source: &Source, opts: &OpenOptions) -> Result<Checkpoint> {
-        let scan_here = || crate::scan::scan_bytes(source.bytes(), &opts.limits);
+        let scan_here = || match source.file() {
+            Some(file) => crate::scan::scan_file_bytes(source.bytes(), file, &opts.limits),
+            None => crate::scan::scan_bytes(source.bytes(), &opts.limits),
+        };
         let (report, decoded) = match (opts.scan || opts.refuse_at.is_some(), source.fetcher()) {
             (false, _) => (None, None),
             // Read by ranges: scanned first only to refuse (else when

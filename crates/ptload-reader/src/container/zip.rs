@@ -531,7 +531,13 @@ impl<'d> Archive<'d> {
         &self,
         data: impl Into<FileView<'d>>,
         max: usize,
+        headers: Headers<'_>,
     ) -> (Vec<Hidden<'d>>, bool) {
+        /// Gaps up to this long are read with a positioned read when the
+        /// local headers are (a data descriptor between two records, in
+        /// torch's archives): a page of the map faulted in for each costs
+        /// more.
+        const SMALL_GAP: usize = 4096;
         let data: FileView<'d> = data.into();
         // Read by ranges, an entry whose local header is not fetched yet
         // looks broken and its bytes look like a gap: search in the round
@@ -559,11 +565,21 @@ impl<'d> Archive<'d> {
         if from < limit {
             gaps.push((from, limit));
         }
+        let mut small = [0u8; SMALL_GAP];
         for (start, end) in gaps {
             let (Ok(s), Ok(e)) = (usize::try_from(start), usize::try_from(end)) else {
                 continue;
             };
-            let Some(gap) = data.get(s..e) else { continue };
+            let read = match headers {
+                Headers::File(_) if e.saturating_sub(s) <= SMALL_GAP => small
+                    .get_mut(..e.saturating_sub(s))
+                    .and_then(|buf| headers.read(data, start, buf).ok())
+                    .filter(|got| got.len() == e - s),
+                _ => None,
+            };
+            let Some(gap) = read.or_else(|| data.get(s..e)) else {
+                continue;
+            };
             let mut at = 0;
             while let Some(pos) = gap
                 .get(at..)

@@ -278,6 +278,7 @@ impl<'l> Vm<'l> {
     /// as if this machine had run them. False, counting nothing, when they
     /// would pass the limit: this machine then runs them and stops where
     /// it does.
+    #[cfg(feature = "scan")]
     pub(crate) fn count_opcodes(&mut self, n: u64) -> bool {
         match self.opcodes.checked_add(n) {
             Some(total) if total <= self.limits.max_opcodes => {

@@ -32,6 +32,7 @@ mod tensor_methods;
 #[cfg(test)]
 pub(crate) use reach::scan_bytes_general;
 pub(crate) use reach::scan_fetched;
+pub(crate) use reach::scan_file_bytes;
 pub use reach::{
     scan_bytes, scan_file, scan_ranged, scan_url, Ambiguity, Effect, GlobalUse, PickleSource,
     ScanReport, ScannedPickle, Usage, Verdict,

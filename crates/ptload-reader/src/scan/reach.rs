@@ -370,19 +370,33 @@ pub fn scan_url(url: &str, limits: &Limits) -> Result<(ScanReport, (u64, u64))> 
 /// is not fetched is noted as missed (see `ranged`), and a pickle stream
 /// that ran out of fetched bytes asks for more.
 fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
-    scan_view_with(view, limits, true)
+    scan_view_with(view, limits, true, Headers::Map)
+}
+
+/// [`scan_bytes`] of the mapped bytes of `file`, whose zip local headers
+/// are read from the file with positioned reads where the archive's
+/// records lie far apart (as the decode reads them), instead of faulting
+/// in a page of the map for each.
+pub(crate) fn scan_file_bytes(data: &[u8], file: &std::fs::File, limits: &Limits) -> ScanReport {
+    scan_view_with(FileView::Whole(data), limits, true, Headers::File(file))
 }
 
 /// [`scan_bytes`] with the general machine for every pickle: what the
 /// shortcut for plain state dicts must report alike.
 #[cfg(test)]
 pub(crate) fn scan_bytes_general(data: &[u8], limits: &Limits) -> ScanReport {
-    scan_view_with(FileView::Whole(data), limits, false)
+    scan_view_with(FileView::Whole(data), limits, false, Headers::Map)
 }
 
 /// [`scan_view`], with `plain` whether a zip's pickles are first tried as
-/// plain state dicts ([`Scanner::plain_pickle`]).
-fn scan_view_with(view: FileView<'_>, limits: &Limits, plain: bool) -> ScanReport {
+/// plain state dicts ([`Scanner::plain_pickle`]), and `headers` how the
+/// local headers of the zip the file is read.
+fn scan_view_with(
+    view: FileView<'_>,
+    limits: &Limits,
+    plain: bool,
+    headers: Headers<'_>,
+) -> ScanReport {
     let mut vm = Vm::new(limits, StringEncoding::Bytes);
     vm.read_short_frames = true;
     vm.lone_surrogates = true;
@@ -394,6 +408,7 @@ fn scan_view_with(view: FileView<'_>, limits: &Limits, plain: bool) -> ScanRepor
         ran_out: false,
         result_used: false,
         plain,
+        headers,
     };
     let head = view.up_to(0, 512);
     let safetensors =
@@ -470,7 +485,10 @@ pub fn scan_file(path: &std::path::Path, limits: &Limits, in_memory: bool) -> Re
     } else {
         crate::source::Source::map(path)?
     };
-    Ok(scan_bytes(source.bytes(), limits))
+    Ok(match source.file() {
+        Some(file) => scan_file_bytes(source.bytes(), file, limits),
+        None => scan_bytes(source.bytes(), limits),
+    })
 }
 
 /// torch's legacy magic number, 0x1950a86a20f9469cfc6c, as the VM's
@@ -484,8 +502,10 @@ const MAX_PICKLES: usize = 4096;
 /// Pickles inside pickles are followed this deep.
 const MAX_NESTING: usize = 3;
 
-struct Scanner<'l> {
+struct Scanner<'l, 'f> {
     limits: &'l Limits,
+    /// How the local headers of the file's own zip are read.
+    headers: Headers<'f>,
     vm: Vm<'l>,
     report: ScanReport,
     /// Bytes values that look like pickles: (parent, index, depth, bytes).
@@ -500,7 +520,7 @@ struct Scanner<'l> {
     plain: bool,
 }
 
-impl Scanner<'_> {
+impl Scanner<'_, '_> {
     /// Scan a zip entry's `bytes` (read from `entry`): an `.npz` member's
     /// pickle only when it is an object array, any other entry from its
     /// first byte; offsets in the file only for a stored entry.
@@ -765,7 +785,7 @@ impl Scanner<'_> {
     /// and two readable archives in one file are an ambiguity.
     fn zip_file(&mut self, data: FileView<'_>) {
         let limits = self.limits;
-        let shifted = Archive::parse_with(data, Headers::Map, limits, Rules::Tolerant);
+        let shifted = Archive::parse_with(data, self.headers, limits, Rules::Tolerant);
         let Some(prefix) = shifted
             .as_ref()
             .ok()
@@ -784,7 +804,7 @@ impl Scanner<'_> {
             return;
         };
         let mut seen = HashSet::new();
-        let torch = Archive::parse_as_torch(data, Headers::Map, limits);
+        let torch = Archive::parse_as_torch(data, self.headers, limits);
         let torch_start = torch.as_ref().ok().map(Archive::cd_start);
         if let Err(e) = &torch {
             self.report.notes.push(format!(
@@ -1039,7 +1059,7 @@ impl Scanner<'_> {
         seen: &mut HashSet<u64>,
         budget: &mut u64,
     ) {
-        let (hidden, more) = archive.hidden_locals(data, MAX_PICKLES);
+        let (hidden, more) = archive.hidden_locals(data, MAX_PICKLES, self.headers);
         if more {
             self.report.notes.push(format!(
                 "more than {MAX_PICKLES} local headers the directory does not list: the rest were not looked at"

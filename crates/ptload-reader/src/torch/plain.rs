@@ -44,7 +44,9 @@ pub(crate) struct Plain {
     pub(crate) protocol: u8,
     /// Work done, counted as the general machine counts it or more.
     pub(crate) work: u64,
-    /// Opcodes run, to STOP.
+    /// Opcodes run, to STOP (counted by the scanner against the file's
+    /// limit).
+    #[cfg_attr(not(feature = "scan"), allow(dead_code))]
     pub(crate) opcodes: u64,
 }
 
