@@ -14,11 +14,12 @@
 //! hands them out (`always`, or `madvise`, which mimalloc asks for), the
 //! first touch of an arena zeroes 2 MiB: a quarter of a small command's
 //! time went to clearing two of them before `main`, and a third of
-//! `inspect` of a 500 MB state dict (docs/benchmarks.md, "The process's
-//! start"). The open's allocations no longer fill enough memory for the
-//! fewer page faults to pay that back, and the big transfers read mapped
-//! files or pinned buffers, which the setting does not touch.
-//! `MIMALLOC_ALLOW_THP`, when set, decides instead.
+//! `inspect` of a 500 MB state dict. The open's allocations no longer
+//! fill enough memory for the fewer page faults to pay that back; the
+//! storages of a URL, freed once used, go back to the system a page at a
+//! time (peaks a third lower); see docs/benchmarks.md, "The process's
+//! start, the scan's shortcut and the JSON writer". `MIMALLOC_ALLOW_THP`,
+//! when set, decides instead.
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
