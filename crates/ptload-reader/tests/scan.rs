@@ -2669,8 +2669,9 @@ fn callables_of_the_nineteenth_corpus_are_dangerous_when_called() {
 
 /// Callables a survey of the installed packages found to unpickle,
 /// evaluate, load native code, import, start processes, reach the network
-/// or write files from the arguments they are given, and a twentieth
-/// blind corpus's, listed in tests/scan/survey_callables.json (each with
+/// or write files from the arguments they are given, and the twentieth
+/// and twenty-first blind corpora's, listed in
+/// tests/scan/survey_callables.json (each with
 /// its effect and whether it was confirmed by running or reading it, or
 /// only found by the survey's pass): each is dangerous when called,
 /// whatever module or words name it.

@@ -206,6 +206,11 @@ const PROCESS_ROOTS: &[&str] = &[
     "torch.utils._get_clean_triton",
     "packaging._musllinux",
     "pydantic._internal._git",
+    // Executor pools run the callables they are given, in worker
+    // processes or threads.
+    "concurrent.futures",
+    // torch's benchmark timer's valgrind wrapper runs valgrind.
+    "torch.utils.benchmark.utils.valgrind_wrapper",
     "transformers.testing_utils",
     "functorch.dim.magic_trace",
     "typer._completion_shared",
@@ -293,6 +298,11 @@ const CODE_ROOTS: &[&str] = &[
     "torch._higher_order_ops.triton_kernel_wrap",
     "functorch.einops",
     "turtle",
+    // torch's benchmark timer compiles and runs its statement text; the
+    // `py` library (pytest's shim of it: `py.path.local`) imports,
+    // executes and writes what its paths name.
+    "torch.utils.benchmark.utils.timer",
+    "py",
     "pydantic.v1.typing",
     "pydantic.typing",
     "pydantic._internal._typing_extra",
@@ -389,6 +399,13 @@ const FILE_ROOTS: &[&str] = &[
     // numpy's data sources open (and create, truncating) the paths they
     // are given.
     "numpy.lib._datasource",
+    // pygments' formatters write the style sheets they are given
+    // (`HtmlFormatter(cssfile=...)`, when `highlight` or `format` runs
+    // them); readline writes and truncates history files; torch's file
+    // baton creates and removes the lock file it names.
+    "pygments",
+    "readline",
+    "torch.utils.file_baton",
     // cgitb's hook writes its report into the folder it is given; and
     // writers of source trees, debug traces, archives and the Hub's
     // shared blobs and cache.
@@ -844,6 +861,12 @@ pub(crate) fn dangerous_method(name: &str) -> Option<Danger> {
     if FILES.contains(&name) {
         return Some(Danger::FileSystem);
     }
+    // Methods that import or execute a module or file: importlib's
+    // loaders (`load_module`, `exec_module`), optparse's values
+    // (`read_module`, `read_file` execute what they read).
+    if matches!(name, "load_module" | "exec_module" | "read_module") {
+        return Some(Danger::Import);
+    }
     dangerous_when_called(name)
 }
 
@@ -1078,6 +1101,25 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
         || (under(module, "torchmetrics") && name == "_try_proceed_with_timeout")
     {
         return Some(Some(Process));
+    }
+    // PyYAML's loaders that build any Python object (`!!python/object/apply`
+    // runs a callable), by class and by their methods (`Loader.get_data`,
+    // called on an instance the file made).
+    if under(module, "yaml")
+        && matches!(
+            name.split('.').next().unwrap_or(name),
+            "Loader"
+                | "UnsafeLoader"
+                | "FullLoader"
+                | "CLoader"
+                | "CUnsafeLoader"
+                | "CFullLoader"
+                | "Constructor"
+                | "UnsafeConstructor"
+                | "FullConstructor"
+        )
+    {
+        return Some(Some(CodeExecution));
     }
     // attrs builds its classes' methods from source text.
     if module == "attr._make" && (name.starts_with("_add_") || name.starts_with("_make_")) {
@@ -1429,6 +1471,8 @@ fn known_data(module: &str, name: &str) -> bool {
     }
     match module {
         "builtins" | "__builtin__" => PURE_BUILTINS.contains(&name),
+        // A `time.struct_time` pickles as the type called with its fields.
+        "time" => name == "struct_time",
         "numpy" => matches!(name, "dtype" | "ndarray"),
         "numpy.core.multiarray" | "numpy._core.multiarray" => {
             matches!(name, "scalar" | "_reconstruct")
@@ -1598,6 +1642,7 @@ mod tests {
         );
         assert_eq!(classify("collections", "OrderedDict"), GlobalClass::Tensor);
         assert_eq!(classify("argparse", "Namespace"), GlobalClass::Data);
+        assert_eq!(classify("time", "struct_time"), GlobalClass::Data);
         assert_eq!(
             classify("numpy._core.multiarray", "scalar"),
             GlobalClass::Data
