@@ -21,6 +21,18 @@ fn s(text: &str) -> Vec<u8> {
     out
 }
 
+/// The scan of a protocol 2 pickle that calls `global` (`"module\nname\n"`,
+/// as GLOBAL writes it) with one string; the pickle must be read to its
+/// STOP.
+fn called_with_a_string(global: &str) -> ptload_reader::scan::ScanReport {
+    let mut p = b"\x80\x02c".to_vec();
+    p.extend_from_slice(global.as_bytes());
+    p.extend_from_slice(b"X\x01\x00\x00\x00x\x85R.");
+    let report = ptload_reader::scan::scan_bytes(&p, &Limits::default());
+    assert!(report.pickles[0].complete, "{global}: {report:#?}");
+    report
+}
+
 /// A protocol 2 pickle of `parts`, ended by STOP.
 fn pickle(parts: &[&[u8]]) -> Vec<u8> {
     let mut out = b"\x80\x02".to_vec();
@@ -2598,11 +2610,7 @@ fn callables_of_a_known_effect_are_dangerous_when_called() {
         "transformers.configuration_utils\nPreTrainedConfig.to_json_file\n",
         "huggingface_hub.utils._cache_assets\ncached_assets_path\n",
     ] {
-        let mut p = b"\x80\x02c".to_vec();
-        p.extend_from_slice(global.as_bytes());
-        p.extend_from_slice(b"X\x01\x00\x00\x00x\x85R.");
-        let report = ptload_reader::scan::scan_bytes(&p, &Limits::default());
-        assert!(report.pickles[0].complete, "{global}: {report:#?}");
+        let report = called_with_a_string(global);
         assert_eq!(report.verdict(), Dangerous, "{global:?}: {report:#?}");
     }
 }
@@ -2619,14 +2627,7 @@ fn callables_of_a_known_effect_are_dangerous_when_called() {
 /// under it are not dangerous.
 #[test]
 fn callables_of_the_nineteenth_corpus_are_dangerous_when_called() {
-    let call = |global: &str| {
-        let mut p = b"\x80\x02c".to_vec();
-        p.extend_from_slice(global.as_bytes());
-        p.extend_from_slice(b"X\x01\x00\x00\x00x\x85R.");
-        let report = ptload_reader::scan::scan_bytes(&p, &Limits::default());
-        assert!(report.pickles[0].complete, "{global}: {report:#?}");
-        report.verdict()
-    };
+    let call = |global: &str| called_with_a_string(global).verdict();
     for global in [
         "torch.distributed\nFileStore\n",
         "torch.distributed\nTCPStore\n",
@@ -2687,11 +2688,7 @@ fn callables_a_survey_found_are_dangerous_when_called() {
             c["module"].as_str().unwrap(),
             c["name"].as_str().unwrap()
         );
-        let mut p = b"\x80\x02c".to_vec();
-        p.extend_from_slice(global.as_bytes());
-        p.extend_from_slice(b"X\x01\x00\x00\x00x\x85R.");
-        let report = ptload_reader::scan::scan_bytes(&p, &Limits::default());
-        assert!(report.pickles[0].complete, "{global}: {report:#?}");
+        let report = called_with_a_string(&global);
         assert_eq!(report.verdict(), Dangerous, "{c}: {report:#?}");
     }
 }
