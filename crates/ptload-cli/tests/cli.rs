@@ -2305,15 +2305,28 @@ fn inspect_makes_dangerous_globals_stand_out() {
             .is_empty(),
         "{script}"
     );
+    // A model package's class given a path: an unknown call. A library's
+    // callable the scanner has no entry for is dangerous, with what it is.
+    let call = shared_data("scan")
+        .join("en_class_given_path.pt")
+        .display()
+        .to_string();
+    let out = ptload(&["inspect", &call]);
+    assert!(
+        stdout(&out).contains(
+            "scan would also report (read, never run): \
+             ptload_enum_model.runner.Runner (unknown-call, called)"
+        ),
+        "{}",
+        stdout(&out)
+    );
     let call = shared_data("scan")
         .join("z_flag_0x0008_payload.pt")
         .display()
         .to_string();
     let out = ptload(&["inspect", &call]);
     assert!(
-        stdout(&out).contains(
-            "scan would also report (read, never run): builtins.print (unknown-call, called)"
-        ),
+        stdout(&out).contains("builtins.print (uncatalogued library call, called)"),
         "{}",
         stdout(&out)
     );

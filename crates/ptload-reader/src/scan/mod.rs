@@ -25,6 +25,7 @@
 use crate::torch::policy::torch_allows;
 
 mod finalizers;
+mod libraries;
 mod reach;
 mod stdlib;
 mod tensor_methods;
@@ -53,13 +54,19 @@ pub enum Level {
     /// chose. Not a payload.
     NeedsCode,
     /// A call (REDUCE, OBJ, INST, a base class's `__init__`, an instance
-    /// called) of a callable outside the known-safe set.
+    /// called) of a callable outside the known-safe set, from code the
+    /// scanner does not take for a library every loading machine has: a
+    /// model's own package or `__main__` (or, looked up by one value as an
+    /// enum member is, a library's class).
     UnknownCall,
     /// Structure other readers read differently from these bytes (zip
     /// directory tricks, bad CRCs, a pickle that reads past its frame).
     Ambiguous,
     /// Code execution, processes, files, network or import by name: a
-    /// dangerous global in any use, or a gadget that reaches a call.
+    /// dangerous global in any use, or a gadget that reaches a call; and
+    /// any other call into the standard library, torch or a package every
+    /// loading machine has, outside the known-safe set
+    /// ([`Danger::LibraryCall`]): no checkpoint makes one.
     Dangerous,
 }
 
@@ -118,6 +125,11 @@ pub enum Danger {
     /// that later code (the rest of the load, torch, the program) calls
     /// what the file put there.
     StateChange,
+    /// Calls library code no checkpoint calls: a callable of the standard
+    /// library, torch or a package every loading machine has, outside the
+    /// scanner's lists (what it does is not known, but it is not the
+    /// file's own model code).
+    LibraryCall,
 }
 
 impl Danger {
@@ -131,6 +143,7 @@ impl Danger {
             Danger::Import => "import machinery",
             Danger::Gadget => "getattr-style gadget",
             Danger::StateChange => "changes interpreter state",
+            Danger::LibraryCall => "uncatalogued library call",
         }
     }
 }
@@ -1488,7 +1501,28 @@ fn known_data(module: &str, name: &str) -> bool {
             name,
             "OrderedDict" | "Counter" | "defaultdict" | "deque" | "namedtuple"
         ),
-        "types" => name == "SimpleNamespace",
+        // `list[int]` pickles as `types.GenericAlias(list, (int,))`.
+        "types" => matches!(name, "SimpleNamespace" | "GenericAlias"),
+        // An array pickles as `array._array_reconstructor(array, typecode,
+        // machine format, bytes)` (protocol 3 and above) or
+        // `array.array(typecode, list)`.
+        "array" => matches!(name, "array" | "_array_reconstructor"),
+        // Addresses pickle as their class called with their text.
+        "ipaddress" => matches!(
+            name,
+            "IPv4Address"
+                | "IPv6Address"
+                | "IPv4Network"
+                | "IPv6Network"
+                | "IPv4Interface"
+                | "IPv6Interface"
+        ),
+        // A signature pickles as its classes called with names, kinds and
+        // defaults.
+        "inspect" => matches!(
+            name,
+            "Signature" | "Parameter" | "_ParameterKind" | "_empty"
+        ),
         // Python's own generator: `Random()`, then BUILD with its state
         // (a tuple of numbers).
         "random" => name == "Random",

@@ -2043,6 +2043,22 @@ impl Recorder {
                 }
             }
         }
+        // What is still an unknown call, into code every loading machine
+        // has (not the file's own model code), is no checkpoint's call:
+        // a payload's. A class of that code called only with one value an
+        // enum has (a member looked up) is left an unknown call.
+        for (i, u) in self.globals.iter_mut().enumerate() {
+            let looked_up = self.lookups.get(&i) == Some(&true)
+                && !u.name.contains('.')
+                && u.name.starts_with(|c: char| c.is_ascii_uppercase());
+            if u.usage == Usage::Called
+                && u.class == GlobalClass::Unknown
+                && !looked_up
+                && super::libraries::shipped(&u.module)
+            {
+                u.class = GlobalClass::Dangerous(Danger::LibraryCall);
+            }
+        }
     }
 
     /// Objects the pickle made among the members of plain sequences and
@@ -2267,6 +2283,29 @@ impl Recorder {
         self.global_index(v)
             .and_then(|i| self.globals.get(i))
             .is_some_and(|g| g.class == GlobalClass::Data && conditional_data(&g.module, &g.name))
+    }
+
+    /// The global `v` is when it is one of typing's forms or aliases
+    /// (`typing.Union`, `typing_extensions.Literal`: a capitalized name of
+    /// the module, no attribute path), whose subscription only builds an
+    /// alias.
+    fn typing_form(&self, v: Value) -> Option<usize> {
+        let g = self.global_index(v)?;
+        let u = self.globals.get(g)?;
+        (matches!(u.module.as_str(), "typing" | "typing_extensions")
+            && u.class == GlobalClass::Unknown
+            && !u.name.contains('.')
+            && u.name.starts_with(|c: char| c.is_ascii_uppercase()))
+        .then_some(g)
+    }
+
+    /// Whether `v` is an alias a typing form's subscription built.
+    fn typing_alias(&self, v: Value) -> bool {
+        matches!(self.origin(v), Some(Origin::Made(g))
+        if self.globals.get(g).is_some_and(|u| {
+            matches!(u.module.as_str(), "typing" | "typing_extensions")
+                && u.usage == Usage::Instantiated
+        }))
     }
 
     fn path_of(&self, v: Value) -> Option<(&str, &str)> {
@@ -3465,6 +3504,31 @@ impl Interpreter for Recorder {
                 let enum_lookup = self
                     .path_of(callable)
                     .is_some_and(|(module, name)| known_enum(module, name));
+                // `typing.Optional[int]`, `typing.Dict[str, typing.Any]`:
+                // how an annotation pickles. A typing form subscripted with
+                // constants, globals and such annotations builds an alias.
+                let form = if enum_lookup || items.len() != 2 {
+                    None
+                } else {
+                    self.typing_form(arg(0)).filter(|_| {
+                        let one = |v: Value| {
+                            constant(heap, v)
+                                || self.global_index(v).is_some()
+                                || self.typing_alias(v)
+                                // `type(None)`, in `Optional[...]`.
+                                || matches!(self.origin(v), Some(Origin::Made(t))
+                                    if self.path_of_global(t) == Some(("builtins", "type")))
+                        };
+                        one(arg(1))
+                            || heap
+                                .tuple(arg(1))
+                                .is_some_and(|t| t.iter().all(|&v| one(v)))
+                    })
+                };
+                if let Some(form) = form {
+                    self.mark(Some(form), Usage::Instantiated);
+                    return self.inert(heap, Some(Origin::Made(form)));
+                }
                 let plain = if enum_lookup {
                     items.len() == 1 && constant(heap, arg(0))
                 } else {
