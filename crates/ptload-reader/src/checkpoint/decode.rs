@@ -3,6 +3,7 @@
 //! from parts (distributed checkpoints) or read from safetensors.
 
 use super::*;
+use crate::container::zip::Headers;
 use crate::torch::names::Walked;
 
 /// A tensor the walk named, checked against its storage: a rebuilt
@@ -154,6 +155,7 @@ fn storage_infos(
 /// (bytes torch's reader skips, and scan reports).
 fn decode_pickles(
     source: &Source,
+    headers: Option<Headers<'_>>,
     detected: Detected,
     opts: &OpenOptions,
     heap: &mut Heap,
@@ -173,7 +175,7 @@ fn decode_pickles(
             }
             decode_zip(
                 data,
-                source.file(),
+                headers.unwrap_or_else(|| source.file().map_or(Headers::Map, Headers::File)),
                 opts.assumed_byte_order,
                 &opts.limits,
                 heap,
@@ -308,8 +310,11 @@ impl Checkpoint {
     /// first when it may be refused.
     #[cfg(feature = "scan")]
     pub(super) fn scan_and_decode(source: &Source, opts: &OpenOptions) -> Result<Checkpoint> {
-        let scan_here = || match source.file() {
-            Some(file) => crate::scan::scan_file_bytes(source.bytes(), file, &opts.limits),
+        // Scanned on this thread, then decoded: the local headers the scan
+        // reads are kept for the decode, which reads the same ones.
+        let kept = source.file().map(crate::container::zip::KeptReads::new);
+        let scan_here = || match &kept {
+            Some(kept) => crate::scan::scan_file_bytes(source.bytes(), kept, &opts.limits),
             None => crate::scan::scan_bytes(source.bytes(), &opts.limits),
         };
         let (report, decoded) = match (opts.scan || opts.refuse_at.is_some(), source.fetcher()) {
@@ -327,7 +332,13 @@ impl Checkpoint {
             (true, None) => std::thread::scope(|scope| {
                 let scan = std::thread::Builder::new()
                     .name("ptload-scan".into())
-                    .spawn_scoped(scope, scan_here);
+                    .spawn_scoped(scope, || match source.file() {
+                        Some(file) => {
+                            let kept = crate::container::zip::KeptReads::new(file);
+                            crate::scan::scan_file_bytes(source.bytes(), &kept, &opts.limits)
+                        }
+                        None => crate::scan::scan_bytes(source.bytes(), &opts.limits),
+                    });
                 let decoded = Checkpoint::decode(source.clone(), opts);
                 // A thread the system refused to start: scanned here.
                 let report = scan.ok().and_then(|h| h.join().ok());
@@ -337,7 +348,10 @@ impl Checkpoint {
         if let (Some(level), Some(report)) = (opts.refuse_at, &report) {
             refuse_at(report, level)?;
         }
-        let decoded = decoded.unwrap_or_else(|| Checkpoint::decode(source.clone(), opts));
+        let decoded = decoded.unwrap_or_else(|| {
+            let headers = kept.as_ref().map(Headers::Kept);
+            Checkpoint::decode_with(source.clone(), opts, headers)
+        });
         let mut checkpoint = match decoded {
             Err(e) if e.kind() == ErrorKind::UnsupportedGlobal => {
                 Err(every_refusal(e, source, opts))
@@ -361,13 +375,24 @@ impl Checkpoint {
     }
 
     fn decode(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
+        Checkpoint::decode_with(source, opts, None)
+    }
+
+    /// [`Checkpoint::decode`], reading a zip's local headers as `headers`
+    /// says (by default, as the source's file allows).
+    fn decode_with(
+        source: Source,
+        opts: &OpenOptions,
+        headers: Option<Headers<'_>>,
+    ) -> Result<Checkpoint> {
         let detected = detect(source.view())?;
         if detected == Detected::Safetensors {
             return Checkpoint::from_safetensors(source, opts);
         }
         let mut heap = Heap::new(&opts.limits);
         let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);
-        let (decoded, leading) = decode_pickles(&source, detected, opts, &mut heap, &mut interp)?;
+        let (decoded, leading) =
+            decode_pickles(&source, headers, detected, opts, &mut heap, &mut interp)?;
         let (storages, inflated) = storage_infos(decoded.storages, decoded.bytes);
         let mut warnings = decoded.notes;
         let objects_root = decoded.roots.first().map(|&(v, _)| v);

@@ -70,10 +70,121 @@ pub(crate) struct Hidden<'d> {
 pub(crate) enum Headers<'a> {
     Map,
     File(&'a std::fs::File),
+    /// As `File`, keeping what was read for the next reader of the same
+    /// bytes (the scanner parses a zip twice, then looks between its
+    /// records): see [`KeptReads`].
+    #[cfg(feature = "scan")]
+    Kept(&'a KeptReads<'a>),
 }
 
 /// Average bytes per entry from which local headers are read with `pread`.
 const SPREAD_FOR_PREAD: u64 = 256 * 1024;
+
+/// Positioned reads of a file, kept: a read inside bytes read before is
+/// answered from them. Each read also takes the [`KeptReads::BEHIND`]
+/// bytes before it, where a torch archive keeps the data descriptor of the
+/// record before (what [`Archive::hidden_locals`] looks at). What is kept
+/// is bounded by the reads made, one per local header and gap.
+#[cfg(feature = "scan")]
+#[derive(Debug)]
+pub(crate) struct KeptReads<'a> {
+    file: &'a std::fs::File,
+    kept: std::cell::RefCell<std::collections::BTreeMap<u64, Vec<u8>>>,
+}
+
+#[cfg(feature = "scan")]
+impl<'a> KeptReads<'a> {
+    /// A data descriptor with 64-bit sizes, and its signature.
+    const BEHIND: u64 = 24;
+
+    pub(crate) fn new(file: &'a std::fs::File) -> Self {
+        KeptReads {
+            file,
+            kept: Default::default(),
+        }
+    }
+
+    fn read<'b>(&self, offset: u64, buf: &'b mut [u8]) -> Result<&'b [u8]> {
+        let want = buf.len() as u64;
+        {
+            let kept = self.kept.borrow();
+            if let Some((&start, bytes)) = kept.range(..=offset).next_back() {
+                let from = usize::try_from(offset - start).unwrap_or(usize::MAX);
+                let kept_here = bytes.get(from..).unwrap_or_default();
+                // Whole, or all the file has (a short read at its end).
+                if let Some(here) = kept_here.get(..buf.len()) {
+                    buf.copy_from_slice(here);
+                    return Ok(buf);
+                }
+            }
+        }
+        let behind = offset.min(Self::BEHIND);
+        let mut read = vec![0u8; usize::try_from(behind + want).unwrap_or(usize::MAX)];
+        let filled = read_at_full(self.file, offset - behind, &mut read)?;
+        read.truncate(filled);
+        let got = read
+            .get(usize::try_from(behind).unwrap_or(usize::MAX)..)
+            .unwrap_or_default();
+        let n = got.len().min(buf.len());
+        if let (Some(to), Some(from)) = (buf.get_mut(..n), got.get(..n)) {
+            to.copy_from_slice(from);
+        }
+        self.kept.borrow_mut().insert(offset - behind, read);
+        Ok(buf.get(..n).unwrap_or_default())
+    }
+}
+
+/// Read `buf.len()` bytes at `offset`, or as many as the file has: the
+/// count read. A read the system fails (other than an interrupted one,
+/// tried again) is an I/O error, never taken for a short file.
+#[cfg(unix)]
+fn read_at_full(file: &std::fs::File, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut filled = 0;
+    while filled < buf.len() {
+        let Some(rest) = buf.get_mut(filled..) else {
+            break;
+        };
+        match file.read_at(rest, offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(Error::io(
+                    format!("cannot read the local header at offset {offset}"),
+                    e,
+                ))
+            }
+        }
+    }
+    Ok(filled)
+}
+
+/// Elsewhere, through the platform's seek and read.
+#[cfg(not(unix))]
+fn read_at_full(mut file: &std::fs::File, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    use std::io::{Read, Seek, SeekFrom};
+    let io = |e| {
+        Error::io(
+            format!("cannot read the local header at offset {offset}"),
+            e,
+        )
+    };
+    file.seek(SeekFrom::Start(offset)).map_err(io)?;
+    let mut filled = 0;
+    while filled < buf.len() {
+        let Some(rest) = buf.get_mut(filled..) else {
+            break;
+        };
+        match file.read(rest) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io(e)),
+        }
+    }
+    Ok(filled)
+}
 
 impl Headers<'_> {
     /// Read `buf.len()` bytes at `offset`, or as many as the file has. A
@@ -81,29 +192,15 @@ impl Headers<'_> {
     /// is an I/O error, never taken for a short file.
     fn read<'b>(&self, data: FileView<'b>, offset: u64, buf: &'b mut [u8]) -> Result<&'b [u8]> {
         match self {
-            #[cfg(unix)]
             Headers::File(file) => {
-                use std::os::unix::fs::FileExt;
-                let mut filled = 0;
-                while filled < buf.len() {
-                    let Some(rest) = buf.get_mut(filled..) else {
-                        break;
-                    };
-                    match file.read_at(rest, offset + filled as u64) {
-                        Ok(0) => break,
-                        Ok(n) => filled += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            return Err(Error::io(
-                                format!("cannot read the local header at offset {offset}"),
-                                e,
-                            ))
-                        }
-                    }
-                }
+                let filled = read_at_full(file, offset, buf)?;
                 Ok(buf.get(..filled).unwrap_or_default())
             }
-            _ => Ok(data.up_to(usize::try_from(offset).unwrap_or(usize::MAX), buf.len())),
+            #[cfg(feature = "scan")]
+            Headers::Kept(kept) => kept.read(offset, buf),
+            Headers::Map => {
+                Ok(data.up_to(usize::try_from(offset).unwrap_or(usize::MAX), buf.len()))
+            }
         }
     }
 }
@@ -432,10 +529,11 @@ impl<'d> Archive<'d> {
         let cd_start = prefix_len + dir.cd_offset;
         let (cd, count) = central_directory(data, &dir, cd_start, eocd, limits)?;
         let mut listing = Listing::with_capacity(count);
+        let spread = (data.len() as u64) / (count.max(1) as u64) >= SPREAD_FOR_PREAD;
         let headers = match headers {
-            Headers::File(_) if (data.len() as u64) / (count.max(1) as u64) < SPREAD_FOR_PREAD => {
-                Headers::Map
-            }
+            Headers::File(_) if !spread => Headers::Map,
+            #[cfg(feature = "scan")]
+            Headers::Kept(_) if !spread => Headers::Map,
             h => h,
         };
         if let FileView::Fetched(_) = data {
@@ -571,7 +669,7 @@ impl<'d> Archive<'d> {
                 continue;
             };
             let read = match headers {
-                Headers::File(_) if e.saturating_sub(s) <= SMALL_GAP => small
+                Headers::File(_) | Headers::Kept(_) if e.saturating_sub(s) <= SMALL_GAP => small
                     .get_mut(..e.saturating_sub(s))
                     .and_then(|buf| headers.read(data, start, buf).ok())
                     .filter(|got| got.len() == e - s),
@@ -1299,6 +1397,53 @@ mod tests {
             Archive::parse(&data, Headers::File(&unreadable), &limits).expect_err("the reads fail");
         assert_eq!(e.kind(), crate::error::ErrorKind::Io, "{e}");
         assert!(e.to_string().contains("local header"), "{e}");
+        #[cfg(feature = "scan")]
+        {
+            let kept = KeptReads::new(&unreadable);
+            let e = Archive::parse(&data, Headers::Kept(&kept), &limits).expect_err("they fail");
+            assert_eq!(e.kind(), crate::error::ErrorKind::Io, "{e}");
+        }
+        let _ = std::fs::remove_file(&copy);
+    }
+
+    /// Kept reads: the same archive as plain positioned reads give, each
+    /// local header read once (a second parse, and the bytes just before
+    /// a header, come from what was kept), and a short read at the end.
+    #[cfg(feature = "scan")]
+    #[test]
+    fn kept_reads_answer_again_from_what_they_read() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/files/llama_wide.pt"
+        );
+        let data = std::fs::read(path).unwrap();
+        let limits = Limits::default();
+        let copy = std::env::temp_dir().join(format!("ptload-zip-kept-{}", std::process::id()));
+        std::fs::write(&copy, &data).unwrap();
+        let file = std::fs::File::open(&copy).unwrap();
+        let plain = Archive::parse(&data, Headers::File(&file), &limits).unwrap();
+        let kept = KeptReads::new(&file);
+        let first = Archive::parse(&data, Headers::Kept(&kept), &limits).unwrap();
+        let reads = kept.kept.borrow().len();
+        assert_eq!(reads, plain.entries().len());
+        // The file changes under the reader: what was kept answers.
+        std::fs::write(&copy, vec![0u8; data.len()]).unwrap();
+        let again = Archive::parse(&data, Headers::Kept(&kept), &limits).unwrap();
+        assert_eq!(kept.kept.borrow().len(), reads, "no read made again");
+        let starts =
+            |a: &Archive<'_>| -> Vec<u64> { a.entries().iter().map(|e| e.data_start).collect() };
+        assert_eq!(starts(&first), starts(&plain));
+        assert_eq!(starts(&again), starts(&plain));
+        // The bytes before a header were read with it.
+        let local = plain.entries()[1].local;
+        let mut behind = [0u8; 16];
+        let got = kept.read(local - 16, &mut behind).unwrap().to_vec();
+        assert_eq!(kept.kept.borrow().len(), reads);
+        assert_eq!(got, data[local as usize - 16..local as usize]);
+        // At the end of the file: as many bytes as there are.
+        let mut tail = [0u8; 64];
+        let end = data.len() as u64 - 10;
+        assert_eq!(kept.read(end, &mut tail).unwrap(), &[0u8; 10][..]);
         let _ = std::fs::remove_file(&copy);
     }
 }

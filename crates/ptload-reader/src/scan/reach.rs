@@ -376,9 +376,16 @@ fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
 /// [`scan_bytes`] of the mapped bytes of `file`, whose zip local headers
 /// are read from the file with positioned reads where the archive's
 /// records lie far apart (as the decode reads them), instead of faulting
-/// in a page of the map for each.
-pub(crate) fn scan_file_bytes(data: &[u8], file: &std::fs::File, limits: &Limits) -> ScanReport {
-    scan_view_with(FileView::Whole(data), limits, true, Headers::File(file))
+/// in a page of the map for each, and each once.
+/// The archive is parsed twice (as a tolerant reader and as torch reads
+/// it) and looked at between its records: `kept` reads each header once,
+/// and keeps it for the caller (a decode of the same file).
+pub(crate) fn scan_file_bytes(
+    data: &[u8],
+    kept: &crate::container::zip::KeptReads<'_>,
+    limits: &Limits,
+) -> ScanReport {
+    scan_view_with(FileView::Whole(data), limits, true, Headers::Kept(kept))
 }
 
 /// [`scan_bytes`] with the general machine for every pickle: what the
@@ -486,7 +493,11 @@ pub fn scan_file(path: &std::path::Path, limits: &Limits, in_memory: bool) -> Re
         crate::source::Source::map(path)?
     };
     Ok(match source.file() {
-        Some(file) => scan_file_bytes(source.bytes(), file, limits),
+        Some(file) => scan_file_bytes(
+            source.bytes(),
+            &crate::container::zip::KeptReads::new(file),
+            limits,
+        ),
         None => scan_bytes(source.bytes(), limits),
     })
 }

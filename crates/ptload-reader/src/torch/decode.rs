@@ -50,7 +50,7 @@ pub(crate) struct PlainTensors {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_zip(
     data: FileView<'_>,
-    file: Option<&std::fs::File>,
+    headers: Headers<'_>,
     assumed: ByteOrder,
     limits: &Limits,
     heap: &mut Heap,
@@ -58,7 +58,6 @@ pub(crate) fn decode_zip(
     vm: &mut Vm<'_>,
     plain_ok: bool,
 ) -> Result<Decoded> {
-    let headers = file.map_or(Headers::Map, Headers::File);
     let archive = Archive::parse(data, headers, limits)?;
     let mut budget = limits.max_decompressed_bytes;
     let records = layout::torch_records(data, &archive, &mut budget, assumed)?;
