@@ -80,6 +80,12 @@ pub(crate) enum Headers<'a> {
 /// Average bytes per entry from which local headers are read with `pread`.
 const SPREAD_FOR_PREAD: u64 = 256 * 1024;
 
+/// Whether `count` records in `len` bytes lie far enough apart that their
+/// local headers are read with `pread`.
+fn spread_out(len: u64, count: usize) -> bool {
+    len / (count.max(1) as u64) >= SPREAD_FOR_PREAD
+}
+
 /// Positioned reads of a file, kept: a read inside bytes read before is
 /// answered from them. Each read also takes the [`KeptReads::BEHIND`]
 /// bytes before it, where a torch archive keeps the data descriptor of the
@@ -529,7 +535,7 @@ impl<'d> Archive<'d> {
         let cd_start = prefix_len + dir.cd_offset;
         let (cd, count) = central_directory(data, &dir, cd_start, eocd, limits)?;
         let mut listing = Listing::with_capacity(count);
-        let spread = (data.len() as u64) / (count.max(1) as u64) >= SPREAD_FOR_PREAD;
+        let spread = spread_out(data.len() as u64, count);
         let headers = match headers {
             Headers::File(_) if !spread => Headers::Map,
             #[cfg(feature = "scan")]
@@ -629,7 +635,7 @@ impl<'d> Archive<'d> {
         &self,
         data: impl Into<FileView<'d>>,
         max: usize,
-        headers: Headers<'_>,
+        mut headers: Headers<'_>,
     ) -> (Vec<Hidden<'d>>, bool) {
         /// Gaps up to this long are read with a positioned read when the
         /// local headers are (a data descriptor between two records, in
@@ -643,6 +649,11 @@ impl<'d> Archive<'d> {
         // fetching the entries' data to search it.
         if data.incomplete() {
             return (Vec::new(), false);
+        }
+        // As the parse reads the headers: dense records' gaps lie on pages
+        // of the map the headers' reads faulted in already.
+        if !spread_out(data.len() as u64, self.entries.len()) {
+            headers = Headers::Map;
         }
         let mut covered: Vec<(u64, u64)> = self
             .entries
