@@ -923,6 +923,14 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("torch._logging._init_logs", true)),
     ),
+    // A twenty-third's: a library's mapping whose lookup imports what its
+    // state names, iterated by OrderedDict (its methods run: library code
+    // no checkpoint runs).
+    (
+        "cb_lazy_mapping.pt",
+        Dangerous,
+        Some(("transformers.processing_utils._LazyAutoProcessorMapping", true)),
+    ),
     (
         "ss_additems_object.pkl",
         Dangerous,
@@ -2746,7 +2754,7 @@ fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 17);
+    assert_eq!(files.len(), 18);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()
@@ -3269,11 +3277,27 @@ fn links_among_the_tar_members_torch_extracts_are_dangerous() {
 /// call); into a model's own package, `__main__` or the data stack
 /// (pandas, whose frames pickle as calls), an unknown call. A library's
 /// class looked up by one value, as an enum member is, and classes only
-/// constructed, stay below (hand-made pickles).
+/// constructed, stay below; an object of a library's class whose methods
+/// a builtin or torch's OrderedDict runs is library code run (hand-made
+/// pickles).
 #[test]
 fn library_calls_no_checkpoint_makes_are_dangerous() {
     use ptload_reader::scan::scan_bytes;
     let library = GlobalClass::Dangerous(Danger::LibraryCall);
+    // NEWOBJ of a mapping class, then BUILD with a table of names.
+    let mapping = |class: &[u8]| {
+        let mut out = class.to_vec();
+        out.extend_from_slice(b")\x81}");
+        out.extend(s("_MAPPING_NAMES"));
+        out.extend_from_slice(b"}");
+        out.extend(s("tokenizer"));
+        out.extend(s("this"));
+        out.extend(s("s"));
+        out.extend_from_slice(b"\x86ssb");
+        out
+    };
+    let lazy = mapping(b"ctransformers.processing_utils\n_LazyAutoProcessorMapping\n");
+    let own = mapping(b"cmymodels.tables\nLazyTable\n");
     let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
         (
             "a standard library function",
@@ -3323,6 +3347,24 @@ fn library_calls_no_checkpoint_makes_are_dangerous() {
         (
             "a standard library class constructed, not called",
             pickle(&[b"ccalendar\nTextCalendar\n)\x81}b"]),
+            NeedsCode,
+        ),
+        // An object of a library's class, its methods run by a builtin or
+        // by torch's OrderedDict: library code acting on the file's state.
+        (
+            "a library's mapping given to dict()",
+            pickle(&[b"cbuiltins\ndict\n", &lazy, b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "a library's mapping given to OrderedDict()",
+            pickle(&[b"ccollections\nOrderedDict\n", &lazy, b"\x85R"]),
+            Dangerous,
+        ),
+        ("a library's mapping only kept", pickle(&[&lazy]), NeedsCode),
+        (
+            "a model package's mapping given to OrderedDict()",
+            pickle(&[b"ccollections\nOrderedDict\n", &own, b"\x85R"]),
             NeedsCode,
         ),
     ];

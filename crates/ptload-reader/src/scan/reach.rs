@@ -2666,6 +2666,29 @@ impl Recorder {
         Ok(())
     }
 
+    /// Objects the pickle constructed and torch's own functions iterate,
+    /// measure or convert (`OrderedDict(x)` runs `x.keys()` and
+    /// `x[key]`): the methods of their class run on the state the file
+    /// gave them. Of a class of code every loading machine has that the
+    /// scanner has no entry for, that is library code no checkpoint runs,
+    /// acting on what the file chose (a mapping whose lookup imports the
+    /// module its state names): an uncatalogued library call.
+    fn library_methods_run(&mut self, values: &[Value]) {
+        for &v in values {
+            let Some(Origin::Made(c)) = self.origin(v) else {
+                continue;
+            };
+            if let Some(u) = self.globals.get_mut(c) {
+                if u.class == GlobalClass::Unknown
+                    && u.usage == Usage::Instantiated
+                    && super::libraries::shipped(&u.module)
+                {
+                    u.class = GlobalClass::Dangerous(Danger::LibraryCall);
+                }
+            }
+        }
+    }
+
     /// Whether the pickle has named nothing that calling could run: no
     /// wrapper or bound method, and every global torch's allowlist or
     /// known data. Then [`used`](Self::used) has nothing to find, however
@@ -3706,6 +3729,7 @@ impl Interpreter for Recorder {
                             direct.extend(d.entries().iter().map(|&(_, v)| v));
                         }
                     }
+                    self.library_methods_run(&direct);
                     self.used_iterated(heap, &direct)?;
                     // `_rebuild_from_type_v2(func, type, args, state)` calls
                     // `func(*args)`: what `args` holds is `func`'s
@@ -3831,6 +3855,21 @@ impl Interpreter for Recorder {
                         }
                     }
                 } else {
+                    // A known-safe callable (a builtin that iterates,
+                    // converts or compares) runs the methods of the
+                    // objects it is given.
+                    let known = self
+                        .globals
+                        .get(g)
+                        .is_some_and(|u| u.class == GlobalClass::Data);
+                    if known {
+                        let direct: Vec<Value> = items
+                            .iter()
+                            .copied()
+                            .filter(|&v| matches!(self.origin(v), Some(Origin::Made(_))))
+                            .collect();
+                        self.library_methods_run(&direct);
+                    }
                     self.used(heap, &items)?;
                 }
                 // What comes out: an instance of the class a constructor is
