@@ -495,9 +495,12 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     // dataclass as a key): hashing calls none of them.
     ("en_namedtuple_set.pt", NeedsCode, None),
     ("en_frozen_key.pt", NeedsCode, None),
+    // A standard library class called with a number: no lookup (any file
+    // can name it; its enums are listed by name), a library call no
+    // checkpoint makes, whatever this one does.
     (
         "en_stdlib_call.pt",
-        UnknownCall,
+        Dangerous,
         Some(("calendar.TextCalendar", true)),
     ),
     // Calls the unpickler makes (torch_implicit.json): APPEND / APPENDS
@@ -1735,7 +1738,7 @@ fn enum_lookups_and_plain_getitem_are_data_and_nothing_else_is() {
         (
             "a standard library class given a word",
             pickle(&[b"ccalendar\nTextCalendar\n", b"K\x00\x85R"]),
-            UnknownCall,
+            Dangerous,
         ),
         (
             "pydantic evaluates a type given as a string",
@@ -2711,11 +2714,23 @@ fn callables_of_the_nineteenth_corpus_are_dangerous_when_called() {
         "torch.distributed.distributed_c10d\nBackend\n",
         "torch.distributed\nDistBackendError\n",
         "torch.distributed\nAllreduceOptions\n",
-        "torch.distributed.tensor.placement_types\nShard\n",
-        "torch.distributed.checkpoint.metadata\nChunkStorageMetadata\n",
         "somepkg.models\nOpenAIGPTConfig\n",
     ] {
         assert_ne!(call(global), Dangerous, "{global:?}");
+    }
+    // A placement and checkpoint metadata are constructed and filled when
+    // they pickle; called with a string they are library calls, not the
+    // network.
+    for global in [
+        "torch.distributed.tensor.placement_types\nShard\n",
+        "torch.distributed.checkpoint.metadata\nChunkStorageMetadata\n",
+    ] {
+        let report = called_with_a_string(global);
+        assert_eq!(
+            report.pickles[0].globals[0].class,
+            GlobalClass::Dangerous(Danger::LibraryCall),
+            "{global:?}"
+        );
     }
 }
 
@@ -3276,8 +3291,9 @@ fn links_among_the_tar_members_torch_extracts_are_dangerous() {
 /// has, no checkpoint makes it (`dangerous`, an uncatalogued library
 /// call); into a model's own package, `__main__` or the data stack
 /// (pandas, whose frames pickle as calls), an unknown call. A library's
-/// class looked up by one value, as an enum member is, and classes only
-/// constructed, stay below; an object of a library's class whose methods
+/// class called with one word is a call too unless it is a listed enum; a
+/// model package's class so called is looked up, and classes only
+/// constructed stay below; an object of a library's class whose methods
 /// a builtin or torch's OrderedDict runs is library code run (hand-made
 /// pickles).
 #[test]
@@ -3339,10 +3355,27 @@ fn library_calls_no_checkpoint_makes_are_dangerous() {
             pickle(&[b"cpandas.core.indexes.base\n_new_Index\n)R"]),
             UnknownCall,
         ),
+        // A library's class called with one word is no lookup: its enums
+        // are listed by name, and `Popen("pwd")` looks the same.
         (
-            "a torch class looked up by a number",
+            "a torch class called with a number",
             pickle(&[b"ctorch.nn.attention\nSDPBackend\nK\x01\x85R"]),
-            UnknownCall,
+            Dangerous,
+        ),
+        (
+            "a re-export of Popen in CPython's test suite, given a word",
+            pickle(&[b"ctest.test_gzip\nPopen\n", &s("pwd"), b"\x85R"]),
+            Dangerous,
+        ),
+        (
+            "a library's listed enum",
+            pickle(&[b"ctimm.layers.format\nFormat\n", &s("NCHW"), b"\x85R"]),
+            Clean,
+        ),
+        (
+            "a model package's enum",
+            pickle(&[b"cmymodels.config\nStage\n", &s("fit"), b"\x85R"]),
+            NeedsCode,
         ),
         (
             "a standard library class constructed, not called",
@@ -3372,9 +3405,13 @@ fn library_calls_no_checkpoint_makes_are_dangerous() {
         let report = scan_bytes(&bytes, &Limits::default());
         assert!(report.pickles[0].complete, "{what}: {report:#?}");
         assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
+        // Dangerous as a library call, or by what its name says (`Popen`).
         let classes: Vec<_> = report.pickles[0].globals.iter().map(|g| g.class).collect();
+        let by_name = classes
+            .iter()
+            .any(|c| matches!(c, GlobalClass::Dangerous(d) if *d != Danger::LibraryCall));
         assert_eq!(
-            classes.contains(&library),
+            classes.contains(&library) || by_name,
             verdict == Dangerous,
             "{what}: {classes:?}"
         );

@@ -6,6 +6,11 @@
 //! what the scanner lists as data, so such a call is a payload's, not a
 //! model's: a model's own code is its package or `__main__`.
 //!
+//! CPython's own test suite (`test`, and its extension modules) counts:
+//! a Python built from source or installed from python.org or conda has
+//! it, with servers, interpreters started on scripts and helpers that
+//! re-export `subprocess.Popen` under its modules' names.
+//!
 //! Left out on purpose: the data stack (pandas, scipy, scikit-learn,
 //! matplotlib, pyarrow), whose objects pickle as calls of their own
 //! functions (`pandas._libs.internals._unpickle_block`), so that a call
@@ -13,8 +18,19 @@
 
 /// Top-level module names, sorted for a binary search.
 const TOP_LEVEL: &[&str] = &[
+    "_ctypes_test",
     "_distutils_hack",
     "_pytest",
+    "_testbuffer",
+    "_testcapi",
+    "_testclinic",
+    "_testimportmultiple",
+    "_testinternalcapi",
+    "_testmultiphase",
+    "_testsinglephase",
+    "_xxinterpchannels",
+    "_xxsubinterpreters",
+    "_xxtestfuzz",
     "_yaml",
     "accelerate",
     "aiohappyeyeballs",
@@ -77,6 +93,7 @@ const TOP_LEVEL: &[&str] = &[
     "shellingham",
     "six",
     "sympy",
+    "test",
     "timm",
     "tokenizers",
     "torch",
@@ -95,6 +112,9 @@ const TOP_LEVEL: &[&str] = &[
     "typing_inspection",
     "urllib3",
     "wheel",
+    "xxlimited",
+    "xxlimited_35",
+    "xxsubtype",
     "yaml",
     "yarl",
 ];
@@ -113,7 +133,7 @@ mod tests {
         assert!(super::TOP_LEVEL.windows(2).all(|w| w[0] < w[1]));
         assert!(super::shipped("torch.utils.file_baton"));
         assert!(super::shipped("os.path") && super::shipped("__builtin__"));
-        assert!(super::shipped("pygments"));
+        assert!(super::shipped("pygments") && super::shipped("test.test_gzip"));
         assert!(!super::shipped("__main__") && !super::shipped("models.yolo"));
         assert!(!super::shipped("torchx") && !super::shipped("pandas.core.frame"));
     }

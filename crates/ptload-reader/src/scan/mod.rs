@@ -1220,8 +1220,8 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
 /// groups and rendezvous reach the network; the object collectives
 /// (`broadcast_object_list`, `_tensor_to_object`...) unpickle the bytes a
 /// tensor holds; `breakpoint` starts a debugger. Their errors, option
-/// structs and names of backends and operations are data (`Some(None)`:
-/// judged as any unknown global). `None` for other modules: the tensor,
+/// structs and names of backends and operations are data (`Some(None)`,
+/// listed so by `known_data`). `None` for other modules: the tensor,
 /// mesh and checkpoint-metadata types under `torch.distributed` are
 /// classes a checkpoint holds.
 fn distributed(module: &str, name: &str) -> Option<Option<Danger>> {
@@ -1454,6 +1454,8 @@ const KNOWN_ENUMS: &[(&str, &[&str])] = &[
         "pytorch_lightning.trainer.states",
         &["TrainerStatus", "TrainerFn", "RunningStage"],
     ),
+    // timm's layers keep their tensor layout as a member (whole models).
+    ("timm.layers.format", &["Format"]),
 ];
 
 /// A transformers model output's class name: `Output` a word of it
@@ -1496,6 +1498,11 @@ fn known_data(module: &str, name: &str) -> bool {
         "numpy.core.numeric" | "numpy._core.numeric" => name == "_frombuffer",
         "numpy.ma.core" => name == "_mareconstruct",
         "numpy.dtypes" => NUMPY_DTYPE_CLASSES.contains(&name),
+        // torch.distributed's errors, option structs and the names of its
+        // backends and operations (see `distributed`).
+        "torch.distributed"
+        | "torch.distributed.distributed_c10d"
+        | "torch._C._distributed_c10d" => distributed(module, name) == Some(None),
         "argparse" => name == "Namespace",
         "collections" => matches!(
             name,

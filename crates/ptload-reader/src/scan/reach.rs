@@ -2006,10 +2006,11 @@ impl Recorder {
     /// can always add one, and a user's enum is often the only object of
     /// its package in a file (a training script's hyper-parameters).
     fn settle_lookups(&mut self) {
-        let own = |module: &str| {
-            let top = module.split('.').next().unwrap_or(module);
-            !super::stdlib::is_stdlib(top) && !matches!(top, "torch" | "numpy")
-        };
+        // Not the code every loading machine has: any file can name a
+        // class of that, and a capitalized name of it may be a class that
+        // acts (`subprocess.Popen` re-exported by a module of CPython's
+        // test suite, or of a library): its enums are listed by name.
+        let own = |module: &str| !super::libraries::shipped(module);
         let class_like = |name: &str| {
             !name.contains('.') && name.chars().next().is_some_and(|c| c.is_ascii_uppercase())
         };
@@ -2056,15 +2057,11 @@ impl Recorder {
         }
         // What is still an unknown call, into code every loading machine
         // has (not the file's own model code), is no checkpoint's call:
-        // a payload's. A class of that code called only with one value an
-        // enum has (a member looked up) is left an unknown call.
-        for (i, u) in self.globals.iter_mut().enumerate() {
-            let looked_up = self.lookups.get(&i) == Some(&true)
-                && !u.name.contains('.')
-                && u.name.starts_with(|c: char| c.is_ascii_uppercase());
+        // a payload's. Its enums are listed by name (`KNOWN_ENUMS`): a
+        // capitalized class of it called with one word may be `Popen`.
+        for u in &mut self.globals {
             if u.usage == Usage::Called
                 && u.class == GlobalClass::Unknown
-                && !looked_up
                 && super::libraries::shipped(&u.module)
             {
                 u.class = GlobalClass::Dangerous(Danger::LibraryCall);
