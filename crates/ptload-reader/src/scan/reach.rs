@@ -44,9 +44,10 @@ pub enum Usage {
     /// A class of a package (or `__main__`) called with one constant, and
     /// in no other way: how an `Enum` member pickles (`Format('NCHW')`,
     /// looked up by its value). The package is not the standard library,
-    /// torch or numpy, which any file can name and whose classes are
-    /// decided by name; the name is a class's (capitalized, no attribute
-    /// path). Its code runs as an instantiated class's does, and the file
+    /// torch, numpy or another library every loading machine has, which
+    /// any file can name and whose enums are listed by name (a class of
+    /// theirs may act: a re-exported `Popen`); the name is a class's
+    /// (capitalized, no attribute path). Its code runs as an instantiated class's does, and the file
     /// chose only the constant: loading needs the code
     /// ([`Level::NeedsCode`]), as for the class instantiated.
     LookedUp,
