@@ -12,7 +12,7 @@ use ptload_reader::{Checkpoint, DType, OpenOptions, Policy};
 
 pub(crate) type CliResult<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// Policy and decoding options.
+// Policy and decoding options.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct OpenArgs {
     /// Refuse globals outside torch's weights_only allowlist, as
@@ -116,7 +116,7 @@ impl OpenArgs {
     }
 }
 
-/// Where storages go.
+// Where storages go.
 #[derive(Args, Debug, Clone, Default)]
 pub(crate) struct MapArgs {
     /// cpu | cuda (= cuda:0) | cuda:N | meta | auto (cuda:0 if a GPU is usable, else cpu) |
@@ -206,7 +206,7 @@ impl MapArgs {
     }
 }
 
-/// Which tensors, under which names.
+// Which tensors, under which names.
 #[derive(Args, Debug, Clone, Default)]
 pub(crate) struct StateDictArgs {
     /// The sub-tree that is the state dict: a dotted path (state_dict, model.ema), `auto`

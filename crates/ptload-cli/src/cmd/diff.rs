@@ -14,10 +14,10 @@ use crate::args::{self, CliResult, OpenArgs, StateDictArgs};
 /// Exit code of a command that judges: 0 nothing found, 1 findings, 2 error.
 pub(crate) type Verdict = u8;
 
-/// Compares the models two checkpoints hold, as convert and load take them
-/// (`--key auto --strip-prefix auto` unless given; each automatic choice is
-/// noted), so a plain state dict and a training or DataParallel checkpoint
-/// of the same weights compare equal.
+// Compares the models two checkpoints hold, as convert and load take them
+// (`--key auto --strip-prefix auto` unless given; each automatic choice is
+// noted), so a plain state dict and a training or DataParallel checkpoint
+// of the same weights compare equal.
 #[derive(Args)]
 #[command(
     mut_arg("key", |a| a.help(args::key_help("auto"))),
