@@ -142,6 +142,9 @@ const STALL_TIMEOUT: &str = "60s";
 
 /// `url`'s store (built from the environment) and the object's path in it.
 fn store_for(url: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
+    // The store's HTTP client takes rustls' process-wide crypto provider:
+    // ring, unless the program installed another first.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let parsed = url::Url::parse(url).map_err(|e| io_err(format!("{url}: not a URL: {e}")))?;
     let (scheme, path) = ObjectStoreScheme::parse(&parsed)
         .map_err(|e| io_err(format!("{url}: not an object storage URL: {e}")))?;
