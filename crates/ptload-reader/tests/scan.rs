@@ -938,6 +938,16 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     // with one tuple of words (no enum lookup: library code).
     ("cb_test_suite_popen.pt", Dangerous, Some(("test.test_gzip.Popen", true))),
     (
+        "cb_test_module_named.pt",
+        Dangerous,
+        Some(("test._test_embed_structseq.TestStructSeq", true)),
+    ),
+    (
+        "cb_defaultdict_factory.pt",
+        Dangerous,
+        Some(("cgi.print_directory", true)),
+    ),
+    (
         "ss_additems_object.pkl",
         Dangerous,
         Some(("functools.partial", true)),
@@ -2765,14 +2775,14 @@ fn callables_a_survey_found_are_dangerous_when_called() {
 /// Each file of the nineteenth and twentieth corpora's callables did
 /// what it was made to do under torch 2.15 (torch_callables.json: a file
 /// made or emptied in the loading process's folder, `this` imported, a
-/// socket listening, a child process's line): the scan puts every one at
-/// `dangerous`.
+/// socket listening, a child process's line, a line a payload printed):
+/// the scan puts every one at `dangerous`.
 #[test]
 fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 19);
+    assert_eq!(files.len(), 21);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()
@@ -2781,7 +2791,11 @@ fn callables_torch_ran_are_dangerous() {
             || facts["imported_this"] == true
             || facts["listens"] == true
             || facts["printed_the_zen"] == true
-            || facts["child_process_printed"] == true;
+            || facts["child_process_printed"] == true
+            || facts["printed"].as_array().is_some_and(|p| !p.is_empty())
+            // A test module's `unittest.main()` run on import ends the
+            // process (its arguments are the loader's).
+            || facts["weights_only_false"] == "SystemExit";
         assert!(happened, "{name}: nothing happened under torch: {facts}");
         let path = root().join("tests/scan").join(name);
         let report = scan_file(&path, &Limits::default(), false).unwrap();
@@ -3419,6 +3433,117 @@ fn library_calls_no_checkpoint_makes_are_dangerous() {
             "{what}: {classes:?}"
         );
     }
+}
+
+/// What the twenty-fifth blind corpus ran under torch 2.15 with nothing
+/// called by name: a library's test module only named (importing it runs
+/// its tests), an object a library already holds given to a builtin or to
+/// torch's `OrderedDict` (a lazy mapping's iteration imports a thousand
+/// modules; `str(license)` reads a file), a library's function as a
+/// `defaultdict`'s factory (called by the first lookup of a missing key, as
+/// `UUID.__setstate__` makes), site's interactive helpers, and a legacy
+/// file's storage keys made by a library's class (torch iterates them: a
+/// CSV reader reads its file). The same shapes with a model's own code
+/// (an unknown call at most), a class's name, a builtin factory or an
+/// object only kept stay below (hand-made pickles).
+#[test]
+fn library_tests_objects_and_factories_run_library_code() {
+    use ptload_reader::scan::scan_bytes;
+    let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
+        (
+            "a module of CPython's test suite, only named",
+            pickle(&[b"ctest._test_embed_structseq\nTestStructSeq\n"]),
+            Dangerous,
+        ),
+        (
+            "a library's test module, only named",
+            pickle(&[b"cnumpy._pyinstaller.tests.pyinstaller-smoke\nx\n"]),
+            Dangerous,
+        ),
+        (
+            "a model's own test.py, only named",
+            pickle(&[b"ctest\nNet\n"]),
+            NeedsCode,
+        ),
+        (
+            "a model package's tests, only named",
+            pickle(&[b"cmypkg.tests.helpers\nmake\n"]),
+            NeedsCode,
+        ),
+        (
+            "a library's mapping given to dict()",
+            pickle(&[b"cbuiltins\ndict\nctransformers\nCONFIG_MAPPING\n\x85R"]),
+            Dangerous,
+        ),
+        (
+            "a library's mapping given to OrderedDict()",
+            pickle(&[b"ccollections\nOrderedDict\nctransformers.models.rag.configuration_rag\nCONFIG_MAPPING\n\x85R"]),
+            Dangerous,
+        ),
+        (
+            "a library's mapping only kept",
+            pickle(&[b"ctransformers\nCONFIG_MAPPING\n"]),
+            NeedsCode,
+        ),
+        (
+            "a library's class given to str()",
+            pickle(&[b"cbuiltins\nstr\nctransformers\nBertConfig\n\x85R"]),
+            NeedsCode,
+        ),
+        (
+            "a model package's object given to dict()",
+            pickle(&[b"cbuiltins\ndict\ncmypkg\nTABLE\n\x85R"]),
+            UnknownCall,
+        ),
+        ("site's licence text", pickle(&[b"cbuiltins\nlicense\n"]), Dangerous),
+        ("site's help", pickle(&[b"cbuiltins\nhelp\n"]), Dangerous),
+    ];
+    for (what, bytes, verdict) in cases {
+        let report = scan_bytes(&bytes, &Limits::default());
+        assert!(report.pickles[0].complete, "{what}: {report:#?}");
+        assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
+    }
+    // A legacy file: the magic number, the protocol, sys_info, the object,
+    // then the storage keys, which torch iterates.
+    let legacy = |object: &[u8], keys: &[u8]| {
+        let mut out = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.".to_vec();
+        out.extend_from_slice(b"\x80\x02M\xe9\x03.\x80\x02}.");
+        out.extend(pickle(&[object]));
+        out.extend(pickle(&[keys]));
+        out
+    };
+    // A UUID returned by the load, its state a defaultdict: `__setstate__`
+    // reads its `int`, and the missing key calls the factory.
+    for (what, factory, verdict) in [
+        (
+            "a library's function",
+            &b"ccgi\nprint_directory\n"[..],
+            Dangerous,
+        ),
+        ("a builtin", b"cbuiltins\nlist\n", Clean),
+        ("a model package's function", b"cmypkg\nmake\n", NeedsCode),
+    ] {
+        let mut uuid = b"cuuid\nUUID\n)\x81ccollections\ndefaultdict\n".to_vec();
+        uuid.extend_from_slice(factory);
+        uuid.extend_from_slice(b"\x85Rb");
+        let report = scan_bytes(&legacy(&uuid, b"]"), &Limits::default());
+        assert_eq!(report.pickles.len(), 5, "{what}: {report:#?}");
+        assert_eq!(
+            report.verdict(),
+            verdict,
+            "{what} as a factory: {report:#?}"
+        );
+    }
+    let csv_reader = b"ctransformers.pipelines.base\nCsvPipelineDataFormat\n)\x81}b";
+    let keys_made = scan_bytes(&legacy(b"}", csv_reader), &Limits::default());
+    assert_eq!(keys_made.pickles.len(), 5, "{keys_made:#?}");
+    assert_eq!(keys_made.verdict(), Dangerous, "{keys_made:#?}");
+    let class = &keys_made.pickles[4].globals[0];
+    assert_eq!(class.class, GlobalClass::Dangerous(Danger::LibraryCall));
+    // The same object returned by the load, and plain keys: kept.
+    let object_made = scan_bytes(&legacy(csv_reader, b"]"), &Limits::default());
+    assert_eq!(object_made.pickles.len(), 5, "{object_made:#?}");
+    assert_eq!(object_made.verdict(), NeedsCode, "{object_made:#?}");
 }
 
 /// Standard library data that pickles as calls of its own types (typing's

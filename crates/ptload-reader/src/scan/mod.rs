@@ -600,6 +600,11 @@ fn dangerous(module: &str, name: &str) -> Option<Danger> {
     if module.split('.').skip(1).any(|m| m == "__main__") {
         return Some(Danger::Import);
     }
+    // A library's tests run when imported (a test module's `unittest.main()`,
+    // a benchmark, an exit hook); no checkpoint names one.
+    if test_module(module) && libraries::shipped(module) {
+        return Some(Danger::Import);
+    }
     if IMPORTERS_BY_NAME.contains(&name) {
         return Some(Danger::Import);
     }
@@ -910,6 +915,23 @@ pub(crate) fn words(name: &str) -> Vec<String> {
     out
 }
 
+/// A module of a library's tests: a submodule of CPython's `test`
+/// package, or a module under a package's `tests` (`test`, `conftest`,
+/// `test_*`, `_test*`, `*_test`, `*_tests`) below its top level. A
+/// model's own `test.py` (the top-level `test`) is not one.
+fn test_module(module: &str) -> bool {
+    if module.starts_with("test.") {
+        return true;
+    }
+    module.split('.').skip(1).any(|m| {
+        matches!(m, "test" | "tests" | "conftest")
+            || m.starts_with("test_")
+            || m.starts_with("_test")
+            || m.ends_with("_test")
+            || m.ends_with("_tests")
+    })
+}
+
 /// A builtin that runs code, opens files, imports, or reaches any object.
 fn dangerous_builtin(name: &str) -> Option<Danger> {
     use Danger::*;
@@ -917,6 +939,12 @@ fn dangerous_builtin(name: &str) -> Option<Danger> {
         "eval" | "exec" | "compile" | "breakpoint" | "input" | "execfile" => Some(CodeExecution),
         "open" | "file" => Some(FileSystem),
         "__import__" | "reload" => Some(Import),
+        // `site`'s interactive helpers: `help` runs pydoc (which imports
+        // what it is asked about), the others read the licence files when
+        // printed or called; `exit` and `quit` end the process.
+        "help" => Some(Import),
+        "license" | "credits" | "copyright" => Some(FileSystem),
+        "exit" | "quit" => Some(Process),
         "getattr" | "setattr" | "delattr" | "globals" | "locals" | "vars" | "apply"
         | "__build_class__" => Some(Gadget),
         _ => None,

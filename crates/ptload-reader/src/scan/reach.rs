@@ -415,6 +415,7 @@ fn scan_view_with(
         nested: Vec::new(),
         ran_out: false,
         result_used: false,
+        result_iterated: false,
         plain,
         headers,
     };
@@ -528,6 +529,11 @@ struct Scanner<'l, 'f> {
     /// The next pickle's result is a value torch's loader itself uses as
     /// data (a legacy header: compared, iterated), not one it returns.
     result_used: bool,
+    /// That value is iterated (a legacy file's storage keys, a tar
+    /// record's count and arguments): a library's object there runs its
+    /// own methods. One compared with a number (the magic number) is not
+    /// counted: its class's comparison is rarely its own.
+    result_iterated: bool,
     /// Whether a zip entry's pickle is first read as a plain state dict.
     plain: bool,
 }
@@ -642,11 +648,25 @@ impl Scanner<'_, '_> {
                 outcome = Err(e);
             }
         }
+        let iterated = std::mem::take(&mut self.result_iterated);
         if std::mem::take(&mut self.result_used) {
             // torch compares it with a number, or iterates it: an object
             // the pickle made runs its methods.
             if let Ok(out) = &outcome {
-                if let Err(e) = recorder.used(&heap, &[out.value]) {
+                // Iterated, the value and its members run their methods:
+                // a library's object among them is a call into the
+                // library (a CSV reader's rows read as storage keys).
+                let mut consumed = vec![out.value];
+                if let Some(seq) = heap.sequence(out.value).filter(|_| iterated) {
+                    consumed.extend_from_slice(seq);
+                }
+                if iterated {
+                    recorder.library_methods_run(&consumed);
+                }
+                if let Err(e) = heap
+                    .charge_work(consumed.len() as u64)
+                    .and_then(|()| recorder.used(&heap, &[out.value]))
+                {
                     outcome = Err(e);
                 }
             }
@@ -757,6 +777,7 @@ impl Scanner<'_, '_> {
             // The magic number, the protocol, sys_info and the storage keys
             // are torch's own data; the object (the fourth) is returned.
             self.result_used = index < reached && index != 3;
+            self.result_iterated = index < reached && index == 4;
             let Some((end, magic)) = self.run(data, offset, source, index < reached, 0, Some(0))
             else {
                 if index > 0 && index < reached && !self.ran_out {
@@ -1286,6 +1307,7 @@ impl Scanner<'_, '_> {
             // Every pickle here is torch's own data: the count goes to
             // `range` (its `__index__`), a record's arguments are unpacked.
             self.result_used = reachable;
+            self.result_iterated = reachable;
             let Some((end, _)) = self.run(member, offset, source(), reachable, 0, base) else {
                 break;
             };
@@ -2687,6 +2709,41 @@ impl Recorder {
         }
     }
 
+    /// Objects a library already holds, named by the file and given to a
+    /// callable that iterates, converts or compares them
+    /// (`dict(transformers.CONFIG_MAPPING)`, `str(builtins.license)`):
+    /// their methods run, which no entry of the scanner's covers. A name
+    /// in a class's spelling (`BertConfig`) is passed over: a class given
+    /// to a builtin is converted or compared by `type`'s methods.
+    fn library_objects_used(&mut self, values: &[Value]) {
+        for &v in values {
+            let Some(Origin::Global(c)) = self.origin(v) else {
+                continue;
+            };
+            if let Some(u) = self.globals.get_mut(c) {
+                let last = u.name.rsplit('.').next().unwrap_or_default();
+                let class_like = last
+                    .trim_start_matches('_')
+                    .starts_with(|ch: char| ch.is_ascii_uppercase())
+                    && !last.bytes().all(|b| !b.is_ascii_lowercase());
+                if u.class == GlobalClass::Unknown
+                    && !class_like
+                    && super::libraries::shipped(&u.module)
+                {
+                    u.class = GlobalClass::Dangerous(Danger::LibraryCall);
+                }
+            }
+        }
+    }
+
+    /// Whether the global at `g` is a library's (see
+    /// [`libraries`](super::libraries)), not a model's own code.
+    fn is_library(&self, g: usize) -> bool {
+        self.globals
+            .get(g)
+            .is_some_and(|u| super::libraries::shipped(&u.module))
+    }
+
     /// Whether the pickle has named nothing that calling could run: no
     /// wrapper or bound method, and every global torch's allowlist or
     /// known data. Then [`used`](Self::used) has nothing to find, however
@@ -3502,8 +3559,13 @@ impl Interpreter for Recorder {
             // by what it is (`defaultdict(list)`, a module's own function),
             // a wrapper or an object that carries arguments is called.
             if let Some(&factory) = items.first() {
-                if self.global_index(factory).is_none() {
-                    self.calls(heap, factory)?;
+                match self.global_index(factory) {
+                    None => self.calls(heap, factory)?,
+                    // A library's function or object (`cgi.print_environ`,
+                    // `builtins.help`) is called as it stands; a model's
+                    // own factory is judged by what it is.
+                    Some(g) if self.is_library(g) => self.mark(Some(g), Usage::Called),
+                    Some(_) => {}
                 }
             }
         }
@@ -3728,6 +3790,7 @@ impl Interpreter for Recorder {
                         }
                     }
                     self.library_methods_run(&direct);
+                    self.library_objects_used(&items);
                     self.used_iterated(heap, &direct)?;
                     // `_rebuild_from_type_v2(func, type, args, state)` calls
                     // `func(*args)`: what `args` holds is `func`'s
@@ -3867,6 +3930,10 @@ impl Interpreter for Recorder {
                             .filter(|&v| matches!(self.origin(v), Some(Origin::Made(_))))
                             .collect();
                         self.library_methods_run(&direct);
+                        // copyreg's helpers are given classes to make.
+                        if !matches!(self.path_of(callable), Some(("copyreg" | "copy_reg", _))) {
+                            self.library_objects_used(&items);
+                        }
                     }
                     self.used(heap, &items)?;
                 }
