@@ -5,6 +5,7 @@
 use super::*;
 use crate::container::zip::Headers;
 use crate::torch::names::Walked;
+use crate::torch::plain::KeptPlain;
 
 /// A tensor the walk named, checked against its storage: a rebuilt
 /// tensor, or a storage pickled on its own.
@@ -156,6 +157,7 @@ fn storage_infos(
 fn decode_pickles(
     source: &Source,
     headers: Option<Headers<'_>>,
+    kept: Option<&KeptPlain>,
     detected: Detected,
     opts: &OpenOptions,
     heap: &mut Heap,
@@ -182,6 +184,7 @@ fn decode_pickles(
                 interp,
                 &mut vm,
                 !opts.objects && !opts.general_only,
+                kept,
             )?
         }
         Detected::Legacy => decode_legacy(data, heap, interp, &mut vm)?,
@@ -312,9 +315,13 @@ impl Checkpoint {
     pub(super) fn scan_and_decode(source: &Source, opts: &OpenOptions) -> Result<Checkpoint> {
         // Scanned on this thread, then decoded: the local headers the scan
         // reads are kept for the decode, which reads the same ones.
+        // So is its plain read of `data.pkl`.
         let kept = source.file().map(crate::container::zip::KeptReads::new);
+        let kept_plain = KeptPlain::default();
         let scan_here = || match &kept {
-            Some(kept) => crate::scan::scan_file_bytes(source.bytes(), kept, &opts.limits),
+            Some(kept) => {
+                crate::scan::scan_file_bytes(source.bytes(), kept, Some(&kept_plain), &opts.limits)
+            }
             None => crate::scan::scan_bytes(source.bytes(), &opts.limits),
         };
         let (report, decoded) = match (opts.scan || opts.refuse_at.is_some(), source.fetcher()) {
@@ -335,7 +342,7 @@ impl Checkpoint {
                     .spawn_scoped(scope, || match source.file() {
                         Some(file) => {
                             let kept = crate::container::zip::KeptReads::new(file);
-                            crate::scan::scan_file_bytes(source.bytes(), &kept, &opts.limits)
+                            crate::scan::scan_file_bytes(source.bytes(), &kept, None, &opts.limits)
                         }
                         None => crate::scan::scan_bytes(source.bytes(), &opts.limits),
                     });
@@ -350,7 +357,7 @@ impl Checkpoint {
         }
         let decoded = decoded.unwrap_or_else(|| {
             let headers = kept.as_ref().map(Headers::Kept);
-            Checkpoint::decode_with(source.clone(), opts, headers)
+            Checkpoint::decode_with(source.clone(), opts, headers, Some(&kept_plain))
         });
         let mut checkpoint = match decoded {
             Err(e) if e.kind() == ErrorKind::UnsupportedGlobal => {
@@ -375,15 +382,17 @@ impl Checkpoint {
     }
 
     fn decode(source: Source, opts: &OpenOptions) -> Result<Checkpoint> {
-        Checkpoint::decode_with(source, opts, None)
+        Checkpoint::decode_with(source, opts, None, None)
     }
 
     /// [`Checkpoint::decode`], reading a zip's local headers as `headers`
-    /// says (by default, as the source's file allows).
+    /// says (by default, as the source's file allows), and taking the read
+    /// of its `data.pkl` `kept` holds when it is of the same bytes.
     fn decode_with(
         source: Source,
         opts: &OpenOptions,
         headers: Option<Headers<'_>>,
+        kept: Option<&KeptPlain>,
     ) -> Result<Checkpoint> {
         let detected = detect(source.view())?;
         if detected == Detected::Safetensors {
@@ -391,8 +400,15 @@ impl Checkpoint {
         }
         let mut heap = Heap::new(&opts.limits);
         let mut interp = TorchInterp::new(opts.policy, &opts.allowed_globals);
-        let (decoded, leading) =
-            decode_pickles(&source, headers, detected, opts, &mut heap, &mut interp)?;
+        let (decoded, leading) = decode_pickles(
+            &source,
+            headers,
+            kept,
+            detected,
+            opts,
+            &mut heap,
+            &mut interp,
+        )?;
         let (storages, inflated) = storage_infos(decoded.storages, decoded.bytes);
         let mut warnings = decoded.notes;
         let objects_root = decoded.roots.first().map(|&(v, _)| v);

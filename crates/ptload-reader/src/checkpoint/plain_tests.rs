@@ -366,3 +366,77 @@ fn damaged_pickles_read_alike_by_both() {
     #[cfg(feature = "scan")]
     assert!(scanned_by_shortcut > 100, "{scanned_by_shortcut}");
 }
+
+/// A mapped file opened with its scan, whose plain read of `data.pkl` the
+/// decode then takes instead of reading it again, reads as it does
+/// without a scan; and the decode takes it for the plain state dicts.
+#[cfg(feature = "scan")]
+#[test]
+fn a_scanned_open_reads_as_one_without_a_scan() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .expect("fixtures")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    paths.sort();
+    let mut plain_files = 0;
+    for path in paths {
+        let name = path.display().to_string();
+        let scanned = OpenOptions::new().scan(true).open(&path);
+        let unscanned = OpenOptions::new().open(&path);
+        assert_eq!(seen(&scanned), seen(&unscanned), "{name}");
+        if shortcut_reads(&std::fs::read(&path).expect("read")) {
+            plain_files += 1;
+        }
+    }
+    assert!(plain_files >= 10, "{plain_files} plain state dicts");
+}
+
+/// What the scan keeps is taken only for the same bytes of the map (not
+/// equal bytes elsewhere) read with the same arguments, and only once.
+#[test]
+fn a_kept_plain_read_is_taken_only_for_the_same_bytes_and_arguments() {
+    let file = std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files/basic.pt"),
+    )
+    .expect("read");
+    let limits = Limits::default();
+    let archive = Archive::parse(file.as_slice(), Headers::Map, &limits).expect("zip");
+    let mut budget = u64::MAX;
+    let records = layout::torch_records(
+        file.as_slice().into(),
+        &archive,
+        &mut budget,
+        crate::bytes::ByteOrder::Little,
+    )
+    .expect("torch zip");
+    let entry = records.data_pkl;
+    let pickle = layout::record_bytes(file.as_slice(), entry, u64::MAX, &mut budget).expect("pkl");
+    let dir = format!("{}data/", records.prefix);
+    let at = (entry.name, dir.as_str(), archive.entries().len());
+    let kept = plain::KeptPlain::default();
+    let seen = kept
+        .read_and_keep(&pickle, at, &limits, None)
+        .expect("read");
+    assert!(seen.is_some_and(|(globals, opcodes)| !globals.is_empty() && opcodes > 0));
+    let copy = pickle.to_vec();
+    assert!(kept.take(&copy, at).is_none(), "equal bytes elsewhere");
+    assert!(kept
+        .take(&pickle, (entry.name, "other/data/", at.2))
+        .is_none());
+    assert!(kept
+        .take(&pickle, (entry.name, dir.as_str(), at.2 + 1))
+        .is_none());
+    let taken = kept
+        .take(&pickle, at)
+        .expect("the same bytes and arguments");
+    let again = plain::read(&pickle, at, &limits, None)
+        .expect("read")
+        .expect("plain");
+    assert_eq!(
+        format!("{:?}", taken.tensors),
+        format!("{:?}", again.tensors)
+    );
+    assert!(kept.take(&pickle, at).is_none(), "taken once");
+}

@@ -28,6 +28,7 @@ use crate::limits::Limits;
 use crate::pickle::{Heap, Interpreter, Obj, ObjId, Object, StringEncoding, Value, Vm};
 use crate::ranged::{fetch_more_until, Extents, Fetcher, FileView, RangeRead};
 use crate::torch::dtype::DType;
+use crate::torch::plain::KeptPlain;
 
 /// How a global is used by the pickle that names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -371,7 +372,7 @@ pub fn scan_url(url: &str, limits: &Limits) -> Result<(ScanReport, (u64, u64))> 
 /// is not fetched is noted as missed (see `ranged`), and a pickle stream
 /// that ran out of fetched bytes asks for more.
 fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
-    scan_view_with(view, limits, true, Headers::Map)
+    scan_view_with(view, limits, true, Headers::Map, None)
 }
 
 /// [`scan_bytes`] of the mapped bytes of `file`, whose zip local headers
@@ -381,29 +382,38 @@ fn scan_view(view: FileView<'_>, limits: &Limits) -> ScanReport {
 /// The archive is parsed twice (as a tolerant reader and as torch reads
 /// it) and looked at between its records: `kept` reads each header once,
 /// and keeps it for the caller (a decode of the same file).
-pub(crate) fn scan_file_bytes(
+pub(crate) fn scan_file_bytes<'f>(
     data: &[u8],
-    kept: &crate::container::zip::KeptReads<'_>,
+    kept: &'f crate::container::zip::KeptReads<'f>,
+    kept_plain: Option<&'f KeptPlain>,
     limits: &Limits,
 ) -> ScanReport {
-    scan_view_with(FileView::Whole(data), limits, true, Headers::Kept(kept))
+    scan_view_with(
+        FileView::Whole(data),
+        limits,
+        true,
+        Headers::Kept(kept),
+        kept_plain,
+    )
 }
 
 /// [`scan_bytes`] with the general machine for every pickle: what the
 /// shortcut for plain state dicts must report alike.
 #[cfg(test)]
 pub(crate) fn scan_bytes_general(data: &[u8], limits: &Limits) -> ScanReport {
-    scan_view_with(FileView::Whole(data), limits, false, Headers::Map)
+    scan_view_with(FileView::Whole(data), limits, false, Headers::Map, None)
 }
 
 /// [`scan_view`], with `plain` whether a zip's pickles are first tried as
-/// plain state dicts ([`Scanner::plain_pickle`]), and `headers` how the
-/// local headers of the zip the file is read.
-fn scan_view_with(
+/// plain state dicts ([`Scanner::plain_pickle`]), `headers` how the
+/// local headers of the zip the file is read, and `kept_plain` where a
+/// plain read of the file's `data.pkl` is kept for the decode after.
+fn scan_view_with<'f>(
     view: FileView<'_>,
     limits: &Limits,
     plain: bool,
-    headers: Headers<'_>,
+    headers: Headers<'f>,
+    kept_plain: Option<&'f KeptPlain>,
 ) -> ScanReport {
     let mut vm = Vm::new(limits, StringEncoding::Bytes);
     vm.read_short_frames = true;
@@ -418,6 +428,8 @@ fn scan_view_with(
         result_iterated: false,
         plain,
         headers,
+        kept_plain,
+        zip_records: 0,
     };
     let head = view.up_to(0, 512);
     let safetensors =
@@ -498,6 +510,7 @@ pub fn scan_file(path: &std::path::Path, limits: &Limits, in_memory: bool) -> Re
         Some(file) => scan_file_bytes(
             source.bytes(),
             &crate::container::zip::KeptReads::new(file),
+            None,
             limits,
         ),
         None => scan_bytes(source.bytes(), limits),
@@ -519,6 +532,11 @@ struct Scanner<'l, 'f> {
     limits: &'l Limits,
     /// How the local headers of the file's own zip are read.
     headers: Headers<'f>,
+    /// Where a plain read of the file's `data.pkl` is kept for the decode
+    /// that follows (see [`KeptPlain`]).
+    kept_plain: Option<&'f KeptPlain>,
+    /// The records of the archive whose pickles are being scanned.
+    zip_records: usize,
     vm: Vm<'l>,
     report: ScanReport,
     /// Bytes values that look like pickles: (parent, index, depth, bytes).
@@ -581,16 +599,35 @@ impl Scanner<'_, '_> {
         }
         let record = source.to_string();
         let cancel = self.vm.cancel.as_deref();
-        let Ok(Some(plain)) =
-            crate::torch::plain::read(bytes, (&record, "", 0), self.limits, cancel)
-        else {
+        // The `data.pkl` torch reads, stored in the file: read as the
+        // decode after the scan reads it (its storages under its folder's
+        // `data/`), and kept for it.
+        let keep = self.kept_plain.filter(|_| reachable && base.is_some());
+        let read = match keep {
+            Some(kept) => {
+                let folder = record
+                    .len()
+                    .checked_sub("data.pkl".len())
+                    .and_then(|at| record.get(..at))
+                    .unwrap_or_default();
+                let dir = format!("{folder}data/");
+                kept.read_and_keep(
+                    bytes,
+                    (&record, &dir, self.zip_records),
+                    self.limits,
+                    cancel,
+                )
+            }
+            None => crate::torch::plain::read(bytes, (&record, "", 0), self.limits, cancel)
+                .map(|read| read.map(|plain| (plain.globals, plain.opcodes))),
+        };
+        let Ok(Some((globals, opcodes))) = read else {
             return false;
         };
-        if !self.vm.count_opcodes(plain.opcodes) {
+        if !self.vm.count_opcodes(opcodes) {
             return false;
         }
-        let globals = plain
-            .globals
+        let globals = globals
             .into_iter()
             .map(|g| GlobalUse {
                 class: classify(&g.module, &g.name),
@@ -993,6 +1030,7 @@ impl Scanner<'_, '_> {
                 order.push((e, false));
             }
         }
+        self.zip_records = archive.entries().len();
         for (entry, reach) in order {
             if !seen.insert(entry.data_start) {
                 continue;

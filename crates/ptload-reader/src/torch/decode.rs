@@ -8,7 +8,7 @@ use crate::advice::Warning;
 use crate::bytes::ByteOrder;
 use crate::container::layout::{self, StorageBytes};
 use crate::container::legacy::{self, LegacyStorage};
-use crate::container::zip::{Archive, Headers};
+use crate::container::zip::{Archive, Headers, Method};
 use crate::container::{Format, LEGACY_MAGIC_VALUE};
 use crate::error::{Error, ErrorKind, Result};
 use crate::limits::Limits;
@@ -57,6 +57,7 @@ pub(crate) fn decode_zip(
     interp: &mut TorchInterp<'_>,
     vm: &mut Vm<'_>,
     plain_ok: bool,
+    kept: Option<&plain::KeptPlain>,
 ) -> Result<Decoded> {
     let archive = Archive::parse(data, headers, limits)?;
     let mut budget = limits.max_decompressed_bytes;
@@ -78,8 +79,14 @@ pub(crate) fn decode_zip(
         let dir = format!("{prefix}data/");
         let bytes = data_bytes.as_deref().unwrap_or_default();
         let at = (data_pkl.name, dir.as_str(), archive.entries().len());
-        let read = plain::read(bytes, at, limits, vm.cancel.as_deref())
-            .map_err(|e| e.in_record(data_pkl.name))?;
+        // The scan before this decode may have read the same bytes so.
+        let stored = data_pkl.method == Method::Stored;
+        let kept = kept.filter(|_| stored).and_then(|k| k.take(bytes, at));
+        let read = match kept {
+            Some(plain) => Some(plain),
+            None => plain::read(bytes, at, limits, vm.cancel.as_deref())
+                .map_err(|e| e.in_record(data_pkl.name))?,
+        };
         if let Some(read) = read {
             interp.globals = read.globals;
             interp.storages = read.storages;

@@ -33,6 +33,71 @@ pub(crate) struct PlainTensor {
     pub(crate) requires_grad: bool,
 }
 
+/// A plain read the scan made of a file's `data.pkl`, kept for the decode
+/// that follows on the same thread: the same bytes read with the same
+/// arguments give the same [`Plain`], so the decode takes it instead of
+/// reading the pickle again. Keyed by where the pickle lies in the file
+/// (a stored record), its length and [`read`]'s arguments.
+#[derive(Debug, Default)]
+pub(crate) struct KeptPlain(std::cell::RefCell<Option<(PlainKey, Plain)>>);
+
+/// Which bytes were read, and how: the pickle's address and length (bytes
+/// of the file's map, so one address is one place of the file) and
+/// [`read`]'s arguments.
+#[derive(Debug, PartialEq)]
+struct PlainKey {
+    at: usize,
+    len: usize,
+    record: String,
+    storage_dir: String,
+    records: usize,
+}
+
+impl PlainKey {
+    fn new(pickle: &[u8], (record, storage_dir, records): (&str, &str, usize)) -> Self {
+        PlainKey {
+            at: pickle.as_ptr() as usize,
+            len: pickle.len(),
+            record: record.to_owned(),
+            storage_dir: storage_dir.to_owned(),
+            records,
+        }
+    }
+}
+
+impl KeptPlain {
+    /// [`read`] of `pickle`, bytes of the file's map; a plain state dict
+    /// is kept for [`KeptPlain::take`], its globals and opcodes handed
+    /// back.
+    #[cfg_attr(not(feature = "scan"), allow(dead_code))]
+    pub(crate) fn read_and_keep(
+        &self,
+        pickle: &[u8],
+        at: (&str, &str, usize),
+        limits: &Limits,
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Option<(Vec<GlobalRef>, u64)>> {
+        let Some(plain) = read(pickle, at, limits, cancel)? else {
+            return Ok(None);
+        };
+        let seen = (plain.globals.clone(), plain.opcodes);
+        *self.0.borrow_mut() = Some((PlainKey::new(pickle, at), plain));
+        Ok(Some(seen))
+    }
+
+    /// The kept read of these bytes of the map, read with these
+    /// arguments; `None` for any other.
+    pub(crate) fn take(&self, pickle: &[u8], at: (&str, &str, usize)) -> Option<Plain> {
+        let mut kept = self.0.borrow_mut();
+        let key = PlainKey::new(pickle, at);
+        if kept.as_ref().is_some_and(|(k, _)| *k == key) {
+            kept.take().map(|(_, plain)| plain)
+        } else {
+            None
+        }
+    }
+}
+
 /// What the pickle of a plain state dict holds.
 #[derive(Debug)]
 pub(crate) struct Plain {
