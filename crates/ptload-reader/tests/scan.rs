@@ -948,6 +948,11 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Some(("cgi.print_directory", true)),
     ),
     (
+        "cb_state_lazy_mapping.pt",
+        Dangerous,
+        Some(("transformers.processing_utils._LazyAutoProcessorMapping", true)),
+    ),
+    (
         "ss_additems_object.pkl",
         Dangerous,
         Some(("functools.partial", true)),
@@ -2782,7 +2787,7 @@ fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 21);
+    assert_eq!(files.len(), 22);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()
@@ -3329,8 +3334,17 @@ fn library_calls_no_checkpoint_makes_are_dangerous() {
         out.extend_from_slice(b"\x86ssb");
         out
     };
-    let lazy = mapping(b"ctransformers.processing_utils\n_LazyAutoProcessorMapping\n");
+    // A library's mapping the scanner has no entry for (transformers'
+    // lazy tables are listed now, below).
+    let lazy = mapping(b"ctransformers.processing_utils\nLazyTable\n");
     let own = mapping(b"cmymodels.tables\nLazyTable\n");
+    let listed = mapping(b"ctransformers.processing_utils\n_LazyAutoProcessorMapping\n");
+    let listed = scan_bytes(&pickle(&[&listed]), &Limits::default());
+    assert_eq!(
+        listed.pickles[0].globals[0].class,
+        GlobalClass::Dangerous(Danger::Import),
+        "{listed:#?}"
+    );
     let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
         (
             "a standard library function",
@@ -3534,7 +3548,15 @@ fn library_tests_objects_and_factories_run_library_code() {
             "{what} as a factory: {report:#?}"
         );
     }
-    let csv_reader = b"ctransformers.pipelines.base\nCsvPipelineDataFormat\n)\x81}b";
+    // A library class without an entry (transformers' pipeline data
+    // formats, which read their files when iterated, are listed).
+    let csv_reader = b"ctransformers.data.rows\nRowReader\n)\x81}b";
+    let listed = b"ctransformers.pipelines.base\nCsvPipelineDataFormat\n)\x81}b";
+    let listed = scan_bytes(&pickle(&[listed]), &Limits::default());
+    assert_eq!(
+        listed.pickles[0].globals[0].class,
+        GlobalClass::Dangerous(Danger::FileSystem)
+    );
     let keys_made = scan_bytes(&legacy(b"}", csv_reader), &Limits::default());
     assert_eq!(keys_made.pickles.len(), 5, "{keys_made:#?}");
     assert_eq!(keys_made.verdict(), Dangerous, "{keys_made:#?}");
@@ -3544,6 +3566,97 @@ fn library_tests_objects_and_factories_run_library_code() {
     let object_made = scan_bytes(&legacy(csv_reader, b"]"), &Limits::default());
     assert_eq!(object_made.pickles.len(), 5, "{object_made:#?}");
     assert_eq!(object_made.verdict(), NeedsCode, "{object_made:#?}");
+}
+
+/// What the twenty-sixth blind corpus ran under torch 2.15 with every
+/// call allowlisted: an object of a library class (a lazy table whose
+/// lookup imports, a reader whose iteration opens a file) handed to code
+/// that consults it as data. As a BUILD state (`UUID.__setstate__` reads
+/// `state['int']`), in a persistent id (torch reads the storage type's
+/// `dtype`), as a module's `_parameters` (its `__setattr__` asks `name in
+/// _parameters`), given to a builtin type's `__new__` by NEWOBJ
+/// (`tuple.__new__(tuple, reader)`), or put in the dict of a library
+/// object whose own `__setattr__` then runs for a slot state
+/// (`PretrainedConfig` looks names up in `attribute_map`). A model
+/// package's object in the same places stays below (hand-made pickles).
+#[test]
+fn library_objects_consulted_as_data_run_library_code() {
+    use ptload_reader::scan::scan_bytes;
+    // NEWOBJ of a class, then BUILD with a table.
+    let made = |class: &[u8]| {
+        let mut out = class.to_vec();
+        out.extend_from_slice(b")\x81}");
+        out.extend(s("table"));
+        out.extend(s("this"));
+        out.extend_from_slice(b"sb");
+        out
+    };
+    let library = made(b"ctransformers.data.rows\nRowReader\n");
+    let own = made(b"cmymodels.tables\nLazyTable\n");
+    // Each place, given the object's bytes.
+    type Shape = fn(&[u8]) -> Vec<u8>;
+    let shapes: Vec<(&str, Shape)> = vec![
+        ("a UUID's state", |m: &[u8]| {
+            pickle(&[b"cuuid\nUUID\n)\x81", m, b"b"])
+        }),
+        ("a persistent id's storage type", |m: &[u8]| {
+            let mut pid = b"(".to_vec();
+            pid.extend(s("storage"));
+            pid.extend_from_slice(m);
+            pid.extend(s("0"));
+            pid.extend(s("cpu"));
+            pid.extend_from_slice(b"K\x04tQ");
+            pickle(&[&pid])
+        }),
+        ("a module's _parameters", |m: &[u8]| {
+            let mut module = b"ctorch.nn.modules.activation\nReLU\n)\x81}".to_vec();
+            module.extend(s("_parameters"));
+            module.extend_from_slice(m);
+            module.extend_from_slice(b"sb");
+            pickle(&[&module])
+        }),
+        ("a tuple made by NEWOBJ", |m: &[u8]| {
+            pickle(&[b"cbuiltins\ntuple\n", m, b"\x85\x81"])
+        }),
+        (
+            "a config's attribute map, then a slot state",
+            |m: &[u8]| {
+                let mut config =
+                    b"ctransformers.configuration_utils\nPretrainedConfig\n)\x81}".to_vec();
+                config.extend(s("attribute_map"));
+                config.extend_from_slice(m);
+                config.extend_from_slice(b"s}");
+                config.extend(s("hidden"));
+                config.extend_from_slice(b"K\x01s\x86b");
+                pickle(&[&config])
+            },
+        ),
+    ];
+    for (what, shape) in &shapes {
+        let report = scan_bytes(&shape(&library), &Limits::default());
+        assert!(report.pickles[0].complete, "{what}: {report:#?}");
+        assert_eq!(
+            report.verdict(),
+            Dangerous,
+            "a library's object as {what}: {report:#?}"
+        );
+        let reader = report.pickles[0]
+            .globals
+            .iter()
+            .find(|g| g.name == "RowReader")
+            .expect("the reader's class");
+        assert_eq!(
+            reader.class,
+            GlobalClass::Dangerous(Danger::LibraryCall),
+            "{what}"
+        );
+        let report = scan_bytes(&shape(&own), &Limits::default());
+        assert!(report.pickles[0].complete, "{what}: {report:#?}");
+        assert!(
+            report.level() <= Level::NeedsCode,
+            "a model's object as {what}: {report:#?}"
+        );
+    }
 }
 
 /// Standard library data that pickles as calls of its own types (typing's

@@ -1123,10 +1123,19 @@ fn dangerous_by_name(module: &str, name: &str) -> Option<Option<Danger>> {
             && name == "_call_custom_autograd_function_in_pre_dispatch")
         || (under(module, "torch.nn.attention") && name.starts_with("register_flash_attention"))
         || (under(module, "transformers.pipelines") && matches!(name, "pipeline" | "_resolve_impl"))
+        // transformers' lazy tables (`_LazyAutoMapping`, `_LazyConfigMapping`,
+        // `_LazyAutoProcessorMapping`): a lookup imports the module the
+        // table names, a table a file can set.
+        || (under(module, "transformers") && name.starts_with("_Lazy") && name.ends_with("Mapping"))
         || (under(module, "lightning_fabric.accelerators") && name == "call_register_accelerators")
         || (module == "huggingface_hub" && name == "_attach")
     {
         return Some(Some(Import));
+    }
+    // A pipeline's data formats read the file they name when iterated
+    // and write theirs when saved.
+    if under(module, "transformers.pipelines") && name.ends_with("PipelineDataFormat") {
+        return Some(Some(FileSystem));
     }
     // transformers' resolution of a model's files on the Hub.
     if (module == "transformers.modeling_utils" && name == "_get_resolved_checkpoint_files")

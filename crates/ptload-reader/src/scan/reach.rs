@@ -3128,6 +3128,16 @@ impl Recorder {
             }
         }
         self.weak_callback(heap, cls, items)?;
+        // A builtin type's or torch's `__new__` consumes what it is given
+        // (`tuple.__new__(tuple, reader)` iterates it): an object of a
+        // library class there runs its methods, as given to a call.
+        let consumes = self
+            .globals
+            .get(g)
+            .is_some_and(|u| matches!(u.class, GlobalClass::Data | GlobalClass::Tensor));
+        if consumes {
+            self.library_methods_run(items);
+        }
         let unknown = self
             .globals
             .get(g)
@@ -4212,6 +4222,11 @@ impl Interpreter for Recorder {
                 let mut run_on = Vec::new();
                 let mut setattr_on = false;
                 let mut calls_on_state = Vec::new();
+                // Objects the class's code (or torch's) consults as data:
+                // a state that is an object (`UUID.__setstate__` reads
+                // `state['int']`), what a module's `__setattr__` probes.
+                let mut consulted = Vec::new();
+                let mut dict_values = Vec::new();
                 let pair = heap.tuple(state).is_some_and(|t| t.len() == 2);
                 for (n, part) in parts.into_iter().enumerate().filter(|_| !torchscript) {
                     // The second of a pair is set attribute by attribute
@@ -4234,6 +4249,7 @@ impl Interpreter for Recorder {
                         // of it by such a name is what runs.
                         if matches!(self.origin(part), Some(Origin::Made(_))) {
                             calls_on_state.extend(self.held_by_name(heap, part, &STATE_METHODS)?);
+                            consulted.push(part);
                         }
                         continue;
                     };
@@ -4245,6 +4261,7 @@ impl Interpreter for Recorder {
                     if by_setattr && !dict.entries().is_empty() {
                         setattr_on = true;
                     }
+                    dict_values.extend(dict.entries().iter().map(|&(_, v)| v));
                     for &(k, v) in dict.entries() {
                         // A wrapper stored under the name of a method torch's
                         // own code calls on the instance (`Module` re-adding
@@ -4276,6 +4293,7 @@ impl Interpreter for Recorder {
                             matches!(heap.text(k), Some("_parameters" | "_buffers" | "_modules"));
                         if probed && !self.plain_mapping(v) {
                             run_on.push(v);
+                            consulted.push(v);
                         }
                     }
                     // An optimizer's `__setstate__` (torch's code) calls
@@ -4299,7 +4317,16 @@ impl Interpreter for Recorder {
                 self.used(heap, &run_on)?;
                 if setattr_on {
                     self.used_unargued(heap, &[obj])?;
+                    // A library class's own `__setattr__` runs for each
+                    // slot, and may consult what the dict state just put
+                    // in the instance (`PretrainedConfig` looks names up in
+                    // its `attribute_map`).
+                    if self.is_library(g) {
+                        consulted.extend(dict_values.iter().copied());
+                    }
                 }
+                heap.charge_work(consulted.len() as u64)?;
+                self.library_methods_run(&consulted);
                 // A state that is a tuple but no pair goes whole to the
                 // class's `__setstate__`, which reads its members
                 // (numpy's converts a shape's with `__index__`,
@@ -4503,6 +4530,9 @@ impl Interpreter for Recorder {
         // into a record name: an object among the fields runs its methods;
         // the tar loader converts an id that is no tuple (`int(saved_id)`).
         self.used(heap, &items)?;
+        // torch reads the storage type's `dtype`, formats the key: an
+        // object of a library class there runs its methods.
+        self.library_methods_run(&items);
         if items.is_empty() {
             self.used(heap, &[pid])?;
         }
