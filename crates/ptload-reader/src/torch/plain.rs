@@ -85,6 +85,12 @@ impl KeptPlain {
         Ok(Some(seen))
     }
 
+    /// Whether a read is kept.
+    #[cfg(test)]
+    pub(crate) fn holds(&self) -> bool {
+        self.0.borrow().is_some()
+    }
+
     /// The kept read of these bytes of the map, read with these
     /// arguments; `None` for any other.
     pub(crate) fn take(&self, pickle: &[u8], at: (&str, &str, usize)) -> Option<Plain> {
