@@ -86,7 +86,7 @@ impl KeptPlain {
     }
 
     /// Whether a read is kept.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "scan"))]
     pub(crate) fn holds(&self) -> bool {
         self.0.borrow().is_some()
     }
