@@ -2760,10 +2760,12 @@ impl Recorder {
             };
             if let Some(u) = self.globals.get_mut(c) {
                 let last = u.name.rsplit('.').next().unwrap_or_default();
+                // Capitalized with lower case letters: `BertConfig`, not
+                // `CONFIG_MAPPING` or `license`.
                 let class_like = last
                     .trim_start_matches('_')
                     .starts_with(|ch: char| ch.is_ascii_uppercase())
-                    && !last.bytes().all(|b| !b.is_ascii_lowercase());
+                    && last.bytes().any(|b| b.is_ascii_lowercase());
                 if u.class == GlobalClass::Unknown
                     && !class_like
                     && super::libraries::shipped(&u.module)
