@@ -953,6 +953,11 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Some(("transformers.processing_utils._LazyAutoProcessorMapping", true)),
     ),
     (
+        "cb_named_table_pairs.pt",
+        Dangerous,
+        Some(("transformers.MODEL_FOR_TABLE_QUESTION_ANSWERING_MAPPING", true)),
+    ),
+    (
         "ss_additems_object.pkl",
         Dangerous,
         Some(("functools.partial", true)),
@@ -2787,7 +2792,7 @@ fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 22);
+    assert_eq!(files.len(), 23);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()
@@ -2798,6 +2803,9 @@ fn callables_torch_ran_are_dangerous() {
             || facts["printed_the_zen"] == true
             || facts["child_process_printed"] == true
             || facts["printed"].as_array().is_some_and(|p| !p.is_empty())
+            || facts["imported_model_packages"]
+                .as_array()
+                .is_some_and(|p| !p.is_empty())
             // A test module's `unittest.main()` run on import ends the
             // process (its arguments are the loader's).
             || facts["weights_only_false"] == "SystemExit";
@@ -3632,6 +3640,52 @@ fn library_objects_consulted_as_data_run_library_code() {
             },
         ),
     ];
+    // The twenty-seventh corpus: a table transformers itself holds, only
+    // named, in the same places; and one level inside the list given to
+    // `dict` or `OrderedDict` (each pair is unpacked), in the arguments
+    // of a tensor subclass's rebuild. A model package's table is no
+    // library call (a class's name, `BertConfig` or an acronym like a
+    // legacy whole model's `GRU`, is passed over: see the tests above and
+    // tests/scan/benign_full_legacy.pt).
+    let named = b"ctransformers\nMODEL_FOR_TABLE_QUESTION_ANSWERING_MAPPING\n";
+    let mut in_places: Vec<(&str, Vec<u8>)> = shapes
+        .iter()
+        .map(|(what, shape)| (*what, shape(named)))
+        .collect();
+    in_places.push((
+        "a pair in dict()'s list",
+        pickle(&[b"cbuiltins\ndict\n]", named, b"a\x85R"]),
+    ));
+    in_places.push((
+        "a pair in OrderedDict()'s list",
+        pickle(&[b"ccollections\nOrderedDict\n]", named, b"a\x85R"]),
+    ));
+    in_places.push((
+        "a rebuilt subclass's arguments",
+        pickle(&[
+            b"ctorch._tensor\n_rebuild_from_type_v2\n(cbuiltins\ntuple\ncbuiltins\ntuple\n",
+            named,
+            b"\x85}tR",
+        ]),
+    ));
+    for (what, bytes) in &in_places {
+        let report = scan_bytes(bytes, &Limits::default());
+        let table = report.pickles[0]
+            .globals
+            .iter()
+            .find(|g| g.name.ends_with("_MAPPING"))
+            .unwrap_or_else(|| panic!("{what}: {report:#?}"));
+        assert_eq!(
+            table.class,
+            GlobalClass::Dangerous(Danger::LibraryCall),
+            "a named library table as {what}: {report:#?}"
+        );
+    }
+    let own_table = scan_bytes(
+        &shapes[3].1(b"cmymodels.tables\nTABLE\n"),
+        &Limits::default(),
+    );
+    assert!(own_table.level() < Level::Dangerous, "{own_table:#?}");
     for (what, shape) in &shapes {
         let report = scan_bytes(&shape(&library), &Limits::default());
         assert!(report.pickles[0].complete, "{what}: {report:#?}");

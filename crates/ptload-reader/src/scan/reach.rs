@@ -2733,18 +2733,41 @@ impl Recorder {
     /// module its state names): an uncatalogued library call.
     fn library_methods_run(&mut self, values: &[Value]) {
         for &v in values {
-            let Some(Origin::Made(c)) = self.origin(v) else {
-                continue;
-            };
-            if let Some(u) = self.globals.get_mut(c) {
-                if u.class == GlobalClass::Unknown
-                    && u.usage == Usage::Instantiated
-                    && super::libraries::shipped(&u.module)
-                {
-                    u.class = GlobalClass::Dangerous(Danger::LibraryCall);
+            match self.origin(v) {
+                Some(Origin::Made(c)) => {
+                    if let Some(u) = self.globals.get_mut(c) {
+                        if u.class == GlobalClass::Unknown
+                            && u.usage == Usage::Instantiated
+                            && super::libraries::shipped(&u.module)
+                        {
+                            u.class = GlobalClass::Dangerous(Danger::LibraryCall);
+                        }
+                    }
                 }
+                Some(Origin::Global(_)) => self.library_objects_used(&[v]),
+                None => {}
             }
         }
+    }
+
+    /// [`library_methods_run`](Self::library_methods_run) on `values` and
+    /// on the members of the containers among them, one level down (a
+    /// list's elements, a dict's keys: `dict([pair])` unpacks each pair).
+    fn library_methods_run_within(&mut self, heap: &Heap, values: &[Value]) -> Result<()> {
+        let mut all = values.to_vec();
+        for &v in values {
+            if self.origin(v).is_some() {
+                continue;
+            }
+            if let Some(seq) = heap.sequence(v) {
+                all.extend_from_slice(seq);
+            } else if let Some(d) = heap.dict(v) {
+                all.extend(d.entries().iter().map(|&(k, _)| k));
+            }
+        }
+        heap.charge_work(all.len() as u64)?;
+        self.library_methods_run(&all);
+        Ok(())
     }
 
     /// Objects a library already holds, named by the file and given to a
@@ -2760,12 +2783,11 @@ impl Recorder {
             };
             if let Some(u) = self.globals.get_mut(c) {
                 let last = u.name.rsplit('.').next().unwrap_or_default();
-                // Capitalized with lower case letters: `BertConfig`, not
-                // `CONFIG_MAPPING` or `license`.
-                let class_like = last
-                    .trim_start_matches('_')
-                    .starts_with(|ch: char| ch.is_ascii_uppercase())
-                    && last.bytes().any(|b| b.is_ascii_lowercase());
+                // Capitalized, with lower case letters or as one word:
+                // `BertConfig`, `GRU`; not `CONFIG_MAPPING` or `license`.
+                let word = last.trim_start_matches('_');
+                let class_like = word.starts_with(|ch: char| ch.is_ascii_uppercase())
+                    && (word.bytes().any(|b| b.is_ascii_lowercase()) || !word.contains('_'));
                 if u.class == GlobalClass::Unknown
                     && !class_like
                     && super::libraries::shipped(&u.module)
@@ -3840,7 +3862,7 @@ impl Interpreter for Recorder {
                         }
                     }
                     self.library_methods_run(&direct);
-                    self.library_objects_used(&items);
+                    self.library_methods_run_within(heap, &items)?;
                     self.used_iterated(heap, &direct)?;
                     // `_rebuild_from_type_v2(func, type, args, state)` calls
                     // `func(*args)`: what `args` holds is `func`'s
@@ -3982,7 +4004,7 @@ impl Interpreter for Recorder {
                         self.library_methods_run(&direct);
                         // copyreg's helpers are given classes to make.
                         if !matches!(self.path_of(callable), Some(("copyreg" | "copy_reg", _))) {
-                            self.library_objects_used(&items);
+                            self.library_methods_run_within(heap, &items)?;
                         }
                     }
                     self.used(heap, &items)?;
@@ -4251,8 +4273,10 @@ impl Interpreter for Recorder {
                         // of it by such a name is what runs.
                         if matches!(self.origin(part), Some(Origin::Made(_))) {
                             calls_on_state.extend(self.held_by_name(heap, part, &STATE_METHODS)?);
-                            consulted.push(part);
                         }
+                        // A state that is an object (made, or named from
+                        // a library) is read as a mapping.
+                        consulted.push(part);
                         continue;
                     };
                     heap.charge_work(dict.entries().len() as u64)?;
