@@ -15,7 +15,8 @@ fn fixtures() -> Vec<(String, Vec<u8>)> {
     files_in("../../fixtures/files")
 }
 
-fn files_in(dir: &str) -> Vec<(String, Vec<u8>)> {
+/// The files of `dir` (relative to the crate), sorted.
+fn paths_in(dir: &str) -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .expect("fixtures")
@@ -24,6 +25,10 @@ fn files_in(dir: &str) -> Vec<(String, Vec<u8>)> {
         .collect();
     files.sort();
     files
+}
+
+fn files_in(dir: &str) -> Vec<(String, Vec<u8>)> {
+    paths_in(dir)
         .into_iter()
         .map(|p| {
             let name = p.file_name().unwrap().to_string_lossy().into_owned();
@@ -374,15 +379,8 @@ fn damaged_pickles_read_alike_by_both() {
 #[cfg(feature = "scan")]
 #[test]
 fn a_scanned_open_reads_as_one_without_a_scan() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/files");
-    let mut paths: Vec<_> = std::fs::read_dir(&dir)
-        .expect("fixtures")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.is_file())
-        .collect();
-    paths.sort();
     let mut plain_files = 0;
-    for path in paths {
+    for path in paths_in("../../fixtures/files") {
         let name = path.display().to_string();
         let scanned = OpenOptions::new().scan(true).open(&path);
         let unscanned = OpenOptions::new().open(&path);
