@@ -2132,9 +2132,16 @@ impl Recorder {
 
     /// Objects the pickle made among the members of plain sequences and
     /// sets in `values`, and the keys of plain dicts, two levels down (a
-    /// list of pairs), not below an object the pickle made. Each value
-    /// looked at is charged as work.
-    fn made_members(&self, heap: &Heap, values: &[Value]) -> Result<Vec<Value>> {
+    /// list of pairs), not below an object the pickle made; the globals
+    /// among the first level's members go to `named` (a library's table in
+    /// the list `OrderedDict` unpacks). Each value looked at is charged as
+    /// work.
+    fn made_members(
+        &self,
+        heap: &Heap,
+        values: &[Value],
+        named: &mut Vec<Value>,
+    ) -> Result<Vec<Value>> {
         let made = |v: Value| matches!(self.origin(v), Some(Origin::Made(_)));
         // The members of a container (a dict's keys), with no copy of a
         // sequence's; none of anything else, an object the pickle made
@@ -2159,6 +2166,10 @@ impl Recorder {
                 looked += 1;
                 if made(m) {
                     found.push(m);
+                    continue;
+                }
+                if matches!(self.origin(m), Some(Origin::Global(_))) {
+                    named.push(m);
                     continue;
                 }
                 for &n in members(m).iter() {
@@ -3850,7 +3861,8 @@ impl Interpreter for Recorder {
                     // `__index__`, a Counter's or an OrderedDict's keys,
                     // a quantizer's parameters); values a state dict sets
                     // as attributes are not.
-                    direct.extend(self.made_members(heap, &items)?);
+                    let mut named = Vec::new();
+                    direct.extend(self.made_members(heap, &items, &mut named)?);
                     let path = self
                         .path_of(callable)
                         .map(|(m, n)| (m.to_owned(), n.to_owned()));
@@ -3861,8 +3873,11 @@ impl Interpreter for Recorder {
                             direct.extend(d.entries().iter().map(|&(_, v)| v));
                         }
                     }
+                    // Objects a library holds, named: given directly, or
+                    // one level inside what is given.
                     self.library_methods_run(&direct);
-                    self.library_methods_run_within(heap, &items)?;
+                    self.library_methods_run(&items);
+                    self.library_methods_run(&named);
                     self.used_iterated(heap, &direct)?;
                     // `_rebuild_from_type_v2(func, type, args, state)` calls
                     // `func(*args)`: what `args` holds is `func`'s
