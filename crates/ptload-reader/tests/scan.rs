@@ -43,6 +43,16 @@ fn pickle(parts: &[&[u8]]) -> Vec<u8> {
     out
 }
 
+/// `class` (a GLOBAL's bytes) made by NEWOBJ with no arguments, then
+/// BUILD with a dict holding `items` (the SETITEM opcodes' bytes).
+fn built(class: &[u8], items: &[u8]) -> Vec<u8> {
+    let mut out = class.to_vec();
+    out.extend_from_slice(b")\x81}");
+    out.extend_from_slice(items);
+    out.push(b'b');
+    out
+}
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -3332,15 +3342,13 @@ fn library_calls_no_checkpoint_makes_are_dangerous() {
     let library = GlobalClass::Dangerous(Danger::LibraryCall);
     // NEWOBJ of a mapping class, then BUILD with a table of names.
     let mapping = |class: &[u8]| {
-        let mut out = class.to_vec();
-        out.extend_from_slice(b")\x81}");
-        out.extend(s("_MAPPING_NAMES"));
-        out.extend_from_slice(b"}");
-        out.extend(s("tokenizer"));
-        out.extend(s("this"));
-        out.extend(s("s"));
-        out.extend_from_slice(b"\x86ssb");
-        out
+        let mut table = s("_MAPPING_NAMES");
+        table.extend_from_slice(b"}");
+        table.extend(s("tokenizer"));
+        table.extend(s("this"));
+        table.extend(s("s"));
+        table.extend_from_slice(b"\x86ss");
+        built(class, &table)
     };
     // A library's mapping the scanner has no entry for (transformers'
     // lazy tables are listed now, below).
@@ -3592,12 +3600,10 @@ fn library_objects_consulted_as_data_run_library_code() {
     use ptload_reader::scan::scan_bytes;
     // NEWOBJ of a class, then BUILD with a table.
     let made = |class: &[u8]| {
-        let mut out = class.to_vec();
-        out.extend_from_slice(b")\x81}");
-        out.extend(s("table"));
-        out.extend(s("this"));
-        out.extend_from_slice(b"sb");
-        out
+        let mut table = s("table");
+        table.extend(s("this"));
+        table.extend_from_slice(b"s");
+        built(class, &table)
     };
     let library = made(b"ctransformers.data.rows\nRowReader\n");
     let own = made(b"cmymodels.tables\nLazyTable\n");
