@@ -91,6 +91,57 @@ fn shape_text(shape: &[u64]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
+/// Hashes of the tensors hashed so far, by the elements they view: a
+/// tensor viewing the same elements as one hashed before (tied weights,
+/// two names for one view of one storage, as GPT-2's embedding and
+/// output) takes its hash instead of reading the elements again.
+#[derive(Default)]
+pub(crate) struct HashMemo(std::cell::RefCell<std::collections::HashMap<ViewKey, String>>);
+
+/// A view of a file's storage: the file, the storage, offset, shape,
+/// strides, dtype and conj/neg bits.
+type ViewKey = (
+    usize,
+    usize,
+    u64,
+    Vec<u64>,
+    Vec<u64>,
+    ptload_reader::DType,
+    bool,
+    bool,
+);
+
+impl HashMemo {
+    /// The hash of `info`, a tensor of file `file`: remembered, or
+    /// `hash()` (of a tensor without a storage, always `hash()`).
+    pub(crate) fn get_or<E>(
+        &self,
+        file: usize,
+        info: &ptload_reader::TensorInfo,
+        hash: impl FnOnce() -> Result<String, E>,
+    ) -> Result<String, E> {
+        let Some(storage) = info.storage else {
+            return hash();
+        };
+        let key = (
+            file,
+            storage,
+            info.storage_offset,
+            info.shape.clone(),
+            info.stride.clone(),
+            info.dtype,
+            info.conj,
+            info.neg,
+        );
+        if let Some(done) = self.0.borrow().get(&key) {
+            return Ok(done.clone());
+        }
+        let done = hash()?;
+        self.0.borrow_mut().insert(key, done.clone());
+        Ok(done)
+    }
+}
+
 pub(crate) fn sha256(view: &TensorView<'_>) -> Result<String, ptload_reader::Error> {
     let mut h = Sha256::new();
     view.visit_bytes(|chunk| {
@@ -217,7 +268,8 @@ struct InspectJson<'r, 'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     files: Option<&'r [String]>,
     /// Bytes of tensor data read (hashing reads each tensor's, a slice's
-    /// own bytes only); serialized after the tensors, once they are read.
+    /// own bytes only, and nothing for a view hashed before);
+    /// serialized after the tensors, once they are read.
     bytes_read: BytesRead,
     /// For a URL: the bytes and requests fetched, the tensors' included.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -365,6 +417,7 @@ struct Tensors<'r, 'a> {
     hash: bool,
     /// Drawn while hashing.
     bar: Option<indicatif::ProgressBar>,
+    memo: HashMemo,
 }
 
 /// A bar for hashing the rows' tensors.
@@ -379,7 +432,7 @@ impl Serialize for Tensors<'_, '_> {
         use serde::ser::{Error, SerializeSeq};
         let mut seq = serializer.serialize_seq(Some(self.rows.len()))?;
         for row in self.rows {
-            let mut json = tensor_json(row, self.hash).map_err(S::Error::custom)?;
+            let mut json = tensor_json(row, self.hash, &self.memo).map_err(S::Error::custom)?;
             json.file = self.files.and_then(|f| f.get(row.file)).cloned();
             seq.serialize_element(&json)?;
             if let Some(bar) = &self.bar {
@@ -393,12 +446,16 @@ impl Serialize for Tensors<'_, '_> {
     }
 }
 
-fn tensor_json<'r>(row: &'r Row<'_>, hash: bool) -> Result<TensorJson<'r>, ptload_reader::Error> {
+fn tensor_json<'r>(
+    row: &'r Row<'_>,
+    hash: bool,
+    memo: &HashMemo,
+) -> Result<TensorJson<'r>, ptload_reader::Error> {
     let t = &row.view;
     let sha256 = match (hash, t.storage().is_some()) {
         (false, _) => None,
         (true, false) => Some(None),
-        (true, true) => Some(Some(sha256(t)?)),
+        (true, true) => Some(Some(memo.get_or(row.file, t.info(), || sha256(t))?)),
     };
     Ok(TensorJson {
         name: &row.name,
@@ -457,6 +514,7 @@ pub(crate) fn json(
             files: names.as_deref(),
             hash,
             bar: hash_bar(rows, hash),
+            memo: HashMemo::default(),
         },
         totals: Totals::of(set, rows),
         values: values.iter().map(|(name, v)| value_json(name, v)).collect(),
@@ -758,11 +816,13 @@ fn tensor_lines(
 ) -> CliResult<()> {
     table_line(out, header, widths)?;
     let bar = hash_bar(rows, hash);
+    let memo = HashMemo::default();
     for (row, r) in cells.iter().zip(rows) {
         let refs: Vec<&str> = row.iter().map(String::as_str).collect();
         table_line(out, &refs, widths)?;
         if hash && r.view.storage().is_some() {
-            writeln!(out, "    sha256 {}", sha256(&r.view)?)?;
+            let digest = memo.get_or(r.file, r.view.info(), || sha256(&r.view))?;
+            writeln!(out, "    sha256 {digest}")?;
         }
         if let Some(bar) = &bar {
             bar.inc(r.view.info().nbytes);

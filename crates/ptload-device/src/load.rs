@@ -44,6 +44,16 @@ pub struct LoadOptions {
     /// freed, and the load returns [`LoadError::Cancelled`] (unless every
     /// copy was already queued). Host work (conversions) is not stopped.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// For a file read by ranges (a URL, a bucket object, `--pread`):
+    /// leave the storages placed on the host as they are in the file,
+    /// fetched when a reader asks and not by the load, as a mapped file's
+    /// host storages are its pages. [`Loaded::visit_elements`] then
+    /// streams each tensor through memory without keeping it, so a load
+    /// whose host tensors are read once (hashed, written) holds no copy of
+    /// the file; [`HostStorage::bytes`](crate::HostStorage::bytes) fetches
+    /// a storage and keeps it. A failed request is then the read's error,
+    /// not the load's. Off by default: the load fetches them.
+    pub host_on_read: bool,
 }
 
 impl LoadOptions {
@@ -62,6 +72,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("dtype", &self.dtype)
             .field("progress", &self.progress.is_some())
             .field("cancel", &self.cancel.is_some())
+            .field("host_on_read", &self.host_on_read)
             .finish()
     }
 }
@@ -234,7 +245,7 @@ pub fn load(
     let (mut sources, mut tensors) = resolve(&ckpt, selection, plan, gpus, opts)?;
     // Read by ranges: every storage placed, fetched ahead of the copies
     // and of the host's share, several requests in flight.
-    let ahead = ahead_of(&ckpt, &sources);
+    let ahead = ahead_of(&ckpt, &sources, opts.host_on_read);
     let (storages, work) = reading_ahead(&ckpt, &ahead, || {
         let (placed, work) = upload_all(&ckpt, &mut sources, gpus, opts)?;
         Ok((place_rest(&ckpt, &mut sources, placed, opts)?, work))
@@ -291,8 +302,9 @@ fn place_rest(
                     }
                     SourceBytes::Checkpoint(i) => {
                         // Read by ranges: the load has the bytes (fetched
-                        // ahead, or now), and a failed request is its error.
-                        if ranged {
+                        // ahead, or now), and a failed request is its
+                        // error; or they are fetched when read.
+                        if ranged && !opts.host_on_read {
                             ckpt.storage_bytes(i)?;
                         }
                         HostRepr::Mapped(Arc::clone(ckpt), i)
@@ -342,7 +354,7 @@ fn place_rest(
                 let storage = HostStorage { repr };
                 // Converted buffers were counted when converted.
                 if let (Some(p), false) = (&opts.progress, counted_at_conversion) {
-                    p(storage.bytes()?.len() as u64);
+                    p(storage.len());
                 }
                 Placed::Host(storage)
             }
@@ -366,14 +378,15 @@ fn host_buffer(storage: usize, len: usize) -> Result<Vec<u8>, LoadError> {
 
 /// The storages of `sources` to fetch ahead when `ckpt` is read by
 /// ranges (a URL, or a local file opened by positioned reads): those
-/// placed somewhere (not meta); none for a mapped or in-memory file.
-fn ahead_of(ckpt: &Checkpoint, sources: &[Source]) -> Vec<usize> {
+/// placed somewhere (not meta; not the host's when `host_on_read`); none
+/// for a mapped or in-memory file.
+fn ahead_of(ckpt: &Checkpoint, sources: &[Source], host_on_read: bool) -> Vec<usize> {
     if ckpt.fetched_bytes().is_none() {
         return Vec::new();
     }
     sources
         .iter()
-        .filter(|s| s.device != Device::Meta)
+        .filter(|s| s.device != Device::Meta && !(host_on_read && s.device == Device::Host))
         .filter_map(|s| match s.bytes {
             SourceBytes::Checkpoint(i) => Some(i),
             // A conversion of a whole storage reads every byte of it (a
@@ -446,7 +459,7 @@ pub fn upload_storages(
             fallback,
         });
     }
-    let ahead = ahead_of(ckpt, &sources);
+    let ahead = ahead_of(ckpt, &sources, false);
     let (mut placed, _work) =
         reading_ahead(ckpt, &ahead, || upload_all(ckpt, &mut sources, gpus, opts))?;
     Ok(sources
@@ -1012,7 +1025,7 @@ fn reports(
     }
     for p in storages {
         let (device, len) = match p {
-            Placed::Host(h) => (Device::Host, h.bytes().map_or(0, |b| b.len() as u64)),
+            Placed::Host(h) => (Device::Host, h.len()),
             Placed::Cuda(c) => (Device::Cuda(c.ordinal), c.len as u64),
             Placed::Meta => (Device::Meta, 0),
         };

@@ -13,6 +13,10 @@ use ptload_reader::{Checkpoint, DType, Element, TensorInfo};
 use crate::cuda::{Arena, WorkerTime};
 use crate::error::{DeviceError, DeviceErrorKind, Fallback, LoadError};
 
+/// Bytes of a GPU tensor copied back at a time by
+/// [`Loaded::visit_elements`].
+const READ_BACK_PIECE: usize = 8 << 20;
+
 /// Where a storage's bytes are after the load.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -41,12 +45,28 @@ pub(crate) enum HostRepr {
 }
 
 impl HostStorage {
-    /// The storage's bytes.
+    /// The storage's bytes. A storage of a file read by ranges that the
+    /// load left to be fetched when read
+    /// ([`LoadOptions::host_on_read`](crate::LoadOptions::host_on_read))
+    /// is fetched now and kept.
     pub fn bytes(&self) -> Result<&[u8], LoadError> {
         match &self.repr {
             HostRepr::Mapped(ckpt, index) => Ok(ckpt.storage_bytes(*index)?),
             HostRepr::Owned(bytes) => Ok(bytes),
         }
+    }
+
+    /// Bytes it holds, without reading them.
+    pub fn len(&self) -> u64 {
+        match &self.repr {
+            HostRepr::Mapped(ckpt, index) => ckpt.storages().get(*index).map_or(0, |s| s.nbytes),
+            HostRepr::Owned(bytes) => bytes.len() as u64,
+        }
+    }
+
+    /// Whether it holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Whether the bytes are the checkpoint's own (not copied).
@@ -282,6 +302,85 @@ impl Loaded {
         let mut from_start = info.clone();
         from_start.storage_offset = 0;
         Ok(Cow::Owned(from_start.gather(&bytes)?))
+    }
+
+    /// A tensor's elements, row-major and in host byte order, wherever it
+    /// landed, handed to `f` a piece at a time: what
+    /// [`elements`](Self::elements) returns, without holding it whole where
+    /// that can be helped. A contiguous tensor on a GPU is copied back
+    /// 8 MiB at a time (a strided one is copied back
+    /// and gathered whole); a host tensor of a file read by ranges is
+    /// streamed from the file in pieces when the checkpoint keeps no copy
+    /// of it ([`LoadOptions::host_on_read`](crate::LoadOptions::host_on_read)),
+    /// and borrowed otherwise. For hashing or writing what landed; an
+    /// error for a meta tensor.
+    pub fn visit_elements(
+        &self,
+        tensor: &LoadedTensor,
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<(), LoadError> {
+        let info = &tensor.info;
+        match self.storage_of(tensor) {
+            Some(Placed::Cuda(cuda)) if info.is_contiguous() => {
+                let elem = info.dtype.size() as u64;
+                let range = info
+                    .storage_offset
+                    .checked_mul(elem)
+                    .zip(info.numel.checked_mul(elem))
+                    .and_then(|(s, n)| Some((usize::try_from(s).ok()?, usize::try_from(n).ok()?)));
+                let Some((start, len)) = range else {
+                    return Err(LoadError::Access(format!(
+                        "{}: on {}: its extent overflows",
+                        info.name, tensor.device
+                    )));
+                };
+                let mut at = 0;
+                while at < len {
+                    let n = (len - at).min(READ_BACK_PIECE);
+                    let piece = cuda.read_range(start + at, n).map_err(|e| {
+                        LoadError::Access(format!(
+                            "{}: on {}: {}",
+                            info.name,
+                            tensor.device,
+                            e.message()
+                        ))
+                    })?;
+                    f(&piece);
+                    at += n;
+                }
+                Ok(())
+            }
+            Some(Placed::Host(HostStorage {
+                repr: HostRepr::Mapped(..),
+            })) => Ok(self.view(tensor)?.visit_bytes(f)?),
+            _ => {
+                f(&self.elements(tensor)?);
+                Ok(())
+            }
+        }
+    }
+
+    /// Run `work` while the file's storages that host tensors read are
+    /// fetched ahead of it, several requests in flight, in tensor order:
+    /// for a reader that visits every tensor in turn
+    /// ([`visit_elements`](Self::visit_elements)) after a load that left
+    /// them to be fetched when read
+    /// ([`LoadOptions::host_on_read`](crate::LoadOptions::host_on_read)).
+    /// What the reader takes is dropped when it is done, so the memory
+    /// held stays bounded. Fetches nothing for a mapped file or storages
+    /// the load fetched.
+    pub fn while_reading_ahead<T>(&self, work: impl FnOnce() -> T) -> T {
+        let storages: Vec<usize> = self
+            .tensors
+            .iter()
+            .filter_map(|t| match self.storage_of(t)? {
+                Placed::Host(HostStorage {
+                    repr: HostRepr::Mapped(_, index),
+                }) => Some(*index),
+                _ => None,
+            })
+            .collect();
+        ptload_reader::checkpoint::while_prefetching(&[(&self.ckpt, &storages)], work)
     }
 
     /// A host tensor's elements as `T` (see [`Loaded::host_data`]): a

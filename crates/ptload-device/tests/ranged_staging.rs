@@ -335,3 +335,151 @@ fn a_column_split_read_by_ranges_goes_to_the_gpu_a_span_at_a_time() {
     let checked = landed_on_cuda0(&loaded, &here, None, as_stored);
     assert!(checked > 10, "{checked} tensors");
 }
+
+/// The same file read by ranges, loaded to the host with
+/// `host_on_read` and every tensor hashed in turn (`load --hash
+/// --map-location cpu URL`): the load fetches nothing, the hashing reads
+/// each tensor once with the read-ahead running beside it, every hash
+/// equals the mapped file's, and the heap holds no more than the
+/// read-ahead window and a request at any time, never the file nor its
+/// largest storage (streamed in pieces).
+/// The same load without `host_on_read` holds every storage it placed,
+/// as a load to the host must when its tensors are kept. Before, the
+/// hashing load held the whole file until it ended.
+#[test]
+fn a_host_load_read_by_ranges_can_leave_the_file_to_its_readers() {
+    let _turn = turn();
+    let name = "llama_wide.pt";
+    let local = Arc::new(Checkpoint::open(fixture(name)).expect("open"));
+    let options = StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        ..Default::default()
+    };
+    let here = options.select(&local).expect("select");
+    let gpus = probe();
+    let stored: u64 = local.storages().iter().map(|s| s.nbytes).sum();
+    let largest = local.storages().iter().map(|s| s.nbytes).max().unwrap_or(0);
+    for host_on_read in [true, false] {
+        let ckpt = ranged(name);
+        let sd = options.select(&ckpt).expect("select");
+        let plan = DeviceMap::new(&ckpt, &mut To(Device::Host)).expect("plan");
+        let opts = LoadOptions {
+            host_on_read,
+            ..Default::default()
+        };
+        let (at_open, _) = ckpt.fetched_bytes().expect("read by ranges");
+        let (loaded, load_peak) = peak_during(|| {
+            load(Arc::clone(&ckpt), &sd, &plan, &gpus, &opts)
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+        });
+        let by_load = ckpt.fetched_bytes().expect("ranges").0 - at_open;
+        let (hashes, hash_peak) = peak_during(|| {
+            loaded.while_reading_ahead(|| {
+                loaded
+                    .tensors()
+                    .iter()
+                    .map(|t| {
+                        let mut h = Sha256::new();
+                        loaded
+                            .visit_elements(t, |piece| h.update(piece))
+                            .unwrap_or_else(|e| panic!("{}: {e}", t.name()));
+                        (t.name().to_owned(), hex::encode(h.finalize()))
+                    })
+                    .collect::<Vec<_>>()
+            })
+        });
+        let (fetched, _) = ckpt.fetched_bytes().expect("ranges");
+        let file_len = std::fs::metadata(fixture(name)).expect("metadata").len();
+        assert!(fetched <= file_len, "fetched {fetched} of {file_len}");
+        assert_eq!(hashes.len(), here.len());
+        for (name, hash) in &hashes {
+            let view = here.get(name).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!(hash, &sha256(&view.data().expect("data")), "{name}");
+            assert_eq!(loaded.get(name).expect("loaded").device, Device::Host);
+        }
+        let window = REQUEST as usize * IN_FLIGHT;
+        if host_on_read {
+            assert_eq!(by_load, 0, "the load fetched {by_load} bytes");
+            assert!(
+                load_peak < (64 << 10) && hash_peak < window + REQUEST as usize + (64 << 10),
+                "the heap held {load_peak} more bytes during the load and {hash_peak} while \
+                 hashing (window {window}; the largest storage is {largest} bytes), for {stored} \
+                 bytes of storages"
+            );
+        } else {
+            // What opening fetched (the file's head and tail) is held
+            // already; the load fetches and holds the rest.
+            assert!(
+                by_load + at_open >= stored && load_peak as u64 >= by_load,
+                "the load fetched {by_load} bytes (opening {at_open}) and held {load_peak}, for \
+                 {stored} bytes of storages"
+            );
+        }
+    }
+}
+
+/// What landed on a GPU, read back for a hash a piece at a time
+/// (`load --hash` on `cuda:0`): every tensor's pieces put together equal
+/// what [`Loaded::elements`] copies back, and the heap holds no more than
+/// one piece while they are read; `elements` holds the copy and the
+/// gathered tensor, twice the largest tensor. Before, the hash of a
+/// GPU tensor held both.
+#[test]
+#[ignore = "needs a CUDA device, real or simulated (.ci/run runs it on simcuda)"]
+fn what_landed_on_a_gpu_is_read_back_a_piece_at_a_time() {
+    let _turn = turn();
+    let gpus = probe();
+    assert!(!gpus.devices().is_empty(), "{}", gpus.why_none());
+    let name = "llama_wide.pt";
+    let ckpt = Arc::new(Checkpoint::open(fixture(name)).expect("open"));
+    let options = StateDictOptions {
+        key: KeySelect::All,
+        strip: Strip::None,
+        ..Default::default()
+    };
+    let sd = options.select(&ckpt).expect("select");
+    let plan = DeviceMap::new(&ckpt, &mut To(Device::Cuda(0))).expect("plan");
+    let loaded = load(
+        Arc::clone(&ckpt),
+        &sd,
+        &plan,
+        &gpus,
+        &LoadOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let largest = loaded
+        .tensors()
+        .iter()
+        .map(|t| t.info.nbytes)
+        .max()
+        .unwrap_or(0) as usize;
+    let (pieces, piece_peak) = peak_during(|| {
+        loaded
+            .tensors()
+            .iter()
+            .map(|t| {
+                assert_eq!(t.device, Device::Cuda(0), "{}", t.name());
+                let mut h = Sha256::new();
+                loaded
+                    .visit_elements(t, |piece| h.update(piece))
+                    .unwrap_or_else(|e| panic!("{}: {e}", t.name()));
+                hex::encode(h.finalize())
+            })
+            .collect::<Vec<_>>()
+    });
+    let (whole, whole_peak) = peak_during(|| {
+        loaded
+            .tensors()
+            .iter()
+            .map(|t| sha256(&loaded.elements(t).expect("elements")))
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(pieces, whole);
+    assert!(pieces.len() > 10, "{} tensors", pieces.len());
+    assert!(
+        piece_peak <= largest + (64 << 10) && whole_peak >= 2 * largest,
+        "the heap held {piece_peak} more bytes reading back in pieces and {whole_peak} whole, \
+         for a largest tensor of {largest} bytes"
+    );
+}

@@ -51,9 +51,10 @@ pub(crate) fn run(out: &mut impl Write) -> CliResult<u8> {
         state: &state,
         strict: false,
         dtype: None,
+        host_on_read: false,
     };
     let (loaded, _) = load::load_file(&ckpt, &gpus, &request)?;
-    load::summary(out, &loaded, &gpus, open_seconds)?;
+    load::summary(out, &loaded, &gpus, open_seconds, false)?;
     match gpus.devices().first() {
         Some(g) => writeln!(out, "GPU: the tensors above went to cuda:0 ({}, {} total).", g.name, render::human_size(g.total))?,
         None => writeln!(out, "Without a GPU, auto places everything on the host; on a CUDA machine the same command uploads to cuda:0.")?,

@@ -12,7 +12,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::args::{self, parse_dtype, CliResult, GpuInfo, MapArgs, OpenArgs, StateDictArgs};
-use crate::render::human_size;
+use crate::render::{human_size, HashMemo};
 
 #[derive(Args)]
 #[command(
@@ -56,23 +56,30 @@ pub(crate) fn run(a: &LoadArgs, out: &mut impl Write) -> CliResult<u8> {
         state: &a.state,
         strict: a.open.strict,
         dtype: a.dtype.as_deref(),
+        // Hashing reads each host tensor once: from a URL, fetched as it
+        // is hashed and dropped, not held by the load.
+        host_on_read: a.hash,
     };
     let several = set.files().len() > 1;
     for file in set.files() {
         let name = file.name();
         let (loaded, decisions) = load_file(file.checkpoint(), &gpus, &request)?;
-        if a.json {
-            let label = several.then_some(name.as_str());
-            json(out, &loaded, &decisions, a.hash, label)?;
-        } else {
-            if several {
-                writeln!(out, "{name}:")?;
+        // Host tensors left in the file are fetched ahead of the hashing.
+        loaded.while_reading_ahead(|| -> CliResult<()> {
+            if a.json {
+                let label = several.then_some(name.as_str());
+                json(out, &loaded, &decisions, a.hash, label)?;
+            } else {
+                if several {
+                    writeln!(out, "{name}:")?;
+                }
+                summary(out, &loaded, &gpus, open_seconds, a.hash)?;
+                if a.hash {
+                    hashes(out, &loaded)?;
+                }
             }
-            summary(out, &loaded, &gpus, open_seconds)?;
-            if a.hash {
-                hashes(out, &loaded)?;
-            }
-        }
+            Ok(())
+        })?;
     }
     Ok(0)
 }
@@ -103,6 +110,9 @@ pub(crate) struct Request<'a> {
     pub(crate) state: &'a StateDictArgs,
     pub(crate) strict: bool,
     pub(crate) dtype: Option<&'a str>,
+    /// Leave host storages of a file read by ranges to be fetched when
+    /// read (`LoadOptions::host_on_read`).
+    pub(crate) host_on_read: bool,
 }
 
 /// Plan and load `ckpt`; also what the automatic options decided.
@@ -117,6 +127,7 @@ pub(crate) fn load_file(
     crate::args::tell_decisions(selection.decisions());
     let mut opts = LoadOptions {
         strict: req.strict,
+        host_on_read: req.host_on_read,
         // A set's files load one after another: the staging pinned for
         // the first serves the others (kept, the default).
         ..Default::default()
@@ -192,14 +203,20 @@ fn hash_bar(loaded: &Loaded) -> Option<indicatif::ProgressBar> {
 }
 
 /// The sha256 of a loaded tensor's elements (row-major, host byte order:
-/// `inspect --hash`'s convention), read back from wherever it landed;
-/// `None` for a meta tensor.
-fn sha256(loaded: &Loaded, t: &LoadedTensor) -> CliResult<Option<String>> {
+/// `inspect --hash`'s convention), read back from wherever it landed a
+/// piece at a time; `None` for a meta tensor.
+/// A tensor viewing the elements of one hashed before (tied weights) takes
+/// its hash.
+fn sha256(loaded: &Loaded, t: &LoadedTensor, memo: &HashMemo) -> CliResult<Option<String>> {
     if t.device == Device::Meta {
         return Ok(None);
     }
-    let bytes = loaded.elements(t)?;
-    Ok(Some(hex::encode(Sha256::digest(&bytes))))
+    let digest = memo.get_or(0, &t.info, || -> CliResult<String> {
+        let mut h = Sha256::new();
+        loaded.visit_elements(t, |piece| h.update(piece))?;
+        Ok(hex::encode(h.finalize()))
+    })?;
+    Ok(Some(digest))
 }
 
 /// One line per tensor: where it is and its elements' sha256.
@@ -211,8 +228,9 @@ pub(crate) fn hashes(out: &mut impl Write, loaded: &Loaded) -> CliResult<()> {
         .map(|t| t.info.name.chars().count())
         .max()
         .unwrap_or(0);
+    let memo = HashMemo::default();
     for t in loaded.tensors() {
-        let hash = sha256(loaded, t)?.unwrap_or_else(|| "- (meta: no data)".into());
+        let hash = sha256(loaded, t, &memo)?.unwrap_or_else(|| "- (meta: no data)".into());
         if let Some(bar) = &bar {
             bar.inc(t.info.nbytes);
         }
@@ -262,6 +280,7 @@ pub(crate) fn json(
     file: Option<&str>,
 ) -> CliResult<()> {
     let bar = hash.then(|| hash_bar(loaded)).flatten();
+    let memo = HashMemo::default();
     let doc = LoadOut {
         file,
         bytes_read: loaded.devices().iter().map(|d| d.bytes).sum(),
@@ -282,7 +301,7 @@ pub(crate) fn json(
                         .slice
                         .map(|s| serde_json::json!({"dim": s.dim, "start": s.start, "len": s.len})),
                     sha256: if hash {
-                        let digest = sha256(loaded, t)?;
+                        let digest = sha256(loaded, t, &memo)?;
                         if let Some(bar) = &bar {
                             bar.inc(t.info.nbytes);
                         }
@@ -315,11 +334,14 @@ pub(crate) fn json(
     Ok(())
 }
 
+/// What the load reports, a line per device; `on_read` when the load
+/// left host storages of a file read by ranges to be fetched when read.
 pub(crate) fn summary(
     out: &mut impl Write,
     loaded: &Loaded,
     gpus: &Gpus,
     open_seconds: f64,
+    on_read: bool,
 ) -> CliResult<()> {
     let bytes: u64 = loaded.devices().iter().map(|d| d.bytes).sum();
     writeln!(
@@ -340,11 +362,18 @@ pub(crate) fn summary(
             ),
             Device::Host => {
                 let (mapped, copied) = host_bytes(loaded);
+                // The file's own bytes: a map's pages, or those fetched
+                // from a URL (by the load, or when read).
+                let (all, part) = match (loaded.checkpoint().fetched_bytes(), on_read) {
+                    (None, _) => ("the file's pages", "in the file's pages"),
+                    (Some(_), false) => ("fetched from the file", "fetched from the file"),
+                    (Some(_), true) => ("left in the file, fetched when read", "left in the file"),
+                };
                 if copied == 0 {
-                    "  (host memory: the file's pages, nothing copied)".to_owned()
+                    format!("  (host memory: {all}, nothing copied)")
                 } else {
                     format!(
-                        "  (host memory: {} in the file's pages, {} copied)",
+                        "  (host memory: {} {part}, {} copied)",
                         human_size(mapped),
                         human_size(copied)
                     )
@@ -427,7 +456,7 @@ fn host_bytes(loaded: &Loaded) -> (u64, u64) {
     let (mut mapped, mut copied) = (0u64, 0u64);
     for p in loaded.storages() {
         if let Placed::Host(h) = p {
-            let n = h.bytes().map_or(0, |b| b.len() as u64);
+            let n = h.len();
             if h.is_mapped() {
                 mapped += n;
             } else {
