@@ -967,6 +967,12 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("transformers.MODEL_FOR_TABLE_QUESTION_ANSWERING_MAPPING", true)),
     ),
+    // A twenty-eighth's: numpy's `testing` reached as numpy's attribute
+    // (its lazy `__getattr__` imports it), a pattern compiled with
+    // `re.DEBUG`, and `_codecs.encode` with a codec that imports its module.
+    ("cb_submodule_by_attribute.pt", Dangerous, Some(("numpy.testing", true))),
+    ("cb_re_debug.pt", Dangerous, Some(("re._compile", true))),
+    ("cb_codec_import.pt", Dangerous, Some(("_codecs.encode", true))),
     (
         "ss_additems_object.pkl",
         Dangerous,
@@ -2794,15 +2800,16 @@ fn callables_a_survey_found_are_dangerous_when_called() {
 
 /// Each file of the nineteenth and twentieth corpora's callables did
 /// what it was made to do under torch 2.15 (torch_callables.json: a file
-/// made or emptied in the loading process's folder, `this` imported, a
-/// socket listening, a child process's line, a line a payload printed):
+/// made or emptied in the loading process's folder, `this` or a watched
+/// module imported, a socket listening, a child process's line, a line a
+/// payload printed):
 /// the scan puts every one at `dangerous`.
 #[test]
 fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 23);
+    assert_eq!(files.len(), 26);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()
@@ -2816,6 +2823,9 @@ fn callables_torch_ran_are_dangerous() {
             || facts["imported_model_packages"]
                 .as_array()
                 .is_some_and(|p| !p.is_empty())
+            || facts["imported_watched"]
+                .as_array()
+                .is_some_and(|m| !m.is_empty())
             // A test module's `unittest.main()` run on import ends the
             // process (its arguments are the loader's).
             || facts["weights_only_false"] == "SystemExit";
@@ -3804,4 +3814,82 @@ fn standard_library_values_that_pickle_as_calls_are_data() {
     // object's methods): a call of `getitem`, a library call.
     let made = pickle(&[b"c_operator\ngetitem\nctyping\nList\ncmymodels\nThing\n)\x81\x86R"]);
     assert_eq!(scan_bytes(&made, &Limits::default()).verdict(), Dangerous);
+}
+
+/// The twenty-eighth corpus: a package's attribute that is a module of
+/// its own (torch's and numpy's lazy `__getattr__` import it) is judged
+/// as that module; known data whose arguments make it act is judged by
+/// what they make it do: `re._compile` with `re.DEBUG` prints, and
+/// `_codecs.encode` with a codec pickles never name imports
+/// `encodings.<codec>`. Each boundary stays where it was.
+#[test]
+fn submodules_by_attribute_and_acting_arguments_are_caught() {
+    use ptload_reader::scan::scan_bytes;
+    // `re._compile(pattern, flags)` and `_codecs.encode(text, codec)`.
+    let compiled = |flags: &[u8]| {
+        let mut p = b"cre\n_compile\n".to_vec();
+        p.extend_from_slice(&s("a+b"));
+        p.extend_from_slice(flags);
+        p.extend_from_slice(b"\x86R");
+        pickle(&[&p])
+    };
+    let encoded = |codec: &str| {
+        let mut p = b"c_codecs\nencode\n".to_vec();
+        p.extend_from_slice(&s("x"));
+        p.extend_from_slice(&s(codec));
+        p.extend_from_slice(b"\x86R");
+        pickle(&[&p])
+    };
+    let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
+        (
+            "torch's _dynamo by attribute",
+            pickle(&[b"ctorch\n_dynamo\n"]),
+            Dangerous,
+        ),
+        (
+            "numpy's testing by attribute",
+            pickle(&[b"cnumpy\ntesting\n"]),
+            Dangerous,
+        ),
+        (
+            "numpy's f2py by attribute",
+            pickle(&[b"cnumpy\nf2py\n"]),
+            Dangerous,
+        ),
+        (
+            "torch's onnx by attribute",
+            pickle(&[b"ctorch\nonnx\n"]),
+            NeedsCode,
+        ),
+        ("a model's class", pickle(&[b"cmymodel\nNet\n"]), NeedsCode),
+        (
+            "an enum of a network package",
+            pickle(&[b"chttp\nHTTPStatus\n"]),
+            Clean,
+        ),
+        ("a pattern with IGNORECASE", compiled(b"K\x02"), Clean),
+        ("a pattern with DEBUG", compiled(b"K\x80"), Dangerous),
+        (
+            "a pattern with DEBUG and IGNORECASE",
+            compiled(b"K\x82"),
+            Dangerous,
+        ),
+        ("bytes as protocol 2 writes them", encoded("latin1"), Clean),
+        (
+            "bytes spelt as the registry accepts",
+            encoded("ISO-8859-1"),
+            Clean,
+        ),
+        ("a codec that imports bz2", encoded("bz2"), Dangerous),
+        (
+            "a codec that imports stringprep",
+            encoded("idna"),
+            Dangerous,
+        ),
+    ];
+    for (what, bytes, verdict) in cases {
+        let report = scan_bytes(&bytes, &Limits::default());
+        assert!(report.pickles[0].complete, "{what}: {report:#?}");
+        assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
+    }
 }

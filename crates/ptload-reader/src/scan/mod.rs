@@ -1668,10 +1668,33 @@ fn torch_mangle(segment: &str) -> bool {
 /// `module.name` pairs; any attribute path or dunder name outside them is
 /// a gadget, whatever module it starts from.
 pub fn classify(module: &str, name: &str) -> GlobalClass {
-    // A module's implementation under another name (`_operator` for
-    // `operator`, numpy's private `_impl` modules, a package's vendored
-    // copy of another): classified as the public one when that one is
-    // known.
+    let class = classify_as_found(module, name);
+    if class != GlobalClass::Unknown {
+        return class;
+    }
+    // A package's attribute that may be a module of its own: `torch`
+    // `_dynamo` is `torch._dynamo`, imported by torch's lazy
+    // `__getattr__` (numpy's imports `numpy.testing` and `numpy.f2py`
+    // so). A module the roots judge dangerous by its path is as
+    // dangerous reached this way; a name known as it is stays what it is,
+    // and a capitalized one is a class, not a module.
+    let plain = name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && !name.starts_with("__")
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if plain {
+        let as_module = classify_as_found(&format!("{module}.{name}"), "");
+        if matches!(as_module, GlobalClass::Dangerous(_)) {
+            return as_module;
+        }
+    }
+    class
+}
+
+/// Classify `module.name`, a module's implementation under another name
+/// (`_operator` for `operator`, numpy's private `_impl` modules, a
+/// package's vendored copy of another) as the public one when that one is
+/// known.
+fn classify_as_found(module: &str, name: &str) -> GlobalClass {
     for public in [public_module(module, name), vendored(module)]
         .into_iter()
         .flatten()

@@ -2357,6 +2357,35 @@ impl Recorder {
         }
     }
 
+    /// What a call of known data does when its arguments make it act:
+    /// `re._compile(pattern, flags)` with `re.DEBUG` among the flags
+    /// prints the pattern's parse tree (a library call outside its data
+    /// use, as any uncatalogued one);
+    /// `_codecs.encode` or `decode` with a codec other than the text
+    /// codecs pickles name imports `encodings.<codec>`, the module the
+    /// codec registry finds for it (an import). `None` for any other call.
+    fn acting_arguments(
+        &self,
+        heap: &Heap,
+        callable: Value,
+        items: &[Value],
+    ) -> Option<GlobalClass> {
+        let (module, name) = self.path_of(callable)?;
+        match (module, name) {
+            ("re", "_compile") => match items.get(1).copied()? {
+                Value::Int(flags) if flags & RE_DEBUG == 0 => None,
+                _ => Some(GlobalClass::Dangerous(Danger::LibraryCall)),
+            },
+            ("_codecs" | "codecs", "encode" | "decode") => {
+                match heap.text(items.get(1).copied()?) {
+                    Some(codec) if pickle_codec(codec) => None,
+                    _ => Some(GlobalClass::Dangerous(Danger::Import)),
+                }
+            }
+            _ => None,
+        }
+    }
+
     /// Whether `v` is a global that is plain data for some arguments only
     /// (and not yet seen called with others).
     fn conditional(&self, v: Value) -> bool {
@@ -3503,6 +3532,36 @@ fn torchscript_call_in(code: &[u8], op: &str, aliases: &[Vec<u8>]) -> Option<usi
     None
 }
 
+/// `re.DEBUG`: a pattern compiled with it prints its parse tree.
+const RE_DEBUG: i64 = 128;
+
+/// Whether `codec` names one of the text codecs pickles use (protocol 2
+/// writes bytes as `_codecs.encode(text, "latin1")`), spelt as Python's
+/// codec registry accepts it (any case, `-` or ` ` for `_`).
+fn pickle_codec(codec: &str) -> bool {
+    let normal: String = codec
+        .chars()
+        .map(|c| match c {
+            '-' | ' ' => '_',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect();
+    matches!(
+        normal.as_str(),
+        "latin1"
+            | "latin_1"
+            | "latin"
+            | "l1"
+            | "iso8859_1"
+            | "iso_8859_1"
+            | "utf8"
+            | "utf_8"
+            | "u8"
+            | "ascii"
+            | "us_ascii"
+    )
+}
+
 /// A constant: None, a bool, a number, a string or bytes, or a tuple of
 /// those (an enum's value may be a tuple).
 fn constant(heap: &Heap, v: Value) -> bool {
@@ -3653,6 +3712,18 @@ impl Interpreter for Recorder {
             }
         }
         heap.charge_work(items.len() as u64)?;
+        // Known data that its arguments can make act: judged by what
+        // they make it do.
+        if let Some(class) = self.acting_arguments(heap, callable, &items) {
+            if let Some(u) = self
+                .global_index(callable)
+                .and_then(|g| self.globals.get_mut(g))
+            {
+                if !matches!(u.class, GlobalClass::Dangerous(_)) {
+                    u.class = class;
+                }
+            }
+        }
         // What a builtin handed back may be any of what it was given
         // (`any_of`): calling it calls each.
         if let Value::Obj(id) = callable {
