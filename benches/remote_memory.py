@@ -11,8 +11,10 @@ on loopback:
 
 - `ptload inspect --hash URL` (every tensor read and hashed);
 - `ptload convert URL out.safetensors` (every tensor written);
-- `ptload load --hash --map-location cpu URL` (a load to the host holds
-  what it loaded);
+- `ptload load --hash --map-location cpu URL` (the host tensors left in
+  the file, each fetched as it is hashed);
+- `ptload diff URL URL` (the file against itself, both sides read a
+  piece at a time);
 - with --simcuda DIR (the simulated driver, simcuda/target/release):
   `ptload load --hash --map-location cuda:0 URL`. The simulator keeps the
   device's memory in the process's own, so the table also gives the peak
@@ -95,6 +97,7 @@ def main():
                 ("inspect --hash URL", ["inspect", "--hash", url]),
                 ("convert URL", ["convert", "--force", url, out]),
                 ("load --hash URL", ["load", "--hash", "--map-location", "cpu", url]),
+                ("diff URL URL", ["diff", url, url]),
                 ("inspect --hash FILE", ["inspect", "--hash", path]),
             ]
             gpu_env = None

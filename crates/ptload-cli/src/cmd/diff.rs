@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use ptload_reader::set::CheckpointSet;
-use ptload_reader::DType;
+use ptload_reader::{DType, TensorView};
 use serde::Serialize;
 
 use crate::args::{self, CliResult, OpenArgs, StateDictArgs};
@@ -90,7 +90,10 @@ pub(crate) fn run(a: &DiffArgs, out: &mut impl Write) -> CliResult<u8> {
         atol: a.atol,
         rtol: a.rtol,
     };
-    let verdict = diff(out, &sa, &sb, tol, a.json)?;
+    // Both sides' storages fetched ahead of the comparison when read by
+    // ranges (each dropped once compared).
+    let verdict =
+        sa.while_reading_ahead(|| sb.while_reading_ahead(|| diff(out, &sa, &sb, tol, a.json)))?;
     out.flush()?;
     Ok(verdict)
 }
@@ -246,6 +249,152 @@ fn compare(name: &str, a: &Entry<'_>, b: &Entry<'_>, tol: Tolerance) -> Option<D
     }
 }
 
+/// Tensors larger than this (on either side) are compared a piece at a
+/// time, streamed from both files, never held whole: a file read by
+/// ranges holds a piece of each side and the read-ahead.
+const WHOLE: u64 = 8 << 20;
+
+/// [`compare`] of two tensors with data, read a piece at a time: first
+/// their bytes (same dtype), then, when they differ or the dtypes do
+/// (two floating dtypes under a tolerance), their values in a second
+/// pass. The same answer as reading both whole.
+fn compare_streamed(
+    name: &str,
+    a: &TensorView<'_>,
+    b: &TensorView<'_>,
+    tol: Tolerance,
+) -> CliResult<Option<Difference>> {
+    let differ = |what: String, max_abs_diff| {
+        Some(Difference {
+            name: name.to_owned(),
+            what,
+            max_abs_diff,
+        })
+    };
+    let (da, db) = (a.dtype(), b.dtype());
+    if a.shape() != b.shape() {
+        return Ok(differ(
+            format!("shape {:?} vs {:?}", a.shape(), b.shape()),
+            None,
+        ));
+    }
+    let by_value = tol.is_set() && da.is_float() && db.is_float();
+    if da != db && !by_value {
+        return Ok(differ(format!("dtype {da} vs {db}"), None));
+    }
+    if da == db {
+        let mut same = true;
+        in_step(a, b, |x, y| same &= x == y)?;
+        if same {
+            return Ok(None);
+        }
+    }
+    // The values, element by element, as `closeness` takes them.
+    let mut max = 0.0f64;
+    let mut within = true;
+    let mut numeric = true;
+    in_step(a, b, |x, y| {
+        let (Some(x), Some(y)) = (as_f64(x, da), as_f64(y, db)) else {
+            numeric = false;
+            return;
+        };
+        for (p, q) in x.iter().zip(&y) {
+            let d = (p - q).abs();
+            max = if max.is_nan() || d.is_nan() {
+                f64::NAN
+            } else {
+                max.max(d)
+            };
+            within &= d <= tol.atol + tol.rtol * q.abs() || (p.is_nan() && q.is_nan());
+        }
+    })?;
+    Ok(match (numeric, within, da == db) {
+        (false, _, true) => differ("bytes differ".into(), None),
+        (false, _, false) => differ(format!("dtype {da} vs {db}"), None),
+        (true, true, _) if tol.is_set() => None,
+        (true, _, true) => differ(
+            if tol.is_set() {
+                "values outside the tolerance".into()
+            } else {
+                "bytes differ".into()
+            },
+            Some(max),
+        ),
+        (true, _, false) => differ(
+            format!("dtype {da} vs {db}, values outside the tolerance"),
+            Some(max),
+        ),
+    })
+}
+
+/// Hand `f` the elements of `a` and `b` (of the same shape) in step: each
+/// call, the same run of elements of both (row-major, host order), read
+/// from each file a piece at a time. `a` is read on a thread of its own
+/// and handed over in parts of at most [`PART`] bytes, one waiting at
+/// most; `b`'s pieces are compared where they lie.
+fn in_step(
+    a: &TensorView<'_>,
+    b: &TensorView<'_>,
+    mut f: impl FnMut(&[u8], &[u8]),
+) -> CliResult<()> {
+    let (ua, ub) = (a.dtype().size().max(1), b.dtype().size().max(1));
+    let (parts, from_a) = std::sync::mpsc::sync_channel::<Vec<u8>>(1);
+    std::thread::scope(|scope| -> CliResult<()> {
+        let reader = scope.spawn(move || {
+            a.visit_bytes(|piece| {
+                for part in piece.chunks(PART) {
+                    // The other side failed: the rest is read and dropped.
+                    let _ = parts.send(part.to_vec());
+                }
+            })
+        });
+        // `a`'s part at hand and how far it was compared; the bytes of an
+        // element of `b` cut by the end of its piece.
+        let (mut held, mut at) = (Vec::new(), 0usize);
+        let mut cut: Vec<u8> = Vec::new();
+        let read_b = b.visit_bytes(|piece| {
+            let joined;
+            let bytes: &[u8] = if cut.is_empty() {
+                piece
+            } else {
+                cut.extend_from_slice(piece);
+                joined = std::mem::take(&mut cut);
+                &joined
+            };
+            let whole = bytes.len() / ub * ub;
+            let mut done = 0;
+            while done < whole {
+                let ready = (held.len() - at) / ua;
+                if ready == 0 {
+                    // The next part of `a`, after what is left of this one.
+                    let Ok(next) = from_a.recv() else {
+                        break;
+                    };
+                    held.drain(..at);
+                    held.extend_from_slice(&next);
+                    at = 0;
+                    continue;
+                }
+                let n = ready.min((whole - done) / ub);
+                f(&held[at..at + n * ua], &bytes[done..done + n * ub]);
+                at += n * ua;
+                done += n * ub;
+            }
+            cut.extend_from_slice(&bytes[whole..]);
+        });
+        drop(from_a);
+        let read_a = reader
+            .join()
+            .map_err(|_| "a thread reading a tensor failed".to_owned())?;
+        read_b?;
+        read_a?;
+        Ok(())
+    })
+}
+
+/// Bytes of `a` handed from its reader's thread at a time.
+const PART: usize = 1 << 20;
+
 pub(crate) fn diff(
     out: &mut impl Write,
     a: &Side<'_>,
@@ -265,10 +414,19 @@ pub(crate) fn diff(
             result.only_in_a.push(name);
             continue;
         }
-        let (Some(ea), Some(eb)) = (a.entry(&name)?, b.entry(&name)?) else {
+        let (Some(va), Some(vb)) = (a.get(&name), b.get(&name)) else {
             continue;
         };
-        match compare(&name, &ea, &eb, tol) {
+        let large = va.info().nbytes > WHOLE || vb.info().nbytes > WHOLE;
+        let found = if large && va.storage().is_some() && vb.storage().is_some() {
+            compare_streamed(&name, &va, &vb, tol)?
+        } else {
+            let (Some(ea), Some(eb)) = (a.entry(&name)?, b.entry(&name)?) else {
+                continue;
+            };
+            compare(&name, &ea, &eb, tol)
+        };
+        match found {
             Some(d) => result.different.push(d),
             None => result.equal += 1,
         }
@@ -310,4 +468,89 @@ pub(crate) fn diff(
         )?;
     }
     Ok(if same { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ptload_reader::{Checkpoint, Limits, OpenOptions};
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/files")
+            .join(name)
+    }
+
+    fn entry<'a>(v: &'a TensorView<'a>) -> Entry<'a> {
+        Entry {
+            dtype: v.dtype(),
+            shape: v.shape().to_vec(),
+            data: Some(v.data().unwrap()),
+        }
+    }
+
+    fn said(d: &Option<Difference>) -> Option<(String, Option<u64>)> {
+        d.as_ref()
+            .map(|d| (d.what.clone(), d.max_abs_diff.map(f64::to_bits)))
+    }
+
+    /// Tensors compared a piece at a time (one side mapped, the other
+    /// read by ranges in 64 KiB requests, so that their pieces never line
+    /// up) give what comparing them whole gives: equal, bytes differing
+    /// with the largest difference, within or outside a tolerance.
+    #[test]
+    fn streamed_comparison_answers_as_the_whole_one() {
+        let path = fixture("llama_wide.pt");
+        let mapped = Checkpoint::open(&path).unwrap();
+        let mut limits = Limits::default();
+        limits.max_fetch_request_bytes = 64 << 10;
+        let ranged = OpenOptions::new()
+            .limits(limits)
+            .positioned(true)
+            .open(&path)
+            .unwrap();
+        let none = Tolerance::default();
+        let small = Tolerance {
+            atol: 1e-3,
+            rtol: 0.0,
+        };
+        let large = Tolerance {
+            atol: 10.0,
+            rtol: 0.0,
+        };
+        let (q, k) = (
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.k_proj.weight",
+        );
+        let (gate, up) = (
+            "model.layers.0.mlp.gate_proj.weight",
+            "model.layers.0.mlp.up_proj.weight",
+        );
+        let norms = ("model.layers.0.input_layernorm.weight", "model.norm.weight");
+        let cases = [
+            (
+                "model.embed_tokens.weight",
+                "model.embed_tokens.weight",
+                none,
+            ),
+            ("model.embed_tokens.weight", "lm_head.weight", none),
+            ("lm_head.weight", "model.embed_tokens.weight", large),
+            (q, k, none),
+            (q, k, small),
+            (q, k, large),
+            (gate, up, small),
+            (norms.0, norms.1, none),
+            (norms.0, norms.1, small),
+        ];
+        let mut differing = 0;
+        for (x, y, tol) in cases {
+            let a = mapped.tensor(x).unwrap();
+            let b = ranged.tensor(y).unwrap();
+            let streamed = compare_streamed(x, &a, &b, tol).unwrap();
+            let whole = compare(x, &entry(&a), &entry(&b), tol);
+            assert_eq!(said(&streamed), said(&whole), "{x} vs {y}, {tol:?}");
+            differing += usize::from(streamed.is_some());
+        }
+        assert!(differing >= 4, "{differing} comparisons differed");
+    }
 }
