@@ -973,6 +973,10 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ("cb_submodule_by_attribute.pt", Dangerous, Some(("numpy.testing", true))),
     ("cb_re_debug.pt", Dangerous, Some(("re._compile", true))),
     ("cb_codec_import.pt", Dangerous, Some(("_codecs.encode", true))),
+    // And a twenty-ninth's: a scripted `__setstate__` calling an op of
+    // torch's `debugprims` namespace, whose kernel is Python and reads
+    // files (torch_ts_ops.json).
+    ("tsop_debugprims.pt", Dangerous, Some(("torch.ops.debugprims", true))),
     (
         "ss_additems_object.pkl",
         Dangerous,
@@ -3891,5 +3895,38 @@ fn submodules_by_attribute_and_acting_arguments_are_caught() {
         let report = scan_bytes(&bytes, &Limits::default());
         assert!(report.pickles[0].complete, "{what}: {report:#?}");
         assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
+    }
+}
+
+/// A TorchScript archive whose scripted `__setstate__` calls an op of a
+/// namespace whose kernels are Python (torch_ts_ops.json: torch 2.15's
+/// load imported torch._dynamo to run it): the scan says so, at the op's
+/// effect, in the code record.
+#[test]
+fn torchscript_ops_of_a_library_namespace_are_calls() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_ts_ops.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let files = doc.as_object().unwrap();
+    assert_eq!(files.len(), 1);
+    for (name, facts) in files {
+        assert_eq!(facts["imported_dynamo"], true, "{name}: {facts}");
+        let report = scan_file(
+            &root().join("tests/scan").join(name),
+            &Limits::default(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(report.verdict(), Dangerous, "{name}: {report:#?}");
+        let code = report
+            .pickles
+            .iter()
+            .find(|p| matches!(&p.source, ptload_reader::scan::PickleSource::Entry(e) if e.ends_with(".py")))
+            .unwrap_or_else(|| panic!("{name}: no code record: {report:#?}"));
+        assert!(
+            code.globals
+                .iter()
+                .any(|g| g.path() == "torch.ops.debugprims"),
+            "{name}: {code:#?}"
+        );
     }
 }

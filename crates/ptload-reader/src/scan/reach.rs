@@ -1072,7 +1072,8 @@ impl Scanner<'_, '_> {
     }
 
     /// The `code/` records of a TorchScript archive, searched for the ops
-    /// that reach outside the process (`from_file`, `save`). torch finds
+    /// that reach outside the process (`from_file`, `save`) and the ops
+    /// of namespaces other than the computing ones. torch finds
     /// records by name without regard to case (`CODE/__torch__.PY` is
     /// the code too).
     fn torchscript_code(&mut self, data: FileView<'_>, archive: &Archive<'_>, budget: &mut u64) {
@@ -1092,7 +1093,7 @@ impl Scanner<'_, '_> {
             // The ops as TorchScript's code calls them: `torch.from_file(`,
             // `torch.save(` (or aten's), with any whitespace between the
             // tokens, as TorchScript's parser allows.
-            let globals: Vec<GlobalUse> = ["from_file", "save"]
+            let mut globals: Vec<GlobalUse> = ["from_file", "save"]
                 .iter()
                 .filter_map(|&op| {
                     torchscript_call(&bytes, op).map(|at| GlobalUse {
@@ -1104,6 +1105,22 @@ impl Scanner<'_, '_> {
                     })
                 })
                 .collect();
+            // Ops of a library's namespace: its code runs (a kernel in
+            // Python, a C++ extension), at its effect where it is known.
+            globals.extend(
+                torchscript_op_namespaces(&bytes)
+                    .into_iter()
+                    .map(|(ns, at)| GlobalUse {
+                        class: match ops_namespace_danger(&ns) {
+                            Some(d) => GlobalClass::Dangerous(d),
+                            None => GlobalClass::Unknown,
+                        },
+                        module: "torch.ops".into(),
+                        name: ns,
+                        offset: at as u64,
+                        usage: Usage::Called,
+                    }),
+            );
             if globals.is_empty() {
                 continue;
             }
@@ -3245,6 +3262,19 @@ impl Recorder {
 /// in `torch` or `aten`, not followed by an attribute of it, with any
 /// whitespace between the tokens.
 fn torchscript_call(code: &[u8], op: &str) -> Option<usize> {
+    let (text, at, literals) = torchscript_text(code);
+    let aliases = module_aliases(&text);
+    let found = torchscript_call_in(&text, op, &aliases)
+        .or_else(|| torchscript_getattr(&text, &literals, op, &aliases))?;
+    at.get(found).copied()
+}
+
+/// TorchScript code's text with comments and line continuations made
+/// space and string literals blanked between their quotes, each byte's
+/// index in the code, and the literals (where each starts in the text,
+/// and what it holds).
+#[allow(clippy::type_complexity)]
+fn torchscript_text(code: &[u8]) -> (Vec<u8>, Vec<usize>, Vec<(usize, Vec<u8>)>) {
     // The code as the TorchScript lexer sees its tokens: comments (`#` to
     // the end of the line) and line continuations (`\` then a newline)
     // are space, so neither hides a call; a string literal (quoted once
@@ -3307,10 +3337,106 @@ fn torchscript_call(code: &[u8], op: &str) -> Option<usize> {
         at.push(i);
         i += 1;
     }
+    (text, at, literals)
+}
+
+/// Namespaces of torch's ops whose ops compute on tensors: aten's,
+/// TorchScript's own, quantization's, and the domain libraries' kernels.
+/// Ops of any other namespace a scripted module calls are a library's
+/// (a C++ extension's, or a kernel written in Python).
+const COMPUTING_OPS: &[&str] = &[
+    "aten",
+    "prim",
+    "quantized",
+    "_quantized",
+    "quantized_decomposed",
+    "prepacked",
+    "mkldnn",
+    "mkldnn_prepacked",
+    "torchvision",
+    "torchaudio",
+    "torchtext",
+];
+
+/// What calling an op of namespace `ns` does, for the namespaces whose
+/// ops reach outside the process: `debugprims` (`load_tensor` reads a
+/// tensor from the files of a content store, in Python), `c10d` and
+/// `_c10d_functional` (collectives over a process group's network),
+/// `profiler` (traces written to files).
+fn ops_namespace_danger(ns: &str) -> Option<Danger> {
+    match ns {
+        "debugprims" => Some(Danger::FileSystem),
+        "c10d" | "_c10d_functional" | "c10d_functional" => Some(Danger::Network),
+        "profiler" => Some(Danger::FileSystem),
+        _ => None,
+    }
+}
+
+/// The namespaces of torch's ops that `code` reaches other than the
+/// computing ones (`ops.debugprims.load_tensor(...)`, `a = ops.my_ext`,
+/// `getattr(ops, "debugprims")` for the namespaces known to reach
+/// outside), each once with the index of its first use in the code; at
+/// most 64.
+fn torchscript_op_namespaces(code: &[u8]) -> Vec<(String, usize)> {
+    let (text, at, literals) = torchscript_text(code);
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let space = |b: u8| matches!(b, b' ' | b'\t' | b'\x0b' | b'\x0c' | b'\r' | b'\n');
+    let mut out: Vec<(String, usize)> = Vec::new();
+    let add = |ns: &str, i: usize, out: &mut Vec<(String, usize)>| {
+        if out.len() < 64 && !COMPUTING_OPS.contains(&ns) && !out.iter().any(|(n, _)| n == ns) {
+            out.push((ns.to_owned(), at.get(i).copied().unwrap_or(0)));
+        }
+    };
+    let word = b"ops";
+    let mut from = 0;
+    while let Some(rel) = text
+        .get(from..)
+        .and_then(|rest| rest.windows(word.len()).position(|w| w == word))
+    {
+        let start = from + rel;
+        from = start + 1;
+        let end = start + word.len();
+        let before = start.checked_sub(1).and_then(|j| text.get(j)).copied();
+        if before.is_some_and(ident) || text.get(end).copied().is_some_and(ident) {
+            continue;
+        }
+        let mut k = end;
+        while text.get(k).is_some_and(|&b| space(b)) {
+            k += 1;
+        }
+        if text.get(k) != Some(&b'.') {
+            continue;
+        }
+        k += 1;
+        while text.get(k).is_some_and(|&b| space(b)) {
+            k += 1;
+        }
+        let ns_start = k;
+        while text.get(k).is_some_and(|&b| ident(b)) {
+            k += 1;
+        }
+        if let Some(ns) = text
+            .get(ns_start..k)
+            .filter(|n| !n.is_empty())
+            .and_then(|n| std::str::from_utf8(n).ok())
+        {
+            add(ns, start, &mut out);
+        }
+    }
+    // A namespace known to reach outside, looked up by a constant name.
     let aliases = module_aliases(&text);
-    let found = torchscript_call_in(&text, op, &aliases)
-        .or_else(|| torchscript_getattr(&text, &literals, op, &aliases))?;
-    at.get(found).copied()
+    for ns in [
+        "debugprims",
+        "c10d",
+        "_c10d_functional",
+        "c10d_functional",
+        "profiler",
+    ] {
+        if let Some(i) = torchscript_getattr(&text, &literals, ns, &aliases) {
+            add(ns, i, &mut out);
+        }
+    }
+    out
 }
 
 /// Names the code binds to a module of torch's ops (`t = torch`,
@@ -4714,6 +4840,50 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(code)
             );
+        }
+    }
+
+    /// The namespaces of ops a scripted module's code reaches other than
+    /// the computing ones, however it reaches them; aten's, TorchScript's
+    /// own and quantization's ops, names in strings and comments, and
+    /// other identifiers ending in `ops` are none.
+    #[test]
+    fn torchscript_op_namespaces_are_found_however_reached() {
+        let found = |code: &[u8]| -> Vec<String> {
+            torchscript_op_namespaces(code)
+                .into_iter()
+                .map(|(ns, _)| ns)
+                .collect()
+        };
+        for code in [
+            &b"t = ops.debugprims.load_tensor(tag, [3], [1], dtype=6)"[..],
+            b"t = torch.ops.debugprims.load_tensor(tag)",
+            b"t = ops . debugprims . load_tensor(tag)",
+            b"p = ops.debugprims\n    t = p.load_tensor(tag)",
+            b"t = getattr(ops, \"debugprims\").load_tensor(tag)",
+            b"t = ops.  # a comment\n  debugprims.load_tensor(tag)",
+        ] {
+            assert_eq!(
+                found(code),
+                ["debugprims"],
+                "{}",
+                String::from_utf8_lossy(code)
+            );
+        }
+        assert_eq!(
+            found(b"x = ops.my_ext.fused(x)\ny = ops.aten.add(x, x)\nz = ops.my_ext.other(y)"),
+            ["my_ext"]
+        );
+        for code in [
+            &b"x = ops.aten.add(x, y)"[..],
+            b"x = ops.prim.NumToTensor(n)\ny = ops.quantized.linear(x, w, 1.0, 0)",
+            b"x = torch.ops.torchvision.nms(b, s, 0.5)",
+            b"_0 = \"ops.debugprims.load_tensor\"",
+            b"x = 1  # ops.debugprims.load_tensor(tag)",
+            b"x = mops.debugprims(y)",
+        ] {
+            let got = found(code);
+            assert!(got.is_empty(), "{}: {got:?}", String::from_utf8_lossy(code));
         }
     }
 
