@@ -100,7 +100,7 @@ pub(crate) struct HashMemo(std::cell::RefCell<std::collections::HashMap<ViewKey,
 
 /// A view of a file's storage: the file, the storage, offset, shape,
 /// strides, dtype and conj/neg bits.
-type ViewKey = (
+pub(crate) type ViewKey = (
     usize,
     usize,
     u64,
@@ -111,6 +111,21 @@ type ViewKey = (
     bool,
 );
 
+/// The elements `info`, a tensor of file `file`, views; `None` for a
+/// tensor without a storage.
+pub(crate) fn view_key(file: usize, info: &ptload_reader::TensorInfo) -> Option<ViewKey> {
+    Some((
+        file,
+        info.storage?,
+        info.storage_offset,
+        info.shape.clone(),
+        info.stride.clone(),
+        info.dtype,
+        info.conj,
+        info.neg,
+    ))
+}
+
 impl HashMemo {
     /// The hash of `info`, a tensor of file `file`: remembered, or
     /// `hash()` (of a tensor without a storage, always `hash()`).
@@ -120,19 +135,9 @@ impl HashMemo {
         info: &ptload_reader::TensorInfo,
         hash: impl FnOnce() -> Result<String, E>,
     ) -> Result<String, E> {
-        let Some(storage) = info.storage else {
+        let Some(key) = view_key(file, info) else {
             return hash();
         };
-        let key = (
-            file,
-            storage,
-            info.storage_offset,
-            info.shape.clone(),
-            info.stride.clone(),
-            info.dtype,
-            info.conj,
-            info.neg,
-        );
         if let Some(done) = self.0.borrow().get(&key) {
             return Ok(done.clone());
         }

@@ -1176,6 +1176,15 @@ fn diff_reports_equal_and_different_pairs() {
     let doc: Json = serde_json::from_str(&stdout(&names)).expect("json");
     assert!(!doc["only_in_a"].as_array().expect("a").is_empty());
     assert!(!doc["only_in_b"].as_array().expect("b").is_empty());
+    // A tied weight (two names for one view, on both sides) is compared
+    // once and counted under both names.
+    let tied = ptload(&["diff", &fixture("views.pt"), &fixture("views.pt")]);
+    assert_eq!(tied.status.code(), Some(0));
+    assert!(
+        stdout(&tied).starts_with("equal: 10 equal"),
+        "{}",
+        stdout(&tied)
+    );
 }
 
 /// `diff` proves a conversion: a torch file against the safetensors file
