@@ -176,6 +176,36 @@ impl Tensors for Side<'_> {
     }
 }
 
+/// The largest `|a - b|` over elements seen so far, and whether every one
+/// was within the tolerance.
+struct Closeness {
+    max: f64,
+    within: bool,
+}
+
+impl Closeness {
+    fn new() -> Closeness {
+        Closeness {
+            max: 0.0,
+            within: true,
+        }
+    }
+
+    /// Elements `x` of one side and `y` of the other, in step.
+    fn add(&mut self, x: &[f64], y: &[f64], tol: Tolerance) {
+        for (p, q) in x.iter().zip(y) {
+            let d = (p - q).abs();
+            // NaN anywhere makes the largest difference NaN.
+            self.max = if self.max.is_nan() || d.is_nan() {
+                f64::NAN
+            } else {
+                self.max.max(d)
+            };
+            self.within &= d <= tol.atol + tol.rtol * q.abs() || (p.is_nan() && q.is_nan());
+        }
+    }
+}
+
 /// The largest `|a - b|` and whether every element is within `tol`
 /// (`None` when the dtypes have no numeric values to compare).
 fn closeness(a: &Entry<'_>, b: &Entry<'_>, tol: Tolerance) -> Option<(f64, bool)> {
@@ -183,20 +213,9 @@ fn closeness(a: &Entry<'_>, b: &Entry<'_>, tol: Tolerance) -> Option<(f64, bool)
         as_f64(a.data.as_deref()?, a.dtype)?,
         as_f64(b.data.as_deref()?, b.dtype)?,
     );
-    let mut max = 0.0f64;
-    let mut within = true;
-    for (p, q) in x.iter().zip(&y) {
-        let d = (p - q).abs();
-        // NaN anywhere makes the largest difference NaN.
-        max = if max.is_nan() || d.is_nan() {
-            f64::NAN
-        } else {
-            max.max(d)
-        };
-        let close = d <= tol.atol + tol.rtol * q.abs() || (p.is_nan() && q.is_nan());
-        within &= close;
-    }
-    Some((max, within))
+    let mut seen = Closeness::new();
+    seen.add(&x, &y, tol);
+    Some((seen.max, seen.within))
 }
 
 /// `None` when equal (bytes equal, or within the tolerance).
@@ -290,24 +309,13 @@ fn compare_streamed(
         }
     }
     // The values, element by element, as `closeness` takes them.
-    let mut max = 0.0f64;
-    let mut within = true;
+    let mut seen = Closeness::new();
     let mut numeric = true;
-    in_step(a, b, |x, y| {
-        let (Some(x), Some(y)) = (as_f64(x, da), as_f64(y, db)) else {
-            numeric = false;
-            return;
-        };
-        for (p, q) in x.iter().zip(&y) {
-            let d = (p - q).abs();
-            max = if max.is_nan() || d.is_nan() {
-                f64::NAN
-            } else {
-                max.max(d)
-            };
-            within &= d <= tol.atol + tol.rtol * q.abs() || (p.is_nan() && q.is_nan());
-        }
+    in_step(a, b, |x, y| match (as_f64(x, da), as_f64(y, db)) {
+        (Some(x), Some(y)) => seen.add(&x, &y, tol),
+        _ => numeric = false,
     })?;
+    let (max, within) = (seen.max, seen.within);
     Ok(match (numeric, within, da == db) {
         (false, _, true) => differ("bytes differ".into(), None),
         (false, _, false) => differ(format!("dtype {da} vs {db}"), None),
