@@ -215,6 +215,36 @@ fn inspect_scan_load_and_convert_of_an_s3_url_equal_the_local_files() {
     }
 }
 
+/// An object loaded onto a GPU from the bucket: every tensor lands on
+/// cuda:0, and its elements read back from the device are the local
+/// file's (the load streams the object's ranges into the staging buffers).
+#[test]
+#[ignore = "needs a CUDA device, real or simulated, and s3s-fs (.ci/run runs it on simcuda with PTLOAD_S3S)"]
+fn load_of_an_s3_object_onto_a_gpu_gives_the_local_files_bytes() {
+    assert!(
+        ptload_device::device_count() > 0,
+        "this test needs a CUDA device"
+    );
+    let s3 = S3::start("gpu");
+    for name in ["files/wide_storages.pt", "files/llama_tiny.pt"] {
+        let base = Path::new(name).file_name().unwrap().to_str().unwrap();
+        std::fs::copy(fixture(name), s3.bucket().join(base)).unwrap();
+        let local = fixture(name).display().to_string();
+        let url = format!("s3://bucket/{base}");
+        let load = |path: &str| {
+            json(&s3.ptload(&["load", "--json", "--hash", "--map-location", "cuda:0", path]))
+        };
+        let (here, there) = (load(&local), load(&url));
+        let tensors = there["tensors"].as_array().unwrap();
+        assert!(!tensors.is_empty(), "{name}");
+        for t in tensors {
+            assert_eq!(t["device"], "cuda:0", "{name}: {t}");
+            assert!(t["sha256"].is_string(), "{name}: {t}");
+        }
+        assert_eq!(here["tensors"], there["tensors"], "{name}");
+    }
+}
+
 #[test]
 #[ignore = "needs s3s-fs: .ci/run sets PTLOAD_S3S and runs it with --ignored"]
 fn scanning_a_large_s3_object_fetches_under_one_percent() {
