@@ -1536,6 +1536,17 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Where `word` starts in `text`, each occurrence in turn (overlapping
+/// ones too).
+fn occurrences<'t>(text: &'t [u8], word: &'t [u8]) -> impl Iterator<Item = usize> + 't {
+    let mut from = 0;
+    std::iter::from_fn(move || {
+        let at = from + find(text.get(from..)?, word)?;
+        from = at + 1;
+        Some(at)
+    })
+}
+
 /// A regular member of a tar archive, as Python's tarfile names it.
 struct TarMember {
     /// Its name: a PAX `path` record's, a GNU long name's, or the ustar
@@ -3388,13 +3399,7 @@ fn torchscript_op_namespaces(code: &[u8]) -> Vec<(String, usize)> {
         }
     };
     let word = b"ops";
-    let mut from = 0;
-    while let Some(rel) = text
-        .get(from..)
-        .and_then(|rest| rest.windows(word.len()).position(|w| w == word))
-    {
-        let start = from + rel;
-        from = start + 1;
+    for start in occurrences(&text, word) {
         let end = start + word.len();
         let before = start.checked_sub(1).and_then(|j| text.get(j)).copied();
         if before.is_some_and(ident) || text.get(end).copied().is_some_and(ident) {
@@ -3503,13 +3508,7 @@ fn torchscript_getattr(
     let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
     let space = |b: u8| b.is_ascii_whitespace() || b == b'\x0b' || b == b'\x0c';
     let word = b"getattr";
-    let mut from = 0;
-    while let Some(rel) = text
-        .get(from..)
-        .and_then(|rest| rest.windows(word.len()).position(|w| w == word))
-    {
-        let at = from + rel;
-        from = at + 1;
+    for at in occurrences(text, word) {
         let end = at + word.len();
         if at > 0 && text.get(at - 1).is_some_and(|&b| ident(b) || b == b'.') {
             continue;
@@ -3587,13 +3586,7 @@ fn torchscript_call_in(code: &[u8], op: &str, aliases: &[Vec<u8>]) -> Option<usi
     // Space as TorchScript's lexer skips it: vertical tab too.
     let space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0b' | b'\x0c');
     let before = |i: usize| i.checked_sub(1).and_then(|j| code.get(j)).copied();
-    let mut from = 0;
-    while let Some(rel) = code
-        .get(from..)
-        .and_then(|rest| rest.windows(op.len()).position(|w| w == op))
-    {
-        let at = from + rel;
-        from = at + 1;
+    for at in occurrences(code, op) {
         let end = at + op.len();
         let whole = !before(at).is_some_and(ident) && !code.get(end).copied().is_some_and(ident);
         let after = code
