@@ -1073,30 +1073,42 @@ impl Scanner<'_, '_> {
 
     /// The `code/` records of a TorchScript archive, searched for the ops
     /// that reach outside the process (`from_file`, `save`) and the ops
-    /// of namespaces other than the computing ones. torch finds
-    /// records by name without regard to case (`CODE/__torch__.PY` is
-    /// the code too).
+    /// of namespaces other than the computing ones; and the code a load
+    /// runs (every `__setstate__` and what it names), for its output
+    /// (`print`, `warn`). torch finds records by name without regard to
+    /// case (`CODE/__torch__.PY` is the code too).
     fn torchscript_code(&mut self, data: FileView<'_>, archive: &Archive<'_>, budget: &mut u64) {
+        let mut records: Vec<(&str, std::borrow::Cow<'_, [u8]>)> = Vec::new();
         for entry in archive.entries() {
             let name = entry.name.to_ascii_lowercase();
             let code = name.contains("/code/") && name.ends_with(".py");
             if !code || entry.encrypted {
                 continue;
             }
-            let Ok(bytes) = record(data, entry, self.limits, budget) else {
-                self.report.notes.push(format!(
+            match record(data, entry, self.limits, budget) {
+                Ok(bytes) => records.push((entry.name, bytes)),
+                Err(_) => self.report.notes.push(format!(
                     "{}: TorchScript code that cannot be read",
                     entry.name
-                ));
-                continue;
-            };
+                )),
+            }
+        }
+        let texts: Vec<(Vec<u8>, Vec<usize>)> = records
+            .iter()
+            .map(|(_, bytes)| {
+                let (text, at, _) = torchscript_text(bytes);
+                (text, at)
+            })
+            .collect();
+        let on_load = torchscript_run_on_load(&texts);
+        for (((name, bytes), (text, at)), run) in records.iter().zip(&texts).zip(&on_load) {
             // The ops as TorchScript's code calls them: `torch.from_file(`,
             // `torch.save(` (or aten's), with any whitespace between the
             // tokens, as TorchScript's parser allows.
             let mut globals: Vec<GlobalUse> = ["from_file", "save"]
                 .iter()
                 .filter_map(|&op| {
-                    torchscript_call(&bytes, op).map(|at| GlobalUse {
+                    torchscript_call(bytes, op).map(|at| GlobalUse {
                         module: "torch".into(),
                         name: op.into(),
                         offset: at as u64,
@@ -1108,7 +1120,7 @@ impl Scanner<'_, '_> {
             // Ops of a library's namespace: its code runs (a kernel in
             // Python, a C++ extension), at its effect where it is known.
             globals.extend(
-                torchscript_op_namespaces(&bytes)
+                torchscript_op_namespaces(bytes)
                     .into_iter()
                     .map(|(ns, at)| GlobalUse {
                         class: match ops_namespace_danger(&ns) {
@@ -1121,11 +1133,36 @@ impl Scanner<'_, '_> {
                         usage: Usage::Called,
                     }),
             );
+            // What the code a load runs writes to the program's output
+            // (`print`, `prim::Print`, `aten::_print`; `torch.warn`,
+            // `aten::warn` and aten's test op that warns, which Python's
+            // `warnings` shows): a call of library code no checkpoint's
+            // load makes. The same words in code the load does not run
+            // (`forward`) are what the model does when used.
+            let output = [
+                ("builtins", "print", "print"),
+                ("builtins", "print", "Print"),
+                ("builtins", "print", "_print"),
+                ("torch", "warn", "warn"),
+                ("torch", "warn", "_test_warn_in_autograd"),
+            ];
+            for (module, name, word) in output {
+                let seen = globals.iter().any(|g| g.module == module && g.name == name);
+                if let Some(i) = torchscript_word_in(text, run, word).filter(|_| !seen) {
+                    globals.push(GlobalUse {
+                        module: module.into(),
+                        name: name.into(),
+                        offset: at.get(i).copied().unwrap_or(0) as u64,
+                        usage: Usage::Called,
+                        class: GlobalClass::Unknown,
+                    });
+                }
+            }
             if globals.is_empty() {
                 continue;
             }
             self.report.pickles.push(ScannedPickle {
-                source: PickleSource::Entry(entry.name.to_owned()),
+                source: PickleSource::Entry((*name).to_owned()),
                 reachable: true,
                 base: None,
                 globals,
@@ -3351,6 +3388,190 @@ fn torchscript_text(code: &[u8]) -> (Vec<u8>, Vec<usize>, Vec<(usize, Vec<u8>)>)
     (text, at, literals)
 }
 
+/// The `def`s of TorchScript `text` (as [`torchscript_text`] gives it):
+/// each one's name and the span from its line to the end of its block,
+/// the next logical line indented no deeper. A tab counts as a run to
+/// the next multiple of eight columns: read deeper than the lexer may,
+/// a block only grows.
+fn torchscript_defs(text: &[u8]) -> Vec<(&[u8], std::ops::Range<usize>)> {
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut defs: Vec<(&[u8], std::ops::Range<usize>)> = Vec::new();
+    // The defs whose blocks are open: index into `defs`, and indent.
+    let mut open: Vec<(usize, usize)> = Vec::new();
+    let mut depth = 0usize;
+    let mut i = 0;
+    let mut line_start = true;
+    while i < text.len() {
+        if line_start {
+            line_start = false;
+            let start = i;
+            let mut indent = 0usize;
+            while let Some(&b) = text.get(i) {
+                match b {
+                    b' ' => indent += 1,
+                    b'\t' => indent = (indent / 8 + 1) * 8,
+                    b'\x0c' | b'\r' => {}
+                    _ => break,
+                }
+                i += 1;
+            }
+            if text.get(i).is_none_or(|&b| b == b'\n') {
+                // A blank line closes nothing.
+                continue;
+            }
+            while open.last().is_some_and(|&(_, d)| indent <= d) {
+                if let Some((k, _)) = open.pop() {
+                    if let Some(def) = defs.get_mut(k) {
+                        def.1.end = start;
+                    }
+                }
+            }
+            if text.get(i..i + 3) == Some(&b"def"[..]) {
+                let mut k = i + 3;
+                let gap = k;
+                while text
+                    .get(k)
+                    .is_some_and(|&b| matches!(b, b' ' | b'\t' | b'\x0c'))
+                {
+                    k += 1;
+                }
+                let name_start = k;
+                while text.get(k).is_some_and(|&b| ident(b)) {
+                    k += 1;
+                }
+                if k > gap && name_start > gap && k > name_start {
+                    if let Some(name) = text.get(name_start..k) {
+                        open.push((defs.len(), indent));
+                        defs.push((name, start..text.len()));
+                    }
+                }
+            }
+            continue;
+        }
+        match text.get(i).copied().unwrap_or(b' ') {
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            b'\n' if depth == 0 => line_start = true,
+            _ => {}
+        }
+        i += 1;
+    }
+    defs
+}
+
+/// For each of a TorchScript archive's code `texts`, the spans a load
+/// runs, in order and apart: every `__setstate__` (torch.jit.load calls
+/// it on each object whose class defines it), and every `def` whose name
+/// the code it runs names, in any record. Each identifier is read once,
+/// as its innermost `def`'s, and each name is looked up once.
+fn torchscript_run_on_load(texts: &[(Vec<u8>, Vec<usize>)]) -> Vec<Vec<std::ops::Range<usize>>> {
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let defs: Vec<Vec<(&[u8], std::ops::Range<usize>)>> = texts
+        .iter()
+        .map(|(text, _)| torchscript_defs(text))
+        .collect();
+    // The identifiers each def's own lines hold (not those of a def within it).
+    let mut own: Vec<Vec<Vec<&[u8]>>> = Vec::with_capacity(texts.len());
+    for ((text, _), list) in texts.iter().zip(&defs) {
+        let mut words: Vec<Vec<&[u8]>> = vec![Vec::new(); list.len()];
+        let mut open: Vec<usize> = Vec::new();
+        let mut next = 0;
+        let mut k = 0;
+        while k < text.len() {
+            if !text.get(k).copied().is_some_and(ident) {
+                k += 1;
+                continue;
+            }
+            let start = k;
+            while text.get(k).copied().is_some_and(ident) {
+                k += 1;
+            }
+            while open
+                .last()
+                .is_some_and(|&d| list.get(d).is_none_or(|(_, span)| span.end <= start))
+            {
+                open.pop();
+            }
+            while let Some((_, span)) = list.get(next).filter(|(_, span)| span.start <= start) {
+                if start < span.end {
+                    open.push(next);
+                }
+                next += 1;
+            }
+            if let (Some(&d), Some(word)) = (open.last(), text.get(start..k)) {
+                if let Some(w) = words.get_mut(d) {
+                    w.push(word);
+                }
+            }
+        }
+        own.push(words);
+    }
+    let mut by_name: HashMap<&[u8], Vec<(usize, usize)>> = HashMap::new();
+    for (r, list) in defs.iter().enumerate() {
+        for (d, (name, _)) in list.iter().enumerate() {
+            by_name.entry(name).or_default().push((r, d));
+        }
+    }
+    let mut out: Vec<Vec<std::ops::Range<usize>>> = vec![Vec::new(); texts.len()];
+    let mut looked_up: HashSet<&[u8]> = HashSet::new();
+    let mut names: Vec<&[u8]> = vec![b"__setstate__"];
+    while let Some(name) = names.pop() {
+        if !looked_up.insert(name) {
+            continue;
+        }
+        for &(r, d) in by_name.get(name).map(Vec::as_slice).unwrap_or_default() {
+            if let (Some(spans), Some((_, span))) =
+                (out.get_mut(r), defs.get(r).and_then(|l| l.get(d)))
+            {
+                spans.push(span.clone());
+            }
+            let words = own.get(r).and_then(|w| w.get(d)).map(Vec::as_slice);
+            names.extend(
+                words
+                    .unwrap_or_default()
+                    .iter()
+                    .filter(|&&w| by_name.contains_key(w) && !looked_up.contains(w)),
+            );
+        }
+    }
+    // A def within another that runs is within its span, and spans that
+    // meet are one.
+    for spans in &mut out {
+        spans.sort_by_key(|s| s.start);
+        let mut merged: Vec<std::ops::Range<usize>> = Vec::with_capacity(spans.len());
+        for span in spans.drain(..) {
+            match merged.last_mut() {
+                Some(last) if span.start <= last.end => last.end = last.end.max(span.end),
+                _ => merged.push(span),
+            }
+        }
+        *spans = merged;
+    }
+    out
+}
+
+/// Where `word` first stands whole (not part of a longer identifier) in
+/// one of `spans` of TorchScript `text`.
+fn torchscript_word_in(text: &[u8], spans: &[std::ops::Range<usize>], word: &str) -> Option<usize> {
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    spans
+        .iter()
+        .filter_map(|span| {
+            let part = text.get(span.clone())?;
+            occurrences(part, word.as_bytes())
+                .find(|&at| {
+                    let end = at + word.len();
+                    !at.checked_sub(1)
+                        .and_then(|j| part.get(j))
+                        .copied()
+                        .is_some_and(ident)
+                        && !part.get(end).copied().is_some_and(ident)
+                })
+                .map(|at| span.start + at)
+        })
+        .min()
+}
+
 /// Namespaces of torch's ops whose ops compute on tensors: aten's,
 /// TorchScript's own, quantization's, and the domain libraries' kernels.
 /// Ops of any other namespace a scripted module calls are a library's
@@ -4840,6 +5061,85 @@ mod tests {
     /// the computing ones, however it reaches them; aten's, TorchScript's
     /// own and quantization's ops, names in strings and comments, and
     /// other identifiers ending in `ops` are none.
+    #[test]
+    fn code_a_torchscript_load_runs_is_every_setstate_and_what_it_names() {
+        let defs = |code: &[u8]| -> Vec<(String, String)> {
+            let (text, _, _) = torchscript_text(code);
+            torchscript_defs(&text)
+                .into_iter()
+                .map(|(name, span)| {
+                    let body = String::from_utf8_lossy(&text[span]).trim_end().to_owned();
+                    (String::from_utf8_lossy(name).into_owned(), body)
+                })
+                .collect()
+        };
+        // A block ends at the next line indented no deeper; a signature
+        // over several lines (however indented inside its parentheses)
+        // and blank lines do not end it; a tab reads as deep.
+        let code = b"class A(Module):\n  def __setstate__(self,\ns: int) -> None:\n\n    x = 1\n\tprint(x)\n  def forward(self) -> int:\n    return 1\ndef f(x):\n  return x\n";
+        let got = defs(code);
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["__setstate__", "forward", "f"]);
+        assert!(
+            got[0].1.contains("print(x)") && !got[0].1.contains("forward"),
+            "{got:?}"
+        );
+        assert!(got[1].1.ends_with("return 1"), "{got:?}");
+        // What a `__setstate__` names runs, in any record, and what that
+        // names; a def nothing reached does not.
+        let one = b"class A(Module):\n  def __setstate__(self, s: int) -> None:\n    _0 = (self).helper(s, )\n    return None\n  def helper(self, s: int) -> None:\n    _1 = __torch__.util.announce(s)\n  def forward(self, x: Tensor) -> Tensor:\n    print(x)\n    return x\n";
+        let two = b"def announce(s: int) -> None:\n  print(s)\ndef unused(s: int) -> None:\n  torch.warn(s)\n";
+        let texts: Vec<(Vec<u8>, Vec<usize>)> = [&one[..], &two[..]]
+            .iter()
+            .map(|code| {
+                let (text, at, _) = torchscript_text(code);
+                (text, at)
+            })
+            .collect();
+        let run = torchscript_run_on_load(&texts);
+        assert!(
+            torchscript_word_in(&texts[0].0, &run[0], "print").is_none(),
+            "{run:?}"
+        );
+        let at = torchscript_word_in(&texts[1].0, &run[1], "print").unwrap();
+        assert_eq!(&two[texts[1].1[at]..texts[1].1[at] + 5], b"print");
+        assert!(
+            torchscript_word_in(&texts[1].0, &run[1], "warn").is_none(),
+            "{run:?}"
+        );
+        // No `__setstate__`: nothing runs; a word inside a longer one or a
+        // string is no word.
+        let none = [(b"def forward(self):\n  print(1)\n".to_vec(), vec![])];
+        assert!(torchscript_run_on_load(&none)[0].is_empty());
+        let (text, _, _) =
+            torchscript_text(b"def __setstate__(self):\n  reprint(\"print\")\n  prints = 1\n");
+        let run = torchscript_run_on_load(&[(text.clone(), vec![])]);
+        assert!(torchscript_word_in(&text, &run[0], "print").is_none());
+        let (text, _, _) = torchscript_text(b"def __setstate__(self):\n  ops.aten._print(\"x\")\n");
+        let run = torchscript_run_on_load(&[(text.clone(), vec![])]);
+        assert_eq!(torchscript_word_in(&text, &run[0], "_print"), Some(35));
+        // Each def and each name once: many defs of one name, each naming
+        // it, and defs nested as deep as the text allows, read in one pass.
+        let many = b"def __setstate__(self):\n  __setstate__(self)\n".repeat(50_000);
+        let deep: Vec<u8> = (0..2_000)
+            .flat_map(|d| {
+                let mut line = vec![b'\t'; d];
+                line.extend_from_slice(b"def __setstate__(self):\n");
+                line
+            })
+            .chain(b"print(1)\n".iter().copied())
+            .collect();
+        let texts: Vec<(Vec<u8>, Vec<usize>)> = [many, deep]
+            .into_iter()
+            .map(|code| (torchscript_text(&code).0, vec![]))
+            .collect();
+        let run = torchscript_run_on_load(&texts);
+        assert_eq!(run[0].len(), 1);
+        assert_eq!(run[0][0], 0..texts[0].0.len());
+        assert_eq!(run[1].len(), 1);
+        assert!(torchscript_word_in(&texts[1].0, &run[1], "print").is_none());
+    }
+
     #[test]
     fn torchscript_op_namespaces_are_found_however_reached() {
         let found = |code: &[u8]| -> Vec<String> {
