@@ -973,6 +973,13 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ("cb_submodule_by_attribute.pt", Dangerous, Some(("numpy.testing", true))),
     ("cb_re_debug.pt", Dangerous, Some(("re._compile", true))),
     ("cb_codec_import.pt", Dangerous, Some(("_codecs.encode", true))),
+    // A thirtieth's: pytree's registration, reached as a name of the
+    // module of torch's result types.
+    (
+        "cb_result_types_pytree.pt",
+        Dangerous,
+        Some(("torch.return_types.register_pytree_node", true)),
+    ),
     // And a twenty-ninth's: a scripted `__setstate__` calling an op of
     // torch's `debugprims` namespace, whose kernel is Python and reads
     // files (torch_ts_ops.json).
@@ -1062,6 +1069,58 @@ fn a_file_scans_as_its_bytes() {
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Names of torch's modules that the scanner takes as data are those torch
+/// 2.15 defines as such (torch_data_names.json: every name of each
+/// module, its type and the module that defines it): the result types
+/// in `all_return_types`, and the public functions torch defines in
+/// `torch.nn.functional` and `torch.nn.init`, not their imports, type
+/// helpers or dispatch checks. Every other name is not data, and a call
+/// of one is dangerous (pytree's registration, `numpy` as `np`).
+#[test]
+fn names_of_torch_modules_are_data_as_torch_defines_them() {
+    let text = std::fs::read_to_string(root().join("tests/scan/torch_data_names.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let result_types: BTreeSet<&str> = doc["all_return_types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert_eq!(result_types.len(), 67);
+    let mut data = 0;
+    for module in ["torch.return_types", "torch.nn.functional", "torch.nn.init"] {
+        let names = doc[module].as_object().unwrap();
+        assert!(names.len() > 40, "{module}");
+        for (name, facts) in names {
+            let defined_by = facts["module"].as_str().unwrap_or("");
+            let function = matches!(
+                facts["type"].as_str().unwrap(),
+                "function" | "builtin_function_or_method"
+            ) && matches!(
+                defined_by,
+                "torch.nn.functional" | "torch.nn.init" | "torch" | "torch._C._nn"
+            ) && !name.starts_with('_');
+            let expected = if module == "torch.return_types" {
+                result_types.contains(name.as_str())
+            } else {
+                function
+            };
+            let class = ptload_reader::scan::classify(module, name);
+            assert_eq!(
+                class == GlobalClass::Data,
+                expected,
+                "{module}.{name} ({facts}): {class:?}"
+            );
+            data += usize::from(expected);
+            if !expected {
+                let report = called_with_a_string(&format!("{module}\n{name}\n"));
+                assert_eq!(report.verdict(), Dangerous, "{module}.{name}: {report:#?}");
+            }
+        }
+    }
+    assert_eq!(data, 67 + 135 + 26);
 }
 
 #[test]
@@ -2819,7 +2878,7 @@ fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 26);
+    assert_eq!(files.len(), 27);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()
@@ -2836,6 +2895,9 @@ fn callables_torch_ran_are_dangerous() {
             || facts["imported_watched"]
                 .as_array()
                 .is_some_and(|m| !m.is_empty())
+            || facts["pytree_registered"]
+                .as_array()
+                .is_some_and(|t| !t.is_empty())
             // A test module's `unittest.main()` run on import ends the
             // process (its arguments are the loader's).
             || facts["weights_only_false"] == "SystemExit";

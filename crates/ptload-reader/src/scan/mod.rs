@@ -29,6 +29,7 @@ mod libraries;
 mod reach;
 mod stdlib;
 mod tensor_methods;
+mod torch_data;
 
 #[cfg(test)]
 pub(crate) use reach::scan_bytes_general;
@@ -1495,11 +1496,13 @@ const KNOWN_ENUMS: &[(&str, &[&str])] = &[
     ("timm.layers.format", &["Format"]),
 ];
 
-/// A transformers model output's class name: `Output` a word of it
-/// (`BaseModelOutput`, `CausalLMOutputWithPast`,
-/// `BaseModelOutputWithPoolingAndCrossAttentions`).
+/// A transformers model output's class name: a class's (capitalized),
+/// with `Output` a word of it (`BaseModelOutput`, `CausalLMOutputWithPast`,
+/// `BaseModelOutputWithPoolingAndCrossAttentions`). transformers' functions
+/// with the word (`install_all_output_capturing_hooks`,
+/// `_register_model_output_pytree_node`) are not.
 pub(crate) fn model_output(name: &str) -> bool {
-    words(name).iter().any(|w| w == "output")
+    name.starts_with(|c: char| c.is_ascii_uppercase()) && words(name).iter().any(|w| w == "output")
 }
 
 /// Whether `module.name` is one of [`KNOWN_ENUMS`].
@@ -1603,29 +1606,11 @@ fn known_data(module: &str, name: &str) -> bool {
             "Path" | "PurePath" | "PosixPath" | "WindowsPath" | "PurePosixPath" | "PureWindowsPath"
         ),
         "torch.jit._pickle" => TORCHSCRIPT_HELPERS.contains(&name),
-        // torch's functional ops and initializers: computation on the
-        // tensors they are given (a model keeps them as attributes:
-        // `act = F.gelu`), not the module's helpers that call what they
-        // are given (`handle_torch_function`, `boolean_dispatch`).
-        "torch.nn.functional" | "torch.nn.init" => {
-            !name.starts_with('_')
-                && !attribute_path(name)
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-                && !matches!(
-                    name,
-                    "handle_torch_function"
-                        | "has_torch_function"
-                        | "has_torch_function_unary"
-                        | "has_torch_function_variadic"
-                        | "boolean_dispatch"
-                        | "torch"
-                        | "warnings"
-                        | "math"
-                        | "importlib"
-                        | "functools"
-                )
+        // torch's functional ops and initializers, and the result types of
+        // torch's functions: the names torch defines as such, not the
+        // modules' helpers (see `torch_data`).
+        "torch.nn.functional" | "torch.nn.init" | "torch.return_types" => {
+            torch_data::torch_data(module, name)
         }
         // A random generator, pickled as its device and its state.
         "torch._C" | "torch" => name == "Generator",
@@ -1639,9 +1624,6 @@ fn known_data(module: &str, name: &str) -> bool {
         "numpy._core._internal" | "numpy.core._internal" => {
             name == "_convert_to_stringdtype_kwargs"
         }
-        // The result types of torch's functions (`Tensor.topk`'s): tuples
-        // with names, made from a sequence.
-        "torch.return_types" => !attribute_path(name),
         // transformers' model outputs: dataclasses of tensors, made from
         // their fields.
         _ if module.starts_with("transformers.") && model_output(name) => !attribute_path(name),
