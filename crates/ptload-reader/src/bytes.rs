@@ -115,6 +115,24 @@ pub(crate) fn after(data: &[u8], at: usize) -> &[u8] {
     data.split_at_checked(at).map_or(&[], |(_, rest)| rest)
 }
 
+/// Where `needle` first starts in `haystack`.
+#[cfg(feature = "scan")]
+pub(crate) fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Where `word` starts in `text`, each occurrence in turn (overlapping
+/// ones too).
+#[cfg(feature = "scan")]
+pub(crate) fn occurrences<'t>(text: &'t [u8], word: &'t [u8]) -> impl Iterator<Item = usize> + 't {
+    let mut from = 0;
+    std::iter::from_fn(move || {
+        let at = from + find(text.get(from..)?, word)?;
+        from = at + 1;
+        Some(at)
+    })
+}
+
 /// `data[start..start + len]` with every bound checked, as a `u64` range.
 pub(crate) fn slice(data: &[u8], start: u64, len: u64) -> Option<&[u8]> {
     let start = usize::try_from(start).ok()?;

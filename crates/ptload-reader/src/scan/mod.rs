@@ -30,6 +30,7 @@ mod reach;
 mod stdlib;
 mod tensor_methods;
 mod torch_data;
+mod torchscript;
 
 #[cfg(test)]
 pub(crate) use reach::scan_bytes_general;
