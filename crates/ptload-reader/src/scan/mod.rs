@@ -27,6 +27,8 @@ use crate::torch::policy::torch_allows;
 mod finalizers;
 mod libraries;
 mod reach;
+mod recorder;
+mod report;
 mod stdlib;
 mod tensor_methods;
 mod torch_data;
@@ -36,9 +38,9 @@ mod torchscript;
 pub(crate) use reach::scan_bytes_general;
 pub(crate) use reach::scan_fetched;
 pub(crate) use reach::scan_file_bytes;
-pub use reach::{
-    scan_bytes, scan_file, scan_ranged, scan_url, Ambiguity, Effect, GlobalUse, PickleSource,
-    ScanReport, ScannedPickle, Usage, Verdict,
+pub use reach::{scan_bytes, scan_file, scan_ranged, scan_url};
+pub use report::{
+    Ambiguity, Effect, GlobalUse, PickleSource, ScanReport, ScannedPickle, Usage, Verdict,
 };
 
 /// What a finding lets a file make happen when `torch.load` (with
