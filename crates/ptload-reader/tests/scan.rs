@@ -53,6 +53,17 @@ fn built(class: &[u8], items: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A legacy file: the magic number, the protocol, sys_info, the object
+/// (protocol 2 pickle of `object`), then the storage keys, which torch
+/// iterates.
+fn legacy_file(object: &[u8], keys: &[u8]) -> Vec<u8> {
+    let mut out = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.".to_vec();
+    out.extend_from_slice(b"\x80\x02M\xe9\x03.\x80\x02}.");
+    out.extend(pickle(&[object]));
+    out.extend(pickle(&[keys]));
+    out
+}
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -980,6 +991,12 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("torch.return_types.register_pytree_node", true)),
     ),
+    // A thirty-first's: a generic alias called, and functions in the
+    // attribute dicts of a `Counter` and a namespace, under the names of
+    // the methods their reprs call.
+    ("cb_generic_alias_called.pt", Dangerous, Some(("builtins.print", true))),
+    ("cb_counter_method_shadowed.pt", Dangerous, Some(("builtins.print", true))),
+    ("cb_namespace_method_shadowed.pt", Dangerous, Some(("builtins.print", true))),
     // And a twenty-ninth's: a scripted `__setstate__` calling an op of
     // torch's `debugprims` namespace, whose kernel is Python and reads
     // files (torch_ts_ops.json).
@@ -1121,6 +1138,113 @@ fn names_of_torch_modules_are_data_as_torch_defines_them() {
         }
     }
     assert_eq!(data, 67 + 135 + 26);
+}
+
+/// A function in the attribute dict of an instance of data shadows the
+/// method of that name that library code calls (an `OrderedDict`'s
+/// `keys` when a state dict is loaded, a `Counter`'s `most_common` in its
+/// repr, a model output's `values` when pytree flattens it): called. A
+/// namespace's dict is the user's (a parser's `func`): there only its
+/// class's own methods shadow. A generic alias called calls its origin,
+/// however it was made; one only kept (`list[int]`) is data.
+#[test]
+fn data_keeps_no_functions_and_an_alias_calls_its_origin() {
+    use ptload_reader::scan::scan_bytes;
+    let items = |key: &str, value: &[u8]| {
+        let mut out = s(key);
+        out.extend_from_slice(value);
+        out.push(b's');
+        out
+    };
+    let opener: &[u8] = b"ctokenize\n_builtin_open\n";
+    let user_function: &[u8] = b"ctrain_script\nmain\n";
+    for (what, class, key, value, verdict) in [
+        (
+            "OrderedDict keys",
+            &b"ccollections\nOrderedDict\n"[..],
+            "keys",
+            opener,
+            Dangerous,
+        ),
+        (
+            "Counter most_common",
+            b"ccollections\nCounter\n",
+            "most_common",
+            opener,
+            Dangerous,
+        ),
+        (
+            "a model output's values",
+            b"ctransformers.modeling_outputs\nBaseModelOutput\n",
+            "values",
+            opener,
+            Dangerous,
+        ),
+        (
+            "an address's helper",
+            b"cipaddress\nIPv4Interface\n",
+            "_string_from_ip_int",
+            opener,
+            Dangerous,
+        ),
+        (
+            "Namespace _get_kwargs",
+            b"cargparse\nNamespace\n",
+            "_get_kwargs",
+            opener,
+            Dangerous,
+        ),
+        (
+            "Namespace func",
+            b"cargparse\nNamespace\n",
+            "func",
+            user_function,
+            NeedsCode,
+        ),
+        (
+            "SimpleNamespace func",
+            b"ctypes\nSimpleNamespace\n",
+            "func",
+            user_function,
+            NeedsCode,
+        ),
+    ] {
+        // The object the load returns, in a dict (not the first pickle,
+        // which torch compares with its magic number).
+        let object = [
+            b"}",
+            &s("args")[..],
+            &built(class, &items(key, value)),
+            b"s",
+        ]
+        .concat();
+        let report = scan_bytes(&legacy_file(&object, b"]"), &Limits::default());
+        assert!(
+            report.pickles.iter().all(|p| p.complete),
+            "{what}: {report:#?}"
+        );
+        assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
+    }
+    // `GenericAlias(tokenize._builtin_open, ())()`, by REDUCE and by NEWOBJ; and
+    // `list[int]` kept.
+    let alias: &[u8] = b"ctypes\nGenericAlias\n";
+    let by_reduce = [alias, b"ctokenize\n_builtin_open\n)\x86R)R"].concat();
+    let by_newobj = [alias, b"ctokenize\n_builtin_open\n)\x86\x81)R"].concat();
+    for (what, body) in [("REDUCE", by_reduce), ("NEWOBJ", by_newobj)] {
+        let report = scan_bytes(&pickle(&[&body]), &Limits::default());
+        assert_eq!(report.verdict(), Dangerous, "{what}: {report:#?}");
+        assert!(
+            report.pickles[0]
+                .globals
+                .iter()
+                .any(|g| g.path() == "tokenize._builtin_open"
+                    && g.usage == ptload_reader::scan::Usage::Called),
+            "{what}: {report:#?}"
+        );
+    }
+    let kept = [alias, b"cbuiltins\nlist\ncbuiltins\nint\n\x85\x86R"].concat();
+    let report = scan_bytes(&pickle(&[&kept]), &Limits::default());
+    assert_eq!(report.verdict(), Clean, "{report:#?}");
 }
 
 #[test]
@@ -2878,7 +3002,7 @@ fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 27);
+    assert_eq!(files.len(), 30);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()
@@ -3615,15 +3739,7 @@ fn library_tests_objects_and_factories_run_library_code() {
         assert!(report.pickles[0].complete, "{what}: {report:#?}");
         assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
     }
-    // A legacy file: the magic number, the protocol, sys_info, the object,
-    // then the storage keys, which torch iterates.
-    let legacy = |object: &[u8], keys: &[u8]| {
-        let mut out = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.".to_vec();
-        out.extend_from_slice(b"\x80\x02M\xe9\x03.\x80\x02}.");
-        out.extend(pickle(&[object]));
-        out.extend(pickle(&[keys]));
-        out
-    };
+    let legacy = legacy_file;
     // A UUID returned by the load, its state a defaultdict: `__setstate__`
     // reads its `int`, and the missing key calls the factory.
     for (what, factory, verdict) in [

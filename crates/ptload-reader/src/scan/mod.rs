@@ -1634,6 +1634,23 @@ fn known_data(module: &str, name: &str) -> bool {
     }
 }
 
+/// For a class of data whose instances hold the user's values as
+/// attributes (a namespace's parsed arguments, a parser's `func`; a
+/// signature's annotations and defaults), the names of its own methods
+/// that an attribute can shadow: a callable under any other name is the
+/// user's value. `None` for other classes, whose instances keep no
+/// callables.
+pub(crate) fn user_valued(module: &str, name: &str) -> Option<&'static [&'static str]> {
+    match (module, name) {
+        // `_AttributeHolder.__repr__` calls these two.
+        ("argparse", "Namespace") => Some(&["_get_args", "_get_kwargs"]),
+        ("types", "SimpleNamespace") => Some(&[]),
+        // Slotted: a state sets only its slots, whatever they hold.
+        ("inspect", "Signature" | "Parameter") => Some(&[]),
+        _ => None,
+    }
+}
+
 /// A name that reaches through attributes (`a.b.c`, which protocol 4's
 /// STACK_GLOBAL resolves one attribute at a time) or a dunder
 /// (`__builtins__`, `__globals__`): from any start, these reach anything.

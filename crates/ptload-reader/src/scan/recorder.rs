@@ -2184,6 +2184,11 @@ impl Interpreter for Recorder {
                 if let Value::Obj(id) = made_value {
                     self.given.push((id, args));
                 }
+                // `types.GenericAlias(origin, args)`, how `list[int]` pickles,
+                // calls its origin when it is called.
+                if self.path_of(callable) == Some(("types", "GenericAlias")) {
+                    self.wrap(made_value, arg(0));
+                }
                 // What a class the scanner does not know was given: its
                 // methods may call it later. What a mapping was made of
                 // (`dict([...])`, `OrderedDict([...])`): its items, which a
@@ -2219,8 +2224,13 @@ impl Interpreter for Recorder {
                 let items = heap.tuple(args).map_or_else(Vec::new, <[Value]>::to_vec);
                 self.new_with(heap, cls, &items)?;
                 let made = self.inert(heap, Some(Origin::Made(g)))?;
-                // `partial.__new__(partial, func, ...)` holds `func`.
-                if self.path_of(cls) == Some(("functools", "partial")) {
+                // `partial.__new__(partial, func, ...)` holds `func`, and
+                // `GenericAlias.__new__(GenericAlias, origin, args)` its
+                // origin: calling either calls it.
+                if matches!(
+                    self.path_of(cls),
+                    Some(("functools", "partial") | ("types", "GenericAlias"))
+                ) {
                     let func = heap.tuple(args).and_then(|a| a.first().copied());
                     self.wrap(made, func.unwrap_or(Value::None));
                 }
@@ -2320,6 +2330,23 @@ impl Interpreter for Recorder {
                 let mut consulted = Vec::new();
                 let mut dict_values = Vec::new();
                 let pair = heap.tuple(state).is_some_and(|t| t.len() == 2);
+                // An instance of a class the scanner knows as data (an
+                // `OrderedDict`, a `Counter`, a model output, an address)
+                // keeps no callable in its dict: one there shadows a method
+                // that the class's code or the program calls on it (`keys`
+                // when a state dict is loaded or flattened, `most_common`
+                // in a `Counter`'s repr), and is called. Those whose
+                // attributes are the user's values (a namespace's `func`,
+                // a parameter's default) keep callables: there only the
+                // names of their own methods shadow.
+                let data_instance = self
+                    .globals
+                    .get(g)
+                    .is_some_and(|u| matches!(u.class, GlobalClass::Data | GlobalClass::Tensor));
+                let own_methods = self
+                    .path_of_global(g)
+                    .and_then(|(module, name)| super::user_valued(module, name));
+                let mut shadowed = Vec::new();
                 for (n, part) in parts.into_iter().enumerate().filter(|_| !torchscript) {
                     // The second of a pair is set attribute by attribute
                     // (`setattr`), the first into the instance's dict.
@@ -2368,8 +2395,15 @@ impl Interpreter for Recorder {
                             && self.global_index(v).is_none()
                             && (self.is_callable(v)
                                 || matches!(self.origin(v), Some(Origin::Made(_))));
+                        let shadows_data_method = data_instance
+                            && self.is_callable(v)
+                            && own_methods.is_none_or(|names| {
+                                heap.text(k).is_some_and(|k| names.contains(&k))
+                            });
                         if shadows(heap, k, by_setattr) || shadows_method {
                             smuggled.push(v);
+                        } else if shadows_data_method && !dunder(heap, k) {
+                            shadowed.push(v);
                         } else if dunder(heap, k) {
                             // Another dunder (pydantic's
                             // `__pydantic_fields_set__`): data the class's
@@ -2435,7 +2469,7 @@ impl Interpreter for Recorder {
                         self.calls(heap, c)?;
                     }
                 }
-                for v in calls_on_state {
+                for v in calls_on_state.into_iter().chain(shadowed) {
                     self.calls(heap, v)?;
                 }
                 if !smuggled.is_empty() {
