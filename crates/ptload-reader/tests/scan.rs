@@ -997,6 +997,10 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ("cb_generic_alias_called.pt", Dangerous, Some(("builtins.print", true))),
     ("cb_counter_method_shadowed.pt", Dangerous, Some(("builtins.print", true))),
     ("cb_namespace_method_shadowed.pt", Dangerous, Some(("builtins.print", true))),
+    // A thirty-second's: a partial made by `copyreg.__newobj__`, and a
+    // namespace as a state dict's `_metadata` (its `get` is called).
+    ("cb_newobj_partial_shadowing.pt", Dangerous, Some(("builtins.print", true))),
+    ("cb_namespace_as_metadata.pt", Dangerous, Some(("builtins.print", true))),
     // And a twenty-ninth's: a scripted `__setstate__` calling an op of
     // torch's `debugprims` namespace, whose kernel is Python and reads
     // files (torch_ts_ops.json).
@@ -1158,6 +1162,13 @@ fn data_keeps_no_functions_and_an_alias_calls_its_origin() {
     };
     let opener: &[u8] = b"ctokenize\n_builtin_open\n";
     let user_function: &[u8] = b"ctrain_script\nmain\n";
+    let newobj_partial = [
+        &b"ccopyreg\n__newobj__\ncfunctools\npartial\n"[..],
+        opener,
+        &s("x"),
+        b"\x87R",
+    ]
+    .concat();
     for (what, class, key, value, verdict) in [
         (
             "OrderedDict keys",
@@ -1207,6 +1218,33 @@ fn data_keeps_no_functions_and_an_alias_calls_its_origin() {
             "func",
             user_function,
             NeedsCode,
+        ),
+        // A namespace taken for a mapping (a state dict's `_metadata`):
+        // `load_state_dict` calls its `get`.
+        (
+            "Namespace get",
+            b"cargparse\nNamespace\n",
+            "get",
+            opener,
+            Dangerous,
+        ),
+        // torch asks each op's argument for `__torch_function__` by
+        // `getattr`: an instance's own entry is what it calls.
+        (
+            "SimpleNamespace __torch_function__",
+            b"ctypes\nSimpleNamespace\n",
+            "__torch_function__",
+            opener,
+            Dangerous,
+        ),
+        // A partial made by `copyreg.__newobj__` wraps its function as one
+        // made by REDUCE or NEWOBJ does.
+        (
+            "OrderedDict keys, a partial by __newobj__",
+            b"ccollections\nOrderedDict\n",
+            "keys",
+            &newobj_partial[..],
+            Dangerous,
         ),
     ] {
         // The object the load returns, in a dict (not the first pickle,
@@ -3002,7 +3040,7 @@ fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 30);
+    assert_eq!(files.len(), 32);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()

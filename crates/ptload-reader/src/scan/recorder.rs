@@ -1608,11 +1608,14 @@ fn dunder(heap: &Heap, key: Value) -> bool {
 }
 
 /// Dunders Python looks up on an instance by `getattr` and calls (pickle's
-/// BUILD and reduce, `copy`): an entry of the instance's dict shadows the
-/// class's method. Special methods Python calls by syntax (`__hash__`,
-/// `__eq__`, `__del__`...) are looked up on the type, and an entry named
-/// so in the instance's dict is only data.
-const INSTANCE_DUNDERS: [&str; 8] = [
+/// BUILD and reduce, `copy`; torch's check for `__torch_function__`, made
+/// on the argument of every op such as the `copy_` of `load_state_dict`):
+/// an entry of the instance's dict shadows the class's method. Special
+/// methods Python calls by syntax (`__hash__`, `__eq__`, `__del__`...) are
+/// looked up on the type, and an entry named so in the instance's dict is
+/// only data.
+const INSTANCE_DUNDERS: [&str; 9] = [
+    "__torch_function__",
     "__setstate__",
     "__reduce__",
     "__reduce_ex__",
@@ -2184,10 +2187,33 @@ impl Interpreter for Recorder {
                 if let Value::Obj(id) = made_value {
                     self.given.push((id, args));
                 }
-                // `types.GenericAlias(origin, args)`, how `list[int]` pickles,
-                // calls its origin when it is called.
-                if self.path_of(callable) == Some(("types", "GenericAlias")) {
-                    self.wrap(made_value, arg(0));
+                // What calling the made object calls: the origin of
+                // `types.GenericAlias(origin, args)` (how `list[int]`
+                // pickles); the function of a partial or the origin of an
+                // alias that `copyreg.__newobj__(cls, *args)` makes
+                // (`__newobj_ex__` takes the arguments as a tuple).
+                let forwards = |path: Option<(&str, &str)>| {
+                    matches!(
+                        path,
+                        Some(("functools", "partial") | ("types", "GenericAlias"))
+                    )
+                };
+                let target = match self.path_of(callable) {
+                    Some(("types", "GenericAlias")) => Some(arg(0)),
+                    Some(("copyreg" | "copy_reg", "__newobj__"))
+                        if forwards(self.path_of(arg(0))) =>
+                    {
+                        Some(arg(1))
+                    }
+                    Some(("copyreg" | "copy_reg", "__newobj_ex__"))
+                        if forwards(self.path_of(arg(0))) =>
+                    {
+                        heap.tuple(arg(1)).and_then(|a| a.first().copied())
+                    }
+                    _ => None,
+                };
+                if let Some(target) = target {
+                    self.wrap(made_value, target);
                 }
                 // What a class the scanner does not know was given: its
                 // methods may call it later. What a mapping was made of
@@ -2338,7 +2364,10 @@ impl Interpreter for Recorder {
                 // in a `Counter`'s repr), and is called. Those whose
                 // attributes are the user's values (a namespace's `func`,
                 // a parameter's default) keep callables: there only the
-                // names of their own methods shadow.
+                // names of their own methods shadow, and those of the
+                // mapping methods code calls on what it takes for a
+                // mapping (a namespace as a state dict's `_metadata` has
+                // its `get` called by `load_state_dict`).
                 let data_instance = self
                     .globals
                     .get(g)
@@ -2398,7 +2427,9 @@ impl Interpreter for Recorder {
                         let shadows_data_method = data_instance
                             && self.is_callable(v)
                             && own_methods.is_none_or(|names| {
-                                heap.text(k).is_some_and(|k| names.contains(&k))
+                                heap.text(k).is_some_and(|k| {
+                                    names.contains(&k) || STATE_METHODS.contains(&k)
+                                })
                             });
                         if shadows(heap, k, by_setattr) || shadows_method {
                             smuggled.push(v);
