@@ -1554,10 +1554,7 @@ fn constant(heap: &Heap, v: Value) -> bool {
         ),
         _ => true,
     };
-    scalar(v)
-        || heap
-            .tuple(v)
-            .is_some_and(|items| items.iter().all(|&i| scalar(i)))
+    scalar_or_tuple(heap, v, scalar)
 }
 
 /// What an enum member of a package's own enum class pickles with: a
@@ -1580,6 +1577,11 @@ fn enum_value(heap: &Heap, v: Value) -> bool {
         },
         _ => true,
     };
+    scalar_or_tuple(heap, v, scalar)
+}
+
+/// Whether `v` is `scalar`, or a tuple the pickle built of such.
+fn scalar_or_tuple(heap: &Heap, v: Value, scalar: impl Fn(Value) -> bool) -> bool {
     scalar(v)
         || heap
             .tuple(v)
