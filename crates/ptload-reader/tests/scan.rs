@@ -1001,6 +1001,9 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     // namespace as a state dict's `_metadata` (its `get` is called).
     ("cb_newobj_partial_shadowing.pt", Dangerous, Some(("builtins.print", true))),
     ("cb_namespace_as_metadata.pt", Dangerous, Some(("builtins.print", true))),
+    // A thirty-third's: a wrapper in a `Logger`'s dict, under the name of
+    // the method its repr calls.
+    ("cb_logger_method_shadowed.pt", Dangerous, Some(("builtins.print", true))),
     // And a twenty-ninth's: a scripted `__setstate__` calling an op of
     // torch's `debugprims` namespace, whose kernel is Python and reads
     // files (torch_ts_ops.json).
@@ -1162,6 +1165,7 @@ fn data_keeps_no_functions_and_an_alias_calls_its_origin() {
     };
     let opener: &[u8] = b"ctokenize\n_builtin_open\n";
     let user_function: &[u8] = b"ctrain_script\nmain\n";
+    let partial_of_opener = [&b"cfunctools\npartial\n"[..], opener, &s("x"), b"\x86R"].concat();
     let newobj_partial = [
         &b"ccopyreg\n__newobj__\ncfunctools\npartial\n"[..],
         opener,
@@ -1236,6 +1240,23 @@ fn data_keeps_no_functions_and_an_alias_calls_its_origin() {
             "__torch_function__",
             opener,
             Dangerous,
+        ),
+        // Another class of the standard library: a wrapper in its dict is
+        // what its own code calls on itself (`Logger.__repr__` calls
+        // `getEffectiveLevel`); its functions and classes are its own.
+        (
+            "a Logger's getEffectiveLevel",
+            b"clogging\nLogger\n",
+            "getEffectiveLevel",
+            &partial_of_opener[..],
+            Dangerous,
+        ),
+        (
+            "a parser's formatter_class",
+            b"cargparse\nArgumentParser\n",
+            "formatter_class",
+            b"cargparse\nHelpFormatter\n",
+            NeedsCode,
         ),
         // A partial made by `copyreg.__newobj__` wraps its function as one
         // made by REDUCE or NEWOBJ does.
@@ -3040,7 +3061,7 @@ fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 32);
+    assert_eq!(files.len(), 33);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()

@@ -2377,6 +2377,18 @@ impl Interpreter for Recorder {
                 let own_methods = self
                     .path_of_global(g)
                     .and_then(|(module, name)| super::user_valued(module, name));
+                // An object of another class of the standard library (a
+                // `Logger`, a `UserDict`, a `ChainMap`, a `shlex`) holds
+                // no wrapper in its dict either: a partial or bound method
+                // there is what the class's own code calls on itself
+                // (`Logger.__repr__` calls `getEffectiveLevel`) when the
+                // program prints, iterates or loads it. (Its functions and
+                // classes, a parser's `formatter_class`, are its own.)
+                let stdlib_instance = !data_instance
+                    && own_methods.is_none()
+                    && self.path_of_global(g).is_some_and(|(module, _)| {
+                        super::stdlib::is_stdlib(module.split('.').next().unwrap_or(module))
+                    });
                 let mut shadowed = Vec::new();
                 for (n, part) in parts.into_iter().enumerate().filter(|_| !torchscript) {
                     // The second of a pair is set attribute by attribute
@@ -2426,7 +2438,10 @@ impl Interpreter for Recorder {
                             && self.global_index(v).is_none()
                             && (self.is_callable(v)
                                 || matches!(self.origin(v), Some(Origin::Made(_))));
-                        let shadows_data_method = data_instance
+                        let wraps = stdlib_instance
+                            && self.global_index(v).is_none()
+                            && self.is_callable(v);
+                        let shadows_data_method = (data_instance || wraps)
                             && self.is_callable(v)
                             && own_methods.is_none_or(|names| {
                                 heap.text(k).is_some_and(|k| {
