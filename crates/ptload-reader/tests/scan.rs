@@ -178,12 +178,12 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     ),
     (
         "newobj_file_handler.pt",
-        NeedsCode,
+        Dangerous,
         Some(("logging.StreamHandler", true)),
     ),
     (
         "newobj_ex_file_handler.pt",
-        NeedsCode,
+        Dangerous,
         Some(("logging.StreamHandler", true)),
     ),
     (
@@ -1004,6 +1004,60 @@ const CASES: &[(&str, Verdict, Finding)] = &[
     // A thirty-third's: a wrapper in a `Logger`'s dict, under the name of
     // the method its repr calls.
     ("cb_logger_method_shadowed.pt", Dangerous, Some(("builtins.print", true))),
+    // A thirty-fourth's: a standard library object made without its
+    // `__init__` (a `FrameSummary` that reads the file it names when
+    // compared); a thirty-fifth's: a function under the name of a method
+    // torch's or a library's code calls on the object.
+    (
+        "cb_stdlib_frame_summary.pt",
+        Dangerous,
+        Some(("traceback.FrameSummary", true)),
+    ),
+    (
+        "cb_function_as_tensor_method.pt",
+        Dangerous,
+        Some(("sysconfig._main", true)),
+    ),
+    (
+        "cb_function_as_module_method.pt",
+        Dangerous,
+        Some(("sysconfig._main", true)),
+    ),
+    (
+        "cb_function_as_config_method.pt",
+        Dangerous,
+        Some(("sysconfig._main", true)),
+    ),
+    (
+        "cb_function_as_mapping_method.pt",
+        Dangerous,
+        Some(("sysconfig._main", true)),
+    ),
+    // A thirty-sixth's: a mapping method of torch's `ParameterDict`, a
+    // feature extractor's `to_json_string`, the `numel` and `size` a
+    // distribution's repr calls on a parameter that is a namespace; a
+    // thirty-seventh's: another package's function held by a networkx
+    // view, which calls it on each key.
+    (
+        "cb_function_as_items_of_module.pt",
+        Dangerous,
+        Some(("sysconfig._main", true)),
+    ),
+    (
+        "cb_function_as_extractor_method.pt",
+        Dangerous,
+        Some(("sysconfig._main", true)),
+    ),
+    (
+        "cb_namespace_as_distribution_parameter.pt",
+        Dangerous,
+        Some(("sysconfig._main", true)),
+    ),
+    (
+        "cb_library_view_filter.pt",
+        Dangerous,
+        Some(("builtins.print", true)),
+    ),
     // And a twenty-ninth's: a scripted `__setstate__` calling an op of
     // torch's `debugprims` namespace, whose kernel is Python and reads
     // files (torch_ts_ops.json).
@@ -1251,12 +1305,14 @@ fn data_keeps_no_functions_and_an_alias_calls_its_origin() {
             &partial_of_opener[..],
             Dangerous,
         ),
+        // (Such an object, made without its `__init__`, is itself a
+        // library object acting on the file's state.)
         (
             "a parser's formatter_class",
             b"cargparse\nArgumentParser\n",
             "formatter_class",
             b"cargparse\nHelpFormatter\n",
-            NeedsCode,
+            Dangerous,
         ),
         // A partial made by `copyreg.__newobj__` wraps its function as one
         // made by REDUCE or NEWOBJ does.
@@ -3050,9 +3106,173 @@ fn callables_a_survey_found_are_dangerous_when_called() {
     }
 }
 
+/// An object of a class of the standard library the scanner has no entry
+/// for, made without its `__init__` by any of the three ways a pickle can
+/// (NEWOBJ, `copyreg.__newobj__`, `copyreg._reconstructor`), is library
+/// code acting on the file's state; the standard library's mappings and
+/// builtin types, a model's class and torch's are not. A function (not
+/// only a wrapper) under the name of a method torch's or a library's own
+/// code calls on the object is called; under another name it is kept.
+/// An object of a library outside the model libraries calls another
+/// package's callable it holds; its own package's it keeps.
+#[test]
+fn library_objects_and_functions_under_method_names() {
+    use ptload_reader::scan::scan_bytes;
+    let frame: &[u8] = b"ctraceback\nFrameSummary\n";
+    let slots = [&b"N}"[..], &s("filename"), &s("victim.txt"), b"s\x86b"].concat();
+    let named =
+        |class: &[u8], key: &str, value: &[u8]| [class, b")\x81}", &s(key), value, b"sb"].concat();
+    let linear: &[u8] = b"ctorch.nn.modules.linear\nLinear\n";
+    let config: &[u8] = b"ctransformers.models.bert.configuration_bert\nBertConfig\n";
+    let own_function: &[u8] = b"cmymodels.net\nshow\n";
+    let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
+        (
+            "a FrameSummary by NEWOBJ",
+            [frame, b")\x81", &slots].concat(),
+            Dangerous,
+        ),
+        (
+            "a FrameSummary by copyreg.__newobj__",
+            [b"ccopyreg\n__newobj__\n", frame, b"\x85R", &slots].concat(),
+            Dangerous,
+        ),
+        (
+            "a FrameSummary by copyreg._reconstructor",
+            [
+                b"ccopyreg\n_reconstructor\n",
+                frame,
+                b"cbuiltins\nobject\nN\x87R",
+                &slots,
+            ]
+            .concat(),
+            Dangerous,
+        ),
+        (
+            "a ChainMap of a dict",
+            named(b"ccollections\nChainMap\n", "maps", b"]}a"),
+            Clean,
+        ),
+        (
+            "a model package's class",
+            b"cmymodels.net\nNet\n)\x81}b".to_vec(),
+            NeedsCode,
+        ),
+        ("torch's Linear", [linear, b")\x81}b"].concat(), NeedsCode),
+        (
+            "a model package's function as a module's extra_repr",
+            named(linear, "extra_repr", own_function),
+            UnknownCall,
+        ),
+        (
+            "a library function as a module's extra_repr",
+            named(linear, "extra_repr", b"csysconfig\n_main\n"),
+            Dangerous,
+        ),
+        (
+            "a model package's function as a module's attribute",
+            named(linear, "act", own_function),
+            NeedsCode,
+        ),
+        (
+            "a function as a config's to_json_string",
+            named(config, "to_json_string", own_function),
+            UnknownCall,
+        ),
+        (
+            "a dtype as a config's value",
+            named(config, "torch_dtype", b"ctorch\nfloat16\n"),
+            NeedsCode,
+        ),
+        (
+            "a function in an AttributeDict's own dict",
+            named(
+                b"clightning_fabric.utilities.data\nAttributeDict\n",
+                "keys",
+                own_function,
+            ),
+            UnknownCall,
+        ),
+        (
+            "a function as a ParameterDict's items",
+            named(
+                b"ctorch.nn.modules.container\nParameterDict\n",
+                "items",
+                own_function,
+            ),
+            UnknownCall,
+        ),
+        (
+            "a function as a feature extractor's to_json_string",
+            named(
+                b"ctransformers.models.whisper.feature_extraction_whisper\nWhisperFeatureExtractor\n",
+                "to_json_string",
+                own_function,
+            ),
+            UnknownCall,
+        ),
+        (
+            "a function in a Lightning registry's own dict",
+            named(
+                b"clightning_fabric.accelerators.registry\n_AcceleratorRegistry\n",
+                "available_accelerators",
+                own_function,
+            ),
+            UnknownCall,
+        ),
+        (
+            "another package's function held by a networkx view",
+            named(
+                b"cnetworkx.classes.coreviews\nFilterAtlas\n",
+                "NODE_OK",
+                own_function,
+            ),
+            UnknownCall,
+        ),
+        (
+            "networkx's own filter held by its view",
+            named(
+                b"cnetworkx.classes.coreviews\nFilterAtlas\n",
+                "NODE_OK",
+                b"cnetworkx.classes.filters\nno_filter\n",
+            ),
+            NeedsCode,
+        ),
+        (
+            "math's cos held by an mpmath solver",
+            named(
+                b"cmpmath.calculus.optimization\nSecant\n",
+                "f",
+                b"cmath\ncos\n",
+            ),
+            NeedsCode,
+        ),
+        (
+            "a function as a namespace's numel",
+            named(b"ctypes\nSimpleNamespace\n", "numel", own_function),
+            UnknownCall,
+        ),
+        (
+            "a function as a namespace's value",
+            named(b"ctypes\nSimpleNamespace\n", "act", own_function),
+            NeedsCode,
+        ),
+    ];
+    for (what, object, verdict) in cases {
+        // The object the load returns, in a dict (not the first pickle,
+        // which torch compares with its magic number).
+        let object = [b"}", &s("extra")[..], &object, b"s"].concat();
+        let report = scan_bytes(&legacy_file(&object, b"]"), &Limits::default());
+        assert!(
+            report.pickles.iter().all(|p| p.complete),
+            "{what}: {report:#?}"
+        );
+        assert_eq!(report.verdict(), verdict, "{what}: {report:#?}");
+    }
+}
+
 /// Each file of the nineteenth and twentieth corpora's callables did
 /// what it was made to do under torch 2.15 (torch_callables.json: a file
-/// made or emptied in the loading process's folder, `this` or a watched
+/// made, emptied or read in the loading process's folder, `this` or a watched
 /// module imported, a socket listening, a child process's line, a line a
 /// payload printed):
 /// the scan puts every one at `dangerous`.
@@ -3061,12 +3281,13 @@ fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 33);
+    assert_eq!(files.len(), 42);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()
             .is_some_and(|f| !f.is_empty())
             || facts["victim_changed"] == true
+            || facts["victim_read"] == true
             || facts["imported_this"] == true
             || facts["listens"] == true
             || facts["printed_the_zen"] == true
@@ -3692,7 +3913,7 @@ fn library_calls_no_checkpoint_makes_are_dangerous() {
         (
             "a standard library class constructed, not called",
             pickle(&[b"ccalendar\nTextCalendar\n)\x81}b"]),
-            NeedsCode,
+            Dangerous,
         ),
         // An object of a library's class, its methods run by a builtin or
         // by torch's OrderedDict: library code acting on the file's state.

@@ -126,11 +126,98 @@ pub(crate) fn shipped(module: &str) -> bool {
     super::stdlib::is_stdlib(top) || top == "__builtin__" || TOP_LEVEL.binary_search(&top).is_ok()
 }
 
+/// The packages whose objects make up models and their training state,
+/// and hold callables as part of it (activations, norm layers, hooks,
+/// collate functions, metric reductions): torch's family, the Hugging
+/// Face libraries, Lightning and timm.
+pub(crate) fn model_library(top: &str) -> bool {
+    matches!(
+        top,
+        "torch"
+            | "functorch"
+            | "torchaudio"
+            | "torchdata"
+            | "torchgen"
+            | "torchmetrics"
+            | "torchtext"
+            | "torchvision"
+            | "accelerate"
+            | "diffusers"
+            | "huggingface_hub"
+            | "peft"
+            | "safetensors"
+            | "tokenizers"
+            | "transformers"
+            | "lightning"
+            | "lightning_fabric"
+            | "lightning_utilities"
+            | "pytorch_lightning"
+            | "timm"
+    )
+}
+
+/// transformers' objects whose attributes are the user's values, among
+/// them dtypes and classes: configurations (`BertConfig`,
+/// `GenerationConfig`), feature extractors, image processors and
+/// processors. Their own code calls methods of the instance when it is
+/// printed or saved (`__repr__` calls `to_json_string`, which calls
+/// `to_diff_dict` or `to_dict`): a callable under one of those names in
+/// the instance's dict is what runs. The methods of `PreTrainedConfig`
+/// and `GenerationConfig` in transformers 5.24 (`dir()`, class and static
+/// methods and dunders aside; the feature extractors' and processors'
+/// saving methods are among them), sorted; for any class of transformers.
+pub(crate) fn config_methods(module: &str) -> Option<&'static [&'static str]> {
+    module
+        .starts_with("transformers.")
+        .then_some(CONFIG_METHODS)
+}
+
+const CONFIG_METHODS: &[&str] = &[
+    "_get_files_timestamps",
+    "_get_generation_parameters",
+    "_getattr_without_heterogeneous_validation",
+    "_hasattr_without_heterogeneous_validation",
+    "_iter_config_keys_with_heterogeneous_adjustment",
+    "_remove_keys_not_serialized",
+    "_update_heterogeneous_to_dict_output",
+    "_upload_modified_files",
+    "_validate_axial_rope_parameters",
+    "_validate_default_rope_parameters",
+    "_validate_dynamic_rope_parameters",
+    "_validate_linear_rope_parameters",
+    "_validate_llama3_rope_parameters",
+    "_validate_longrope_rope_parameters",
+    "_validate_proportional_rope_parameters",
+    "_validate_yarn_rope_parameters",
+    "convert_rope_params_to_dict",
+    "dict_dtype_to_str",
+    "get_generation_mode",
+    "get_mtp_config",
+    "get_text_config",
+    "nested_rope_parameter_keys",
+    "push_to_hub",
+    "save_pretrained",
+    "standardize_rope_params",
+    "to_dict",
+    "to_diff_dict",
+    "to_json_file",
+    "to_json_string",
+    "update",
+    "update_from_string",
+    "validate",
+    "validate_architecture",
+    "validate_layer_type",
+    "validate_output_attentions",
+    "validate_rope",
+    "validate_token_ids",
+];
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn sorted_for_the_search() {
         assert!(super::TOP_LEVEL.windows(2).all(|w| w[0] < w[1]));
+        assert!(super::CONFIG_METHODS.windows(2).all(|w| w[0] < w[1]));
         assert!(super::shipped("torch.utils.file_baton"));
         assert!(super::shipped("os.path") && super::shipped("__builtin__"));
         assert!(super::shipped("pygments") && super::shipped("test.test_gzip"));

@@ -1547,9 +1547,21 @@ fn known_data(module: &str, name: &str) -> bool {
         | "torch.distributed.distributed_c10d"
         | "torch._C._distributed_c10d" => distributed(module, name) == Some(None),
         "argparse" => name == "Namespace",
+        // Functions of numbers.
+        "math" | "cmath" => !name.starts_with('_') && !attribute_path(name),
         "collections" => matches!(
             name,
-            "OrderedDict" | "Counter" | "defaultdict" | "deque" | "namedtuple"
+            "OrderedDict"
+                | "Counter"
+                | "defaultdict"
+                | "deque"
+                | "namedtuple"
+                // Pickled as made without `__init__`, their state a dict
+                // of the mappings, items or text they hold.
+                | "ChainMap"
+                | "UserDict"
+                | "UserList"
+                | "UserString"
         ),
         // `list[int]` pickles as `types.GenericAlias(list, (int,))`.
         "types" => matches!(name, "SimpleNamespace" | "GenericAlias"),
@@ -1642,9 +1654,11 @@ fn known_data(module: &str, name: &str) -> bool {
 /// callables.
 pub(crate) fn user_valued(module: &str, name: &str) -> Option<&'static [&'static str]> {
     match (module, name) {
-        // `_AttributeHolder.__repr__` calls these two.
-        ("argparse", "Namespace") => Some(&["_get_args", "_get_kwargs"]),
-        ("types", "SimpleNamespace") => Some(&[]),
+        // `_AttributeHolder.__repr__` calls these two; and a namespace
+        // where torch takes it for a tensor (a distribution's parameter,
+        // which its repr measures) has these three called.
+        ("argparse", "Namespace") => Some(&["_get_args", "_get_kwargs", "numel", "size", "dim"]),
+        ("types", "SimpleNamespace") => Some(&["numel", "size", "dim"]),
         // Slotted: a state sets only its slots, whatever they hold.
         ("inspect", "Signature" | "Parameter") => Some(&[]),
         _ => None,

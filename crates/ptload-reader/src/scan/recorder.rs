@@ -272,6 +272,21 @@ fn plain_container(module: &str, name: &str) -> bool {
                     | "lightning_fabric.utilities.data",
                 "AttributeDict"
             )
+            // Lightning's registries of strategies and accelerators.
+            | (
+                "pytorch_lightning.strategies.registry"
+                    | "lightning.pytorch.strategies.registry"
+                    | "lightning.fabric.strategies.registry"
+                    | "lightning_fabric.strategies.registry",
+                "_StrategyRegistry"
+            )
+            | (
+                "pytorch_lightning.accelerators.registry"
+                    | "lightning.pytorch.accelerators.registry"
+                    | "lightning.fabric.accelerators.registry"
+                    | "lightning_fabric.accelerators.registry",
+                "_AcceleratorRegistry"
+            )
             | ("transformers.tokenization_utils_base", "BatchEncoding")
             | ("transformers.feature_extraction_utils", "BatchFeature")
     ) || (module.starts_with("transformers.") && super::model_output(name))
@@ -1491,7 +1506,27 @@ impl Recorder {
                 }
             }
         }
+        self.stdlib_made_without_init(g);
         Ok(())
+    }
+
+    /// An object of a class of the standard library that the scanner has
+    /// no entry for, made without its `__init__` (NEWOBJ,
+    /// `copyreg.__newobj__`, `copyreg._reconstructor`): its methods act on
+    /// whatever state the file gives it, when the program prints, iterates
+    /// or compares it (`traceback.FrameSummary` reads the source file its
+    /// state names, a `shlex` opens the file its pushed-back text names).
+    /// Library code outside the known-safe set, as a call of the class
+    /// is. The builtin types are left to their own rules.
+    fn stdlib_made_without_init(&mut self, g: usize) {
+        if let Some(u) = self.globals.get_mut(g) {
+            let top = u.module.split('.').next().unwrap_or_default();
+            let stdlib =
+                super::stdlib::is_stdlib(top) && !matches!(top, "builtins" | "__builtin__");
+            if stdlib && u.class == GlobalClass::Unknown {
+                u.class = GlobalClass::Dangerous(Danger::LibraryCall);
+            }
+        }
     }
 
     /// `type(name, bases, namespace)` through global `g`: a class whose
@@ -2033,8 +2068,7 @@ impl Interpreter for Recorder {
                                     || heap
                                         .text(k)
                                         .is_some_and(super::tensor_methods::tensor_method);
-                                let wrapper =
-                                    self.global_index(v).is_none() && (self.is_callable(v) || made);
+                                let wrapper = self.is_callable(v) || made;
                                 if shadows && wrapper {
                                     wrappers.push(v);
                                 } else if made && !self.plain_mapping(v) {
@@ -2097,6 +2131,9 @@ impl Interpreter for Recorder {
                     Some(("copyreg" | "copy_reg", "_reconstructor")) => {
                         let (cls, base) = (arg(0), arg(1));
                         self.mark(self.global_index(cls), Usage::Instantiated);
+                        if let Some(c) = self.global_index(cls) {
+                            self.stdlib_made_without_init(c);
+                        }
                         made = self.global_index(cls).unwrap_or(g);
                         let plain_object = self.path_of(base) == Some(("builtins", "object"));
                         if !plain_object {
@@ -2370,10 +2407,25 @@ impl Interpreter for Recorder {
                 // mapping methods code calls on what it takes for a
                 // mapping (a namespace as a state dict's `_metadata` has
                 // its `get` called by `load_state_dict`).
-                let data_instance = self
-                    .globals
-                    .get(g)
-                    .is_some_and(|u| matches!(u.class, GlobalClass::Data | GlobalClass::Tensor));
+                // (And so does a library's mapping, whose attributes are
+                // its items: a Lightning `AttributeDict`.)
+                let data_instance = self.globals.get(g).is_some_and(|u| {
+                    matches!(u.class, GlobalClass::Data | GlobalClass::Tensor)
+                        || plain_container(&u.module, &u.name)
+                });
+                // A library's configuration holds the user's values,
+                // callables among them: only its own methods' names
+                // shadow. So do, in any object of a library's class, the
+                // names of the mapping methods (a `ParameterDict`'s
+                // `items`, which its `extra_repr` calls; a registry's
+                // `keys`).
+                let (config_methods, library_object) = match self.path_of_global(g) {
+                    Some((module, _)) => (
+                        super::libraries::config_methods(module),
+                        super::libraries::shipped(module),
+                    ),
+                    None => (None, false),
+                };
                 let own_methods = self
                     .path_of_global(g)
                     .and_then(|(module, name)| super::user_valued(module, name));
@@ -2389,6 +2441,19 @@ impl Interpreter for Recorder {
                     && self.path_of_global(g).is_some_and(|(module, _)| {
                         super::stdlib::is_stdlib(module.split('.').next().unwrap_or(module))
                     });
+                // An object of a library outside the model and training
+                // libraries (a networkx view, an mpmath solver) holds no
+                // callable of another package's: one there (a filter, the
+                // function a solver iterates over) is what its methods
+                // call when the program iterates, measures or prints it.
+                let foreign_callables_called = self.globals.get(g).and_then(|u| {
+                    let top = u.module.split('.').next().unwrap_or_default();
+                    let other_library = u.class == GlobalClass::Unknown
+                        && super::libraries::shipped(&u.module)
+                        && !super::libraries::model_library(top)
+                        && !super::stdlib::is_stdlib(top);
+                    other_library.then(|| top.to_owned())
+                });
                 let mut shadowed = Vec::new();
                 for (n, part) in parts.into_iter().enumerate().filter(|_| !torchscript) {
                     // The second of a pair is set attribute by attribute
@@ -2432,15 +2497,25 @@ impl Interpreter for Recorder {
                         // hooks calls `register_parameter`, an optimizer's
                         // `__setstate__` `_patch_step_function`): the
                         // instance's attribute is what runs.
-                        let shadows_method = heap
+                        // A function or class there (not a wrapper) is
+                        // called as itself.
+                        let base_method = heap
                             .text(k)
-                            .is_some_and(|k| TORCH_BASE_METHODS.binary_search(&k).is_ok())
+                            .is_some_and(|k| TORCH_BASE_METHODS.binary_search(&k).is_ok());
+                        let shadows_method = base_method
                             && self.global_index(v).is_none()
                             && (self.is_callable(v)
                                 || matches!(self.origin(v), Some(Origin::Made(_))));
+                        let named_for_method = base_method && self.global_index(v).is_some();
                         let wraps = stdlib_instance
                             && self.global_index(v).is_none()
                             && self.is_callable(v);
+                        let foreign = foreign_callables_called.as_deref().is_some_and(|own| {
+                            self.is_callable(v)
+                                && self.path_of(v).is_none_or(|(module, _)| {
+                                    module.split('.').next().unwrap_or_default() != own
+                                })
+                        });
                         let shadows_data_method = (data_instance || wraps)
                             && self.is_callable(v)
                             && own_methods.is_none_or(|names| {
@@ -2448,9 +2523,19 @@ impl Interpreter for Recorder {
                                     names.contains(&k) || STATE_METHODS.contains(&k)
                                 })
                             });
+                        let shadows_config_method = self.is_callable(v)
+                            && heap.text(k).is_some_and(|k| {
+                                config_methods.is_some_and(|names| names.contains(&k))
+                                    || (library_object && STATE_METHODS.contains(&k))
+                            });
                         if shadows(heap, k, by_setattr) || shadows_method {
                             smuggled.push(v);
-                        } else if shadows_data_method && !dunder(heap, k) {
+                        } else if (shadows_data_method
+                            || shadows_config_method
+                            || named_for_method
+                            || foreign)
+                            && !dunder(heap, k)
+                        {
                             shadowed.push(v);
                         } else if dunder(heap, k) {
                             // Another dunder (pydantic's
