@@ -1688,6 +1688,135 @@ fn shadows(heap: &Heap, key: Value, by_setattr: bool) -> bool {
     })
 }
 
+/// What an instance of a class keeps in its own dict, for BUILD: which
+/// callables there are what the class's code, or the program's use of
+/// the object, calls (see [`Recorder::held_in_dict`]).
+struct DictRules {
+    /// Data or a library's mapping (an `OrderedDict`, a `Counter`, a
+    /// model output, an address, a Lightning `AttributeDict`): keeps no
+    /// callable, so one there shadows a method that the class's code or
+    /// the program calls (`keys` when a state dict is loaded,
+    /// `most_common` in a `Counter`'s repr).
+    keeps_no_callable: bool,
+    /// For data whose attributes are the user's values (a namespace's
+    /// parsed arguments, a parser's `func`), the names of its own methods:
+    /// only those and the mapping methods shadow (a namespace as a state
+    /// dict's `_metadata` has its `get` called by `load_state_dict`).
+    own_methods: Option<&'static [&'static str]>,
+    /// An object of another class of the standard library (a `Logger`, a
+    /// `shlex`): keeps no wrapper; one there is what its own code calls
+    /// on itself (`Logger.__repr__` calls `getEffectiveLevel`). Its
+    /// functions and classes (a parser's `formatter_class`) are its own.
+    keeps_no_wrapper: bool,
+    /// transformers' objects: their saving methods' names shadow (a
+    /// config's repr calls `to_json_string`).
+    config_methods: Option<&'static [&'static str]>,
+    /// An object of any library: the mapping methods' names shadow (a
+    /// `ParameterDict`'s `items`, which its `extra_repr` calls).
+    library: bool,
+    /// An object of a library outside the model libraries (a networkx
+    /// view, an mpmath solver): its package, whose callables it keeps; a
+    /// callable of another package there (a filter, the function a solver
+    /// iterates over) is what its methods call.
+    non_model_package: Option<String>,
+}
+
+/// What BUILD's putting a value into an instance's dict makes of it.
+enum Held {
+    /// It replaces what a later opcode or a copy calls (a dunder): a
+    /// gadget, and the value is called.
+    Smuggled,
+    /// It shadows a method the class's code calls: the value is called.
+    Called,
+    /// Data the class's code reads (another dunder): its methods run.
+    Read,
+    /// The instance's own value.
+    Kept,
+}
+
+impl Recorder {
+    /// The [`DictRules`] of instances of the global at `g`.
+    fn dict_rules(&self, g: usize) -> DictRules {
+        let Some(u) = self.globals.get(g) else {
+            return DictRules {
+                keeps_no_callable: false,
+                own_methods: None,
+                keeps_no_wrapper: false,
+                config_methods: None,
+                library: false,
+                non_model_package: None,
+            };
+        };
+        let top = u.module.split('.').next().unwrap_or_default();
+        let keeps_no_callable = matches!(u.class, GlobalClass::Data | GlobalClass::Tensor)
+            || plain_container(&u.module, &u.name);
+        let own_methods = super::user_valued(&u.module, &u.name);
+        let stdlib = super::stdlib::is_stdlib(top);
+        let library = super::libraries::shipped(&u.module);
+        let non_model = u.class == GlobalClass::Unknown
+            && library
+            && !stdlib
+            && !super::libraries::model_library(top);
+        DictRules {
+            keeps_no_callable,
+            own_methods,
+            keeps_no_wrapper: !keeps_no_callable && own_methods.is_none() && stdlib,
+            config_methods: super::libraries::config_methods(&u.module),
+            library,
+            non_model_package: non_model.then(|| top.to_owned()),
+        }
+    }
+
+    /// What `v`, put under `k` into the dict of an instance whose class
+    /// has `rules` (by `setattr` when `by_setattr`), is to the class's
+    /// code.
+    fn held_in_dict(
+        &self,
+        heap: &Heap,
+        rules: &DictRules,
+        k: Value,
+        v: Value,
+        by_setattr: bool,
+    ) -> Held {
+        let name = heap.text(k);
+        let callable = self.is_callable(v);
+        let function = self.global_index(v).is_some();
+        // A wrapper or an object the pickle made under the name of a
+        // method torch's own code calls on the instance (`Module`
+        // re-adding hooks calls `register_parameter`, an optimizer's
+        // `__setstate__` `_patch_step_function`) replaces it; a function
+        // or class there is called as itself.
+        let base_method = name.is_some_and(|k| TORCH_BASE_METHODS.binary_search(&k).is_ok());
+        let made = matches!(self.origin(v), Some(Origin::Made(_)));
+        if shadows(heap, k, by_setattr) || (base_method && !function && (callable || made)) {
+            return Held::Smuggled;
+        }
+        if dunder(heap, k) {
+            // Another dunder (pydantic's `__pydantic_fields_set__`).
+            return Held::Read;
+        }
+        let in_list =
+            |names: Option<&[&str]>| name.is_some_and(|k| names.is_some_and(|n| n.contains(&k)));
+        let shadows_data_method = (rules.keeps_no_callable
+            || (rules.keeps_no_wrapper && !function))
+            && rules
+                .own_methods
+                .is_none_or(|names| in_list(Some(names)) || in_list(Some(&STATE_METHODS)));
+        let shadows_library_method =
+            in_list(rules.config_methods) || (rules.library && in_list(Some(&STATE_METHODS)));
+        let foreign = rules.non_model_package.as_deref().is_some_and(|own| {
+            self.path_of(v)
+                .is_none_or(|(module, _)| module.split('.').next().unwrap_or_default() != own)
+        });
+        let called = base_method || shadows_data_method || shadows_library_method || foreign;
+        if callable && called {
+            Held::Called
+        } else {
+            Held::Kept
+        }
+    }
+}
+
 impl Interpreter for Recorder {
     fn global(&mut self, heap: &mut Heap, module: &str, name: &str, offset: u64) -> Result<Value> {
         heap.charge_bytes(module.len() + name.len())?;
@@ -2395,65 +2524,7 @@ impl Interpreter for Recorder {
                 let mut consulted = Vec::new();
                 let mut dict_values = Vec::new();
                 let pair = heap.tuple(state).is_some_and(|t| t.len() == 2);
-                // An instance of a class the scanner knows as data (an
-                // `OrderedDict`, a `Counter`, a model output, an address)
-                // keeps no callable in its dict: one there shadows a method
-                // that the class's code or the program calls on it (`keys`
-                // when a state dict is loaded or flattened, `most_common`
-                // in a `Counter`'s repr), and is called. Those whose
-                // attributes are the user's values (a namespace's `func`,
-                // a parameter's default) keep callables: there only the
-                // names of their own methods shadow, and those of the
-                // mapping methods code calls on what it takes for a
-                // mapping (a namespace as a state dict's `_metadata` has
-                // its `get` called by `load_state_dict`).
-                // (And so does a library's mapping, whose attributes are
-                // its items: a Lightning `AttributeDict`.)
-                let data_instance = self.globals.get(g).is_some_and(|u| {
-                    matches!(u.class, GlobalClass::Data | GlobalClass::Tensor)
-                        || plain_container(&u.module, &u.name)
-                });
-                // A library's configuration holds the user's values,
-                // callables among them: only its own methods' names
-                // shadow. So do, in any object of a library's class, the
-                // names of the mapping methods (a `ParameterDict`'s
-                // `items`, which its `extra_repr` calls; a registry's
-                // `keys`).
-                let (config_methods, library_object) = match self.path_of_global(g) {
-                    Some((module, _)) => (
-                        super::libraries::config_methods(module),
-                        super::libraries::shipped(module),
-                    ),
-                    None => (None, false),
-                };
-                let own_methods = self
-                    .path_of_global(g)
-                    .and_then(|(module, name)| super::user_valued(module, name));
-                // An object of another class of the standard library (a
-                // `Logger`, a `UserDict`, a `ChainMap`, a `shlex`) holds
-                // no wrapper in its dict either: a partial or bound method
-                // there is what the class's own code calls on itself
-                // (`Logger.__repr__` calls `getEffectiveLevel`) when the
-                // program prints, iterates or loads it. (Its functions and
-                // classes, a parser's `formatter_class`, are its own.)
-                let stdlib_instance = !data_instance
-                    && own_methods.is_none()
-                    && self.path_of_global(g).is_some_and(|(module, _)| {
-                        super::stdlib::is_stdlib(module.split('.').next().unwrap_or(module))
-                    });
-                // An object of a library outside the model and training
-                // libraries (a networkx view, an mpmath solver) holds no
-                // callable of another package's: one there (a filter, the
-                // function a solver iterates over) is what its methods
-                // call when the program iterates, measures or prints it.
-                let foreign_callables_called = self.globals.get(g).and_then(|u| {
-                    let top = u.module.split('.').next().unwrap_or_default();
-                    let other_library = u.class == GlobalClass::Unknown
-                        && super::libraries::shipped(&u.module)
-                        && !super::libraries::model_library(top)
-                        && !super::stdlib::is_stdlib(top);
-                    other_library.then(|| top.to_owned())
-                });
+                let rules = self.dict_rules(g);
                 let mut shadowed = Vec::new();
                 for (n, part) in parts.into_iter().enumerate().filter(|_| !torchscript) {
                     // The second of a pair is set attribute by attribute
@@ -2492,56 +2563,11 @@ impl Interpreter for Recorder {
                     }
                     dict_values.extend(dict.entries().iter().map(|&(_, v)| v));
                     for &(k, v) in dict.entries() {
-                        // A wrapper stored under the name of a method torch's
-                        // own code calls on the instance (`Module` re-adding
-                        // hooks calls `register_parameter`, an optimizer's
-                        // `__setstate__` `_patch_step_function`): the
-                        // instance's attribute is what runs.
-                        // A function or class there (not a wrapper) is
-                        // called as itself.
-                        let base_method = heap
-                            .text(k)
-                            .is_some_and(|k| TORCH_BASE_METHODS.binary_search(&k).is_ok());
-                        let shadows_method = base_method
-                            && self.global_index(v).is_none()
-                            && (self.is_callable(v)
-                                || matches!(self.origin(v), Some(Origin::Made(_))));
-                        let named_for_method = base_method && self.global_index(v).is_some();
-                        let wraps = stdlib_instance
-                            && self.global_index(v).is_none()
-                            && self.is_callable(v);
-                        let foreign = foreign_callables_called.as_deref().is_some_and(|own| {
-                            self.is_callable(v)
-                                && self.path_of(v).is_none_or(|(module, _)| {
-                                    module.split('.').next().unwrap_or_default() != own
-                                })
-                        });
-                        let shadows_data_method = (data_instance || wraps)
-                            && self.is_callable(v)
-                            && own_methods.is_none_or(|names| {
-                                heap.text(k).is_some_and(|k| {
-                                    names.contains(&k) || STATE_METHODS.contains(&k)
-                                })
-                            });
-                        let shadows_config_method = self.is_callable(v)
-                            && heap.text(k).is_some_and(|k| {
-                                config_methods.is_some_and(|names| names.contains(&k))
-                                    || (library_object && STATE_METHODS.contains(&k))
-                            });
-                        if shadows(heap, k, by_setattr) || shadows_method {
-                            smuggled.push(v);
-                        } else if (shadows_data_method
-                            || shadows_config_method
-                            || named_for_method
-                            || foreign)
-                            && !dunder(heap, k)
-                        {
-                            shadowed.push(v);
-                        } else if dunder(heap, k) {
-                            // Another dunder (pydantic's
-                            // `__pydantic_fields_set__`): data the class's
-                            // code reads, its methods run.
-                            run_on.push(v);
+                        match self.held_in_dict(heap, &rules, k, v, by_setattr) {
+                            Held::Smuggled => smuggled.push(v),
+                            Held::Called => shadowed.push(v),
+                            Held::Read => run_on.push(v),
+                            Held::Kept => {}
                         }
                     }
                     // A module's `__setstate__` fills in the hook dicts a
