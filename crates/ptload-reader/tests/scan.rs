@@ -1058,6 +1058,12 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("builtins.print", true)),
     ),
+    // A thirty-ninth's: a data pipe calling the function it holds.
+    (
+        "cb_data_pipe_function.pt",
+        Dangerous,
+        Some(("sysconfig._main", true)),
+    ),
     // And a twenty-ninth's: a scripted `__setstate__` calling an op of
     // torch's `debugprims` namespace, whose kernel is Python and reads
     // files (torch_ts_ops.json).
@@ -2607,6 +2613,81 @@ fn tar_header(name: &str, size_field: &[u8], kind: u8, link: &str) -> Vec<u8> {
     h
 }
 
+/// A pre-1.0 tar checkpoint of regular members `(name, data)`, ended by
+/// two zero blocks.
+fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, data) in members {
+        let size = format!("{:011o}\0", data.len());
+        out.extend(tar_header(name, size.as_bytes(), b'0', ""));
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.extend(vec![0u8; 1024]);
+    out
+}
+
+/// The `storages` and `tensors` members as torch reads them (a blind
+/// corpus's shapes, run by torch 2.15): extracted and opened unbuffered,
+/// so a pickle whose STOP is inside a FRAME leaves the file at the
+/// frame's end; a storage record's raw bytes sized by the class in its
+/// third field (`key, location, storage_type`), not by the first storage
+/// class it names; memo indexes as CPython reads them (`p1_0`); and a
+/// pickle torch reads that the scanner cannot read to its end is
+/// ambiguous, not passed over.
+#[test]
+fn tar_members_are_read_as_torch_reads_them() {
+    use ptload_reader::scan::scan_bytes;
+    let empty: &[u8] = b"\x80\x02}.";
+    let payload: &[u8] = b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R.";
+    let with = |storages: &[u8]| {
+        tar_of(&[
+            ("sys_info", empty),
+            ("pickle", empty),
+            ("storages", storages),
+            ("tensors", b"K\x00."),
+        ])
+    };
+    // The count 0 in a frame that goes on past its STOP with the start
+    // of a string; the views pickle (the payload) at the frame's end,
+    // the string's length covering it.
+    let mut storages = b"\x80\x04\x95".to_vec();
+    storages.extend_from_slice(&8u64.to_le_bytes());
+    storages.extend_from_slice(b"K\x00.X");
+    storages.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    storages.extend_from_slice(payload);
+    storages.extend_from_slice(b".");
+    let report = scan_bytes(&with(&storages), &Limits::default());
+    assert_eq!(report.layout, "tar");
+    assert_eq!(report.verdict(), Dangerous, "frame tail: {report:#?}");
+    // One record whose key is a `DoubleStorage` and whose type is a
+    // `ByteStorage`: 8 elements of 1 byte, then the views (the payload);
+    // read by the key's class, the raw bytes would end at a decoy list.
+    let mut storages = b"K\x01.".to_vec();
+    storages.extend_from_slice(
+        b"\x80\x02ctorch\nDoubleStorage\nX\x03\x00\x00\x00cpuctorch\nByteStorage\n\x87.",
+    );
+    let end = storages.len();
+    storages.extend_from_slice(&8i64.to_le_bytes());
+    storages.extend_from_slice(&[0u8; 8]);
+    storages.extend_from_slice(payload);
+    storages.resize(end + 8 + 64, 0);
+    storages.extend_from_slice(b"].");
+    let report = scan_bytes(&with(&storages), &Limits::default());
+    assert_eq!(report.verdict(), Dangerous, "storage class: {report:#?}");
+    // Memo indexes with underscores, a sign and leading zeros.
+    let memo = b"\x80\x02X\x01\x00\x00\x00ap1_0\n0g+00_10\n.";
+    let report = scan_bytes(&with(&[&b"K\x00."[..], memo].concat()), &Limits::default());
+    assert!(
+        report.pickles.iter().all(|p| p.complete),
+        "memo: {report:#?}"
+    );
+    assert_eq!(report.verdict(), Clean, "memo: {report:#?}");
+    // A views pickle torch reads that does not parse.
+    let report = scan_bytes(&with(b"K\x00.\x80\x02}\xff."), &Limits::default());
+    assert_eq!(report.verdict(), Ambiguous, "broken views: {report:#?}");
+}
+
 /// A tar member that is a link is read as Python's tarfile reads it: a
 /// hard or symbolic link to another member is that member's data; one to
 /// a path outside the archive is ambiguous (torch reads whatever is there
@@ -3113,8 +3194,9 @@ fn callables_a_survey_found_are_dangerous_when_called() {
 /// builtin types, a model's class and torch's are not. A function (not
 /// only a wrapper) under the name of a method torch's or a library's own
 /// code calls on the object is called; under another name it is kept.
-/// An object of a library outside the model libraries calls another
-/// package's callable it holds; its own package's it keeps.
+/// An object of a library outside the model libraries, and a torch data
+/// pipe, calls a library's callable it holds; its own package's and a
+/// model's own function it keeps.
 #[test]
 fn library_objects_and_functions_under_method_names() {
     use ptload_reader::scan::scan_bytes;
@@ -3125,6 +3207,7 @@ fn library_objects_and_functions_under_method_names() {
     let linear: &[u8] = b"ctorch.nn.modules.linear\nLinear\n";
     let config: &[u8] = b"ctransformers.models.bert.configuration_bert\nBertConfig\n";
     let own_function: &[u8] = b"cmymodels.net\nshow\n";
+    let pipe: &[u8] = b"ctorch.utils.data.datapipes.iter.callable\nMapperIterDataPipe\n";
     let cases: Vec<(&str, Vec<u8>, Verdict)> = vec![
         (
             "a FrameSummary by NEWOBJ",
@@ -3220,13 +3303,47 @@ fn library_objects_and_functions_under_method_names() {
             UnknownCall,
         ),
         (
-            "another package's function held by a networkx view",
+            "another library's function held by a networkx view",
+            named(
+                b"cnetworkx.classes.coreviews\nFilterAtlas\n",
+                "NODE_OK",
+                b"csysconfig\n_main\n",
+            ),
+            Dangerous,
+        ),
+        (
+            "a model's function held by a networkx view",
             named(
                 b"cnetworkx.classes.coreviews\nFilterAtlas\n",
                 "NODE_OK",
                 own_function,
             ),
-            UnknownCall,
+            NeedsCode,
+        ),
+        (
+            "a library's function as a data pipe's fn",
+            named(pipe, "fn", b"csysconfig\n_main\n"),
+            Dangerous,
+        ),
+        (
+            "a library's function as a data pipe's repr_hook",
+            named(pipe, "repr_hook", b"cbuiltins\nprint\n"),
+            Dangerous,
+        ),
+        ("a model's function as a data pipe's fn", named(pipe, "fn", own_function), NeedsCode),
+        (
+            "a builtin as a data pipe's fn",
+            named(pipe, "fn", b"cbuiltins\nabs\n"),
+            NeedsCode,
+        ),
+        (
+            "torch's own chunk class in a batching pipe",
+            named(
+                b"ctorch.utils.data.datapipes.iter.grouping\nBatcherIterDataPipe\n",
+                "wrapper_class",
+                b"ctorch.utils.data.datapipes.datapipe\nDataChunk\n",
+            ),
+            NeedsCode,
         ),
         (
             "networkx's own filter held by its view",
@@ -3281,7 +3398,7 @@ fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 42);
+    assert_eq!(files.len(), 43);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()

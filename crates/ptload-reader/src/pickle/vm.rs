@@ -122,6 +122,12 @@ pub(crate) struct VmOutput {
     /// unpicklers get them wrong, which differential tests must know).
     #[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
     pub(crate) memo_overwrites: usize,
+    /// The end of the FRAME the STOP was in, when bytes of it follow the
+    /// STOP: CPython's C unpickler reading a file without `peek` (one
+    /// opened unbuffered) has read the whole frame, so the file's next
+    /// reader starts there.
+    #[cfg_attr(not(feature = "scan"), allow(dead_code))]
+    pub(crate) frame_end: Option<usize>,
 }
 
 /// The memo: dense for the indices pickles normally use, sparse otherwise,
@@ -367,6 +373,7 @@ impl<'l> Vm<'l> {
                         end: m.r.pos(),
                         protocol,
                         memo_overwrites: m.memo.overwrites,
+                        frame_end: m.frame_end.filter(|&end| end > m.r.pos()),
                     });
                 }
                 Ok(None) => {}
@@ -533,11 +540,15 @@ impl<'a, I: Interpreter> Machine<'a, '_, I> {
         self.push_long(&le)
     }
 
+    /// PUT's and GET's index, as CPython reads it (`PyLong_FromString`
+    /// in base 10: blanks around, a sign, single underscores between
+    /// digits, leading zeros).
     fn memo_index_text(&mut self) -> Result<u64> {
         let line = self.r.line()?;
         std::str::from_utf8(line)
             .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
+            .and_then(|s| decimal_int(s.trim_matches(python_space)))
+            .and_then(|i| u64::try_from(i).ok())
             .ok_or_else(|| pickle_err("invalid memo index"))
     }
 
@@ -1096,6 +1107,38 @@ fn python_int(s: &str) -> Option<i64> {
     }
     let magnitude = i128::from_str_radix(&clean, radix).ok()?;
     i64::try_from(if negative { -magnitude } else { magnitude }).ok()
+}
+
+/// Whitespace as CPython's `Py_ISSPACE` knows it (ASCII only).
+fn python_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c')
+}
+
+/// `s` as CPython's `PyLong_FromString(s, NULL, 10)` reads it, within
+/// `i64`: a sign, then ASCII digits (leading zeros allowed) with single
+/// underscores between them.
+fn decimal_int(s: &str) -> Option<i64> {
+    let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
+    if digits.is_empty()
+        || digits.starts_with('_')
+        || digits.ends_with('_')
+        || digits.contains("__")
+        || !digits.bytes().all(|b| b.is_ascii_digit() || b == b'_')
+    {
+        return None;
+    }
+    let clean: String = digits.chars().filter(|&c| c != '_').collect();
+    let magnitude: i128 = clean
+        .trim_start_matches('0')
+        .parse()
+        .ok()
+        .or_else(|| clean.bytes().all(|b| b == b'0').then_some(0))?;
+    i64::try_from(if s.starts_with('-') {
+        -magnitude
+    } else {
+        magnitude
+    })
+    .ok()
 }
 
 /// CPython refuses to convert integer text longer than this

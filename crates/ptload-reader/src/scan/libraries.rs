@@ -156,6 +156,18 @@ pub(crate) fn model_library(top: &str) -> bool {
     )
 }
 
+/// torch's data pipes (and torchdata's), whose iteration, indexing and
+/// printing call the functions and hooks they hold.
+pub(crate) fn data_pipe(module: &str) -> bool {
+    ["torch.utils.data.datapipes", "torchdata.datapipes"]
+        .iter()
+        .any(|root| {
+            module
+                .strip_prefix(root)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+        })
+}
+
 /// transformers' objects whose attributes are the user's values, among
 /// them dtypes and classes: configurations (`BertConfig`,
 /// `GenerationConfig`), feature extractors, image processors and

@@ -135,6 +135,7 @@ fn scan_view_with<'f>(
         headers,
         kept_plain,
         zip_records: 0,
+        last: LastResult::default(),
     };
     let head = view.up_to(0, 512);
     let safetensors =
@@ -259,6 +260,20 @@ struct Scanner<'l, 'f> {
     result_iterated: bool,
     /// Whether a zip entry's pickle is first read as a plain state dict.
     plain: bool,
+    /// What the last pickle read to its STOP returned, as torch's tar
+    /// loader reads it (see [`Scanner::tar_records`]).
+    last: LastResult,
+}
+
+/// Of the value the last pickle returned: the integer it is, and the
+/// global that is its third member (a tar record's storage class); and
+/// where the file's next unbuffered read starts when its STOP was inside
+/// a FRAME (the frame's end).
+#[derive(Default)]
+struct LastResult {
+    int: Option<i64>,
+    third: Option<String>,
+    frame_end: Option<usize>,
 }
 
 impl Scanner<'_, '_> {
@@ -464,6 +479,21 @@ impl Scanner<'_, '_> {
                 what: "a FRAME declares more bytes than are left: Python's C unpickler stops there, its pure-Python unpickler runs what the frame holds".into(),
             });
         }
+        self.last = match &outcome {
+            Ok(out) => LastResult {
+                int: match out.value {
+                    crate::pickle::Value::Int(i) => Some(i),
+                    crate::pickle::Value::Bool(b) => Some(i64::from(b)),
+                    _ => None,
+                },
+                third: heap
+                    .tuple(out.value)
+                    .and_then(|t| t.get(2).copied())
+                    .and_then(|v| recorder.global_name(v)),
+                frame_end: out.frame_end,
+            },
+            Err(_) => LastResult::default(),
+        };
         let result = match &outcome {
             // The magic number, or an object a call or NEWOBJ made, which
             // torch's `!=` may find equal (`int("1950a86a...", 16)`, a
@@ -541,6 +571,26 @@ impl Scanner<'_, '_> {
             };
             if index == 0 && magic {
                 reached = 5;
+            }
+            if let Some(frame_end) = self.last.frame_end.filter(|_| index < reached) {
+                // CPython's C unpickler reads a frame by `peek` when the
+                // file's buffer holds all of it (the next pickle then
+                // starts after the STOP) and by `read` when it does not
+                // (at the frame's end): which, torch's file decides.
+                self.report.ambiguities.push(Ambiguity {
+                    record: PickleSource::Stream {
+                        index,
+                        offset: offset as u64,
+                    }
+                    .to_string(),
+                    offset: end as u64,
+                    what: format!(
+                        "the pickle stops {} bytes before the end of its FRAME: torch reads the \
+                         next pickle from after the STOP or from the frame's end, as its file \
+                         buffers",
+                        frame_end - end
+                    ),
+                });
             }
             // A pickle of tensor data follows the storage keys in legacy
             // files: only what parses as a pickle from here is scanned.
@@ -1026,7 +1076,16 @@ impl Scanner<'_, '_> {
             let source = || PickleSource::TarMember(m.name.clone());
             let base = Some(target.start as u64);
             if matches!(m.name.as_str(), "sys_info" | "pickle") {
-                self.run(member, 0, source(), reachable, 0, base);
+                let read = self.run(member, 0, source(), reachable, 0, base);
+                if read.is_none() && reachable && self.report.pickles.len() < MAX_PICKLES {
+                    self.report.ambiguities.push(Ambiguity {
+                        record: m.name.clone(),
+                        offset: target.start as u64,
+                        what: "tar: torch unpickles this member, and the scanner could not read \
+                               it to its end"
+                            .into(),
+                    });
+                }
             } else {
                 self.tar_records(member, &m.name, reachable, base);
             }
@@ -1034,57 +1093,89 @@ impl Scanner<'_, '_> {
     }
 
     /// The pickles of a tar layout's `storages` or `tensors` member, as
-    /// torch reads them: a count, then per record a pickle of its
-    /// arguments followed by raw bytes (a storage: an int64 element count
-    /// and the elements, sized by the storage class the arguments name; a
-    /// tensor: an int32 rank, 4 bytes, the sizes and strides and an int64
-    /// offset), and after the storages a pickle of their views. The raw
-    /// bytes are stepped over, so a pickle behind them is read as torch
-    /// reads it; where they cannot be (a storage class of unknown element
-    /// size, a length past the member), that is an ambiguity and the rest
+    /// torch reads them from the member extracted and opened unbuffered:
+    /// a count, then per record a pickle of its arguments followed by raw
+    /// bytes (a storage: `(key, location, storage_type)`, then an int64
+    /// element count and the elements, sized by `storage_type`; a tensor:
+    /// an int32 rank, 4 bytes, the sizes and strides and an int64
+    /// offset), and after the storages a pickle of their views. A pickle
+    /// whose STOP is inside a FRAME leaves the file at the frame's end
+    /// (CPython's C unpickler read the whole frame from a file without
+    /// `peek`). The raw bytes are stepped over, so a pickle behind them
+    /// is read as torch reads it; where they cannot be (a storage class of
+    /// unknown element size, a length past the member), or a pickle torch
+    /// reads does not parse to its end, that is an ambiguity, and the rest
     /// is read from where pickles parse.
     fn tar_records(&mut self, member: &[u8], name: &str, reachable: bool, base: Option<u64>) {
         let source = || PickleSource::TarMember(name.to_owned());
         let mut offset = 0;
+        // Pickles torch reads: the count, its records, the storages'
+        // views; then none (what follows is scanned as not reached).
+        let mut expected: Option<u64> = None;
+        let mut reached = reachable;
         while self.report.pickles.len() < MAX_PICKLES {
-            let scanned = self.report.pickles.len();
             // Every pickle here is torch's own data: the count goes to
             // `range` (its `__index__`), a record's arguments are unpacked.
-            self.result_used = reachable;
-            self.result_iterated = reachable;
-            let Some((end, _)) = self.run(member, offset, source(), reachable, 0, base) else {
+            self.result_used = reached;
+            self.result_iterated = reached;
+            let Some((stop, _)) = self.run(member, offset, source(), reached, 0, base) else {
+                if reached && self.report.pickles.len() < MAX_PICKLES {
+                    self.report.ambiguities.push(Ambiguity {
+                        record: name.to_owned(),
+                        offset: base.unwrap_or(0).saturating_add(offset as u64),
+                        what: "tar: torch unpickles this pickle of the member, and the scanner \
+                               could not read it to its end: what follows is not scanned"
+                            .into(),
+                    });
+                }
                 break;
             };
-            if end <= offset || end >= member.len() {
+            let end = self.last.frame_end.unwrap_or(stop);
+            if end <= offset {
                 break;
             }
-            // What the pickle just read names: a storage or a tensor
-            // record's arguments are followed by raw bytes.
-            let named = |suffix: &str| {
-                self.report
-                    .pickles
-                    .get(scanned)
-                    .into_iter()
-                    .flat_map(|p| p.globals.iter())
-                    .find(|g| {
-                        (g.module == "torch" || g.module == "torch.cuda")
-                            && g.name.ends_with(suffix)
-                    })
-                    .map(|g| g.name.clone())
+            let third = self.last.third.take();
+            let record = match expected {
+                // The count: records follow (a storages member's views
+                // after them).
+                None => {
+                    let count = self
+                        .last
+                        .int
+                        .and_then(|n| u64::try_from(n).ok())
+                        .unwrap_or(0);
+                    expected = Some(count.saturating_add(u64::from(name == "storages")));
+                    false
+                }
+                Some(0) => {
+                    reached = false;
+                    false
+                }
+                Some(n) => {
+                    expected = Some(n - 1);
+                    // The last pickle of a storages member is the views.
+                    reached && !(name == "storages" && n == 1)
+                }
             };
-            let raw = match name {
-                "storages" => named("Storage").map(|class| {
+            let raw = record.then(|| match name {
+                "storages" => {
                     let count = read_i64(member, end);
-                    storage_element_size(&class)
+                    third
+                        .as_deref()
+                        .and_then(|path| {
+                            path.strip_prefix("torch.cuda.")
+                                .or_else(|| path.strip_prefix("torch."))
+                        })
+                        .and_then(storage_element_size)
                         .zip(count)
                         .and_then(|(size, n)| u64::try_from(n).ok()?.checked_mul(size))
                         .and_then(|n| n.checked_add(8))
-                }),
-                _ => named("Tensor").map(|_| {
+                }
+                _ => {
                     let rank = read_i32(member, end).and_then(|r| u64::try_from(r).ok());
                     rank.and_then(|r| r.checked_mul(16)?.checked_add(16))
-                }),
-            };
+                }
+            });
             offset = match raw {
                 None => end,
                 Some(Some(n)) => match usize::try_from(n).ok().and_then(|n| end.checked_add(n)) {

@@ -352,6 +352,12 @@ impl Recorder {
     /// instantiates another class of the package does not matter: a file
     /// can always add one, and a user's enum is often the only object of
     /// its package in a file (a training script's hyper-parameters).
+    /// `module.name` of the global `v` is (not of what a call made).
+    pub(super) fn global_name(&self, v: Value) -> Option<String> {
+        self.path_of(v)
+            .map(|(module, name)| format!("{module}.{name}"))
+    }
+
     pub(super) fn settle_lookups(&mut self) {
         // Not the code every loading machine has: any file can name a
         // class of that, and a capitalized name of it may be a class that
@@ -1714,11 +1720,17 @@ struct DictRules {
     /// An object of any library: the mapping methods' names shadow (a
     /// `ParameterDict`'s `items`, which its `extra_repr` calls).
     library: bool,
-    /// An object of a library outside the model libraries (a networkx
-    /// view, an mpmath solver): its package, whose callables it keeps; a
-    /// callable of another package there (a filter, the function a solver
-    /// iterates over) is what its methods call.
-    non_model_package: Option<String>,
+    /// An object whose methods call the callables it holds: of a library
+    /// outside the model libraries (a networkx view calls its filter on
+    /// each key, an mpmath solver the function it iterates over), or a
+    /// torch data pipe (a `Mapper` calls its `fn` when iterated or
+    /// indexed, any pipe its own `repr_hook` when printed). Its package,
+    /// whose callables it keeps (networkx's filters, the pipes' own
+    /// `DataChunk`); a wrapper, or a callable of the standard library or
+    /// of another library, there is called. A model's own function is
+    /// kept: its code runs when the program uses the object, as a
+    /// model's does.
+    calls_held: Option<String>,
 }
 
 /// What BUILD's putting a value into an instance's dict makes of it.
@@ -1744,7 +1756,7 @@ impl Recorder {
                 keeps_no_wrapper: false,
                 config_methods: None,
                 library: false,
-                non_model_package: None,
+                calls_held: None,
             };
         };
         let top = u.module.split('.').next().unwrap_or_default();
@@ -1757,13 +1769,14 @@ impl Recorder {
             && library
             && !stdlib
             && !super::libraries::model_library(top);
+        let calls_held = non_model || super::libraries::data_pipe(&u.module);
         DictRules {
             keeps_no_callable,
             own_methods,
             keeps_no_wrapper: !keeps_no_callable && own_methods.is_none() && stdlib,
             config_methods: super::libraries::config_methods(&u.module),
             library,
-            non_model_package: non_model.then(|| top.to_owned()),
+            calls_held: calls_held.then(|| top.to_owned()),
         }
     }
 
@@ -1804,9 +1817,11 @@ impl Recorder {
                 .is_none_or(|names| in_list(Some(names)) || in_list(Some(&STATE_METHODS)));
         let shadows_library_method =
             in_list(rules.config_methods) || (rules.library && in_list(Some(&STATE_METHODS)));
-        let foreign = rules.non_model_package.as_deref().is_some_and(|own| {
-            self.path_of(v)
-                .is_none_or(|(module, _)| module.split('.').next().unwrap_or_default() != own)
+        let foreign = rules.calls_held.as_deref().is_some_and(|own| {
+            self.path_of(v).is_none_or(|(module, _)| {
+                super::libraries::shipped(module)
+                    && module.split('.').next().unwrap_or_default() != own
+            })
         });
         let called = base_method || shadows_data_method || shadows_library_method || foreign;
         if callable && called {
