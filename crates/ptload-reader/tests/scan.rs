@@ -1058,11 +1058,17 @@ const CASES: &[(&str, Verdict, Finding)] = &[
         Dangerous,
         Some(("builtins.print", true)),
     ),
-    // A thirty-ninth's: a data pipe calling the function it holds.
+    // A thirty-ninth's: a data pipe calling the function it holds; a
+    // fortieth's: a tool of torch's doing so (a lazy log string).
     (
         "cb_data_pipe_function.pt",
         Dangerous,
         Some(("sysconfig._main", true)),
+    ),
+    (
+        "cb_torch_tool_function.pt",
+        Dangerous,
+        Some(("builtins.print", true)),
     ),
     // And a twenty-ninth's: a scripted `__setstate__` calling an op of
     // torch's `debugprims` namespace, whose kernel is Python and reads
@@ -3194,9 +3200,10 @@ fn callables_a_survey_found_are_dangerous_when_called() {
 /// builtin types, a model's class and torch's are not. A function (not
 /// only a wrapper) under the name of a method torch's or a library's own
 /// code calls on the object is called; under another name it is kept.
-/// An object of a library outside the model libraries, and a torch data
-/// pipe, calls a library's callable it holds; its own package's and a
-/// model's own function it keeps.
+/// An object of a library outside the model libraries, a torch data pipe
+/// and a tool of torch's (outside the parts models are made of) call a
+/// library's callable they hold; their own package's and a model's own
+/// function they keep.
 #[test]
 fn library_objects_and_functions_under_method_names() {
     use ptload_reader::scan::scan_bytes;
@@ -3337,6 +3344,29 @@ fn library_objects_and_functions_under_method_names() {
             NeedsCode,
         ),
         (
+            "a library's function in a torch profiler's own dict",
+            named(
+                b"ctorch.autograd.profiler\nprofile\n",
+                "_ensure_function_events",
+                b"csysconfig\n_main\n",
+            ),
+            Dangerous,
+        ),
+        (
+            "torch's own class in a weak-key dictionary",
+            named(
+                b"ctorch.utils.weak\nWeakIdKeyDictionary\n",
+                "ref_type",
+                b"ctorch.utils.weak\nWeakIdRef\n",
+            ),
+            NeedsCode,
+        ),
+        (
+            "a library's function as a Linear's attribute",
+            named(linear, "act", b"csysconfig\n_main\n"),
+            NeedsCode,
+        ),
+        (
             "torch's own chunk class in a batching pipe",
             named(
                 b"ctorch.utils.data.datapipes.iter.grouping\nBatcherIterDataPipe\n",
@@ -3398,7 +3428,7 @@ fn callables_torch_ran_are_dangerous() {
     let text = std::fs::read_to_string(root().join("tests/scan/torch_callables.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let files = doc.as_object().unwrap();
-    assert_eq!(files.len(), 43);
+    assert_eq!(files.len(), 44);
     for (name, facts) in files {
         let happened = facts["files_made"]
             .as_array()

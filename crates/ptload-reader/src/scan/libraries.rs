@@ -156,16 +156,43 @@ pub(crate) fn model_library(top: &str) -> bool {
     )
 }
 
-/// torch's data pipes (and torchdata's), whose iteration, indexing and
-/// printing call the functions and hooks they hold.
-pub(crate) fn data_pipe(module: &str) -> bool {
-    ["torch.utils.data.datapipes", "torchdata.datapipes"]
-        .iter()
-        .any(|root| {
-            module
-                .strip_prefix(root)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-        })
+/// Whether `module` is `root` or under it.
+fn under(module: &str, root: &str) -> bool {
+    module
+        .strip_prefix(root)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+}
+
+/// Classes of torch whose objects call the callables they hold, of
+/// another package, when printed, measured, iterated or hashed: torch's
+/// data pipes (and torchdata's), whose iteration, indexing and printing
+/// call the functions and hooks they hold, and every class of torch
+/// outside the parts models are made of (modules, optimizers, tensors,
+/// distributions, datasets): its tools (a profiler's results, a lazy log
+/// string that calls `func(*args)` when printed, a device mesh whose
+/// hash calls its own `_hash_key`, a weak-key dictionary), whose
+/// objects hold no other package's functions.
+pub(crate) fn calls_what_it_holds(module: &str) -> bool {
+    const MODEL_PARTS: &[&str] = &[
+        "torch.nn",
+        "torch.optim",
+        "torch.ao",
+        "torch.distributions",
+        "torch.utils.data",
+        "torch._tensor",
+        "torch.storage",
+        "torch.masked",
+        "torch.nested",
+        "torch.sparse",
+        "torch._subclasses",
+        "torch.fx",
+        "torch.jit",
+    ];
+    under(module, "torch.utils.data.datapipes")
+        || under(module, "torchdata.datapipes")
+        || (under(module, "torch")
+            && module != "torch"
+            && !MODEL_PARTS.iter().any(|root| under(module, root)))
 }
 
 /// transformers' objects whose attributes are the user's values, among

@@ -1769,7 +1769,9 @@ impl Recorder {
             && library
             && !stdlib
             && !super::libraries::model_library(top);
-        let calls_held = non_model || super::libraries::data_pipe(&u.module);
+        let calls_held = non_model
+            || (u.class == GlobalClass::Unknown
+                && super::libraries::calls_what_it_holds(&u.module));
         DictRules {
             keeps_no_callable,
             own_methods,
